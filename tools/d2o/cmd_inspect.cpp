@@ -1,0 +1,140 @@
+// d2o inspect MODEL.gguf: what a GGUF file holds (architecture, hyper-parameters, tokenizer,
+// tensors), without loading the weights.
+#include <cstdio>
+#include <map>
+
+#include "commands.h"
+#include "core/mem.h"
+#include "gguf/gguf.h"
+
+namespace d2o::cli {
+
+namespace {
+
+struct InspectOptions {
+  std::string model;
+  bool all_metadata = false;
+  bool no_tensors = false;
+};
+
+std::string value_string(const GgufValue& v) {
+  switch (v.type) {
+    case GgufType::kString: {
+      std::string s = v.str.size() > 60 ? v.str.substr(0, 57) + "..." : v.str;
+      for (char& ch : s) if (ch == '\n') ch = ' ';
+      return "\"" + s + "\"";
+    }
+    case GgufType::kArray:
+      return std::string("array<") + gguf_type_name(v.array_type) + ">[" +
+             std::to_string(v.array_size) + "]";
+    case GgufType::kFloat32:
+    case GgufType::kFloat64: {
+      char b[64];
+      std::snprintf(b, sizeof b, "%g", v.f);
+      return b;
+    }
+    case GgufType::kBool: return v.i ? "true" : "false";
+    case GgufType::kUint64: return std::to_string(v.u);
+    default: return std::to_string(v.i);
+  }
+}
+
+int run_inspect(const InspectOptions& o) {
+  auto file = GgufFile::open(o.model);
+  if (!file.ok()) return fail(file.status());
+  const GgufFile& f = **file;
+
+  auto arch_r = f.get_string("general.architecture");
+  const std::string arch = arch_r.ok() ? *arch_r : "(missing)";
+  std::printf("file          %s\n", f.path().c_str());
+  std::printf("gguf version  %u, %s, %zu metadata keys, %zu tensors\n", f.version(),
+              format_bytes(static_cast<double>(f.file_size())).c_str(), f.metadata().size(),
+              f.tensors().size());
+  if (auto n = f.get_string("general.name"); n.ok()) std::printf("name          %s\n", n->c_str());
+  std::printf("architecture  %s\n", arch.c_str());
+
+  auto show_int = [&](const char* label, const std::string& key) {
+    if (const GgufValue* v = f.find(key)) std::printf("%-13s %s\n", label, value_string(*v).c_str());
+    else std::printf("%-13s (missing: %s)\n", label, key.c_str());
+  };
+  const std::string p = arch + ".";
+  show_int("layers", p + "block_count");
+  show_int("embedding", p + "embedding_length");
+  show_int("ffn", p + "feed_forward_length");
+  show_int("heads", p + "attention.head_count");
+  show_int("kv heads", p + "attention.head_count_kv");
+  // head_dim: explicit key_length if present, else embedding / heads.
+  {
+    auto kl = f.get_int(p + "attention.key_length");
+    auto emb = f.get_int(p + "embedding_length");
+    auto nh = f.get_int(p + "attention.head_count");
+    if (kl.ok()) std::printf("%-13s %lld\n", "head_dim", static_cast<long long>(*kl));
+    else if (emb.ok() && nh.ok() && *nh > 0)
+      std::printf("%-13s %lld\n", "head_dim", static_cast<long long>(*emb / *nh));
+  }
+  show_int("context", p + "context_length");
+  show_int("rope base", p + "rope.freq_base");
+  show_int("rms eps", p + "attention.layer_norm_rms_epsilon");
+  {
+    long long vocab = -1;
+    if (auto vs = f.get_int(p + "vocab_size"); vs.ok()) vocab = *vs;
+    else if (const GgufValue* t = f.find("tokenizer.ggml.tokens")) vocab = static_cast<long long>(t->array_size);
+    std::printf("%-13s %lld\n", "vocab", vocab);
+  }
+  if (auto tk = f.get_string("tokenizer.ggml.model"); tk.ok()) {
+    auto pre = f.get_string("tokenizer.ggml.pre");
+    std::printf("%-13s %s%s%s\n", "tokenizer", tk->c_str(), pre.ok() ? ", pre-tokenizer " : "",
+                pre.ok() ? pre->c_str() : "");
+  } else {
+    std::printf("%-13s (none)\n", "tokenizer");
+  }
+  std::printf("chat template %s\n", f.find("tokenizer.chat_template") ? "yes" : "no");
+
+  if (o.all_metadata) {
+    std::printf("\nmetadata:\n");
+    for (const auto& [k, v] : f.metadata()) std::printf("  %-44s %s\n", k.c_str(), value_string(v).c_str());
+  }
+
+  // Tensor type summary and (optionally) the full table.
+  std::map<std::string, std::pair<int, uint64_t>> by_type;
+  uint64_t total_bytes = 0;
+  int64_t total_elems = 0;
+  for (const auto& t : f.tensors()) {
+    auto& e = by_type[ggml_type_name(t.type)];
+    e.first += 1;
+    e.second += t.n_bytes;
+    total_bytes += t.n_bytes;
+    total_elems += t.n_elements();
+  }
+  if (!o.no_tensors) {
+    std::printf("\n%-36s %-8s %-22s %12s\n", "tensor", "type", "shape", "bytes");
+    for (const auto& t : f.tensors()) {
+      std::printf("%-36s %-8s %-22s %12llu\n", t.name.c_str(), ggml_type_name(t.type).c_str(),
+                  t.shape_string().c_str(), static_cast<unsigned long long>(t.n_bytes));
+    }
+  }
+  std::printf("\ntensor types:");
+  for (const auto& [name, e] : by_type) {
+    std::printf("  %s x%d (%s)", name.c_str(), e.first, format_bytes(static_cast<double>(e.second)).c_str());
+  }
+  std::printf("\ntotal         %lld parameters, %s of tensor data\n",
+              static_cast<long long>(total_elems), format_bytes(static_cast<double>(total_bytes)).c_str());
+  return 0;
+}
+
+}  // namespace
+
+Action add_inspect_command(CLI::App& app) {
+  auto o = std::make_shared<InspectOptions>();
+  CLI::App* sub = app.add_subcommand("inspect", "Print a GGUF model's architecture, hyper-parameters and tensors");
+  sub->add_option("model", o->model, "GGUF file (default: the model fetched by setup)");
+  sub->add_option("-m,--model", o->model, "GGUF file");
+  sub->add_flag("--metadata", o->all_metadata, "Also list every metadata key");
+  sub->add_flag("--no-tensors", o->no_tensors, "Omit the per-tensor table");
+  return [o] {
+    if (o->model.empty()) o->model = default_model_path();
+    return run_inspect(*o);
+  };
+}
+
+}  // namespace d2o::cli
