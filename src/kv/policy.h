@@ -19,6 +19,7 @@
 #include "d2o/status.h"
 #include "kv/attention.h"
 #include "kv/kv_cache.h"
+#include "ops/ops.h"
 
 namespace d2o {
 
@@ -34,6 +35,7 @@ struct PassInfo {
   int n_tokens = 0;         // tokens in this pass
   int64_t n_past = 0;       // tokens of the sequence processed so far, this pass included
   bool first_pass = false;  // the sequence's first pass (its prompt, in prompt-then-compress)
+  const RopeParams* rope = nullptr;  // the model's RoPE (to re-rotate keys when shifting positions)
 };
 
 // Per-sequence mutable policy state.
@@ -46,6 +48,9 @@ struct PolicyState {
   std::vector<int64_t> evicted;        // [n_layer] tokens evicted so far (merged or dropped)
   std::vector<int64_t> merged;         // [n_layer] evicted tokens merged into a kept slot
   int64_t n_compactions = 0;
+  // RoPE position of the next token = n_past - pos_shift. Policies that compact positions
+  // (StreamingLLM with re-rotated keys) raise it by the number of positions they remove.
+  int64_t pos_shift = 0;
   // Reusable buffers so compaction allocates nothing in steady state.
   CompactionPlan plan;
   std::vector<float> work_f;

@@ -13,6 +13,13 @@ namespace d2o {
 Engine::Engine(const Model& model, ThreadPool& pool, const EngineOptions& opts)
     : model_(model), pool_(pool), opts_(opts) {
   if (opts_.n_ubatch < 1) opts_.n_ubatch = 1;
+  const ModelHParams& h = model.hparams();
+  rope_.type = h.rope_type;
+  rope_.head_dim = h.head_dim;
+  rope_.n_rot = h.n_rot;
+  rope_.freq_base = h.rope_freq_base;
+  rope_.freq_scale = h.rope_freq_scale;
+  rope_.freq_factors = model.rope_freq_factors().empty() ? nullptr : model.rope_freq_factors().data();
 }
 
 void Engine::ensure_rows(int n_rows) {
@@ -84,8 +91,8 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
       const BatchEntry& be = batch[e];
       const size_t take = std::min(be.tokens.size() - next_tok, static_cast<size_t>(ub) - rows_.size());
       for (size_t t = next_tok; t < next_tok + take; ++t) {
-        rows_.push_back({static_cast<int>(e), static_cast<int>(t),
-                         static_cast<int32_t>(be.seq->n_past() + static_cast<int64_t>(t))});
+        const int64_t pos = be.seq->n_past() - be.seq->policy_state().pos_shift + static_cast<int64_t>(t);
+        rows_.push_back({static_cast<int>(e), static_cast<int>(t), static_cast<int32_t>(pos)});
       }
       next_tok += take;
       if (next_tok == be.tokens.size()) {
@@ -105,6 +112,7 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
     pass.n_tokens = static_cast<int>(be.tokens.size());
     pass.n_past = be.seq->n_past();
     pass.first_pass = first;
+    pass.rope = &rope_;
     D2O_RETURN_IF_ERROR(be.seq->policy().compact(be.seq->cache(), be.seq->policy_state(), pass));
   }
   timings_.policy_s += sw.seconds();
@@ -137,13 +145,7 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, std::span<const Row
     }
   });
 
-  RopeParams rope;
-  rope.type = h.rope_type;
-  rope.head_dim = h.head_dim;
-  rope.n_rot = h.n_rot;
-  rope.freq_base = h.rope_freq_base;
-  rope.freq_scale = h.rope_freq_scale;
-  rope.freq_factors = model_.rope_freq_factors().empty() ? nullptr : model_.rope_freq_factors().data();
+  const RopeParams& rope = rope_;
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(h.head_dim));
 
   for (int il = 0; il < h.n_layer; ++il) {

@@ -50,6 +50,7 @@ class Engine {
   Engine(const Model& model, ThreadPool& pool, const EngineOptions& opts);
 
   const Model& model() const { return model_; }
+  const RopeParams& rope() const { return rope_; }
   ThreadPool& pool() { return pool_; }
 
   // Runs the chunks; on success every sequence has advanced by its chunk and was compacted by its
@@ -73,6 +74,7 @@ class Engine {
   ThreadPool& pool_;
   EngineOptions opts_;
   AttnScratch attn_scratch_;
+  RopeParams rope_;
   EngineTimings timings_;
   int rows_cap_ = 0;
   // Activations [rows, dim].
