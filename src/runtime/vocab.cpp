@@ -32,47 +32,60 @@ uint32_t attr_from_type(int64_t type) {
   }
 }
 
-bool is_one_of(std::string_view s, std::initializer_list<std::string_view> list) {
+using TextList = std::initializer_list<std::string_view>;
+
+bool is_one_of(std::string_view s, TextList list) {
   return std::find(list.begin(), list.end(), s) != list.end();
 }
 
 // Texts by which llama.cpp recognises special tokens that the metadata does not name.
-bool is_eot_text(std::string_view s) {
-  return is_one_of(s, {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                       "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]",
-                       "<\xEF\xBD\x9C"
-                       "end\xE2\x96\x81"
-                       "of\xE2\x96\x81"
-                       "sentence\xEF\xBD\x9C>",
-                       "<end_of_utterance>"});
-}
-bool is_fim_pre_text(std::string_view s) {
-  return is_one_of(s, {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",
-                       "<\xEF\xBD\x9C"
-                       "fim\xE2\x96\x81"
-                       "begin\xEF\xBD\x9C>",
-                       "<PRE>", "\xE2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>"});
-}
-bool is_fim_suf_text(std::string_view s) {
-  return is_one_of(s, {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
-                       "<\xEF\xBD\x9C"
-                       "fim\xE2\x96\x81"
-                       "hole\xEF\xBD\x9C>",
-                       "<SUF>", "\xE2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>"});
-}
-bool is_fim_mid_text(std::string_view s) {
-  return is_one_of(s, {"<|fim_middle|>", "<fim-middle>", "<fim_middle>",
-                       "<\xEF\xBD\x9C"
-                       "fim\xE2\x96\x81"
-                       "end\xEF\xBD\x9C>",
-                       "<MID>", "\xE2\x96\x81<MID>", "<|code_middle|>", "<|middle|>"});
-}
-bool is_fim_pad_text(std::string_view s) {
-  return is_one_of(s, {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"});
-}
-bool is_fim_rep_text(std::string_view s) {
-  return is_one_of(s, {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"});
-}
+const TextList kEotTexts = {"<|eot_id|>",
+                                "<|im_end|>",
+                                "<|end|>",
+                                "<end_of_turn>",
+                                "<|endoftext|>",
+                                "<|end_of_text|>",
+                                "<EOT>",
+                                "_<EOT>",
+                                "[EOT]",
+                                "<\xEF\xBD\x9C"
+                                "end\xE2\x96\x81"
+                                "of\xE2\x96\x81"
+                                "sentence\xEF\xBD\x9C>",
+                                "<end_of_utterance>"};
+const TextList kFimPreTexts = {"<|fim_prefix|>",
+                                   "<fim-prefix>",
+                                   "<fim_prefix>",
+                                   "<\xEF\xBD\x9C"
+                                   "fim\xE2\x96\x81"
+                                   "begin\xEF\xBD\x9C>",
+                                   "<PRE>",
+                                   "\xE2\x96\x81<PRE>",
+                                   "<|code_prefix|>",
+                                   "<|prefix|>"};
+const TextList kFimSufTexts = {"<|fim_suffix|>",
+                                   "<fim-suffix>",
+                                   "<fim_suffix>",
+                                   "<\xEF\xBD\x9C"
+                                   "fim\xE2\x96\x81"
+                                   "hole\xEF\xBD\x9C>",
+                                   "<SUF>",
+                                   "\xE2\x96\x81<SUF>",
+                                   "<|code_suffix|>",
+                                   "<|suffix|>"};
+const TextList kFimMidTexts = {"<|fim_middle|>",
+                                   "<fim-middle>",
+                                   "<fim_middle>",
+                                   "<\xEF\xBD\x9C"
+                                   "fim\xE2\x96\x81"
+                                   "end\xEF\xBD\x9C>",
+                                   "<MID>",
+                                   "\xE2\x96\x81<MID>",
+                                   "<|code_middle|>",
+                                   "<|middle|>"};
+const TextList kFimPadTexts = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"};
+const TextList kFimRepTexts = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>",
+                                   "<reponame>"};
 bool is_eog_text(std::string_view s) {
   return is_one_of(s, {"<|eot_id|>",
                        "<|im_end|>",
@@ -291,26 +304,29 @@ Result<Vocab> load_vocab(const GgufFile& file, const VocabDefaults& defaults) {
         "but has none (tokenizer.ggml.eos_token_id)");
   }
 
-  // Special tokens found by their text; they are made CONTROL (converters often miss it).
-  // llama.cpp walks a hash map here, so with several candidates the one it picks is arbitrary;
-  // ids are taken in increasing order instead.
-  auto found = [&](TokenId& slot, TokenId id, bool match) {
-    if (slot == -1 && match) {
-      slot = id;
-      v.attr[id] |= kAttrControl;
+  // Special tokens found by their text when the metadata does not name them; they are made
+  // CONTROL (converters often miss it). llama.cpp takes the first match in hash-map order; the
+  // first text of each list that the vocabulary has is taken here (end of turn before end of
+  // text), which is what llama.cpp ends up with for Llama 3, Qwen2 and Phi-3.
+  auto detect = [&](TokenId& slot, TextList texts) {
+    if (slot != -1) return;
+    for (std::string_view t : texts) {
+      const TokenId id = v.find(t);
+      if (id >= 0) {
+        slot = id;
+        v.attr[id] |= kAttrControl;
+        return;
+      }
     }
   };
-  for (TokenId id = 0; id < nv; ++id) {
-    const std::string& t = v.text[id];
-    found(v.eot, id, is_eot_text(t));
-    found(v.eom, id, t == "<|eom_id|>");
-    found(v.fim_pre, id, is_fim_pre_text(t));
-    found(v.fim_suf, id, is_fim_suf_text(t));
-    found(v.fim_mid, id, is_fim_mid_text(t));
-    found(v.fim_pad, id, is_fim_pad_text(t));
-    found(v.fim_rep, id, is_fim_rep_text(t));
-    found(v.fim_sep, id, t == "<|file_sep|>");
-  }
+  detect(v.eot, kEotTexts);
+  detect(v.eom, {"<|eom_id|>"});
+  detect(v.fim_pre, kFimPreTexts);
+  detect(v.fim_suf, kFimSufTexts);
+  detect(v.fim_mid, kFimMidTexts);
+  detect(v.fim_pad, kFimPadTexts);
+  detect(v.fim_rep, kFimRepTexts);
+  detect(v.fim_sep, {"<|file_sep|>"});
   for (TokenId id = 0; id < nv; ++id) {
     if ((v.attr[id] & kAttrControl) && v.text[id].find("unused") != std::string::npos) {
       v.attr[id] |= kAttrUnused;

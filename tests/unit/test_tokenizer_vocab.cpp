@@ -85,3 +85,99 @@ INSTANTIATE_TEST_SUITE_P(Tokenizer, VocabFiles,
 
 }  // namespace
 }  // namespace d2o
+
+namespace d2o {
+namespace {
+
+std::unique_ptr<Tokenizer> load_vocab_tokenizer(const std::string& name,
+                                                std::unique_ptr<GgufFile>& file) {
+  auto f = GgufFile::open(test::vocab_dir() + "/ggml-vocab-" + name + ".gguf");
+  EXPECT_TRUE(f.ok()) << f.status().to_string();
+  if (!f.ok()) return nullptr;
+  file = std::move(f).value();
+  auto tok = Tokenizer::from_gguf(*file);
+  EXPECT_TRUE(tok.ok()) << tok.status().to_string();
+  return tok.ok() ? std::move(tok).value() : nullptr;
+}
+
+// decode() is llama_detokenize: GPT-2 and Llama 3 vocabularies clean up tokenization spaces
+// (" ," -> ",", " 's" -> "'s", " ' " -> "'", but " 't", " 'd", " 'll" stay), Qwen2 does not,
+// SentencePiece drops the prefix space. Expected strings follow those rules by hand.
+TEST(VocabDecode, CleanUpSpacesAndPrefixSpace) {
+  if (test::vocab_dir().empty()) GTEST_SKIP() << "vocab test files not found: set D2O_VOCAB_DIR";
+  const std::string text =
+      "Hello , world ! Really ? Yes . I 'm sure it 's fine , they 're here , we 've won ; "
+      "don 't you 'd he 'll a ' b";
+  const std::string cleaned =
+      "Hello, world! Really? Yes. I'm sure it's fine, they're here, we've won ; "
+      "don 't you 'd he 'll a'b";
+  EncodeOptions no_special;
+  no_special.add_special = false;
+  for (const char* name : {"gpt-2", "llama-bpe", "qwen2", "llama-spm", "phi-3"}) {
+    std::unique_ptr<GgufFile> file;
+    auto tok = load_vocab_tokenizer(name, file);
+    ASSERT_NE(tok, nullptr);
+    auto ids = tok->encode(text, no_special);
+    ASSERT_TRUE(ids.ok());
+    auto out = tok->decode(*ids, false);
+    ASSERT_TRUE(out.ok());
+    const std::string n = name;
+    EXPECT_EQ(*out, (n == "gpt-2" || n == "llama-bpe") ? cleaned : text) << name;
+    // With the model's BOS (SentencePiece, Llama 3) the pieces are joined as they are, except
+    // that SentencePiece keeps the prefix space once a BOS came first.
+    auto with_bos = tok->encode(" x", EncodeOptions{});
+    ASSERT_TRUE(with_bos.ok());
+    const std::string expect_bos = n == "llama-spm" || n == "phi-3" ? "  x" : " x";
+    EXPECT_EQ(*tok->decode(*with_bos, false), expect_bos) << name;
+  }
+}
+
+TEST(VocabDecode, SpecialTokensAndByteTokens) {
+  if (test::vocab_dir().empty()) GTEST_SKIP() << "vocab test files not found: set D2O_VOCAB_DIR";
+  std::unique_ptr<GgufFile> file;
+  auto spm = load_vocab_tokenizer("llama-spm", file);
+  ASSERT_NE(spm, nullptr);
+  EXPECT_EQ(spm->bos(), 1);
+  EXPECT_EQ(spm->eos(), 2);
+  EXPECT_TRUE(spm->is_eog(2));
+  EXPECT_FALSE(spm->is_eog(1));
+  EXPECT_EQ(*spm->token_to_piece(13, false), "\n");  // <0x0A>
+  EXPECT_EQ(*spm->token_to_piece(1, false), "");
+  EXPECT_EQ(*spm->token_to_piece(1, true), "<s>");
+  // Text that needs byte fallback comes back whole.
+  auto ids = spm->encode("\xF0\x9F\xA6\x99 llama", EncodeOptions{});
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(*spm->decode(std::vector<TokenId>(ids->begin() + 1, ids->end()), false),
+            "\xF0\x9F\xA6\x99 llama");
+
+  std::unique_ptr<GgufFile> file3;
+  auto llama3 = load_vocab_tokenizer("llama-bpe", file3);
+  ASSERT_NE(llama3, nullptr);
+  EXPECT_TRUE(llama3->add_bos());
+  const TokenId eot = *llama3->find_token("<|eot_id|>");
+  EXPECT_TRUE(llama3->is_eog(eot));
+  EXPECT_EQ(llama3->eot(), eot);
+  EXPECT_TRUE(llama3->is_control(eot));
+  EncodeOptions parse;
+  parse.add_special = false;
+  parse.parse_special = true;
+  auto chat = llama3->encode("<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>", parse);
+  ASSERT_TRUE(chat.ok());
+  EXPECT_EQ(chat->front(), *llama3->find_token("<|start_header_id|>"));
+  EXPECT_EQ(chat->back(), eot);
+  EXPECT_EQ(*llama3->decode(*chat, false), "user\n\nHi");
+
+  std::unique_ptr<GgufFile> fileq;
+  auto qwen = load_vocab_tokenizer("qwen2", fileq);
+  ASSERT_NE(qwen, nullptr);
+  // "</s>" is an ordinary token in Qwen2's vocabulary that llama.cpp turns into a control,
+  // end-of-generation token; d2o does the same.
+  const TokenId s_end = *qwen->find_token("</s>");
+  EXPECT_TRUE(qwen->is_eog(s_end));
+  EXPECT_EQ(*qwen->token_to_piece(s_end, false), "");
+  EXPECT_TRUE(qwen->is_eog(*qwen->find_token("<|im_end|>")));
+  EXPECT_FALSE(qwen->is_eog(*qwen->find_token("<|im_start|>")));
+}
+
+}  // namespace
+}  // namespace d2o
