@@ -9,19 +9,37 @@
 namespace d2o {
 namespace {
 
-// Min-heap on (priority, left): the leftmost of equally ranked pairs pops first.
-bool heap_after(const MergeScratch::Pair& a, const MergeScratch::Pair& b) {
-  return a.priority > b.priority || (a.priority == b.priority && a.left > b.left);
-}
-void heap_push(std::vector<MergeScratch::Pair>& h, const MergeScratch::Pair& p) {
-  h.push_back(p);
-  std::push_heap(h.begin(), h.end(), heap_after);
+struct PairAfter {  // min-heap order
+  bool operator()(const MergeScratch::Pair& a, const MergeScratch::Pair& b) const {
+    return a.order > b.order;
+  }
+};
+// priority: BPE merge rank, or SPM minus the score's order key; both fit in int32.
+void heap_push(std::vector<MergeScratch::Pair>& h, int32_t priority, int32_t left, int32_t right,
+               int32_t len) {
+  const uint64_t order =
+      (static_cast<uint64_t>(static_cast<uint32_t>(priority) ^ 0x80000000u) << 32) |
+      static_cast<uint32_t>(left);
+  h.push_back({order, right, len});
+  std::push_heap(h.begin(), h.end(), PairAfter());
 }
 MergeScratch::Pair heap_pop(std::vector<MergeScratch::Pair>& h) {
-  std::pop_heap(h.begin(), h.end(), heap_after);
+  std::pop_heap(h.begin(), h.end(), PairAfter());
   MergeScratch::Pair p = h.back();
   h.pop_back();
   return p;
+}
+int32_t pair_left(const MergeScratch::Pair& p) {
+  return static_cast<int32_t>(p.order & 0xFFFFFFFF);
+}
+
+// Integer with the order of the float (-0 == +0): the SentencePiece score as a heap priority.
+int32_t score_key(float score) {
+  int32_t bits;
+  static_assert(sizeof(bits) == sizeof(score));
+  std::memcpy(&bits, &score, sizeof(bits));
+  return bits >= 0 ? bits
+                   : static_cast<int32_t>(std::numeric_limits<int32_t>::min() - int64_t{bits});
 }
 
 void link_symbols(MergeScratch& s, size_t n) {
@@ -123,6 +141,7 @@ void BpeMerges::encode_word(const Vocab& vocab, std::string_view word, MergeScra
     }
   }
   s.sym.resize(n);
+  s.len.assign(n, 1);
   s.start.resize(n);
   for (size_t i = 0; i < n; ++i) {
     s.sym[i] = byte_symbol_[static_cast<uint8_t>(word[i])];
@@ -134,22 +153,20 @@ void BpeMerges::encode_word(const Vocab& vocab, std::string_view word, MergeScra
     if (l < 0 || r < 0 || s.sym[l] < 0 || s.sym[r] < 0) return;
     auto it = rules_.find(key(s.sym[l], s.sym[r]));
     if (it == rules_.end()) return;
-    heap_push(s.heap, {it->second.rank, l, r, s.sym[l], s.sym[r], it->second.result});
+    heap_push(s.heap, it->second.rank, l, r, s.len[l] + s.len[r]);
   };
   for (size_t i = 1; i < n; ++i) try_pair(static_cast<int32_t>(i - 1), static_cast<int32_t>(i));
-  s.dead.assign(n, 0);
   while (!s.heap.empty()) {
     const MergeScratch::Pair p = heap_pop(s.heap);
+    const int32_t l = pair_left(p);
     // Stale entry: one side was merged away or has grown since the pair was queued.
-    if (s.dead[p.left] || s.dead[p.right] || s.sym[p.left] != p.left_sym ||
-        s.sym[p.right] != p.right_sym) {
-      continue;
-    }
-    s.sym[p.left] = p.result;
-    s.dead[p.right] = 1;
-    unlink_right(s, p.left, p.right);
-    try_pair(s.prev[p.left], p.left);
-    try_pair(p.left, s.next[p.left]);
+    if (s.len[l] == 0 || s.len[p.right] == 0 || s.len[l] + s.len[p.right] != p.len) continue;
+    s.sym[l] = rules_.find(key(s.sym[l], s.sym[p.right]))->second.result;
+    s.len[l] = p.len;
+    s.len[p.right] = 0;
+    unlink_right(s, l, p.right);
+    try_pair(s.prev[l], l);
+    try_pair(l, s.next[l]);
   }
   for (int32_t i = 0; i >= 0; i = s.next[i]) emit(vocab, word, s, i, out);
 }
@@ -158,12 +175,12 @@ void spm_encode(const Vocab& vocab, std::string_view text, MergeScratch& s,
                 std::vector<TokenId>& out) {
   // Symbols are UTF-8 characters by their lead byte (llama.cpp does not validate them).
   s.start.clear();
-  s.sym.clear();  // byte length of each symbol; 0 once merged away
+  s.len.clear();
   for (size_t off = 0; off < text.size();) {
     const size_t len =
         std::min(unicode::utf8_len_from_lead(static_cast<uint8_t>(text[off])), text.size() - off);
     s.start.push_back(static_cast<int32_t>(off));
-    s.sym.push_back(static_cast<int32_t>(len));
+    s.len.push_back(static_cast<int32_t>(len));
     off += len;
   }
   const size_t n = s.start.size();
@@ -172,33 +189,24 @@ void spm_encode(const Vocab& vocab, std::string_view text, MergeScratch& s,
   s.heap.clear();
   auto try_pair = [&](int32_t l, int32_t r) {
     if (l < 0 || r < 0) return;
-    const int32_t len = s.sym[l] + s.sym[r];
+    const int32_t len = s.len[l] + s.len[r];
     const TokenId id = vocab.find(text.substr(static_cast<size_t>(s.start[l]), len));
     if (id < 0) return;
-    // Higher score first: order by the score's float bits, negated, as a signed integer key.
-    const float score = vocab.score[id];
-    int32_t bits;
-    static_assert(sizeof(bits) == sizeof(score));
-    std::memcpy(&bits, &score, sizeof(bits));
-    // Integers that order like the floats (-0 == +0), negated for the min-heap.
-    const int64_t ordered =
-        bits >= 0 ? int64_t{bits} : int64_t{std::numeric_limits<int32_t>::min()} - bits;
-    heap_push(s.heap, {-ordered, l, r, len, 0, 0});
+    heap_push(s.heap, -score_key(vocab.score[id]), l, r, len);  // highest score first
   };
   for (size_t i = 1; i < n; ++i) try_pair(static_cast<int32_t>(i - 1), static_cast<int32_t>(i));
   while (!s.heap.empty()) {
     const MergeScratch::Pair p = heap_pop(s.heap);
-    if (s.sym[p.left] == 0 || s.sym[p.right] == 0 || s.sym[p.left] + s.sym[p.right] != p.left_sym) {
-      continue;  // stale
-    }
-    s.sym[p.left] += s.sym[p.right];
-    s.sym[p.right] = 0;
-    unlink_right(s, p.left, p.right);
-    try_pair(s.prev[p.left], p.left);
-    try_pair(p.left, s.next[p.left]);
+    const int32_t l = pair_left(p);
+    if (s.len[l] == 0 || s.len[p.right] == 0 || s.len[l] + s.len[p.right] != p.len) continue;
+    s.len[l] = p.len;
+    s.len[p.right] = 0;
+    unlink_right(s, l, p.right);
+    try_pair(s.prev[l], l);
+    try_pair(l, s.next[l]);
   }
   for (int32_t i = 0; i >= 0; i = s.next[i]) {
-    const std::string_view piece = text.substr(static_cast<size_t>(s.start[i]), s.sym[i]);
+    const std::string_view piece = text.substr(static_cast<size_t>(s.start[i]), s.len[i]);
     const TokenId id = vocab.find(piece);
     if (id >= 0) {
       out.push_back(id);

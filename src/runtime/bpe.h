@@ -24,18 +24,19 @@ namespace d2o {
 
 // Reusable buffers for one thread's encoding (avoids allocating per word).
 struct MergeScratch {
-  std::vector<int32_t> sym;    // symbol id (BPE) or byte length (SPM)
+  std::vector<int32_t> sym;    // BPE: symbol id of each symbol
+  std::vector<int32_t> len;    // byte length of each symbol, 0 once merged into its left
   std::vector<int32_t> start;  // first byte of each symbol in the piece
   std::vector<int32_t> prev;   // linked list of live symbols, -1 at the ends
   std::vector<int32_t> next;
-  std::vector<uint8_t> dead;  // BPE: merged-away symbols
+  // A queued pair of adjacent symbols. `order` packs (priority, left symbol) so that one integer
+  // comparison gives the merge order: the smallest priority first, then the leftmost pair.
+  // `len` is the pair's byte length when queued: since symbols only grow, a pair whose two
+  // symbols are alive and still add up to `len` has not changed (otherwise it is stale).
   struct Pair {
-    int64_t priority;  // smaller pops first (BPE: rank; SPM: minus the score's order key)
-    int32_t left;
+    uint64_t order;
     int32_t right;
-    int32_t left_sym;  // BPE: symbol ids when queued (to detect stale pairs); SPM: byte length
-    int32_t right_sym;
-    int32_t result;  // BPE: symbol id of the merged text
+    int32_t len;
   };
   std::vector<Pair> heap;
   std::string encoded;  // BPE: the word as byte characters
