@@ -49,7 +49,10 @@ void ThreadPool::dispatch(int64_t n_tasks, TaskFn fn, void* ctx) {
 }
 
 void ThreadPool::worker_loop(int thread) {
-  uint32_t seen = generation_.load(std::memory_order_acquire);
+  // Generation 0 is the one at construction. Reading generation_ here instead would race with
+  // the first dispatch: a worker that starts late would take job 1 as already seen and the
+  // caller would wait for it forever.
+  uint32_t seen = 0;
   for (;;) {
     uint32_t g = generation_.load(std::memory_order_acquire);
     for (int i = 0; g == seen && i < kSpinIterations; ++i) {
