@@ -242,7 +242,7 @@ std::vector<std::string> words(const std::string& pre, const std::string& text) 
   auto pt = PreTokenizer::create(pre);
   EXPECT_TRUE(pt.ok()) << pt.status().to_string();
   PreTokenized out;
-  (*pt)->split(text, out);
+  EXPECT_TRUE((*pt)->split(text, out).ok());
   std::vector<std::string> w;
   uint32_t begin = 0;
   for (uint32_t end : out.word_ends) {
