@@ -40,52 +40,52 @@ bool is_one_of(std::string_view s, TextList list) {
 
 // Texts by which llama.cpp recognises special tokens that the metadata does not name.
 const TextList kEotTexts = {"<|eot_id|>",
-                                "<|im_end|>",
-                                "<|end|>",
-                                "<end_of_turn>",
-                                "<|endoftext|>",
-                                "<|end_of_text|>",
-                                "<EOT>",
-                                "_<EOT>",
-                                "[EOT]",
-                                "<\xEF\xBD\x9C"
-                                "end\xE2\x96\x81"
-                                "of\xE2\x96\x81"
-                                "sentence\xEF\xBD\x9C>",
-                                "<end_of_utterance>"};
+                            "<|im_end|>",
+                            "<|end|>",
+                            "<end_of_turn>",
+                            "<|endoftext|>",
+                            "<|end_of_text|>",
+                            "<EOT>",
+                            "_<EOT>",
+                            "[EOT]",
+                            "<\xEF\xBD\x9C"
+                            "end\xE2\x96\x81"
+                            "of\xE2\x96\x81"
+                            "sentence\xEF\xBD\x9C>",
+                            "<end_of_utterance>"};
 const TextList kFimPreTexts = {"<|fim_prefix|>",
-                                   "<fim-prefix>",
-                                   "<fim_prefix>",
-                                   "<\xEF\xBD\x9C"
-                                   "fim\xE2\x96\x81"
-                                   "begin\xEF\xBD\x9C>",
-                                   "<PRE>",
-                                   "\xE2\x96\x81<PRE>",
-                                   "<|code_prefix|>",
-                                   "<|prefix|>"};
+                               "<fim-prefix>",
+                               "<fim_prefix>",
+                               "<\xEF\xBD\x9C"
+                               "fim\xE2\x96\x81"
+                               "begin\xEF\xBD\x9C>",
+                               "<PRE>",
+                               "\xE2\x96\x81<PRE>",
+                               "<|code_prefix|>",
+                               "<|prefix|>"};
 const TextList kFimSufTexts = {"<|fim_suffix|>",
-                                   "<fim-suffix>",
-                                   "<fim_suffix>",
-                                   "<\xEF\xBD\x9C"
-                                   "fim\xE2\x96\x81"
-                                   "hole\xEF\xBD\x9C>",
-                                   "<SUF>",
-                                   "\xE2\x96\x81<SUF>",
-                                   "<|code_suffix|>",
-                                   "<|suffix|>"};
+                               "<fim-suffix>",
+                               "<fim_suffix>",
+                               "<\xEF\xBD\x9C"
+                               "fim\xE2\x96\x81"
+                               "hole\xEF\xBD\x9C>",
+                               "<SUF>",
+                               "\xE2\x96\x81<SUF>",
+                               "<|code_suffix|>",
+                               "<|suffix|>"};
 const TextList kFimMidTexts = {"<|fim_middle|>",
-                                   "<fim-middle>",
-                                   "<fim_middle>",
-                                   "<\xEF\xBD\x9C"
-                                   "fim\xE2\x96\x81"
-                                   "end\xEF\xBD\x9C>",
-                                   "<MID>",
-                                   "\xE2\x96\x81<MID>",
-                                   "<|code_middle|>",
-                                   "<|middle|>"};
+                               "<fim-middle>",
+                               "<fim_middle>",
+                               "<\xEF\xBD\x9C"
+                               "fim\xE2\x96\x81"
+                               "end\xEF\xBD\x9C>",
+                               "<MID>",
+                               "\xE2\x96\x81<MID>",
+                               "<|code_middle|>",
+                               "<|middle|>"};
 const TextList kFimPadTexts = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"};
 const TextList kFimRepTexts = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>",
-                                   "<reponame>"};
+                               "<reponame>"};
 bool is_eog_text(std::string_view s) {
   return is_one_of(s, {"<|eot_id|>",
                        "<|im_end|>",
