@@ -12,6 +12,7 @@
 
 #include <map>
 #include <memory>
+#include <thread>
 
 #include "gguf/gguf.h"
 #include "runtime/tokenizer.h"
@@ -201,6 +202,39 @@ TEST(VocabCorpus, IdHashesMatchLlamaCpp) {
     std::printf("note: %zu Gemma 3 rows skipped (set D2O_GEMMA_MODEL to check them)\n",
                 skipped_gemma);
   }
+}
+
+// Special ids as llama.cpp reports them for SmolLM2 (llama-tokenize -v: BOS 1, EOS 2, EOG 0 2 4;
+// <reponame> is end-of-generation as a FIM repository marker).
+TEST(SmolSpecialTokens, MatchLlamaCpp) {
+  SKIP_WITHOUT_SMOLLM(tok);
+  EXPECT_EQ(tok->n_vocab(), 49152);
+  EXPECT_EQ(tok->bos(), 1);
+  EXPECT_EQ(tok->eos(), 2);
+  EXPECT_EQ(tok->eog_tokens(), (std::vector<TokenId>{0, 2, 4}));
+  EXPECT_FALSE(tok->add_bos());
+  EXPECT_EQ(tok->pre_tokenizer(), "smollm");
+  for (TokenId id = 0; id < 17; ++id) EXPECT_TRUE(tok->is_control(id)) << id;
+  EXPECT_FALSE(tok->is_control(17));
+}
+
+// encode() is const and keeps no shared state: two threads give the serial results.
+TEST(SmolCorpusThreads, ConcurrentEncodeMatchesSerial) {
+  SKIP_WITHOUT_SMOLLM(tok);
+  const auto chunks = read_chunks(kDataDir + "/corpus_scripts.txt");
+  std::vector<std::vector<TokenId>> serial;
+  for (const std::string& c : chunks) serial.push_back(*tok->encode(c, EncodeOptions{}));
+  std::vector<std::vector<TokenId>> a(chunks.size()), b(chunks.size());
+  std::thread ta([&] {
+    for (size_t k = 0; k < chunks.size(); ++k) a[k] = *tok->encode(chunks[k], EncodeOptions{});
+  });
+  std::thread tb([&] {
+    for (size_t k = chunks.size(); k-- > 0;) b[k] = *tok->encode(chunks[k], EncodeOptions{});
+  });
+  ta.join();
+  tb.join();
+  EXPECT_EQ(a, serial);
+  EXPECT_EQ(b, serial);
 }
 
 // Every piece a StreamDecoder returns is complete, valid UTF-8.
