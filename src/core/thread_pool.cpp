@@ -49,7 +49,9 @@ void ThreadPool::dispatch(int64_t n_tasks, TaskFn fn, void* ctx) {
 }
 
 void ThreadPool::worker_loop(int thread) {
-  uint32_t seen = generation_.load(std::memory_order_acquire);
+  // Generation 0 is the state at construction: a worker that starts late must still take part
+  // in the first job, so it must not read the (possibly already bumped) current generation.
+  uint32_t seen = 0;
   for (;;) {
     uint32_t g = generation_.load(std::memory_order_acquire);
     for (int i = 0; g == seen && i < kSpinIterations; ++i) {
