@@ -40,21 +40,30 @@ struct PassInfo {
 
 // Per-sequence mutable policy state.
 struct PolicyState {
-  bool budgets_set = false;
+  // budgets[il] == kNoBudget: the layer is never compacted (D2O research reading: layers 0, 1
+  // and L-1 keep everything).
+  static constexpr int kNoBudget = -1;
+
+  bool budgets_set = false;            // set at the sequence's first compaction, then kept
   std::vector<int> budgets;            // [n_layer] slots per KV head each layer may keep
   std::vector<double> layer_variance;  // [n_layer] D2O density statistic when budgets were set
   std::vector<float> tau;              // [n_layer * n_head_kv] D2O EMA similarity thresholds
   std::vector<uint8_t> tau_ready;      // [n_layer * n_head_kv] whether tau was initialised
-  std::vector<int64_t> evicted;        // [n_layer] tokens evicted so far (merged or dropped)
-  std::vector<int64_t> merged;         // [n_layer] evicted tokens merged into a kept slot
-  int64_t n_compactions = 0;
+  // Counters are slots summed over the layer's KV heads (every head evicts the same number of
+  // slots per compaction; how many of them merge differs per head).
+  std::vector<int64_t> evicted;  // [n_layer] slots evicted so far (merged or dropped)
+  std::vector<int64_t> merged;   // [n_layer] evicted slots merged into kept ones
+  int64_t n_compactions = 0;     // compact() calls that removed at least one slot
   // RoPE position of the next token = n_past - pos_shift. Policies that compact positions
   // (StreamingLLM with re-rotated keys) raise it by the number of positions they remove.
   int64_t pos_shift = 0;
-  // Reusable buffers so compaction allocates nothing in steady state.
+  // Reusable buffers so compaction allocates nothing in steady state (they only ever grow).
   CompactionPlan plan;
-  std::vector<float> work_f;
-  std::vector<int32_t> work_i;
+  std::vector<float> work_f;     // per-slot selection scores, similarities
+  std::vector<float> work_f2;    // kept rows as floats [n_keep, head_dim], norms
+  std::vector<int32_t> work_i;   // slot index lists
+  std::vector<int32_t> work_i2;  // evicted lists, nearest neighbours, merge groups
+  std::vector<double> work_d;    // double accumulators (CaM running sums)
 
   void reset() { *this = PolicyState(); }
 };
