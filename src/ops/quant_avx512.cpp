@@ -3,9 +3,10 @@
 // which AVX-512 does not shorten much, and they run only off the hot path (embedding rows, the
 // fp32 fallback of rarely used types).
 // GCC 12's AVX-512 headers start some intrinsics from _mm512_undefined_*(), which
-// -Wmaybe-uninitialized reports as a false positive once inlined; nothing here reads undefined
+// -W(maybe-)uninitialized reports as a false positive once inlined; nothing here reads undefined
 // lanes.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 #include "ops/quant.h"

@@ -42,5 +42,16 @@ TEST(ThreadPool, ParallelForChunksDependOnlyOnNAndGrain) {
   }
 }
 
+TEST(ThreadPool, ParallelForCoversEveryIndexOnce) {
+  ThreadPool pool(3);
+  std::vector<std::atomic<int>> hits(1000);
+  pool.parallel_for(1000, 7, [&](int64_t b, int64_t e, int thread) {
+    ASSERT_GE(thread, 0);
+    ASSERT_LT(thread, 3);
+    for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+  });
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << i;
+}
+
 }  // namespace
 }  // namespace d2o

@@ -17,6 +17,7 @@ struct RunOptions {
   SamplerParams sampling;
   std::string prompt;
   std::string prompt_file;
+  std::string prompt_tokens;  // comma-separated token ids instead of text
   int n_predict = 128;
   std::vector<std::string> stop;
   bool chat = false;
@@ -34,7 +35,9 @@ int run_run(RunOptions& o) {
     ss << in.rdbuf();
     o.prompt = ss.str();
   }
-  if (o.prompt.empty()) return fail(invalid_argument("no prompt: give -p TEXT or -f FILE"));
+  if (o.prompt.empty() && o.prompt_tokens.empty()) {
+    return fail(invalid_argument("no prompt: give -p TEXT, -f FILE or --prompt-tokens IDS"));
+  }
   if (Status s = o.sampling.validate(); !s.ok()) return fail(s);
 
   auto loaded = load_all(o.model);
@@ -49,7 +52,16 @@ int run_run(RunOptions& o) {
     text = l.chat_template->apply({{"user", o.prompt}}, /*add_generation_prompt=*/true);
     enc.parse_special = true;
   }
-  auto ids = l.tokenizer->encode(text, enc);
+  Result<std::vector<TokenId>> ids = std::vector<TokenId>{};
+  if (!o.prompt_tokens.empty()) {
+    auto parsed = parse_token_list(o.prompt_tokens, l.model->hparams().n_vocab);
+    if (!parsed.ok()) return fail(parsed.status().with_context("--prompt-tokens"));
+    ids = std::move(parsed);
+    auto shown = l.tokenizer->decode(*ids, /*render_special=*/true);
+    o.prompt = shown.ok() ? *shown : std::string();
+  } else {
+    ids = l.tokenizer->encode(text, enc);
+  }
   if (!ids.ok()) return fail(ids.status());
   if (ids->empty()) return fail(invalid_argument("the prompt produced no tokens"));
   if (static_cast<int64_t>(ids->size()) >= l.n_ctx) {
@@ -100,6 +112,7 @@ Action add_run_command(CLI::App& app) {
   add_sampling_options(sub, o->sampling);
   sub->add_option("-p,--prompt", o->prompt, "Prompt text");
   sub->add_option("-f,--file", o->prompt_file, "Read the prompt from a file");
+  sub->add_option("--prompt-tokens", o->prompt_tokens, "Prompt as comma-separated token ids");
   sub->add_option("-n,--n-predict", o->n_predict, "Tokens to generate (>= 1)");
   sub->add_option("--stop", o->stop, "Stop string (repeatable)");
   sub->add_flag("--chat", o->chat, "Wrap the prompt as a user message in the model's chat template");

@@ -52,6 +52,9 @@ Result<Loaded> load_all(const ModelOptions& o);
 
 Result<KvType> parse_kv_type(const std::string& s);
 
+// "1,2,3" -> ids, each checked against the vocabulary size.
+Result<std::vector<TokenId>> parse_token_list(const std::string& s, int n_vocab);
+
 // One-line memory summary: weights, KV (allocated vs full cache for n tokens), peak RSS.
 std::string memory_summary(const Loaded& l, const Sequence& seq);
 

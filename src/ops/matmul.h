@@ -1,0 +1,77 @@
+// Weight matrices held for compute (QMatrix) and the product y = x W^T (matmul).
+//
+// Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights are repacked at load time (src/ops/matmul_pack.h)
+// and multiplied with integer dot products: each token's activations are quantised to 8 bits
+// (per 32 elements for the 32-element formats, per 256 with 16/32-element sums for the K formats,
+// like llama.cpp's Q8_0/Q8_1/Q8_K) and the kernels use AVX-512 VNNI (vpdpbusd) or AVX2
+// (vpmaddubsw), a 16-row x up-to-4-token micro-tile reusing each weight block for several
+// tokens. Every other supported type (F32, F16, BF16, Q5_0, Q5_1, Q2_K, Q3_K) is kept as GGUF
+// rows and multiplied by dequantising a few rows to fp32 and using fp32 dot products.
+//
+// Numerics: the integer kernels of all levels (scalar, AVX2, AVX-512) perform the same integer
+// sums and the same float operations in the same order, so they agree bit for bit; results do
+// not depend on the thread count or on how tokens are grouped. Against the exact product
+// (matmul_ref) the error is that of 8-bit activation quantisation (about 0.5% of the row norm
+// times the activation norm, relative), as in llama.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/mem.h"
+#include "core/thread_pool.h"
+#include "d2o/status.h"
+#include "ops/ggml_type.h"
+#include "ops/kernel_isa.h"
+#include "ops/matmul_pack.h"
+
+namespace d2o {
+
+// A weight matrix [n_rows, n_cols] (GGUF dims: ne0 = n_cols contiguous, ne1 = n_rows) held in
+// process memory (never a pointer into a file mapping), possibly repacked for the kernels.
+class QMatrix {
+ public:
+  QMatrix() = default;
+  QMatrix(QMatrix&&) noexcept = default;
+  QMatrix& operator=(QMatrix&&) noexcept = default;
+
+  // Copies (and may repack) rows from GGUF-layout bytes; errors for unsupported types or
+  // n_cols not a multiple of the block size, or src_bytes not the matrix's exact size.
+  static Result<QMatrix> from_gguf_bytes(GgmlType type, int64_t n_rows, int64_t n_cols,
+                                         const uint8_t* src, size_t src_bytes);
+
+  GgmlType type() const { return type_; }
+  int64_t n_rows() const { return n_rows_; }
+  int64_t n_cols() const { return n_cols_; }
+  size_t bytes() const { return data_.bytes(); }  // memory held
+  // Dequantised row (embedding lookup); bit-identical to dequantize_row of the GGUF row.
+  void get_row(int64_t row, float* dst) const;
+  // True when the integer kernels apply (the weights are in a packed layout).
+  bool packed() const { return layout_.kind != mm::PackKind::kRaw; }
+
+  // For the kernels.
+  const mm::PackedLayout& layout() const { return layout_; }
+  const uint8_t* data() const { return data_.data(); }
+  int64_t raw_row_bytes() const { return raw_row_bytes_; }  // GGUF bytes per row
+
+ private:
+  GgmlType type_ = GgmlType::kF32;
+  int64_t n_rows_ = 0;
+  int64_t n_cols_ = 0;
+  int64_t raw_row_bytes_ = 0;
+  mm::PackedLayout layout_;
+  AlignedBuffer<uint8_t> data_;
+};
+
+// y[t * n_rows + r] = sum_c W[r, c] * x[t * n_cols + c], for t in [0, n_tok).
+// Multi-threaded over rows (and tokens for large n_tok), no allocation in steady state
+// (per-thread scratch may grow once), deterministic for any thread count. x and y must not
+// overlap. The kernel level is best_kernel_isa() (D2O_FORCE_SCALAR=1 selects scalar code).
+void matmul(const QMatrix& w, const float* x, int64_t n_tok, float* y, ThreadPool& pool);
+// The same at a given (available) kernel level; for tests and benchmarks.
+void matmul_isa(const QMatrix& w, const float* x, int64_t n_tok, float* y, ThreadPool& pool,
+                KernelIsa isa);
+// Scalar reference: dequantise each row to fp32 and accumulate in double. For tests.
+void matmul_ref(const QMatrix& w, const float* x, int64_t n_tok, float* y);
+
+}  // namespace d2o

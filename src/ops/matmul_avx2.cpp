@@ -1,0 +1,423 @@
+// AVX2 kernels of the matmul (compiled with -mavx2 -mfma -mf16c).
+//
+// Same packed layouts and micro-tiles as the AVX-512 kernels, processed as two halves of 8 rows
+// (one ymm lane per row). AVX2 has no VNNI: vpmaddubsw multiplies unsigned weight bytes with
+// signed activation bytes into int16 pair sums, which are accumulated in int16 only as far as
+// they provably cannot saturate (|x| <= 127: 8 products of 4-bit weights, 4 of 5-bit, 2 of
+// 6-bit), then widened by vpmaddwd, with ones or, for the K formats, directly with the sub-block
+// scales. Q8_0 uses |w| x sign(x, w). Integer results equal the exact sums, so the output is
+// bit-identical to the scalar and AVX-512 kernels.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "ops/matmul_kernels.h"
+
+namespace d2o::mm {
+
+namespace {
+
+inline __m256i bcast4(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+inline __m256 half8(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256i load32(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+inline __m128i load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+
+inline void store_half(const TileJob& job, int t, int half, __m256 v) {
+  float* y = job.y + t * job.y_stride + 8 * half;
+  const int valid = job.rows - 8 * half;
+  if (valid >= 8) {
+    _mm256_storeu_ps(y, v);
+  } else {
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_maskstore_ps(y, _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), idx), v);
+  }
+}
+
+inline int32_t hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+inline float hmax_ps(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline float hsum_ps(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// ---- activation quantisation ----------------------------------------------------------------
+
+void quantize_avx2(const ActLayout& l, const float* x, uint8_t* rec) {
+  auto* qs = reinterpret_cast<int8_t*>(rec);
+  auto* d = reinterpret_cast<float*>(rec + l.off_d);
+  const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const int64_t nb = l.n_cols / l.block;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * l.block;
+    __m256 vmax = _mm256_setzero_ps();
+    for (int64_t i = 0; i < l.block; i += 8) vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(xb + i), abs_mask));
+    const float amax = hmax_ps(vmax);
+    const float db = amax / 127.0f;
+    const float id = db != 0.0f ? 1.0f / db : 0.0f;
+    d[b] = db;
+    const __m256 vid = _mm256_set1_ps(id);
+    for (int64_t i = 0; i < l.block; i += 32) {
+      __m256i q[4];
+      for (int k = 0; k < 4; ++k) {
+        __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 8 * k), vid),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        r = _mm256_min_ps(_mm256_max_ps(r, lo), hi);
+        q[k] = _mm256_cvttps_epi32(r);
+      }
+      // int32 -> int8 with in-lane packs, then undo the lane interleave.
+      const __m256i w16a = _mm256_packs_epi32(q[0], q[1]);
+      const __m256i w16b = _mm256_packs_epi32(q[2], q[3]);
+      const __m256i w8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w16a, w16b), perm);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + b * l.block + i), w8);
+    }
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  auto sum16 = [&](int64_t k) {
+    const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * k)));
+    return hsum_epi32(_mm256_madd_epi16(v, ones));
+  };
+  if (l.format == ActFormat::kQ8x32) {
+    auto* qsum = reinterpret_cast<int32_t*>(rec + l.off_a);
+    auto* dsum = reinterpret_cast<float*>(rec + l.off_b);
+    for (int64_t b = 0; b < l.n_cols / 32; ++b) {
+      const int32_t s = sum16(2 * b) + sum16(2 * b + 1);
+      qsum[b] = s;
+      dsum[b] = d[b] * static_cast<float>(s);
+    }
+  } else {
+    auto* s32 = reinterpret_cast<int16_t*>(rec + l.off_a);
+    auto* s16 = reinterpret_cast<int16_t*>(rec + l.off_b);
+    for (int64_t k = 0; k < l.n_cols / 16; ++k) s16[k] = static_cast<int16_t>(sum16(k));
+    for (int64_t b = 0; b < l.n_cols / 32; ++b) s32[b] = static_cast<int16_t>(s16[2 * b] + s16[2 * b + 1]);
+  }
+}
+
+// ---- Q4_0, Q4_1, Q8_0 ------------------------------------------------------------------------
+
+template <PackKind kKind, int NT>
+void tile_32(const TileJob& job) {
+  const PackedLayout& w = *job.w;
+  const ActLayout& al = *job.acts;
+  const uint8_t* rec[NT];
+  for (int t = 0; t < NT; ++t) rec[t] = job.act + t * al.stride;
+  const uint8_t* dsec = job.tile + w.section_offset[0];
+  const uint8_t* msec = job.tile + w.section_offset[1];
+  const uint8_t* qsec = job.tile + w.section_offset[kKind == PackKind::kQ4_1 ? 2 : 1];
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int halves = job.rows > 8 ? 2 : 1;
+  for (int h = 0; h < halves; ++h) {
+    __m256 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < w.n_blocks; ++b) {
+      __m256i is[NT];
+      if (kKind == PackKind::kQ8_0) {
+        for (int t = 0; t < NT; ++t) is[t] = _mm256_setzero_si256();
+        const uint8_t* q = qsec + 512 * b + 32 * h;
+        for (int g = 0; g < 8; ++g) {
+          const __m256i wv = load32(q + 64 * g);
+          const __m256i aw = _mm256_abs_epi8(wv);
+          for (int t = 0; t < NT; ++t) {
+            const __m256i xs = _mm256_sign_epi8(bcast4(act_qs(rec[t]) + 32 * b + 4 * g), wv);
+            is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), ones));
+          }
+        }
+      } else {
+        __m256i s16[NT];
+        for (int t = 0; t < NT; ++t) s16[t] = _mm256_setzero_si256();
+        const uint8_t* q = qsec + 256 * b + 32 * h;
+        for (int v = 0; v < 4; ++v) {
+          const __m256i raw = load32(q + 64 * v);
+          const __m256i lo = _mm256_and_si256(raw, m4);
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+          for (int t = 0; t < NT; ++t) {
+            const int8_t* xb = act_qs(rec[t]) + 32 * b;
+            s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(lo, bcast4(xb + 4 * v)));
+            s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(hi, bcast4(xb + 16 + 4 * v)));
+          }
+        }
+        for (int t = 0; t < NT; ++t) is[t] = _mm256_madd_epi16(s16[t], ones);
+      }
+      const __m256 dw = half8(dsec + 32 * b + 16 * h);
+      for (int t = 0; t < NT; ++t) {
+        __m256i isum = is[t];
+        if (kKind == PackKind::kQ4_0) {
+          isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * act_a<int32_t>(al, rec[t])[b]));
+        }
+        const __m256 dwdx = _mm256_mul_ps(dw, _mm256_set1_ps(act_d(al, rec[t])[b]));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dwdx, acc[t]);
+        if (kKind == PackKind::kQ4_1) {
+          const __m256 mw = half8(msec + 32 * b + 16 * h);
+          acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(act_b<float>(al, rec[t])[b]), acc[t]);
+        }
+      }
+    }
+    for (int t = 0; t < NT; ++t) store_half(job, t, h, acc[t]);
+  }
+}
+
+// ---- Q4_K, Q5_K ------------------------------------------------------------------------------
+
+// (s_j, s_j) int16 pairs per row from lanes holding (s_{2p}, s_{2p+1}): which = 0 or 1.
+inline __m256i dup_pair(__m256i pairs, int which) {
+  const __m256i pick0 = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0,
+                                         1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
+  const __m256i pick1 = _mm256_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15, 2,
+                                         3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15);
+  return _mm256_shuffle_epi8(pairs, which == 0 ? pick0 : pick1);
+}
+
+template <bool kFive, int NT>
+void tile_q45_k(const TileJob& job) {
+  const PackedLayout& w = *job.w;
+  const ActLayout& al = *job.acts;
+  const uint8_t* rec[NT];
+  for (int t = 0; t < NT; ++t) rec[t] = job.act + t * al.stride;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m10 = _mm256_set1_epi8(0x10);
+  const int halves = job.rows > 8 ? 2 : 1;
+  for (int h = 0; h < halves; ++h) {
+    __m256 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < w.n_blocks; ++b) {
+      const uint8_t* sc = section(w, job.tile, 2, b) + 16 * h;
+      const uint8_t* mn = section(w, job.tile, 3, b) + 16 * h;
+      const uint8_t* qs = section(w, job.tile, 4, b) + 32 * h;
+      const uint8_t* qh = kFive ? section(w, job.tile, 5, b) + 32 * h : nullptr;
+      __m256i total[NT], mins[NT];
+      for (int t = 0; t < NT; ++t) total[t] = mins[t] = _mm256_setzero_si256();
+      for (int p = 0; p < 4; ++p) {
+        const __m256i sc16 = _mm256_cvtepu8_epi16(load16(sc + 32 * p));
+        const __m256i mn16 = _mm256_cvtepu8_epi16(load16(mn + 32 * p));
+        for (int s = 0; s < 2; ++s) {
+          const int j = 2 * p + s;
+          const __m256i scale = dup_pair(sc16, s);
+          const __m256i hb = kFive ? load32(qh + 64 * j) : _mm256_setzero_si256();
+          // int16 partial sums: 4-bit weights allow all 8 products of a sub-block in one
+          // accumulator, 5-bit ones only 4 (c = 0, 1 and c = 2, 3).
+          __m256i s16a[NT], s16b[NT];
+          for (int t = 0; t < NT; ++t) s16a[t] = s16b[t] = _mm256_setzero_si256();
+          for (int c = 0; c < 4; ++c) {
+            const __m256i raw = load32(qs + 256 * j + 64 * c);
+            __m256i lo = _mm256_and_si256(raw, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            if (kFive) {
+              lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4 - c), m10));
+              hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi16(hb, c), m10));
+            }
+            for (int t = 0; t < NT; ++t) {
+              const int8_t* xs = act_qs(rec[t]) + 256 * b + 32 * j;
+              __m256i& s16 = (kFive && c >= 2) ? s16b[t] : s16a[t];
+              s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, bcast4(xs + 4 * c)));
+              s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, bcast4(xs + 16 + 4 * c)));
+            }
+          }
+          for (int t = 0; t < NT; ++t) {
+            total[t] = _mm256_add_epi32(total[t], _mm256_madd_epi16(s16a[t], scale));
+            if (kFive) total[t] = _mm256_add_epi32(total[t], _mm256_madd_epi16(s16b[t], scale));
+          }
+        }
+        for (int t = 0; t < NT; ++t) {
+          const __m256i xs = bcast4(act_a<int16_t>(al, rec[t]) + 8 * b + 2 * p);
+          mins[t] = _mm256_add_epi32(mins[t], _mm256_madd_epi16(mn16, xs));
+        }
+      }
+      const __m256 dw = half8(section(w, job.tile, 0, b) + 16 * h);
+      const __m256 dmin = half8(section(w, job.tile, 1, b) + 16 * h);
+      for (int t = 0; t < NT; ++t) {
+        const __m256 dx = _mm256_set1_ps(act_d(al, rec[t])[b]);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[t]), _mm256_mul_ps(dw, dx), acc[t]);
+        acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[t]), _mm256_mul_ps(dmin, dx), acc[t]);
+      }
+    }
+    for (int t = 0; t < NT; ++t) store_half(job, t, h, acc[t]);
+  }
+}
+
+// ---- Q6_K ------------------------------------------------------------------------------------
+
+template <int NT>
+void tile_q6_k(const TileJob& job) {
+  const PackedLayout& w = *job.w;
+  const ActLayout& al = *job.acts;
+  const uint8_t* rec[NT];
+  for (int t = 0; t < NT; ++t) rec[t] = job.act + t * al.stride;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m30 = _mm256_set1_epi8(0x30);
+  const int halves = job.rows > 8 ? 2 : 1;
+  for (int h = 0; h < halves; ++h) {
+    __m256 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < w.n_blocks; ++b) {
+      const uint8_t* sc = section(w, job.tile, 1, b) + 16 * h;
+      const uint8_t* ql = section(w, job.tile, 2, b) + 32 * h;
+      const uint8_t* qh = section(w, job.tile, 3, b) + 32 * h;
+      __m256i total[NT], offs[NT];
+      for (int t = 0; t < NT; ++t) total[t] = offs[t] = _mm256_setzero_si256();
+      for (int p = 0; p < 8; ++p) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(load16(sc + 32 * p));
+        for (int t = 0; t < NT; ++t) {
+          const __m256i xs = bcast4(act_b<int16_t>(al, rec[t]) + 16 * b + 2 * p);
+          offs[t] = _mm256_add_epi32(offs[t], _mm256_madd_epi16(sc16, xs));
+        }
+        for (int s = 0; s < 2; ++s) {
+          const int j = 2 * p + s;
+          const __m256i scale = dup_pair(sc16, s);
+          const __m256i l0 = load32(ql + 128 * j), l1 = load32(ql + 128 * j + 64);
+          const __m256i hb = load32(qh + 64 * j);
+          const __m256i w0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+          const __m256i w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                             _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+          const __m256i w2 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(hb, m30));
+          const __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                             _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+          for (int t = 0; t < NT; ++t) {
+            const int8_t* xs = act_qs(rec[t]) + 256 * b + 16 * j;
+            // 6-bit weights: two products per int16 accumulator at most.
+            const __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(w0, bcast4(xs)),
+                                               _mm256_maddubs_epi16(w1, bcast4(xs + 4)));
+            const __m256i c = _mm256_add_epi16(_mm256_maddubs_epi16(w2, bcast4(xs + 8)),
+                                               _mm256_maddubs_epi16(w3, bcast4(xs + 12)));
+            total[t] = _mm256_add_epi32(total[t], _mm256_madd_epi16(a, scale));
+            total[t] = _mm256_add_epi32(total[t], _mm256_madd_epi16(c, scale));
+          }
+        }
+      }
+      const __m256 dw = half8(section(w, job.tile, 0, b) + 16 * h);
+      for (int t = 0; t < NT; ++t) {
+        const __m256i tot = _mm256_sub_epi32(total[t], _mm256_slli_epi32(offs[t], 5));
+        const __m256 dwdx = _mm256_mul_ps(dw, _mm256_set1_ps(act_d(al, rec[t])[b]));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), dwdx, acc[t]);
+      }
+    }
+    for (int t = 0; t < NT; ++t) store_half(job, t, h, acc[t]);
+  }
+}
+
+// ---- fp32 path -------------------------------------------------------------------------------
+
+template <int NR, int NT>
+void f32_tile(const F32Job& job) {
+  __m256 acc[NR][NT];
+  for (int i = 0; i < NR; ++i)
+    for (int t = 0; t < NT; ++t) acc[i][t] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= job.n; k += 8) {
+    __m256 xv[NT];
+    for (int t = 0; t < NT; ++t) xv[t] = _mm256_loadu_ps(job.x + t * job.x_stride + k);
+    for (int i = 0; i < NR; ++i) {
+      const __m256 wv = _mm256_loadu_ps(job.rows[i] + k);
+      for (int t = 0; t < NT; ++t) acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    const float* x = job.x + t * job.x_stride;
+    for (int i = 0; i < NR; ++i) {
+      float s = hsum_ps(acc[i][t]);
+      for (int64_t kk = k; kk < job.n; ++kk) s += job.rows[i][kk] * x[kk];
+      job.y[t * job.y_stride + i] = s;
+    }
+  }
+}
+
+template <int NR>
+void f32_rows(const F32Job& job) {
+  switch (job.nt) {
+    case 1:
+      return f32_tile<NR, 1>(job);
+    case 2:
+      return f32_tile<NR, 2>(job);
+    case 3:
+      return f32_tile<NR, 3>(job);
+    default:
+      return f32_tile<NR, 4>(job);
+  }
+}
+
+void f32_avx2(const F32Job& job) {
+  switch (job.nr) {
+    case 1:
+      return f32_rows<1>(job);
+    case 2:
+      return f32_rows<2>(job);
+    case 3:
+      return f32_rows<3>(job);
+    default:
+      return f32_rows<4>(job);
+  }
+}
+
+template <template <int> class K>
+void by_nt(const TileJob& job) {
+  switch (job.nt) {
+    case 1:
+      return K<1>::run(job);
+    case 2:
+      return K<2>::run(job);
+    case 3:
+      return K<3>::run(job);
+    default:
+      return K<4>::run(job);
+  }
+}
+template <PackKind kKind>
+struct Tile32 {
+  template <int NT>
+  struct K {
+    static void run(const TileJob& j) { tile_32<kKind, NT>(j); }
+  };
+};
+template <bool kFive>
+struct TileQ45 {
+  template <int NT>
+  struct K {
+    static void run(const TileJob& j) { tile_q45_k<kFive, NT>(j); }
+  };
+};
+template <int NT>
+struct TileQ6 {
+  static void run(const TileJob& j) { tile_q6_k<NT>(j); }
+};
+
+}  // namespace
+
+const KernelTable& kernels_avx2() {
+  static const KernelTable table = [] {
+    KernelTable t;
+    t.quantize[0] = quantize_avx2;
+    t.quantize[1] = quantize_avx2;
+    t.tile[static_cast<int>(PackKind::kQ4_0)] = by_nt<Tile32<PackKind::kQ4_0>::K>;
+    t.tile[static_cast<int>(PackKind::kQ4_1)] = by_nt<Tile32<PackKind::kQ4_1>::K>;
+    t.tile[static_cast<int>(PackKind::kQ8_0)] = by_nt<Tile32<PackKind::kQ8_0>::K>;
+    t.tile[static_cast<int>(PackKind::kQ4_K)] = by_nt<TileQ45<false>::K>;
+    t.tile[static_cast<int>(PackKind::kQ5_K)] = by_nt<TileQ45<true>::K>;
+    t.tile[static_cast<int>(PackKind::kQ6_K)] = by_nt<TileQ6>;
+    t.f32 = f32_avx2;
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace d2o::mm

@@ -1,0 +1,103 @@
+// Internal: the interface between the matmul driver (matmul.cpp) and its kernels, one table per
+// instruction-set level (matmul_scalar.cpp, matmul_avx2.cpp, matmul_avx512.cpp).
+//
+// Activation quantisation (the same bits at every level):
+//   per block of B elements (B = 32 for Q4_0/Q4_1/Q8_0 weights, 256 for the K formats):
+//     amax = max |x|, d = amax / 127, id = d != 0 ? 1 / d : 0,
+//     q = round-to-nearest-even(x * id) clamped to [-127, 127] (NaN -> -127)
+//   plus per-block sums of q that the kernels need for the weights' offsets and minimums.
+//
+// Per-block float arithmetic of the integer kernels (isum = exact integer dot of the block's
+// stored integers with q; dw, mw, dmin = the weight's fp16 fields as float; dx = d above):
+//   Q4_0  acc = fma(float(isum_u4 - 8 * qsum), dw * dx, acc)          (isum over 0..15 nibbles)
+//   Q4_1  acc = fma(float(isum_u4), dw * dx, acc); acc = fma(mw, dx * float(qsum), acc)
+//   Q8_0  acc = fma(float(isum_s8), dw * dx, acc)
+//   Q4_K, Q5_K (per 256): I = sum_j sc_j * isum_j, M = sum_j mn_j * qsum32_j,
+//         acc = fma(float(I), dw * dx, acc); acc = fma(-float(M), dmin * dx, acc)
+//   Q6_K  (per 256): I = sum_j sc_j * isum_u6_j, M = sum_j sc_j * qsum16_j,
+//         acc = fma(float(I - 32 * M), dw * dx, acc)
+// Every level does exactly this per (row, token), so all levels agree bit for bit.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/matmul_pack.h"
+
+namespace d2o::mm {
+
+inline constexpr int kMaxTokens = 4;  // tokens per micro-tile
+
+enum class ActFormat { kQ8x32 = 0, kQ8x256 = 1 };
+
+// One token's quantised activations are a record of `stride` bytes:
+//   qs int8[n_cols] at 0, d float[n_cols / block] at off_d,
+//   kQ8x32:  qsum int32[n_cols / 32] at off_a, dsum float[n_cols / 32] (= d * qsum) at off_b
+//   kQ8x256: qsum32 int16[n_cols / 32] at off_a, qsum16 int16[n_cols / 16] at off_b
+struct ActLayout {
+  ActFormat format = ActFormat::kQ8x32;
+  int64_t n_cols = 0;
+  int64_t block = 32;
+  int64_t off_d = 0, off_a = 0, off_b = 0;
+  int64_t stride = 0;  // multiple of 64
+};
+ActLayout make_act_layout(ActFormat format, int64_t n_cols);
+ActFormat act_format_for(PackKind kind);
+
+// One micro-tile: a tile of 16 weight rows times nt consecutive tokens.
+struct TileJob {
+  const PackedLayout* w = nullptr;
+  const uint8_t* tile = nullptr;  // start of the tile's bytes
+  const ActLayout* acts = nullptr;
+  const uint8_t* act = nullptr;   // record of the first token; token k at act + k * stride
+  int nt = 1;                     // 1..kMaxTokens
+  int rows = kTileRows;           // valid rows of the tile (the rest is padding)
+  float* y = nullptr;             // y of the first token and the tile's first row
+  int64_t y_stride = 0;           // floats between tokens (n_rows)
+};
+
+// fp32 path: nr (1..4) weight rows times nt (1..4) tokens of n elements.
+struct F32Job {
+  const float* rows[4] = {};
+  int nr = 1;
+  const float* x = nullptr;  // first token; token k at x + k * x_stride
+  int64_t x_stride = 0;
+  int nt = 1;
+  int64_t n = 0;
+  float* y = nullptr;  // y[k * y_stride + i] for token k, row i
+  int64_t y_stride = 0;
+};
+
+using QuantizeFn = void (*)(const ActLayout& l, const float* x, uint8_t* record);
+using TileFn = void (*)(const TileJob& job);
+using F32Fn = void (*)(const F32Job& job);
+
+struct KernelTable {
+  QuantizeFn quantize[2] = {};  // by ActFormat
+  TileFn tile[7] = {};          // by PackKind (kRaw unused)
+  F32Fn f32 = nullptr;
+};
+
+const KernelTable& kernels_scalar();
+const KernelTable& kernels_avx2();
+const KernelTable& kernels_avx512();
+
+// Record accessors.
+inline const int8_t* act_qs(const uint8_t* rec) { return reinterpret_cast<const int8_t*>(rec); }
+inline const float* act_d(const ActLayout& l, const uint8_t* rec) {
+  return reinterpret_cast<const float*>(rec + l.off_d);
+}
+template <class T>
+inline const T* act_a(const ActLayout& l, const uint8_t* rec) {
+  return reinterpret_cast<const T*>(rec + l.off_a);
+}
+template <class T>
+inline const T* act_b(const ActLayout& l, const uint8_t* rec) {
+  return reinterpret_cast<const T*>(rec + l.off_b);
+}
+
+// Pointer to block b of section s of a tile.
+inline const uint8_t* section(const PackedLayout& w, const uint8_t* tile, int s, int64_t b) {
+  return tile + w.section_offset[s] + b * w.section_bytes[s];
+}
+
+}  // namespace d2o::mm

@@ -1,0 +1,221 @@
+// Portable scalar kernels of the matmul: activation quantisation, the integer micro-tiles of every
+// packed format and the fp32 path. They define the arithmetic (matmul_kernels.h) that the SIMD
+// levels reproduce bit for bit, and run where neither AVX2 nor AVX-512 is available.
+#include <cmath>
+#include <cstring>
+
+#include "core/fp16.h"
+#include "ops/matmul_kernels.h"
+
+namespace d2o::mm {
+
+namespace {
+
+// round-to-nearest-even, then clamp exactly like max_ps(r, -127) / min_ps(r, 127) (NaN -> -127).
+inline int8_t quantize_one(float v, float id) {
+  float r = std::nearbyint(v * id);
+  r = r > -127.0f ? r : -127.0f;
+  r = r < 127.0f ? r : 127.0f;
+  return static_cast<int8_t>(static_cast<int>(r));
+}
+
+void quantize_scalar(const ActLayout& l, const float* x, uint8_t* rec) {
+  auto* qs = reinterpret_cast<int8_t*>(rec);
+  auto* d = reinterpret_cast<float*>(rec + l.off_d);
+  for (int64_t b = 0; b < l.n_cols / l.block; ++b) {
+    const float* xb = x + b * l.block;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < l.block; ++i) {
+      const float a = std::fabs(xb[i]);
+      amax = amax > a ? amax : a;
+    }
+    const float db = amax / 127.0f;
+    const float id = db != 0.0f ? 1.0f / db : 0.0f;
+    d[b] = db;
+    for (int64_t i = 0; i < l.block; ++i) qs[b * l.block + i] = quantize_one(xb[i], id);
+  }
+  if (l.format == ActFormat::kQ8x32) {
+    auto* qsum = reinterpret_cast<int32_t*>(rec + l.off_a);
+    auto* dsum = reinterpret_cast<float*>(rec + l.off_b);
+    for (int64_t b = 0; b < l.n_cols / 32; ++b) {
+      int32_t s = 0;
+      for (int i = 0; i < 32; ++i) s += qs[32 * b + i];
+      qsum[b] = s;
+      dsum[b] = d[b] * static_cast<float>(s);
+    }
+  } else {
+    auto* s32 = reinterpret_cast<int16_t*>(rec + l.off_a);
+    auto* s16 = reinterpret_cast<int16_t*>(rec + l.off_b);
+    for (int64_t b = 0; b < l.n_cols / 16; ++b) {
+      int s = 0;
+      for (int i = 0; i < 16; ++i) s += qs[16 * b + i];
+      s16[b] = static_cast<int16_t>(s);
+    }
+    for (int64_t b = 0; b < l.n_cols / 32; ++b) s32[b] = static_cast<int16_t>(s16[2 * b] + s16[2 * b + 1]);
+  }
+}
+
+inline float half_at(const uint8_t* p, int r) {
+  uint16_t h;
+  std::memcpy(&h, p + 2 * r, 2);
+  return fp16_to_fp32(h);
+}
+
+// Byte (r, i) of chunk c of a packed block.
+inline uint8_t at(const uint8_t* p, int64_t c, int r, int i) { return p[64 * c + 4 * r + i]; }
+
+template <PackKind kKind>
+void tile_32(const TileJob& job) {
+  const PackedLayout& w = *job.w;
+  const ActLayout& al = *job.acts;
+  const int qs_sec = kKind == PackKind::kQ4_1 ? 2 : 1;
+  for (int t = 0; t < job.nt; ++t) {
+    const uint8_t* rec = job.act + t * al.stride;
+    const int8_t* xq = act_qs(rec);
+    const float* dx = act_d(al, rec);
+    const int32_t* qsum = act_a<int32_t>(al, rec);
+    const float* dsum = act_b<float>(al, rec);
+    for (int r = 0; r < job.rows; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < w.n_blocks; ++b) {
+        const uint8_t* qs = section(w, job.tile, qs_sec, b);
+        const int8_t* xb = xq + 32 * b;
+        int32_t isum = 0;
+        if (kKind == PackKind::kQ8_0) {
+          for (int g = 0; g < 8; ++g) {
+            for (int i = 0; i < 4; ++i) isum += static_cast<int8_t>(at(qs, g, r, i)) * xb[4 * g + i];
+          }
+        } else {
+          for (int v = 0; v < 4; ++v) {
+            for (int i = 0; i < 4; ++i) {
+              const uint8_t byte = at(qs, v, r, i);
+              isum += (byte & 0x0F) * xb[4 * v + i] + (byte >> 4) * xb[16 + 4 * v + i];
+            }
+          }
+        }
+        const float dw = half_at(section(w, job.tile, 0, b), r);
+        if (kKind == PackKind::kQ4_0) isum -= 8 * qsum[b];
+        acc = std::fma(static_cast<float>(isum), dw * dx[b], acc);
+        if (kKind == PackKind::kQ4_1) acc = std::fma(half_at(section(w, job.tile, 1, b), r), dsum[b], acc);
+      }
+      job.y[t * job.y_stride + r] = acc;
+    }
+  }
+}
+
+template <PackKind kKind>
+void tile_q45_k(const TileJob& job) {
+  const PackedLayout& w = *job.w;
+  const ActLayout& al = *job.acts;
+  constexpr bool kFive = kKind == PackKind::kQ5_K;
+  for (int t = 0; t < job.nt; ++t) {
+    const uint8_t* rec = job.act + t * al.stride;
+    const int8_t* xq = act_qs(rec);
+    const float* dx = act_d(al, rec);
+    const int16_t* qsum32 = act_a<int16_t>(al, rec);
+    for (int r = 0; r < job.rows; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < w.n_blocks; ++b) {
+        const uint8_t* sc = section(w, job.tile, 2, b);
+        const uint8_t* mn = section(w, job.tile, 3, b);
+        const uint8_t* qs = section(w, job.tile, 4, b);
+        const uint8_t* qh = kFive ? section(w, job.tile, 5, b) : nullptr;
+        int32_t total = 0, mins = 0;
+        for (int j = 0; j < 8; ++j) {
+          const int8_t* xs = xq + 256 * b + 32 * j;
+          int32_t isum = 0;
+          for (int c = 0; c < 4; ++c) {
+            for (int i = 0; i < 4; ++i) {
+              const uint8_t byte = at(qs + 256 * j, c, r, i);
+              int lo = byte & 0x0F, hi = byte >> 4;
+              if (kFive) {
+                const uint8_t bits = at(qh + 64 * j, 0, r, i);
+                lo |= ((bits >> c) & 1) << 4;
+                hi |= ((bits >> (c + 4)) & 1) << 4;
+              }
+              isum += lo * xs[4 * c + i] + hi * xs[16 + 4 * c + i];
+            }
+          }
+          const int pair = 32 * (j / 2) + 2 * r + j % 2;
+          total += sc[pair] * isum;
+          mins += mn[pair] * qsum32[8 * b + j];
+        }
+        const float dw = half_at(section(w, job.tile, 0, b), r);
+        const float dmin = half_at(section(w, job.tile, 1, b), r);
+        acc = std::fma(static_cast<float>(total), dw * dx[b], acc);
+        acc = std::fma(-static_cast<float>(mins), dmin * dx[b], acc);
+      }
+      job.y[t * job.y_stride + r] = acc;
+    }
+  }
+}
+
+void tile_q6_k(const TileJob& job) {
+  const PackedLayout& w = *job.w;
+  const ActLayout& al = *job.acts;
+  for (int t = 0; t < job.nt; ++t) {
+    const uint8_t* rec = job.act + t * al.stride;
+    const int8_t* xq = act_qs(rec);
+    const float* dx = act_d(al, rec);
+    const int16_t* qsum16 = act_b<int16_t>(al, rec);
+    for (int r = 0; r < job.rows; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < w.n_blocks; ++b) {
+        const auto* sc = reinterpret_cast<const int8_t*>(section(w, job.tile, 1, b));
+        const uint8_t* ql = section(w, job.tile, 2, b);
+        const uint8_t* qh = section(w, job.tile, 3, b);
+        int32_t total = 0, offs = 0;
+        for (int j = 0; j < 16; ++j) {
+          const int8_t* xs = xq + 256 * b + 16 * j;
+          int32_t isum = 0;
+          for (int u = 0; u < 4; ++u) {
+            for (int i = 0; i < 4; ++i) {
+              const int low = (at(ql + 128 * j, u / 2, r, i) >> (4 * (u % 2))) & 0x0F;
+              const int high = (at(qh + 64 * j, 0, r, i) >> (2 * u)) & 3;
+              isum += (low | (high << 4)) * xs[4 * u + i];
+            }
+          }
+          const int s = sc[32 * (j / 2) + 2 * r + j % 2];
+          total += s * isum;
+          offs += s * qsum16[16 * b + j];
+        }
+        const float dw = half_at(section(w, job.tile, 0, b), r);
+        acc = std::fma(static_cast<float>(total - 32 * offs), dw * dx[b], acc);
+      }
+      job.y[t * job.y_stride + r] = acc;
+    }
+  }
+}
+
+void f32_scalar(const F32Job& job) {
+  for (int t = 0; t < job.nt; ++t) {
+    const float* x = job.x + t * job.x_stride;
+    for (int i = 0; i < job.nr; ++i) {
+      const float* w = job.rows[i];
+      float s = 0.0f;
+      for (int64_t k = 0; k < job.n; ++k) s += w[k] * x[k];
+      job.y[t * job.y_stride + i] = s;
+    }
+  }
+}
+
+}  // namespace
+
+const KernelTable& kernels_scalar() {
+  static const KernelTable table = [] {
+    KernelTable t;
+    t.quantize[0] = quantize_scalar;
+    t.quantize[1] = quantize_scalar;
+    t.tile[static_cast<int>(PackKind::kQ4_0)] = tile_32<PackKind::kQ4_0>;
+    t.tile[static_cast<int>(PackKind::kQ4_1)] = tile_32<PackKind::kQ4_1>;
+    t.tile[static_cast<int>(PackKind::kQ8_0)] = tile_32<PackKind::kQ8_0>;
+    t.tile[static_cast<int>(PackKind::kQ4_K)] = tile_q45_k<PackKind::kQ4_K>;
+    t.tile[static_cast<int>(PackKind::kQ5_K)] = tile_q45_k<PackKind::kQ5_K>;
+    t.tile[static_cast<int>(PackKind::kQ6_K)] = tile_q6_k;
+    t.f32 = f32_scalar;
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace d2o::mm

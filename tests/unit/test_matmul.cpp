@@ -1,0 +1,425 @@
+// matmul: every kernel level against an exact reference on random matrices of odd shapes, exact
+// equality where the arithmetic is exact, bit-identical results across levels, thread counts and
+// token groupings, and the error paths of QMatrix::from_gguf_bytes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/fp16.h"
+#include "ops/matmul.h"
+#include "ops/quant.h"
+
+namespace d2o {
+namespace {
+
+// Byte offsets of the fp16 fields (scales, mins) inside one GGUF block.
+std::vector<int> half_fields(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ8_0:
+      return {0};
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+      return {0, 2};
+    case GgmlType::kQ2_K:
+      return {80, 82};
+    case GgmlType::kQ3_K:
+      return {108};
+    case GgmlType::kQ6_K:
+      return {208};
+    default:
+      return {};
+  }
+}
+
+void put_half(uint8_t* p, float v) {
+  const uint16_t h = fp32_to_fp16(v);
+  std::memcpy(p, &h, 2);
+}
+
+// Random GGUF bytes of an [n_rows, n_cols] matrix. kRealistic: random quants with small random
+// scales (values of the size of real weights). kInteger: every weight is a small integer (unit
+// scales, small integer mins and sub-block scales), so that integer activations make every
+// product and sum exact in float.
+enum class Fill { kRealistic, kInteger };
+
+std::vector<uint8_t> random_weights(GgmlType type, int64_t n_rows, int64_t n_cols, Fill fill,
+                                    std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> small(-8, 8);
+  const int64_t n = n_rows * n_cols;
+  std::vector<uint8_t> out(static_cast<size_t>(ggml_row_bytes(type, n_cols) * n_rows));
+  auto value = [&]() { return fill == Fill::kInteger ? static_cast<float>(small(rng)) : 0.1f * u(rng); };
+  if (type == GgmlType::kF32) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = value();
+      std::memcpy(out.data() + 4 * i, &v, 4);
+    }
+    return out;
+  }
+  if (type == GgmlType::kF16 || type == GgmlType::kBF16) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = value();
+      const uint16_t h = type == GgmlType::kF16 ? fp32_to_fp16(v) : fp32_to_bf16(v);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+    return out;
+  }
+  for (auto& b : out) b = static_cast<uint8_t>(rng());
+  const int64_t block_bytes = ggml_row_bytes(type, ggml_block_size(type));
+  const std::vector<int> fields = half_fields(type);
+  for (size_t off = 0; off < out.size(); off += static_cast<size_t>(block_bytes)) {
+    uint8_t* blk = out.data() + off;
+    if (fill == Fill::kRealistic) {
+      for (int f : fields) put_half(blk + f, 0.02f * u(rng));
+      if (type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1) put_half(blk + 2, -0.15f * std::fabs(u(rng)));
+      continue;
+    }
+    for (int f : fields) put_half(blk + f, 1.0f);
+    switch (type) {
+      case GgmlType::kQ4_1:
+      case GgmlType::kQ5_1:
+        put_half(blk + 2, static_cast<float>(small(rng)));  // integer minimum
+        break;
+      case GgmlType::kQ4_K:
+      case GgmlType::kQ5_K: {
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; ++j) {
+          sc[j] = static_cast<uint8_t>(rng() % 4);
+          mn[j] = static_cast<uint8_t>(rng() % 4);
+        }
+        pack_scale_min_k4(sc, mn, blk + 4);
+        break;
+      }
+      case GgmlType::kQ6_K:
+        for (int j = 0; j < 16; ++j) blk[192 + j] = static_cast<uint8_t>(static_cast<int8_t>(rng() % 9 - 4));
+        break;
+      default:
+        break;
+    }
+  }
+  return out;
+}
+
+// Activations: kRealistic = normal values with a few outliers; kInteger = integers in
+// [-127, 127] with a +-127 at the start of every 32 elements, so 8-bit quantisation (per 32 or
+// 256 elements) reproduces them exactly.
+std::vector<float> random_acts(int64_t n_tok, int64_t n_cols, Fill fill, std::mt19937& rng) {
+  std::vector<float> x(static_cast<size_t>(n_tok * n_cols));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> q(-127, 127);
+  for (int64_t i = 0; i < n_tok * n_cols; ++i) {
+    if (fill == Fill::kInteger) {
+      x[i] = (i % n_cols) % 32 == 0 ? ((rng() & 1) ? 127.0f : -127.0f) : static_cast<float>(q(rng));
+    } else {
+      x[i] = nd(rng) * ((rng() % 61 == 0) ? 8.0f : 1.0f);
+    }
+  }
+  return x;
+}
+
+// Independent reference: dequantise the GGUF rows with the reference dequantiser (not through
+// QMatrix) and accumulate in double. Also returns the per-output bound on the error that 8-bit
+// activation quantisation with blocks of `act_block` elements can cause: each activation moves
+// by at most half a step (amax / 254) of its block.
+struct Reference {
+  std::vector<float> y;
+  std::vector<double> quant_bound;  // sum |W| * amax(block) / 254
+  std::vector<double> abs_sum;      // sum |W * x|
+};
+Reference reference(GgmlType type, const std::vector<uint8_t>& bytes, int64_t n_rows,
+                    int64_t n_cols, const std::vector<float>& x, int64_t n_tok, int64_t act_block) {
+  Reference ref;
+  ref.y.resize(static_cast<size_t>(n_rows * n_tok));
+  ref.quant_bound.resize(ref.y.size());
+  ref.abs_sum.resize(ref.y.size());
+  std::vector<float> row(static_cast<size_t>(n_cols));
+  const int64_t row_bytes = ggml_row_bytes(type, n_cols);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    dequantize_row_ref(type, bytes.data() + r * row_bytes, row.data(), n_cols);
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const float* xt = x.data() + t * n_cols;
+      double s = 0, bound = 0, abs_sum = 0;
+      for (int64_t c0 = 0; c0 < n_cols; c0 += act_block) {
+        double amax = 0;
+        for (int64_t c = c0; c < c0 + act_block && c < n_cols; ++c) amax = std::max(amax, std::fabs(static_cast<double>(xt[c])));
+        for (int64_t c = c0; c < c0 + act_block && c < n_cols; ++c) {
+          s += static_cast<double>(row[c]) * xt[c];
+          bound += std::fabs(static_cast<double>(row[c])) * amax / 254.0;
+          abs_sum += std::fabs(static_cast<double>(row[c]) * xt[c]);
+        }
+      }
+      ref.y[t * n_rows + r] = static_cast<float>(s);
+      ref.quant_bound[t * n_rows + r] = bound;
+      ref.abs_sum[t * n_rows + r] = abs_sum;
+    }
+  }
+  return ref;
+}
+
+std::vector<KernelIsa> available_isas() {
+  std::vector<KernelIsa> out;
+  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (kernel_isa_available(isa)) out.push_back(isa);
+  }
+  return out;
+}
+
+bool is_packed_type(GgmlType t) {
+  return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0 ||
+         t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K;
+}
+int64_t act_block_of(GgmlType t) {
+  if (t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K) return 256;
+  return 32;
+}
+
+QMatrix make_matrix(GgmlType type, int64_t n_rows, int64_t n_cols, const std::vector<uint8_t>& bytes) {
+  auto m = QMatrix::from_gguf_bytes(type, n_rows, n_cols, bytes.data(), bytes.size());
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return std::move(m).value();
+}
+
+// Runs matmul at `isa` with x and y at a 1-float offset from 64-byte alignment.
+std::vector<float> run_misaligned(const QMatrix& w, const std::vector<float>& x, int64_t n_tok,
+                                  ThreadPool& pool, KernelIsa isa) {
+  AlignedBuffer<float> xb(x.size() + 16), yb(static_cast<size_t>(w.n_rows() * n_tok) + 16);
+  std::memcpy(xb.data() + 1, x.data(), x.size() * sizeof(float));
+  for (size_t i = 0; i < yb.size(); ++i) yb[i] = -12345.0f;
+  matmul_isa(w, xb.data() + 1, n_tok, yb.data() + 3, pool, isa);
+  EXPECT_EQ(yb[2], -12345.0f) << "wrote before y";
+  EXPECT_EQ(yb[3 + w.n_rows() * n_tok], -12345.0f) << "wrote past y";
+  return std::vector<float>(yb.data() + 3, yb.data() + 3 + w.n_rows() * n_tok);
+}
+
+struct Shape {
+  int64_t rows, cols;
+};
+
+std::vector<Shape> shapes_for(GgmlType type) {
+  const int64_t bs = ggml_block_size(type);
+  if (bs == 256) return {{1, 256}, {5, 512}, {17, 256}, {37, 768}};
+  if (bs == 32) return {{1, 32}, {7, 96}, {17, 64}, {33, 576}, {67, 160}};
+  return {{1, 1}, {5, 77}, {17, 64}, {23, 130}};
+}
+
+class MatmulType : public ::testing::TestWithParam<GgmlType> {};
+
+// Every level vs the exact reference within the bound of 8-bit activation quantisation (or of
+// fp32 rounding for the fp32 path), on odd shapes, token counts and misaligned pointers; and all
+// integer-kernel levels bit-identical to each other.
+TEST_P(MatmulType, MatchesReferenceOnRandomMatrices) {
+  const GgmlType type = GetParam();
+  std::mt19937 rng(1234 + static_cast<int>(type));
+  ThreadPool pool(2);
+  for (const Shape& s : shapes_for(type)) {
+    const auto bytes = random_weights(type, s.rows, s.cols, Fill::kRealistic, rng);
+    const QMatrix w = make_matrix(type, s.rows, s.cols, bytes);
+    for (int64_t n_tok : {1, 2, 3, 5, 17}) {
+      const auto x = random_acts(n_tok, s.cols, Fill::kRealistic, rng);
+      const Reference ref = reference(type, bytes, s.rows, s.cols, x, n_tok, act_block_of(type));
+      std::vector<float> first;
+      for (KernelIsa isa : available_isas()) {
+        const std::vector<float> y = run_misaligned(w, x, n_tok, pool, isa);
+        for (size_t i = 0; i < y.size(); ++i) {
+          // fp32 rounding of the accumulation (a generous n * 2^-23 of sum |w x|) plus, for the
+          // integer kernels, the activation quantisation bound.
+          double tol = 2.4e-7 * static_cast<double>(s.cols) * ref.abs_sum[i] + 1e-6;
+          if (is_packed_type(type)) tol += 1.001 * ref.quant_bound[i] + 1e-5 * ref.abs_sum[i];
+          ASSERT_NEAR(y[i], ref.y[i], tol) << ggml_type_name(type) << " " << kernel_isa_name(isa)
+                                           << " shape [" << s.rows << ", " << s.cols << "] n_tok "
+                                           << n_tok << " output " << i;
+        }
+        if (!is_packed_type(type)) continue;
+        if (first.empty()) {
+          first = y;
+        } else {
+          for (size_t i = 0; i < y.size(); ++i) {
+            ASSERT_EQ(fp32_to_bits(y[i]), fp32_to_bits(first[i]))
+                << "levels disagree: " << kernel_isa_name(isa) << " output " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Integer weights and activations that 8-bit quantisation reproduces exactly: every level must
+// equal the reference exactly (a wrong nibble, bit or scale anywhere shows up as a mismatch).
+TEST_P(MatmulType, ExactWhenArithmeticIsExact) {
+  const GgmlType type = GetParam();
+  std::mt19937 rng(99 + static_cast<int>(type));
+  ThreadPool pool(1);
+  for (const Shape& s : shapes_for(type)) {
+    const auto bytes = random_weights(type, s.rows, s.cols, Fill::kInteger, rng);
+    const QMatrix w = make_matrix(type, s.rows, s.cols, bytes);
+    const int64_t n_tok = 5;
+    const auto x = random_acts(n_tok, s.cols, Fill::kInteger, rng);
+    const Reference ref = reference(type, bytes, s.rows, s.cols, x, n_tok, act_block_of(type));
+    for (KernelIsa isa : available_isas()) {
+      const std::vector<float> y = run_misaligned(w, x, n_tok, pool, isa);
+      for (size_t i = 0; i < y.size(); ++i) {
+        ASSERT_EQ(y[i], ref.y[i]) << ggml_type_name(type) << " " << kernel_isa_name(isa) << " shape ["
+                                  << s.rows << ", " << s.cols << "] output " << i;
+      }
+    }
+  }
+}
+
+// Thread counts 1, 2, 3 and single-token calls give bit-identical results; so do long prompts
+// that are cut into several token chunks.
+TEST_P(MatmulType, DeterministicAcrossThreadsAndGrouping) {
+  const GgmlType type = GetParam();
+  std::mt19937 rng(7 + static_cast<int>(type));
+  const int64_t bs = ggml_block_size(type);
+  const int64_t n_rows = 83, n_cols = bs == 256 ? 512 : (bs == 32 ? 192 : 101), n_tok = 131;
+  const auto bytes = random_weights(type, n_rows, n_cols, Fill::kRealistic, rng);
+  const QMatrix w = make_matrix(type, n_rows, n_cols, bytes);
+  const auto x = random_acts(n_tok, n_cols, Fill::kRealistic, rng);
+  for (KernelIsa isa : available_isas()) {
+    std::vector<float> base;
+    for (int threads : {1, 2, 3}) {
+      ThreadPool pool(threads);
+      std::vector<float> y(static_cast<size_t>(n_rows * n_tok));
+      matmul_isa(w, x.data(), n_tok, y.data(), pool, isa);
+      if (base.empty()) {
+        base = y;
+        continue;
+      }
+      ASSERT_EQ(0, std::memcmp(y.data(), base.data(), y.size() * sizeof(float)))
+          << kernel_isa_name(isa) << " with " << threads << " threads";
+    }
+    // One token at a time (matvec) equals the batched result.
+    ThreadPool pool(2);
+    std::vector<float> one(static_cast<size_t>(n_rows));
+    for (int64_t t = 0; t < n_tok; t += 13) {
+      matmul_isa(w, x.data() + t * n_cols, 1, one.data(), pool, isa);
+      ASSERT_EQ(0, std::memcmp(one.data(), base.data() + t * n_rows, one.size() * sizeof(float)))
+          << kernel_isa_name(isa) << " token " << t;
+    }
+  }
+}
+
+// get_row gives the reference dequantisation of the original GGUF row, bit for bit, also from
+// the repacked layouts; matmul_ref equals the independent double-precision product.
+TEST_P(MatmulType, GetRowAndReference) {
+  const GgmlType type = GetParam();
+  std::mt19937 rng(5 + static_cast<int>(type));
+  const Shape s = shapes_for(type).back();
+  const auto bytes = random_weights(type, s.rows, s.cols, Fill::kRealistic, rng);
+  const QMatrix w = make_matrix(type, s.rows, s.cols, bytes);
+  EXPECT_EQ(w.type(), type);
+  EXPECT_EQ(w.n_rows(), s.rows);
+  EXPECT_EQ(w.n_cols(), s.cols);
+  EXPECT_EQ(w.packed(), is_packed_type(type));
+  EXPECT_GE(w.bytes(), bytes.size());
+  EXPECT_LE(w.bytes(), bytes.size() * 11 / 10 + 16 * 4096) << "packed layout overhead too large";
+  const int64_t row_bytes = ggml_row_bytes(type, s.cols);
+  std::vector<float> got(s.cols), want(s.cols);
+  for (int64_t r = 0; r < s.rows; ++r) {
+    w.get_row(r, got.data());
+    dequantize_row_ref(type, bytes.data() + r * row_bytes, want.data(), s.cols);
+    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << "row " << r;
+  }
+  const int64_t n_tok = 3;
+  const auto x = random_acts(n_tok, s.cols, Fill::kRealistic, rng);
+  std::vector<float> y(static_cast<size_t>(s.rows * n_tok));
+  matmul_ref(w, x.data(), n_tok, y.data());
+  const Reference ref = reference(type, bytes, s.rows, s.cols, x, n_tok, 32);
+  ASSERT_EQ(0, std::memcmp(y.data(), ref.y.data(), y.size() * sizeof(float)));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulType,
+                         ::testing::Values(GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16,
+                                           GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
+                                           GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K,
+                                           GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
+                                           GgmlType::kQ6_K),
+                         [](const ::testing::TestParamInfo<GgmlType>& p) {
+                           return ggml_type_name(p.param);
+                         });
+
+// Activations at the edges of the quantiser: all zeros, one huge value, +-127 steps, NaN-free
+// extremes. Levels agree bit for bit and stay within the quantisation bound.
+TEST(Matmul, ActivationEdgeCases) {
+  std::mt19937 rng(31);
+  ThreadPool pool(2);
+  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ6_K}) {
+    const int64_t n_rows = 19, n_cols = 512, n_tok = 4;
+    const auto bytes = random_weights(type, n_rows, n_cols, Fill::kRealistic, rng);
+    const QMatrix w = make_matrix(type, n_rows, n_cols, bytes);
+    std::vector<float> x(static_cast<size_t>(n_tok * n_cols), 0.0f);  // token 0: zeros
+    for (int64_t c = 0; c < n_cols; ++c) {
+      x[n_cols + c] = c == 100 ? 1e6f : 1e-3f;            // token 1: one outlier
+      x[2 * n_cols + c] = (c % 2 ? 1.0f : -1.0f) * 3.5f;  // token 2: exact ties at x * id
+      x[3 * n_cols + c] = 1e-30f * static_cast<float>(c % 7);  // token 3: tiny values
+    }
+    const Reference ref = reference(type, bytes, n_rows, n_cols, x, n_tok, act_block_of(type));
+    std::vector<float> first;
+    for (KernelIsa isa : available_isas()) {
+      std::vector<float> y(static_cast<size_t>(n_rows * n_tok));
+      matmul_isa(w, x.data(), n_tok, y.data(), pool, isa);
+      for (int64_t r = 0; r < n_rows; ++r) EXPECT_EQ(y[r], 0.0f);
+      for (size_t i = 0; i < y.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(y[i])) << i;
+        ASSERT_NEAR(y[i], ref.y[i], 1.001 * ref.quant_bound[i] + 1e-5 * ref.abs_sum[i] + 1e-30) << i;
+      }
+      if (first.empty()) first = y;
+      ASSERT_EQ(0, std::memcmp(y.data(), first.data(), y.size() * sizeof(float))) << kernel_isa_name(isa);
+    }
+  }
+}
+
+TEST(Matmul, FromGgufBytesRejectsBadInput) {
+  std::vector<uint8_t> bytes(4096);
+  auto bad_type = QMatrix::from_gguf_bytes(GgmlType::kIQ2_XXS, 1, 256, bytes.data(), 66);
+  ASSERT_FALSE(bad_type.ok());
+  EXPECT_EQ(bad_type.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(bad_type.status().message().find("IQ2_XXS"), std::string::npos);
+  for (GgmlType t : {GgmlType::kQ8_K, GgmlType::kI32, GgmlType::kTQ1_0, static_cast<GgmlType>(77)}) {
+    auto m = QMatrix::from_gguf_bytes(t, 1, 256, bytes.data(), 256);
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.status().code(), StatusCode::kUnsupported);
+  }
+  auto not_multiple = QMatrix::from_gguf_bytes(GgmlType::kQ4_K, 2, 128, bytes.data(), 144);
+  ASSERT_FALSE(not_multiple.ok());
+  EXPECT_EQ(not_multiple.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(not_multiple.status().message().find("block size"), std::string::npos);
+  auto wrong_size = QMatrix::from_gguf_bytes(GgmlType::kQ4_1, 2, 64, bytes.data(), 79);
+  ASSERT_FALSE(wrong_size.ok());
+  EXPECT_EQ(wrong_size.status().code(), StatusCode::kInvalidArgument);
+  auto zero_rows = QMatrix::from_gguf_bytes(GgmlType::kF32, 0, 4, bytes.data(), 0);
+  EXPECT_FALSE(zero_rows.ok());
+  auto negative = QMatrix::from_gguf_bytes(GgmlType::kF32, 4, -4, bytes.data(), 64);
+  EXPECT_FALSE(negative.ok());
+  auto huge = QMatrix::from_gguf_bytes(GgmlType::kF32, int64_t{1} << 39, int64_t{1} << 39, bytes.data(), 64);
+  EXPECT_FALSE(huge.ok());
+  auto null_data = QMatrix::from_gguf_bytes(GgmlType::kF32, 1, 4, nullptr, 16);
+  EXPECT_FALSE(null_data.ok());
+  auto fine = QMatrix::from_gguf_bytes(GgmlType::kQ4_1, 2, 64, bytes.data(), 80);
+  EXPECT_TRUE(fine.ok()) << fine.status().to_string();
+}
+
+// D2O_FORCE_SCALAR=1 selects the scalar kernels (ctest runs this test again with the variable
+// set; without it the test only checks that the best level is available).
+TEST(KernelIsa, ForceScalarSelectsScalar) {
+  const char* force = std::getenv("D2O_FORCE_SCALAR");
+  if (force != nullptr && std::string(force) == "1") {
+    EXPECT_EQ(best_kernel_isa(), KernelIsa::kScalar);
+    EXPECT_FALSE(kernel_isa_available(KernelIsa::kAvx2));
+  } else {
+    EXPECT_TRUE(kernel_isa_available(best_kernel_isa()));
+  }
+  std::printf("kernel level: %s\n", kernel_isa_name(best_kernel_isa()));
+}
+
+}  // namespace
+}  // namespace d2o
