@@ -147,10 +147,10 @@ TEST(PolicyInvariants, AllocatorProportionalClampedExact) {
   std::vector<int> out(8);
   // Proportional when no clamp binds: weights 1..8, total 360 -> 10, 20, ..., 80.
   std::vector<double> w = {1, 2, 3, 4, 5, 6, 7, 8};
-  allocate_proportional(w.data(), 8, 360, 1, 1000, out.data(), scratch.data(), order.data());
+  allocate_proportional({w.data(), 8, 360, 1, 1000}, out.data(), scratch.data(), order.data());
   for (int l = 0; l < 8; ++l) EXPECT_EQ(out[static_cast<size_t>(l)], 10 * (l + 1));
   // Upper clamp binds: the excess goes to the others in proportion.
-  allocate_proportional(w.data(), 8, 360, 1, 50, out.data(), scratch.data(), order.data());
+  allocate_proportional({w.data(), 8, 360, 1, 50}, out.data(), scratch.data(), order.data());
   int sum = 0;
   for (int l = 0; l < 8; ++l) {
     EXPECT_LE(out[static_cast<size_t>(l)], 50);
@@ -161,19 +161,19 @@ TEST(PolicyInvariants, AllocatorProportionalClampedExact) {
   EXPECT_EQ(out[6], 50);
   // Lower clamp binds on a tiny weight.
   std::vector<double> w2 = {1e-6, 1, 1, 1, 1, 1, 1, 1};
-  allocate_proportional(w2.data(), 8, 100, 8, 1000, out.data(), scratch.data(), order.data());
+  allocate_proportional({w2.data(), 8, 100, 8, 1000}, out.data(), scratch.data(), order.data());
   sum = 0;
   for (int x : out) sum += x;
   EXPECT_EQ(out[0], 8);
   EXPECT_EQ(sum, 100);
   // Largest remainders get the rounding: weights equal, total 10 over 8 layers -> the first two.
   std::vector<double> w3(8, 1.0);
-  allocate_proportional(w3.data(), 8, 10, 0, 100, out.data(), scratch.data(), order.data());
+  allocate_proportional({w3.data(), 8, 10, 0, 100}, out.data(), scratch.data(), order.data());
   EXPECT_EQ(out, (std::vector<int>{2, 2, 1, 1, 1, 1, 1, 1}));
   // Infeasible totals: the clamps win.
-  allocate_proportional(w3.data(), 8, 3, 1, 100, out.data(), scratch.data(), order.data());
+  allocate_proportional({w3.data(), 8, 3, 1, 100}, out.data(), scratch.data(), order.data());
   EXPECT_EQ(out, std::vector<int>(8, 1));
-  allocate_proportional(w3.data(), 8, 5000, 1, 100, out.data(), scratch.data(), order.data());
+  allocate_proportional({w3.data(), 8, 5000, 1, 100}, out.data(), scratch.data(), order.data());
   EXPECT_EQ(out, std::vector<int>(8, 100));
 }
 

@@ -25,10 +25,11 @@ double clamped_sum(const double* w, int n, double c, double lo, double hi) {
 
 }  // namespace
 
-void allocate_proportional(const double* weights, int n_layer, int64_t total, int64_t lo,
-                           int64_t hi, int* out, double* scratch, int32_t* order) {
+void allocate_proportional(const BudgetSplit& split, int* out, double* scratch, int32_t* order) {
+  const double* weights = split.weights;
+  const int n_layer = split.n_layer;
+  const int64_t total = split.total, hi = split.hi, lo = std::min(split.lo, split.hi);
   D2O_ASSERT(n_layer > 0);
-  lo = std::min(lo, hi);
   const int64_t L = n_layer;
   if (total <= L * lo || total >= L * hi) {
     const int64_t v = total <= L * lo ? lo : hi;
@@ -218,19 +219,19 @@ void decide_budgets(const PolicyConfig& cfg, const KvCache& cache, int64_t n, Po
     case LayerRule::kReciprocal:
     case LayerRule::kExpDecay:
       rule_weights(cfg.layers, v, L, cfg.pbeta, w);
-      allocate_proportional(w, L, total, lo, n, state.budgets.data(), scratch, order);
+      allocate_proportional({w, L, total, lo, n}, state.budgets.data(), scratch, order);
       return;
     case LayerRule::kPyramid: {
       rule_weights(cfg.layers, v, L, cfg.pbeta, w);
       if (cfg.selector != Selector::kSnapWindow) {
-        allocate_proportional(w, L, total, lo, n, state.budgets.data(), scratch, order);
+        allocate_proportional({w, L, total, lo, n}, state.budgets.data(), scratch, order);
         return;
       }
       // PyramidKV proper: the observation window is kept everywhere; the top-k part (total minus
       // L windows) decreases linearly over depth.
       const int64_t win = std::min<int64_t>(cfg.window, n);
       const int64_t k_total = std::max<int64_t>(0, total - L * win);
-      allocate_proportional(w, L, k_total, 0, n - win, state.budgets.data(), scratch, order);
+      allocate_proportional({w, L, k_total, 0, n - win}, state.budgets.data(), scratch, order);
       for (int l = 0; l < L; ++l) state.budgets[static_cast<size_t>(l)] += static_cast<int>(win);
       return;
     }

@@ -16,15 +16,23 @@
 
 namespace d2o {
 
-// Integer budgets out[l] with sum_l out[l] == total, out[l] in [lo, hi] (lo is first lowered to
-// hi when lo > hi), proportional to weights[l] > 0 where the clamps allow:
+// A total to split over layers in proportion to positive weights, within [lo, hi] per layer.
+struct BudgetSplit {
+  const double* weights = nullptr;  // [n_layer], > 0
+  int n_layer = 0;
+  int64_t total = 0;
+  int64_t lo = 0;  // lowered to hi when lo > hi
+  int64_t hi = 0;
+};
+
+// Integer budgets out[l] with sum_l out[l] == total, out[l] in [lo, hi], proportional to the
+// weights where the clamps allow:
 //   real_l = clamp(c * weights[l], lo, hi) with the unique c for which sum_l real_l == total,
 //   out[l] = floor(real_l), plus one for the (total - sum floor) layers with the largest
 //   fractional parts (ties: the lower layer index).
 // When total is outside [L * lo, L * hi] the clamps win (every layer at lo, or at hi).
 // scratch must hold 2 * n_layer doubles; order must hold n_layer ints.
-void allocate_proportional(const double* weights, int n_layer, int64_t total, int64_t lo,
-                           int64_t hi, int* out, double* scratch, int32_t* order);
+void allocate_proportional(const BudgetSplit& split, int* out, double* scratch, int32_t* order);
 
 // Unbiased variance (divide by n - 1; 0 when n < 2) of head g's accumulated scores over the
 // layer's n_slot slots, accumulated in double.
