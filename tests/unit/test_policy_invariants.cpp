@@ -8,11 +8,13 @@
 
 #include <time.h>
 
-#include <chrono>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <new>
 #include <random>
 
 #include "core/fp16.h"
@@ -21,6 +23,27 @@
 #include "kv/policy/select.h"
 #include "kv/policy/similarity.h"
 #include "unit/policy_sim.h"
+
+// Counting global allocator: lets a test check that a steady-state decode step allocates nothing.
+// Counts only while g_count_allocations is set on the calling thread. (GCC flags the inlined
+// malloc/free pair of a replaced operator new/delete as mismatched; it is not.)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+namespace {
+thread_local bool g_count_allocations = false;
+std::atomic<int64_t> g_allocations{0};
+}  // namespace
+
+void* operator new(size_t n) {
+  if (g_count_allocations) g_allocations.fetch_add(1);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, size_t) noexcept {
+  std::free(p);
+}
 
 namespace d2o {
 namespace {
@@ -290,6 +313,36 @@ TEST(PolicyInvariants, ShiftedPositionsStayContiguous) {
   const Status st = bad.policy->compact(bad.cache, bad.state, pi);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("RoPE"), std::string::npos);
+}
+
+// After a few steps every buffer has its size: a decode step allocates nothing, whatever the
+// policy.
+TEST(PolicyInvariants, SteadyStateDecodeAllocatesNothing) {
+  for (const char* spec :
+       {"d2o:ratio=0.3", "d2o:budget=20,sim=kv,reading=research", "h2o:budget=16,norm=queries",
+        "streaming:budget=12,pos=shift", "snapkv:budget=16,window=4", "cam:ratio=0.3",
+        "pyramidkv:budget=16,window=4"}) {
+    for (KvType type : {KvType::kF32, KvType::kF16}) {
+      SCOPED_TRACE(spec);
+      SimSetup s;
+      s.type = type;
+      PolicySim sim(spec, s);
+      PassInfo pi;
+      pi.rope = &sim.rope;
+      int64_t allocations = 0;
+      for (int step = 0; step < 60; ++step) {
+        sim.feed(step == 0 ? 40 : 1);
+        pi.n_past = sim.n_past;
+        g_allocations = 0;
+        g_count_allocations = true;
+        const Status st = sim.policy->compact(sim.cache, sim.state, pi);
+        g_count_allocations = false;
+        ASSERT_TRUE(st.ok());
+        if (step >= 20) allocations += g_allocations.load();
+      }
+      EXPECT_EQ(allocations, 0);
+    }
+  }
 }
 
 TEST(PolicyInvariants, StateFromAnotherCacheIsRejected) {

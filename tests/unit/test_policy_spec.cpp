@@ -67,8 +67,9 @@ TEST(PolicySpec, CanonicalFormRoundTrips) {
     EXPECT_TRUE(config_of(**a) == config_of(**b));
   }
   // Values survive exactly.
-  const PolicyConfig& c =
-      config_of(*parse_kv_policy("d2o:ratio=0.3333333333333333,beta=0.123456789").value());
+  auto exact = parse_kv_policy("d2o:ratio=0.3333333333333333,beta=0.123456789");
+  ASSERT_TRUE(exact.ok());
+  const PolicyConfig& c = config_of(**exact);
   EXPECT_EQ(c.ratio, 0.3333333333333333);
   EXPECT_EQ(c.beta, 0.123456789);
   EXPECT_EQ(canonical("cam:mb=16,seed=7"), "cam:ratio=0.2,sinks=4,mb=16,seed=7,agg=sum");

@@ -1,6 +1,7 @@
 #include "kv/policy/similarity.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "core/assert.h"
 #include "core/fp16.h"
@@ -9,24 +10,23 @@ namespace d2o {
 
 namespace {
 
+// Rows may sit at any byte address (tests use odd strides): elements are read with memcpy.
 void row_dots_scalar(const RowDots& a) {
   for (int r = 0; r < a.n; ++r) {
     const size_t row = static_cast<size_t>(a.rows ? a.rows[r] : r);
     const uint8_t* p = a.base + row * a.row_bytes;
     float dot = 0.0f, nn = 0.0f;
-    if (a.f16) {
-      const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
-      for (int d = 0; d < a.dim; ++d) {
-        const float x = fp16_to_fp32(h[d]);
-        dot += a.q[d] * x;
-        nn += x * x;
+    for (int d = 0; d < a.dim; ++d) {
+      float x;
+      if (a.f16) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * static_cast<size_t>(d), 2);
+        x = fp16_to_fp32(h);
+      } else {
+        std::memcpy(&x, p + 4 * static_cast<size_t>(d), 4);
       }
-    } else {
-      const float* f = reinterpret_cast<const float*>(p);
-      for (int d = 0; d < a.dim; ++d) {
-        dot += a.q[d] * f[d];
-        nn += f[d] * f[d];
-      }
+      dot += a.q[d] * x;
+      nn += x * x;
     }
     a.dot[r] = dot;
     if (a.inv_norm) a.inv_norm[r] = nn > 0.0f ? 1.0f / std::sqrt(nn) : 0.0f;

@@ -2,6 +2,7 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "core/fp16.h"
 #include "kv/policy/similarity.h"
@@ -31,8 +32,10 @@ void row_dots_avx2(const RowDots& a) {
         acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.q + d), x, acc);
         acc_n = _mm256_fmadd_ps(x, x, acc_n);
       }
-      for (int d = d8; d < a.dim; ++d) {
-        const float x = fp16_to_fp32(h[d]);
+      for (int d = d8; d < a.dim; ++d) {  // tail: rows may be misaligned, read with memcpy
+        uint16_t hv;
+        std::memcpy(&hv, h + d, 2);
+        const float x = fp16_to_fp32(hv);
         dot += a.q[d] * x;
         nn += x * x;
       }
@@ -44,8 +47,10 @@ void row_dots_avx2(const RowDots& a) {
         acc_n = _mm256_fmadd_ps(x, x, acc_n);
       }
       for (int d = d8; d < a.dim; ++d) {
-        dot += a.q[d] * f[d];
-        nn += f[d] * f[d];
+        float x;
+        std::memcpy(&x, f + d, 4);
+        dot += a.q[d] * x;
+        nn += x * x;
       }
     }
     a.dot[r] = hsum(acc) + dot;
