@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "d2o/status.h"
 #include "kv/attention.h"
 #include "kv/kv_cache.h"
@@ -36,6 +37,18 @@ struct PassInfo {
   int64_t n_past = 0;       // tokens of the sequence processed so far, this pass included
   bool first_pass = false;  // the sequence's first pass (its prompt, in prompt-then-compress)
   const RopeParams* rope = nullptr;  // the model's RoPE (to re-rotate keys when shifting positions)
+  // Optional: layers are planned in parallel on it (results never depend on the thread count).
+  ThreadPool* pool = nullptr;
+};
+
+// Scratch buffers of one thread of a compaction. They only ever grow, so a steady-state decode
+// step allocates nothing.
+struct PolicyScratch {
+  std::vector<float> f;     // per-slot selection scores, similarities, rows
+  std::vector<float> f2;    // kept rows as floats [n_keep, head_dim]
+  std::vector<int32_t> i;   // slot index lists
+  std::vector<int32_t> i2;  // evicted lists, nearest neighbours, merge groups
+  std::vector<double> d;    // double accumulators (budgets, CaM running sums)
 };
 
 // Per-sequence mutable policy state.
@@ -57,13 +70,11 @@ struct PolicyState {
   // RoPE position of the next token = n_past - pos_shift. Policies that compact positions
   // (StreamingLLM with re-rotated keys) raise it by the number of positions they remove.
   int64_t pos_shift = 0;
-  // Reusable buffers so compaction allocates nothing in steady state (they only ever grow).
-  CompactionPlan plan;
-  std::vector<float> work_f;     // per-slot selection scores, similarities
-  std::vector<float> work_f2;    // kept rows as floats [n_keep, head_dim], norms
-  std::vector<int32_t> work_i;   // slot index lists
-  std::vector<int32_t> work_i2;  // evicted lists, nearest neighbours, merge groups
-  std::vector<double> work_d;    // double accumulators (CaM running sums)
+  // Reusable memory: the plans of the layers compacted by the last pass ([n_layer]; a layer's
+  // plan is valid when it was compacted), the layers to compact, per-thread scratch.
+  std::vector<CompactionPlan> plans;
+  std::vector<int32_t> todo;
+  std::vector<PolicyScratch> scratch;  // [threads]
 
   void reset() { *this = PolicyState(); }
 };

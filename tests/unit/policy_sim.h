@@ -15,6 +15,7 @@
 #include <random>
 #include <string>
 
+#include "core/thread_pool.h"
 #include "kv/attention.h"
 #include "kv/kv_cache.h"
 #include "kv/policy.h"
@@ -94,6 +95,7 @@ class PolicySim {
     pi.n_past = n_past;
     pi.first_pass = passes == 1;
     pi.rope = &rope;
+    pi.pool = pool;
     const Status s = policy->compact(cache, state, pi);
     if (!s.ok()) return "compact failed: " + s.message();
     naive::compact(ref_cfg, ref_cache, ref, n_past, rope.freq_base);
@@ -159,6 +161,7 @@ class PolicySim {
   std::mt19937 rng;
   int64_t n_past = 0;
   int passes = 0;
+  ThreadPool* pool = nullptr;  // optional: layers planned in parallel
   double tol = 1e-6;
 };
 

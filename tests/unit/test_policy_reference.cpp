@@ -5,6 +5,7 @@
 // last tests check that the comparison catches deliberately wrong variants.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -112,6 +113,43 @@ TEST(PolicyReference, WithAttentionStatistics) {
         PolicySim sim(spec, s);
         EXPECT_EQ(run(sim, 48, 30, 1), "");
       }
+    }
+  }
+}
+
+// Layers planned on a thread pool: same results as the naive reference, and bit-identical caches
+// and states to the serial run.
+TEST(PolicyReference, ThreadPoolGivesIdenticalResults) {
+  ThreadPool pool(3);
+  for (const char* spec :
+       {"d2o:ratio=0.3", "d2o:budget=14,sim=kv", "cam:ratio=0.3", "h2o:budget=12",
+        "streaming:budget=10,pos=shift", "snapkv:budget=10,window=4"}) {
+    for (KvType type : {KvType::kF32, KvType::kF16}) {
+      SCOPED_TRACE(std::string(spec) + " " + kv_type_name(type));
+      SimSetup s;
+      s.n_layer = 6;
+      s.type = type;
+      PolicySim serial(spec, s), pooled(spec, s);
+      pooled.pool = &pool;
+      if (pooled.ref_cfg.pos == PosMode::kShift) pooled.tol = serial.tol = 3e-3;
+      for (int step = 0; step < 30; ++step) {
+        ASSERT_EQ(serial.pass(step == 0 ? 40 : 1), "");
+        ASSERT_EQ(pooled.pass(step == 0 ? 40 : 1), "");
+      }
+      for (int il = 0; il < s.n_layer; ++il) {
+        const KvLayer& a = serial.cache.layer(il);
+        const KvLayer& b = pooled.cache.layer(il);
+        ASSERT_EQ(a.n_slot, b.n_slot);
+        for (int g = 0; g < s.n_head_kv; ++g) {
+          EXPECT_EQ(std::memcmp(a.key_row(g, 0), b.key_row(g, 0), a.row_bytes() * a.n_slot), 0);
+          EXPECT_EQ(std::memcmp(a.value_row(g, 0), b.value_row(g, 0), a.row_bytes() * a.n_slot), 0);
+          EXPECT_EQ(std::memcmp(&a.score[a.meta_index(g, 0)], &b.score[b.meta_index(g, 0)],
+                                sizeof(float) * a.n_slot),
+                    0);
+        }
+      }
+      EXPECT_EQ(serial.state.tau, pooled.state.tau);
+      EXPECT_EQ(serial.state.merged, pooled.state.merged);
     }
   }
 }

@@ -184,13 +184,14 @@ void decide_budgets(const PolicyConfig& cfg, const KvCache& cache, int64_t n, Po
   const int64_t total = cfg.mode == BudgetMode::kRatio
                             ? std::llround(cfg.ratio * L * static_cast<double>(n))
                             : cfg.budget * L;
-  if (state.work_d.size() < static_cast<size_t>(4 * L))
-    state.work_d.resize(static_cast<size_t>(4 * L));
-  if (state.work_i.size() < static_cast<size_t>(L)) state.work_i.resize(static_cast<size_t>(L));
-  double* v = state.work_d.data();       // [L]
-  double* w = v + L;                     // [L]
-  double* scratch = w + L;               // [2L]
-  int32_t* order = state.work_i.data();  // [L]
+  if (state.scratch.empty()) state.scratch.resize(1);
+  PolicyScratch& sc = state.scratch[0];
+  if (sc.d.size() < static_cast<size_t>(4 * L)) sc.d.resize(static_cast<size_t>(4 * L));
+  if (sc.i.size() < static_cast<size_t>(L)) sc.i.resize(static_cast<size_t>(L));
+  double* v = sc.d.data();       // [L]
+  double* w = v + L;             // [L]
+  double* scratch = w + L;       // [2L]
+  int32_t* order = sc.i.data();  // [L]
 
   const bool uses_variance = cfg.layers == LayerRule::kVariance ||
                              cfg.layers == LayerRule::kReciprocal ||

@@ -45,7 +45,7 @@ double head_score_variance(const KvLayer& layer, int g);
 void layer_density(const KvCache& cache, bool research, double* v);
 
 // Sets state.budgets (and state.layer_variance for the variance-based rules) for a cache whose
-// layers all hold n slots. Scratch comes from state.work_d / state.work_i.
+// layers all hold n slots. Scratch comes from state.scratch[0].
 void decide_budgets(const PolicyConfig& cfg, const KvCache& cache, int64_t n, PolicyState& state);
 
 }  // namespace d2o

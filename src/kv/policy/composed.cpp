@@ -58,12 +58,35 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
     return {};
   }
 
-  bool any = false;
-  int removed_all = -1;
+  // Plan every layer that overflows (in parallel when a pool is given: layers are independent,
+  // each writes only its own plan, thresholds, counters and, for CaM, its own values), then apply
+  // the plans in layer order.
+  state.todo.clear();
   for (int il = 0; il < L; ++il) {
     const int budget = state.budgets[static_cast<size_t>(il)];
-    if (budget == PolicyState::kNoBudget || cache.layer(il).n_slot <= budget) continue;
-    const int removed = compact_layer(cache, il, budget, state, pass);
+    if (budget != PolicyState::kNoBudget && cache.layer(il).n_slot > budget)
+      state.todo.push_back(il);
+  }
+  if (state.todo.empty()) return {};
+  if (state.plans.size() != nl) state.plans.resize(nl);
+  const int threads = pass.pool && state.todo.size() > 1 ? pass.pool->n_threads() : 1;
+  if (state.scratch.size() < static_cast<size_t>(threads))
+    state.scratch.resize(static_cast<size_t>(threads));
+  auto plan_one = [&](int64_t t, int thread) {
+    const int il = state.todo[static_cast<size_t>(t)];
+    plan_layer(cache, il, state, state.scratch[static_cast<size_t>(thread)], pass);
+  };
+  if (threads > 1) {
+    pass.pool->run(static_cast<int64_t>(state.todo.size()), plan_one);
+  } else {
+    for (size_t t = 0; t < state.todo.size(); ++t) plan_one(static_cast<int64_t>(t), 0);
+  }
+
+  int removed_all = -1;
+  for (const int il : state.todo) {
+    KvLayer& layer = cache.layer(il);
+    const int removed = layer.n_slot - state.budgets[static_cast<size_t>(il)];
+    cache.apply(il, state.plans[static_cast<size_t>(il)]);
     if (cfg_.pos == PosMode::kShift) {
       // One position shift per sequence: every layer must have removed the same count (uniform
       // budgets and equal slot counts guarantee it).
@@ -71,24 +94,23 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
         return internal_error("pos=shift: layers removed different slot counts");
       }
       removed_all = removed;
-      shift_positions(cache.layer(il), removed, state, *pass.rope);
+      shift_positions(layer, removed, state.scratch[0], *pass.rope);
     }
-    any = true;
   }
   if (removed_all > 0) state.pos_shift += removed_all;
-  if (any) ++state.n_compactions;
+  ++state.n_compactions;
   return {};
 }
 
-int ComposedPolicy::compact_layer(KvCache& cache, int il, int budget, PolicyState& state,
-                                  const PassInfo& pass) const {
+void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state, PolicyScratch& sc,
+                                const PassInfo& pass) const {
   KvLayer& L = cache.layer(il);
-  const int n = L.n_slot, G = L.n_head_kv, S = budget;
+  const int n = L.n_slot, G = L.n_head_kv, S = state.budgets[static_cast<size_t>(il)];
   D2O_ASSERT(S >= 0 && S < n);
-  CompactionPlan& plan = state.plan;
+  CompactionPlan& plan = state.plans[static_cast<size_t>(il)];
   plan.reset(G, S);
-  if (state.work_i.size() < static_cast<size_t>(n)) state.work_i.resize(static_cast<size_t>(n));
-  if (state.work_f.size() < static_cast<size_t>(n)) state.work_f.resize(static_cast<size_t>(n));
+  if (sc.i.size() < static_cast<size_t>(n)) sc.i.resize(static_cast<size_t>(n));
+  if (sc.f.size() < static_cast<size_t>(n)) sc.f.resize(static_cast<size_t>(n));
   int64_t merged = 0;
 
   for (int g = 0; g < G; ++g) {
@@ -103,26 +125,26 @@ int ComposedPolicy::compact_layer(KvCache& cache, int il, int budget, PolicyStat
         if (cfg_.norm == ScoreNorm::kQueries) {
           // Mean attention: the slot at position p was seen by the queries at p .. next - 1.
           const int64_t next = pass.n_past - state.pos_shift;
-          float* mean = state.work_f.data();
+          float* mean = sc.f.data();
           for (int j = 0; j < n; ++j) {
             const int64_t seen = std::max<int64_t>(1, next - L.pos[m0 + static_cast<size_t>(j)]);
             mean[j] = score[j] / static_cast<float>(seen);
           }
           score = mean;
         }
-        select_heavy_recent(score, n, S, cfg_, keep, state.work_i.data());
+        select_heavy_recent(score, n, S, cfg_, keep, sc.i.data());
         break;
       }
       case Selector::kSnapWindow: {
         const int w = std::min(cfg_.window, S);
-        pool_window(&L.window[m0], n - w, cfg_.kernel, cfg_.pool, state.work_f.data());
-        select_snap(state.work_f.data(), n, S, cfg_.window, keep, state.work_i.data());
+        pool_window(&L.window[m0], n - w, cfg_.kernel, cfg_.pool, sc.f.data());
+        select_snap(sc.f.data(), n, S, cfg_.window, keep, sc.i.data());
         break;
       }
     }
     if (cfg_.merger == Merger::kD2o) {
       // Evicted = the complement of keep, ascending.
-      int32_t* evicted = state.work_i.data();
+      int32_t* evicted = sc.i.data();
       int ne = 0, k = 0;
       for (int j = 0; j < n; ++j) {
         if (k < S && keep[k] == j)
@@ -141,7 +163,7 @@ int ComposedPolicy::compact_layer(KvCache& cache, int il, int budget, PolicyStat
       h.n_evicted = ne;
       h.tau = &state.tau[ti];
       h.tau_ready = &state.tau_ready[ti];
-      merged += plan_d2o_merges(h, state);
+      merged += plan_d2o_merges(h, sc, plan);
     } else if (cfg_.merger == Merger::kCam) {
       const int t = std::min(cfg_.sinks, S);
       CamHeadMerge h;
@@ -151,25 +173,22 @@ int ComposedPolicy::compact_layer(KvCache& cache, int il, int budget, PolicyStat
       h.head = g;
       h.first_evicted = t;
       h.end_evicted = n - (S - t);
-      merged += cam_merge_values(h, state);
+      merged += cam_merge_values(h, sc);
     }
   }
   state.evicted[static_cast<size_t>(il)] += static_cast<int64_t>(n - S) * G;
   state.merged[static_cast<size_t>(il)] += merged;
-  cache.apply(il, plan);
-  return n - S;
 }
 
-void ComposedPolicy::shift_positions(KvLayer& L, int removed, PolicyState& state,
+void ComposedPolicy::shift_positions(KvLayer& L, int removed, PolicyScratch& sc,
                                      const RopeParams& rope) const {
   // Sinks keep their positions; the recent slots after them move down by `removed`, their keys
   // re-rotated by -removed (RoPE rotations compose: R(p) R(-r) = R(p - r)).
   if (removed <= 0) return;
   D2O_ASSERT(rope.head_dim == L.head_dim);
   const int t = std::min(cfg_.sinks, L.n_slot);
-  if (state.work_f.size() < static_cast<size_t>(L.head_dim))
-    state.work_f.resize(static_cast<size_t>(L.head_dim));
-  float* row = state.work_f.data();
+  if (sc.f.size() < static_cast<size_t>(L.head_dim)) sc.f.resize(static_cast<size_t>(L.head_dim));
+  float* row = sc.f.data();
   for (int g = 0; g < L.n_head_kv; ++g) {
     for (int j = t; j < L.n_slot; ++j) {
       L.load_key(g, j, row);

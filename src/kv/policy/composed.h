@@ -32,9 +32,10 @@ class ComposedPolicy final : public KvPolicy {
   int64_t peak_slots(int64_t n_prompt, int64_t n_total, int max_chunk) const override;
 
  private:
-  int compact_layer(KvCache& cache, int il, int budget, PolicyState& state,
-                    const PassInfo& pass) const;
-  void shift_positions(KvLayer& layer, int removed, PolicyState& state,
+  // Selection and merge planning of one layer into state.plans[il] (CaM also updates values).
+  void plan_layer(KvCache& cache, int il, PolicyState& state, PolicyScratch& scratch,
+                  const PassInfo& pass) const;
+  void shift_positions(KvLayer& layer, int removed, PolicyScratch& scratch,
                        const RopeParams& rope) const;
 
   PolicyConfig cfg_;

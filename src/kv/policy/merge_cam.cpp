@@ -23,7 +23,7 @@ double cam_uniform(uint64_t seed, int il, int head, int32_t pos) {
   return static_cast<double>(splitmix64(seed ^ key) >> 11) * 0x1p-53;
 }
 
-int cam_merge_values(const CamHeadMerge& h, PolicyState& state) {
+int cam_merge_values(const CamHeadMerge& h, PolicyScratch& scratch) {
   KvLayer& L = *h.layer;
   const int n = L.n_slot, hd = L.head_dim;
   const int first = h.first_evicted, end = h.end_evicted;
@@ -34,17 +34,17 @@ int cam_merge_values(const CamHeadMerge& h, PolicyState& state) {
   const float* score = &L.score[L.meta_index(h.head, 0)];
   const int32_t* pos = &L.pos[L.meta_index(h.head, 0)];
 
-  // Scratch: work_d = acc[hd] cur[hd] ring[m][hd] (merged sources of the sliding window, as
-  // updated values); work_i2 = ring_used[m]; work_f = row[hd].
+  // Scratch: d = acc[hd] cur[hd] ring[m][hd] (merged sources of the sliding window, as updated
+  // values); i2 = ring_used[m]; f = row[hd].
   const size_t nd = static_cast<size_t>(hd) * (2 + static_cast<size_t>(m));
-  if (state.work_d.size() < nd) state.work_d.resize(nd);
-  if (state.work_i2.size() < static_cast<size_t>(m)) state.work_i2.resize(static_cast<size_t>(m));
-  if (state.work_f.size() < static_cast<size_t>(hd)) state.work_f.resize(static_cast<size_t>(hd));
-  double* acc = state.work_d.data();
+  if (scratch.d.size() < nd) scratch.d.resize(nd);
+  if (scratch.i2.size() < static_cast<size_t>(m)) scratch.i2.resize(static_cast<size_t>(m));
+  if (scratch.f.size() < static_cast<size_t>(hd)) scratch.f.resize(static_cast<size_t>(hd));
+  double* acc = scratch.d.data();
   double* cur = acc + hd;
   double* ring = cur + hd;
-  int32_t* used = state.work_i2.data();
-  float* row = state.work_f.data();
+  int32_t* used = scratch.i2.data();
+  float* row = scratch.f.data();
   std::fill(acc, acc + hd, 0.0);
   std::fill(used, used + m, 0);
 

@@ -38,8 +38,8 @@ struct CamHeadMerge {
 };
 
 // Updates the values of the head's slots in place (before KvCache::apply drops the evicted ones);
-// returns how many evicted slots were merged. Scratch: state.work_d, work_f, work_i2.
-int cam_merge_values(const CamHeadMerge& h, PolicyState& state);
+// returns how many evicted slots were merged. Scratch: d, f, i2.
+int cam_merge_values(const CamHeadMerge& h, PolicyScratch& scratch);
 
 // The deterministic uniform draw in [0, 1) for a slot (exposed for tests and docs).
 double cam_uniform(uint64_t seed, int il, int head, int32_t pos);

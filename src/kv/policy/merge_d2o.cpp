@@ -64,7 +64,7 @@ void add_cosines(const ModalityPass& p, int e, bool first, float scale, float* _
 
 }  // namespace
 
-int plan_d2o_merges(const D2oHeadMerge& h, PolicyState& state) {
+int plan_d2o_merges(const D2oHeadMerge& h, PolicyScratch& scratch, CompactionPlan& plan) {
   const PolicyConfig& cfg = *h.cfg;
   const KvLayer& L = *h.layer;
   const int S = h.n_keep, E = h.n_evicted, hd = L.head_dim;
@@ -73,21 +73,21 @@ int plan_d2o_merges(const D2oHeadMerge& h, PolicyState& state) {
   const int n_mod = (use_k ? 1 : 0) + (use_v ? 1 : 0);
   const float scale = n_mod == 2 ? 0.5f : 1.0f;
 
-  // Scratch layout. work_f: sim[S] dots[S] kinv[S] vinv[S] row[hd] m[E];
-  // work_f2: kept rows as floats [n_mod, S, hd] (F16 caches with many evictions only);
-  // work_i2: cstar[E] count[S + 1] members[E].
+  // Scratch layout. f: sim[S] dots[S] kinv[S] vinv[S] row[hd] m[E];
+  // f2: kept rows as floats [n_mod, S, hd] (F16 caches with many evictions only);
+  // i2: cstar[E] count[S + 1] members[E].
   const bool convert = L.type == KvType::kF16 && E > kConvertOnceAbove;
   const size_t nf = 4 * static_cast<size_t>(S) + hd + static_cast<size_t>(E);
-  if (state.work_f.size() < nf) state.work_f.resize(nf);
-  if (state.work_i2.size() < 2 * static_cast<size_t>(E) + S + 1)
-    state.work_i2.resize(2 * static_cast<size_t>(E) + S + 1);
-  float* sim = state.work_f.data();
+  if (scratch.f.size() < nf) scratch.f.resize(nf);
+  if (scratch.i2.size() < 2 * static_cast<size_t>(E) + S + 1)
+    scratch.i2.resize(2 * static_cast<size_t>(E) + S + 1);
+  float* sim = scratch.f.data();
   float* dots = sim + S;
   float* kinv = dots + S;
   float* vinv = kinv + S;
   float* row = vinv + S;
   float* m_e = row + hd;  // m_e = u_{e, c*(e)}
-  int32_t* cstar = state.work_i2.data();
+  int32_t* cstar = scratch.i2.data();
   int32_t* count = cstar + E;
   int32_t* members = count + S + 1;
 
@@ -95,8 +95,8 @@ int plan_d2o_merges(const D2oHeadMerge& h, PolicyState& state) {
   float* kept_v = nullptr;
   if (convert) {
     const size_t per = static_cast<size_t>(S) * hd;
-    if (state.work_f2.size() < per * n_mod) state.work_f2.resize(per * n_mod);
-    float* dst = state.work_f2.data();
+    if (scratch.f2.size() < per * n_mod) scratch.f2.resize(per * n_mod);
+    float* dst = scratch.f2.data();
     if (use_k) {
       kept_k = dst;
       for (int i = 0; i < S; ++i)
@@ -168,7 +168,7 @@ int plan_d2o_merges(const D2oHeadMerge& h, PolicyState& state) {
     if (cstar[i] >= 0) members[count[cstar[i]]++] = i;
   }
   // count[c] is now the end of group c; group c starts at count[c - 1] (0 for c = 0).
-  std::vector<MergeTerm>& terms = state.plan.merges;
+  std::vector<MergeTerm>& terms = plan.merges;
   int begin = 0;
   for (int c = 0; c < S; ++c) {
     const int end = count[c];

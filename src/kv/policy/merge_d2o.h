@@ -38,8 +38,8 @@ struct D2oHeadMerge {
   uint8_t* tau_ready = nullptr;
 };
 
-// Appends the head's merge groups to state.plan.merges; returns how many evicted slots merged.
-// Uses state.work_f, work_f2 and work_i2 as scratch.
-int plan_d2o_merges(const D2oHeadMerge& h, PolicyState& state);
+// Appends the head's merge groups to plan.merges; returns how many evicted slots merged.
+// Uses scratch.f, f2 and i2.
+int plan_d2o_merges(const D2oHeadMerge& h, PolicyScratch& scratch, CompactionPlan& plan);
 
 }  // namespace d2o
