@@ -317,6 +317,12 @@ TEST(PolicyInvariants, ShiftedPositionsStayContiguous) {
   const Status st = bad.policy->compact(bad.cache, bad.state, pi);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("RoPE"), std::string::npos);
+  RopeParams wrong = bad.rope;
+  wrong.head_dim = s.head_dim * 2;
+  pi.rope = &wrong;
+  const Status st2 = bad.policy->compact(bad.cache, bad.state, pi);
+  EXPECT_EQ(st2.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st2.message().find("head_dim"), std::string::npos);
 }
 
 // After a few steps every buffer has its size: a decode step allocates nothing, whatever the

@@ -36,6 +36,11 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
     return invalid_argument("KV policy '" + cfg_.name +
                             "' with pos=shift needs the model's RoPE parameters (PassInfo::rope)");
   }
+  if (cfg_.pos == PosMode::kShift && pass.rope->head_dim != cache.config().head_dim) {
+    return invalid_argument("KV policy '" + cfg_.name + "' with pos=shift: RoPE head_dim " +
+                            std::to_string(pass.rope->head_dim) + " does not match the cache's " +
+                            std::to_string(cache.config().head_dim));
+  }
   if (state.evicted.size() != nl) state.evicted.assign(nl, 0);
   if (state.merged.size() != nl) state.merged.assign(nl, 0);
   if (state.tau.size() != nlg) state.tau.assign(nlg, 0.0f);
