@@ -101,6 +101,21 @@ Status KvCache::shrink_to_fit(int slack) {
   return {};
 }
 
+Status KvCache::trim(int slack) {
+  constexpr int kHysteresis = 16;
+  for (int il = 0; il < cfg_.n_layer; ++il) {
+    const KvLayer& L = layers_[static_cast<size_t>(il)];
+    if (L.capacity > L.n_slot + slack + kHysteresis) D2O_RETURN_IF_ERROR(reallocate(il, L.n_slot + slack));
+  }
+  return {};
+}
+
+int64_t KvCache::total_slots() const {
+  int64_t n = 0;
+  for (const KvLayer& L : layers_) n += L.n_slot;
+  return n;
+}
+
 void KvCache::append(int il, const float* k, const float* v, const int32_t* pos, int n_tok) {
   KvLayer& L = layers_[static_cast<size_t>(il)];
   D2O_ASSERT(L.n_slot + n_tok <= L.capacity);

@@ -112,6 +112,11 @@ class KvCache {
   Status reserve(int il, int n_slots, bool exact);
   // Shrinks every layer's allocation to its n_slot + `slack` if it holds more than that.
   Status shrink_to_fit(int slack);
+  // After a compaction: hands back memory of layers holding more than n_slot + slack + a small
+  // hysteresis (so a steady decode step, which adds one slot and evicts one, never reallocates).
+  Status trim(int slack);
+  // Slots in use, summed over layers (one KV head's count per layer).
+  int64_t total_slots() const;
 
   // Appends n_tok tokens to layer il: k and v are [n_tok, n_head_kv * head_dim] floats, pos the
   // tokens' positions. Capacity must already suffice. New slots get score 0, merged 0.

@@ -113,7 +113,13 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
     pass.n_past = be.seq->n_past();
     pass.first_pass = first;
     pass.rope = &rope_;
-    D2O_RETURN_IF_ERROR(be.seq->policy().compact(be.seq->cache(), be.seq->policy_state(), pass));
+    pass.pool = &pool_;
+    KvCache& cache = be.seq->cache();
+    const int64_t before = cache.total_slots();
+    D2O_RETURN_IF_ERROR(be.seq->policy().compact(cache, be.seq->policy_state(), pass));
+    // A compaction that removed slots hands their memory back, keeping room for a pass of the
+    // same size (up to 64 tokens) so steady decoding or chunked feeding does not reallocate.
+    if (cache.total_slots() < before) D2O_RETURN_IF_ERROR(cache.trim(std::min(pass.n_tokens, 64)));
   }
   timings_.policy_s += sw.seconds();
   return {};
