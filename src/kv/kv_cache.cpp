@@ -175,21 +175,29 @@ void KvCache::apply(int il, const CompactionPlan& plan) {
     t = e;
   }
 
-  // 2. Gather kept slots to the front, in order (keep is ascending, so in place is safe).
+  // 2. Gather kept slots to the front, in order (keep is ascending, so moving forward in place is
+  //    safe). Runs of consecutive kept slots move with one memmove each: a decode step evicts one
+  //    slot per head, so this is usually one long run.
   const size_t rb = L.row_bytes();
   for (int h = 0; h < L.n_head_kv; ++h) {
     const int32_t* keep = plan.keep_of(h);
-    for (int i = 0; i < plan.n_keep; ++i) {
+    int i = 0;
+    while (i < plan.n_keep) {
       const int j = keep[i];
       D2O_ASSERT(j >= i && j < L.n_slot && (i == 0 || j > keep[i - 1]));
-      if (j == i) continue;
-      std::memcpy(L.key_row(h, i), L.key_row(h, j), rb);
-      std::memcpy(L.value_row(h, i), L.value_row(h, j), rb);
-      const size_t a = L.meta_index(h, i), b = L.meta_index(h, j);
-      L.pos[a] = L.pos[b];
-      L.score[a] = L.score[b];
-      L.window[a] = L.window[b];
-      L.merged[a] = L.merged[b];
+      int run = 1;
+      while (i + run < plan.n_keep && keep[i + run] == j + run) ++run;
+      if (j != i) {
+        const size_t n = static_cast<size_t>(run);
+        std::memmove(L.key_row(h, i), L.key_row(h, j), n * rb);
+        std::memmove(L.value_row(h, i), L.value_row(h, j), n * rb);
+        const size_t a = L.meta_index(h, i), b = L.meta_index(h, j);
+        std::memmove(&L.pos[a], &L.pos[b], n * sizeof(int32_t));
+        std::memmove(&L.score[a], &L.score[b], n * sizeof(float));
+        std::memmove(&L.window[a], &L.window[b], n * sizeof(float));
+        std::memmove(&L.merged[a], &L.merged[b], n * sizeof(int32_t));
+      }
+      i += run;
     }
   }
   L.n_slot = plan.n_keep;
