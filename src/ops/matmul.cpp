@@ -14,7 +14,9 @@ namespace d2o {
 
 namespace {
 
-constexpr int64_t align64(int64_t v) { return (v + 63) / 64 * 64; }
+constexpr int64_t align64(int64_t v) {
+  return (v + 63) / 64 * 64;
+}
 
 // Tokens per task for long prompts: 64 tokens' activations (~40 KiB for 576 columns) stay in
 // L2 while a few tiles of weights sweep over them.
@@ -100,7 +102,8 @@ void packed_matmul(const QMatrix& w, const float* x, int64_t n_tok, float* y, Th
       job.act = acts + t * al.stride;
       for (int64_t tile = tile0; tile < tile1; ++tile) {
         job.tile = w.data() + tile * pl.tile_bytes;
-        job.rows = static_cast<int>(std::min<int64_t>(mm::kTileRows, n_rows - tile * mm::kTileRows));
+        job.rows =
+            static_cast<int>(std::min<int64_t>(mm::kTileRows, n_rows - tile * mm::kTileRows));
         job.y = y + t * n_rows + tile * mm::kTileRows;
         fn(job);
       }

@@ -48,11 +48,11 @@ struct TileJob {
   const PackedLayout* w = nullptr;
   const uint8_t* tile = nullptr;  // start of the tile's bytes
   const ActLayout* acts = nullptr;
-  const uint8_t* act = nullptr;   // record of the first token; token k at act + k * stride
-  int nt = 1;                     // 1..kMaxTokens
-  int rows = kTileRows;           // valid rows of the tile (the rest is padding)
-  float* y = nullptr;             // y of the first token and the tile's first row
-  int64_t y_stride = 0;           // floats between tokens (n_rows)
+  const uint8_t* act = nullptr;  // record of the first token; token k at act + k * stride
+  int nt = 1;                    // 1..kMaxTokens
+  int rows = kTileRows;          // valid rows of the tile (the rest is padding)
+  float* y = nullptr;            // y of the first token and the tile's first row
+  int64_t y_stride = 0;          // floats between tokens (n_rows)
 };
 
 // fp32 path: nr (1..4) weight rows times nt (1..4) tokens of n elements.
@@ -82,7 +82,9 @@ const KernelTable& kernels_avx2();
 const KernelTable& kernels_avx512();
 
 // Record accessors.
-inline const int8_t* act_qs(const uint8_t* rec) { return reinterpret_cast<const int8_t*>(rec); }
+inline const int8_t* act_qs(const uint8_t* rec) {
+  return reinterpret_cast<const int8_t*>(rec);
+}
 inline const float* act_d(const ActLayout& l, const uint8_t* rec) {
   return reinterpret_cast<const float*>(rec + l.off_d);
 }
@@ -93,6 +95,19 @@ inline const T* act_a(const ActLayout& l, const uint8_t* rec) {
 template <class T>
 inline const T* act_b(const ActLayout& l, const uint8_t* rec) {
   return reinterpret_cast<const T*>(rec + l.off_b);
+}
+
+// Decode streams every weight once from DRAM. Each section of a tile is a separate short stream
+// that the hardware prefetcher barely ramps up on, so while a matvec works on block b of one tile
+// it asks for block b of every section kPrefetchTiles tiles ahead, into L2 (measured on Zen 4:
+// two tiles ahead into L2 beat one tile, four tiles, and L1 prefetches).
+inline constexpr int kPrefetchTiles = 2;
+inline void prefetch_ahead(const PackedLayout& w, const uint8_t* tile, int64_t b) {
+  const uint8_t* next = tile + kPrefetchTiles * w.tile_bytes;
+  for (int s = 0; s < w.n_sections; ++s) {
+    const uint8_t* p = next + w.section_offset[s] + b * w.section_bytes[s];
+    for (int64_t off = 0; off < w.section_bytes[s]; off += 64) __builtin_prefetch(p + off, 0, 2);
+  }
 }
 
 // Pointer to block b of section s of a tile.

@@ -51,7 +51,8 @@ void quantize_scalar(const ActLayout& l, const float* x, uint8_t* rec) {
       for (int i = 0; i < 16; ++i) s += qs[16 * b + i];
       s16[b] = static_cast<int16_t>(s);
     }
-    for (int64_t b = 0; b < l.n_cols / 32; ++b) s32[b] = static_cast<int16_t>(s16[2 * b] + s16[2 * b + 1]);
+    for (int64_t b = 0; b < l.n_cols / 32; ++b)
+      s32[b] = static_cast<int16_t>(s16[2 * b] + s16[2 * b + 1]);
   }
 }
 
@@ -62,7 +63,9 @@ inline float half_at(const uint8_t* p, int r) {
 }
 
 // Byte (r, i) of chunk c of a packed block.
-inline uint8_t at(const uint8_t* p, int64_t c, int r, int i) { return p[64 * c + 4 * r + i]; }
+inline uint8_t at(const uint8_t* p, int64_t c, int r, int i) {
+  return p[64 * c + 4 * r + i];
+}
 
 template <PackKind kKind>
 void tile_32(const TileJob& job) {
@@ -83,7 +86,8 @@ void tile_32(const TileJob& job) {
         int32_t isum = 0;
         if (kKind == PackKind::kQ8_0) {
           for (int g = 0; g < 8; ++g) {
-            for (int i = 0; i < 4; ++i) isum += static_cast<int8_t>(at(qs, g, r, i)) * xb[4 * g + i];
+            for (int i = 0; i < 4; ++i)
+              isum += static_cast<int8_t>(at(qs, g, r, i)) * xb[4 * g + i];
           }
         } else {
           for (int v = 0; v < 4; ++v) {
@@ -96,7 +100,8 @@ void tile_32(const TileJob& job) {
         const float dw = half_at(section(w, job.tile, 0, b), r);
         if (kKind == PackKind::kQ4_0) isum -= 8 * qsum[b];
         acc = std::fma(static_cast<float>(isum), dw * dx[b], acc);
-        if (kKind == PackKind::kQ4_1) acc = std::fma(half_at(section(w, job.tile, 1, b), r), dsum[b], acc);
+        if (kKind == PackKind::kQ4_1)
+          acc = std::fma(half_at(section(w, job.tile, 1, b), r), dsum[b], acc);
       }
       job.y[t * job.y_stride + r] = acc;
     }

@@ -57,7 +57,9 @@ std::vector<uint8_t> random_weights(GgmlType type, int64_t n_rows, int64_t n_col
   std::uniform_int_distribution<int> small(-8, 8);
   const int64_t n = n_rows * n_cols;
   std::vector<uint8_t> out(static_cast<size_t>(ggml_row_bytes(type, n_cols) * n_rows));
-  auto value = [&]() { return fill == Fill::kInteger ? static_cast<float>(small(rng)) : 0.1f * u(rng); };
+  auto value = [&]() {
+    return fill == Fill::kInteger ? static_cast<float>(small(rng)) : 0.1f * u(rng);
+  };
   if (type == GgmlType::kF32) {
     for (int64_t i = 0; i < n; ++i) {
       const float v = value();
@@ -80,7 +82,8 @@ std::vector<uint8_t> random_weights(GgmlType type, int64_t n_rows, int64_t n_col
     uint8_t* blk = out.data() + off;
     if (fill == Fill::kRealistic) {
       for (int f : fields) put_half(blk + f, 0.02f * u(rng));
-      if (type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1) put_half(blk + 2, -0.15f * std::fabs(u(rng)));
+      if (type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1)
+        put_half(blk + 2, -0.15f * std::fabs(u(rng)));
       continue;
     }
     for (int f : fields) put_half(blk + f, 1.0f);
@@ -100,7 +103,8 @@ std::vector<uint8_t> random_weights(GgmlType type, int64_t n_rows, int64_t n_col
         break;
       }
       case GgmlType::kQ6_K:
-        for (int j = 0; j < 16; ++j) blk[192 + j] = static_cast<uint8_t>(static_cast<int8_t>(rng() % 9 - 4));
+        for (int j = 0; j < 16; ++j)
+          blk[192 + j] = static_cast<uint8_t>(static_cast<int8_t>(rng() % 9 - 4));
         break;
       default:
         break;
@@ -150,7 +154,8 @@ Reference reference(GgmlType type, const std::vector<uint8_t>& bytes, int64_t n_
       double s = 0, bound = 0, abs_sum = 0;
       for (int64_t c0 = 0; c0 < n_cols; c0 += act_block) {
         double amax = 0;
-        for (int64_t c = c0; c < c0 + act_block && c < n_cols; ++c) amax = std::max(amax, std::fabs(static_cast<double>(xt[c])));
+        for (int64_t c = c0; c < c0 + act_block && c < n_cols; ++c)
+          amax = std::max(amax, std::fabs(static_cast<double>(xt[c])));
         for (int64_t c = c0; c < c0 + act_block && c < n_cols; ++c) {
           s += static_cast<double>(row[c]) * xt[c];
           bound += std::fabs(static_cast<double>(row[c])) * amax / 254.0;
@@ -182,7 +187,8 @@ int64_t act_block_of(GgmlType t) {
   return 32;
 }
 
-QMatrix make_matrix(GgmlType type, int64_t n_rows, int64_t n_cols, const std::vector<uint8_t>& bytes) {
+QMatrix make_matrix(GgmlType type, int64_t n_rows, int64_t n_cols,
+                    const std::vector<uint8_t>& bytes) {
   auto m = QMatrix::from_gguf_bytes(type, n_rows, n_cols, bytes.data(), bytes.size());
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   return std::move(m).value();
@@ -234,9 +240,9 @@ TEST_P(MatmulType, MatchesReferenceOnRandomMatrices) {
           // integer kernels, the activation quantisation bound.
           double tol = 2.4e-7 * static_cast<double>(s.cols) * ref.abs_sum[i] + 1e-6;
           if (is_packed_type(type)) tol += 1.001 * ref.quant_bound[i] + 1e-5 * ref.abs_sum[i];
-          ASSERT_NEAR(y[i], ref.y[i], tol) << ggml_type_name(type) << " " << kernel_isa_name(isa)
-                                           << " shape [" << s.rows << ", " << s.cols << "] n_tok "
-                                           << n_tok << " output " << i;
+          ASSERT_NEAR(y[i], ref.y[i], tol)
+              << ggml_type_name(type) << " " << kernel_isa_name(isa) << " shape [" << s.rows << ", "
+              << s.cols << "] n_tok " << n_tok << " output " << i;
         }
         if (!is_packed_type(type)) continue;
         if (first.empty()) {
@@ -267,8 +273,8 @@ TEST_P(MatmulType, ExactWhenArithmeticIsExact) {
     for (KernelIsa isa : available_isas()) {
       const std::vector<float> y = run_misaligned(w, x, n_tok, pool, isa);
       for (size_t i = 0; i < y.size(); ++i) {
-        ASSERT_EQ(y[i], ref.y[i]) << ggml_type_name(type) << " " << kernel_isa_name(isa) << " shape ["
-                                  << s.rows << ", " << s.cols << "] output " << i;
+        ASSERT_EQ(y[i], ref.y[i]) << ggml_type_name(type) << " " << kernel_isa_name(isa)
+                                  << " shape [" << s.rows << ", " << s.cols << "] output " << i;
       }
     }
   }
@@ -358,8 +364,8 @@ TEST(Matmul, ActivationEdgeCases) {
     const QMatrix w = make_matrix(type, n_rows, n_cols, bytes);
     std::vector<float> x(static_cast<size_t>(n_tok * n_cols), 0.0f);  // token 0: zeros
     for (int64_t c = 0; c < n_cols; ++c) {
-      x[n_cols + c] = c == 100 ? 1e6f : 1e-3f;            // token 1: one outlier
-      x[2 * n_cols + c] = (c % 2 ? 1.0f : -1.0f) * 3.5f;  // token 2: exact ties at x * id
+      x[n_cols + c] = c == 100 ? 1e6f : 1e-3f;                 // token 1: one outlier
+      x[2 * n_cols + c] = (c % 2 ? 1.0f : -1.0f) * 3.5f;       // token 2: exact ties at x * id
       x[3 * n_cols + c] = 1e-30f * static_cast<float>(c % 7);  // token 3: tiny values
     }
     const Reference ref = reference(type, bytes, n_rows, n_cols, x, n_tok, act_block_of(type));
@@ -370,10 +376,12 @@ TEST(Matmul, ActivationEdgeCases) {
       for (int64_t r = 0; r < n_rows; ++r) EXPECT_EQ(y[r], 0.0f);
       for (size_t i = 0; i < y.size(); ++i) {
         ASSERT_TRUE(std::isfinite(y[i])) << i;
-        ASSERT_NEAR(y[i], ref.y[i], 1.001 * ref.quant_bound[i] + 1e-5 * ref.abs_sum[i] + 1e-30) << i;
+        ASSERT_NEAR(y[i], ref.y[i], 1.001 * ref.quant_bound[i] + 1e-5 * ref.abs_sum[i] + 1e-30)
+            << i;
       }
       if (first.empty()) first = y;
-      ASSERT_EQ(0, std::memcmp(y.data(), first.data(), y.size() * sizeof(float))) << kernel_isa_name(isa);
+      ASSERT_EQ(0, std::memcmp(y.data(), first.data(), y.size() * sizeof(float)))
+          << kernel_isa_name(isa);
     }
   }
 }
@@ -384,7 +392,8 @@ TEST(Matmul, FromGgufBytesRejectsBadInput) {
   ASSERT_FALSE(bad_type.ok());
   EXPECT_EQ(bad_type.status().code(), StatusCode::kUnsupported);
   EXPECT_NE(bad_type.status().message().find("IQ2_XXS"), std::string::npos);
-  for (GgmlType t : {GgmlType::kQ8_K, GgmlType::kI32, GgmlType::kTQ1_0, static_cast<GgmlType>(77)}) {
+  for (GgmlType t :
+       {GgmlType::kQ8_K, GgmlType::kI32, GgmlType::kTQ1_0, static_cast<GgmlType>(77)}) {
     auto m = QMatrix::from_gguf_bytes(t, 1, 256, bytes.data(), 256);
     ASSERT_FALSE(m.ok());
     EXPECT_EQ(m.status().code(), StatusCode::kUnsupported);
@@ -400,7 +409,8 @@ TEST(Matmul, FromGgufBytesRejectsBadInput) {
   EXPECT_FALSE(zero_rows.ok());
   auto negative = QMatrix::from_gguf_bytes(GgmlType::kF32, 4, -4, bytes.data(), 64);
   EXPECT_FALSE(negative.ok());
-  auto huge = QMatrix::from_gguf_bytes(GgmlType::kF32, int64_t{1} << 39, int64_t{1} << 39, bytes.data(), 64);
+  auto huge = QMatrix::from_gguf_bytes(GgmlType::kF32, int64_t{1} << 39, int64_t{1} << 39,
+                                       bytes.data(), 64);
   EXPECT_FALSE(huge.ok());
   auto null_data = QMatrix::from_gguf_bytes(GgmlType::kF32, 1, 4, nullptr, 16);
   EXPECT_FALSE(null_data.ok());
