@@ -386,6 +386,49 @@ TEST(Matmul, ActivationEdgeCases) {
   }
 }
 
+// Several products in one call (shared and separate x, packed and fp32-path types) equal the
+// separate calls bit for bit, at every level and thread count.
+TEST(Matmul, ManyEqualsSeparateCalls) {
+  std::mt19937 rng(77);
+  struct Spec {
+    GgmlType type;
+    int64_t rows, cols;
+    int x_index;
+  };
+  const Spec specs[] = {{GgmlType::kQ4_1, 83, 256, 0}, {GgmlType::kQ4_1, 40, 256, 0},
+                        {GgmlType::kF16, 30, 256, 0},  {GgmlType::kQ6_K, 21, 256, 0},
+                        {GgmlType::kQ8_0, 17, 512, 1}, {GgmlType::kQ4_K, 9, 512, 1}};
+  for (int64_t n_tok : {1, 6, 70}) {
+    std::vector<std::vector<float>> xs = {random_acts(n_tok, 256, Fill::kRealistic, rng),
+                                          random_acts(n_tok, 512, Fill::kRealistic, rng)};
+    std::vector<QMatrix> ws;
+    for (const Spec& sp : specs) {
+      ws.push_back(make_matrix(sp.type, sp.rows, sp.cols,
+                               random_weights(sp.type, sp.rows, sp.cols, Fill::kRealistic, rng)));
+    }
+    for (KernelIsa isa : available_isas()) {
+      for (int threads : {1, 3}) {
+        ThreadPool pool(threads);
+        std::vector<std::vector<float>> many(ws.size()), single(ws.size());
+        std::vector<MatmulCall> calls;
+        for (size_t i = 0; i < ws.size(); ++i) {
+          many[i].assign(static_cast<size_t>(ws[i].n_rows() * n_tok), -1.0f);
+          single[i].assign(many[i].size(), -2.0f);
+          calls.push_back({&ws[i], xs[specs[i].x_index].data(), many[i].data()});
+          matmul_isa(ws[i], xs[specs[i].x_index].data(), n_tok, single[i].data(), pool, isa);
+        }
+        matmul_many_isa(calls, n_tok, pool, isa);
+        for (size_t i = 0; i < ws.size(); ++i) {
+          ASSERT_EQ(0,
+                    std::memcmp(many[i].data(), single[i].data(), many[i].size() * sizeof(float)))
+              << "call " << i << " " << kernel_isa_name(isa) << " threads " << threads << " n_tok "
+              << n_tok;
+        }
+      }
+    }
+  }
+}
+
 TEST(Matmul, FromGgufBytesRejectsBadInput) {
   std::vector<uint8_t> bytes(4096);
   auto bad_type = QMatrix::from_gguf_bytes(GgmlType::kIQ2_XXS, 1, 256, bytes.data(), 66);
