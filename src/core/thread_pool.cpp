@@ -49,9 +49,8 @@ void ThreadPool::dispatch(int64_t n_tasks, TaskFn fn, void* ctx) {
 }
 
 void ThreadPool::worker_loop(int thread) {
-  // Generation 0 is the one at construction. Reading generation_ here instead would race with
-  // the first dispatch: a worker that starts late would take job 1 as already seen and the
-  // caller would wait for it forever.
+  // Generation 0 is the state at construction: a worker that starts late must still take part
+  // in the first job, so it must not read the (possibly already bumped) current generation.
   uint32_t seen = 0;
   for (;;) {
     uint32_t g = generation_.load(std::memory_order_acquire);

@@ -1,6 +1,3 @@
-// ThreadPool: work dispatched right after construction is done (regression: a worker that
-// started after the first dispatch used to skip it and the caller waited forever), and
-// parallel_for covers every index exactly once.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -11,12 +8,37 @@
 namespace d2o {
 namespace {
 
-TEST(ThreadPool, FirstDispatchRightAfterConstruction) {
-  for (int trial = 0; trial < 100; ++trial) {
-    ThreadPool pool(2 + trial % 2);
-    std::atomic<int> done{0};
-    pool.run(8, [&](int64_t, int) { done.fetch_add(1); });
-    ASSERT_EQ(done.load(), 8) << "trial " << trial;
+// A pool used immediately after construction (workers may not have started yet) must not lose
+// a job: this once deadlocked.
+TEST(ThreadPool, FreshPoolsRunEveryTask) {
+  for (int rep = 0; rep < 200; ++rep) {
+    ThreadPool pool(1 + rep % 4);
+    std::atomic<int> sum{0};
+    pool.run(10, [&](int64_t t, int) { sum += static_cast<int>(t); });
+    EXPECT_EQ(sum.load(), 45);
+  }
+}
+
+TEST(ThreadPool, ManyShortJobsAndThreadIds) {
+  ThreadPool pool(3);
+  std::vector<int> seen(3, 0);
+  for (int job = 0; job < 2000; ++job) {
+    std::atomic<int> n{0};
+    pool.run(7, [&](int64_t, int thread) {
+      ASSERT_GE(thread, 0);
+      ASSERT_LT(thread, 3);
+      n++;
+    });
+    ASSERT_EQ(n.load(), 7);
+  }
+}
+
+TEST(ThreadPool, ParallelForChunksDependOnlyOnNAndGrain) {
+  for (int threads : {1, 2, 5}) {
+    ThreadPool pool(threads);
+    std::vector<std::pair<int64_t, int64_t>> chunks(4);
+    pool.parallel_for(10, 3, [&](int64_t b, int64_t e, int) { chunks[static_cast<size_t>(b / 3)] = {b, e}; });
+    EXPECT_EQ(chunks, (std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 6}, {6, 9}, {9, 10}}));
   }
 }
 
@@ -26,9 +48,9 @@ TEST(ThreadPool, ParallelForCoversEveryIndexOnce) {
   pool.parallel_for(1000, 7, [&](int64_t b, int64_t e, int thread) {
     ASSERT_GE(thread, 0);
     ASSERT_LT(thread, 3);
-    for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+    for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
   });
-  for (int i = 0; i < 1000; ++i) ASSERT_EQ(hits[i].load(), 1) << i;
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << i;
 }
 
 }  // namespace

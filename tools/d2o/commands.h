@@ -16,6 +16,9 @@ namespace d2o::cli {
 using Action = std::function<int()>;
 
 Action add_inspect_command(CLI::App& app);
+Action add_run_command(CLI::App& app);
+Action add_chat_command(CLI::App& app);
+Action add_perplexity_command(CLI::App& app);
 
 // Prints "d2o: error: <status>" to stderr and returns 1.
 int fail(const Status& status);

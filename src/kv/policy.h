@@ -1,0 +1,93 @@
+// The policy seam: how a KV-cache compression method plugs into the engine.
+//
+//   attention kernel --fills--> slot statistics (KvLayer::score / window)
+//   KvPolicy::compact(cache, state, pass) --> per layer: budget, CompactionPlan --> KvCache::apply
+//
+// The engine calls compact() once per forward pass of a sequence, after every layer ran, for
+// every pass alike (a whole prompt, a chunk of a long text, or one decoded token), so
+// prompt-then-compress and streaming with a fixed capacity are one mechanism. Policies are const
+// and stateless; everything that evolves per sequence (budgets once decided, EMA thresholds,
+// counters) lives in the PolicyState the sequence owns.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "d2o/status.h"
+#include "kv/attention.h"
+#include "kv/kv_cache.h"
+#include "ops/ops.h"
+
+namespace d2o {
+
+// What the attention kernel must compute for a policy. Statistics not asked for cost nothing.
+struct StatsNeeds {
+  bool accumulate = false;        // accumulated attention per slot (H2O, D2O, RoCo, ...)
+  ScoreAgg agg = ScoreAgg::kSum;  // aggregation over the query heads of a KV head
+  int window = 0;                 // > 0: attention of the pass's last `window` queries (SnapKV)
+};
+
+// Describes the forward pass that just ran for a sequence.
+struct PassInfo {
+  int n_tokens = 0;         // tokens in this pass
+  int64_t n_past = 0;       // tokens of the sequence processed so far, this pass included
+  bool first_pass = false;  // the sequence's first pass (its prompt, in prompt-then-compress)
+  const RopeParams* rope = nullptr;  // the model's RoPE (to re-rotate keys when shifting positions)
+};
+
+// Per-sequence mutable policy state.
+struct PolicyState {
+  bool budgets_set = false;
+  std::vector<int> budgets;            // [n_layer] slots per KV head each layer may keep
+  std::vector<double> layer_variance;  // [n_layer] D2O density statistic when budgets were set
+  std::vector<float> tau;              // [n_layer * n_head_kv] D2O EMA similarity thresholds
+  std::vector<uint8_t> tau_ready;      // [n_layer * n_head_kv] whether tau was initialised
+  std::vector<int64_t> evicted;        // [n_layer] tokens evicted so far (merged or dropped)
+  std::vector<int64_t> merged;         // [n_layer] evicted tokens merged into a kept slot
+  int64_t n_compactions = 0;
+  // RoPE position of the next token = n_past - pos_shift. Policies that compact positions
+  // (StreamingLLM with re-rotated keys) raise it by the number of positions they remove.
+  int64_t pos_shift = 0;
+  // Reusable buffers so compaction allocates nothing in steady state.
+  CompactionPlan plan;
+  std::vector<float> work_f;
+  std::vector<int32_t> work_i;
+
+  void reset() { *this = PolicyState(); }
+};
+
+class KvPolicy {
+ public:
+  virtual ~KvPolicy() = default;
+  // The canonical spec string ("d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7,..."): parsing it gives
+  // back an identical policy.
+  virtual std::string spec() const = 0;
+  virtual StatsNeeds needs() const = 0;
+  // True when the policy never removes anything (the engine then skips statistics entirely).
+  virtual bool is_full() const { return false; }
+  // Compacts the cache after a forward pass (no-op when within budget).
+  virtual Status compact(KvCache& cache, PolicyState& state, const PassInfo& pass) const = 0;
+  // The most slots per KV head and layer this policy can hold for a sequence of n_total tokens
+  // (prompt + generation) fed in passes of at most max_chunk tokens: admission control and
+  // memory reports use it. The full cache returns n_total.
+  virtual int64_t peak_slots(int64_t n_prompt, int64_t n_total, int max_chunk) const = 0;
+};
+
+// The full cache: keeps everything.
+class FullPolicy final : public KvPolicy {
+ public:
+  std::string spec() const override { return "full"; }
+  StatsNeeds needs() const override { return {}; }
+  bool is_full() const override { return true; }
+  Status compact(KvCache&, PolicyState&, const PassInfo&) const override { return {}; }
+  int64_t peak_slots(int64_t, int64_t n_total, int) const override { return n_total; }
+};
+
+// Parses a policy spec such as "full", "h2o:ratio=0.2", "d2o:budget=512,beta=0.7". Errors name
+// the bad key or value and list what is allowed. Implemented in src/kv/policy/spec.cpp.
+Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec);
+
+}  // namespace d2o

@@ -1,0 +1,104 @@
+#include "model/hparams.h"
+
+namespace d2o {
+
+const char* model_arch_name(ModelArch arch) {
+  switch (arch) {
+    case ModelArch::kLlama: return "llama";
+    case ModelArch::kQwen2: return "qwen2";
+  }
+  return "unknown";
+}
+
+namespace {
+Status require_positive(const char* what, int64_t v, int64_t max) {
+  if (v <= 0 || v > max) {
+    return format_error(std::string(what) + " = " + std::to_string(v) + " is out of range (1.." +
+                        std::to_string(max) + ")");
+  }
+  return {};
+}
+}  // namespace
+
+Result<ModelHParams> ModelHParams::from_gguf(const GgufFile& f) {
+  ModelHParams hp;
+  D2O_ASSIGN_OR_RETURN(hp.arch_name, f.get_string("general.architecture"));
+  if (hp.arch_name == "llama" || hp.arch_name == "mistral") {
+    hp.arch = ModelArch::kLlama;
+    hp.rope_type = RopeType::kNorm;
+  } else if (hp.arch_name == "qwen2") {
+    hp.arch = ModelArch::kQwen2;
+    hp.rope_type = RopeType::kNeox;
+    hp.qkv_bias = true;
+  } else {
+    return unsupported("model architecture '" + hp.arch_name +
+                       "' is not supported (supported: llama, mistral, qwen2)");
+  }
+  const std::string p = hp.arch_name + ".";
+  D2O_ASSIGN_OR_RETURN(int64_t n_layer, f.get_int(p + "block_count"));
+  D2O_ASSIGN_OR_RETURN(int64_t n_embd, f.get_int(p + "embedding_length"));
+  D2O_ASSIGN_OR_RETURN(int64_t n_ff, f.get_int(p + "feed_forward_length"));
+  D2O_ASSIGN_OR_RETURN(int64_t n_head, f.get_int(p + "attention.head_count"));
+  D2O_ASSIGN_OR_RETURN(int64_t n_head_kv, f.get_int_or(p + "attention.head_count_kv", n_head));
+  D2O_ASSIGN_OR_RETURN(int64_t n_ctx, f.get_int_or(p + "context_length", 2048));
+  D2O_RETURN_IF_ERROR(require_positive("block_count", n_layer, 1024));
+  D2O_RETURN_IF_ERROR(require_positive("embedding_length", n_embd, 1 << 16));
+  D2O_RETURN_IF_ERROR(require_positive("feed_forward_length", n_ff, 1 << 18));
+  D2O_RETURN_IF_ERROR(require_positive("attention.head_count", n_head, 1024));
+  D2O_RETURN_IF_ERROR(require_positive("attention.head_count_kv", n_head_kv, n_head));
+  D2O_RETURN_IF_ERROR(require_positive("context_length", n_ctx, 1 << 24));
+  if (n_head % n_head_kv != 0) {
+    return format_error("attention.head_count (" + std::to_string(n_head) +
+                        ") is not a multiple of attention.head_count_kv (" +
+                        std::to_string(n_head_kv) + ")");
+  }
+  D2O_ASSIGN_OR_RETURN(int64_t head_dim, f.get_int_or(p + "attention.key_length", n_embd / n_head));
+  D2O_ASSIGN_OR_RETURN(int64_t v_dim, f.get_int_or(p + "attention.value_length", head_dim));
+  D2O_RETURN_IF_ERROR(require_positive("attention.key_length", head_dim, 1024));
+  if (v_dim != head_dim) {
+    return unsupported("attention.value_length != attention.key_length is not supported");
+  }
+  if (head_dim % 2 != 0) return format_error("head dimension must be even for RoPE");
+  D2O_ASSIGN_OR_RETURN(int64_t n_rot, f.get_int_or(p + "rope.dimension_count", head_dim));
+  if (n_rot <= 0 || n_rot > head_dim || n_rot % 2 != 0) {
+    return format_error("rope.dimension_count = " + std::to_string(n_rot) +
+                        " must be even and at most the head dimension " + std::to_string(head_dim));
+  }
+  D2O_ASSIGN_OR_RETURN(double base, f.get_float_or(p + "rope.freq_base", 10000.0));
+  D2O_ASSIGN_OR_RETURN(double eps, f.get_float_or(p + "attention.layer_norm_rms_epsilon", 1e-5));
+  if (!(base > 0.0) || !(eps > 0.0) || eps > 1.0) {
+    return format_error("rope.freq_base and layer_norm_rms_epsilon must be positive");
+  }
+  if (auto st = f.get_string(p + "rope.scaling.type"); st.ok() && *st != "none") {
+    if (*st != "linear") {
+      return unsupported("rope.scaling.type '" + *st + "' is not supported (supported: none, linear)");
+    }
+    D2O_ASSIGN_OR_RETURN(double factor, f.get_float_or(p + "rope.scaling.factor", 1.0));
+    if (!(factor > 0.0)) return format_error("rope.scaling.factor must be positive");
+    hp.rope_freq_scale = static_cast<float>(1.0 / factor);
+  }
+  int64_t n_vocab = 0;
+  if (auto vs = f.get_int(p + "vocab_size"); vs.ok()) {
+    n_vocab = *vs;
+  } else if (const GgufValue* t = f.find("tokenizer.ggml.tokens")) {
+    n_vocab = static_cast<int64_t>(t->array_size);
+  } else if (const GgufTensorInfo* te = f.find_tensor("token_embd.weight"); te && te->dims.size() == 2) {
+    n_vocab = te->dims[1];
+  }
+  D2O_RETURN_IF_ERROR(require_positive("vocab size", n_vocab, 1 << 22));
+
+  hp.n_layer = static_cast<int>(n_layer);
+  hp.n_embd = static_cast<int>(n_embd);
+  hp.n_ff = static_cast<int>(n_ff);
+  hp.n_head = static_cast<int>(n_head);
+  hp.n_head_kv = static_cast<int>(n_head_kv);
+  hp.head_dim = static_cast<int>(head_dim);
+  hp.n_rot = static_cast<int>(n_rot);
+  hp.n_vocab = static_cast<int>(n_vocab);
+  hp.n_ctx_train = static_cast<int>(n_ctx);
+  hp.rope_freq_base = static_cast<float>(base);
+  hp.rms_eps = static_cast<float>(eps);
+  return hp;
+}
+
+}  // namespace d2o

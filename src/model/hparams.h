@@ -1,0 +1,43 @@
+// Model hyper-parameters read from GGUF metadata, validated once so the rest of the engine can
+// rely on them (positive sizes, heads dividing evenly, supported architecture).
+#pragma once
+
+#include <string>
+
+#include "d2o/status.h"
+#include "gguf/gguf.h"
+#include "ops/ops.h"
+
+namespace d2o {
+
+// Architecture families d2o runs. Adding one: see docs/ADDING_A_MODEL.md.
+enum class ModelArch {
+  kLlama,   // llama, mistral (SmolLM2, Llama 2/3, Mistral): RMSNorm, SwiGLU, RoPE norm
+  kQwen2,   // like llama with biases on Q, K, V and NeoX RoPE
+};
+const char* model_arch_name(ModelArch arch);
+
+struct ModelHParams {
+  std::string arch_name;  // as written in general.architecture
+  ModelArch arch = ModelArch::kLlama;
+  int n_layer = 0;
+  int n_embd = 0;
+  int n_ff = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;       // key/value width per head
+  int n_vocab = 0;
+  int n_ctx_train = 0;
+  float rms_eps = 1e-5f;
+  RopeType rope_type = RopeType::kNorm;
+  int n_rot = 0;
+  float rope_freq_base = 10000.0f;
+  float rope_freq_scale = 1.0f;
+  bool qkv_bias = false;
+
+  int n_group() const { return n_head / n_head_kv; }  // query heads per KV head
+  // Reads and validates; errors name the missing or bad key.
+  static Result<ModelHParams> from_gguf(const GgufFile& file);
+};
+
+}  // namespace d2o

@@ -1,0 +1,110 @@
+#include "model/model.h"
+
+#include "ops/quant.h"
+
+namespace d2o {
+
+namespace {
+
+// Loads tensors by name with shape checks, accumulating the bytes it copies.
+class TensorLoader {
+ public:
+  explicit TensorLoader(const GgufFile& f) : f_(f) {}
+  size_t bytes() const { return bytes_; }
+
+  // A matrix with GGUF dims {n_cols, n_rows}.
+  Status matrix(const std::string& name, int64_t n_rows, int64_t n_cols, QMatrix* out) {
+    const GgufTensorInfo* t = f_.find_tensor(name);
+    if (!t) return not_found("tensor '" + name + "' is missing");
+    if (t->dims.size() != 2 || t->dims[0] != n_cols || t->dims[1] != n_rows) {
+      return format_error("tensor '" + name + "' has shape " + t->shape_string() + ", expected [" +
+                          std::to_string(n_cols) + ", " + std::to_string(n_rows) + "]");
+    }
+    auto m = QMatrix::from_gguf_bytes(t->type, n_rows, n_cols, f_.tensor_data(*t), t->n_bytes);
+    if (!m.ok()) return m.status().with_context("tensor '" + name + "'");
+    *out = std::move(m).value();
+    bytes_ += out->bytes();
+    return {};
+  }
+
+  // A vector of n floats (stored as F32, F16 or BF16).
+  Status vector(const std::string& name, int64_t n, std::vector<float>* out) {
+    const GgufTensorInfo* t = f_.find_tensor(name);
+    if (!t) return not_found("tensor '" + name + "' is missing");
+    if (t->n_elements() != n) {
+      return format_error("tensor '" + name + "' has shape " + t->shape_string() + ", expected " +
+                          std::to_string(n) + " elements");
+    }
+    if (t->type != GgmlType::kF32 && t->type != GgmlType::kF16 && t->type != GgmlType::kBF16) {
+      return unsupported("tensor '" + name + "' has type " + ggml_type_name(t->type) +
+                         " (expected F32, F16 or BF16)");
+    }
+    out->resize(static_cast<size_t>(n));
+    dequantize_row(t->type, f_.tensor_data(*t), out->data(), n);
+    bytes_ += out->size() * sizeof(float);
+    return {};
+  }
+
+  bool has(const std::string& name) const { return f_.find_tensor(name) != nullptr; }
+
+ private:
+  const GgufFile& f_;
+  size_t bytes_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> Model::load(const std::string& path) {
+  D2O_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::open(path));
+  return load(*file);
+}
+
+Result<std::unique_ptr<Model>> Model::load(const GgufFile& f) {
+  std::unique_ptr<Model> m(new Model());
+  m->path_ = f.path();
+  auto hp = ModelHParams::from_gguf(f);
+  if (!hp.ok()) return hp.status().with_context(f.path());
+  m->hp_ = *hp;
+  const ModelHParams& h = m->hp_;
+  const int64_t q_dim = int64_t{h.n_head} * h.head_dim;
+  const int64_t kv_dim = int64_t{h.n_head_kv} * h.head_dim;
+
+  TensorLoader ld(f);
+  auto load_all = [&]() -> Status {
+    D2O_RETURN_IF_ERROR(ld.matrix("token_embd.weight", h.n_vocab, h.n_embd, &m->token_embd_));
+    D2O_RETURN_IF_ERROR(ld.vector("output_norm.weight", h.n_embd, &m->output_norm_));
+    if (ld.has("output.weight")) {
+      m->output_.emplace();
+      D2O_RETURN_IF_ERROR(ld.matrix("output.weight", h.n_vocab, h.n_embd, &*m->output_));
+    }
+    if (ld.has("rope_freqs.weight")) {
+      D2O_RETURN_IF_ERROR(ld.vector("rope_freqs.weight", h.n_rot / 2, &m->rope_freqs_));
+    }
+    m->layers_.resize(static_cast<size_t>(h.n_layer));
+    for (int il = 0; il < h.n_layer; ++il) {
+      LayerWeights& L = m->layers_[static_cast<size_t>(il)];
+      const std::string b = "blk." + std::to_string(il) + ".";
+      D2O_RETURN_IF_ERROR(ld.vector(b + "attn_norm.weight", h.n_embd, &L.attn_norm));
+      D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_q.weight", q_dim, h.n_embd, &L.wq));
+      D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_k.weight", kv_dim, h.n_embd, &L.wk));
+      D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_v.weight", kv_dim, h.n_embd, &L.wv));
+      D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_output.weight", h.n_embd, q_dim, &L.wo));
+      if (h.qkv_bias) {
+        D2O_RETURN_IF_ERROR(ld.vector(b + "attn_q.bias", q_dim, &L.bq));
+        D2O_RETURN_IF_ERROR(ld.vector(b + "attn_k.bias", kv_dim, &L.bk));
+        D2O_RETURN_IF_ERROR(ld.vector(b + "attn_v.bias", kv_dim, &L.bv));
+      }
+      D2O_RETURN_IF_ERROR(ld.vector(b + "ffn_norm.weight", h.n_embd, &L.ffn_norm));
+      D2O_RETURN_IF_ERROR(ld.matrix(b + "ffn_gate.weight", h.n_ff, h.n_embd, &L.w_gate));
+      D2O_RETURN_IF_ERROR(ld.matrix(b + "ffn_up.weight", h.n_ff, h.n_embd, &L.w_up));
+      D2O_RETURN_IF_ERROR(ld.matrix(b + "ffn_down.weight", h.n_embd, h.n_ff, &L.w_down));
+    }
+    return {};
+  };
+  Status s = load_all();
+  if (!s.ok()) return s.with_context(f.path());
+  m->weight_bytes_ = ld.bytes();
+  return m;
+}
+
+}  // namespace d2o

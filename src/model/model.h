@@ -1,0 +1,65 @@
+// Model: hyper-parameters and weights of one transformer, loaded into process memory.
+//
+// Loading reads the GGUF through its validated mapping and copies every tensor into buffers the
+// process owns (QMatrix for matrices, plain float vectors for norms and biases), then drops the
+// mapping. Resident weights therefore cannot be evicted to disk by page reclaim, and decode speed
+// does not depend on the page cache (see the project's machine notes).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "d2o/status.h"
+#include "gguf/gguf.h"
+#include "model/hparams.h"
+#include "ops/matmul.h"
+
+namespace d2o {
+
+struct LayerWeights {
+  std::vector<float> attn_norm;  // [n_embd]
+  QMatrix wq;                    // [n_head * head_dim, n_embd]
+  QMatrix wk;                    // [n_head_kv * head_dim, n_embd]
+  QMatrix wv;                    // [n_head_kv * head_dim, n_embd]
+  QMatrix wo;                    // [n_embd, n_head * head_dim]
+  std::vector<float> bq, bk, bv;  // empty unless hparams.qkv_bias
+  std::vector<float> ffn_norm;   // [n_embd]
+  QMatrix w_gate;                // [n_ff, n_embd]
+  QMatrix w_up;                  // [n_ff, n_embd]
+  QMatrix w_down;                // [n_embd, n_ff]
+};
+
+class Model {
+ public:
+  // Loads `path`. Errors name the file and what is wrong (missing tensor, wrong shape,
+  // unsupported type or architecture).
+  static Result<std::unique_ptr<Model>> load(const std::string& path);
+  // Same from an open file (the file may be closed afterwards).
+  static Result<std::unique_ptr<Model>> load(const GgufFile& file);
+
+  const ModelHParams& hparams() const { return hp_; }
+  const QMatrix& token_embd() const { return token_embd_; }  // [n_vocab, n_embd]
+  const QMatrix& output() const { return output_ ? *output_ : token_embd_; }  // tied if absent
+  bool tied_embeddings() const { return !output_.has_value(); }
+  const std::vector<float>& output_norm() const { return output_norm_; }
+  const std::vector<float>& rope_freq_factors() const { return rope_freqs_; }  // may be empty
+  const LayerWeights& layer(int il) const { return layers_[static_cast<size_t>(il)]; }
+  // Bytes of weights held in memory.
+  size_t weight_bytes() const { return weight_bytes_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  Model() = default;
+  std::string path_;
+  ModelHParams hp_;
+  QMatrix token_embd_;
+  std::optional<QMatrix> output_;
+  std::vector<float> output_norm_;
+  std::vector<float> rope_freqs_;
+  std::vector<LayerWeights> layers_;
+  size_t weight_bytes_ = 0;
+};
+
+}  // namespace d2o

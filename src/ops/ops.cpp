@@ -1,0 +1,72 @@
+#include "ops/ops.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace d2o {
+
+void rmsnorm(const float* x, const float* w, float eps, int64_t n, float* y) {
+  // Accumulate in double: the mean of squares of a 576..8192-wide row in float loses digits
+  // that then differ from other implementations' (pairwise or vectorised) sums.
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float scale = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+}
+
+void rope_apply(const RopeParams& p, float pos, int n_head, float* x) {
+  const int half = p.n_rot / 2;
+  // theta_i = pos * freq_scale * base^(-2i/n_rot), computed by repeated multiplication in float,
+  // which is how the reference implementation builds its table (keeps results closest to it).
+  const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(p.n_rot));
+  float cos_t[512], sin_t[512];  // head_dim <= 1024
+  float theta = pos * p.freq_scale;
+  for (int i = 0; i < half; ++i) {
+    const float ff = p.freq_factors ? p.freq_factors[i] : 1.0f;
+    const float t = theta / ff;
+    cos_t[i] = std::cos(t);
+    sin_t[i] = std::sin(t);
+    theta *= theta_scale;
+  }
+  for (int h = 0; h < n_head; ++h) {
+    float* v = x + static_cast<int64_t>(h) * p.head_dim;
+    if (p.type == RopeType::kNorm) {
+      for (int i = 0; i < half; ++i) {
+        const float x0 = v[2 * i], x1 = v[2 * i + 1];
+        v[2 * i] = x0 * cos_t[i] - x1 * sin_t[i];
+        v[2 * i + 1] = x0 * sin_t[i] + x1 * cos_t[i];
+      }
+    } else {
+      for (int i = 0; i < half; ++i) {
+        const float x0 = v[i], x1 = v[i + half];
+        v[i] = x0 * cos_t[i] - x1 * sin_t[i];
+        v[i + half] = x0 * sin_t[i] + x1 * cos_t[i];
+      }
+    }
+  }
+}
+
+void swiglu(const float* gate, const float* up, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    y[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void softmax_inplace(float* x, int64_t n) {
+  if (n <= 0) return;
+  const float m = *std::max_element(x, x + n);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - m);
+    sum += x[i];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void add_inplace(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+}  // namespace d2o

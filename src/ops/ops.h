@@ -1,0 +1,41 @@
+// Element-wise and row-wise operators of the transformer block (everything but matmul and
+// attention): RMSNorm, RoPE, SwiGLU, softmax, residual adds.
+//
+// These are memory-light next to matmul and attention; they are written as plain loops the
+// compiler vectorises. Rows are contiguous float vectors; `n` is the row length.
+#pragma once
+
+#include <cstdint>
+
+namespace d2o {
+
+// y = x / sqrt(mean(x^2) + eps) * w. x and y may alias.
+void rmsnorm(const float* x, const float* w, float eps, int64_t n, float* y);
+
+// RoPE layouts: kNorm rotates adjacent pairs (x[2i], x[2i+1]) (llama, mistral); kNeox rotates
+// (x[i], x[i + d/2]) (qwen2, gemma). Only the first n_rot dims of each head rotate.
+enum class RopeType { kNorm, kNeox };
+
+struct RopeParams {
+  RopeType type = RopeType::kNorm;
+  int head_dim = 0;
+  int n_rot = 0;              // rotated dims per head (== head_dim for most models)
+  float freq_base = 10000.0f;
+  float freq_scale = 1.0f;    // linear position scaling (1 = none)
+  const float* freq_factors = nullptr;  // optional per-pair divisors [n_rot / 2] (Llama 3.1 style)
+};
+
+// Rotates `n_head` heads of `x` ([n_head, head_dim], in place) for position `pos`. Fractional
+// positions are allowed (re-rotating keys by a position delta).
+void rope_apply(const RopeParams& p, float pos, int n_head, float* x);
+
+// y[i] = silu(gate[i]) * up[i]
+void swiglu(const float* gate, const float* up, int64_t n, float* y);
+
+// In-place softmax over n values.
+void softmax_inplace(float* x, int64_t n);
+
+// y += x
+void add_inplace(float* y, const float* x, int64_t n);
+
+}  // namespace d2o

@@ -1,0 +1,228 @@
+#include "runtime/bpe.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "runtime/unicode.h"
+
+namespace d2o {
+namespace {
+
+struct PairAfter {  // min-heap order
+  bool operator()(const MergeScratch::Pair& a, const MergeScratch::Pair& b) const {
+    return a.order > b.order;
+  }
+};
+// priority: BPE merge rank, or SPM minus the score's order key; both fit in int32.
+void heap_push(std::vector<MergeScratch::Pair>& h, int32_t priority, int32_t left, int32_t right,
+               int32_t len) {
+  const uint64_t order =
+      (static_cast<uint64_t>(static_cast<uint32_t>(priority) ^ 0x80000000u) << 32) |
+      static_cast<uint32_t>(left);
+  h.push_back({order, right, len});
+  std::push_heap(h.begin(), h.end(), PairAfter());
+}
+MergeScratch::Pair heap_pop(std::vector<MergeScratch::Pair>& h) {
+  std::pop_heap(h.begin(), h.end(), PairAfter());
+  MergeScratch::Pair p = h.back();
+  h.pop_back();
+  return p;
+}
+int32_t pair_left(const MergeScratch::Pair& p) {
+  return static_cast<int32_t>(p.order & 0xFFFFFFFF);
+}
+
+// Integer with the order of the float (-0 == +0): the SentencePiece score as a heap priority.
+int32_t score_key(float score) {
+  int32_t bits;
+  static_assert(sizeof(bits) == sizeof(score));
+  std::memcpy(&bits, &score, sizeof(bits));
+  return bits >= 0 ? bits
+                   : static_cast<int32_t>(std::numeric_limits<int32_t>::min() - int64_t{bits});
+}
+
+void link_symbols(MergeScratch& s, size_t n) {
+  s.prev.resize(n);
+  s.next.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    s.prev[i] = static_cast<int32_t>(i) - 1;
+    s.next[i] = i + 1 < n ? static_cast<int32_t>(i + 1) : -1;
+  }
+}
+
+// Merges the right symbol of a pair into the left one.
+void unlink_right(MergeScratch& s, int32_t left, int32_t right) {
+  s.next[left] = s.next[right];
+  if (s.next[right] >= 0) s.prev[s.next[right]] = left;
+}
+
+}  // namespace
+
+int32_t BpeMerges::symbol_of(const Vocab& vocab, std::string_view text) const {
+  const TokenId id = vocab.find(text);
+  if (id >= 0) return id;
+  auto it = extra_ids_.find(text);
+  return it == extra_ids_.end() ? -1 : it->second;
+}
+
+int32_t BpeMerges::intern(const Vocab& vocab, const std::string& text) {
+  const int32_t id = symbol_of(vocab, text);
+  if (id >= 0) return id;
+  const int32_t sid = vocab.n_vocab() + static_cast<int32_t>(extra_text_.size());
+  extra_text_.push_back(text);
+  extra_ids_.emplace(text, sid);
+  return sid;
+}
+
+Result<BpeMerges> BpeMerges::build(const Vocab& vocab, const GgufFile& file) {
+  const GgufValue* mv = file.find("tokenizer.ggml.merges");
+  if (!mv) return not_found("byte-level BPE vocabulary without tokenizer.ggml.merges");
+  if (mv->type != GgufType::kArray || mv->array_type != GgufType::kString) {
+    return format_error("tokenizer.ggml.merges should be an array of strings");
+  }
+  if (mv->strings.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max() / 2)) {
+    return format_error("tokenizer.ggml.merges has too many entries");
+  }
+  BpeMerges m;
+  m.rules_.reserve(mv->strings.size());
+  for (size_t rank = 0; rank < mv->strings.size(); ++rank) {
+    const std::string& line = mv->strings[rank];
+    // "left right", split at the first space after the first byte (a piece may start with
+    // one). Lines without a separator cannot apply to any pair and are skipped.
+    const size_t sp = line.find(' ', 1);
+    if (sp == std::string::npos || sp == 0) continue;
+    const std::string left = line.substr(0, sp);
+    const std::string right = line.substr(sp + 1);
+    if (right.empty()) continue;
+    const int32_t l = m.intern(vocab, left);
+    const int32_t r = m.intern(vocab, right);
+    const int32_t res = m.intern(vocab, left + right);
+    m.rules_.emplace(key(l, r), Rule{static_cast<int32_t>(rank), res});  // first rank wins
+  }
+  const auto& chars = unicode::byte_to_chars();
+  for (int b = 0; b < 256; ++b) m.byte_symbol_[b] = m.symbol_of(vocab, chars[b]);
+  return m;
+}
+
+void BpeMerges::emit(const Vocab& vocab, std::string_view word, const MergeScratch& s, int32_t i,
+                     std::vector<TokenId>& out) const {
+  const int32_t sym = s.sym[i];
+  if (sym >= 0 && sym < vocab.n_vocab()) {
+    out.push_back(sym);
+    return;
+  }
+  // Not a token: llama.cpp looks up each byte of the symbol's (byte-character) text as a
+  // one-byte token and drops those that are not tokens either.
+  std::string_view text;
+  if (sym >= 0) {
+    text = extra_text_[static_cast<size_t>(sym - vocab.n_vocab())];
+  } else {
+    text = unicode::byte_to_chars()[static_cast<uint8_t>(word[s.start[i]])];
+  }
+  for (char c : text) {
+    const TokenId id = vocab.find(std::string_view(&c, 1));
+    if (id >= 0) out.push_back(id);
+  }
+}
+
+void BpeMerges::encode_word(const Vocab& vocab, std::string_view word, MergeScratch& s,
+                            std::vector<TokenId>& out) const {
+  const size_t n = word.size();
+  if (n == 0) return;
+  if (vocab.ignore_merges) {
+    s.encoded.clear();
+    const auto& chars = unicode::byte_to_chars();
+    for (char c : word) s.encoded += chars[static_cast<uint8_t>(c)];
+    const TokenId id = vocab.find(s.encoded);
+    if (id >= 0) {
+      out.push_back(id);
+      return;
+    }
+  }
+  s.sym.resize(n);
+  s.len.assign(n, 1);
+  s.start.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    s.sym[i] = byte_symbol_[static_cast<uint8_t>(word[i])];
+    s.start[i] = static_cast<int32_t>(i);
+  }
+  link_symbols(s, n);
+  s.heap.clear();
+  auto try_pair = [&](int32_t l, int32_t r) {
+    if (l < 0 || r < 0 || s.sym[l] < 0 || s.sym[r] < 0) return;
+    auto it = rules_.find(key(s.sym[l], s.sym[r]));
+    if (it == rules_.end()) return;
+    heap_push(s.heap, it->second.rank, l, r, s.len[l] + s.len[r]);
+  };
+  for (size_t i = 1; i < n; ++i) try_pair(static_cast<int32_t>(i - 1), static_cast<int32_t>(i));
+  while (!s.heap.empty()) {
+    const MergeScratch::Pair p = heap_pop(s.heap);
+    const int32_t l = pair_left(p);
+    // Stale entry: one side was merged away or has grown since the pair was queued.
+    if (s.len[l] == 0 || s.len[p.right] == 0 || s.len[l] + s.len[p.right] != p.len) continue;
+    s.sym[l] = rules_.find(key(s.sym[l], s.sym[p.right]))->second.result;
+    s.len[l] = p.len;
+    s.len[p.right] = 0;
+    unlink_right(s, l, p.right);
+    try_pair(s.prev[l], l);
+    try_pair(l, s.next[l]);
+  }
+  for (int32_t i = 0; i >= 0; i = s.next[i]) emit(vocab, word, s, i, out);
+}
+
+void spm_encode(const Vocab& vocab, std::string_view text, MergeScratch& s,
+                std::vector<TokenId>& out) {
+  // Symbols are UTF-8 characters by their lead byte (llama.cpp does not validate them).
+  s.start.clear();
+  s.len.clear();
+  for (size_t off = 0; off < text.size();) {
+    const size_t len =
+        std::min(unicode::utf8_len_from_lead(static_cast<uint8_t>(text[off])), text.size() - off);
+    s.start.push_back(static_cast<int32_t>(off));
+    s.len.push_back(static_cast<int32_t>(len));
+    off += len;
+  }
+  const size_t n = s.start.size();
+  if (n == 0) return;
+  link_symbols(s, n);
+  s.heap.clear();
+  auto try_pair = [&](int32_t l, int32_t r) {
+    if (l < 0 || r < 0) return;
+    const int32_t len = s.len[l] + s.len[r];
+    const TokenId id = vocab.find(text.substr(static_cast<size_t>(s.start[l]), len));
+    if (id < 0) return;
+    heap_push(s.heap, -score_key(vocab.score[id]), l, r, len);  // highest score first
+  };
+  for (size_t i = 1; i < n; ++i) try_pair(static_cast<int32_t>(i - 1), static_cast<int32_t>(i));
+  while (!s.heap.empty()) {
+    const MergeScratch::Pair p = heap_pop(s.heap);
+    const int32_t l = pair_left(p);
+    if (s.len[l] == 0 || s.len[p.right] == 0 || s.len[l] + s.len[p.right] != p.len) continue;
+    s.len[l] = p.len;
+    s.len[p.right] = 0;
+    unlink_right(s, l, p.right);
+    try_pair(s.prev[l], l);
+    try_pair(l, s.next[l]);
+  }
+  for (int32_t i = 0; i >= 0; i = s.next[i]) {
+    const std::string_view piece = text.substr(static_cast<size_t>(s.start[i]), s.len[i]);
+    const TokenId id = vocab.find(piece);
+    if (id >= 0) {
+      out.push_back(id);
+      continue;
+    }
+    // Byte fallback: <0xNN>, else the byte itself as a token, else <unk>.
+    for (char c : piece) {
+      static const char* kHex = "0123456789ABCDEF";
+      const auto b = static_cast<uint8_t>(c);
+      const char name[6] = {'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'};
+      TokenId t = vocab.find(std::string_view(name, 6));
+      if (t < 0) t = vocab.find(std::string_view(&c, 1));
+      if (t < 0) t = vocab.unk;
+      if (t >= 0) out.push_back(t);
+    }
+  }
+}
+
+}  // namespace d2o

@@ -1,0 +1,274 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/assert.h"
+#include "core/timer.h"
+#include "ops/ops.h"
+
+namespace d2o {
+
+Engine::Engine(const Model& model, ThreadPool& pool, const EngineOptions& opts)
+    : model_(model), pool_(pool), opts_(opts) {
+  if (opts_.n_ubatch < 1) opts_.n_ubatch = 1;
+  const ModelHParams& h = model.hparams();
+  rope_.type = h.rope_type;
+  rope_.head_dim = h.head_dim;
+  rope_.n_rot = h.n_rot;
+  rope_.freq_base = h.rope_freq_base;
+  rope_.freq_scale = h.rope_freq_scale;
+  rope_.freq_factors = model.rope_freq_factors().empty() ? nullptr : model.rope_freq_factors().data();
+}
+
+void Engine::ensure_rows(int n_rows) {
+  if (n_rows <= rows_cap_) return;
+  const ModelHParams& h = model_.hparams();
+  const size_t n = static_cast<size_t>(n_rows);
+  const size_t q_dim = static_cast<size_t>(h.n_head) * h.head_dim;
+  const size_t kv_dim = static_cast<size_t>(h.n_head_kv) * h.head_dim;
+  x_.resize(n * h.n_embd);
+  xn_.resize(n * std::max<size_t>(h.n_embd, q_dim));
+  q_.resize(n * q_dim);
+  k_.resize(n * kv_dim);
+  v_.resize(n * kv_dim);
+  attn_out_.resize(n * q_dim);
+  gate_.resize(n * h.n_ff);
+  up_.resize(n * h.n_ff);
+  rows_cap_ = n_rows;
+}
+
+namespace {
+// Logits are computed for at most this many rows at a time: [kLogitRows, n_vocab] floats.
+constexpr int kLogitRows = 32;
+}  // namespace
+
+Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink) {
+  const ModelHParams& h = model_.hparams();
+  // Validate everything before touching any sequence.
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const BatchEntry& be = batch[e];
+    if (!be.seq) return invalid_argument("batch entry " + std::to_string(e) + " has no sequence");
+    if (be.tokens.empty()) return invalid_argument("batch entry " + std::to_string(e) + " has no tokens");
+    for (size_t f = 0; f < e; ++f) {
+      if (batch[f].seq == be.seq) return invalid_argument("a sequence appears twice in one batch");
+    }
+    for (TokenId t : be.tokens) {
+      if (t < 0 || t >= h.n_vocab) {
+        return invalid_argument("token id " + std::to_string(t) + " is out of range (vocabulary size " +
+                                std::to_string(h.n_vocab) + ")");
+      }
+    }
+    if (be.seq->n_past() + static_cast<int64_t>(be.tokens.size()) > std::numeric_limits<int32_t>::max()) {
+      return invalid_argument("sequence position would overflow");
+    }
+    if (be.seq->cache().config().n_layer != h.n_layer || be.seq->cache().config().head_dim != h.head_dim ||
+        be.seq->cache().config().n_head_kv != h.n_head_kv) {
+      return invalid_argument("sequence cache does not match the model's shape");
+    }
+  }
+  // SnapKV-style window statistics cover only this pass.
+  for (const BatchEntry& be : batch) {
+    if (be.seq->policy().needs().window <= 0) continue;
+    KvCache& c = be.seq->cache();
+    for (int il = 0; il < c.n_layer(); ++il) {
+      KvLayer& L = c.layer(il);
+      for (int g = 0; g < L.n_head_kv; ++g) {
+        std::fill_n(&L.window[L.meta_index(g, 0)], L.n_slot, 0.0f);
+      }
+    }
+  }
+
+  // Micro-batches: rows of the entries in order, each entry's rows contiguous.
+  const int ub = opts_.n_ubatch;
+  ensure_rows(ub);
+  size_t e = 0;
+  size_t next_tok = 0;
+  while (e < batch.size()) {
+    rows_.clear();
+    while (e < batch.size() && static_cast<int>(rows_.size()) < ub) {
+      const BatchEntry& be = batch[e];
+      const size_t take = std::min(be.tokens.size() - next_tok, static_cast<size_t>(ub) - rows_.size());
+      for (size_t t = next_tok; t < next_tok + take; ++t) {
+        const int64_t pos = be.seq->n_past() - be.seq->policy_state().pos_shift + static_cast<int64_t>(t);
+        rows_.push_back({static_cast<int>(e), static_cast<int>(t), static_cast<int32_t>(pos)});
+      }
+      next_tok += take;
+      if (next_tok == be.tokens.size()) {
+        ++e;
+        next_tok = 0;
+      }
+    }
+    D2O_RETURN_IF_ERROR(run_ubatch(batch, rows_, sink));
+  }
+
+  // Advance and compact each sequence.
+  Stopwatch sw;
+  for (const BatchEntry& be : batch) {
+    const bool first = !be.seq->started();
+    be.seq->advance(static_cast<int64_t>(be.tokens.size()));
+    PassInfo pass;
+    pass.n_tokens = static_cast<int>(be.tokens.size());
+    pass.n_past = be.seq->n_past();
+    pass.first_pass = first;
+    pass.rope = &rope_;
+    D2O_RETURN_IF_ERROR(be.seq->policy().compact(be.seq->cache(), be.seq->policy_state(), pass));
+  }
+  timings_.policy_s += sw.seconds();
+  return {};
+}
+
+Status Engine::run_ubatch(std::span<const BatchEntry> batch, std::span<const Row> rows,
+                          const LogitsSink& sink) {
+  const ModelHParams& h = model_.hparams();
+  const int n = static_cast<int>(rows.size());
+  const int n_embd = h.n_embd;
+  const int q_dim = h.n_head * h.head_dim;
+  const int kv_dim = h.n_head_kv * h.head_dim;
+  const int n_ff = h.n_ff;
+  timings_.rows += n;
+  Stopwatch sw;
+  double t_mm = 0, t_attn = 0;
+  auto mm = [&](const QMatrix& w, const float* in, float* out) {
+    Stopwatch s;
+    matmul(w, in, n, out, pool_);
+    t_mm += s.seconds();
+  };
+
+  // Token embeddings.
+  pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
+    for (int64_t r = b; r < end; ++r) {
+      const BatchEntry& be = batch[static_cast<size_t>(rows[static_cast<size_t>(r)].entry)];
+      const TokenId tok = be.tokens[static_cast<size_t>(rows[static_cast<size_t>(r)].token)];
+      model_.token_embd().get_row(tok, x_.data() + r * n_embd);
+    }
+  });
+
+  const RopeParams& rope = rope_;
+  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(h.head_dim));
+
+  for (int il = 0; il < h.n_layer; ++il) {
+    const LayerWeights& L = model_.layer(il);
+    // Attention block.
+    pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
+      for (int64_t r = b; r < end; ++r) {
+        rmsnorm(x_.data() + r * n_embd, L.attn_norm.data(), h.rms_eps, n_embd, xn_.data() + r * n_embd);
+      }
+    });
+    mm(L.wq, xn_.data(), q_.data());
+    mm(L.wk, xn_.data(), k_.data());
+    mm(L.wv, xn_.data(), v_.data());
+    pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
+      for (int64_t r = b; r < end; ++r) {
+        float* q = q_.data() + r * q_dim;
+        float* k = k_.data() + r * kv_dim;
+        if (h.qkv_bias) {
+          add_inplace(q, L.bq.data(), q_dim);
+          add_inplace(k, L.bk.data(), kv_dim);
+          add_inplace(v_.data() + r * kv_dim, L.bv.data(), kv_dim);
+        }
+        const float pos = static_cast<float>(rows[static_cast<size_t>(r)].pos);
+        rope_apply(rope, pos, h.n_head, q);
+        rope_apply(rope, pos, h.n_head_kv, k);
+      }
+    });
+
+    // Per sequence: append this micro-batch's keys/values, then attend.
+    Stopwatch sa;
+    int r0 = 0;
+    while (r0 < n) {
+      const int entry = rows[static_cast<size_t>(r0)].entry;
+      int r1 = r0;
+      while (r1 < n && rows[static_cast<size_t>(r1)].entry == entry) ++r1;
+      const BatchEntry& be = batch[static_cast<size_t>(entry)];
+      KvCache& cache = be.seq->cache();
+      const int cnt = r1 - r0;
+      D2O_RETURN_IF_ERROR(cache.reserve(il, cache.layer(il).n_slot + cnt, /*exact=*/false));
+      pos_tmp_.resize(static_cast<size_t>(cnt));
+      for (int r = r0; r < r1; ++r) pos_tmp_[static_cast<size_t>(r - r0)] = rows[static_cast<size_t>(r)].pos;
+      cache.append(il, k_.data() + static_cast<size_t>(r0) * kv_dim, v_.data() + static_cast<size_t>(r0) * kv_dim,
+                   pos_tmp_.data(), cnt);
+
+      AttnStatsRequest req;
+      const KvPolicy& pol = be.seq->policy();
+      if (!pol.is_full()) {
+        const StatsNeeds needs = pol.needs();
+        req.accumulate = needs.accumulate;
+        req.agg = needs.agg;
+        if (needs.window > 0) {
+          // Window = the entry's last `window` tokens; rows [r0, r1) hold tokens from first_tok.
+          const int first_tok = rows[static_cast<size_t>(r0)].token;
+          const int win_start = static_cast<int>(be.tokens.size()) - needs.window;
+          req.window_first = std::max(0, win_start - first_tok);
+        }
+      }
+      AttnInput in;
+      in.q = q_.data() + static_cast<size_t>(r0) * q_dim;
+      in.out = attn_out_.data() + static_cast<size_t>(r0) * q_dim;
+      in.n_tok = cnt;
+      in.n_head = h.n_head;
+      in.scale = kq_scale;
+      attention_forward(in, cache.layer(il), req, pool_, attn_scratch_);
+      r0 = r1;
+    }
+    t_attn += sa.seconds();
+
+    mm(L.wo, attn_out_.data(), xn_.data());
+    add_inplace(x_.data(), xn_.data(), static_cast<int64_t>(n) * n_embd);
+
+    // Feed-forward block (SwiGLU).
+    pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
+      for (int64_t r = b; r < end; ++r) {
+        rmsnorm(x_.data() + r * n_embd, L.ffn_norm.data(), h.rms_eps, n_embd, xn_.data() + r * n_embd);
+      }
+    });
+    mm(L.w_gate, xn_.data(), gate_.data());
+    mm(L.w_up, xn_.data(), up_.data());
+    pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
+      for (int64_t r = b; r < end; ++r) {
+        swiglu(gate_.data() + r * n_ff, up_.data() + r * n_ff, n_ff, gate_.data() + r * n_ff);
+      }
+    });
+    mm(L.w_down, gate_.data(), xn_.data());
+    add_inplace(x_.data(), xn_.data(), static_cast<int64_t>(n) * n_embd);
+  }
+
+  // Logits for the rows that want them, a few rows at a time.
+  std::vector<int>& want = want_;
+  want.clear();
+  for (int r = 0; r < n; ++r) {
+    const Row& row = rows[static_cast<size_t>(r)];
+    const BatchEntry& be = batch[static_cast<size_t>(row.entry)];
+    const bool last = row.token == static_cast<int>(be.tokens.size()) - 1;
+    if (last || (be.logits_from >= 0 && row.token >= be.logits_from)) want.push_back(r);
+  }
+  if (!want.empty()) {
+    if (logits_.size() < static_cast<size_t>(kLogitRows) * h.n_vocab) {
+      logits_.resize(static_cast<size_t>(kLogitRows) * h.n_vocab);
+    }
+    for (size_t w0 = 0; w0 < want.size(); w0 += kLogitRows) {
+      const int cnt = static_cast<int>(std::min<size_t>(kLogitRows, want.size() - w0));
+      for (int i = 0; i < cnt; ++i) {
+        const int r = want[w0 + static_cast<size_t>(i)];
+        rmsnorm(x_.data() + static_cast<size_t>(r) * n_embd, model_.output_norm().data(), h.rms_eps, n_embd,
+                xn_.data() + static_cast<size_t>(i) * n_embd);
+      }
+      Stopwatch s;
+      matmul(model_.output(), xn_.data(), cnt, logits_.data(), pool_);
+      t_mm += s.seconds();
+      if (sink) {
+        for (int i = 0; i < cnt; ++i) {
+          const Row& row = rows[static_cast<size_t>(want[w0 + static_cast<size_t>(i)])];
+          sink(row.entry, row.token, logits_.data() + static_cast<size_t>(i) * h.n_vocab);
+        }
+      }
+    }
+  }
+  timings_.matmul_s += t_mm;
+  timings_.attention_s += t_attn;
+  timings_.other_s += sw.seconds() - t_mm - t_attn;
+  return {};
+}
+
+}  // namespace d2o

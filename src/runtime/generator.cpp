@@ -1,0 +1,113 @@
+#include "runtime/generator.h"
+
+#include <algorithm>
+
+#include "core/timer.h"
+
+namespace d2o {
+
+namespace {
+
+// Longest suffix of `text` that is a proper prefix of some stop string: it must be held back.
+size_t held_back(std::string_view text, const std::vector<std::string>& stops) {
+  size_t hold = 0;
+  for (const std::string& s : stops) {
+    for (size_t len = std::min(s.size() - 1, text.size()); len > hold; --len) {
+      if (text.substr(text.size() - len) == std::string_view(s).substr(0, len)) {
+        hold = len;
+        break;
+      }
+    }
+  }
+  return hold;
+}
+
+}  // namespace
+
+Result<GenerateResult> generate(Engine& engine, const Tokenizer& tok, Sequence& seq,
+                                std::span<const TokenId> prompt, const GenerateParams& params,
+                                const std::function<void(std::string_view)>& on_text) {
+  if (params.n_predict < 1) return invalid_argument("the number of tokens to generate must be at least 1");
+  if (prompt.empty()) return invalid_argument("the prompt is empty (no tokens to start from)");
+  D2O_RETURN_IF_ERROR(params.sampling.validate());
+  for (const std::string& s : params.stop) {
+    if (s.empty()) return invalid_argument("stop strings must not be empty");
+  }
+  if (params.max_positions > 0 && seq.n_past() + static_cast<int64_t>(prompt.size()) > params.max_positions) {
+    return invalid_argument("the prompt (" + std::to_string(prompt.size()) + " tokens) does not fit in the context of " +
+                            std::to_string(params.max_positions) + " tokens" +
+                            (seq.n_past() > 0 ? " (with " + std::to_string(seq.n_past()) + " tokens already in it)" : "") +
+                            "; use a larger -c or a shorter prompt");
+  }
+
+  GenerateResult res;
+  res.n_prompt = static_cast<int>(prompt.size());
+  const int n_vocab = engine.model().hparams().n_vocab;
+  std::vector<float> logits(static_cast<size_t>(n_vocab));
+  std::vector<TokenId> history(prompt.begin(), prompt.end());
+  history.reserve(history.size() + static_cast<size_t>(params.n_predict));
+  Sampler sampler(params.sampling, n_vocab);
+  const LogitsSink sink = [&](int, int, const float* l) { std::copy(l, l + n_vocab, logits.begin()); };
+
+  Stopwatch sw;
+  BatchEntry be;
+  be.seq = &seq;
+  be.tokens = prompt;
+  D2O_RETURN_IF_ERROR(engine.forward({&be, 1}, sink));
+  res.prompt_seconds = sw.seconds();
+
+  StreamDecoder dec(tok);
+  std::string pending;  // decoded text not yet handed to on_text
+  sw.reset();
+  for (int i = 0; i < params.n_predict; ++i) {
+    const TokenId next = sampler.sample(logits.data(), history);
+    if (params.stop_at_eog && tok.is_eog(next)) {
+      res.stop_reason = "eog";
+      break;
+    }
+    res.tokens.push_back(next);
+    history.push_back(next);
+    pending += dec.push(next);
+    // Stop strings.
+    bool stopped = false;
+    for (const std::string& s : params.stop) {
+      const size_t at = pending.find(s);
+      if (at != std::string::npos) {
+        pending.resize(at);
+        stopped = true;
+      }
+    }
+    const size_t hold = stopped ? 0 : held_back(pending, params.stop);
+    if (pending.size() > hold) {
+      const std::string_view out(pending.data(), pending.size() - hold);
+      res.text += out;
+      if (on_text) on_text(out);
+      pending.erase(0, pending.size() - hold);
+    }
+    if (stopped) {
+      res.stop_reason = "stop";
+      break;
+    }
+    if (i + 1 == params.n_predict) {
+      res.stop_reason = "length";
+      break;
+    }
+    if (params.max_positions > 0 && seq.n_past() + 1 > params.max_positions) {
+      res.stop_reason = "context";
+      break;
+    }
+    TokenId one[1] = {next};
+    be.tokens = std::span<const TokenId>(one, 1);
+    D2O_RETURN_IF_ERROR(engine.forward({&be, 1}, sink));
+    ++res.n_decoded;
+  }
+  res.decode_seconds = sw.seconds();
+  if (res.stop_reason != "stop") {
+    pending += dec.flush();
+    res.text += pending;
+    if (on_text && !pending.empty()) on_text(pending);
+  }
+  return res;
+}
+
+}  // namespace d2o

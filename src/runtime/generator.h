@@ -1,0 +1,43 @@
+// Text generation on one sequence: feed the prompt, then sample token by token until an
+// end-of-generation token, a stop string, or the token limit. Shared by the CLI (run, chat) and
+// later the server.
+#pragma once
+
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "d2o/status.h"
+#include "runtime/engine.h"
+#include "runtime/sampler.h"
+#include "runtime/tokenizer.h"
+
+namespace d2o {
+
+struct GenerateParams {
+  int n_predict = 128;                 // maximum new tokens (>= 1)
+  SamplerParams sampling;
+  std::vector<std::string> stop;       // stop strings (not included in the output)
+  bool stop_at_eog = true;             // stop at EOS / end-of-turn tokens
+  int64_t max_positions = 0;           // > 0: stop (reason "context") before exceeding this
+};
+
+struct GenerateResult {
+  std::vector<TokenId> tokens;  // generated tokens (the stop token excluded)
+  std::string text;             // generated text, stop string excluded
+  std::string stop_reason;      // "eog", "stop", "length" or "context"
+  int n_prompt = 0;
+  double prompt_seconds = 0;
+  double decode_seconds = 0;    // time of the n_decoded forward passes
+  int n_decoded = 0;            // forward passes after the prompt (one token each)
+};
+
+// on_text receives output text as it becomes final (never a partial UTF-8 character, never a
+// piece that may still turn out to start a stop string).
+Result<GenerateResult> generate(Engine& engine, const Tokenizer& tok, Sequence& seq,
+                                std::span<const TokenId> prompt, const GenerateParams& params,
+                                const std::function<void(std::string_view)>& on_text);
+
+}  // namespace d2o

@@ -1,0 +1,53 @@
+// Sampler: turns a row of logits into the next token.
+//
+// Order (as common engines apply them): repetition penalty over the last tokens, then greedy when
+// temperature <= 0; else top-k, temperature, top-p, min-p, and a draw from the remaining
+// distribution with a seeded generator (same seed and inputs, same tokens, on every platform).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "d2o/status.h"
+
+namespace d2o {
+
+struct SamplerParams {
+  float temperature = 0.0f;     // <= 0: greedy
+  int top_k = 40;               // <= 0: off
+  float top_p = 0.95f;          // >= 1: off
+  float min_p = 0.05f;          // <= 0: off
+  float repeat_penalty = 1.0f;  // 1: off; > 1 discourages repeating recent tokens
+  int repeat_last_n = 64;       // how many recent tokens the penalty looks at
+  uint64_t seed = 0;
+
+  // Errors for values outside their ranges.
+  Status validate() const;
+};
+
+class Sampler {
+ public:
+  Sampler(const SamplerParams& params, int n_vocab);
+
+  // history: the tokens so far (prompt and generated), for the repetition penalty.
+  int32_t sample(const float* logits, std::span<const int32_t> history);
+
+  const SamplerParams& params() const { return params_; }
+
+ private:
+  double next_uniform();  // in [0, 1)
+
+  SamplerParams params_;
+  int n_vocab_;
+  uint64_t rng_state_;
+  struct Cand {
+    int32_t id;
+    float logit;
+    float p;
+  };
+  std::vector<Cand> cands_;
+  std::vector<float> work_;
+};
+
+}  // namespace d2o

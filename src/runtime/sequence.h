@@ -1,0 +1,45 @@
+// Sequence: one stream of tokens being processed (a prompt and its continuation, a chat, a long
+// text fed in chunks). It owns its KV cache and the mutable state of its KV policy, so many
+// sequences with different policies can share one Engine and be advanced in one batch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "kv/kv_cache.h"
+#include "kv/policy.h"
+#include "model/hparams.h"
+
+namespace d2o {
+
+class Sequence {
+ public:
+  Sequence(const ModelHParams& hp, KvType kv_type, std::shared_ptr<const KvPolicy> policy)
+      : cache_(KvCacheConfig{hp.n_layer, hp.n_head_kv, hp.head_dim, kv_type}),
+        policy_(policy ? std::move(policy) : std::make_shared<FullPolicy>()) {}
+
+  KvCache& cache() { return cache_; }
+  const KvCache& cache() const { return cache_; }
+  const KvPolicy& policy() const { return *policy_; }
+  PolicyState& policy_state() { return state_; }
+  const PolicyState& policy_state() const { return state_; }
+  // Tokens processed so far; the next token's position.
+  int64_t n_past() const { return n_past_; }
+  void advance(int64_t n) { n_past_ += n; }
+  bool started() const { return n_past_ > 0; }
+
+  // Forgets everything (cache, policy state, position).
+  void reset() {
+    cache_.clear();
+    state_.reset();
+    n_past_ = 0;
+  }
+
+ private:
+  KvCache cache_;
+  std::shared_ptr<const KvPolicy> policy_;
+  PolicyState state_;
+  int64_t n_past_ = 0;
+};
+
+}  // namespace d2o

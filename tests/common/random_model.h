@@ -1,0 +1,174 @@
+// Random-weight GGUF models for tests: tiny llama-family models written with GgufWriter from a
+// fixed-seed integer generator, so the same file is produced on every run and platform. The
+// reference logits in tests/data/reference/ were computed by an independent implementation on
+// exactly these files (scripts/gen_reference_fixtures.py writes them with the tool built from
+// tests/tools/make_random_model.cpp).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/fp16.h"
+#include "gguf/gguf_writer.h"
+
+namespace d2o::test {
+
+struct RandomModelConfig {
+  std::string arch = "llama";  // "llama" or "qwen2"
+  int n_layer = 2;
+  int n_embd = 64;
+  int n_head = 4;
+  int n_head_kv = 4;
+  int n_ff = 96;
+  int n_vocab = 300;
+  bool qkv_bias = false;
+  bool tied = true;          // no output.weight: logits use token_embd
+  bool f16_matrices = false; // store the matrices as F16 instead of F32
+  uint32_t seed = 1;
+};
+
+// The two fixtures the reference logits exist for.
+inline RandomModelConfig random_qwen2_config() {
+  RandomModelConfig c;
+  c.arch = "qwen2";
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  c.n_ff = 128;
+  c.qkv_bias = true;
+  c.tied = false;
+  c.seed = 2;
+  return c;
+}
+inline RandomModelConfig random_llama_mha_config() {
+  RandomModelConfig c;
+  c.arch = "llama";
+  c.n_head = 4;
+  c.n_head_kv = 4;
+  c.tied = true;
+  c.f16_matrices = true;
+  c.seed = 3;
+  return c;
+}
+
+class Xorshift {
+ public:
+  explicit Xorshift(uint32_t seed) : s_(seed * 2654435761u + 1u) {}
+  uint32_t next() {
+    s_ ^= s_ << 13;
+    s_ ^= s_ >> 17;
+    s_ ^= s_ << 5;
+    return s_;
+  }
+  // Uniform in [-a, a] on a 2^-20 grid (exactly representable in float and half for a <= 1).
+  float uniform(float a) {
+    const int32_t k = static_cast<int32_t>(next() >> 11) - (1 << 20);  // [-2^20, 2^20)
+    return a * static_cast<float>(k) / static_cast<float>(1 << 20);
+  }
+
+ private:
+  uint32_t s_;
+};
+
+inline std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
+  std::vector<uint8_t> b(v.size() * 4);
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+inline std::vector<uint8_t> f16_bytes(const std::vector<float>& v) {
+  std::vector<uint8_t> b(v.size() * 2);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint16_t h = fp32_to_fp16(v[i]);
+    std::memcpy(b.data() + 2 * i, &h, 2);
+  }
+  return b;
+}
+
+inline GgufWriter make_random_model(const RandomModelConfig& c) {
+  GgufWriter w;
+  const std::string a = c.arch;
+  const int hd = c.n_embd / c.n_head;
+  w.add_string("general.architecture", a);
+  w.add_string("general.name", "d2o random " + a);
+  w.add_u32(a + ".block_count", static_cast<uint32_t>(c.n_layer));
+  w.add_u32(a + ".context_length", 512);
+  w.add_u32(a + ".embedding_length", static_cast<uint32_t>(c.n_embd));
+  w.add_u32(a + ".feed_forward_length", static_cast<uint32_t>(c.n_ff));
+  w.add_u32(a + ".attention.head_count", static_cast<uint32_t>(c.n_head));
+  w.add_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(c.n_head_kv));
+  w.add_f32(a + ".rope.freq_base", 10000.0f);
+  w.add_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
+  w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(hd));
+  w.add_u32("general.file_type", c.f16_matrices ? 1 : 0);
+  // A SentencePiece-style vocabulary: <unk>, <s>, </s>, then plain pieces.
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  std::vector<int32_t> types;
+  for (int i = 0; i < c.n_vocab; ++i) {
+    tokens.push_back(i == 0 ? "<unk>" : i == 1 ? "<s>" : i == 2 ? "</s>" : "t" + std::to_string(i));
+    scores.push_back(-static_cast<float>(i));
+    types.push_back(i == 0 ? 2 : i < 3 ? 3 : 1);
+  }
+  w.add_string("tokenizer.ggml.model", "llama");
+  w.add_string_array("tokenizer.ggml.tokens", tokens);
+  w.add_f32_array("tokenizer.ggml.scores", scores);
+  w.add_i32_array("tokenizer.ggml.token_type", types);
+  w.add_u32("tokenizer.ggml.bos_token_id", 1);
+  w.add_u32("tokenizer.ggml.eos_token_id", 2);
+  w.add_u32("tokenizer.ggml.unknown_token_id", 0);
+  w.add_bool("tokenizer.ggml.add_bos_token", false);
+
+  Xorshift rng(c.seed);
+  auto rand_vec = [&](size_t n, float scale) {
+    std::vector<float> v(n);
+    for (float& x : v) x = rng.uniform(scale);
+    return v;
+  };
+  auto norm_vec = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = 1.0f + rng.uniform(0.25f);
+    return v;
+  };
+  auto matrix = [&](const std::string& name, int rows, int cols, float scale) {
+    auto v = rand_vec(static_cast<size_t>(rows) * cols, scale);
+    if (c.f16_matrices) {
+      w.add_tensor(name, GgmlType::kF16, {cols, rows}, f16_bytes(v));
+    } else {
+      w.add_tensor(name, GgmlType::kF32, {cols, rows}, f32_bytes(v));
+    }
+  };
+  const int q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
+  w.add_tensor("token_embd.weight", GgmlType::kF32, {c.n_embd, c.n_vocab},
+               f32_bytes(rand_vec(static_cast<size_t>(c.n_embd) * c.n_vocab, 1.0f)));
+  w.add_tensor("output_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
+  if (!c.tied) matrix("output.weight", c.n_vocab, c.n_embd, 0.25f);
+  for (int il = 0; il < c.n_layer; ++il) {
+    const std::string b = "blk." + std::to_string(il) + ".";
+    w.add_tensor(b + "attn_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
+    matrix(b + "attn_q.weight", q_dim, c.n_embd, 0.3f);
+    matrix(b + "attn_k.weight", kv_dim, c.n_embd, 0.3f);
+    matrix(b + "attn_v.weight", kv_dim, c.n_embd, 0.3f);
+    if (c.qkv_bias) {
+      w.add_tensor(b + "attn_q.bias", GgmlType::kF32, {q_dim}, f32_bytes(rand_vec(static_cast<size_t>(q_dim), 0.5f)));
+      w.add_tensor(b + "attn_k.bias", GgmlType::kF32, {kv_dim}, f32_bytes(rand_vec(static_cast<size_t>(kv_dim), 0.5f)));
+      w.add_tensor(b + "attn_v.bias", GgmlType::kF32, {kv_dim}, f32_bytes(rand_vec(static_cast<size_t>(kv_dim), 0.5f)));
+    }
+    matrix(b + "attn_output.weight", c.n_embd, q_dim, 0.2f);
+    w.add_tensor(b + "ffn_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
+    matrix(b + "ffn_gate.weight", c.n_ff, c.n_embd, 0.3f);
+    matrix(b + "ffn_up.weight", c.n_ff, c.n_embd, 0.3f);
+    matrix(b + "ffn_down.weight", c.n_embd, c.n_ff, 0.2f);
+  }
+  return w;
+}
+
+// Fixed token sequence the reference logits were computed for: n ids in [3, n_vocab).
+inline std::vector<int32_t> random_model_tokens(int n, int n_vocab) {
+  std::vector<int32_t> t;
+  Xorshift rng(99);
+  for (int i = 0; i < n; ++i) t.push_back(3 + static_cast<int32_t>(rng.next() % static_cast<uint32_t>(n_vocab - 3)));
+  return t;
+}
+
+}  // namespace d2o::test

@@ -1,0 +1,81 @@
+// Helpers shared by the test suites: running the d2o binary, locating real models and texts.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace d2o::test {
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs a shell command line, capturing stdout+stderr.
+inline CommandResult run_command(const std::string& cmd) {
+  CommandResult r;
+  std::FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+#ifdef D2O_CLI_PATH
+inline CommandResult run_d2o(const std::string& args) {
+  return run_command(std::string(D2O_CLI_PATH) + " " + args);
+}
+#endif
+
+inline std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
+
+inline bool file_exists(const std::string& path) {
+  std::ifstream f(path);
+  return f.good();
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// The real model fetched by scripts/setup.sh ($D2O_MODEL, else <repo>/cache/models/...).
+inline std::string default_model_path() {
+#ifdef D2O_SOURCE_DIR
+  return env_or("D2O_MODEL", std::string(D2O_SOURCE_DIR) + "/cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+#else
+  return env_or("D2O_MODEL", "");
+#endif
+}
+
+inline std::string text_dir() {
+#ifdef D2O_SOURCE_DIR
+  return env_or("D2O_TEXT_DIR", std::string(D2O_SOURCE_DIR) + "/cache/texts");
+#else
+  return env_or("D2O_TEXT_DIR", "");
+#endif
+}
+
+}  // namespace d2o::test
+
+// Skips a real-model test when the model is absent (scripts/test.sh always fetches it first).
+#define D2O_REQUIRE_MODEL(path_var)                                                      \
+  const std::string path_var = ::d2o::test::default_model_path();                       \
+  if (!::d2o::test::file_exists(path_var)) {                                             \
+    GTEST_SKIP() << "real model not found at '" << path_var                            \
+                 << "': run scripts/setup.sh (or set D2O_MODEL)";                        \
+  }

@@ -1,0 +1,97 @@
+// `d2o run` and `d2o perplexity` as a user drives them: a real generation, and clear errors for
+// bad input (never a crash).
+#include <gtest/gtest.h>
+
+#include "common/random_model.h"
+#include "common/test_util.h"
+#include "gguf/gguf_writer.h"
+
+namespace d2o {
+namespace {
+
+using test::run_d2o;
+
+bool has(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
+
+TEST(CliRun, GeneratesAndReportsSpeedAndMemory) {
+  D2O_REQUIRE_MODEL(model);
+  auto r = run_d2o("run -m " + model + " -p 'The capital of France is' -n 8 -t 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "The capital of France is")) << r.output;
+  EXPECT_TRUE(has(r.output, "Paris")) << r.output;
+  EXPECT_TRUE(has(r.output, "tok/s")) << r.output;
+  EXPECT_TRUE(has(r.output, "peak RSS")) << r.output;
+  EXPECT_TRUE(has(r.output, "weights")) << r.output;
+}
+
+TEST(CliRun, SameSeedSameText) {
+  D2O_REQUIRE_MODEL(model);
+  const std::string cmd = "run -m " + model + " -p 'Once upon a time' -n 24 --temp 0.9 --seed 7 -t 2 2>/dev/null";
+  auto a = run_d2o(cmd), b = run_d2o(cmd);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_EQ(a.output, b.output);
+  auto c = run_d2o("run -m " + model + " -p 'Once upon a time' -n 24 --temp 0.9 --seed 8 -t 2 2>/dev/null");
+  EXPECT_NE(a.output, c.output);
+}
+
+TEST(CliRun, BadInputGivesClearErrors) {
+  D2O_REQUIRE_MODEL(model);
+  struct Case {
+    std::string args, needle;
+    int code;
+  };
+  const std::vector<Case> cases = {
+      {"-p hi -n 0", "-n must be at least 1", 1},
+      {"-p hi --no-such-flag", "no-such-flag", 2},
+      {"-p \"$(printf 'word %.0s' $(seq 1 300))\" -c 64", "more than the context", 1},
+      {"-p hi --temp -1", "temperature", 1},
+      {"-p hi --kv nonsense", "unknown KV policy", 1},
+      {"-p hi --kv-type q9", "kv-type", 1},
+      {"-p hi --prompt-tokens 5,49152", "out of range", 1},
+      {"", "no prompt", 1},
+  };
+  for (const Case& c : cases) {
+    auto r = run_d2o("run -m " + model + " " + c.args + " -t 2");
+    EXPECT_EQ(r.exit_code, c.code) << c.args << "\n" << r.output;
+    EXPECT_TRUE(has(r.output, c.needle)) << c.args << "\n" << r.output;
+    EXPECT_FALSE(has(r.output, "internal invariant")) << r.output;
+  }
+}
+
+TEST(CliRun, UnsupportedArchitectureAndMissingFiles) {
+  auto cfg = test::random_llama_mha_config();
+  GgufWriter w = test::make_random_model(cfg);
+  w.add_string("general.architecture", "gpt2");  // a second value for the key: rejected as malformed
+  const std::string dup = ::testing::TempDir() + "/dup_arch.gguf";
+  ASSERT_TRUE(w.write(dup).ok());
+  auto r = run_d2o("run -m " + dup + " -p hi -n 1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(has(r.output, "duplicate metadata key")) << r.output;
+
+  cfg.arch = "gpt2";
+  const std::string gpt2 = ::testing::TempDir() + "/gpt2_arch.gguf";
+  ASSERT_TRUE(test::make_random_model(cfg).write(gpt2).ok());
+  r = run_d2o("run -m " + gpt2 + " -p hi -n 1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(has(r.output, "architecture 'gpt2' is not supported")) << r.output;
+
+  r = run_d2o("run -m /nonexistent.gguf -p hi -n 1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(has(r.output, "cannot open")) << r.output;
+  r = run_d2o("perplexity -m /nonexistent.gguf -f /nonexistent.txt");
+  EXPECT_EQ(r.exit_code, 1);
+}
+
+TEST(CliPerplexity, TextShorterThanTheContextIsAnError) {
+  D2O_REQUIRE_MODEL(model);
+  const std::string path = ::testing::TempDir() + "/short.txt";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs("Only a few words here.", f);
+  std::fclose(f);
+  auto r = run_d2o("perplexity -m " + model + " -f " + path + " -c 128");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(has(r.output, "fewer than one context")) << r.output;
+}
+
+}  // namespace
+}  // namespace d2o

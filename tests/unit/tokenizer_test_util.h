@@ -1,0 +1,86 @@
+// Helpers shared by the tokenizer tests: locating reference data, reading files, printing ids.
+#pragma once
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "runtime/tokenizer.h"
+
+namespace d2o::test {
+
+inline std::string read_file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Directory of the llama.cpp vocab test files: $D2O_VOCAB_DIR, else shared/data/vocab next to
+// the repository (the layout of CI and of the main checkout). Empty when not found.
+inline std::string vocab_dir() {
+  std::vector<std::string> candidates;
+  if (const char* e = std::getenv("D2O_VOCAB_DIR"); e && *e) candidates.emplace_back(e);
+  candidates.push_back(std::string(D2O_TEST_DATA_DIR) + "/../../../shared/data/vocab");
+#ifdef D2O_SHARED_DIR
+  candidates.push_back(std::string(D2O_SHARED_DIR) + "/data/vocab");
+#endif
+  for (const std::string& c : candidates) {
+    if (std::filesystem::exists(c + "/ggml-vocab-gpt-2.gguf")) return c;
+  }
+  return "";
+}
+
+// The SmolLM2 model: $D2O_MODEL, else the file the setup step caches. Empty when not found.
+inline std::string smollm_path() {
+  std::vector<std::string> candidates;
+  if (const char* e = std::getenv("D2O_MODEL"); e && *e) candidates.emplace_back(e);
+  candidates.push_back(std::string(D2O_TEST_DATA_DIR) +
+                       "/../../cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+  for (const std::string& c : candidates) {
+    if (std::filesystem::exists(c)) return c;
+  }
+  return "";
+}
+
+inline std::string ids_to_string(const std::vector<TokenId>& ids) {
+  std::string s;
+  for (TokenId id : ids) s += (s.empty() ? "" : " ") + std::to_string(id);
+  return s;
+}
+
+inline std::vector<TokenId> parse_ids(const std::string& line) {
+  std::vector<TokenId> ids;
+  std::istringstream in(line);
+  long v;
+  while (in >> v) ids.push_back(static_cast<TokenId>(v));
+  return ids;
+}
+
+// A string shown with C escapes, for failure messages.
+inline std::string escaped(const std::string& s, size_t max_len = 200) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < max_len; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c < 0x20 || c == 0x7F) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      out += buf;
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  if (s.size() > max_len) out += "...";
+  return out;
+}
+
+}  // namespace d2o::test

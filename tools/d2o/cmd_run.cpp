@@ -1,0 +1,125 @@
+// d2o run: generate text from a prompt, streaming it, then report speed and memory.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "commands.h"
+#include "common.h"
+#include "core/mem.h"
+#include "runtime/generator.h"
+
+namespace d2o::cli {
+
+namespace {
+
+struct RunOptions {
+  ModelOptions model;
+  SamplerParams sampling;
+  std::string prompt;
+  std::string prompt_file;
+  std::string prompt_tokens;  // comma-separated token ids instead of text
+  int n_predict = 128;
+  std::vector<std::string> stop;
+  bool chat = false;
+  bool kv_report = false;
+  bool ignore_eos = false;
+  bool parse_special = false;
+};
+
+int run_run(RunOptions& o) {
+  if (o.n_predict < 1) return fail(invalid_argument("-n must be at least 1 (got " + std::to_string(o.n_predict) + ")"));
+  if (!o.prompt_file.empty()) {
+    std::ifstream in(o.prompt_file, std::ios::binary);
+    if (!in) return fail(io_error("cannot read prompt file '" + o.prompt_file + "'"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    o.prompt = ss.str();
+  }
+  if (o.prompt.empty() && o.prompt_tokens.empty()) {
+    return fail(invalid_argument("no prompt: give -p TEXT, -f FILE or --prompt-tokens IDS"));
+  }
+  if (Status s = o.sampling.validate(); !s.ok()) return fail(s);
+
+  auto loaded = load_all(o.model);
+  if (!loaded.ok()) return fail(loaded.status());
+  Loaded& l = *loaded;
+
+  std::string text = o.prompt;
+  EncodeOptions enc;
+  enc.parse_special = o.parse_special;
+  if (o.chat) {
+    if (!l.chat_template) return fail(invalid_argument("--chat: " + l.chat_template_error));
+    text = l.chat_template->apply({{"user", o.prompt}}, /*add_generation_prompt=*/true);
+    enc.parse_special = true;
+  }
+  Result<std::vector<TokenId>> ids = std::vector<TokenId>{};
+  if (!o.prompt_tokens.empty()) {
+    auto parsed = parse_token_list(o.prompt_tokens, l.model->hparams().n_vocab);
+    if (!parsed.ok()) return fail(parsed.status().with_context("--prompt-tokens"));
+    ids = std::move(parsed);
+    auto shown = l.tokenizer->decode(*ids, /*render_special=*/true);
+    o.prompt = shown.ok() ? *shown : std::string();
+  } else {
+    ids = l.tokenizer->encode(text, enc);
+  }
+  if (!ids.ok()) return fail(ids.status());
+  if (ids->empty()) return fail(invalid_argument("the prompt produced no tokens"));
+  if (static_cast<int64_t>(ids->size()) >= l.n_ctx) {
+    return fail(invalid_argument("the prompt has " + std::to_string(ids->size()) +
+                                 " tokens, more than the context of " + std::to_string(l.n_ctx) +
+                                 " tokens allows; use a larger -c (at most the model's " +
+                                 std::to_string(l.model->hparams().n_ctx_train) + ") or a shorter prompt"));
+  }
+
+  Sequence seq(l.model->hparams(), l.kv_type, l.policy);
+  GenerateParams gp;
+  gp.n_predict = o.n_predict;
+  gp.sampling = o.sampling;
+  gp.stop = o.stop;
+  gp.stop_at_eog = !o.ignore_eos;
+  gp.max_positions = l.n_ctx;
+  if (o.chat && l.chat_template) {
+    for (const std::string& s : l.chat_template->stop_strings()) gp.stop.push_back(s);
+  }
+  if (!o.chat) {
+    std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
+    std::fflush(stdout);
+  }
+  auto res = generate(*l.engine, *l.tokenizer, seq, *ids, gp, [](std::string_view s) {
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+  });
+  std::printf("\n");
+  std::fflush(stdout);
+  if (!res.ok()) return fail(res.status());
+
+  const GenerateResult& r = *res;
+  std::fprintf(stderr, "\n[kv %s, stop: %s]\n", l.policy->spec().c_str(), r.stop_reason.c_str());
+  std::fprintf(stderr, "prompt: %d tokens in %.2f s (%.1f tok/s); generation: %zu tokens, %d passes in %.2f s (%.1f tok/s)\n",
+               r.n_prompt, r.prompt_seconds, r.n_prompt / std::max(r.prompt_seconds, 1e-9), r.tokens.size(),
+               r.n_decoded, r.decode_seconds, r.n_decoded / std::max(r.decode_seconds, 1e-9));
+  std::fprintf(stderr, "%s\n", memory_summary(l, seq).c_str());
+  if (o.kv_report) print_kv_report(stderr, seq);
+  return 0;
+}
+
+}  // namespace
+
+Action add_run_command(CLI::App& app) {
+  auto o = std::make_shared<RunOptions>();
+  CLI::App* sub = app.add_subcommand("run", "Generate text from a prompt");
+  add_model_options(sub, o->model, /*with_kv=*/true);
+  add_sampling_options(sub, o->sampling);
+  sub->add_option("-p,--prompt", o->prompt, "Prompt text");
+  sub->add_option("-f,--file", o->prompt_file, "Read the prompt from a file");
+  sub->add_option("--prompt-tokens", o->prompt_tokens, "Prompt as comma-separated token ids");
+  sub->add_option("-n,--n-predict", o->n_predict, "Tokens to generate (>= 1)");
+  sub->add_option("--stop", o->stop, "Stop string (repeatable)");
+  sub->add_flag("--chat", o->chat, "Wrap the prompt as a user message in the model's chat template");
+  sub->add_flag("--kv-report", o->kv_report, "Print per-layer KV budgets, slots, merges and thresholds");
+  sub->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-generation tokens");
+  sub->add_flag("--parse-special", o->parse_special, "Map special-token text in the prompt to special tokens");
+  return [o] { return run_run(*o); };
+}
+
+}  // namespace d2o::cli

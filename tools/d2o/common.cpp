@@ -1,0 +1,148 @@
+#include "common.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "commands.h"
+#include "core/mem.h"
+#include "core/timer.h"
+
+namespace d2o::cli {
+
+void add_model_options(CLI::App* app, ModelOptions& o, bool with_kv) {
+  app->add_option("-m,--model", o.model, "GGUF model file (default: the model fetched by setup)");
+  app->add_option("-t,--threads", o.threads, "Threads (default: all cores)")->check(CLI::Range(0, 1024));
+  app->add_option("-c,--ctx-size", o.n_ctx, "Context size in tokens (default: the model's trained context)")
+      ->check(CLI::Range(0, 1 << 24));
+  app->add_option("--ubatch", o.n_ubatch, "Rows per micro-batch")->check(CLI::Range(1, 1 << 16));
+  app->add_option("--kv-type", o.kv_type, "KV cache storage type: f16 or f32");
+  if (with_kv) {
+    app->add_option("--kv", o.kv_spec,
+                    "KV cache policy spec, e.g. full, d2o:ratio=0.2, h2o:budget=512, streaming:budget=256");
+  }
+}
+
+void add_sampling_options(CLI::App* app, SamplerParams& p) {
+  app->add_option("--temp", p.temperature, "Temperature (0 = greedy, the default)");
+  app->add_option("--top-k", p.top_k, "Top-k (0 = off)");
+  app->add_option("--top-p", p.top_p, "Top-p (1 = off)");
+  app->add_option("--min-p", p.min_p, "Min-p (0 = off)");
+  app->add_option("--repeat-penalty", p.repeat_penalty, "Repetition penalty (1 = off)");
+  app->add_option("--repeat-last-n", p.repeat_last_n, "Tokens the repetition penalty looks back on");
+  app->add_option("--seed", p.seed, "Random seed (same seed, same text)");
+}
+
+Result<KvType> parse_kv_type(const std::string& s) {
+  if (s == "f16") return KvType::kF16;
+  if (s == "f32") return KvType::kF32;
+  return invalid_argument("--kv-type '" + s + "' is not supported (use f16 or f32)");
+}
+
+Result<std::vector<TokenId>> parse_token_list(const std::string& s, int n_vocab) {
+  std::vector<TokenId> ids;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size()) return invalid_argument("'" + item + "' is not a token id");
+    if (v < 0 || v >= n_vocab) {
+      return invalid_argument("token id " + item + " is out of range (vocabulary size " + std::to_string(n_vocab) + ")");
+    }
+    ids.push_back(static_cast<TokenId>(v));
+  }
+  if (ids.empty()) return invalid_argument("no token ids given");
+  return ids;
+}
+
+Result<Loaded> load_all(const ModelOptions& o) {
+  Loaded l;
+  Stopwatch sw;
+  D2O_ASSIGN_OR_RETURN(l.kv_type, parse_kv_type(o.kv_type));
+  auto pol = parse_kv_policy(o.kv_spec);
+  if (!pol.ok()) return pol.status().with_context("--kv");
+  l.policy = std::shared_ptr<const KvPolicy>(std::move(pol).value());
+  const std::string path = o.model.empty() ? default_model_path() : o.model;
+  D2O_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::open(path));
+  D2O_ASSIGN_OR_RETURN(l.model, Model::load(*file));
+  auto tok = Tokenizer::from_gguf(*file);
+  if (!tok.ok()) return tok.status().with_context(path);
+  l.tokenizer = std::move(tok).value();
+  if (auto tmpl = ChatTemplate::from_gguf(*file); tmpl.ok()) {
+    l.chat_template = *tmpl;
+  } else {
+    l.chat_template_error = tmpl.status().message();
+  }
+  file.reset();  // weights are copied; drop the mapping
+  const int trained = l.model->hparams().n_ctx_train;
+  l.n_ctx = o.n_ctx > 0 ? o.n_ctx : trained;
+  l.pool = std::make_unique<ThreadPool>(o.threads);
+  EngineOptions eo;
+  eo.n_ubatch = o.n_ubatch;
+  l.engine = std::make_unique<Engine>(*l.model, *l.pool, eo);
+  l.load_seconds = sw.seconds();
+  return l;
+}
+
+std::string memory_summary(const Loaded& l, const Sequence& seq) {
+  const KvCache& c = seq.cache();
+  const double kv = static_cast<double>(c.kv_bytes_allocated());
+  const double full = static_cast<double>(c.full_kv_bytes(seq.n_past()));
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "memory: weights %s, KV %s (%.1f%% of the full cache's %s for %lld tokens; slot metadata "
+                "%s), peak RSS %s",
+                format_bytes(static_cast<double>(l.model->weight_bytes())).c_str(), format_bytes(kv).c_str(),
+                full > 0 ? 100.0 * kv / full : 0.0, format_bytes(full).c_str(),
+                static_cast<long long>(seq.n_past()),
+                format_bytes(static_cast<double>(c.meta_bytes_allocated())).c_str(),
+                format_bytes(static_cast<double>(peak_rss_bytes())).c_str());
+  return buf;
+}
+
+}  // namespace d2o::cli
+
+namespace d2o::cli {
+
+void print_kv_report(std::FILE* out, const Sequence& seq) {
+  const KvCache& c = seq.cache();
+  const PolicyState& st = seq.policy_state();
+  std::fprintf(out, "KV report (%s, %s storage, %lld tokens seen)\n", seq.policy().spec().c_str(),
+               kv_type_name(c.config().type), static_cast<long long>(seq.n_past()));
+  std::fprintf(out, "%5s %8s %8s %9s %9s %8s %10s\n", "layer", "budget", "slots", "evicted", "merged",
+               "tau", "variance");
+  int64_t tot_slots = 0;
+  for (int il = 0; il < c.n_layer(); ++il) {
+    const KvLayer& L = c.layer(il);
+    tot_slots += L.n_slot;
+    const bool has_budget = st.budgets_set && static_cast<size_t>(il) < st.budgets.size();
+    double tau = 0;
+    int n_tau = 0;
+    for (int g = 0; g < L.n_head_kv; ++g) {
+      const size_t k = static_cast<size_t>(il) * L.n_head_kv + g;
+      if (k < st.tau_ready.size() && st.tau_ready[k]) {
+        tau += st.tau[k];
+        ++n_tau;
+      }
+    }
+    auto at = [&](const std::vector<int64_t>& v) { return static_cast<size_t>(il) < v.size() ? v[static_cast<size_t>(il)] : 0; };
+    char tau_s[32] = "-", var_s[32] = "-", bud_s[32] = "-";
+    if (n_tau) std::snprintf(tau_s, sizeof tau_s, "%.4f", tau / n_tau);
+    if (static_cast<size_t>(il) < st.layer_variance.size()) std::snprintf(var_s, sizeof var_s, "%.3g", st.layer_variance[static_cast<size_t>(il)]);
+    if (has_budget) std::snprintf(bud_s, sizeof bud_s, "%d", st.budgets[static_cast<size_t>(il)]);
+    std::fprintf(out, "%5d %8s %8d %9lld %9lld %8s %10s\n", il, bud_s, L.n_slot, static_cast<long long>(at(st.evicted)),
+                 static_cast<long long>(at(st.merged)), tau_s, var_s);
+  }
+  const double kv = static_cast<double>(c.kv_bytes_allocated());
+  const double full = static_cast<double>(c.full_kv_bytes(seq.n_past()));
+  std::fprintf(out, "total: %lld slots per KV head over %d layers (full cache: %lld); KV bytes %s vs full %s (%.1f%%)\n",
+               static_cast<long long>(tot_slots), c.n_layer(), static_cast<long long>(seq.n_past()) * c.n_layer(),
+               format_bytes(kv).c_str(), format_bytes(full).c_str(), full > 0 ? 100.0 * kv / full : 0.0);
+}
+
+}  // namespace d2o::cli

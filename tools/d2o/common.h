@@ -1,0 +1,64 @@
+// Options and set-up shared by the subcommands that run a model.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/thread_pool.h"
+#include "kv/policy.h"
+#include "model/model.h"
+#include "runtime/chat_template.h"
+#include "runtime/engine.h"
+#include "runtime/sampler.h"
+#include "runtime/tokenizer.h"
+
+namespace d2o::cli {
+
+struct ModelOptions {
+  std::string model;
+  int threads = 0;  // 0: all cores
+  int n_ctx = 0;    // 0: the model's trained context
+  int n_ubatch = 512;
+  std::string kv_spec = "full";
+  std::string kv_type = "f16";
+};
+
+// Registers -m, -t, -c, --ubatch, --kv, --kv-type on a subcommand.
+void add_model_options(CLI::App* app, ModelOptions& o, bool with_kv);
+
+struct SamplingOptions {
+  SamplerParams params;
+};
+void add_sampling_options(CLI::App* app, SamplerParams& p);
+
+// Everything a generation needs, loaded once.
+struct Loaded {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::optional<ChatTemplate> chat_template;  // absent when the model has none
+  std::string chat_template_error;
+  std::shared_ptr<const KvPolicy> policy;
+  KvType kv_type = KvType::kF16;
+  int n_ctx = 0;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<Engine> engine;
+  double load_seconds = 0;
+};
+
+// Validates options and loads model, tokenizer, policy, pool and engine.
+Result<Loaded> load_all(const ModelOptions& o);
+
+Result<KvType> parse_kv_type(const std::string& s);
+
+// "1,2,3" -> ids, each checked against the vocabulary size.
+Result<std::vector<TokenId>> parse_token_list(const std::string& s, int n_vocab);
+
+// One-line memory summary: weights, KV (allocated vs full cache for n tokens), peak RSS.
+std::string memory_summary(const Loaded& l, const Sequence& seq);
+
+// Per-layer budget, slots, evictions, merges, EMA threshold and density variance.
+void print_kv_report(std::FILE* out, const Sequence& seq);
+
+}  // namespace d2o::cli
