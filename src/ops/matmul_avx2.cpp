@@ -74,22 +74,40 @@ void quantize_avx2(const ActLayout& l, const float* x, uint8_t* rec) {
   const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256i ones = _mm256_set1_epi16(1);
+  // Sum of 16 quantised values.
+  auto sum16 = [&](int64_t k) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * k));
+    return hsum_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(v), ones));
+  };
   const int64_t nb = l.n_cols / l.block;
   for (int64_t b = 0; b < nb; ++b) {
     const float* xb = x + b * l.block;
     __m256 vmax = _mm256_setzero_ps();
-    for (int64_t i = 0; i < l.block; i += 8)
+    for (int64_t i = 0; i < l.block; i += 8) {
       vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(xb + i), abs_mask));
+    }
     const float amax = hmax_ps(vmax);
-    const float db = amax / 127.0f;
-    const float id = db != 0.0f ? 1.0f / db : 0.0f;
-    d[b] = db;
-    const __m256 vid = _mm256_set1_ps(id);
+    Q8Scale sc;
+    if (l.format == ActFormat::kQ8x32) {
+      sc = q8x32_scale(amax);
+    } else {
+      float m = 0.0f;  // the first element of largest magnitude
+      for (int64_t i = 0; amax > 0.0f && i < l.block; ++i) {
+        if (xb[i] == amax || xb[i] == -amax) {
+          m = xb[i];
+          break;
+        }
+      }
+      sc = q8x256_scale(m);
+    }
+    d[b] = sc.d;
+    const __m256 vmul = _mm256_set1_ps(sc.mul);
     for (int64_t i = 0; i < l.block; i += 32) {
       __m256i q[4];
       D2O_UNROLL
       for (int k = 0; k < 4; ++k) {
-        __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 8 * k), vid),
+        __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 8 * k), vmul),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         r = _mm256_min_ps(_mm256_max_ps(r, lo), hi);
         q[k] = _mm256_cvttps_epi32(r);
@@ -100,27 +118,19 @@ void quantize_avx2(const ActLayout& l, const float* x, uint8_t* rec) {
       const __m256i w8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w16a, w16b), perm);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + b * l.block + i), w8);
     }
-  }
-  const __m256i ones = _mm256_set1_epi16(1);
-  auto sum16 = [&](int64_t k) {
-    const __m256i v =
-        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * k)));
-    return hsum_epi32(_mm256_madd_epi16(v, ones));
-  };
-  if (l.format == ActFormat::kQ8x32) {
-    auto* qsum = reinterpret_cast<int32_t*>(rec + l.off_a);
-    auto* dsum = reinterpret_cast<float*>(rec + l.off_b);
-    for (int64_t b = 0; b < l.n_cols / 32; ++b) {
+    if (l.format == ActFormat::kQ8x32) {
       const int32_t s = sum16(2 * b) + sum16(2 * b + 1);
-      qsum[b] = s;
-      dsum[b] = d[b] * static_cast<float>(s);
+      act_a_mut<int32_t>(l, rec)[b] = s;
+      act_b_mut<float>(l, rec)[b] = q8x32_dsum(amax, s);
     }
-  } else {
-    auto* s32 = reinterpret_cast<int16_t*>(rec + l.off_a);
-    auto* s16 = reinterpret_cast<int16_t*>(rec + l.off_b);
+  }
+  if (l.format == ActFormat::kQ8x256) {
+    auto* s32 = act_a_mut<int16_t>(l, rec);
+    auto* s16 = act_b_mut<int16_t>(l, rec);
     for (int64_t k = 0; k < l.n_cols / 16; ++k) s16[k] = static_cast<int16_t>(sum16(k));
-    for (int64_t b = 0; b < l.n_cols / 32; ++b)
+    for (int64_t b = 0; b < l.n_cols / 32; ++b) {
       s32[b] = static_cast<int16_t>(s16[2 * b] + s16[2 * b + 1]);
+    }
   }
 }
 

@@ -63,44 +63,55 @@ void quantize_avx512(const ActLayout& l, const float* x, uint8_t* rec) {
   auto* qs = reinterpret_cast<int8_t*>(rec);
   auto* d = reinterpret_cast<float*>(rec + l.off_d);
   const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  // Sum of 16 quantised values.
+  auto sum16 = [&](int64_t k) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * k));
+    return _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(v));
+  };
   const int64_t nb = l.n_cols / l.block;
   for (int64_t b = 0; b < nb; ++b) {
     const float* xb = x + b * l.block;
     __m512 vmax = _mm512_setzero_ps();
-    for (int64_t i = 0; i < l.block; i += 16)
-      vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(xb + i)));
-    const float amax = _mm512_reduce_max_ps(vmax);
-    const float db = amax / 127.0f;
-    const float id = db != 0.0f ? 1.0f / db : 0.0f;
-    d[b] = db;
-    const __m512 vid = _mm512_set1_ps(id);
+    D2O_UNROLL
     for (int64_t i = 0; i < l.block; i += 16) {
-      __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(xb + i), vid),
+      vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(xb + i)));
+    }
+    const float amax = _mm512_reduce_max_ps(vmax);
+    Q8Scale sc;
+    if (l.format == ActFormat::kQ8x32) {
+      sc = q8x32_scale(amax);
+    } else {
+      float m = 0.0f;  // the first element of largest magnitude
+      for (int64_t i = 0; amax > 0.0f && i < l.block; ++i) {
+        if (xb[i] == amax || xb[i] == -amax) {
+          m = xb[i];
+          break;
+        }
+      }
+      sc = q8x256_scale(m);
+    }
+    d[b] = sc.d;
+    const __m512 vmul = _mm512_set1_ps(sc.mul);
+    for (int64_t i = 0; i < l.block; i += 16) {
+      __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(xb + i), vmul),
                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + b * l.block + i),
                        _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r)));
     }
-  }
-  // Sums of 16 quantised values (int8 -> int32 lanes, horizontal add).
-  auto sum16 = [&](int64_t k) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * k));
-    return _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(v));
-  };
-  if (l.format == ActFormat::kQ8x32) {
-    auto* qsum = reinterpret_cast<int32_t*>(rec + l.off_a);
-    auto* dsum = reinterpret_cast<float*>(rec + l.off_b);
-    for (int64_t b = 0; b < l.n_cols / 32; ++b) {
+    if (l.format == ActFormat::kQ8x32) {
       const int32_t s = sum16(2 * b) + sum16(2 * b + 1);
-      qsum[b] = s;
-      dsum[b] = d[b] * static_cast<float>(s);
+      act_a_mut<int32_t>(l, rec)[b] = s;
+      act_b_mut<float>(l, rec)[b] = q8x32_dsum(amax, s);
     }
-  } else {
-    auto* s32 = reinterpret_cast<int16_t*>(rec + l.off_a);
-    auto* s16 = reinterpret_cast<int16_t*>(rec + l.off_b);
+  }
+  if (l.format == ActFormat::kQ8x256) {
+    auto* s32 = act_a_mut<int16_t>(l, rec);
+    auto* s16 = act_b_mut<int16_t>(l, rec);
     for (int64_t k = 0; k < l.n_cols / 16; ++k) s16[k] = static_cast<int16_t>(sum16(k));
-    for (int64_t b = 0; b < l.n_cols / 32; ++b)
+    for (int64_t b = 0; b < l.n_cols / 32; ++b) {
       s32[b] = static_cast<int16_t>(s16[2 * b] + s16[2 * b + 1]);
+    }
   }
 }
 

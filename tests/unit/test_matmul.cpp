@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -127,17 +128,31 @@ std::vector<float> random_acts(int64_t n_tok, int64_t n_cols, Fill fill, std::mt
       x[i] = nd(rng) * ((rng() % 61 == 0) ? 8.0f : 1.0f);
     }
   }
+  if (fill == Fill::kInteger) {
+    // Q8_1 keeps d * sum(q) in fp16, exact for integers up to 2048: pull block sums into range.
+    for (int64_t b = 0; b < n_tok * n_cols / 32; ++b) {
+      float sum = 0;
+      for (int i = 0; i < 32; ++i) sum += x[32 * b + i];
+      for (int i = 1; i < 32 && std::fabs(sum) > 2000; ++i) {
+        sum -= x[32 * b + i];
+        x[32 * b + i] = 0;
+      }
+    }
+  }
   return x;
 }
 
 // Independent reference: dequantise the GGUF rows with the reference dequantiser (not through
-// QMatrix) and accumulate in double. Also returns the per-output bound on the error that 8-bit
-// activation quantisation with blocks of `act_block` elements can cause: each activation moves
-// by at most half a step (amax / 254) of its block.
+// QMatrix) and accumulate in double. Also returns, per output, a bound on the error that 8-bit
+// activation quantisation like llama.cpp's can cause: each activation moves by at most half a
+// step (amax / 254) of its block; for blocks of 32 the step itself is rounded to fp16 (another
+// amax / 2048, or 127 * 2^-25 for subnormal steps, at most), and Q4_1's minimum multiplies the
+// fp16-rounded sum s of the block (relative error 2^-10, of at most sum |q| = sum |x| * 127 / amax
+// + 16).
 struct Reference {
   std::vector<float> y;
-  std::vector<double> quant_bound;  // sum |W| * amax(block) / 254
-  std::vector<double> abs_sum;      // sum |W * x|
+  std::vector<double> quant_bound;
+  std::vector<double> abs_sum;  // sum |W * x|
 };
 Reference reference(GgmlType type, const std::vector<uint8_t>& bytes, int64_t n_rows,
                     int64_t n_cols, const std::vector<float>& x, int64_t n_tok, int64_t act_block) {
@@ -147,19 +162,31 @@ Reference reference(GgmlType type, const std::vector<uint8_t>& bytes, int64_t n_
   ref.abs_sum.resize(ref.y.size());
   std::vector<float> row(static_cast<size_t>(n_cols));
   const int64_t row_bytes = ggml_row_bytes(type, n_cols);
+  const double step_error = act_block == 32 ? 1.0 / 254 + 1.0 / 2048 : 1.0 / 254;
+  // fp16 steps below the normal range are absolute (2^-25 at most per unit of q <= 127).
+  const double half_floor = act_block == 32 ? 127 * std::ldexp(1.0, -25) : 0.0;
   for (int64_t r = 0; r < n_rows; ++r) {
-    dequantize_row_ref(type, bytes.data() + r * row_bytes, row.data(), n_cols);
+    const uint8_t* src = bytes.data() + r * row_bytes;
+    dequantize_row_ref(type, src, row.data(), n_cols);
     for (int64_t t = 0; t < n_tok; ++t) {
       const float* xt = x.data() + t * n_cols;
       double s = 0, bound = 0, abs_sum = 0;
       for (int64_t c0 = 0; c0 < n_cols; c0 += act_block) {
-        double amax = 0;
-        for (int64_t c = c0; c < c0 + act_block && c < n_cols; ++c)
+        double amax = 0, xsum = 0;
+        for (int64_t c = c0; c < c0 + act_block && c < n_cols; ++c) {
           amax = std::max(amax, std::fabs(static_cast<double>(xt[c])));
+          xsum += std::fabs(static_cast<double>(xt[c]));
+        }
         for (int64_t c = c0; c < c0 + act_block && c < n_cols; ++c) {
           s += static_cast<double>(row[c]) * xt[c];
-          bound += std::fabs(static_cast<double>(row[c])) * amax / 254.0;
+          bound += std::fabs(static_cast<double>(row[c])) * (amax * step_error + half_floor);
           abs_sum += std::fabs(static_cast<double>(row[c]) * xt[c]);
+        }
+        if (type == GgmlType::kQ4_1 && amax > 0) {
+          uint16_t m;
+          std::memcpy(&m, src + (c0 / 32) * 20 + 2, 2);
+          bound += std::fabs(fp16_to_fp32(m)) * std::ldexp(1.0, -10) * (amax / 127) *
+                   (xsum * 127 / amax + 16);
         }
       }
       ref.y[t * n_rows + r] = static_cast<float>(s);
@@ -353,8 +380,9 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulType,
                            return ggml_type_name(p.param);
                          });
 
-// Activations at the edges of the quantiser: all zeros, one huge value, +-127 steps, NaN-free
-// extremes. Levels agree bit for bit and stay within the quantisation bound.
+// Activations at the edges of the quantiser: all zeros, one huge value (the fp16 sum of Q8_1
+// would overflow), exact rounding ties, tiny values (fp16 scale underflows). Levels agree bit for
+// bit, stay finite and within the quantisation bound.
 TEST(Matmul, ActivationEdgeCases) {
   std::mt19937 rng(31);
   ThreadPool pool(2);
@@ -364,9 +392,10 @@ TEST(Matmul, ActivationEdgeCases) {
     const QMatrix w = make_matrix(type, n_rows, n_cols, bytes);
     std::vector<float> x(static_cast<size_t>(n_tok * n_cols), 0.0f);  // token 0: zeros
     for (int64_t c = 0; c < n_cols; ++c) {
-      x[n_cols + c] = c == 100 ? 1e6f : 1e-3f;                 // token 1: one outlier
-      x[2 * n_cols + c] = (c % 2 ? 1.0f : -1.0f) * 3.5f;       // token 2: exact ties at x * id
-      x[3 * n_cols + c] = 1e-30f * static_cast<float>(c % 7);  // token 3: tiny values
+      x[n_cols + c] = c == 100 ? 1e6f : 1e-3f;  // token 1: one outlier
+      // token 2: amax 127 (scale 1), so x * 127 / amax = x hits exact ties: round to even.
+      x[2 * n_cols + c] = c % 32 == 0 ? 127.0f : (c % 2 ? 2.5f : -3.5f);
+      x[3 * n_cols + c] = 1e-30f * static_cast<float>(c % 7);  // token 3: tiny (fp16 step 0)
     }
     const Reference ref = reference(type, bytes, n_rows, n_cols, x, n_tok, act_block_of(type));
     std::vector<float> first;
@@ -428,6 +457,53 @@ TEST(Matmul, ManyEqualsSeparateCalls) {
     }
   }
 }
+
+// llama.cpp's own product (ggml_mul_mat, fixtures from scripts/gen_matmul_fixtures.py): d2o must
+// reproduce it up to float summation order, i.e. quantise activations exactly like llama.cpp.
+// Both differ from the exact product by far more than they differ from each other.
+class LlamaCppMatmul : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LlamaCppMatmul, ReproducesGgmlMulMat) {
+  const std::string path = std::string(D2O_TEST_DATA_DIR) + "/quant/matmul_" + GetParam() + ".bin";
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  ASSERT_NE(f, nullptr) << "missing " << path << " (scripts/gen_matmul_fixtures.py)";
+  char magic[4];
+  uint32_t h[5];
+  ASSERT_EQ(std::fread(magic, 1, 4, f), 4u);
+  ASSERT_EQ(std::fread(h, 4, 5, f), 5u);
+  ASSERT_EQ(std::memcmp(magic, "D2OM", 4), 0);
+  ASSERT_EQ(h[0], 1u);
+  const auto type = static_cast<GgmlType>(h[1]);
+  const int64_t n_rows = h[2], n_cols = h[3], n_tok = h[4];
+  std::vector<uint8_t> bytes(static_cast<size_t>(ggml_row_bytes(type, n_cols) * n_rows));
+  std::vector<float> x(static_cast<size_t>(n_tok * n_cols)),
+      want(static_cast<size_t>(n_tok * n_rows));
+  ASSERT_EQ(std::fread(bytes.data(), 1, bytes.size(), f), bytes.size());
+  ASSERT_EQ(std::fread(x.data(), 4, x.size(), f), x.size());
+  ASSERT_EQ(std::fread(want.data(), 4, want.size(), f), want.size());
+  std::fclose(f);
+
+  const QMatrix w = make_matrix(type, n_rows, n_cols, bytes);
+  const Reference exact = reference(type, bytes, n_rows, n_cols, x, n_tok, act_block_of(type));
+  ThreadPool pool(2);
+  for (KernelIsa isa : available_isas()) {
+    const std::vector<float> y = run_misaligned(w, x, n_tok, pool, isa);
+    double max_vs_ggml = 0, max_vs_exact = 0;
+    for (size_t i = 0; i < y.size(); ++i) {
+      ASSERT_NEAR(y[i], want[i], 1e-5 * exact.abs_sum[i] + 1e-6)
+          << GetParam() << " " << kernel_isa_name(isa) << " output " << i;
+      max_vs_ggml = std::max(max_vs_ggml, static_cast<double>(std::fabs(y[i] - want[i])));
+      max_vs_exact = std::max(max_vs_exact, static_cast<double>(std::fabs(y[i] - exact.y[i])));
+    }
+    EXPECT_LT(max_vs_ggml, 0.01 * max_vs_exact) << GetParam() << " " << kernel_isa_name(isa);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(PackedTypes, LlamaCppMatmul,
+                         ::testing::Values("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"),
+                         [](const ::testing::TestParamInfo<const char*>& p) {
+                           return std::string(p.param);
+                         });
 
 TEST(Matmul, FromGgufBytesRejectsBadInput) {
   std::vector<uint8_t> bytes(4096);
