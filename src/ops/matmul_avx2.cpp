@@ -191,6 +191,8 @@ void tile_32(const TileJob& job) {
         for (int t = 0; t < NT; ++t) is[t] = _mm256_madd_epi16(s16[t], ones);
       }
       const __m256 dw = half8(dsec + 32 * b + 16 * h);
+      const __m256 mw =
+          kKind == PackKind::kQ4_1 ? half8(msec + 32 * b + 16 * h) : _mm256_setzero_ps();
       D2O_UNROLL
       for (int t = 0; t < NT; ++t) {
         __m256i isum = is[t];
@@ -200,7 +202,6 @@ void tile_32(const TileJob& job) {
         const __m256 dwdx = _mm256_mul_ps(dw, _mm256_set1_ps(act_d(al, rec[t])[b]));
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dwdx, acc[t]);
         if (kKind == PackKind::kQ4_1) {
-          const __m256 mw = half8(msec + 32 * b + 16 * h);
           acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(act_b<float>(al, rec[t])[b]), acc[t]);
         }
       }
