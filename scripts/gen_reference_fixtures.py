@@ -11,6 +11,10 @@ and d2o's build folder (for the random-model writer): D2O_BUILD (default build/)
 
 Outputs:
   smollm2_logits.bin   4 prompts x 512 positions: token ids and llama.cpp's top-k log-probs
+                       (F32 KV cache, non-flash attention)
+  smollm2_f32_logits.bin  the same on a copy of the model dequantised to F32 (exact arithmetic)
+  smollm2_noise.json   llama.cpp's own spread: its flash-attention and F16-cache settings vs the
+                       reference, and the Q4_1 model vs its exact F32 dequantisation
   smollm2_ppl.json     llama.cpp's perplexity of kjv_ppl.txt (context 2048)
   kjv_ppl.txt          the KJV passage (public domain) used for it
   random_<name>.bin    full logits of the random-weight models for a fixed token sequence
@@ -38,8 +42,11 @@ from llama_cpp import Llama  # noqa: E402
 
 
 def llama(path, n_ctx):
+    # F32 K/V cache and the plain (non-flash) attention path: llama.cpp's most precise setting, so
+    # the comparison measures the model computation rather than either side's KV rounding. The
+    # d2o tests run with an F32 cache too.
     return Llama(path, logits_all=True, n_ctx=n_ctx, n_batch=512, n_threads=2, verbose=False,
-                 use_mmap=False, seed=0)
+                 use_mmap=False, seed=0, flash_attn=False, type_k=0, type_v=0)
 
 
 def austen_text():
@@ -66,6 +73,63 @@ CHAT = (
     "numbers 7, 42 and 1999 in it somewhere.<|im_end|>\n<|im_start|>assistant\n")
 
 
+def to_f32_gguf(src, dst):
+    """Writes a copy of `src` with every tensor dequantised to F32 (with the gguf package)."""
+    import gguf
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, arch=str(r.fields["general.architecture"].contents()))
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k in ("general.architecture", "general.file_type"):
+            continue
+        t = f.types[0]
+        if t == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(k, f.contents(), t, sub_type=f.types[-1])
+        else:
+            w.add_key_value(k, f.contents(), t)
+    w.add_file_type(0)
+    for t in r.tensors:
+        data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        w.add_tensor(t.name, data, raw_dtype=gguf.GGMLQuantizationType.F32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def log_softmax(x):
+    m = x.max(axis=1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
+
+
+def top_k(logp):
+    top = np.argsort(-logp, axis=1, kind="stable")[:, :TOPK]
+    return top, np.take_along_axis(logp, top, axis=1)
+
+
+def bucketed_kl(ref_logp, other_logp):
+    """KL(ref || other) over ref's top-k tokens plus one bucket for the rest, per position; the
+    exact formula the C++ tests use (tests/model/test_llama_parity.cpp)."""
+    top, lp = top_k(ref_logp)
+    lq = np.take_along_axis(other_logp, top, axis=1)
+    p, q = np.exp(lp), np.exp(lq)
+    p_rest = np.maximum(1e-12, 1 - p.sum(axis=1))
+    q_rest = np.maximum(1e-12, 1 - q.sum(axis=1))
+    return (p * (lp - lq)).sum(axis=1) + p_rest * np.log(p_rest / q_rest)
+
+
+def write_topk(path, all_ids, all_logp, n_vocab):
+    with open(path, "wb") as f:
+        f.write(b"D2OL")
+        f.write(struct.pack("<4I", len(all_ids), N_POS, TOPK, n_vocab))
+        for ids in all_ids:
+            f.write(np.array(ids, dtype=np.int32).tobytes())
+        for logp in all_logp:
+            top, lp = top_k(logp)
+            for p in range(N_POS):
+                f.write(top[p].astype(np.uint16).tobytes())
+                f.write(lp[p].astype(np.float32).tobytes())
+
+
 def real_model_logits():
     kjv = open(os.path.join(CACHE, "texts", "kjv.txt"), encoding="utf-8").read()
     code = open(os.path.join(REPO, "src", "kv", "attention.cpp"), encoding="utf-8").read()
@@ -75,33 +139,51 @@ def real_model_logits():
                ("code", code, False), ("chat", CHAT * 3, True)]
     llm = llama(MODEL, N_POS)
     n_vocab = llm.n_vocab()
-    all_ids, all_top = [], []
-    tail_mass = []
+    all_ids = []
     for name, text, special in prompts:
         ids = llm.tokenize(text.encode("utf-8"), add_bos=False, special=special)[:N_POS]
         assert len(ids) == N_POS, (name, len(ids))
-        llm.reset()
-        llm.eval(ids)
-        logits = np.array(llm.scores[:N_POS], dtype=np.float64)
-        m = logits.max(axis=1, keepdims=True)
-        logp = logits - m - np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
-        top = np.argsort(-logp, axis=1, kind="stable")[:, :TOPK]
-        top_lp = np.take_along_axis(logp, top, axis=1)
-        tail_mass.append(1.0 - np.exp(top_lp).sum(axis=1))
-        all_ids.append(np.array(ids, dtype=np.int32))
-        all_top.append((top.astype(np.uint16), top_lp.astype(np.float32)))
-        print(f"{name}: {len(ids)} tokens, greedy next after last = {int(top[-1, 0])}")
-    tm = np.concatenate(tail_mass)
-    print(f"probability mass outside the top {TOPK}: mean {tm.mean():.2e}, max {tm.max():.2e}")
-    with open(os.path.join(OUT, "smollm2_logits.bin"), "wb") as f:
-        f.write(b"D2OL")
-        f.write(struct.pack("<4I", len(prompts), N_POS, TOPK, n_vocab))
+        all_ids.append(ids)
+    del llm
+
+    def run(path, **kw):
+        out = []
+        m = Llama(path, logits_all=True, n_ctx=N_POS, n_batch=512, n_threads=2, verbose=False,
+                  use_mmap=False, seed=0, **kw)
         for ids in all_ids:
-            f.write(ids.tobytes())
-        for top, lp in all_top:
-            for p in range(N_POS):
-                f.write(top[p].tobytes())
-                f.write(lp[p].tobytes())
+            m.reset()
+            m.eval(ids)
+            out.append(log_softmax(np.array(m.scores[:N_POS], dtype=np.float64)))
+        del m
+        return out
+
+    ref = run(MODEL, flash_attn=False, type_k=0, type_v=0)        # the reference setting
+    fa_on = run(MODEL, flash_attn=True, type_k=0, type_v=0)       # llama.cpp's other kernel
+    f16kv = run(MODEL, flash_attn=False)                          # llama.cpp's default cache type
+    with tempfile.TemporaryDirectory() as d:
+        f32_path = os.path.join(d, "f32.gguf")
+        to_f32_gguf(MODEL, f32_path)
+        exact = run(f32_path, flash_attn=False, type_k=0, type_v=0)
+    write_topk(os.path.join(OUT, "smollm2_logits.bin"), all_ids, ref, n_vocab)
+    write_topk(os.path.join(OUT, "smollm2_f32_logits.bin"), all_ids, exact, n_vocab)
+
+    def stats(a_list, b_list):
+        kl = [float(bucketed_kl(a, b).mean()) for a, b in zip(a_list, b_list)]
+        top1 = [float((a.argmax(1) == b.argmax(1)).mean()) for a, b in zip(a_list, b_list)]
+        return {"kl": kl, "top1": top1, "kl_mean": float(np.mean(kl)), "top1_mean": float(np.mean(top1))}
+
+    noise = {
+        "what": "bucketed KL(a || b) (top-%d + rest) and top-1 agreement per prompt" % TOPK,
+        "ref_vs_flash_attn": stats(ref, fa_on),
+        "ref_vs_f16_cache": stats(ref, f16kv),
+        "exact_vs_ref": stats(exact, ref),
+        "prompts": [p[0] for p in prompts],
+    }
+    with open(os.path.join(OUT, "smollm2_noise.json"), "w") as f:
+        json.dump(noise, f, indent=2)
+    tail = np.concatenate([1 - np.exp(top_k(r)[1]).sum(axis=1) for r in ref])
+    print("probability mass outside the top %d: mean %.2e, max %.2e" % (TOPK, tail.mean(), tail.max()))
+    print(json.dumps({k: (v["kl_mean"], v["top1_mean"]) for k, v in noise.items() if isinstance(v, dict)}))
 
 
 def perplexity():

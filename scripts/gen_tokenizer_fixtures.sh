@@ -3,7 +3,8 @@
 # llama.cpp's llama-tokenize, the independent reference the tests compare against.
 #
 #   LLAMA_TOKENIZE=/path/to/llama-tokenize [D2O_MODEL=SmolLM2-135M-Instruct.Q4_1.gguf] \
-#   [D2O_VOCAB_DIR=shared/data/vocab] scripts/gen_tokenizer_fixtures.sh
+#   [D2O_VOCAB_DIR=shared/data/vocab] [D2O_GEMMA_MODEL=gemma-3-270m-q4_k_m.gguf] \
+#   scripts/gen_tokenizer_fixtures.sh
 #
 # The corpus itself comes from scripts/gen_tokenizer_corpus.py. Each corpus file is a list of
 # chunks separated by the line "@@@@ d2o chunk @@@@"; every chunk is tokenized on its own with
@@ -13,15 +14,20 @@
 #   corpus_NAME.ids          SmolLM2: one line of ids per chunk of corpus_NAME.txt
 #   corpus_edge.special.ids  SmolLM2, corpus_edge.txt with special tokens parsed
 #   bytes_invalid_utf8.ids   SmolLM2, not-UTF-8 input (ids only; no round trip)
-#   vocab_hashes.txt         for each llama.cpp vocab file and corpus chunk: the token count and
-#                            a 64-bit FNV-1a hash of the ids (int32 little-endian), to keep the
-#                            fixtures small
+#   vocab_hashes.txt         for each llama.cpp vocab file (and Gemma 3 when D2O_GEMMA_MODEL is
+#                            given: a SentencePiece vocabulary without prefix space) and corpus
+#                            chunk: the token count and a 64-bit FNV-1a hash of the ids (int32
+#                            little-endian), to keep the fixtures small
 set -euo pipefail
 : "${LLAMA_TOKENIZE:?set LLAMA_TOKENIZE to the llama-tokenize binary}"
 here="$(cd "$(dirname "$0")/.." && pwd)"
 export LD_LIBRARY_PATH="$(dirname "$LLAMA_TOKENIZE")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export D2O_MODEL="${D2O_MODEL:-$here/cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
-export D2O_VOCAB_DIR="${D2O_VOCAB_DIR:-$here/../shared/data/vocab}"
+if [ -z "${D2O_VOCAB_DIR:-}" ]; then
+  D2O_VOCAB_DIR="$here/cache/vocab"  # scripts/setup.sh --test-data
+  [ -f "$D2O_VOCAB_DIR/ggml-vocab-gpt-2.gguf" ] || D2O_VOCAB_DIR="$here/../shared/data/vocab"
+fi
+export D2O_VOCAB_DIR
 export LLAMA_TOKENIZE ROOT="$here"
 
 python3 - <<'EOF'
@@ -73,8 +79,11 @@ lines = ["# vocab corpus chunk n_tokens fnv1a64(ids as int32 LE); corpus names e
 runs = [(src, os.path.basename(src)[:-4], False) for src in corpora]
 runs.append((os.path.join(data, "corpus_edge.txt"), "corpus_edge.special", True))
 vocab_dir = os.environ["D2O_VOCAB_DIR"]
-for vocab in ["gpt-2", "llama-bpe", "qwen2", "llama-spm", "phi-3"]:
-    model = os.path.join(vocab_dir, "ggml-vocab-%s.gguf" % vocab)
+vocabs = [(v, os.path.join(vocab_dir, "ggml-vocab-%s.gguf" % v))
+          for v in ["gpt-2", "llama-bpe", "qwen2", "llama-spm", "phi-3"]]
+if os.environ.get("D2O_GEMMA_MODEL"):
+    vocabs.append(("gemma3", os.environ["D2O_GEMMA_MODEL"]))
+for vocab, model in vocabs:
     for src, run_name, parse_special in runs:
         for k, c in enumerate(chunks(src)):
             ids = tokenize(model, c, parse_special)

@@ -9,6 +9,8 @@ namespace {
 // About 20-50 microseconds of spinning before a worker sleeps: long enough to bridge the gap
 // between the kernels of one decode step, short enough not to burn a core when idle.
 constexpr int kSpinIterations = 1 << 14;
+// Spins of the dispatching thread before it starts yielding to the OS while it waits.
+constexpr int kWaitSpins = 1 << 12;
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
@@ -44,8 +46,13 @@ void ThreadPool::dispatch(int64_t n_tasks, TaskFn fn, void* ctx) {
   generation_.fetch_add(1, std::memory_order_release);
   generation_.notify_all();
   work_on_current_job(0);
-  // Wait for the workers to leave the job (they may still be running their last task).
-  while (active_workers_.load(std::memory_order_acquire) != 0) cpu_relax();
+  // Wait for the workers to leave the job (they may still be running their last task). Spin
+  // briefly, then yield: when the machine is oversubscribed a worker may have been descheduled,
+  // and spinning would burn the time slice it needs to finish.
+  for (int i = 0; active_workers_.load(std::memory_order_acquire) != 0; ++i) {
+    if (i < kWaitSpins) cpu_relax();
+    else std::this_thread::yield();
+  }
 }
 
 void ThreadPool::worker_loop(int thread) {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/assert.h"
+#include "kv/attention_kernels.h"
 
 namespace d2o {
 
@@ -37,40 +38,35 @@ void AttnScratch::ensure(int n_threads_, int n_head_, int head_dim_, int n_slot)
   partial.resize(static_cast<size_t>(n_tiles_cap) * qb * h * d);
   row_max.resize(qb * h);
   row_inv.resize(qb * h);
-  kv_tile.resize(static_cast<size_t>(n_threads) * kTile * d);
 }
-
-namespace {
-
-inline float dot(const float* a, const float* b, int n) {
-  float s = 0.0f;
-  for (int i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-inline float aggregate(ScoreAgg agg, float acc, float p, int k) {
-  switch (agg) {
-    case ScoreAgg::kMax: return k == 0 ? p : std::max(acc, p);
-    default: return acc + p;
-  }
-}
-
-}  // namespace
 
 void attention_forward(const AttnInput& in, KvLayer& L, const AttnStatsRequest& stats,
                        ThreadPool& pool, AttnScratch& sc) {
+  attention_forward_isa(in, L, stats, pool, sc, best_kernel_isa());
+}
+
+void attention_forward_isa(const AttnInput& in, KvLayer& L, const AttnStatsRequest& stats,
+                           ThreadPool& pool, AttnScratch& sc, KernelIsa isa) {
+  const attn::Kernels& kern = attn::kernels_for(isa);
   const int n_tok = in.n_tok;
   const int H = in.n_head;
   const int G = L.n_head_kv;
   D2O_ASSERT(H % G == 0 && n_tok <= L.n_slot);
   const int grp = H / G;
+  D2O_ASSERT(grp <= AttnScratch::kMaxGroup);
   const int hd = L.head_dim;
   const int n_old = L.n_slot - n_tok;
   constexpr int QB = AttnScratch::kQueryBlock;
   constexpr int TC = AttnScratch::kTile;
+  constexpr int R = attn::kMaxRows;
   sc.ensure(pool.n_threads(), H, hd, L.n_slot);
   const size_t cap = static_cast<size_t>(sc.n_slot_cap);
   const int ntc = sc.n_tiles_cap;
+  auto rows_of = [&](int g) {
+    attn::KvRows k{L.key_row(g, 0), L.row_bytes(), L.type};
+    attn::KvRows v{L.value_row(g, 0), L.row_bytes(), L.type};
+    return std::pair{k, v};
+  };
 
   for (int t0 = 0; t0 < n_tok; t0 += QB) {
     const int t1 = std::min(n_tok, t0 + QB);
@@ -78,29 +74,34 @@ void attention_forward(const AttnInput& in, KvLayer& L, const AttnStatsRequest& 
     const int n_vis = n_old + t1;  // slots visible to the block's last query
     const int n_tiles = (n_vis + TC - 1) / TC;
     const int64_t n_tasks = int64_t{G} * n_tiles;
+    const int n_rows = nb * grp;  // (b, head-in-group) rows of one KV head
 
-    // Phase 1: scores s = q k^T * scale for visible slots, and each tile's maximum.
-    pool.run(n_tasks, [&](int64_t task, int thread) {
+    // Phase 1: scores s = q k^T * scale, and each tile's maximum over the visible slots.
+    pool.run(n_tasks, [&](int64_t task, int) {
       const int g = static_cast<int>(task / n_tiles);
       const int tile = static_cast<int>(task % n_tiles);
       const int j0 = tile * TC;
       const int j1 = std::min(j0 + TC, n_vis);
-      float* kt = sc.kv_tile.data() + static_cast<size_t>(thread) * TC * hd;
-      for (int j = j0; j < j1; ++j) L.load_key(g, j, kt + static_cast<size_t>(j - j0) * hd);
-      for (int b = 0; b < nb; ++b) {
-        const int jend = std::min(j1, n_old + t0 + b + 1);
-        for (int hh = 0; hh < grp; ++hh) {
-          const int h = g * grp + hh;
-          const float* q = in.q + (static_cast<size_t>(t0 + b) * H + h) * hd;
-          float* srow = sc.scores.data() + (static_cast<size_t>(b) * H + h) * cap;
-          float m = -INFINITY;
-          for (int j = j0; j < jend; ++j) {
-            const float s = dot(q, kt + static_cast<size_t>(j - j0) * hd, hd) * in.scale;
-            srow[j] = s;
-            m = std::max(m, s);
-          }
-          sc.tile_max[(static_cast<size_t>(b) * H + h) * ntc + tile] = m;
+      attn::KvRows k = rows_of(g).first;
+      k.base += static_cast<size_t>(j0) * k.row_bytes;
+      const float* qp[R];
+      float* sp[R];
+      for (int r0 = 0; r0 < n_rows; r0 += R) {
+        const int nr = std::min(R, n_rows - r0);
+        for (int i = 0; i < nr; ++i) {
+          const int b = (r0 + i) / grp, h = g * grp + (r0 + i) % grp;
+          qp[i] = in.q + (static_cast<size_t>(t0 + b) * H + h) * hd;
+          sp[i] = sc.scores.data() + (static_cast<size_t>(b) * H + h) * cap + j0;
         }
+        kern.scores(qp, nr, k, j1 - j0, hd, in.scale, sp);
+      }
+      for (int r = 0; r < n_rows; ++r) {
+        const int b = r / grp, h = g * grp + r % grp;
+        const int jend = std::min(j1, n_old + t0 + b + 1);
+        const float* srow = sc.scores.data() + (static_cast<size_t>(b) * H + h) * cap;
+        float m = -INFINITY;
+        for (int j = j0; j < jend; ++j) m = std::max(m, srow[j]);
+        sc.tile_max[(static_cast<size_t>(b) * H + h) * ntc + tile] = m;
       }
     });
 
@@ -114,32 +115,28 @@ void attention_forward(const AttnInput& in, KvLayer& L, const AttnStatsRequest& 
       }
     }
 
-    // Phase 3: p = exp(s - max) (kept in the score rows), per-tile sums and p-weighted values.
-    pool.run(n_tasks, [&](int64_t task, int thread) {
+    // Phase 3: p = exp(s - max) in place (0 where not visible), per-tile sums, p-weighted values.
+    pool.run(n_tasks, [&](int64_t task, int) {
       const int g = static_cast<int>(task / n_tiles);
       const int tile = static_cast<int>(task % n_tiles);
       const int j0 = tile * TC;
       const int j1 = std::min(j0 + TC, n_vis);
-      float* vt = sc.kv_tile.data() + static_cast<size_t>(thread) * TC * hd;
-      for (int j = j0; j < j1; ++j) L.load_value(g, j, vt + static_cast<size_t>(j - j0) * hd);
-      for (int b = 0; b < nb; ++b) {
-        const int jend = std::min(j1, n_old + t0 + b + 1);
-        for (int hh = 0; hh < grp; ++hh) {
-          const int h = g * grp + hh;
-          float* srow = sc.scores.data() + (static_cast<size_t>(b) * H + h) * cap;
-          const float m = sc.row_max[static_cast<size_t>(b) * H + h];
-          float* acc = sc.partial.data() + ((static_cast<size_t>(tile) * QB + b) * H + h) * hd;
-          std::fill(acc, acc + hd, 0.0f);
-          float l = 0.0f;
-          for (int j = j0; j < jend; ++j) {
-            const float p = std::exp(srow[j] - m);
-            srow[j] = p;
-            l += p;
-            const float* v = vt + static_cast<size_t>(j - j0) * hd;
-            for (int d = 0; d < hd; ++d) acc[d] += p * v[d];
-          }
-          sc.tile_sum[(static_cast<size_t>(b) * H + h) * ntc + tile] = l;
+      attn::KvRows v = rows_of(g).second;
+      v.base += static_cast<size_t>(j0) * v.row_bytes;
+      const float* pp[R];
+      float* acc[R];
+      for (int r0 = 0; r0 < n_rows; r0 += R) {
+        const int nr = std::min(R, n_rows - r0);
+        for (int i = 0; i < nr; ++i) {
+          const int b = (r0 + i) / grp, h = g * grp + (r0 + i) % grp;
+          const size_t rh = static_cast<size_t>(b) * H + h;
+          float* srow = sc.scores.data() + rh * cap + j0;
+          const int n_valid = std::max(0, std::min(j1, n_old + t0 + b + 1) - j0);
+          sc.tile_sum[rh * ntc + tile] = kern.exp_sum(srow, n_valid, j1 - j0, sc.row_max[rh]);
+          pp[i] = srow;
+          acc[i] = sc.partial.data() + ((static_cast<size_t>(tile) * QB + b) * H + h) * hd;
         }
+        kern.pv(pp, nr, v, j1 - j0, hd, acc);
       }
     });
 
@@ -164,28 +161,30 @@ void attention_forward(const AttnInput& in, KvLayer& L, const AttnStatsRequest& 
     // Phase 5: statistics, each slot owned by one task, queries summed in order.
     const bool want_window = stats.window_first < t1;
     if (!stats.accumulate && !want_window) continue;
-    pool.run(n_tasks, [&](int64_t task, int /*thread*/) {
+    pool.run(n_tasks, [&](int64_t task, int) {
       const int g = static_cast<int>(task / n_tiles);
       const int tile = static_cast<int>(task % n_tiles);
       const int j0 = tile * TC;
       const int j1 = std::min(j0 + TC, n_vis);
-      for (int j = j0; j < j1; ++j) {
-        float acc = 0.0f, win = 0.0f;
-        for (int b = 0; b < nb; ++b) {
-          if (j >= n_old + t0 + b + 1) continue;  // not visible to this query
-          float a = 0.0f;
-          for (int hh = 0; hh < grp; ++hh) {
-            const size_t r = static_cast<size_t>(b) * H + static_cast<size_t>(g * grp + hh);
-            a = aggregate(stats.agg, a, sc.scores[r * cap + j] * sc.row_inv[r], hh);
-          }
-          if (stats.agg == ScoreAgg::kMean) a /= static_cast<float>(grp);
-          acc += a;
-          if (t0 + b >= stats.window_first) win += a;
-        }
-        const size_t mi = L.meta_index(g, j);
-        if (stats.accumulate) L.score[mi] += acc;
-        if (want_window) L.window[mi] += win;
+      const float* prow[QB * AttnScratch::kMaxGroup];
+      float inv[QB * AttnScratch::kMaxGroup];
+      for (int r = 0; r < n_rows; ++r) {
+        const int b = r / grp, h = g * grp + r % grp;
+        const size_t rh = static_cast<size_t>(b) * H + h;
+        prow[r] = sc.scores.data() + rh * cap + j0;
+        inv[r] = sc.row_inv[rh];
       }
+      attn::StatsArgs a;
+      a.p = prow;
+      a.inv = inv;
+      a.nb = nb;
+      a.grp = grp;
+      a.agg = static_cast<int>(stats.agg);
+      a.n_cols = j1 - j0;
+      a.score = stats.accumulate ? &L.score[L.meta_index(g, j0)] : nullptr;
+      a.window = want_window ? &L.window[L.meta_index(g, j0)] : nullptr;
+      a.window_from = std::max(0, stats.window_first - t0);
+      kern.stats(a);
     });
   }
 }

@@ -24,6 +24,7 @@
 #include "core/mem.h"
 #include "core/thread_pool.h"
 #include "kv/kv_cache.h"
+#include "ops/kernel_isa.h"
 
 namespace d2o {
 
@@ -58,16 +59,20 @@ class AttnScratch {
   AlignedBuffer<float> partial;   // [n_tiles, block, n_head, head_dim]
   AlignedBuffer<float> row_max;   // [block, n_head]
   AlignedBuffer<float> row_inv;   // [block, n_head]  1 / sum
-  AlignedBuffer<float> kv_tile;   // [n_threads, kTile, head_dim] keys/values of a tile as floats
   int n_slot_cap = 0;
   int n_tiles_cap = 0;
   int n_head = 0;
   int head_dim = 0;
   int n_threads = 0;
+  // A KV head's group has at most this many query heads (the statistics loop's row arrays).
+  static constexpr int kMaxGroup = 64;
 };
 
 void attention_forward(const AttnInput& in, KvLayer& layer, const AttnStatsRequest& stats,
                        ThreadPool& pool, AttnScratch& scratch);
+// The same with the inner loops of a given (available) instruction-set level; for tests.
+void attention_forward_isa(const AttnInput& in, KvLayer& layer, const AttnStatsRequest& stats,
+                           ThreadPool& pool, AttnScratch& scratch, KernelIsa isa);
 
 // Plain reference (full score rows, double accumulation, single thread) for tests.
 void attention_reference(const AttnInput& in, KvLayer& layer, const AttnStatsRequest& stats);

@@ -52,6 +52,9 @@ Result<ModelHParams> ModelHParams::from_gguf(const GgufFile& f) {
                         ") is not a multiple of attention.head_count_kv (" +
                         std::to_string(n_head_kv) + ")");
   }
+  if (n_head / n_head_kv > 64) {
+    return unsupported("more than 64 query heads per KV head is not supported");
+  }
   D2O_ASSIGN_OR_RETURN(int64_t head_dim, f.get_int_or(p + "attention.key_length", n_embd / n_head));
   D2O_ASSIGN_OR_RETURN(int64_t v_dim, f.get_int_or(p + "attention.value_length", head_dim));
   D2O_RETURN_IF_ERROR(require_positive("attention.key_length", head_dim, 1024));

@@ -9,7 +9,7 @@ namespace {
 // Loads tensors by name with shape checks, accumulating the bytes it copies.
 class TensorLoader {
  public:
-  explicit TensorLoader(const GgufFile& f) : f_(f) {}
+  TensorLoader(const GgufFile& f, bool to_f32) : f_(f), to_f32_(to_f32) {}
   size_t bytes() const { return bytes_; }
 
   // A matrix with GGUF dims {n_cols, n_rows}.
@@ -20,7 +20,22 @@ class TensorLoader {
       return format_error("tensor '" + name + "' has shape " + t->shape_string() + ", expected [" +
                           std::to_string(n_cols) + ", " + std::to_string(n_rows) + "]");
     }
-    auto m = QMatrix::from_gguf_bytes(t->type, n_rows, n_cols, f_.tensor_data(*t), t->n_bytes);
+    Result<QMatrix> m = QMatrix();
+    if (to_f32_ && t->type != GgmlType::kF32) {
+      if (!dequantize_supported(t->type)) {
+        return unsupported("tensor '" + name + "' has type " + ggml_type_name(t->type) + ", which d2o cannot compute with");
+      }
+      std::vector<float> rows(static_cast<size_t>(n_rows * n_cols));
+      const size_t row_bytes = t->n_bytes / static_cast<size_t>(n_rows);
+      for (int64_t r = 0; r < n_rows; ++r) {
+        dequantize_row(t->type, f_.tensor_data(*t) + static_cast<size_t>(r) * row_bytes,
+                       rows.data() + r * n_cols, n_cols);
+      }
+      m = QMatrix::from_gguf_bytes(GgmlType::kF32, n_rows, n_cols,
+                                   reinterpret_cast<const uint8_t*>(rows.data()), rows.size() * sizeof(float));
+    } else {
+      m = QMatrix::from_gguf_bytes(t->type, n_rows, n_cols, f_.tensor_data(*t), t->n_bytes);
+    }
     if (!m.ok()) return m.status().with_context("tensor '" + name + "'");
     *out = std::move(m).value();
     bytes_ += out->bytes();
@@ -49,17 +64,18 @@ class TensorLoader {
 
  private:
   const GgufFile& f_;
+  bool to_f32_;
   size_t bytes_ = 0;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Model>> Model::load(const std::string& path) {
+Result<std::unique_ptr<Model>> Model::load(const std::string& path, const ModelLoadOptions& opts) {
   D2O_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::open(path));
-  return load(*file);
+  return load(*file, opts);
 }
 
-Result<std::unique_ptr<Model>> Model::load(const GgufFile& f) {
+Result<std::unique_ptr<Model>> Model::load(const GgufFile& f, const ModelLoadOptions& opts) {
   std::unique_ptr<Model> m(new Model());
   m->path_ = f.path();
   auto hp = ModelHParams::from_gguf(f);
@@ -69,7 +85,7 @@ Result<std::unique_ptr<Model>> Model::load(const GgufFile& f) {
   const int64_t q_dim = int64_t{h.n_head} * h.head_dim;
   const int64_t kv_dim = int64_t{h.n_head_kv} * h.head_dim;
 
-  TensorLoader ld(f);
+  TensorLoader ld(f, opts.dequantize_to_f32);
   auto load_all = [&]() -> Status {
     D2O_RETURN_IF_ERROR(ld.matrix("token_embd.weight", h.n_vocab, h.n_embd, &m->token_embd_));
     D2O_RETURN_IF_ERROR(ld.vector("output_norm.weight", h.n_embd, &m->output_norm_));

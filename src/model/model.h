@@ -31,13 +31,20 @@ struct LayerWeights {
   QMatrix w_down;                // [n_embd, n_ff]
 };
 
+struct ModelLoadOptions {
+  // Dequantise every matrix to F32 at load time: the exact computation of the stored weights
+  // (no 8-bit activation quantisation), for reference comparisons; about 4-8x the memory.
+  bool dequantize_to_f32 = false;
+};
+
 class Model {
  public:
   // Loads `path`. Errors name the file and what is wrong (missing tensor, wrong shape,
   // unsupported type or architecture).
-  static Result<std::unique_ptr<Model>> load(const std::string& path);
+  static Result<std::unique_ptr<Model>> load(const std::string& path,
+                                             const ModelLoadOptions& opts = {});
   // Same from an open file (the file may be closed afterwards).
-  static Result<std::unique_ptr<Model>> load(const GgufFile& file);
+  static Result<std::unique_ptr<Model>> load(const GgufFile& file, const ModelLoadOptions& opts = {});
 
   const ModelHParams& hparams() const { return hp_; }
   const QMatrix& token_embd() const { return token_embd_; }  // [n_vocab, n_embd]

@@ -171,8 +171,20 @@ void BpeMerges::encode_word(const Vocab& vocab, std::string_view word, MergeScra
   for (int32_t i = 0; i >= 0; i = s.next[i]) emit(vocab, word, s, i, out);
 }
 
-void spm_encode(const Vocab& vocab, std::string_view text, MergeScratch& s,
-                std::vector<TokenId>& out) {
+namespace {
+
+bool valid_utf8(std::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    const unicode::Utf8Step st = unicode::utf8_scan(text.substr(i));
+    if (!st.valid) return false;
+    i += st.length;
+  }
+  return true;
+}
+
+// One run of the SentencePiece merge over `text`.
+void spm_merge(const Vocab& vocab, std::string_view text, MergeScratch& s,
+               std::vector<TokenId>& out) {
   // Symbols are UTF-8 characters by their lead byte (llama.cpp does not validate them).
   s.start.clear();
   s.len.clear();
@@ -223,6 +235,68 @@ void spm_encode(const Vocab& vocab, std::string_view text, MergeScratch& s,
       if (t >= 0) out.push_back(t);
     }
   }
+}
+
+}  // namespace
+
+void BpeMerges::encode_word_cached(const Vocab& vocab, std::string_view word, MergeScratch& s,
+                                   std::vector<TokenId>& out) const {
+  if (word.size() > 64) {  // long words are rare and costly to key
+    encode_word(vocab, word, s, out);
+    return;
+  }
+  auto it = s.word_cache.find(word);
+  if (it == s.word_cache.end()) {
+    if (s.word_cache.size() > (size_t{1} << 16)) {  // bound the memory of the cache
+      s.word_cache.clear();
+      s.word_tokens.clear();
+    }
+    const size_t b = s.word_tokens.size();
+    encode_word(vocab, word, s, s.word_tokens);
+    it = s.word_cache.emplace(std::string(word), std::make_pair(b, s.word_tokens.size())).first;
+  }
+  out.insert(out.end(), s.word_tokens.begin() + static_cast<ptrdiff_t>(it->second.first),
+             s.word_tokens.begin() + static_cast<ptrdiff_t>(it->second.second));
+}
+
+void spm_encode(const Vocab& vocab, std::string_view text, MergeScratch& s,
+                std::vector<TokenId>& out) {
+  if (!vocab.spm_words_independent || !valid_utf8(text)) {
+    spm_merge(vocab, text, s, out);
+    return;
+  }
+  // Merges cannot cross the start of a run of U+2581 (see Vocab::spm_words_independent): merge
+  // each word (a run of spaces and what follows up to the next run) on its own, which gives the
+  // same tokens, and reuse the result for repeated words.
+  const std::string_view space = "\xE2\x96\x81";
+  size_t begin = 0;
+  auto flush = [&](size_t end) {
+    const std::string_view word = text.substr(begin, end - begin);
+    auto it = s.word_cache.find(word);
+    if (it == s.word_cache.end()) {
+      if (s.word_cache.size() > (size_t{1} << 16)) {  // bound the memory of the cache
+        s.word_cache.clear();
+        s.word_tokens.clear();
+      }
+      const size_t b = s.word_tokens.size();
+      spm_merge(vocab, word, s, s.word_tokens);
+      it = s.word_cache.emplace(std::string(word), std::make_pair(b, s.word_tokens.size())).first;
+    }
+    out.insert(out.end(), s.word_tokens.begin() + static_cast<ptrdiff_t>(it->second.first),
+               s.word_tokens.begin() + static_cast<ptrdiff_t>(it->second.second));
+    begin = end;
+  };
+  for (size_t q = text.find(space, 1); q != std::string_view::npos; q = text.find(space, q + 3)) {
+    if (q >= 3 && text.substr(q - 3, 3) == space) continue;  // inside a run of spaces
+    size_t c = q - 1;  // start of the character before the run
+    while (c > 0 && (static_cast<uint8_t>(text[c]) & 0xC0) == 0x80) --c;
+    const std::string_view prev = text.substr(c, q - c);
+    if (std::find(vocab.spm_space_glue.begin(), vocab.spm_space_glue.end(), prev) ==
+        vocab.spm_space_glue.end()) {
+      flush(q);
+    }
+  }
+  flush(text.size());
 }
 
 }  // namespace d2o

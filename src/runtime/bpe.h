@@ -40,6 +40,10 @@ struct MergeScratch {
   };
   std::vector<Pair> heap;
   std::string encoded;  // BPE: the word as byte characters
+  // Words already merged during this encode call -> their range in word_tokens.
+  std::unordered_map<std::string, std::pair<size_t, size_t>, StringHash, std::equal_to<>>
+      word_cache;
+  std::vector<TokenId> word_tokens;
 };
 
 class BpeMerges {
@@ -51,6 +55,9 @@ class BpeMerges {
   // Appends the tokens of one word (raw bytes, before byte-character encoding).
   void encode_word(const Vocab& vocab, std::string_view word, MergeScratch& s,
                    std::vector<TokenId>& out) const;
+  // Same, remembering words in s.word_cache (natural text repeats most words).
+  void encode_word_cached(const Vocab& vocab, std::string_view word, MergeScratch& s,
+                          std::vector<TokenId>& out) const;
 
  private:
   struct Rule {

@@ -144,7 +144,7 @@ Result<std::unique_ptr<PreTokenizer>> PreTokenizer::create(std::string_view name
   return pt;
 }
 
-void PreTokenizer::split(std::string_view input, PreTokenized& out) const {
+Status PreTokenizer::split(std::string_view input, PreTokenized& out) const {
   SplitScratch s;
   unicode::decode_utf8_lenient(input, s.cps);
   const size_t n = s.cps.size();
@@ -178,6 +178,10 @@ void PreTokenizer::split(std::string_view input, PreTokenized& out) const {
   pcre2_match_context* mctx = pcre2_match_context_create(nullptr);
   pcre2_jit_stack* jstack = pcre2_jit_stack_create(32 * 1024, 64 * 1024 * 1024, nullptr);
   if (mctx && jstack) pcre2_jit_stack_assign(mctx, nullptr, jstack);
+  // Backtracking over a long whitespace run (\s*[\r\n]+) costs steps in proportion to the
+  // run; lift the default limit of 10M steps so that long inputs are never refused.
+  if (mctx) pcre2_set_match_limit(mctx, 0xFFFFFFFFu);
+  Status status;
   for (const auto& rx : regexes_) {
     if (md) pcre2_match_data_free(md);
     md = pcre2_match_data_create_from_pattern(rx->code, nullptr);
@@ -194,7 +198,13 @@ void PreTokenizer::split(std::string_view input, PreTokenized& out) const {
       while (pos < subj_len) {
         const int rc = pcre2_match(rx->code, subj, subj_len, pos, PCRE2_NO_UTF_CHECK, md, mctx);
         if (rc == PCRE2_ERROR_NOMATCH) break;
-        D2O_ASSERT_MSG(rc > 0, "pre-tokenizer regex failed (match limit?)");
+        if (rc < 0) {
+          PCRE2_UCHAR msg[256];
+          pcre2_get_error_message(rc, msg, sizeof(msg));
+          status = resource_exhausted("pre-tokenizer regex failed: " +
+                                      std::string(reinterpret_cast<char*>(msg)));
+          break;
+        }
         const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
         const PCRE2_SIZE m0 = ov[0], m1 = ov[1];
         if (m1 == m0) {
@@ -210,12 +220,15 @@ void PreTokenizer::split(std::string_view input, PreTokenized& out) const {
       }
       if (done < subj_len) s.next.push_back(s.subj_to_cp[b1] - s.subj_to_cp[b0 + done]);
       start += len;
+      if (!status.ok()) break;
     }
     s.pieces.swap(s.next);
+    if (!status.ok()) break;
   }
   if (md) pcre2_match_data_free(md);
   if (jstack) pcre2_jit_stack_free(jstack);
   if (mctx) pcre2_match_context_free(mctx);
+  D2O_RETURN_IF_ERROR(status);
 
   out.word_ends.clear();
   out.word_ends.reserve(s.pieces.size());
@@ -224,6 +237,7 @@ void PreTokenizer::split(std::string_view input, PreTokenized& out) const {
     cp_end += len;
     out.word_ends.push_back(s.text_off[cp_end]);
   }
+  return Status();
 }
 
 }  // namespace d2o

@@ -50,8 +50,9 @@ class PreTokenizer {
 
   const std::string& name() const { return name_; }
   const PreTokenizerTraits& traits() const { return traits_; }
-  // Thread-safe (const, per-call scratch).
-  void split(std::string_view input, PreTokenized& out) const;
+  // Thread-safe (const, per-call scratch). Errors: kResourceExhausted if the regex engine
+  // gives up (it has no match limit here, so only on memory exhaustion).
+  Status split(std::string_view input, PreTokenized& out) const;
 
  private:
   struct Regex;

@@ -152,11 +152,11 @@ Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text,
         out.push_back(f.token);
         continue;
       }
-      pre_->split(text.substr(f.offset, f.length), words);
+      D2O_RETURN_IF_ERROR(pre_->split(text.substr(f.offset, f.length), words));
       uint32_t begin = 0;
       for (uint32_t end : words.word_ends) {
-        merges_->encode_word(v, std::string_view(words.text).substr(begin, end - begin), scratch,
-                             out);
+        merges_->encode_word_cached(v, std::string_view(words.text).substr(begin, end - begin),
+                                    scratch, out);
         begin = end;
       }
     }

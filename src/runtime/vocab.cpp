@@ -40,52 +40,52 @@ bool is_one_of(std::string_view s, TextList list) {
 
 // Texts by which llama.cpp recognises special tokens that the metadata does not name.
 const TextList kEotTexts = {"<|eot_id|>",
-                                "<|im_end|>",
-                                "<|end|>",
-                                "<end_of_turn>",
-                                "<|endoftext|>",
-                                "<|end_of_text|>",
-                                "<EOT>",
-                                "_<EOT>",
-                                "[EOT]",
-                                "<\xEF\xBD\x9C"
-                                "end\xE2\x96\x81"
-                                "of\xE2\x96\x81"
-                                "sentence\xEF\xBD\x9C>",
-                                "<end_of_utterance>"};
+                            "<|im_end|>",
+                            "<|end|>",
+                            "<end_of_turn>",
+                            "<|endoftext|>",
+                            "<|end_of_text|>",
+                            "<EOT>",
+                            "_<EOT>",
+                            "[EOT]",
+                            "<\xEF\xBD\x9C"
+                            "end\xE2\x96\x81"
+                            "of\xE2\x96\x81"
+                            "sentence\xEF\xBD\x9C>",
+                            "<end_of_utterance>"};
 const TextList kFimPreTexts = {"<|fim_prefix|>",
-                                   "<fim-prefix>",
-                                   "<fim_prefix>",
-                                   "<\xEF\xBD\x9C"
-                                   "fim\xE2\x96\x81"
-                                   "begin\xEF\xBD\x9C>",
-                                   "<PRE>",
-                                   "\xE2\x96\x81<PRE>",
-                                   "<|code_prefix|>",
-                                   "<|prefix|>"};
+                               "<fim-prefix>",
+                               "<fim_prefix>",
+                               "<\xEF\xBD\x9C"
+                               "fim\xE2\x96\x81"
+                               "begin\xEF\xBD\x9C>",
+                               "<PRE>",
+                               "\xE2\x96\x81<PRE>",
+                               "<|code_prefix|>",
+                               "<|prefix|>"};
 const TextList kFimSufTexts = {"<|fim_suffix|>",
-                                   "<fim-suffix>",
-                                   "<fim_suffix>",
-                                   "<\xEF\xBD\x9C"
-                                   "fim\xE2\x96\x81"
-                                   "hole\xEF\xBD\x9C>",
-                                   "<SUF>",
-                                   "\xE2\x96\x81<SUF>",
-                                   "<|code_suffix|>",
-                                   "<|suffix|>"};
+                               "<fim-suffix>",
+                               "<fim_suffix>",
+                               "<\xEF\xBD\x9C"
+                               "fim\xE2\x96\x81"
+                               "hole\xEF\xBD\x9C>",
+                               "<SUF>",
+                               "\xE2\x96\x81<SUF>",
+                               "<|code_suffix|>",
+                               "<|suffix|>"};
 const TextList kFimMidTexts = {"<|fim_middle|>",
-                                   "<fim-middle>",
-                                   "<fim_middle>",
-                                   "<\xEF\xBD\x9C"
-                                   "fim\xE2\x96\x81"
-                                   "end\xEF\xBD\x9C>",
-                                   "<MID>",
-                                   "\xE2\x96\x81<MID>",
-                                   "<|code_middle|>",
-                                   "<|middle|>"};
+                               "<fim-middle>",
+                               "<fim_middle>",
+                               "<\xEF\xBD\x9C"
+                               "fim\xE2\x96\x81"
+                               "end\xEF\xBD\x9C>",
+                               "<MID>",
+                               "\xE2\x96\x81<MID>",
+                               "<|code_middle|>",
+                               "<|middle|>"};
 const TextList kFimPadTexts = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"};
 const TextList kFimRepTexts = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>",
-                                   "<reponame>"};
+                               "<reponame>"};
 bool is_eog_text(std::string_view s) {
   return is_one_of(s, {"<|eot_id|>",
                        "<|im_end|>",
@@ -378,6 +378,27 @@ Result<Vocab> load_vocab(const GgufFile& file, const VocabDefaults& defaults) {
   }
   std::stable_sort(v.special_tokens.begin(), v.special_tokens.end(),
                    [&](TokenId a, TokenId b) { return v.text[a].size() > v.text[b].size(); });
+
+  if (v.type == VocabType::kSpm) {
+    v.spm_words_independent = true;
+    const std::string_view space = "\xE2\x96\x81";
+    for (const std::string& t : v.text) {
+      for (size_t q = t.find(space, 1); q != std::string::npos; q = t.find(space, q + 1)) {
+        if (q >= 3 && std::string_view(t).substr(q - 3, 3) == space) continue;
+        // The character before the space: step back over UTF-8 continuation bytes.
+        size_t c = q - 1;
+        while (c > 0 && (static_cast<uint8_t>(t[c]) & 0xC0) == 0x80) --c;
+        const std::string glue = t.substr(c, q - c);
+        if (unicode::utf8_scan(glue).length != glue.size() || !unicode::utf8_scan(glue).valid) {
+          v.spm_words_independent = false;  // not UTF-8: give up on the shortcut
+        } else if (std::find(v.spm_space_glue.begin(), v.spm_space_glue.end(), glue) ==
+                   v.spm_space_glue.end()) {
+          v.spm_space_glue.push_back(glue);
+        }
+      }
+    }
+    if (v.spm_space_glue.size() > 32) v.spm_words_independent = false;
+  }
 
   v.piece.resize(n);
   for (TokenId id = 0; id < nv; ++id) v.piece[id] = make_piece(v, id);

@@ -65,6 +65,11 @@ struct Vocab {
   bool add_space_prefix = false;  // SPM: a space is put before the text (and removed by decode)
   bool clean_spaces = false;      // decode removes the space in " ,", " .", " 's", ...
   bool ignore_merges = false;     // BPE: a word that is a token is taken whole
+  // SPM: characters c such that some token contains c followed by U+2581 (c != U+2581). A merge
+  // can cross the start of a run of spaces only after such a character, so valid UTF-8 text can be
+  // merged word by word elsewhere (see spm_encode). Gemma: {">"}; Llama 2: none.
+  bool spm_words_independent = false;  // false: the set is unknown or too large to bother
+  std::vector<std::string> spm_space_glue;
 
   std::vector<uint8_t> is_eog;          // [n_vocab] end-of-generation flags
   std::vector<TokenId> special_tokens;  // CONTROL / USER_DEFINED / UNKNOWN, longest text first

@@ -21,7 +21,8 @@ std::string ref_path(const std::string& name) { return std::string(D2O_TEST_DATA
 std::vector<float> all_logits(Engine& engine, const std::vector<int32_t>& tokens) {
   const int n_vocab = engine.model().hparams().n_vocab;
   std::vector<float> out(tokens.size() * static_cast<size_t>(n_vocab));
-  Sequence seq(engine.model().hparams(), KvType::kF16, nullptr);
+  // F32 cache, as the references were computed (scripts/gen_reference_fixtures.py).
+  Sequence seq(engine.model().hparams(), KvType::kF32, nullptr);
   BatchEntry be;
   be.seq = &seq;
   be.tokens = tokens;
@@ -42,15 +43,16 @@ void log_softmax(const float* x, int n, std::vector<double>* out) {
   for (int i = 0; i < n; ++i) (*out)[static_cast<size_t>(i)] = x[i] - lse;
 }
 
-TEST(LlamaParity, SmolLM2LogitsMatchLlamaCpp) {
-  D2O_REQUIRE_MODEL(model_path);
-  test::ReferenceLogits ref;
-  ASSERT_TRUE(test::read_reference_logits(ref_path("smollm2_logits.bin"), &ref));
-  auto model = Model::load(model_path);
-  ASSERT_TRUE(model.ok()) << model.status().to_string();
-  ASSERT_EQ(static_cast<uint32_t>((*model)->hparams().n_vocab), ref.n_vocab);
-  ThreadPool pool(2);
-  Engine engine(**model, pool, EngineOptions{});
+struct ParityStats {
+  double kl = 0;      // mean bucketed KL(reference || d2o)
+  double top1 = 0;    // top-1 agreement
+};
+
+// Runs every reference prompt through d2o and compares with the reference's top-k log-probs.
+// KL(reference || d2o) is summed over the reference's top-k tokens plus one bucket for the rest
+// (a slightly coarser measure than the full sum, never larger than it); the generating script
+// computes llama.cpp's own spreads with exactly this formula.
+ParityStats compare(Engine& engine, const test::ReferenceLogits& ref, const char* label) {
   const int n_vocab = static_cast<int>(ref.n_vocab);
   int64_t agree = 0, total = 0;
   double kl_sum = 0;
@@ -65,8 +67,6 @@ TEST(LlamaParity, SmolLM2LogitsMatchLlamaCpp) {
       const test::TopK& top = ref.top[p][t];
       const int argmax = static_cast<int>(std::max_element(row, row + n_vocab) - row);
       agree_p += argmax == top.id[0];
-      // KL(llama.cpp || d2o) over llama.cpp's top-k tokens plus one bucket for the rest (a
-      // slightly coarser measure than the full sum, never larger than it).
       double kl = 0, p_top = 0, q_top = 0;
       for (uint32_t i = 0; i < ref.k; ++i) {
         const double lp = top.logp[i];
@@ -79,17 +79,69 @@ TEST(LlamaParity, SmolLM2LogitsMatchLlamaCpp) {
       kl += p_rest * std::log(p_rest / q_rest);
       kl_p += kl;
     }
-    std::printf("prompt %u: top-1 agreement %.2f%%, mean KL %.2e\n", p, 100.0 * agree_p / ref.n_pos,
+    std::printf("%s, prompt %u: top-1 agreement %.2f%%, mean KL %.3e\n", label, p, 100.0 * agree_p / ref.n_pos,
                 kl_p / ref.n_pos);
     agree += agree_p;
     kl_sum += kl_p;
     total += ref.n_pos;
   }
-  const double agreement = static_cast<double>(agree) / total, mean_kl = kl_sum / total;
-  std::printf("overall: top-1 agreement %.2f%%, mean KL(llama.cpp || d2o) %.3e over %lld positions\n",
-              100 * agreement, mean_kl, static_cast<long long>(total));
-  EXPECT_GE(agreement, 0.98);
-  EXPECT_LE(mean_kl, 2e-3);
+  ParityStats st{kl_sum / static_cast<double>(total), static_cast<double>(agree) / static_cast<double>(total)};
+  std::printf("%s: top-1 agreement %.2f%%, mean KL %.3e over %lld positions\n", label, 100 * st.top1, st.kl,
+              static_cast<long long>(total));
+  return st;
+}
+
+double json_number(const std::string& json, const std::string& object, const std::string& key) {
+  const size_t at = json.find("\"" + object + "\"");
+  const size_t k = json.find("\"" + key + "\":", at);
+  return std::stod(json.substr(k + key.size() + 3));
+}
+
+// The engine computes exactly what the model computes: with the weights dequantised to F32 (no
+// activation quantisation on either side) d2o and llama.cpp agree to rounding.
+TEST(LlamaParity, SmolLM2ExactArithmeticMatchesLlamaCpp) {
+  D2O_REQUIRE_MODEL(model_path);
+  test::ReferenceLogits ref;
+  ASSERT_TRUE(test::read_reference_logits(ref_path("smollm2_f32_logits.bin"), &ref));
+  ModelLoadOptions mo;
+  mo.dequantize_to_f32 = true;
+  auto model = Model::load(model_path, mo);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  ThreadPool pool(2);
+  Engine engine(**model, pool, EngineOptions{});
+  const ParityStats st = compare(engine, ref, "F32 weights vs llama.cpp F32");
+  EXPECT_LE(st.kl, 1e-6);
+  EXPECT_GE(st.top1, 0.998);
+}
+
+// With the real Q4_1 weights both engines quantise activations to 8 bits, and any difference in
+// rounding (llama.cpp's own flash-attention switch or F16 cache, too) decorrelates that noise over
+// 30 layers. d2o must stay within llama.cpp's own spread between its settings, and its
+// quantisation error against the exact computation must be no larger than llama.cpp's.
+TEST(LlamaParity, SmolLM2Q41WithinLlamaCppsOwnSpread) {
+  D2O_REQUIRE_MODEL(model_path);
+  test::ReferenceLogits ref, exact;
+  ASSERT_TRUE(test::read_reference_logits(ref_path("smollm2_logits.bin"), &ref));
+  ASSERT_TRUE(test::read_reference_logits(ref_path("smollm2_f32_logits.bin"), &exact));
+  const std::string noise = test::read_file(ref_path("smollm2_noise.json"));
+  const double fa_kl = json_number(noise, "ref_vs_flash_attn", "kl_mean");
+  const double fa_top1 = json_number(noise, "ref_vs_flash_attn", "top1_mean");
+  const double f16_kl = json_number(noise, "ref_vs_f16_cache", "kl_mean");
+  const double f16_top1 = json_number(noise, "ref_vs_f16_cache", "top1_mean");
+  const double q_kl = json_number(noise, "exact_vs_ref", "kl_mean");
+  auto model = Model::load(model_path);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  ThreadPool pool(2);
+  Engine engine(**model, pool, EngineOptions{});
+  const ParityStats st = compare(engine, ref, "Q4_1 vs llama.cpp Q4_1");
+  const ParityStats qe = compare(engine, exact, "Q4_1 vs exact F32");
+  std::printf("llama.cpp's own spread: flash attention on/off KL %.3e top-1 %.2f%%; F16/F32 cache KL %.3e "
+              "top-1 %.2f%%; its Q4_1 vs exact KL %.3e\n",
+              fa_kl, 100 * fa_top1, f16_kl, 100 * f16_top1, q_kl);
+  const double floor_kl = std::max(fa_kl, f16_kl), floor_top1 = std::min(fa_top1, f16_top1);
+  EXPECT_LE(st.kl, 1.25 * floor_kl);
+  EXPECT_GE(st.top1, floor_top1 - 0.01);
+  EXPECT_LE(qe.kl, 1.1 * q_kl);
 }
 
 void check_random_model(const test::RandomModelConfig& cfg, const std::string& fixture) {

@@ -56,6 +56,9 @@ void run_case(const Case& c) {
   AttnInput in{q.data(), out_ref.data(), c.n_tok, c.n_head, 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
   attention_reference(in, ref_cache.layer(0), req);
 
+  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+  if (!kernel_isa_available(isa)) continue;
+  SCOPED_TRACE(kernel_isa_name(isa));
   std::vector<float> first_out, first_score, first_window;
   for (int threads : {1, 2, 3}) {
     KvCache run_cache(cfg);
@@ -63,7 +66,7 @@ void run_case(const Case& c) {
     ThreadPool pool(threads);
     AttnScratch scratch;
     in.out = out.data();
-    attention_forward(in, run_cache.layer(0), req, pool, scratch);
+    attention_forward_isa(in, run_cache.layer(0), req, pool, scratch, isa);
     const KvLayer& L = run_cache.layer(0);
     const KvLayer& R = ref_cache.layer(0);
     for (size_t i = 0; i < out_n; ++i) ASSERT_NEAR(out[i], out_ref[i], 2e-5f * (1.0f + std::fabs(out_ref[i]))) << i;
@@ -87,6 +90,7 @@ void run_case(const Case& c) {
       EXPECT_EQ(window, first_window);
     }
   }
+  }
 }
 
 TEST(Attention, MatchesReferenceAcrossLayouts) {
@@ -97,6 +101,9 @@ TEST(Attention, MatchesReferenceAcrossLayouts) {
       {6, 2, 32, 0, 37, KvType::kF16, ScoreAgg::kMean, 30},        // GQA prefill, 3 query blocks
       {4, 1, 64, 513, 20, KvType::kF16, ScoreAgg::kMax, 1 << 30},  // MQA, multi-tile, 2 blocks
       {9, 3, 64, 700, 3, KvType::kF16, ScoreAgg::kSum, 1},         // SmolLM2 shape
+      {8, 2, 128, 40, 17, KvType::kF16, ScoreAgg::kSum, 5},        // head_dim 128
+      {4, 1, 256, 30, 6, KvType::kF32, ScoreAgg::kMean, 2},        // Gemma-like MQA, head_dim 256
+      {2, 2, 24, 5, 7, KvType::kF16, ScoreAgg::kMax, 0},           // odd head_dim (scalar path)
   };
   for (const Case& c : cases) run_case(c);
 }

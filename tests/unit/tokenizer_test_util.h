@@ -20,11 +20,13 @@ inline std::string read_file_bytes(const std::string& path) {
 }
 
 // Directory of the llama.cpp vocab test files: $D2O_VOCAB_DIR, else shared/data/vocab next to
-// the repository (the layout of CI and of the main checkout). Empty when not found.
+// the repository (the layout of CI and of the main checkout), else cache/vocab (where
+// scripts/setup.sh --test-data puts them). Empty when not found.
 inline std::string vocab_dir() {
   std::vector<std::string> candidates;
   if (const char* e = std::getenv("D2O_VOCAB_DIR"); e && *e) candidates.emplace_back(e);
   candidates.push_back(std::string(D2O_TEST_DATA_DIR) + "/../../../shared/data/vocab");
+  candidates.push_back(std::string(D2O_TEST_DATA_DIR) + "/../../cache/vocab");
 #ifdef D2O_SHARED_DIR
   candidates.push_back(std::string(D2O_SHARED_DIR) + "/data/vocab");
 #endif
@@ -40,6 +42,18 @@ inline std::string smollm_path() {
   if (const char* e = std::getenv("D2O_MODEL"); e && *e) candidates.emplace_back(e);
   candidates.push_back(std::string(D2O_TEST_DATA_DIR) +
                        "/../../cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+  for (const std::string& c : candidates) {
+    if (std::filesystem::exists(c)) return c;
+  }
+  return "";
+}
+
+// Gemma 3 270M (optional): $D2O_GEMMA_MODEL, else cache/models/gemma-3-270m-q4_k_m.gguf.
+inline std::string gemma_path() {
+  std::vector<std::string> candidates;
+  if (const char* e = std::getenv("D2O_GEMMA_MODEL"); e && *e) candidates.emplace_back(e);
+  candidates.push_back(std::string(D2O_TEST_DATA_DIR) +
+                       "/../../cache/models/gemma-3-270m-q4_k_m.gguf");
   for (const std::string& c : candidates) {
     if (std::filesystem::exists(c)) return c;
   }

@@ -16,6 +16,8 @@ void add_model_options(CLI::App* app, ModelOptions& o, bool with_kv) {
       ->check(CLI::Range(0, 1 << 24));
   app->add_option("--ubatch", o.n_ubatch, "Rows per micro-batch")->check(CLI::Range(1, 1 << 16));
   app->add_option("--kv-type", o.kv_type, "KV cache storage type: f16 or f32");
+  app->add_flag("--dequantize", o.dequantize,
+                "Compute with the weights dequantised to F32 (exact reference arithmetic, more memory)");
   if (with_kv) {
     app->add_option("--kv", o.kv_spec,
                     "KV cache policy spec, e.g. full, d2o:ratio=0.2, h2o:budget=512, streaming:budget=256");
@@ -69,7 +71,9 @@ Result<Loaded> load_all(const ModelOptions& o) {
   l.policy = std::shared_ptr<const KvPolicy>(std::move(pol).value());
   const std::string path = o.model.empty() ? default_model_path() : o.model;
   D2O_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::open(path));
-  D2O_ASSIGN_OR_RETURN(l.model, Model::load(*file));
+  ModelLoadOptions mo;
+  mo.dequantize_to_f32 = o.dequantize;
+  D2O_ASSIGN_OR_RETURN(l.model, Model::load(*file, mo));
   auto tok = Tokenizer::from_gguf(*file);
   if (!tok.ok()) return tok.status().with_context(path);
   l.tokenizer = std::move(tok).value();

@@ -23,6 +23,7 @@ struct ModelOptions {
   int n_ubatch = 512;
   std::string kv_spec = "full";
   std::string kv_type = "f16";
+  bool dequantize = false;  // compute with weights dequantised to F32
 };
 
 // Registers -m, -t, -c, --ubatch, --kv, --kv-type on a subcommand.
