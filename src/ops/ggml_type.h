@@ -56,7 +56,9 @@ struct GgmlTypeTraits {
 std::optional<GgmlTypeTraits> ggml_type_traits(uint32_t type);
 // "Q4_1", or "type#N" for an unknown number.
 std::string ggml_type_name(uint32_t type);
-inline std::string ggml_type_name(GgmlType type) { return ggml_type_name(static_cast<uint32_t>(type)); }
+inline std::string ggml_type_name(GgmlType type) {
+  return ggml_type_name(static_cast<uint32_t>(type));
+}
 
 // Bytes of a row of n elements (n must be a multiple of the block size).
 int64_t ggml_row_bytes(GgmlType type, int64_t n);
