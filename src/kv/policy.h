@@ -35,6 +35,11 @@ struct PassInfo {
   int n_tokens = 0;         // tokens in this pass
   int64_t n_past = 0;       // tokens of the sequence processed so far, this pass included
   bool first_pass = false;  // the sequence's first pass (its prompt, in prompt-then-compress)
+  // Chunked prefill: prompt tokens that later passes will still bring (0 when this pass ends the
+  // prompt, or is a decode step). A ratio policy's first compaction (prompt-then-compress) waits
+  // for the pass with prompt_rest == 0, so a prompt prefilled in chunks is compressed once, as a
+  // whole, exactly like a prompt prefilled in one pass.
+  int64_t prompt_rest = 0;
   const RopeParams* rope = nullptr;  // the model's RoPE (to re-rotate keys when shifting positions)
 };
 
