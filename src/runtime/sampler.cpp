@@ -20,7 +20,7 @@ Status SamplerParams::validate() const {
 }
 
 Sampler::Sampler(const SamplerParams& params, int n_vocab)
-    : params_(params), n_vocab_(n_vocab), rng_state_(params.seed ^ 0x9E3779B97F4A7C15ull) {
+    : params_(params), n_vocab_(n_vocab), rng_state_(initial_rng_state(params.seed)) {
   cands_.reserve(static_cast<size_t>(n_vocab));
   work_.resize(static_cast<size_t>(n_vocab));
 }
