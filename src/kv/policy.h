@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "d2o/status.h"
 #include "kv/attention.h"
 #include "kv/kv_cache.h"
@@ -41,25 +42,44 @@ struct PassInfo {
   // whole, exactly like a prompt prefilled in one pass.
   int64_t prompt_rest = 0;
   const RopeParams* rope = nullptr;  // the model's RoPE (to re-rotate keys when shifting positions)
+  // Optional: layers are planned in parallel on it (results never depend on the thread count).
+  ThreadPool* pool = nullptr;
+};
+
+// Scratch buffers of one thread of a compaction. They only ever grow, so a steady-state decode
+// step allocates nothing.
+struct PolicyScratch {
+  std::vector<float> f;     // per-slot selection scores, similarities, rows
+  std::vector<float> f2;    // kept rows as floats [n_keep, head_dim]
+  std::vector<int32_t> i;   // slot index lists
+  std::vector<int32_t> i2;  // evicted lists, nearest neighbours, merge groups
+  std::vector<double> d;    // double accumulators (budgets, CaM running sums)
 };
 
 // Per-sequence mutable policy state.
 struct PolicyState {
-  bool budgets_set = false;
+  // budgets[il] == kNoBudget: the layer is never compacted (D2O research reading: layers 0, 1
+  // and L-1 keep everything).
+  static constexpr int kNoBudget = -1;
+
+  bool budgets_set = false;            // set at the sequence's first compaction, then kept
   std::vector<int> budgets;            // [n_layer] slots per KV head each layer may keep
   std::vector<double> layer_variance;  // [n_layer] D2O density statistic when budgets were set
   std::vector<float> tau;              // [n_layer * n_head_kv] D2O EMA similarity thresholds
   std::vector<uint8_t> tau_ready;      // [n_layer * n_head_kv] whether tau was initialised
-  std::vector<int64_t> evicted;        // [n_layer] tokens evicted so far (merged or dropped)
-  std::vector<int64_t> merged;         // [n_layer] evicted tokens merged into a kept slot
-  int64_t n_compactions = 0;
+  // Counters are slots summed over the layer's KV heads (every head evicts the same number of
+  // slots per compaction; how many of them merge differs per head).
+  std::vector<int64_t> evicted;  // [n_layer] slots evicted so far (merged or dropped)
+  std::vector<int64_t> merged;   // [n_layer] evicted slots merged into kept ones
+  int64_t n_compactions = 0;     // compact() calls that removed at least one slot
   // RoPE position of the next token = n_past - pos_shift. Policies that compact positions
   // (StreamingLLM with re-rotated keys) raise it by the number of positions they remove.
   int64_t pos_shift = 0;
-  // Reusable buffers so compaction allocates nothing in steady state.
-  CompactionPlan plan;
-  std::vector<float> work_f;
-  std::vector<int32_t> work_i;
+  // Reusable memory: the plans of the layers compacted by the last pass ([n_layer]; a layer's
+  // plan is valid when it was compacted), the layers to compact, per-thread scratch.
+  std::vector<CompactionPlan> plans;
+  std::vector<int32_t> todo;
+  std::vector<PolicyScratch> scratch;  // [threads]
 
   void reset() { *this = PolicyState(); }
 };

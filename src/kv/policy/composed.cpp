@@ -1,0 +1,232 @@
+#include "kv/policy/composed.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/assert.h"
+#include "kv/policy/budgets.h"
+#include "kv/policy/merge_cam.h"
+#include "kv/policy/merge_d2o.h"
+#include "kv/policy/select.h"
+
+namespace d2o {
+
+std::string ComposedPolicy::spec() const {
+  return format_policy_spec(cfg_);
+}
+
+StatsNeeds ComposedPolicy::needs() const {
+  StatsNeeds n;
+  n.accumulate = cfg_.needs_accumulate();
+  n.agg = cfg_.agg;
+  n.window = cfg_.needs_window() ? cfg_.window : 0;
+  return n;
+}
+
+Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInfo& pass) const {
+  const int L = cache.n_layer();
+  const int G = cache.config().n_head_kv;
+  const size_t nl = static_cast<size_t>(L), nlg = nl * static_cast<size_t>(G);
+  if (state.budgets_set && state.budgets.size() != nl) {
+    return invalid_argument("KV policy state holds budgets for " +
+                            std::to_string(state.budgets.size()) + " layers but the cache has " +
+                            std::to_string(L) + " (a state belongs to one sequence)");
+  }
+  if (cfg_.pos == PosMode::kShift && !pass.rope) {
+    return invalid_argument("KV policy '" + cfg_.name +
+                            "' with pos=shift needs the model's RoPE parameters (PassInfo::rope)");
+  }
+  if (cfg_.pos == PosMode::kShift && pass.rope->head_dim != cache.config().head_dim) {
+    return invalid_argument("KV policy '" + cfg_.name + "' with pos=shift: RoPE head_dim " +
+                            std::to_string(pass.rope->head_dim) + " does not match the cache's " +
+                            std::to_string(cache.config().head_dim));
+  }
+  if (state.evicted.size() != nl) state.evicted.assign(nl, 0);
+  if (state.merged.size() != nl) state.merged.assign(nl, 0);
+  if (state.tau.size() != nlg) state.tau.assign(nlg, 0.0f);
+  if (state.tau_ready.size() != nlg) state.tau_ready.assign(nlg, 0);
+
+  if (!state.budgets_set) {
+    const int n = cache.layer(0).n_slot;
+    for (int il = 1; il < L; ++il) {
+      if (cache.layer(il).n_slot != n) {
+        return invalid_argument("KV cache layers hold different slot counts (" + std::to_string(n) +
+                                " and " + std::to_string(cache.layer(il).n_slot) +
+                                ") before the first compaction");
+      }
+    }
+    if (n == 0) return {};
+    if (cfg_.mode == BudgetMode::kBudget && n <= cfg_.budget) return {};
+    decide_budgets(cfg_, cache, n, state);
+    state.budgets_set = true;
+  } else if (!cfg_.compact_after_first) {
+    return {};
+  }
+
+  // Plan every layer that overflows (in parallel when a pool is given: layers are independent,
+  // each writes only its own plan, thresholds, counters and, for CaM, its own values), then apply
+  // the plans in layer order.
+  state.todo.clear();
+  for (int il = 0; il < L; ++il) {
+    const int budget = state.budgets[static_cast<size_t>(il)];
+    if (budget != PolicyState::kNoBudget && cache.layer(il).n_slot > budget)
+      state.todo.push_back(il);
+  }
+  if (state.todo.empty()) return {};
+  if (state.plans.size() != nl) state.plans.resize(nl);
+  const int threads = pass.pool && state.todo.size() > 1 ? pass.pool->n_threads() : 1;
+  if (state.scratch.size() < static_cast<size_t>(threads))
+    state.scratch.resize(static_cast<size_t>(threads));
+  auto plan_one = [&](int64_t t, int thread) {
+    const int il = state.todo[static_cast<size_t>(t)];
+    plan_layer(cache, il, state, state.scratch[static_cast<size_t>(thread)], pass);
+  };
+  if (threads > 1) {
+    pass.pool->run(static_cast<int64_t>(state.todo.size()), plan_one);
+  } else {
+    for (size_t t = 0; t < state.todo.size(); ++t) plan_one(static_cast<int64_t>(t), 0);
+  }
+
+  int removed_all = -1;
+  for (const int il : state.todo) {
+    KvLayer& layer = cache.layer(il);
+    const int removed = layer.n_slot - state.budgets[static_cast<size_t>(il)];
+    cache.apply(il, state.plans[static_cast<size_t>(il)]);
+    if (cfg_.pos == PosMode::kShift) {
+      // One position shift per sequence: every layer must have removed the same count (uniform
+      // budgets and equal slot counts guarantee it).
+      if (removed_all >= 0 && removed != removed_all) {
+        return internal_error("pos=shift: layers removed different slot counts");
+      }
+      removed_all = removed;
+      shift_positions(layer, removed, state.scratch[0], *pass.rope);
+    }
+  }
+  if (removed_all > 0) state.pos_shift += removed_all;
+  ++state.n_compactions;
+  return {};
+}
+
+void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state, PolicyScratch& sc,
+                                const PassInfo& pass) const {
+  KvLayer& L = cache.layer(il);
+  const int n = L.n_slot, G = L.n_head_kv, S = state.budgets[static_cast<size_t>(il)];
+  D2O_ASSERT(S >= 0 && S < n);
+  CompactionPlan& plan = state.plans[static_cast<size_t>(il)];
+  plan.reset(G, S);
+  if (sc.i.size() < static_cast<size_t>(n)) sc.i.resize(static_cast<size_t>(n));
+  if (sc.f.size() < static_cast<size_t>(n)) sc.f.resize(static_cast<size_t>(n));
+  int64_t merged = 0;
+
+  for (int g = 0; g < G; ++g) {
+    int32_t* keep = plan.keep_of(g);
+    const size_t m0 = L.meta_index(g, 0);
+    switch (cfg_.selector) {
+      case Selector::kSinkRecent:
+        select_sink_recent(n, S, cfg_.sinks, keep);
+        break;
+      case Selector::kHeavyRecent: {
+        const float* score = &L.score[m0];
+        if (cfg_.norm == ScoreNorm::kQueries) {
+          // Mean attention: the slot at position p was seen by the queries at p .. next - 1.
+          const int64_t next = pass.n_past - state.pos_shift;
+          float* mean = sc.f.data();
+          for (int j = 0; j < n; ++j) {
+            const int64_t seen = std::max<int64_t>(1, next - L.pos[m0 + static_cast<size_t>(j)]);
+            mean[j] = score[j] / static_cast<float>(seen);
+          }
+          score = mean;
+        }
+        select_heavy_recent(score, n, S, cfg_, keep, sc.i.data());
+        break;
+      }
+      case Selector::kSnapWindow: {
+        const int w = std::min(cfg_.window, S);
+        pool_window(&L.window[m0], n - w, cfg_.kernel, cfg_.pool, sc.f.data());
+        select_snap(sc.f.data(), n, S, cfg_.window, keep, sc.i.data());
+        break;
+      }
+    }
+    if (cfg_.merger == Merger::kD2o) {
+      // Evicted = the complement of keep, ascending.
+      int32_t* evicted = sc.i.data();
+      int ne = 0, k = 0;
+      for (int j = 0; j < n; ++j) {
+        if (k < S && keep[k] == j)
+          ++k;
+        else
+          evicted[ne++] = j;
+      }
+      const size_t ti = static_cast<size_t>(il) * G + static_cast<size_t>(g);
+      D2oHeadMerge h;
+      h.cfg = &cfg_;
+      h.layer = &L;
+      h.head = g;
+      h.keep = keep;
+      h.n_keep = S;
+      h.evicted = evicted;
+      h.n_evicted = ne;
+      h.tau = &state.tau[ti];
+      h.tau_ready = &state.tau_ready[ti];
+      merged += plan_d2o_merges(h, sc, plan);
+    } else if (cfg_.merger == Merger::kCam) {
+      const int t = std::min(cfg_.sinks, S);
+      CamHeadMerge h;
+      h.cfg = &cfg_;
+      h.layer = &L;
+      h.il = il;
+      h.head = g;
+      h.first_evicted = t;
+      h.end_evicted = n - (S - t);
+      merged += cam_merge_values(h, sc);
+    }
+  }
+  state.evicted[static_cast<size_t>(il)] += static_cast<int64_t>(n - S) * G;
+  state.merged[static_cast<size_t>(il)] += merged;
+}
+
+void ComposedPolicy::shift_positions(KvLayer& L, int removed, PolicyScratch& sc,
+                                     const RopeParams& rope) const {
+  // Sinks keep their positions; the recent slots after them move down by `removed`, their keys
+  // re-rotated by -removed (RoPE rotations compose: R(p) R(-r) = R(p - r)).
+  if (removed <= 0) return;
+  D2O_ASSERT(rope.head_dim == L.head_dim);
+  const int t = std::min(cfg_.sinks, L.n_slot);
+  if (sc.f.size() < static_cast<size_t>(L.head_dim)) sc.f.resize(static_cast<size_t>(L.head_dim));
+  float* row = sc.f.data();
+  for (int g = 0; g < L.n_head_kv; ++g) {
+    for (int j = t; j < L.n_slot; ++j) {
+      L.load_key(g, j, row);
+      rope_apply(rope, -static_cast<float>(removed), 1, row);
+      L.store_key(g, j, row);
+      L.pos[L.meta_index(g, j)] -= removed;
+    }
+  }
+}
+
+int64_t ComposedPolicy::peak_slots(int64_t n_prompt, int64_t n_total, int max_chunk) const {
+  // An upper bound per KV head and layer: a layer holds at most its budget plus one pass of new
+  // tokens before it is compacted. Budgets are only known at the first compaction, so variable
+  // ones (D2O, PyramidKV) are bounded by the slot count at that moment (their clamp).
+  const int64_t chunk = std::max(1, max_chunk);
+  n_total = std::max(n_total, n_prompt);
+  if (n_total <= 0) return 0;
+  if (cfg_.layers == LayerRule::kResearch) return n_total;  // layers 0, 1 and L-1 keep everything
+  const bool variable = cfg_.exact_total || cfg_.layers != LayerRule::kUniform;
+  int64_t n_first = 0, s_max = 0;
+  if (cfg_.mode == BudgetMode::kRatio) {
+    n_first = std::min(n_total, n_prompt > 0 ? std::min(n_prompt, chunk) : chunk);
+    const int64_t lo = std::min<int64_t>(cfg_.min_budget(), n_first);
+    s_max = variable ? n_first
+                     : std::clamp<int64_t>(std::llround(cfg_.ratio * static_cast<double>(n_first)),
+                                           lo, n_first);
+  } else {
+    if (n_total <= cfg_.budget) return n_total;
+    n_first = std::min(n_total, cfg_.budget + chunk);
+    s_max = variable ? n_first : cfg_.budget;
+  }
+  if (!cfg_.compact_after_first) return std::max(n_first, s_max + (n_total - n_first));
+  return std::max(n_first, std::min(n_total, s_max + chunk));
+}
+
+}  // namespace d2o

@@ -1,0 +1,138 @@
+// PolicyConfig: everything a KV-cache compression policy is made of, as plain data.
+//
+// Every preset (streaming, h2o, snapkv, pyramidkv, roco, cam, d2o) is one composition of
+//   a budget mode     ratio=r (rho = r of the tokens seen at the first compaction) or budget=B
+//                     (B slots per KV head and layer on average, a fixed capacity);
+//   a layer rule      how the total is split over layers (uniform, D2O variance, pyramid, ...);
+//   a selector        which slots of a KV head survive (sinks + heavy hitters + recent window,
+//                     sinks + recent window, SnapKV pooled window attention + observation window);
+//   a merger          what happens to the evicted slots (dropped, D2O nearest-neighbour merge,
+//                     CaM value merge).
+// The spec string ("d2o:ratio=0.2,sinks=4,...") is parsed into this struct (spec.cpp) and printed
+// back from it; ComposedPolicy (composed.h) executes it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kv/attention.h"
+
+namespace d2o {
+
+enum class BudgetMode { kRatio, kBudget };
+
+// How the total budget is split over layers.
+enum class LayerRule {
+  kUniform,     // every layer the same (H2O, StreamingLLM, SnapKV, ...)
+  kVariance,    // D2O: softmax(-min-max normalised column-sum variance)
+  kReciprocal,  // D2O ablation: proportional to 1 / variance
+  kExpDecay,    // D2O ablation: exp(-2 l / (L-1)), denser early layers
+  kPyramid,     // PyramidKV: linear decrease over depth
+  kResearch,    // D2O research code: per-layer ratios clamped to [0.01, 1], layers 0, 1, L-1 full
+};
+
+// Which slots of a KV head are kept.
+enum class Selector {
+  kSinkRecent,   // T sinks + the most recent slots (StreamingLLM, CaM)
+  kHeavyRecent,  // T sinks + N highest-score slots + M most recent (H2O, RoCo, D2O)
+  kSnapWindow,   // top-k pooled window attention + the last w slots (SnapKV, PyramidKV)
+};
+
+// Score normalisation of accumulated attention before heavy-hitter selection.
+enum class ScoreNorm {
+  kNone,     // accumulated column sums (H2O, D2O paper reading)
+  kQueries,  // divided by the number of queries that saw the slot (RoCo mean attention)
+};
+
+enum class PoolKind { kMax, kAvg };
+
+// What happens to evicted slots.
+enum class Merger { kNone, kD2o, kCam };
+
+// D2O merge weights.
+enum class MergeRule {
+  kOff,       // evicted slots are dropped (the "no merging" ablation)
+  kWeighted,  // paper: w_c = e / Z, w_e = exp(u_e) / Z, Z = e + sum exp(u_e)
+  kAverage,   // ablation: equal weights 1 / (1 + |E_c|)
+  kResearch,  // research code: (k_c + sum u_e k_e) / (1 + |E_c|), weights do not sum to 1
+};
+
+// What the D2O similarity is measured on.
+enum class SimOn { kKey, kValue, kKeyValue };
+
+// D2O threshold update.
+enum class EmaRule {
+  kPaper,     // per evicted token: tau = beta * m_e + (1 - beta) * tau
+  kResearch,  // per compaction: tau = 0.5 * tau + 0.5 * mean(m_e)
+};
+
+// Positions of kept slots (StreamingLLM).
+enum class PosMode { kOriginal, kShift };
+
+struct PolicyConfig {
+  std::string name;  // preset name ("d2o", "h2o", ...)
+
+  BudgetMode mode = BudgetMode::kRatio;
+  double ratio = 0.2;  // rho, in (0, 1]
+  int64_t budget = 0;  // slots per KV head and layer on average (budget mode)
+
+  LayerRule layers = LayerRule::kUniform;
+  // True (D2O and its ablations): the budgets of all layers sum to round(rho * L * n) (B * L)
+  // exactly (allocate_proportional). False (baselines with uniform budgets): every layer keeps
+  // round(rho * n) (B).
+  bool exact_total = false;
+  Selector selector = Selector::kHeavyRecent;
+  int sinks = 0;           // T
+  int nm_n = 1, nm_m = 1;  // N:M split of S - T between heavy hitters and the recent window
+
+  // Attention statistics.
+  ScoreAgg agg = ScoreAgg::kSum;
+  ScoreNorm norm = ScoreNorm::kNone;
+
+  // SnapKV / PyramidKV.
+  int window = 32;  // observation window w (last w queries score, last w slots kept)
+  int kernel = 7;   // pooling kernel (odd)
+  PoolKind pool = PoolKind::kAvg;
+  double pbeta = 20.0;  // PyramidKV beta: the last layer gets 1/beta of the average top-k budget
+  // False: only the first compaction evicts (SnapKV / PyramidKV in ratio mode: decode tokens are
+  // appended without eviction, as in the original).
+  bool compact_after_first = true;
+
+  // StreamingLLM.
+  PosMode pos = PosMode::kOriginal;
+
+  // Merging.
+  Merger merger = Merger::kNone;
+  MergeRule merge = MergeRule::kOff;  // D2O
+  SimOn sim = SimOn::kKey;            // D2O
+  EmaRule ema = EmaRule::kPaper;      // D2O
+  double beta = 0.7;                  // D2O EMA weight of the newest similarity
+  int cam_targets = 0;  // CaM: values spread over this many following slots (0 = the recent window)
+  uint64_t seed = 0;    // CaM: Bernoulli sampling seed
+
+  // Statistics the attention kernel must produce.
+  bool needs_accumulate() const {
+    return selector == Selector::kHeavyRecent || merger == Merger::kCam;
+  }
+  bool needs_window() const { return selector == Selector::kSnapWindow; }
+
+  bool operator==(const PolicyConfig&) const = default;
+
+  // Smallest per-layer budget the selector can work with (slots per KV head).
+  int min_budget() const {
+    switch (selector) {
+      case Selector::kSinkRecent:
+        return sinks + 1;  // at least the newest slot
+      case Selector::kHeavyRecent:
+        return sinks + kMinBody;
+      case Selector::kSnapWindow:
+        return window;  // the observation window, top-k may be 0
+    }
+    return 1;
+  }
+  // Slots beyond the sinks that a heavy-hitter layer keeps at least: 3 heavy + 1 recent at N:M =
+  // 3:1, 2 + 2 at 1:1, so the newest token always survives.
+  static constexpr int kMinBody = 4;
+};
+
+}  // namespace d2o

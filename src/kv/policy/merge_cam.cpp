@@ -1,0 +1,96 @@
+#include "kv/policy/merge_cam.h"
+
+#include <algorithm>
+
+#include "core/assert.h"
+
+namespace d2o {
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  uint64_t z = x + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+double cam_uniform(uint64_t seed, int il, int head, int32_t pos) {
+  const uint64_t key = (static_cast<uint64_t>(il) << 48) ^ (static_cast<uint64_t>(head) << 32) ^
+                       static_cast<uint64_t>(static_cast<uint32_t>(pos));
+  return static_cast<double>(splitmix64(seed ^ key) >> 11) * 0x1p-53;
+}
+
+int cam_merge_values(const CamHeadMerge& h, PolicyScratch& scratch) {
+  KvLayer& L = *h.layer;
+  const int n = L.n_slot, hd = L.head_dim;
+  const int first = h.first_evicted, end = h.end_evicted;
+  if (end <= first) return 0;
+  const int recent = n - end;
+  D2O_ASSERT(recent >= 1);
+  const int m = h.cfg->cam_targets > 0 ? std::min(h.cfg->cam_targets, recent) : recent;
+  const float* score = &L.score[L.meta_index(h.head, 0)];
+  const int32_t* pos = &L.pos[L.meta_index(h.head, 0)];
+
+  // Scratch: d = acc[hd] cur[hd] ring[m][hd] (merged sources of the sliding window, as updated
+  // values); i2 = ring_used[m]; f = row[hd].
+  const size_t nd = static_cast<size_t>(hd) * (2 + static_cast<size_t>(m));
+  if (scratch.d.size() < nd) scratch.d.resize(nd);
+  if (scratch.i2.size() < static_cast<size_t>(m)) scratch.i2.resize(static_cast<size_t>(m));
+  if (scratch.f.size() < static_cast<size_t>(hd)) scratch.f.resize(static_cast<size_t>(hd));
+  double* acc = scratch.d.data();
+  double* cur = acc + hd;
+  double* ring = cur + hd;
+  int32_t* used = scratch.i2.data();
+  float* row = scratch.f.data();
+  std::fill(acc, acc + hd, 0.0);
+  std::fill(used, used + m, 0);
+
+  // The targets of source e are e+1 .. e+m; target t receives sum over merged e in [t-m, t-1]
+  // of v'_e / m, where v' is the value after its own merges. A running sum over the window
+  // makes this O((n - first) * head_dim) instead of O(E * m * head_dim).
+  int n_merged = 0, in_window = 0;
+  const double inv_m = 1.0 / m;
+  for (int t = first; t < n; ++t) {
+    if (t >= end && in_window == 0) break;  // nothing left to send or to receive
+    // v'_t
+    const bool receives = in_window > 0;
+    L.load_value(h.head, t, row);
+    for (int d = 0; d < hd; ++d) cur[d] = row[d] + (receives ? acc[d] * inv_m : 0.0);
+    if (receives && t >= end) {
+      for (int d = 0; d < hd; ++d) row[d] = static_cast<float>(cur[d]);
+      L.store_value(h.head, t, row);
+    }
+    // Slide the window: source t - m leaves (target t + 1 sees [t+1-m, t]) and t may enter.
+    const int slot = t % m;
+    if (used[slot]) {
+      double* old = ring + static_cast<size_t>(slot) * hd;
+      for (int d = 0; d < hd; ++d) acc[d] -= old[d];
+      used[slot] = 0;
+      --in_window;
+    }
+    if (t < end) {
+      // p_e against the mean score of its m targets.
+      double tsum = 0.0;
+      for (int j = t + 1; j <= t + m; ++j) tsum += score[j];
+      const double tmean = tsum / m;
+      double p = tmean > 0.0 ? score[t] / tmean : (score[t] > 0.0f ? 1.0 : 0.0);
+      p = std::max(0.0, std::min(1.0, p));
+      if (cam_uniform(h.cfg->seed, h.il, h.head, pos[t]) < p) {
+        double* dst = ring + static_cast<size_t>(slot) * hd;
+        for (int d = 0; d < hd; ++d) {
+          dst[d] = cur[d];
+          acc[d] += cur[d];
+        }
+        used[slot] = 1;
+        ++in_window;
+        ++n_merged;
+      }
+    }
+  }
+  return n_merged;
+}
+
+}  // namespace d2o

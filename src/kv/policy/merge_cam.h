@@ -1,0 +1,47 @@
+// CaM value merging (Zhang et al., "CaM: Cache Merging for Memory-efficient LLMs Inference",
+// ICML 2024; authors' code github.com/zyxxmu/cam), for one KV head, on top of StreamingLLM
+// eviction (T sinks + recent window; the evicted slots are the ones between them).
+//
+// Evicted slots are processed in chronological order, as the original does one eviction per
+// generated token: the slot e leaving the window is merged with probability
+//   p_e = clamp(A_e / mean(A_t for its targets t), 0, 1)     (A = accumulated attention score;
+//                                                            0/0 -> 0, x/0 -> 1)
+// and, when the Bernoulli draw says so, v_e / m is added to the value of each of its m targets,
+// the slots e+1 .. e+m (which may themselves be evicted later and pass their value on: the
+// cascade of the original's sequential loop). Keys are never changed; the evicted key is dropped.
+// m = cfg.cam_targets, 0 meaning the recent window (the original lm-eval code's merge budget),
+// capped by the recent window so every merge has m targets.
+// The draw is deterministic: u = splitmix64(seed ^ (il << 48) ^ (head << 32) ^ position) / 2^64
+// (top 53 bits), merge iff u < p_e; the same sequence merges the same way on every run.
+//
+// Simplifications (documented in docs/ADDING_A_POLICY.md): A_e and A_t are the scores accumulated
+// up to this compaction, not the original's per-step attention means (the ratio is the same up to
+// the count of queries), and in prompt-then-compress the whole prompt's evictions are replayed at
+// once with these scores.
+#pragma once
+
+#include <cstdint>
+
+#include "kv/kv_cache.h"
+#include "kv/policy.h"
+#include "kv/policy/config.h"
+
+namespace d2o {
+
+struct CamHeadMerge {
+  const PolicyConfig* cfg = nullptr;
+  KvLayer* layer = nullptr;
+  int il = 0;
+  int head = 0;
+  int first_evicted = 0;  // evicted slots are [first_evicted, end_evicted)
+  int end_evicted = 0;    // == n - recent window
+};
+
+// Updates the values of the head's slots in place (before KvCache::apply drops the evicted ones);
+// returns how many evicted slots were merged. Scratch: d, f, i2.
+int cam_merge_values(const CamHeadMerge& h, PolicyScratch& scratch);
+
+// The deterministic uniform draw in [0, 1) for a slot (exposed for tests and docs).
+double cam_uniform(uint64_t seed, int il, int head, int32_t pos);
+
+}  // namespace d2o

@@ -1,0 +1,211 @@
+#include "kv/policy/merge_d2o.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/assert.h"
+#include "kv/policy/similarity.h"
+
+namespace d2o {
+
+namespace {
+
+// With more evicted slots than this (the prefill compaction), the kept rows of an F16 cache are
+// converted to floats once instead of once per evicted slot (the values are the same).
+constexpr int kConvertOnceAbove = 4;
+
+// Cosines of one evicted row against every kept row, for one of keys/values, added (times
+// `scale`) into sim[n_keep]. kept_inv[n_keep] holds 1 / |row_c| (0 for a zero row), computed on
+// first use and reused for the other evicted rows of the compaction.
+struct ModalityPass {
+  const KvLayer* layer;
+  int head;
+  bool values;
+  const int32_t* keep;
+  int n_keep;
+  const float* kept_rows;  // [n_keep, head_dim] floats, or null to read the storage
+  float* kept_inv;         // [n_keep]
+  float* dots;             // [n_keep] scratch
+  float* row;              // [head_dim] scratch
+};
+
+void add_cosines(const ModalityPass& p, int e, bool first, float scale, float* __restrict sim) {
+  const KvLayer& L = *p.layer;
+  if (p.values)
+    L.load_value(p.head, e, p.row);
+  else
+    L.load_key(p.head, e, p.row);
+  double ne = 0.0;
+  for (int d = 0; d < L.head_dim; ++d) ne += static_cast<double>(p.row[d]) * p.row[d];
+  // Zero vectors have cosine 0 with everything.
+  const float inv_e = ne > 0.0 ? static_cast<float>(1.0 / std::sqrt(ne)) : 0.0f;
+  RowDots rd;
+  rd.dim = L.head_dim;
+  rd.n = p.n_keep;
+  rd.q = p.row;
+  rd.dot = p.dots;
+  rd.inv_norm = first ? p.kept_inv : nullptr;
+  if (p.kept_rows) {
+    rd.base = reinterpret_cast<const uint8_t*>(p.kept_rows);
+    rd.row_bytes = sizeof(float) * static_cast<size_t>(L.head_dim);
+    rd.f16 = false;
+  } else {
+    rd.base = p.values ? L.value_row(p.head, 0) : L.key_row(p.head, 0);
+    rd.row_bytes = L.row_bytes();
+    rd.f16 = L.type == KvType::kF16;
+    rd.rows = p.keep;
+  }
+  row_dots(rd);
+  const float* __restrict dots = p.dots;
+  const float* __restrict inv = p.kept_inv;
+  const float f = scale * inv_e;
+  for (int i = 0; i < p.n_keep; ++i) sim[i] += f * dots[i] * inv[i];
+}
+
+}  // namespace
+
+int plan_d2o_merges(const D2oHeadMerge& h, PolicyScratch& scratch, CompactionPlan& plan) {
+  const PolicyConfig& cfg = *h.cfg;
+  const KvLayer& L = *h.layer;
+  const int S = h.n_keep, E = h.n_evicted, hd = L.head_dim;
+  if (E == 0 || S == 0 || cfg.merge == MergeRule::kOff) return 0;
+  const bool use_k = cfg.sim != SimOn::kValue, use_v = cfg.sim != SimOn::kKey;
+  const int n_mod = (use_k ? 1 : 0) + (use_v ? 1 : 0);
+  const float scale = n_mod == 2 ? 0.5f : 1.0f;
+
+  // Scratch layout. f: sim[S] dots[S] kinv[S] vinv[S] row[hd] m[E];
+  // f2: kept rows as floats [n_mod, S, hd] (F16 caches with many evictions only);
+  // i2: cstar[E] count[S + 1] members[E].
+  const bool convert = L.type == KvType::kF16 && E > kConvertOnceAbove;
+  const size_t nf = 4 * static_cast<size_t>(S) + hd + static_cast<size_t>(E);
+  if (scratch.f.size() < nf) scratch.f.resize(nf);
+  if (scratch.i2.size() < 2 * static_cast<size_t>(E) + S + 1)
+    scratch.i2.resize(2 * static_cast<size_t>(E) + S + 1);
+  float* sim = scratch.f.data();
+  float* dots = sim + S;
+  float* kinv = dots + S;
+  float* vinv = kinv + S;
+  float* row = vinv + S;
+  float* m_e = row + hd;  // m_e = u_{e, c*(e)}
+  int32_t* cstar = scratch.i2.data();
+  int32_t* count = cstar + E;
+  int32_t* members = count + S + 1;
+
+  float* kept_k = nullptr;
+  float* kept_v = nullptr;
+  if (convert) {
+    const size_t per = static_cast<size_t>(S) * hd;
+    if (scratch.f2.size() < per * n_mod) scratch.f2.resize(per * n_mod);
+    float* dst = scratch.f2.data();
+    if (use_k) {
+      kept_k = dst;
+      for (int i = 0; i < S; ++i)
+        L.load_key(h.head, h.keep[i], kept_k + static_cast<size_t>(i) * hd);
+      dst += per;
+    }
+    if (use_v) {
+      kept_v = dst;
+      for (int i = 0; i < S; ++i)
+        L.load_value(h.head, h.keep[i], kept_v + static_cast<size_t>(i) * hd);
+    }
+  }
+  const ModalityPass pk{&L, h.head, false, h.keep, S, kept_k, kinv, dots, row};
+  const ModalityPass pv{&L, h.head, true, h.keep, S, kept_v, vinv, dots, row};
+
+  // 1. Nearest kept neighbour of every evicted slot.
+  for (int i = 0; i < E; ++i) {
+    std::fill(sim, sim + S, 0.0f);
+    if (use_k) add_cosines(pk, h.evicted[i], i == 0, scale, sim);
+    if (use_v) add_cosines(pv, h.evicted[i], i == 0, scale, sim);
+    int best = 0;
+    float best_sim = sim[0];
+    for (int c = 1; c < S; ++c) {
+      if (sim[c] > best_sim) {  // ties: the older kept slot
+        best_sim = sim[c];
+        best = c;
+      }
+    }
+    cstar[i] = best;
+    m_e[i] = best_sim;
+  }
+
+  // 2. Threshold and decisions (cstar = -1 marks "dropped").
+  int n_merged = 0;
+  auto decide = [&](int i, double tau) {
+    if (static_cast<double>(m_e[i]) >= tau)
+      ++n_merged;
+    else
+      cstar[i] = -1;
+  };
+  if (!*h.tau_ready) {
+    double mean = 0.0;
+    for (int i = 0; i < E; ++i) mean += m_e[i];
+    *h.tau = static_cast<float>(mean / E);
+    *h.tau_ready = 1;
+    for (int i = 0; i < E; ++i) decide(i, *h.tau);
+  } else if (cfg.ema == EmaRule::kPaper) {
+    double tau = *h.tau;
+    for (int i = 0; i < E; ++i) {
+      decide(i, tau);
+      tau = cfg.beta * m_e[i] + (1.0 - cfg.beta) * tau;
+    }
+    *h.tau = static_cast<float>(tau);
+  } else {
+    double mean = 0.0;
+    for (int i = 0; i < E; ++i) mean += m_e[i];
+    *h.tau = static_cast<float>(0.5 * *h.tau + 0.5 * (mean / E));
+    for (int i = 0; i < E; ++i) decide(i, *h.tau);
+  }
+  if (n_merged == 0) return 0;
+
+  // 3. Group the merged slots by their kept neighbour (counting sort keeps them ascending).
+  std::fill(count, count + S + 1, 0);
+  for (int i = 0; i < E; ++i) {
+    if (cstar[i] >= 0) ++count[cstar[i] + 1];
+  }
+  for (int c = 0; c < S; ++c) count[c + 1] += count[c];
+  for (int i = 0; i < E; ++i) {
+    if (cstar[i] >= 0) members[count[cstar[i]]++] = i;
+  }
+  // count[c] is now the end of group c; group c starts at count[c - 1] (0 for c = 0).
+  std::vector<MergeTerm>& terms = plan.merges;
+  int begin = 0;
+  for (int c = 0; c < S; ++c) {
+    const int end = count[c];
+    const int k = end - begin;
+    if (k > 0) {
+      const int32_t dst = h.keep[c];
+      double z = 0.0, w_self = 0.0;
+      switch (cfg.merge) {
+        case MergeRule::kWeighted:
+          z = std::exp(1.0);
+          for (int t = begin; t < end; ++t) z += std::exp(static_cast<double>(m_e[members[t]]));
+          w_self = std::exp(1.0) / z;
+          break;
+        case MergeRule::kAverage:
+        case MergeRule::kResearch:
+          z = 1.0 + k;
+          w_self = 1.0 / z;
+          break;
+        case MergeRule::kOff:
+          break;
+      }
+      terms.push_back({static_cast<int32_t>(h.head), dst, dst, static_cast<float>(w_self)});
+      for (int t = begin; t < end; ++t) {
+        const int i = members[t];
+        double w = 0.0;
+        if (cfg.merge == MergeRule::kWeighted)
+          w = std::exp(static_cast<double>(m_e[i])) / z;
+        else if (cfg.merge == MergeRule::kAverage)
+          w = 1.0 / z;
+        else
+          w = static_cast<double>(m_e[i]) / z;
+        terms.push_back({static_cast<int32_t>(h.head), dst, h.evicted[i], static_cast<float>(w)});
+      }
+    }
+    begin = end;
+  }
+  return n_merged;
+}
+
+}  // namespace d2o

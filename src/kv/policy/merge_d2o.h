@@ -1,0 +1,45 @@
+// D2O token-level merging (method.md, "merging evicted tokens"), for one KV head of one layer.
+//
+// For the evicted slots E and the kept slots C of the head:
+//   u_{e,c} = cos(k_e, k_c) (or on values, or the mean of both cosines for sim=kv);
+//   c*(e) = argmax_c u_{e,c} (ties: the older kept slot), m_e = u_{e,c*};
+//   threshold tau (one per layer and KV head), decisions in slot (chronological) order:
+//     first compaction that evicts from this head: tau = mean_E m_e, merge iff m_e >= tau;
+//     paper EMA, later:    for each e: merge iff m_e >= tau, then tau = beta m_e + (1-beta) tau
+//                          (comparing before or after the update decides the same for beta < 1);
+//     research EMA, later: tau = 0.5 tau + 0.5 mean_E m_e once, then merge iff m_e >= tau;
+//   merged e's that chose c form one merge group into c (many-to-one), emitted as MergeTerms
+//   (dst c first, then its sources ascending) with weights
+//     weighted  w_c = e / Z, w_e = exp(u_e) / Z, Z = e + sum exp(u_e)   (sum to 1)
+//     average   1 / (1 + |E_c|) each
+//     research  w_c = 1 / (1 + |E_c|), w_e = u_e / (1 + |E_c|)
+//   Keys and values share the weights; KvCache::apply sums the merged scores into c and keeps c's
+//   position (CompactionPlan::merged_score_is_sum).
+// Zero vectors have cosine 0 with everything.
+#pragma once
+
+#include <cstdint>
+
+#include "kv/kv_cache.h"
+#include "kv/policy.h"
+#include "kv/policy/config.h"
+
+namespace d2o {
+
+struct D2oHeadMerge {
+  const PolicyConfig* cfg = nullptr;
+  const KvLayer* layer = nullptr;
+  int head = 0;
+  const int32_t* keep = nullptr;  // [n_keep] kept slots, ascending
+  int n_keep = 0;
+  const int32_t* evicted = nullptr;  // [n_evicted] evicted slots, ascending
+  int n_evicted = 0;
+  float* tau = nullptr;  // this head's threshold
+  uint8_t* tau_ready = nullptr;
+};
+
+// Appends the head's merge groups to plan.merges; returns how many evicted slots merged.
+// Uses scratch.f, f2 and i2.
+int plan_d2o_merges(const D2oHeadMerge& h, PolicyScratch& scratch, CompactionPlan& plan);
+
+}  // namespace d2o

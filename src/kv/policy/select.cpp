@@ -1,0 +1,105 @@
+#include "kv/policy/select.h"
+
+#include <algorithm>
+
+#include "core/assert.h"
+
+namespace d2o {
+
+void split_heavy_recent(int S, int sinks, int nm_n, int nm_m, int* heavy, int* recent) {
+  const int body = std::max(0, S - std::min(sinks, S));
+  if (body == 0) {
+    *heavy = *recent = 0;
+    return;
+  }
+  const int64_t den = static_cast<int64_t>(nm_n) + nm_m;
+  int m = static_cast<int>((static_cast<int64_t>(body) * nm_m + den / 2) / den);
+  m = std::max(1, std::min(body, m));
+  *recent = m;
+  *heavy = body - m;
+}
+
+void select_top(const float* score, int first, int count, int k, int32_t* out, int32_t* scratch) {
+  D2O_ASSERT(k >= 0 && k <= count);
+  // better(a, b): a ranks before b.
+  auto better = [score](int32_t a, int32_t b) {
+    return score[a] > score[b] || (score[a] == score[b] && a < b);
+  };
+  if (k == count) {
+    for (int i = 0; i < count; ++i) out[i] = first + i;
+    return;
+  }
+  if (k == 0) return;
+  if (k == count - 1) {
+    // One eviction: the worst slot in one pass. Scanning upwards, j is worse than the current
+    // worst iff its score is lower or equal (equal scores: the newer slot goes).
+    int32_t worst = first;
+    float worst_score = score[first];
+    for (int32_t j = first + 1; j < first + count; ++j) {
+      const float s = score[j];
+      if (s <= worst_score) {
+        worst_score = s;
+        worst = j;
+      }
+    }
+    int o = 0;
+    for (int32_t j = first; j < first + count; ++j) {
+      if (j != worst) out[o++] = j;
+    }
+    return;
+  }
+  for (int i = 0; i < count; ++i) scratch[i] = first + i;
+  std::nth_element(scratch, scratch + k, scratch + count, better);
+  std::sort(scratch, scratch + k);
+  std::copy(scratch, scratch + k, out);
+}
+
+void select_sink_recent(int n, int S, int sinks, int32_t* keep) {
+  D2O_ASSERT(S <= n);
+  const int t = std::min(sinks, S);
+  int o = 0;
+  for (int j = 0; j < t; ++j) keep[o++] = j;
+  for (int j = n - (S - t); j < n; ++j) keep[o++] = j;
+}
+
+void select_heavy_recent(const float* score, int n, int S, const PolicyConfig& cfg, int32_t* keep,
+                         int32_t* scratch) {
+  D2O_ASSERT(S <= n);
+  const int t = std::min(cfg.sinks, S);
+  int heavy = 0, recent = 0;
+  split_heavy_recent(S, cfg.sinks, cfg.nm_n, cfg.nm_m, &heavy, &recent);
+  int o = 0;
+  for (int j = 0; j < t; ++j) keep[o++] = j;
+  // Candidates: everything between the sinks and the recent window.
+  const int mid = n - recent - t;
+  select_top(score, t, mid, heavy, keep + o, scratch);
+  o += heavy;
+  for (int j = n - recent; j < n; ++j) keep[o++] = j;
+  D2O_ASSERT(o == S);
+}
+
+void pool_window(const float* window, int n_prefix, int kernel, PoolKind pool, float* out) {
+  const int half = kernel / 2;
+  for (int j = 0; j < n_prefix; ++j) {
+    const int a = std::max(0, j - half), b = std::min(n_prefix - 1, j + half);
+    if (pool == PoolKind::kMax) {
+      float m = window[a];
+      for (int i = a + 1; i <= b; ++i) m = std::max(m, window[i]);
+      out[j] = m;
+    } else {
+      float s = 0.0f;
+      for (int i = a; i <= b; ++i) s += window[i];
+      out[j] = s / static_cast<float>(kernel);
+    }
+  }
+}
+
+void select_snap(const float* pooled, int n, int S, int window, int32_t* keep, int32_t* scratch) {
+  D2O_ASSERT(S <= n);
+  const int w = std::min(window, S);
+  select_top(pooled, 0, n - w, S - w, keep, scratch);
+  int o = S - w;
+  for (int j = n - w; j < n; ++j) keep[o++] = j;
+}
+
+}  // namespace d2o

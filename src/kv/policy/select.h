@@ -1,0 +1,39 @@
+// Token level: which slots of one KV head survive a compaction. Slot indices are ascending
+// (chronological); every function writes exactly S kept indices, ascending.
+//
+// Tie rule everywhere a ranking is needed: a higher score wins; equal scores keep the older
+// (lower) slot. So the single eviction of a decode step removes the lowest-scoring slot outside
+// the protected ranges, the newer one among equals.
+#pragma once
+
+#include <cstdint>
+
+#include "kv/policy/config.h"
+
+namespace d2o {
+
+// Split of the S - T slots after the sinks into N heavy hitters and M recent slots, N:M = n:m.
+// M = round-half-up((S - T) * m / (n + m)), at least 1 when S > T; N = S - T - M.
+void split_heavy_recent(int S, int sinks, int nm_n, int nm_m, int* heavy, int* recent);
+
+// The k best slots of [first, first + count) by score (ties: lower index), ascending, into out.
+// Linear for k == count - 1 (one eviction), nth_element otherwise. scratch: count ints.
+void select_top(const float* score, int first, int count, int k, int32_t* out, int32_t* scratch);
+
+// StreamingLLM / CaM: the first min(T, S) slots and the last S - min(T, S).
+void select_sink_recent(int n, int S, int sinks, int32_t* keep);
+
+// H2O / RoCo / D2O: T sinks, the N best-scored slots in between, the M most recent. score: [n].
+void select_heavy_recent(const float* score, int n, int S, const PolicyConfig& cfg, int32_t* keep,
+                         int32_t* scratch);
+
+// SnapKV: 1-D pooling (stride 1, kernel k odd, padding k/2) of the window attention of the
+// n_prefix slots before the observation window. avg counts the zero padding (PyTorch
+// avg_pool1d default, count_include_pad): sum / k; max ignores the padding.
+void pool_window(const float* window, int n_prefix, int kernel, PoolKind pool, float* out);
+
+// SnapKV / PyramidKV: the top (S - w) pooled slots of the prefix [0, n - w) plus the last w.
+// pooled: [n - w] (pool_window output).
+void select_snap(const float* pooled, int n, int S, int window, int32_t* keep, int32_t* scratch);
+
+}  // namespace d2o

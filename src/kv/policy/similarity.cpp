@@ -1,0 +1,57 @@
+#include "kv/policy/similarity.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/assert.h"
+#include "core/fp16.h"
+
+namespace d2o {
+
+namespace {
+
+// Rows may sit at any byte address (tests use odd strides): elements are read with memcpy.
+void row_dots_scalar(const RowDots& a) {
+  for (int r = 0; r < a.n; ++r) {
+    const size_t row = static_cast<size_t>(a.rows ? a.rows[r] : r);
+    const uint8_t* p = a.base + row * a.row_bytes;
+    float dot = 0.0f, nn = 0.0f;
+    for (int d = 0; d < a.dim; ++d) {
+      float x;
+      if (a.f16) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * static_cast<size_t>(d), 2);
+        x = fp16_to_fp32(h);
+      } else {
+        std::memcpy(&x, p + 4 * static_cast<size_t>(d), 4);
+      }
+      dot += a.q[d] * x;
+      nn += x * x;
+    }
+    a.dot[r] = dot;
+    if (a.inv_norm) a.inv_norm[r] = nn > 0.0f ? 1.0f / std::sqrt(nn) : 0.0f;
+  }
+}
+
+}  // namespace
+
+void row_dots_isa(KernelIsa isa, const RowDots& a) {
+  D2O_ASSERT(kernel_isa_available(isa));
+  switch (isa) {
+    case KernelIsa::kAvx512:
+      simd::row_dots_avx512(a);
+      return;
+    case KernelIsa::kAvx2:
+      simd::row_dots_avx2(a);
+      return;
+    case KernelIsa::kScalar:
+      row_dots_scalar(a);
+      return;
+  }
+}
+
+void row_dots(const RowDots& a) {
+  row_dots_isa(best_kernel_isa(), a);
+}
+
+}  // namespace d2o

@@ -1,0 +1,37 @@
+// Dot products of one query vector with many stored rows: the inner loop of D2O's nearest-
+// neighbour search (cosine similarity of an evicted key to every kept key of its head).
+//
+// Rows are read straight from KV storage (F32 or F16, converted on the fly) or from a float
+// matrix. Variants: scalar (portable), AVX2 + FMA + F16C (similarity_avx2.cpp) and AVX-512
+// (similarity_avx512.cpp), chosen once from cpu_features() like the ops/ kernels. Results of
+// the variants differ only by float summation order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ops/kernel_isa.h"
+
+namespace d2o {
+
+struct RowDots {
+  const uint8_t* base = nullptr;  // row r starts at base + (rows ? rows[r] : r) * row_bytes
+  size_t row_bytes = 0;
+  bool f16 = false;               // rows hold IEEE halves (else floats)
+  int dim = 0;                    // elements per row
+  const int32_t* rows = nullptr;  // [n] row indices, or null for rows 0..n-1
+  int n = 0;
+  const float* q = nullptr;   // [dim]
+  float* dot = nullptr;       // [n] out: q . row
+  float* inv_norm = nullptr;  // [n] out: 1 / |row| (0 for a zero row), or null when not wanted
+};
+
+void row_dots(const RowDots& a);                     // best available variant
+void row_dots_isa(KernelIsa isa, const RowDots& a);  // a given variant (must be available)
+
+namespace simd {
+void row_dots_avx2(const RowDots& a);
+void row_dots_avx512(const RowDots& a);
+}  // namespace simd
+
+}  // namespace d2o

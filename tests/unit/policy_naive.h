@@ -1,0 +1,560 @@
+// Deliberately naive re-implementations of the KV policies, for the policy tests.
+//
+// Written from docs/ADDING_A_POLICY.md and method.md, sharing no code with src/kv/policy/: a
+// cache is a plain list of tokens per (layer, head) in doubles, rankings are full sorts, the
+// D2O similarity is a full |E| x |C| matrix, budget totals are found by bisection, CaM merges
+// are replayed token by token. Only the parsed PolicyConfig (plain data) is shared.
+//
+// A test snapshots the real cache before a compaction, compacts both, and compares (compare()).
+// The naive State evolves on its own across steps (budgets, thresholds, counters, pos shift).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "kv/kv_cache.h"
+#include "kv/policy/config.h"
+
+namespace d2o::naive {
+
+struct Tok {
+  int32_t pos = 0;
+  std::vector<double> k, v;
+  double score = 0, window = 0;
+  int merged = 0;
+};
+using Head = std::vector<Tok>;  // chronological
+
+struct Cache {
+  int L = 0, G = 0, d = 0;
+  std::vector<std::vector<Head>> h;  // [L][G]
+};
+
+struct State {
+  bool budgets_set = false;
+  std::vector<int> budgets;
+  std::vector<double> tau;
+  std::vector<bool> tau_ready;
+  std::vector<int64_t> evicted, merged;
+  int64_t pos_shift = 0;
+  // Every merge group of the last compaction: its weights (the retained slot's first).
+  std::vector<std::vector<double>> last_groups;
+};
+
+inline Cache snapshot(const KvCache& c) {
+  Cache n;
+  n.L = c.n_layer();
+  n.G = c.config().n_head_kv;
+  n.d = c.config().head_dim;
+  n.h.assign(static_cast<size_t>(n.L), std::vector<Head>(static_cast<size_t>(n.G)));
+  std::vector<float> row(static_cast<size_t>(n.d));
+  for (int il = 0; il < n.L; ++il) {
+    const KvLayer& L = c.layer(il);
+    for (int g = 0; g < n.G; ++g) {
+      for (int j = 0; j < L.n_slot; ++j) {
+        Tok t;
+        const size_t m = L.meta_index(g, j);
+        t.pos = L.pos[m];
+        t.score = L.score[m];
+        t.window = L.window[m];
+        t.merged = L.merged[m];
+        L.load_key(g, j, row.data());
+        t.k.assign(row.begin(), row.end());
+        L.load_value(g, j, row.data());
+        t.v.assign(row.begin(), row.end());
+        n.h[static_cast<size_t>(il)][static_cast<size_t>(g)].push_back(t);
+      }
+    }
+  }
+  return n;
+}
+
+// "" when the real cache equals the naive one (values within tol * max(1, |x|)), else the
+// first difference.
+inline std::string compare(const KvCache& real, const Cache& ref, double tol) {
+  std::vector<float> row(static_cast<size_t>(ref.d));
+  char buf[256];
+  for (int il = 0; il < ref.L; ++il) {
+    const KvLayer& L = real.layer(il);
+    for (int g = 0; g < ref.G; ++g) {
+      const Head& h = ref.h[static_cast<size_t>(il)][static_cast<size_t>(g)];
+      if (L.n_slot != static_cast<int>(h.size())) {
+        std::snprintf(buf, sizeof buf, "layer %d head %d: %d slots, expected %zu", il, g, L.n_slot,
+                      h.size());
+        return buf;
+      }
+      for (int j = 0; j < L.n_slot; ++j) {
+        const Tok& t = h[static_cast<size_t>(j)];
+        const size_t m = L.meta_index(g, j);
+        if (L.pos[m] != t.pos) {
+          std::snprintf(buf, sizeof buf, "layer %d head %d slot %d: position %d, expected %d", il,
+                        g, j, L.pos[m], t.pos);
+          return buf;
+        }
+        if (L.merged[m] != t.merged) {
+          std::snprintf(buf, sizeof buf, "layer %d head %d slot %d: merged count %d, expected %d",
+                        il, g, j, L.merged[m], t.merged);
+          return buf;
+        }
+        auto close = [tol](double a, double b) {
+          return std::fabs(a - b) <= tol * std::max(1.0, std::fabs(b));
+        };
+        if (!close(L.score[m], t.score)) {
+          std::snprintf(buf, sizeof buf, "layer %d head %d slot %d: score %.9g, expected %.9g", il,
+                        g, j, L.score[m], t.score);
+          return buf;
+        }
+        for (int pass = 0; pass < 2; ++pass) {
+          if (pass == 0)
+            L.load_key(g, j, row.data());
+          else
+            L.load_value(g, j, row.data());
+          const std::vector<double>& want = pass == 0 ? t.k : t.v;
+          for (int d = 0; d < ref.d; ++d) {
+            if (!close(row[static_cast<size_t>(d)], want[static_cast<size_t>(d)])) {
+              std::snprintf(buf, sizeof buf,
+                            "layer %d head %d slot %d (pos %d): %s[%d] = %.9g, expected %.9g", il,
+                            g, j, t.pos, pass == 0 ? "key" : "value", d,
+                            row[static_cast<size_t>(d)], want[static_cast<size_t>(d)]);
+              return buf;
+            }
+          }
+        }
+      }
+    }
+  }
+  return "";
+}
+
+// ---- budgets ----------------------------------------------------------------------------
+
+inline int smallest_budget(const PolicyConfig& c) {
+  if (c.selector == Selector::kSinkRecent) return c.sinks + 1;
+  if (c.selector == Selector::kSnapWindow) return c.window;
+  return c.sinks + 4;
+}
+
+inline double unbiased_variance(const Head& h) {
+  const size_t n = h.size();
+  if (n < 2) return 0.0;
+  double mean = 0;
+  for (const Tok& t : h) mean += t.score;
+  mean /= static_cast<double>(n);
+  double ss = 0;
+  for (const Tok& t : h) ss += (t.score - mean) * (t.score - mean);
+  return ss / static_cast<double>(n - 1);
+}
+
+// Integer budgets summing to `total`: clamp(c * target_l, lo, hi) with c found by bisection, then
+// floors plus one for the largest fractional parts (ties: lower layer).
+inline std::vector<int> share_out(const std::vector<double>& target, int64_t total, int64_t lo,
+                                  int64_t hi) {
+  const int L = static_cast<int>(target.size());
+  lo = std::min(lo, hi);
+  if (total <= L * lo) return std::vector<int>(static_cast<size_t>(L), static_cast<int>(lo));
+  if (total >= L * hi) return std::vector<int>(static_cast<size_t>(L), static_cast<int>(hi));
+  auto sum_at = [&](double c) {
+    double s = 0;
+    for (double t : target)
+      s += std::min<double>(static_cast<double>(hi),
+                            std::max<double>(static_cast<double>(lo), c * t));
+    return s;
+  };
+  double a = 0, b = 1;
+  while (sum_at(b) < static_cast<double>(total)) b *= 2;
+  for (int it = 0; it < 300; ++it) {
+    const double mid = 0.5 * (a + b);
+    (sum_at(mid) < static_cast<double>(total) ? a : b) = mid;
+  }
+  std::vector<double> real(static_cast<size_t>(L));
+  std::vector<int> out(static_cast<size_t>(L));
+  int64_t floors = 0;
+  for (int l = 0; l < L; ++l) {
+    real[static_cast<size_t>(l)] = std::min<double>(
+        static_cast<double>(hi),
+        std::max<double>(static_cast<double>(lo), b * target[static_cast<size_t>(l)]));
+    out[static_cast<size_t>(l)] = static_cast<int>(std::floor(real[static_cast<size_t>(l)]));
+    floors += out[static_cast<size_t>(l)];
+  }
+  std::vector<int> idx(static_cast<size_t>(L));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::sort(idx.begin(), idx.end(), [&](int x, int y) {
+    const double fx = real[static_cast<size_t>(x)] - std::floor(real[static_cast<size_t>(x)]);
+    const double fy = real[static_cast<size_t>(y)] - std::floor(real[static_cast<size_t>(y)]);
+    if (fx != fy) return fx > fy;
+    return x < y;
+  });
+  for (int64_t i = 0; i < total - floors; ++i)
+    ++out[static_cast<size_t>(idx[static_cast<size_t>(i)])];
+  return out;
+}
+
+inline std::vector<int> budgets(const PolicyConfig& c, const Cache& cache, int64_t n) {
+  const int L = cache.L;
+  const int64_t lo = std::min<int64_t>(smallest_budget(c), n);
+  const double rho = c.mode == BudgetMode::kRatio
+                         ? c.ratio
+                         : static_cast<double>(c.budget) / static_cast<double>(n);
+  const int64_t total = c.mode == BudgetMode::kRatio
+                            ? std::llround(c.ratio * L * static_cast<double>(n))
+                            : c.budget * L;
+  std::vector<double> v(static_cast<size_t>(L));
+  for (int l = 0; l < L; ++l) {
+    std::vector<double> var;
+    for (const Head& h : cache.h[static_cast<size_t>(l)]) var.push_back(unbiased_variance(h));
+    if (c.layers == LayerRule::kResearch) {
+      const double mn = *std::min_element(var.begin(), var.end()),
+                   mx = *std::max_element(var.begin(), var.end());
+      double s = 0;
+      for (double x : var) s += (x - mn) / (mx - mn + 1e-6);
+      v[static_cast<size_t>(l)] = s / static_cast<double>(var.size());
+    } else {
+      v[static_cast<size_t>(l)] =
+          std::accumulate(var.begin(), var.end(), 0.0) / static_cast<double>(var.size());
+    }
+  }
+  auto softmax_neg = [](const std::vector<double>& x) {
+    std::vector<double> e(x.size());
+    double z = 0;
+    for (size_t i = 0; i < x.size(); ++i) z += (e[i] = std::exp(-x[i]));
+    for (double& y : e) y /= z;
+    return e;
+  };
+  std::vector<double> target(static_cast<size_t>(L));
+  switch (c.layers) {
+    case LayerRule::kUniform:
+      if (!c.exact_total) {
+        const int64_t s = c.mode == BudgetMode::kRatio
+                              ? std::llround(c.ratio * static_cast<double>(n))
+                              : c.budget;
+        return std::vector<int>(static_cast<size_t>(L),
+                                static_cast<int>(std::min(n, std::max(lo, s))));
+      }
+      for (double& t : target) t = rho * static_cast<double>(n);
+      return share_out(target, total, lo, n);
+    case LayerRule::kVariance: {
+      const double mn = *std::min_element(v.begin(), v.end()),
+                   mx = *std::max_element(v.begin(), v.end());
+      std::vector<double> f(static_cast<size_t>(L), 0.0);
+      if (mx > mn) {
+        for (int l = 0; l < L; ++l)
+          f[static_cast<size_t>(l)] = (v[static_cast<size_t>(l)] - mn) / (mx - mn);
+      }
+      const std::vector<double> a = softmax_neg(f);
+      for (int l = 0; l < L; ++l)
+        target[static_cast<size_t>(l)] =
+            a[static_cast<size_t>(l)] * L * rho * static_cast<double>(n);
+      return share_out(target, total, lo, n);
+    }
+    case LayerRule::kReciprocal: {
+      double z = 0;
+      for (double x : v) z += 1.0 / x;
+      for (int l = 0; l < L; ++l)
+        target[static_cast<size_t>(l)] =
+            (1.0 / v[static_cast<size_t>(l)]) / z * L * rho * static_cast<double>(n);
+      return share_out(target, total, lo, n);
+    }
+    case LayerRule::kExpDecay:
+      for (int l = 0; l < L; ++l)
+        target[static_cast<size_t>(l)] = std::exp(-2.0 * l / std::max(1, L - 1));
+      return share_out(target, total, lo, n);
+    case LayerRule::kPyramid: {
+      for (int l = 0; l < L; ++l) {
+        const double hi_w = 2.0 - 1.0 / c.pbeta, lo_w = 1.0 / c.pbeta;
+        target[static_cast<size_t>(l)] = L > 1 ? hi_w - (hi_w - lo_w) * l / (L - 1) : 1.0;
+      }
+      if (c.selector != Selector::kSnapWindow) return share_out(target, total, lo, n);
+      const int64_t w = std::min<int64_t>(c.window, n);
+      std::vector<int> k = share_out(target, std::max<int64_t>(0, total - L * w), 0, n - w);
+      for (int& x : k) x += static_cast<int>(w);
+      return k;
+    }
+    case LayerRule::kResearch: {
+      const std::vector<double> a = softmax_neg(v);
+      std::vector<int> out(static_cast<size_t>(L));
+      for (int l = 0; l < L; ++l) {
+        if (l == 0 || l == 1 || l == L - 1) {
+          out[static_cast<size_t>(l)] = -1;
+          continue;
+        }
+        const double r = std::min(1.0, std::max(0.01, a[static_cast<size_t>(l)] * L * rho));
+        const int64_t s = static_cast<int64_t>(std::floor(r * static_cast<double>(n)));
+        out[static_cast<size_t>(l)] = static_cast<int>(std::min(n, std::max(lo, s)));
+      }
+      return out;
+    }
+  }
+  return {};
+}
+
+// ---- selection ------------------------------------------------------------------------------
+
+// Indices of `cand` ranked by value (desc, then index asc), first k of them.
+inline std::vector<int> best_k(const std::vector<int>& cand, const std::vector<double>& value,
+                               int k) {
+  std::vector<int> s = cand;
+  std::sort(s.begin(), s.end(), [&](int a, int b) {
+    if (value[static_cast<size_t>(a)] != value[static_cast<size_t>(b)])
+      return value[static_cast<size_t>(a)] > value[static_cast<size_t>(b)];
+    return a < b;
+  });
+  s.resize(static_cast<size_t>(k));
+  return s;
+}
+
+inline std::vector<int> keep_list(const PolicyConfig& c, const Head& h, int S, int64_t next_pos) {
+  const int n = static_cast<int>(h.size());
+  std::vector<int> keep;
+  if (c.selector == Selector::kSnapWindow) {
+    const int w = std::min(c.window, S);
+    const int prefix = n - w;
+    std::vector<double> pooled(static_cast<size_t>(n), 0.0);
+    for (int j = 0; j < prefix; ++j) {
+      double acc = c.pool == PoolKind::kMax ? -1e300 : 0.0;
+      for (int i = j - c.kernel / 2; i <= j + c.kernel / 2; ++i) {
+        const bool inside = i >= 0 && i < prefix;
+        if (c.pool == PoolKind::kMax) {
+          if (inside) acc = std::max(acc, h[static_cast<size_t>(i)].window);
+        } else {
+          acc += inside ? h[static_cast<size_t>(i)].window : 0.0;
+        }
+      }
+      pooled[static_cast<size_t>(j)] = c.pool == PoolKind::kMax ? acc : acc / c.kernel;
+    }
+    std::vector<int> cand(static_cast<size_t>(prefix));
+    std::iota(cand.begin(), cand.end(), 0);
+    keep = best_k(cand, pooled, S - w);
+    for (int j = prefix; j < n; ++j) keep.push_back(j);
+  } else {
+    const int t = std::min(c.sinks, S);
+    const int body = S - t;
+    int recent = body, heavy = 0;
+    if (c.selector == Selector::kHeavyRecent && body > 0) {
+      recent = static_cast<int>(
+          std::floor(static_cast<double>(body) * c.nm_m / (c.nm_n + c.nm_m) + 0.5));
+      recent = std::max(1, std::min(body, recent));
+      heavy = body - recent;
+    }
+    for (int j = 0; j < t; ++j) keep.push_back(j);
+    if (heavy > 0) {
+      std::vector<double> score(static_cast<size_t>(n));
+      for (int j = 0; j < n; ++j) {
+        const Tok& tk = h[static_cast<size_t>(j)];
+        // Mean attention in float, like the stored statistics the policy reads.
+        score[static_cast<size_t>(j)] =
+            c.norm == ScoreNorm::kQueries
+                ? static_cast<double>(static_cast<float>(tk.score) /
+                                      static_cast<float>(std::max<int64_t>(1, next_pos - tk.pos)))
+                : tk.score;
+      }
+      std::vector<int> cand;
+      for (int j = t; j < n - recent; ++j) cand.push_back(j);
+      for (int j : best_k(cand, score, heavy)) keep.push_back(j);
+    }
+    for (int j = n - recent; j < n; ++j) keep.push_back(j);
+  }
+  std::sort(keep.begin(), keep.end());
+  return keep;
+}
+
+// ---- mergers ---------------------------------------------------------------------------------
+
+inline double cosine(const std::vector<double>& a, const std::vector<double>& b) {
+  double ab = 0, aa = 0, bb = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ab += a[i] * b[i];
+    aa += a[i] * a[i];
+    bb += b[i] * b[i];
+  }
+  return aa > 0 && bb > 0 ? ab / std::sqrt(aa * bb) : 0.0;
+}
+
+inline int d2o_merge(const PolicyConfig& c, Head& h, const std::vector<int>& keep, double& tau,
+                     bool& ready, std::vector<std::vector<double>>& groups) {
+  std::vector<int> ev;
+  for (int j = 0; j < static_cast<int>(h.size()); ++j) {
+    if (!std::binary_search(keep.begin(), keep.end(), j)) ev.push_back(j);
+  }
+  if (ev.empty() || c.merge == MergeRule::kOff) return 0;
+  const size_t E = ev.size(), C = keep.size();
+  std::vector<std::vector<double>> u(E, std::vector<double>(C));
+  for (size_t e = 0; e < E; ++e) {
+    for (size_t i = 0; i < C; ++i) {
+      const Tok& a = h[static_cast<size_t>(ev[e])];
+      const Tok& b = h[static_cast<size_t>(keep[i])];
+      const double ck = cosine(a.k, b.k), cv = cosine(a.v, b.v);
+      u[e][i] = c.sim == SimOn::kKey ? ck : c.sim == SimOn::kValue ? cv : 0.5 * ck + 0.5 * cv;
+    }
+  }
+  std::vector<int> nn(E);
+  std::vector<double> m(E);
+  for (size_t e = 0; e < E; ++e) {
+    nn[e] =
+        static_cast<int>(std::max_element(u[e].begin(), u[e].end()) - u[e].begin());  // first max
+    m[e] = u[e][static_cast<size_t>(nn[e])];
+  }
+  std::vector<bool> merge(E);
+  const double mean = std::accumulate(m.begin(), m.end(), 0.0) / static_cast<double>(E);
+  if (!ready) {
+    tau = mean;
+    ready = true;
+    for (size_t e = 0; e < E; ++e) merge[e] = m[e] >= tau;
+  } else if (c.ema == EmaRule::kPaper) {
+    for (size_t e = 0; e < E; ++e) {
+      merge[e] = m[e] >= tau;
+      tau = c.beta * m[e] + (1 - c.beta) * tau;
+    }
+  } else {
+    tau = 0.5 * tau + 0.5 * mean;
+    for (size_t e = 0; e < E; ++e) merge[e] = m[e] >= tau;
+  }
+  int n_merged = 0;
+  std::vector<std::pair<size_t, Tok>> updated;  // (kept index, merged token)
+  for (size_t i = 0; i < C; ++i) {
+    std::vector<size_t> members;
+    for (size_t e = 0; e < E; ++e) {
+      if (merge[e] && nn[e] == static_cast<int>(i)) members.push_back(e);
+    }
+    if (members.empty()) continue;
+    n_merged += static_cast<int>(members.size());
+    const double k = static_cast<double>(members.size());
+    std::vector<double> w;  // retained first
+    if (c.merge == MergeRule::kWeighted) {
+      double z = std::exp(1.0);
+      for (size_t e : members) z += std::exp(m[e]);
+      w.push_back(std::exp(1.0) / z);
+      for (size_t e : members) w.push_back(std::exp(m[e]) / z);
+    } else if (c.merge == MergeRule::kAverage) {
+      w.assign(members.size() + 1, 1.0 / (1 + k));
+    } else {
+      w.push_back(1.0 / (1 + k));
+      for (size_t e : members) w.push_back(m[e] / (1 + k));
+    }
+    groups.push_back(w);
+    Tok& dst = h[static_cast<size_t>(keep[i])];
+    Tok out = dst;
+    for (size_t x = 0; x < out.k.size(); ++x) {
+      out.k[x] = w[0] * dst.k[x];
+      out.v[x] = w[0] * dst.v[x];
+    }
+    for (size_t j = 0; j < members.size(); ++j) {
+      const Tok& src = h[static_cast<size_t>(ev[members[j]])];
+      for (size_t x = 0; x < out.k.size(); ++x) {
+        out.k[x] += w[j + 1] * src.k[x];
+        out.v[x] += w[j + 1] * src.v[x];
+      }
+      out.score += src.score;
+      out.merged += 1 + src.merged;
+    }
+    updated.emplace_back(i, out);
+  }
+  // Write back after all groups are built (sources are evicted, so order does not matter).
+  for (const auto& [i, tok] : updated) h[static_cast<size_t>(keep[i])] = tok;
+  return n_merged;
+}
+
+inline uint64_t splitmix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+inline int cam_merge(const PolicyConfig& c, Head& h, int S, int il, int g) {
+  const int n = static_cast<int>(h.size());
+  const int t0 = std::min(c.sinks, S), recent = S - t0;
+  const int m = c.cam_targets == 0 ? recent : std::min(c.cam_targets, recent);
+  int merged = 0;
+  for (int e = t0; e < n - recent; ++e) {
+    double mean = 0;
+    for (int t = e + 1; t <= e + m; ++t) mean += h[static_cast<size_t>(t)].score;
+    mean /= m;
+    const double s = h[static_cast<size_t>(e)].score;
+    double p = mean > 0 ? s / mean : (s > 0 ? 1.0 : 0.0);
+    p = std::min(1.0, std::max(0.0, p));
+    const uint64_t key = (static_cast<uint64_t>(il) << 48) ^ (static_cast<uint64_t>(g) << 32) ^
+                         static_cast<uint32_t>(h[static_cast<size_t>(e)].pos);
+    const double u = static_cast<double>(splitmix(c.seed ^ key) >> 11) / 9007199254740992.0;
+    if (!(u < p)) continue;
+    ++merged;
+    for (int t = e + 1; t <= e + m; ++t) {
+      for (size_t x = 0; x < h[0].v.size(); ++x)
+        h[static_cast<size_t>(t)].v[x] += h[static_cast<size_t>(e)].v[x] / m;
+    }
+  }
+  return merged;
+}
+
+// RoPE (adjacent pairs, theta_i = base^(-2i/d)) rotation of a key by `delta` positions.
+inline void rotate(std::vector<double>& k, double delta, double base) {
+  const size_t d = k.size();
+  for (size_t i = 0; i < d / 2; ++i) {
+    const double a = delta * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+    const double x0 = k[2 * i], x1 = k[2 * i + 1];
+    k[2 * i] = x0 * std::cos(a) - x1 * std::sin(a);
+    k[2 * i + 1] = x0 * std::sin(a) + x1 * std::cos(a);
+  }
+}
+
+// ---- the policy ------------------------------------------------------------------------------
+
+// Compacts `cache` after a pass; n_past = tokens processed so far; rope_base for pos=shift.
+inline void compact(const PolicyConfig& c, Cache& cache, State& st, int64_t n_past,
+                    double rope_base = 10000.0) {
+  const int L = cache.L, G = cache.G;
+  if (st.evicted.empty()) {
+    st.evicted.assign(static_cast<size_t>(L), 0);
+    st.merged.assign(static_cast<size_t>(L), 0);
+    st.tau.assign(static_cast<size_t>(L * G), 0.0);
+    st.tau_ready.assign(static_cast<size_t>(L * G), false);
+  }
+  st.last_groups.clear();
+  if (!st.budgets_set) {
+    const int64_t n = static_cast<int64_t>(cache.h[0][0].size());
+    if (n == 0) return;
+    if (c.mode == BudgetMode::kBudget && n <= c.budget) return;
+    st.budgets = budgets(c, cache, n);
+    st.budgets_set = true;
+  } else if (c.selector == Selector::kSnapWindow && c.mode == BudgetMode::kRatio) {
+    return;
+  }
+  int64_t removed = 0;
+  for (int l = 0; l < L; ++l) {
+    const int S = st.budgets[static_cast<size_t>(l)];
+    for (int g = 0; g < G; ++g) {
+      Head& h = cache.h[static_cast<size_t>(l)][static_cast<size_t>(g)];
+      const int n = static_cast<int>(h.size());
+      if (S < 0 || n <= S) continue;
+      const std::vector<int> keep = keep_list(c, h, S, n_past - st.pos_shift);
+      if (c.merger == Merger::kD2o) {
+        const size_t ti = static_cast<size_t>(l * G + g);
+        bool ready = st.tau_ready[ti];
+        st.merged[static_cast<size_t>(l)] +=
+            d2o_merge(c, h, keep, st.tau[ti], ready, st.last_groups);
+        st.tau_ready[ti] = ready;
+      } else if (c.merger == Merger::kCam) {
+        st.merged[static_cast<size_t>(l)] += cam_merge(c, h, S, l, g);
+      }
+      st.evicted[static_cast<size_t>(l)] += n - S;
+      Head out;
+      for (int j : keep) out.push_back(h[static_cast<size_t>(j)]);
+      if (c.pos == PosMode::kShift) {
+        const int t = std::min(c.sinks, S);
+        for (int j = t; j < S; ++j) {
+          rotate(out[static_cast<size_t>(j)].k, -static_cast<double>(n - S), rope_base);
+          out[static_cast<size_t>(j)].pos -= n - S;
+        }
+        removed = n - S;
+      }
+      h = out;
+    }
+  }
+  st.pos_shift += removed;
+}
+
+}  // namespace d2o::naive

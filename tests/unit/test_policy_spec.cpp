@@ -1,0 +1,179 @@
+// Policy spec strings: canonical round trips, paper defaults, what each policy asks of the
+// attention kernel, and every error with its message.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "kv/policy.h"
+#include "kv/policy/composed.h"
+
+namespace d2o {
+namespace {
+
+const PolicyConfig& config_of(const KvPolicy& p) {
+  const auto* cp = dynamic_cast<const ComposedPolicy*>(&p);
+  EXPECT_NE(cp, nullptr);
+  static PolicyConfig empty;
+  return cp ? cp->config() : empty;
+}
+
+std::string canonical(const std::string& spec) {
+  auto p = parse_kv_policy(spec);
+  EXPECT_TRUE(p.ok()) << spec << ": " << p.status().message();
+  return p.ok() ? (*p)->spec() : "";
+}
+
+TEST(PolicySpec, DefaultsAreThePapers) {
+  EXPECT_EQ(canonical("d2o"),
+            "d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7,layers=variance,merge=weighted,sim=key,ema="
+            "paper,agg=sum,norm=none");
+  EXPECT_EQ(canonical("h2o"), "h2o:ratio=0.2,sinks=0,nm=1:1,agg=sum,norm=none");
+  EXPECT_EQ(canonical("streaming"), "streaming:ratio=0.2,sinks=4,pos=original");
+  EXPECT_EQ(canonical("snapkv"), "snapkv:ratio=0.2,window=32,kernel=7,pool=avg,agg=sum");
+  EXPECT_EQ(canonical("pyramidkv"),
+            "pyramidkv:ratio=0.2,window=32,kernel=7,pool=avg,pbeta=20,agg=sum");
+  EXPECT_EQ(canonical("roco"), "roco:ratio=0.2,sinks=0,nm=1:1,agg=sum");
+  EXPECT_EQ(canonical("cam"), "cam:ratio=0.2,sinks=4,mb=recent,seed=0,agg=sum");
+  EXPECT_EQ(canonical("full"), "full");
+  EXPECT_EQ(canonical(""), "full");
+  EXPECT_TRUE(parse_kv_policy("full").value()->is_full());
+}
+
+TEST(PolicySpec, CanonicalFormRoundTrips) {
+  const std::vector<std::string> specs = {
+      "d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7",
+      "d2o:budget=512,beta=0.55,layers=reciprocal,merge=average,sim=kv,ema=research,agg=max,norm="
+      "queries",
+      "d2o:reading=research",
+      "d2o:reading=research,nm=2:1,merge=weighted",
+      "d2o:ratio=0.125,layers=exp",
+      "d2o:ratio=0.3333333333333333,layers=pyramid,merge=off",
+      " h2o : budget = 64 , sinks = 4 ",
+      "streaming:budget=100,sinks=0,pos=shift",
+      "snapkv:budget=300,window=16,kernel=5,pool=max,agg=mean",
+      "pyramidkv:ratio=0.1,pbeta=8.5",
+      "roco:ratio=1",
+      "cam:budget=64,mb=16,seed=18446744073709551615",
+  };
+  for (const std::string& s : specs) {
+    SCOPED_TRACE(s);
+    auto a = parse_kv_policy(s);
+    ASSERT_TRUE(a.ok()) << a.status().message();
+    const std::string c1 = (*a)->spec();
+    auto b = parse_kv_policy(c1);
+    ASSERT_TRUE(b.ok()) << b.status().message();
+    EXPECT_EQ((*b)->spec(), c1);
+    EXPECT_TRUE(config_of(**a) == config_of(**b));
+  }
+  // Values survive exactly.
+  auto exact = parse_kv_policy("d2o:ratio=0.3333333333333333,beta=0.123456789");
+  ASSERT_TRUE(exact.ok());
+  const PolicyConfig& c = config_of(**exact);
+  EXPECT_EQ(c.ratio, 0.3333333333333333);
+  EXPECT_EQ(c.beta, 0.123456789);
+  EXPECT_EQ(canonical("cam:mb=16,seed=7"), "cam:ratio=0.2,sinks=4,mb=16,seed=7,agg=sum");
+}
+
+TEST(PolicySpec, ResearchReadingSetsItsDefaultsAndKeysOverride) {
+  EXPECT_EQ(canonical("d2o:reading=research"),
+            "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=research,merge=research,sim=key,ema="
+            "research,agg=sum,"
+            "norm=none");
+  // Explicit keys win whatever their position.
+  EXPECT_EQ(canonical("d2o:nm=3:1,reading=research"),
+            "d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7,layers=research,merge=research,sim=key,ema="
+            "research,agg=sum,"
+            "norm=none");
+  EXPECT_EQ(canonical("d2o:reading=paper"), canonical("d2o"));
+}
+
+TEST(PolicySpec, NeedsMatchThePolicy) {
+  auto needs = [](const std::string& s) { return parse_kv_policy(s).value()->needs(); };
+  EXPECT_TRUE(needs("d2o").accumulate);
+  EXPECT_EQ(needs("d2o").window, 0);
+  EXPECT_EQ(needs("d2o:agg=max").agg, ScoreAgg::kMax);
+  EXPECT_TRUE(needs("h2o").accumulate);
+  EXPECT_TRUE(needs("roco").accumulate);
+  EXPECT_TRUE(needs("cam").accumulate);
+  EXPECT_FALSE(needs("streaming").accumulate);
+  EXPECT_EQ(needs("streaming").window, 0);
+  EXPECT_FALSE(needs("snapkv").accumulate);
+  EXPECT_EQ(needs("snapkv").window, 32);
+  EXPECT_EQ(needs("pyramidkv:window=8").window, 8);
+  EXPECT_FALSE(parse_kv_policy("d2o").value()->is_full());
+}
+
+struct ErrorCase {
+  std::string spec;
+  std::vector<std::string> message_has;
+};
+
+TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
+  const std::vector<ErrorCase> cases = {
+      {"lru",
+       {"unknown KV policy 'lru'", "full, streaming, h2o, snapkv, pyramidkv, roco, cam, d2o"}},
+      {"D2O", {"unknown KV policy 'D2O'"}},
+      {"d2o:foo=1",
+       {"unknown key 'foo'",
+        "ratio, budget, sinks, nm, beta, layers, merge, sim, ema, agg, norm, reading"}},
+      {"h2o:beta=0.5", {"unknown key 'beta'", "ratio, budget, sinks, nm, agg, norm"}},
+      {"streaming:window=8", {"unknown key 'window'", "sinks, pos"}},
+      {"d2o:ratio=0", {"ratio=0", "(0, 1]"}},
+      {"d2o:ratio=1.5", {"ratio=1.5", "(0, 1]"}},
+      {"d2o:ratio=-0.2", {"ratio=-0.2"}},
+      {"d2o:ratio=abc", {"ratio=abc"}},
+      {"d2o:ratio=nan", {"ratio=nan"}},
+      {"d2o:ratio=", {"ratio="}},
+      {"d2o:budget=7", {"budget=7", "smallest usable budget 8", "sinks + 4"}},
+      {"d2o:budget=3,sinks=0", {"budget=3", "smallest usable budget 4"}},
+      {"h2o:budget=3", {"budget=3", "smallest usable budget 4"}},
+      {"streaming:budget=4", {"budget=4", "smallest usable budget 5", "sinks + 1"}},
+      {"snapkv:budget=31", {"budget=31", "smallest usable budget 32", "window=32"}},
+      {"pyramidkv:budget=10,window=16", {"budget=10", "16"}},
+      {"d2o:budget=0", {"budget=0", "integer from 1"}},
+      {"d2o:budget=12.5", {"budget=12.5"}},
+      {"d2o:ratio=0.2,budget=64", {"either ratio= or budget=, not both"}},
+      {"d2o:budget=64,ratio=0.2", {"either ratio= or budget=, not both"}},
+      {"d2o:nm=3:0", {"nm=3:0", "two positive integers"}},
+      {"d2o:nm=0:1", {"nm=0:1", "two positive integers"}},
+      {"d2o:nm=3", {"nm=3", "N:M"}},
+      {"d2o:nm=a:b", {"nm=a:b"}},
+      {"d2o:beta=0", {"beta=0", "(0, 1)"}},
+      {"d2o:beta=1", {"beta=1", "(0, 1)"}},
+      {"d2o:beta=1.2", {"beta=1.2", "(0, 1)"}},
+      {"d2o:sinks=-1", {"sinks=-1", "integer from 0"}},
+      {"d2o:layers=flat", {"layers=flat", "uniform, variance, reciprocal, exp, pyramid, research"}},
+      {"d2o:merge=sum", {"merge=sum", "off, weighted, average, research"}},
+      {"d2o:sim=query", {"sim=query", "key, value, kv"}},
+      {"d2o:ema=fast", {"ema=fast", "paper, research"}},
+      {"d2o:agg=median", {"agg=median", "sum, mean, max"}},
+      {"d2o:norm=count", {"norm=count", "none, queries"}},
+      {"d2o:reading=mine", {"reading=mine", "paper, research"}},
+      {"snapkv:kernel=4", {"kernel=4", "odd"}},
+      {"snapkv:window=0", {"window=0"}},
+      {"snapkv:pool=min", {"pool=min", "max, avg"}},
+      {"pyramidkv:pbeta=0.5", {"pbeta=0.5", ">= 1"}},
+      {"streaming:pos=rotated", {"pos=rotated", "original, shift"}},
+      {"cam:mb=0", {"mb=0", "'recent' or a positive integer"}},
+      {"cam:seed=-3", {"seed=-3"}},
+      {"d2o:ratio=0.2,ratio=0.3", {"'ratio' is given twice"}},
+      {"d2o:ratio", {"expected key=value", "'ratio'"}},
+      {"d2o:ratio=0.2,", {"expected key=value"}},
+      {"d2o:=0.2", {"expected key=value"}},
+      {"full:ratio=0.2", {"'full' takes no keys"}},
+  };
+  for (const ErrorCase& c : cases) {
+    SCOPED_TRACE(c.spec);
+    auto p = parse_kv_policy(c.spec);
+    ASSERT_FALSE(p.ok());
+    EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+    for (const std::string& m : c.message_has) {
+      EXPECT_NE(p.status().message().find(m), std::string::npos)
+          << "message: " << p.status().message();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace d2o
