@@ -12,10 +12,10 @@
 // ends (EOS or max tokens), which lets the next waiting request in. A request whose peak exceeds
 // the cap alone is refused at once (its result says why) and the others run.
 //
-// Peak footprint = KvCache::bytes_for_slots(cfg, policy.peak_slots(prompt, prompt + max_new,
-// longest pass)): the full cache grows to prompt + max_new slots per layer; a compressing policy
-// is bounded by its budget plus one pass (and by the prompt for prompt-then-compress, which holds
-// the whole prompt once before compacting it).
+// Peak footprint = KvCache::bytes_for_slots(cfg, policy.peak_slots_for({prompt, prompt + max_new,
+// longest prompt chunk, 1})): the full cache grows to prompt + max_new slots per layer; a
+// compressing policy is bounded by its budget plus one pass (and by the prompt for
+// prompt-then-compress, which holds the whole prompt once before compacting it).
 //
 // Prompt chunks carry BatchEntry::prompt_rest, so ratio policies compress the prompt once, after
 // its last chunk, exactly as if it had been prefilled in one pass; the last chunk is made at
