@@ -92,8 +92,12 @@ std::vector<int> Scheduler::split_prompt(int64_t n, int chunk, int min_last) {
 Scheduler::Footprint Scheduler::footprint(const KvCacheConfig& cfg, const KvPolicy& policy,
                                           int64_t n_prompt, int64_t n_new, int max_chunk) {
   Footprint f;
-  f.slots =
-      std::max<int64_t>(1, policy.peak_slots(n_prompt, n_prompt + n_new, std::max(1, max_chunk)));
+  FeedPlan plan;
+  plan.n_prompt = n_prompt;
+  plan.n_total = n_prompt + n_new;
+  plan.prompt_chunk = std::max(1, max_chunk);
+  plan.decode_chunk = 1;  // one token per step after the prompt
+  f.slots = std::max<int64_t>(1, policy.peak_slots_for(plan));
   f.bytes = KvCache::bytes_for_slots(cfg, f.slots);
   return f;
 }
