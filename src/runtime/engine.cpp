@@ -141,9 +141,13 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
     D2O_RETURN_IF_ERROR(run_ubatch(batch, rows_, sink));
   }
 
-  // Advance and compact each sequence.
+  // Advance and compact each sequence. Compactions of different sequences are independent (each
+  // touches only its own cache and policy state), so several run in parallel, one sequence per
+  // task; a lone sequence plans its layers in parallel instead. Results are the same either way.
   Stopwatch sw;
-  for (const BatchEntry& be : batch) {
+  compact_status_.assign(batch.size(), Status());
+  auto compact = [&](size_t e, ThreadPool* layer_pool) {
+    const BatchEntry& be = batch[e];
     const bool first = !be.seq->started();
     be.seq->advance(static_cast<int64_t>(be.tokens.size()));
     PassInfo pass;
@@ -152,10 +156,18 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
     pass.first_pass = first;
     pass.prompt_rest = be.prompt_rest;
     pass.rope = &rope_;
+    pass.pool = layer_pool;
     be.seq->set_prompt_pending(be.prompt_rest);
-    D2O_RETURN_IF_ERROR(be.seq->policy().compact(be.seq->cache(), be.seq->policy_state(), pass));
+    compact_status_[e] = be.seq->policy().compact(be.seq->cache(), be.seq->policy_state(), pass);
+  };
+  if (batch.size() > 1 && pool_.n_threads() > 1) {
+    pool_.run(static_cast<int64_t>(batch.size()),
+              [&](int64_t e, int) { compact(static_cast<size_t>(e), nullptr); });
+  } else {
+    for (size_t e = 0; e < batch.size(); ++e) compact(e, &pool_);
   }
   timings_.policy_s += sw.seconds();
+  for (const Status& st : compact_status_) D2O_RETURN_IF_ERROR(st);
   return {};
 }
 

@@ -114,6 +114,7 @@ class Engine {
   std::vector<AttnScratch> solo_scratch_;
   std::vector<Span> spans_;
   std::vector<int> across_;  // spans run one per task
+  std::vector<Status> compact_status_;  // per batch entry
   RopeParams rope_;
   EngineTimings timings_;
   int rows_cap_ = 0;

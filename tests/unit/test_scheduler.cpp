@@ -127,6 +127,53 @@ TEST_F(SchedulerTest, BatchedOutputsEqualAloneAndOnePassDecodingForEveryAttentio
   }
 }
 
+// Every policy, mixed in one batch, chunked prompts (16-token chunks, some longer than the
+// budgets): outputs equal each request alone, and no cache ever needs more than its reservation
+// (the cache's slot limit would fail the step).
+TEST_F(SchedulerTest, MixedPoliciesInOneBatchEqualAlone) {
+  const std::vector<std::string> specs = {"full",
+                                          "streaming:budget=12",
+                                          "h2o:ratio=0.3",
+                                          "snapkv:ratio=0.3,window=8",
+                                          "pyramidkv:ratio=0.3,window=8",
+                                          "roco:ratio=0.3",
+                                          "cam:ratio=0.3",
+                                          "d2o:ratio=0.3",
+                                          "d2o:budget=20",
+                                          "h2o:budget=16"};
+  ThreadPool pool(2);
+  EngineOptions eo;
+  eo.n_ubatch = 64;
+  Engine engine(*model_, pool, eo);
+  std::vector<Request> reqs;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    Request r = request(prompt(9 + 7 * static_cast<int>(i), 300 + static_cast<uint32_t>(i)), 24);
+    r.kv_spec = specs[i];
+    reqs.push_back(r);
+  }
+  SchedulerParams sp = params(size_t{64} << 20);
+  sp.max_running = 12;
+  auto s = Scheduler::create(engine, sp);
+  ASSERT_TRUE(s.ok());
+  for (const Request& r : reqs) ASSERT_TRUE((*s)->submit(r).ok());
+  while (!(*s)->idle()) {
+    ASSERT_TRUE((*s)->step().ok());
+    EXPECT_LE((*s)->last_step().kv_allocated, (*s)->last_step().kv_reserved);
+  }
+  auto together = (*s)->take_finished();
+  std::sort(together.begin(), together.end(),
+            [](const auto& a, const auto& b) { return a.id < b.id; });
+  ASSERT_EQ(together.size(), specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    SCOPED_TRACE(specs[i]);
+    EXPECT_TRUE(together[i].status.ok()) << together[i].status.to_string();
+    EXPECT_LE(together[i].kv_peak_allocated, together[i].kv_reserved);
+    const auto alone = run_all(engine, sp, {reqs[i]});
+    ASSERT_EQ(alone.size(), 1u);
+    EXPECT_EQ(together[i].tokens, alone[0].tokens);
+  }
+}
+
 TEST_F(SchedulerTest, RandomSamplingStreamsArePerRequest) {
   ThreadPool pool(1);
   EngineOptions eo;
