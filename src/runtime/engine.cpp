@@ -60,9 +60,9 @@ Status Engine::validate(std::span<const BatchEntry> batch) const {
   const ModelHParams& h = model_.hparams();
   for (size_t e = 0; e < batch.size(); ++e) {
     const BatchEntry& be = batch[e];
-    const std::string what = "batch entry " + std::to_string(e);
-    if (!be.seq) return invalid_argument(what + " has no sequence");
-    if (be.tokens.empty()) return invalid_argument(what + " has no tokens");
+    auto what = [e] { return "batch entry " + std::to_string(e); };  // built only for errors
+    if (!be.seq) return invalid_argument(what() + " has no sequence");
+    if (be.tokens.empty()) return invalid_argument(what() + " has no tokens");
     for (size_t f = 0; f < e; ++f) {
       if (batch[f].seq == be.seq) return invalid_argument("a sequence appears twice in one batch");
     }
@@ -72,7 +72,8 @@ Status Engine::validate(std::span<const BatchEntry> batch) const {
                                 std::to_string(h.n_vocab) + ")");
       }
     }
-    if (be.logits_from < BatchEntry::kNoLogits) return invalid_argument(what + ": bad logits_from");
+    if (be.logits_from < BatchEntry::kNoLogits)
+      return invalid_argument(what() + ": bad logits_from");
     if (be.seq->n_past() + static_cast<int64_t>(be.tokens.size()) > std::numeric_limits<int32_t>::max()) {
       return invalid_argument("sequence position would overflow");
     }
@@ -82,10 +83,10 @@ Status Engine::validate(std::span<const BatchEntry> batch) const {
     }
     // Chunked prefill contract (see BatchEntry::prompt_rest).
     const int64_t n = static_cast<int64_t>(be.tokens.size());
-    if (be.prompt_rest < 0) return invalid_argument(what + ": prompt_rest must be >= 0");
+    if (be.prompt_rest < 0) return invalid_argument(what() + ": prompt_rest must be >= 0");
     const int64_t pending = be.seq->prompt_pending();
     if (pending > 0 && n + be.prompt_rest != pending) {
-      return invalid_argument(what + ": this prompt chunk (" + std::to_string(n) + " tokens, " +
+      return invalid_argument(what() + ": this prompt chunk (" + std::to_string(n) + " tokens, " +
                               std::to_string(be.prompt_rest) +
                               " announced after it) does not match the " + std::to_string(pending) +
                               " prompt tokens the previous chunk announced");
@@ -94,7 +95,7 @@ Status Engine::validate(std::span<const BatchEntry> batch) const {
     if (w > 0 && ((be.prompt_rest > 0 && be.prompt_rest < w) ||
                   (pending > 0 && be.prompt_rest == 0 && n < w))) {
       return invalid_argument(
-          what +
+          what() +
           ": the last chunk of a chunked prompt must hold at least the KV policy's "
           "observation window of " +
           std::to_string(w) + " tokens");

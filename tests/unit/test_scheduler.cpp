@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "common/alloc_counter.h"
 #include "common/random_model.h"
 #include "model/model.h"
 #include "runtime/engine.h"
@@ -172,6 +173,46 @@ TEST_F(SchedulerTest, MixedPoliciesInOneBatchEqualAlone) {
     ASSERT_EQ(alone.size(), 1u);
     EXPECT_EQ(together[i].tokens, alone[0].tokens);
   }
+}
+
+// Once every prompt is in and the buffers have grown, a decode step over many sequences (engine,
+// attention, compaction, sampling, bookkeeping) allocates nothing.
+TEST_F(SchedulerTest, SteadyStateDecodeStepAllocatesNothing) {
+  ThreadPool pool(1);  // everything on the calling thread, which the counter watches
+  EngineOptions eo;
+  eo.n_ubatch = 64;
+  Engine engine(*model_, pool, eo);
+  auto s = Scheduler::create(engine, params(size_t{64} << 20));
+  ASSERT_TRUE(s.ok());
+  const std::vector<std::string> specs = {"full",
+                                          "d2o:ratio=0.3",
+                                          "h2o:budget=16",
+                                          "snapkv:ratio=0.3,window=8",
+                                          "streaming:budget=12",
+                                          "cam:ratio=0.3"};
+  for (size_t i = 0; i < specs.size(); ++i) {
+    Request r = request(prompt(30, 900 + static_cast<uint32_t>(i)), 80);
+    r.kv_spec = specs[i];
+    ASSERT_TRUE((*s)->submit(r).ok());
+  }
+  for (int i = 0; i < 30; ++i) ASSERT_TRUE((*s)->step().ok());  // prompts in, buffers grown
+  ASSERT_EQ((*s)->last_step().n_prefill_tokens, 0);
+  ASSERT_EQ((*s)->last_step().n_decode, static_cast<int>(specs.size()));
+  test::g_allocations = 0;
+  test::g_count_allocations = true;
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE((*s)->step().ok());
+  test::g_count_allocations = false;
+  EXPECT_EQ(test::g_allocations.load(), 0);
+  // The counter does see the engine's allocations (a new sequence's first pass).
+  Sequence seq(model_->hparams(), KvType::kF16, nullptr);
+  const std::vector<TokenId> p = prompt(5, 1);
+  BatchEntry be;
+  be.seq = &seq;
+  be.tokens = p;
+  test::g_count_allocations = true;
+  ASSERT_TRUE(engine.forward({&be, 1}, nullptr).ok());
+  test::g_count_allocations = false;
+  EXPECT_GT(test::g_allocations.load(), 0);
 }
 
 TEST_F(SchedulerTest, RandomSamplingStreamsArePerRequest) {
