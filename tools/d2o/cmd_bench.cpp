@@ -81,7 +81,8 @@ Result<std::vector<std::vector<TokenId>>> make_prompts(const Tokenizer& tok,
 }
 
 struct PolicyRun {
-  std::string spec;
+  std::string spec;       // as given
+  std::string canonical;  // the policy's canonical spec
   int completed = 0, refused = 0, failed = 0;
   std::string refusal;
   int64_t gen_tokens = 0;
@@ -98,6 +99,7 @@ struct PolicyRun {
 Result<PolicyRun> run_policy(Loaded& l, const ThroughputOptions& o, const std::string& spec,
                              const std::vector<std::vector<TokenId>>& prompts, size_t cap) {
   PolicyRun run;
+  run.spec = spec;
   SchedulerParams sp;
   sp.kv_mem_bytes = cap;
   sp.prefill_chunk = o.chunk;
@@ -143,7 +145,7 @@ Result<PolicyRun> run_policy(Loaded& l, const ThroughputOptions& o, const std::s
   run.decode_mean = decode_steps ? decode_sum / decode_steps : 0;
   run.kv_peak_reserved = sched->pool().peak_reserved();
   for (const RequestResult& r : sched->take_finished()) {
-    run.spec = r.kv_spec;
+    run.canonical = r.kv_spec;
     run.kv_per_request = r.kv_reserved ? r.kv_reserved : run.kv_per_request;
     run.slot_limit = r.kv_slot_limit;
     if (r.stop_reason == "refused") {
@@ -169,6 +171,7 @@ Result<PolicyRun> run_policy(Loaded& l, const ThroughputOptions& o, const std::s
 nlohmann::json to_json(const PolicyRun& r) {
   nlohmann::json j;
   j["kv"] = r.spec;
+  j["kv_canonical"] = r.canonical;
   j["completed"] = r.completed;
   j["refused"] = r.refused;
   j["failed"] = r.failed;
@@ -279,7 +282,7 @@ int run_throughput(ThroughputOptions& o) {
                  pr.refused, pr.seconds);
   }
 
-  std::printf("\n%-34s %5s %4s %9s %6s %7s %9s %15s %15s %10s %10s %10s\n", "kv policy", "done",
+  std::printf("\n%-22s %5s %4s %9s %6s %7s %9s %15s %15s %10s %10s %10s\n", "kv policy", "done",
               "ref", "gen tok/s", "x", "req/s", "batch", "tok lat p50/95", "req lat p50/95",
               "KV/req", "KV peak", "peak RSS");
   const double base = runs.front().seconds > 0 ? runs.front().gen_tokens / runs.front().seconds : 0;
@@ -291,12 +294,16 @@ int run_throughput(ThroughputOptions& o) {
                   1e3 * percentile(r.token_lat, 0.95));
     std::snprintf(rl, sizeof rl, "%.1f/%.1f s", percentile(r.req_lat, 0.5),
                   percentile(r.req_lat, 0.95));
-    std::printf("%-34s %5d %4d %9.1f %6.2f %7.3f %9s %15s %15s %10s %10s %10s\n", r.spec.c_str(),
+    std::printf("%-22s %5d %4d %9.1f %6.2f %7.3f %9s %15s %15s %10s %10s %10s\n", r.spec.c_str(),
                 r.completed, r.refused, tps, base > 0 ? tps / base : 0.0,
                 r.seconds > 0 ? r.completed / r.seconds : 0.0, batch, tl, rl,
                 format_bytes(static_cast<double>(r.kv_per_request)).c_str(),
                 format_bytes(static_cast<double>(r.kv_peak_allocated)).c_str(),
                 format_bytes(static_cast<double>(r.rss_peak)).c_str());
+  }
+  for (const PolicyRun& r : runs) {
+    if (!r.canonical.empty() && r.canonical != r.spec)
+      std::printf("%s = %s\n", r.spec.c_str(), r.canonical.c_str());
   }
   for (const PolicyRun& r : runs) {
     if (!r.refusal.empty()) std::printf("%s: %s\n", r.spec.c_str(), r.refusal.c_str());
