@@ -7,16 +7,21 @@
 #include <cstdlib>
 #include <new>
 
+namespace {
+thread_local bool t_counting = false;
+}  // namespace
+
 namespace d2o::test {
-thread_local bool g_count_allocations = false;
 std::atomic<int64_t> g_allocations{0};
+void set_count_allocations(bool on) {
+  t_counting = on;
+}
 }  // namespace d2o::test
 
 void* operator new(size_t n) {
   using NewFn = void* (*)(size_t);
   static const NewFn next = reinterpret_cast<NewFn>(dlsym(RTLD_NEXT, "_Znwm"));
-  if (d2o::test::g_count_allocations)
-    d2o::test::g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (t_counting) d2o::test::g_allocations.fetch_add(1, std::memory_order_relaxed);
   return next(n);
 }
 
@@ -24,7 +29,6 @@ void* operator new(size_t n) {
 extern "C" void* aligned_alloc(size_t align, size_t n) {
   using AlignedFn = void* (*)(size_t, size_t);
   static const AlignedFn next = reinterpret_cast<AlignedFn>(dlsym(RTLD_NEXT, "aligned_alloc"));
-  if (d2o::test::g_count_allocations)
-    d2o::test::g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (t_counting) d2o::test::g_allocations.fetch_add(1, std::memory_order_relaxed);
   return next(align, n);
 }
