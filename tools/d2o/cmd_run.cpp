@@ -1,4 +1,5 @@
 // d2o run: generate text from a prompt, streaming it, then report speed and memory.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -73,6 +74,10 @@ int run_run(RunOptions& o) {
   }
 
   Sequence seq(l.model->hparams(), l.kv_type, l.policy);
+  // No layer ever holds more slots than the run has tokens (nor than the context): the cache's
+  // geometric growth stops there instead of over-allocating by up to a quarter.
+  const int64_t most_tokens = std::min<int64_t>(l.n_ctx, static_cast<int64_t>(ids->size()) + o.n_predict);
+  if (Status s = seq.cache().set_slot_limit(static_cast<int>(most_tokens)); !s.ok()) return fail(s);
   GenerateParams gp;
   gp.n_predict = o.n_predict;
   gp.sampling = o.sampling;
