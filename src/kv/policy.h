@@ -21,6 +21,7 @@
 #include "d2o/status.h"
 #include "kv/attention.h"
 #include "kv/kv_cache.h"
+#include "kv/policy/nearest.h"
 #include "ops/ops.h"
 
 namespace d2o {
@@ -55,6 +56,7 @@ struct PolicyScratch {
   std::vector<int32_t> i;   // slot index lists
   std::vector<int32_t> i2;  // evicted lists, nearest neighbours, merge groups
   std::vector<double> d;    // double accumulators (budgets, CaM running sums)
+  PackedRows packed;        // normalised kept rows, packed for nearest_rows (prefill merges)
 };
 
 // How a sequence will be fed (KvPolicy::peak_slots_for).

@@ -13,6 +13,17 @@ namespace d2o::cli {
 
 namespace {
 
+void print_time_split(std::FILE* f, const char* what, const EngineTimings& t) {
+  const double total = std::max(t.matmul_s + t.attention_s + t.policy_s + t.other_s, 1e-12);
+  std::fprintf(
+      f,
+      "time split, %s (%lld rows, %.2f s): matmul %.1f%%, attention %.1f%%, KV policy %.1f%% "
+      "(%.3f ms per row), other %.1f%%\n",
+      what, static_cast<long long>(t.rows), total, 100 * t.matmul_s / total,
+      100 * t.attention_s / total, 100 * t.policy_s / total,
+      t.rows > 0 ? 1e3 * t.policy_s / static_cast<double>(t.rows) : 0.0, 100 * t.other_s / total);
+}
+
 struct RunOptions {
   ModelOptions model;
   SamplerParams sampling;
@@ -29,7 +40,9 @@ struct RunOptions {
 };
 
 int run_run(RunOptions& o) {
-  if (o.n_predict < 1) return fail(invalid_argument("-n must be at least 1 (got " + std::to_string(o.n_predict) + ")"));
+  if (o.n_predict < 1)
+    return fail(
+        invalid_argument("-n must be at least 1 (got " + std::to_string(o.n_predict) + ")"));
   if (!o.prompt_file.empty()) {
     std::ifstream in(o.prompt_file, std::ios::binary);
     if (!in) return fail(io_error("cannot read prompt file '" + o.prompt_file + "'"));
@@ -67,16 +80,17 @@ int run_run(RunOptions& o) {
   if (!ids.ok()) return fail(ids.status());
   if (ids->empty()) return fail(invalid_argument("the prompt produced no tokens"));
   if (static_cast<int64_t>(ids->size()) >= l.n_ctx) {
-    return fail(invalid_argument("the prompt has " + std::to_string(ids->size()) +
-                                 " tokens, more than the context of " + std::to_string(l.n_ctx) +
-                                 " tokens allows; use a larger -c (at most the model's " +
-                                 std::to_string(l.model->hparams().n_ctx_train) + ") or a shorter prompt"));
+    return fail(invalid_argument(
+        "the prompt has " + std::to_string(ids->size()) + " tokens, more than the context of " +
+        std::to_string(l.n_ctx) + " tokens allows; use a larger -c (at most the model's " +
+        std::to_string(l.model->hparams().n_ctx_train) + ") or a shorter prompt"));
   }
 
   Sequence seq(l.model->hparams(), l.kv_type, l.policy);
   // No layer ever holds more slots than the run has tokens (nor than the context): the cache's
   // geometric growth stops there instead of over-allocating by up to a quarter.
-  const int64_t most_tokens = std::min<int64_t>(l.n_ctx, static_cast<int64_t>(ids->size()) + o.n_predict);
+  const int64_t most_tokens =
+      std::min<int64_t>(l.n_ctx, static_cast<int64_t>(ids->size()) + o.n_predict);
   if (Status s = seq.cache().set_slot_limit(static_cast<int>(most_tokens)); !s.ok()) return fail(s);
   GenerateParams gp;
   gp.n_predict = o.n_predict;
@@ -91,7 +105,14 @@ int run_run(RunOptions& o) {
     std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
     std::fflush(stdout);
   }
-  auto res = generate(*l.engine, *l.tokenizer, seq, *ids, gp, [](std::string_view s) {
+  // The engine's timings when the first generated text arrives: the prompt's share of the split.
+  EngineTimings at_prompt;
+  bool prompt_done = false;
+  auto res = generate(*l.engine, *l.tokenizer, seq, *ids, gp, [&](std::string_view s) {
+    if (!prompt_done) {
+      at_prompt = l.engine->timings();
+      prompt_done = true;
+    }
     std::fwrite(s.data(), 1, s.size(), stdout);
     std::fflush(stdout);
   });
@@ -101,20 +122,24 @@ int run_run(RunOptions& o) {
 
   const GenerateResult& r = *res;
   std::fprintf(stderr, "\n[kv %s, stop: %s]\n", l.policy->spec().c_str(), r.stop_reason.c_str());
-  std::fprintf(stderr, "prompt: %d tokens in %.2f s (%.1f tok/s); generation: %zu tokens, %d passes in %.2f s (%.1f tok/s)\n",
-               r.n_prompt, r.prompt_seconds, r.n_prompt / std::max(r.prompt_seconds, 1e-9), r.tokens.size(),
-               r.n_decoded, r.decode_seconds, r.n_decoded / std::max(r.decode_seconds, 1e-9));
+  std::fprintf(stderr,
+               "prompt: %d tokens in %.2f s (%.1f tok/s); generation: %zu tokens, %d passes in "
+               "%.2f s (%.1f tok/s)\n",
+               r.n_prompt, r.prompt_seconds, r.n_prompt / std::max(r.prompt_seconds, 1e-9),
+               r.tokens.size(), r.n_decoded, r.decode_seconds,
+               r.n_decoded / std::max(r.decode_seconds, 1e-9));
   std::fprintf(stderr, "%s\n", memory_summary(l, seq).c_str());
   if (o.kv_report) print_kv_report(stderr, seq);
   if (o.timings) {
-    const EngineTimings& t = l.engine->timings();
-    const double total = t.matmul_s + t.attention_s + t.policy_s + t.other_s;
-    std::fprintf(stderr,
-                 "time split over %lld rows: matmul %.2f s (%.1f%%), attention %.2f s (%.1f%%), KV policy %.2f s "
-                 "(%.1f%%), other %.2f s (%.1f%%)\n",
-                 static_cast<long long>(t.rows), t.matmul_s, 100 * t.matmul_s / total, t.attention_s,
-                 100 * t.attention_s / total, t.policy_s, 100 * t.policy_s / total, t.other_s,
-                 100 * t.other_s / total);
+    EngineTimings gen = l.engine->timings();
+    if (!prompt_done) at_prompt = gen;
+    gen.matmul_s -= at_prompt.matmul_s;
+    gen.attention_s -= at_prompt.attention_s;
+    gen.policy_s -= at_prompt.policy_s;
+    gen.other_s -= at_prompt.other_s;
+    gen.rows -= at_prompt.rows;
+    print_time_split(stderr, "prompt", at_prompt);
+    print_time_split(stderr, "generation", gen);
   }
   return 0;
 }
@@ -131,11 +156,15 @@ Action add_run_command(CLI::App& app) {
   sub->add_option("--prompt-tokens", o->prompt_tokens, "Prompt as comma-separated token ids");
   sub->add_option("-n,--n-predict", o->n_predict, "Tokens to generate (>= 1)");
   sub->add_option("--stop", o->stop, "Stop string (repeatable)");
-  sub->add_flag("--chat", o->chat, "Wrap the prompt as a user message in the model's chat template");
-  sub->add_flag("--kv-report", o->kv_report, "Print per-layer KV budgets, slots, merges and thresholds");
-  sub->add_flag("--timings", o->timings, "Print how the time split between matmul, attention, KV policy and the rest");
+  sub->add_flag("--chat", o->chat,
+                "Wrap the prompt as a user message in the model's chat template");
+  sub->add_flag("--kv-report", o->kv_report,
+                "Print per-layer KV budgets, slots, merges and thresholds");
+  sub->add_flag("--timings", o->timings,
+                "Print how the time split between matmul, attention, KV policy and the rest");
   sub->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-generation tokens");
-  sub->add_flag("--parse-special", o->parse_special, "Map special-token text in the prompt to special tokens");
+  sub->add_flag("--parse-special", o->parse_special,
+                "Map special-token text in the prompt to special tokens");
   return [o] { return run_run(*o); };
 }
 

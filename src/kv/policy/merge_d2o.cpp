@@ -4,15 +4,17 @@
 #include <cmath>
 
 #include "core/assert.h"
+#include "kv/policy/nearest.h"
 #include "kv/policy/similarity.h"
 
 namespace d2o {
 
 namespace {
 
-// With more evicted slots than this (the prefill compaction), the kept rows of an F16 cache are
-// converted to floats once instead of once per evicted slot (the values are the same).
-constexpr int kConvertOnceAbove = 4;
+// With more evicted slots than this (the prefill compaction), the kept rows are normalised and
+// packed once and the evicted rows matched four at a time (nearest_rows); below it (one eviction
+// per decode step), each evicted row is matched against the stored rows directly.
+constexpr int kManyEvicted = 4;
 
 // Cosines of one evicted row against every kept row, for one of keys/values, added (times
 // `scale`) into sim[n_keep]. kept_inv[n_keep] holds 1 / |row_c| (0 for a zero row), computed on
@@ -23,10 +25,9 @@ struct ModalityPass {
   bool values;
   const int32_t* keep;
   int n_keep;
-  const float* kept_rows;  // [n_keep, head_dim] floats, or null to read the storage
-  float* kept_inv;         // [n_keep]
-  float* dots;             // [n_keep] scratch
-  float* row;              // [head_dim] scratch
+  float* kept_inv;  // [n_keep]
+  float* dots;      // [n_keep] scratch
+  float* row;       // [head_dim] scratch
 };
 
 void add_cosines(const ModalityPass& p, int e, bool first, float scale, float* __restrict sim) {
@@ -45,21 +46,53 @@ void add_cosines(const ModalityPass& p, int e, bool first, float scale, float* _
   rd.q = p.row;
   rd.dot = p.dots;
   rd.inv_norm = first ? p.kept_inv : nullptr;
-  if (p.kept_rows) {
-    rd.base = reinterpret_cast<const uint8_t*>(p.kept_rows);
-    rd.row_bytes = sizeof(float) * static_cast<size_t>(L.head_dim);
-    rd.f16 = false;
-  } else {
-    rd.base = p.values ? L.value_row(p.head, 0) : L.key_row(p.head, 0);
-    rd.row_bytes = L.row_bytes();
-    rd.f16 = L.type == KvType::kF16;
-    rd.rows = p.keep;
-  }
+  rd.base = p.values ? L.value_row(p.head, 0) : L.key_row(p.head, 0);
+  rd.row_bytes = L.row_bytes();
+  rd.f16 = L.type == KvType::kF16;
+  rd.rows = p.keep;
   row_dots(rd);
   const float* __restrict dots = p.dots;
   const float* __restrict inv = p.kept_inv;
   const float f = scale * inv_e;
   for (int i = 0; i < p.n_keep; ++i) sim[i] += f * dots[i] * inv[i];
+}
+
+// Writes row / |row| (zeros for a zero row) times `scale` into out[hd].
+void load_unit(const KvLayer& L, int head, bool values, int slot, float scale, float* out) {
+  if (values)
+    L.load_value(head, slot, out);
+  else
+    L.load_key(head, slot, out);
+  double n2 = 0.0;
+  for (int d = 0; d < L.head_dim; ++d) n2 += static_cast<double>(out[d]) * out[d];
+  const float f = n2 > 0.0 ? static_cast<float>(scale / std::sqrt(n2)) : 0.0f;
+  for (int d = 0; d < L.head_dim; ++d) out[d] *= f;
+}
+
+// Step 1 for many evicted slots: cosine similarity = dot product of unit rows (keys, values or
+// both concatenated, each half scaled by `scale`), nearest kept row four evicted rows at a time.
+void nearest_many(const D2oHeadMerge& h, bool use_k, bool use_v, float scale,
+                  PolicyScratch& scratch, int32_t* cstar, float* m_e) {
+  const KvLayer& L = *h.layer;
+  const int S = h.n_keep, E = h.n_evicted, hd = L.head_dim;
+  const int dim = hd * ((use_k ? 1 : 0) + (use_v ? 1 : 0));
+  const size_t kept_floats = static_cast<size_t>(S) * dim;
+  if (scratch.f2.size() < kept_floats + 4 * static_cast<size_t>(dim))
+    scratch.f2.resize(kept_floats + 4 * static_cast<size_t>(dim));
+  float* kept = scratch.f2.data();
+  float* q = kept + kept_floats;
+  auto unit_row = [&](int slot, float s, float* out) {
+    if (use_k) load_unit(L, h.head, false, slot, s, out);
+    if (use_v) load_unit(L, h.head, true, slot, s, out + (use_k ? hd : 0));
+  };
+  for (int c = 0; c < S; ++c) unit_row(h.keep[c], 1.0f, kept + static_cast<size_t>(c) * dim);
+  pack_rows(kept, S, dim, scratch.packed);
+  for (int i = 0; i < E; i += 4) {
+    const int nq = std::min(4, E - i);
+    for (int r = 0; r < nq; ++r)
+      unit_row(h.evicted[i + r], scale, q + static_cast<size_t>(r) * dim);
+    nearest_rows(scratch.packed, q, nq, cstar + i, m_e + i);
+  }
 }
 
 }  // namespace
@@ -74,9 +107,7 @@ int plan_d2o_merges(const D2oHeadMerge& h, PolicyScratch& scratch, CompactionPla
   const float scale = n_mod == 2 ? 0.5f : 1.0f;
 
   // Scratch layout. f: sim[S] dots[S] kinv[S] vinv[S] row[hd] m[E];
-  // f2: kept rows as floats [n_mod, S, hd] (F16 caches with many evictions only);
   // i2: cstar[E] count[S + 1] members[E].
-  const bool convert = L.type == KvType::kF16 && E > kConvertOnceAbove;
   const size_t nf = 4 * static_cast<size_t>(S) + hd + static_cast<size_t>(E);
   if (scratch.f.size() < nf) scratch.f.resize(nf);
   if (scratch.i2.size() < 2 * static_cast<size_t>(E) + S + 1)
@@ -91,42 +122,27 @@ int plan_d2o_merges(const D2oHeadMerge& h, PolicyScratch& scratch, CompactionPla
   int32_t* count = cstar + E;
   int32_t* members = count + S + 1;
 
-  float* kept_k = nullptr;
-  float* kept_v = nullptr;
-  if (convert) {
-    const size_t per = static_cast<size_t>(S) * hd;
-    if (scratch.f2.size() < per * n_mod) scratch.f2.resize(per * n_mod);
-    float* dst = scratch.f2.data();
-    if (use_k) {
-      kept_k = dst;
-      for (int i = 0; i < S; ++i)
-        L.load_key(h.head, h.keep[i], kept_k + static_cast<size_t>(i) * hd);
-      dst += per;
-    }
-    if (use_v) {
-      kept_v = dst;
-      for (int i = 0; i < S; ++i)
-        L.load_value(h.head, h.keep[i], kept_v + static_cast<size_t>(i) * hd);
-    }
-  }
-  const ModalityPass pk{&L, h.head, false, h.keep, S, kept_k, kinv, dots, row};
-  const ModalityPass pv{&L, h.head, true, h.keep, S, kept_v, vinv, dots, row};
-
-  // 1. Nearest kept neighbour of every evicted slot.
-  for (int i = 0; i < E; ++i) {
-    std::fill(sim, sim + S, 0.0f);
-    if (use_k) add_cosines(pk, h.evicted[i], i == 0, scale, sim);
-    if (use_v) add_cosines(pv, h.evicted[i], i == 0, scale, sim);
-    int best = 0;
-    float best_sim = sim[0];
-    for (int c = 1; c < S; ++c) {
-      if (sim[c] > best_sim) {  // ties: the older kept slot
-        best_sim = sim[c];
-        best = c;
+  // 1. Nearest kept neighbour of every evicted slot (ties: the older kept slot).
+  if (E > kManyEvicted) {
+    nearest_many(h, use_k, use_v, scale, scratch, cstar, m_e);
+  } else {
+    const ModalityPass pk{&L, h.head, false, h.keep, S, kinv, dots, row};
+    const ModalityPass pv{&L, h.head, true, h.keep, S, vinv, dots, row};
+    for (int i = 0; i < E; ++i) {
+      std::fill(sim, sim + S, 0.0f);
+      if (use_k) add_cosines(pk, h.evicted[i], i == 0, scale, sim);
+      if (use_v) add_cosines(pv, h.evicted[i], i == 0, scale, sim);
+      int best = 0;
+      float best_sim = sim[0];
+      for (int c = 1; c < S; ++c) {
+        if (sim[c] > best_sim) {
+          best_sim = sim[c];
+          best = c;
+        }
       }
+      cstar[i] = best;
+      m_e[i] = best_sim;
     }
-    cstar[i] = best;
-    m_e[i] = best_sim;
   }
 
   // 2. Threshold and decisions (cstar = -1 marks "dropped").

@@ -1,0 +1,72 @@
+// AVX-512 variant of nearest_rows: 4 queries x 32 packed columns of sums in 8 registers; a running
+// maximum and its column index per query and lane (strict >, so each lane keeps its first maximum).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstddef>
+
+#include "kv/policy/nearest.h"
+
+namespace d2o::simd {
+
+void nearest_rows_avx512(const PackedRows& b, const float* q, int n_q, int32_t* best,
+                         float* best_dot) {
+  if (n_q == 0) return;
+  // Missing queries read query 0 again; their results are not stored.
+  const float* qr[4];
+  for (int i = 0; i < 4; ++i) qr[i] = q + static_cast<size_t>(i < n_q ? i : 0) * b.dim;
+  const __m512 neg = _mm512_set1_ps(-__builtin_inff());
+  __m512 bv[4] = {neg, neg, neg, neg};
+  __m512i bi[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                   _mm512_setzero_si512()};
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const size_t stride = static_cast<size_t>(b.s_pad);
+  for (int c = 0; c < b.s; c += 32) {
+    __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
+           a30 = a00, a31 = a00;
+    const float* col = b.data.data() + c;
+    for (int d = 0; d < b.dim; ++d) {
+      const __m512 x0 = _mm512_loadu_ps(col + d * stride);
+      const __m512 x1 = _mm512_loadu_ps(col + d * stride + 16);
+      __m512 w = _mm512_set1_ps(qr[0][d]);
+      a00 = _mm512_fmadd_ps(w, x0, a00);
+      a01 = _mm512_fmadd_ps(w, x1, a01);
+      w = _mm512_set1_ps(qr[1][d]);
+      a10 = _mm512_fmadd_ps(w, x0, a10);
+      a11 = _mm512_fmadd_ps(w, x1, a11);
+      w = _mm512_set1_ps(qr[2][d]);
+      a20 = _mm512_fmadd_ps(w, x0, a20);
+      a21 = _mm512_fmadd_ps(w, x1, a21);
+      w = _mm512_set1_ps(qr[3][d]);
+      a30 = _mm512_fmadd_ps(w, x0, a30);
+      a31 = _mm512_fmadd_ps(w, x1, a31);
+    }
+    // Columns past s (padding) never win.
+    const int left = b.s - c;
+    const __mmask16 m0 =
+        left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
+    const __mmask16 m1 = left >= 32  ? static_cast<__mmask16>(0xFFFF)
+                         : left > 16 ? static_cast<__mmask16>((1u << (left - 16)) - 1u)
+                                     : static_cast<__mmask16>(0);
+    const __m512i i0 = _mm512_add_epi32(lane, _mm512_set1_epi32(c));
+    const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(16));
+    const __m512 acc0[4] = {a00, a10, a20, a30};
+    const __m512 acc1[4] = {a01, a11, a21, a31};
+    for (int i = 0; i < 4; ++i) {
+      __mmask16 gt = _mm512_mask_cmp_ps_mask(m0, acc0[i], bv[i], _CMP_GT_OQ);
+      bv[i] = _mm512_mask_mov_ps(bv[i], gt, acc0[i]);
+      bi[i] = _mm512_mask_mov_epi32(bi[i], gt, i0);
+      gt = _mm512_mask_cmp_ps_mask(m1, acc1[i], bv[i], _CMP_GT_OQ);
+      bv[i] = _mm512_mask_mov_ps(bv[i], gt, acc1[i]);
+      bi[i] = _mm512_mask_mov_epi32(bi[i], gt, i1);
+    }
+  }
+  for (int i = 0; i < n_q; ++i) {
+    const float mx = _mm512_reduce_max_ps(bv[i]);
+    const __mmask16 at = _mm512_cmp_ps_mask(bv[i], _mm512_set1_ps(mx), _CMP_EQ_OQ);
+    best[i] = _mm512_mask_reduce_min_epi32(at, bi[i]);
+    best_dot[i] = mx;
+  }
+}
+
+}  // namespace d2o::simd

@@ -1,0 +1,103 @@
+// nearest_rows (D2O's prefill neighbour search): every variant against a brute-force argmax in
+// double precision, on odd sizes, exact ties (the lowest index wins) and all-negative similarities
+// (the packing's zero padding must never win).
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "kv/policy/nearest.h"
+
+namespace d2o {
+namespace {
+
+struct Case {
+  int s, dim, n_q;
+};
+
+void check_variant(KernelIsa isa, const Case& k, bool negative, bool ties, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> rows(static_cast<size_t>(k.s) * k.dim), q(static_cast<size_t>(k.n_q) * k.dim);
+  for (float& x : q) x = negative ? std::abs(u(rng)) + 0.1f : u(rng);
+  for (float& x : rows) x = negative ? -(std::abs(u(rng)) + 0.1f) : u(rng);
+  if (ties && k.s > 3) {
+    // Columns 1 and s-1 both hold 10 x query 0, far above every other column's dot product
+    // (|q . row| <= sum |q_d| < 10 |q|^2 here): the tie must go to index 1.
+    for (int d = 0; d < k.dim; ++d) {
+      rows[static_cast<size_t>(1) * k.dim + d] = 10.0f * q[static_cast<size_t>(d)];
+      rows[static_cast<size_t>(k.s - 1) * k.dim + d] = 10.0f * q[static_cast<size_t>(d)];
+    }
+  }
+  PackedRows packed;
+  pack_rows(rows.data(), k.s, k.dim, packed);
+  std::vector<int32_t> best(4, -1);
+  std::vector<float> dot(4, 0.0f);
+  nearest_rows_isa(isa, packed, q.data(), k.n_q, best.data(), dot.data());
+  for (int i = 0; i < k.n_q; ++i) {
+    std::vector<double> ref(static_cast<size_t>(k.s), 0.0);
+    for (int c = 0; c < k.s; ++c) {
+      for (int d = 0; d < k.dim; ++d) {
+        ref[static_cast<size_t>(c)] += static_cast<double>(q[static_cast<size_t>(i) * k.dim + d]) *
+                                       rows[static_cast<size_t>(c) * k.dim + d];
+      }
+    }
+    int arg = 0;
+    for (int c = 1; c < k.s; ++c) {
+      if (ref[static_cast<size_t>(c)] > ref[static_cast<size_t>(arg)]) arg = c;
+    }
+    SCOPED_TRACE(::testing::Message()
+                 << kernel_isa_name(isa) << " s=" << k.s << " dim=" << k.dim << " q=" << i
+                 << " negative=" << negative << " ties=" << ties);
+    ASSERT_GE(best[static_cast<size_t>(i)], 0);
+    ASSERT_LT(best[static_cast<size_t>(i)], k.s);
+    const double tol = 1e-5 * k.dim;
+    // The chosen column is a maximum up to float summation order, and its reported dot is its own.
+    EXPECT_NEAR(ref[static_cast<size_t>(best[static_cast<size_t>(i)])],
+                ref[static_cast<size_t>(arg)], tol);
+    EXPECT_NEAR(dot[static_cast<size_t>(i)], ref[static_cast<size_t>(best[static_cast<size_t>(i)])],
+                tol);
+    if (ties && i == 0 && k.s > 3) {
+      EXPECT_EQ(best[0], 1);
+    }
+  }
+}
+
+TEST(PolicyNearest, EveryVariantFindsTheBruteForceMaximum) {
+  const Case cases[] = {{1, 64, 1},  {5, 64, 3},  {16, 3, 4},   {31, 64, 4},   {32, 128, 2},
+                        {33, 64, 4}, {47, 17, 1}, {100, 64, 4}, {257, 128, 3}, {1531, 64, 4}};
+  uint32_t seed = 1;
+  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (!kernel_isa_available(isa)) continue;
+    for (const Case& k : cases) {
+      for (bool negative : {false, true}) {
+        for (bool ties : {false, true}) check_variant(isa, k, negative, ties, seed++);
+      }
+    }
+  }
+}
+
+TEST(PolicyNearest, VariantsAgreeWithTheScalarKernel) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int s = 613, dim = 128;
+  std::vector<float> rows(static_cast<size_t>(s) * dim), q(4 * static_cast<size_t>(dim));
+  for (float& x : rows) x = u(rng);
+  for (float& x : q) x = u(rng);
+  PackedRows packed;
+  pack_rows(rows.data(), s, dim, packed);
+  int32_t ref_best[4], best[4];
+  float ref_dot[4], dot[4];
+  nearest_rows_isa(KernelIsa::kScalar, packed, q.data(), 4, ref_best, ref_dot);
+  for (KernelIsa isa : {KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (!kernel_isa_available(isa)) continue;
+    nearest_rows_isa(isa, packed, q.data(), 4, best, dot);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(best[i], ref_best[i]) << kernel_isa_name(isa);
+      EXPECT_NEAR(dot[i], ref_dot[i], 1e-4) << kernel_isa_name(isa);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace d2o
