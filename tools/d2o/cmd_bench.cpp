@@ -1,0 +1,220 @@
+// d2o bench: llama-bench-style throughput figures (see src/eval/bench.h): pp N and tg N at
+// context depths, for one or more KV policies, as a Markdown table (stdout) and optionally JSON.
+//
+//   d2o bench -p 512 -n 128 -d 0,8192 --kv full --kv d2o:ratio=0.2 -r 3 -t 2 --json out.json
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "commands.h"
+#include "common.h"
+#include "core/cpu.h"
+#include "core/mem.h"
+#include "core/timer.h"
+#include "eval/bench.h"
+
+namespace d2o::cli {
+
+namespace {
+
+struct BenchOptions {
+  ModelOptions model;
+  std::string n_prompt = "512";
+  std::string n_gen = "128";
+  std::string depths = "0";
+  std::vector<std::string> kv_specs;
+  int repetitions = 5;
+  std::string text_file;
+  std::string json_file;
+};
+
+// Reads the text and tokenises as much of it as the tests need (whole lines, so no character is
+// cut): tokenising all of a multi-megabyte file would take longer than the benchmark.
+Result<std::vector<TokenId>> load_text_tokens(const Tokenizer& tok, const std::string& path,
+                                              int64_t need) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return io_error("cannot read the text file '" + path +
+                    "' (give one with -f FILE, or run scripts/setup.sh to fetch the default text)");
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  EncodeOptions enc;
+  enc.add_special = true;
+  size_t bytes = static_cast<size_t>(std::max<int64_t>(need, 1)) * 6 + 4096;
+  for (;;) {
+    size_t cut = text.size();
+    if (bytes < text.size()) {
+      cut = text.find('\n', bytes);
+      cut = cut == std::string::npos ? text.size() : cut + 1;
+    }
+    D2O_ASSIGN_OR_RETURN(std::vector<TokenId> ids,
+                         tok.encode(std::string_view(text).substr(0, cut), enc));
+    if (static_cast<int64_t>(ids.size()) >= need || cut == text.size()) return ids;
+    bytes *= 2;
+  }
+}
+
+std::string basename_of(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+int run_bench_cmd(BenchOptions& o) {
+  auto pp = parse_int_list(o.n_prompt, "-p", 0, 1 << 20);
+  if (!pp.ok()) return fail(pp.status());
+  auto tg = parse_int_list(o.n_gen, "-n", 0, 1 << 20);
+  if (!tg.ok()) return fail(tg.status());
+  auto depths = parse_int_list(o.depths, "-d", 0, 1 << 24);
+  if (!depths.ok()) return fail(depths.status());
+  if (o.kv_specs.empty()) o.kv_specs.push_back("full");
+  std::vector<std::shared_ptr<const KvPolicy>> policies;
+  for (const std::string& s : o.kv_specs) {
+    auto p = parse_kv_policy(s);
+    if (!p.ok()) return fail(p.status().with_context("--kv"));
+    policies.emplace_back(std::move(p).value());
+  }
+  const std::vector<BenchTest> tests = make_bench_tests(*pp, *tg, *depths);
+  BenchConfig cfg;
+  cfg.repetitions = o.repetitions;
+  cfg.n_ctx = o.model.n_ctx;
+  int64_t need = 0;
+  for (const BenchTest& t : tests) need = std::max<int64_t>(need, int64_t{t.depth} + t.n);
+  // Everything that does not need the model is checked before loading it.
+  if (Status s = validate_bench_tests(tests, need, cfg); !s.ok()) return fail(s);
+  auto kv_type = parse_kv_type(o.model.kv_type);
+  if (!kv_type.ok()) return fail(kv_type.status());
+  cfg.kv_type = *kv_type;
+
+  ModelOptions mo = o.model;
+  mo.kv_spec = "full";  // policies are handled here, one per --kv
+  auto loaded = load_all(mo);
+  if (!loaded.ok()) return fail(loaded.status());
+  Loaded& l = *loaded;
+  const std::string text_path = o.text_file.empty() ? default_text_path() : o.text_file;
+  Stopwatch sw;
+  auto ids = load_text_tokens(*l.tokenizer, text_path, need);
+  if (!ids.ok()) return fail(ids.status());
+  if (Status s = validate_bench_tests(tests, static_cast<int64_t>(ids->size()), cfg); !s.ok()) {
+    return fail(s.with_context(text_path));
+  }
+  const int trained = l.model->hparams().n_ctx_train;
+  if (need > trained) {
+    std::fprintf(
+        stderr,
+        "d2o bench: note: tests reach %lld tokens, beyond the model's trained context of %d\n",
+        static_cast<long long>(need), trained);
+  }
+  std::fprintf(stderr,
+               "d2o bench: %s, %d threads, %s KV, text %s (%zu tokens, %.1f s to tokenise)\n",
+               basename_of(l.model->path()).c_str(), l.pool->n_threads(), kv_type_name(cfg.kv_type),
+               basename_of(text_path).c_str(), ids->size(), sw.seconds());
+
+  // Warm-up (as llama-bench): a short pass and one decode step, untimed, so that the first
+  // measurement does not pay for first-touch page faults and thread start-up.
+  {
+    Sequence warm(l.model->hparams(), cfg.kv_type, nullptr);
+    BatchEntry be;
+    be.seq = &warm;
+    be.tokens = std::span<const TokenId>(*ids).first(std::min<size_t>(ids->size(), 32));
+    if (Status s = l.engine->forward({&be, 1}, {}); !s.ok()) return fail(s);
+    be.tokens = be.tokens.first(1);
+    if (Status s = l.engine->forward({&be, 1}, {}); !s.ok()) return fail(s);
+  }
+
+  const std::string model_name = basename_of(l.model->path());
+  const std::string size = format_bytes(static_cast<double>(l.model->weight_bytes()));
+  std::printf(
+      "| model | size | threads | kv type | kv | test | t/s | KV MiB (full) | peak RSS MiB |\n");
+  std::printf("| --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: |\n");
+  std::fflush(stdout);
+  nlohmann::json results = nlohmann::json::array();
+  for (size_t ip = 0; ip < policies.size(); ++ip) {
+    const auto& policy = policies[ip];
+    const std::string& shown = o.kv_specs[ip];  // as the user wrote it; JSON has the canonical spec
+    Status s = run_bench(*l.engine, *ids, tests, policy, cfg, [&](const BenchResult& r) {
+      std::printf("| %s | %s | %d | %s | %s | %s | %.2f ± %.2f | %s (%s) | %s |\n",
+                  model_name.c_str(), size.c_str(), l.pool->n_threads(), kv_type_name(cfg.kv_type),
+                  shown.c_str(), r.test.name().c_str(), r.tps_mean, r.tps_stddev,
+                  mib(r.kv_bytes).c_str(), mib(r.kv_bytes_full).c_str(),
+                  r.peak_rss ? mib(r.peak_rss).c_str() : "?");
+      std::fflush(stdout);
+      nlohmann::json j;
+      j["kv"] = shown;
+      j["kv_canonical"] = r.kv_spec;
+      j["test"] = r.test.name();
+      j["kind"] = r.test.kind == BenchKind::kPrompt ? "pp" : "tg";
+      j["n"] = r.test.n;
+      j["depth"] = r.test.depth;
+      j["samples_s"] = r.seconds;
+      std::vector<double> tps;
+      for (const double x : r.seconds) tps.push_back(r.test.n / std::max(x, 1e-12));
+      j["samples_ts"] = tps;
+      j["avg_ts"] = r.tps_mean;
+      j["stddev_ts"] = r.tps_stddev;
+      j["depth_prefill_s"] = r.depth_seconds;
+      j["slots_after_depth"] = r.slots_after_depth;
+      j["slots"] = r.slots;
+      j["kv_bytes"] = r.kv_bytes;
+      j["kv_bytes_used"] = r.kv_bytes_used;
+      j["kv_bytes_full"] = r.kv_bytes_full;
+      j["peak_rss_bytes"] = r.peak_rss;
+      j["engine_s"] = {{"matmul", r.timings.matmul_s},
+                       {"attention", r.timings.attention_s},
+                       {"policy", r.timings.policy_s},
+                       {"other", r.timings.other_s}};
+      results.push_back(std::move(j));
+    });
+    if (!s.ok()) return fail(s);
+  }
+
+  if (!o.json_file.empty()) {
+    nlohmann::json doc;
+    doc["program"] = "d2o bench";
+    doc["model"] = l.model->path();
+    doc["model_bytes"] = l.model->weight_bytes();
+    doc["threads"] = l.pool->n_threads();
+    doc["kv_type"] = kv_type_name(cfg.kv_type);
+    doc["repetitions"] = cfg.repetitions;
+    doc["text"] = text_path;
+    doc["cpu"] = cpu_description();
+    doc["results"] = std::move(results);
+    std::ofstream out(o.json_file, std::ios::binary);
+    out << doc.dump(2) << "\n";
+    if (!out) return fail(io_error("cannot write '" + o.json_file + "'"));
+  }
+  return 0;
+}
+
+}  // namespace
+
+Action add_bench_command(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* sub = app.add_subcommand("bench",
+                                     "Throughput in the manner of llama-bench: pp N and tg N after "
+                                     "d tokens of context, per KV policy");
+  add_model_options(sub, o->model, /*with_kv=*/false);
+  sub->add_option("-p,--n-prompt", o->n_prompt,
+                  "Prompt sizes to time, e.g. 512 or 128,512 (0: none)");
+  sub->add_option("-n,--n-gen", o->n_gen, "Generation lengths to time, e.g. 128 (0: none)");
+  sub->add_option("-d,--n-depth", o->depths,
+                  "Context depths: tokens of text prefilled (untimed, compressed by the policy) "
+                  "first, e.g. 0,2048,8192");
+  sub->add_option("-r,--repetitions", o->repetitions, "Repetitions of each test (mean ± stddev)");
+  sub->add_option("--kv", o->kv_specs,
+                  "KV policy spec (repeatable), e.g. --kv full --kv d2o:ratio=0.2 (default: full)");
+  sub->add_option("-f,--file", o->text_file,
+                  "Text for the depth and the prompts (default: the KJV text from setup)");
+  sub->add_option("--json", o->json_file, "Also write the results as JSON to this file");
+  return [o] { return run_bench_cmd(*o); };
+}
+
+}  // namespace d2o::cli
