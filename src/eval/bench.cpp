@@ -165,6 +165,48 @@ void add_timings(EngineTimings& a, const EngineTimings& b) {
 
 }  // namespace
 
+Result<double> measure_read_bandwidth(ThreadPool& pool, size_t bytes, int reps) {
+  constexpr size_t kChunk = size_t{1} << 20;  // bytes per task
+  const size_t n_chunks = std::max<size_t>(1, bytes / kChunk);
+  const size_t words = n_chunks * kChunk / sizeof(uint64_t);
+  const size_t per_chunk = kChunk / sizeof(uint64_t);
+  AlignedBuffer<uint64_t> buf;
+  try {
+    buf.resize(words);
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted("cannot allocate " + format_bytes(static_cast<double>(bytes)) +
+                              " for the bandwidth probe");
+  }
+  std::vector<uint64_t> sums(n_chunks);
+  // First touch from the pool, so pages are spread as the sweeps will read them.
+  pool.parallel_for(static_cast<int64_t>(n_chunks), 1, [&](int64_t b, int64_t e, int) {
+    for (size_t i = static_cast<size_t>(b) * per_chunk; i < static_cast<size_t>(e) * per_chunk; ++i)
+      buf[i] = i;
+  });
+  double best = 0;
+  for (int r = 0; r < std::max(1, reps); ++r) {
+    Stopwatch sw;
+    pool.parallel_for(static_cast<int64_t>(n_chunks), 1, [&](int64_t b, int64_t, int) {
+      // Four independent sums keep several loads in flight.
+      const uint64_t* p = buf.data() + static_cast<size_t>(b) * per_chunk;
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (size_t i = 0; i < per_chunk; i += 4) {
+        s0 += p[i];
+        s1 += p[i + 1];
+        s2 += p[i + 2];
+        s3 += p[i + 3];
+      }
+      sums[static_cast<size_t>(b)] = s0 + s1 + s2 + s3;
+    });
+    const double secs = sw.seconds();
+    best = std::max(best, static_cast<double>(n_chunks * kChunk) / std::max(secs, 1e-9));
+  }
+  uint64_t total = 0;
+  for (const uint64_t s : sums) total += s;
+  if (total == 1) return internal_error("bandwidth probe: impossible checksum");  // keeps the reads
+  return best;
+}
+
 Status run_bench(Engine& engine, std::span<const TokenId> text, std::span<const BenchTest> tests,
                  const std::shared_ptr<const KvPolicy>& policy, const BenchConfig& cfg,
                  const std::function<void(const BenchResult&)>& on_result) {

@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "d2o/status.h"
 #include "kv/kv_cache.h"
 #include "kv/policy.h"
@@ -80,6 +81,11 @@ struct BenchResult {
 Status run_bench(Engine& engine, std::span<const TokenId> text, std::span<const BenchTest> tests,
                  const std::shared_ptr<const KvPolicy>& policy, const BenchConfig& cfg,
                  const std::function<void(const BenchResult&)>& on_result);
+
+// Memory read bandwidth with the pool's threads, bytes per second: the best of `reps` parallel
+// sweeps over a buffer of `bytes` (make it much larger than the caches, e.g. 1 GiB). The limit
+// that decoding, which streams the weights and the KV cache once per token, runs against.
+Result<double> measure_read_bandwidth(ThreadPool& pool, size_t bytes, int reps);
 
 // Checks tests against the context and the text length (what run_bench checks first).
 Status validate_bench_tests(std::span<const BenchTest> tests, int64_t n_text_tokens,

@@ -27,6 +27,7 @@ struct BenchOptions {
   int repetitions = 5;
   std::string text_file;
   std::string json_file;
+  bool mem_bw = false;
 };
 
 // Reads the text and tokenises as much of it as the tests need (whole lines, so no character is
@@ -68,7 +69,27 @@ std::string mib(size_t bytes) {
   return buf;
 }
 
+int run_mem_bw(const BenchOptions& o) {
+  ThreadPool pool(o.model.threads);
+  auto bw = measure_read_bandwidth(pool, size_t{1} << 30, 5);
+  if (!bw.ok()) return fail(bw.status());
+  std::printf("memory read bandwidth: %.1f GB/s (%d threads, best of 5 sweeps over 1 GiB)\n",
+              *bw / 1e9, pool.n_threads());
+  if (!o.json_file.empty()) {
+    nlohmann::json doc;
+    doc["program"] = "d2o bench --mem-bw";
+    doc["threads"] = pool.n_threads();
+    doc["read_bandwidth_bytes_per_s"] = *bw;
+    doc["cpu"] = cpu_description();
+    std::ofstream out(o.json_file, std::ios::binary);
+    out << doc.dump(2) << "\n";
+    if (!out) return fail(io_error("cannot write '" + o.json_file + "'"));
+  }
+  return 0;
+}
+
 int run_bench_cmd(BenchOptions& o) {
+  if (o.mem_bw) return run_mem_bw(o);
   auto pp = parse_int_list(o.n_prompt, "-p", 0, 1 << 20);
   if (!pp.ok()) return fail(pp.status());
   auto tg = parse_int_list(o.n_gen, "-n", 0, 1 << 20);
@@ -181,6 +202,16 @@ int run_bench_cmd(BenchOptions& o) {
     doc["program"] = "d2o bench";
     doc["model"] = l.model->path();
     doc["model_bytes"] = l.model->weight_bytes();
+    {
+      const ModelHParams& hp = l.model->hparams();
+      doc["n_layer"] = hp.n_layer;
+      doc["n_head_kv"] = hp.n_head_kv;
+      doc["head_dim"] = hp.head_dim;
+      // K and V bytes one token adds to a full cache of this storage type (all layers).
+      doc["kv_bytes_per_token"] =
+          KvCache(KvCacheConfig{hp.n_layer, hp.n_head_kv, hp.head_dim, cfg.kv_type})
+              .full_kv_bytes(1);
+    }
     doc["threads"] = l.pool->n_threads();
     doc["kv_type"] = kv_type_name(cfg.kv_type);
     doc["repetitions"] = cfg.repetitions;
@@ -214,6 +245,9 @@ Action add_bench_command(CLI::App& app) {
   sub->add_option("-f,--file", o->text_file,
                   "Text for the depth and the prompts (default: the KJV text from setup)");
   sub->add_option("--json", o->json_file, "Also write the results as JSON to this file");
+  sub->add_flag(
+      "--mem-bw", o->mem_bw,
+      "Only measure the memory read bandwidth with -t threads (the limit decoding runs against)");
   return [o] { return run_bench_cmd(*o); };
 }
 
