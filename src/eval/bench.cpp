@@ -83,8 +83,12 @@ Result<std::vector<int>> parse_int_list(std::string_view s, std::string_view wha
       if (mult ? step < 2 || first < 1 : step < 1) {
         return bad(item, mult ? "needs a start >= 1 and a multiplier >= 2" : "needs a step >= 1");
       }
-      for (int64_t v = first; v <= last; v = mult ? v * step : v + step)
+      for (int64_t v = first;;) {
         D2O_RETURN_IF_ERROR(push(v, item));
+        // Stop before the next value would pass `last` (or overflow with a huge step).
+        if (mult ? v > last / step : v > last - step) break;
+        v = mult ? v * step : v + step;
+      }
     }
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);

@@ -84,13 +84,36 @@ Status KvCache::reserve(int il, int n_slots, bool exact) {
   KvLayer& L = layers_[static_cast<size_t>(il)];
   if (n_slots <= L.capacity && !exact) return {};
   if (exact && n_slots == L.capacity) return {};
+  if (slot_limit_ > 0 && n_slots > slot_limit_) {
+    return resource_exhausted("KV cache layer " + std::to_string(il) + " needs " +
+                              std::to_string(n_slots) + " slots per head, above its limit of " +
+                              std::to_string(slot_limit_) +
+                              " (the memory reserved for this sequence)");
+  }
   int cap = n_slots;
   if (!exact) {
     // Grow by at least a quarter (and 256 slots) so that appending token by token copies each
-    // slot O(1) times overall.
+    // slot O(1) times overall; never past the limit.
     cap = std::max(n_slots, L.capacity + std::max(256, L.capacity / 4));
+    if (slot_limit_ > 0) cap = std::min(cap, slot_limit_);
   }
   return reallocate(il, std::max(cap, L.n_slot));
+}
+
+Status KvCache::set_slot_limit(int max_slots) {
+  if (max_slots < 0) return invalid_argument("KV slot limit must be >= 0 (0: none)");
+  if (max_slots > 0) {
+    for (int il = 0; il < cfg_.n_layer; ++il) {
+      if (layers_[static_cast<size_t>(il)].capacity > max_slots) {
+        return invalid_argument("KV cache layer " + std::to_string(il) + " already holds " +
+                                std::to_string(layers_[static_cast<size_t>(il)].capacity) +
+                                " slots per head, above the requested limit of " +
+                                std::to_string(max_slots));
+      }
+    }
+  }
+  slot_limit_ = max_slots;
+  return {};
 }
 
 Status KvCache::shrink_to_fit(int slack) {
@@ -267,6 +290,15 @@ size_t KvCache::full_kv_bytes(int64_t n_tokens) const {
   const size_t eb = cfg_.type == KvType::kF16 ? 2 : 4;
   return 2 * static_cast<size_t>(cfg_.n_layer) * static_cast<size_t>(cfg_.n_head_kv) *
          static_cast<size_t>(cfg_.head_dim) * eb * static_cast<size_t>(n_tokens);
+}
+
+size_t KvCache::bytes_for_slots(const KvCacheConfig& cfg, int64_t slots) {
+  const size_t eb = cfg.type == KvType::kF16 ? 2 : 4;
+  // Per slot and KV head: a key and a value row, and pos, score, window, merged (4 bytes each).
+  const size_t per_slot =
+      2 * static_cast<size_t>(cfg.head_dim) * eb + 2 * sizeof(int32_t) + 2 * sizeof(float);
+  return static_cast<size_t>(cfg.n_layer) * static_cast<size_t>(cfg.n_head_kv) *
+         static_cast<size_t>(slots) * per_slot;
 }
 
 }  // namespace d2o

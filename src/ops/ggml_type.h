@@ -64,7 +64,6 @@ inline std::string ggml_type_name(GgmlType type) {
 int64_t ggml_row_bytes(GgmlType type, int64_t n);
 int64_t ggml_block_size(GgmlType type);
 
-// True for the types whose weights d2o can compute with (dequantise and dot).
-bool ggml_type_is_supported_for_compute(GgmlType type);
+// Which types d2o can compute with: dequantize_supported() in ops/quant.h.
 
 }  // namespace d2o

@@ -27,6 +27,10 @@ class Sequence {
   int64_t n_past() const { return n_past_; }
   void advance(int64_t n) { n_past_ += n; }
   bool started() const { return n_past_ > 0; }
+  // Chunked prefill: prompt tokens the last pass announced as still to come (BatchEntry::
+  // prompt_rest); 0 when no prompt is in progress. Set by the engine.
+  int64_t prompt_pending() const { return prompt_pending_; }
+  void set_prompt_pending(int64_t n) { prompt_pending_ = n; }
 
   // Becomes a copy of `other`'s cache, policy state and position (the policies must be the same
   // object: a policy state only means something to its policy).
@@ -43,6 +47,7 @@ class Sequence {
     cache_.clear();
     state_.reset();
     n_past_ = 0;
+    prompt_pending_ = 0;
   }
 
  private:
@@ -50,6 +55,7 @@ class Sequence {
   std::shared_ptr<const KvPolicy> policy_;
   PolicyState state_;
   int64_t n_past_ = 0;
+  int64_t prompt_pending_ = 0;
 };
 
 }  // namespace d2o

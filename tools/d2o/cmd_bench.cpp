@@ -1,5 +1,6 @@
 // d2o bench: llama-bench-style throughput figures (see src/eval/bench.h): pp N and tg N at
 // context depths, for one or more KV policies, as a Markdown table (stdout) and optionally JSON.
+// `d2o bench throughput` (cmd_bench_throughput.cpp) is the batched-serving benchmark instead.
 //
 //   d2o bench -p 512 -n 128 -d 0,8192 --kv full --kv d2o:ratio=0.2 -r 3 -t 2 --json out.json
 #include <cstdio>
@@ -229,9 +230,13 @@ int run_bench_cmd(BenchOptions& o) {
 
 Action add_bench_command(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
-  CLI::App* sub = app.add_subcommand("bench",
-                                     "Throughput in the manner of llama-bench: pp N and tg N after "
-                                     "d tokens of context, per KV policy");
+  CLI::App* sub = app.add_subcommand(
+      "bench",
+      "Throughput in the manner of llama-bench: pp N and tg N after d tokens of context, per KV "
+      "policy (or `bench throughput`: many requests under a KV memory cap)");
+  sub->require_subcommand(0, 1);
+  Action throughput = add_bench_throughput_command(*sub);
+  CLI::App* throughput_app = sub->get_subcommands({}).back();
   add_model_options(sub, o->model, /*with_kv=*/false);
   sub->add_option("-p,--n-prompt", o->n_prompt,
                   "Prompt sizes to time, e.g. 512 or 128,512 (0: none)");
@@ -248,7 +253,9 @@ Action add_bench_command(CLI::App& app) {
   sub->add_flag(
       "--mem-bw", o->mem_bw,
       "Only measure the memory read bandwidth with -t threads (the limit decoding runs against)");
-  return [o] { return run_bench_cmd(*o); };
+  return [o, throughput, throughput_app] {
+    return throughput_app->parsed() ? throughput() : run_bench_cmd(*o);
+  };
 }
 
 }  // namespace d2o::cli

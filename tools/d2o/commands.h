@@ -20,6 +20,8 @@ Action add_run_command(CLI::App& app);
 Action add_chat_command(CLI::App& app);
 Action add_perplexity_command(CLI::App& app);
 Action add_bench_command(CLI::App& app);
+// `throughput`, a subcommand of `bench` (registered by add_bench_command).
+Action add_bench_throughput_command(CLI::App& bench);
 
 // Prints "d2o: error: <status>" to stderr and returns 1.
 int fail(const Status& status);
