@@ -4,7 +4,8 @@
 #
 #   LLAMA_BENCH=/path/to/llama-bench LLAMA_LIB=/path/to/its/libs scripts/compare_llama_bench.sh \
 #       [-m MODEL] [-t THREADS] [-d DEPTHS] [-p N_PROMPT] [-n N_GEN] [-r REPS] [--kv SPEC]... \
-#       [--fa 0,1] [--prefill N] [-o docs/performance.md] [--raw DIR] [--d2o build/d2o]
+#       [--fa 0,1] [--prefill N] [--llama-extra "ARGS"] [-o docs/performance.md] [--raw DIR]
+#       [--d2o build/d2o]
 #
 # Defaults: the setup step's SmolLM2-135M-Instruct Q4_1, 2 threads, depths 0,2048,4096,8192,
 # pp512 and tg128, 3 repetitions, --kv full and --kv d2o:ratio=0.2, flash attention off and on.
@@ -17,6 +18,9 @@
 # second policy, ...), so that a change of machine load hits both: compare the ratios of one run,
 # never absolute figures across runs. llama.cpp loads the weights into memory (-mmp 0, or -lm
 # none in versions with --load-mode) like d2o, and both prefill the depth untimed.
+#
+# --llama-extra passes further llama-bench options to every llama-bench run (e.g. "--poll 0", so
+# its threads sleep instead of spinning when the machine is oversubscribed).
 #
 # Nothing here builds or downloads llama.cpp: LLAMA_BENCH must point at an existing llama-bench
 # binary and LLAMA_LIB (optional) at the folder holding its shared libraries.
@@ -35,6 +39,7 @@ out=$repo/docs/performance.md
 raw=$repo/build/perf-compare
 d2o=$repo/build/d2o
 prefill_n=8192
+llama_extra=""
 
 die() { echo "compare_llama_bench: error: $*" >&2; exit 1; }
 say() { echo "compare_llama_bench: $*" >&2; }
@@ -53,7 +58,8 @@ while [ $# -gt 0 ]; do
     --raw) raw=$2; shift 2 ;;
     --d2o) d2o=$2; shift 2 ;;
     --prefill) prefill_n=$2; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    --llama-extra) llama_extra=$2; shift 2 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) die "unknown option '$1' (try --help)" ;;
   esac
 done
@@ -83,6 +89,7 @@ mkdir -p "$raw"
 rm -f "$raw"/*.json
 IFS=, read -r -a depth_arr <<<"$depths"
 IFS=, read -r -a fa_arr <<<"$fa_list"
+read -r -a llama_extra_arr <<<"$llama_extra"
 meta=$raw/meta.txt
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -96,6 +103,7 @@ meta=$raw/meta.txt
   echo "threads: $threads"
   echo "reps: $reps"
   echo "no_mmap: ${no_mmap[*]:-none}"
+  echo "llama_extra: ${llama_extra:-none}"
 } >"$meta"
 
 # Memory read bandwidth with the same thread count, once before the runs.
@@ -108,7 +116,7 @@ run_llama() {  # run_llama FA TESTKIND N DEPTH
   local pn=(-p 0 -n "$n")
   [ "$kind" = pp ] && pn=(-p "$n" -n 0)
   say "llama.cpp -fa $fa: $kind$n @ d$d"
-  lb -m "$model" -t "$threads" "${pn[@]}" -d "$d" -r "$reps" -fa "$fa" "${no_mmap[@]}" -o json >"$f" 2>"$f.log" \
+  lb -m "$model" -t "$threads" "${pn[@]}" -d "$d" -r "$reps" -fa "$fa" "${no_mmap[@]}" "${llama_extra_arr[@]}" -o json >"$f" 2>"$f.log" \
     || { say "llama-bench failed (see $f.log)"; rm -f "$f"; }
 }
 run_d2o() {  # run_d2o SPEC_INDEX TESTKIND N DEPTH
@@ -153,5 +161,5 @@ printf '%s\n' "${kv_specs[@]}" >"$raw/kv_specs.txt"
 notes=()
 if [ -f "$repo/docs/performance_notes.md" ]; then notes=(--notes "$repo/docs/performance_notes.md"); fi
 python3 "$repo/scripts/perf_report.py" --raw "$raw" --out "$out" "${notes[@]}" \
-  --cmd "scripts/compare_llama_bench.sh -t $threads -d $depths -p $n_prompt -n $n_gen -r $reps$(printf ' --kv %q' "${kv_specs[@]}") --fa $fa_list --prefill $prefill_n"
+  --cmd "scripts/compare_llama_bench.sh -t $threads -d $depths -p $n_prompt -n $n_gen -r $reps$(printf ' --kv %q' "${kv_specs[@]}") --fa $fa_list --prefill $prefill_n${llama_extra:+ --llama-extra \"$llama_extra\"}"
 say "wrote $out (raw results in $raw)"

@@ -92,7 +92,8 @@ def main():
              f"after: {meta.get('load_after', '?')}. The machine is shared: absolute figures vary with the load, "
              "ratios from one interleaved run are what counts.")
     L.append(f"- d2o commit {meta.get('d2o_commit', '?')}; llama.cpp build {llama_build or '?'} "
-             f"(`{os.path.basename(meta.get('llama_bench', 'llama-bench'))}`, weights loaded with `{meta.get('no_mmap', '?')}`)")
+             f"(`{os.path.basename(meta.get('llama_bench', 'llama-bench'))}`, weights loaded with `{meta.get('no_mmap', '?')}`"
+             + (f", extra options `{meta['llama_extra']}`" if meta.get("llama_extra", "none") != "none" else "") + ")")
     L.append(f"- Model: `{os.path.basename(meta.get('model', '?'))}`; {meta.get('threads', '?')} threads; "
              f"{meta.get('reps', '?')} repetitions per figure; F16 KV cache in both.\n")
 
