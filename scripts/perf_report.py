@@ -218,6 +218,33 @@ def main():
                          f"{gbs:.1f} | {fmt(100 * gbs * 1e9 / bw, 0) if bw else '-'} |")
         L.append("")
 
+    # Where d2o's decoding time goes (engine timers, summed over the repetitions).
+    split_rows = []
+    for key in keys:
+        kind, n, d = key
+        if kind != "tg":
+            continue
+        for i, s in enumerate(specs):
+            r = d2o.get(key, {}).get(i)
+            if r is None or "engine_s" not in r:
+                continue
+            tokens = n * len(r["samples_s"])
+            e = r["engine_s"]
+            ms = {k: 1e3 * e.get(k, 0.0) / tokens for k in ("matmul", "attention", "policy", "other")}
+            wall = 1e3 * sum(r["samples_s"]) / tokens
+            split_rows.append(f"| tg{n}" + (f" @ d{d}" if d else "") + f" | `{s}` | {wall:.2f} | {ms['matmul']:.2f} | "
+                              f"{ms['attention']:.2f} | {ms['policy']:.2f} | {ms['other']:.2f} |")
+    if split_rows:
+        L.append("## Where d2o's decoding time goes\n")
+        L.append("Milliseconds per decoded token from the engine's own timers (mean over the repetitions): "
+                 "`matmul` = all weight matrix products (the output layer included), `attention` = the "
+                 "attention kernel (with the statistics a policy asks for), `policy` = the policy's "
+                 "bookkeeping and compaction, `other` = norms, RoPE, activations, copies.\n")
+        L.append("| test | kv | ms/token | matmul | attention | policy | other |")
+        L.append("|---|---|---:|---:|---:|---:|---:|")
+        L.extend(split_rows)
+        L.append("")
+
     L.append("## How to reproduce\n")
     L.append("```sh")
     L.append("cmake -S . -B build -DD2O_WERROR=ON && cmake --build build -j2")
