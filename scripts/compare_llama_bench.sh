@@ -4,8 +4,8 @@
 #
 #   LLAMA_BENCH=/path/to/llama-bench LLAMA_LIB=/path/to/its/libs scripts/compare_llama_bench.sh \
 #       [-m MODEL] [-t THREADS] [-d DEPTHS] [-p N_PROMPT] [-n N_GEN] [-r REPS] [--kv SPEC]... \
-#       [--fa 0,1] [--prefill N] [--llama-extra "ARGS"] [-o docs/performance.md] [--raw DIR]
-#       [--d2o build/d2o]
+#       [--fa 0,1] [--prefill N] [--llama-extra "ARGS"] [--nice N] [-o docs/performance.md]
+#       [--raw DIR] [--d2o build/d2o]
 #
 # Defaults: the setup step's SmolLM2-135M-Instruct Q4_1, 2 threads, depths 0,2048,4096,8192,
 # pp512 and tg128, 3 repetitions, --kv full and --kv d2o:ratio=0.2, flash attention off and on.
@@ -20,7 +20,9 @@
 # none in versions with --load-mode) like d2o, and both prefill the depth untimed.
 #
 # --llama-extra passes further llama-bench options to every llama-bench run (e.g. "--poll 0", so
-# its threads sleep instead of spinning when the machine is oversubscribed).
+# its threads sleep instead of spinning when the machine is oversubscribed). --nice N runs both
+# programs (and the bandwidth probe) under `nice -n N` (negative needs root): on a shared machine
+# other jobs then take less of the CPU from both alike.
 #
 # Nothing here builds or downloads llama.cpp: LLAMA_BENCH must point at an existing llama-bench
 # binary and LLAMA_LIB (optional) at the folder holding its shared libraries.
@@ -40,6 +42,7 @@ raw=$repo/build/perf-compare
 d2o=$repo/build/d2o
 prefill_n=8192
 llama_extra=""
+nice_level=""
 
 die() { echo "compare_llama_bench: error: $*" >&2; exit 1; }
 say() { echo "compare_llama_bench: $*" >&2; }
@@ -59,7 +62,8 @@ while [ $# -gt 0 ]; do
     --d2o) d2o=$2; shift 2 ;;
     --prefill) prefill_n=$2; shift 2 ;;
     --llama-extra) llama_extra=$2; shift 2 ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    --nice) nice_level=$2; shift 2 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) die "unknown option '$1' (try --help)" ;;
   esac
 done
@@ -73,10 +77,13 @@ command -v python3 >/dev/null || die "python3 is needed to write the report"
 for x in $threads $n_prompt $n_gen $reps $prefill_n; do
   [[ "$x" =~ ^[0-9]+$ ]] || die "'$x' is not a whole number"
 done
+[ -z "$nice_level" ] || [[ "$nice_level" =~ ^-?[0-9]+$ ]] || die "--nice '$nice_level' is not a whole number"
+run_nice=()
+[ -z "$nice_level" ] || run_nice=(nice -n "$nice_level")
 [[ "$depths" =~ ^[0-9]+(,[0-9]+)*$ ]] || die "-d '$depths' must be a comma-separated list of whole numbers"
 [[ "$fa_list" =~ ^[01](,[01])*$ ]] || die "--fa '$fa_list' must be a list of 0 and 1"
 
-lb() { LD_LIBRARY_PATH="${LLAMA_LIB:-}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$LLAMA_BENCH" "$@"; }
+lb() { LD_LIBRARY_PATH="${LLAMA_LIB:-}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "${run_nice[@]}" "$LLAMA_BENCH" "$@"; }
 # Weights in process memory: -mmp 0 in older llama-bench, -lm none in versions with --load-mode.
 lb_help=$(lb --help 2>&1 || true)
 if grep -q -- "--load-mode" <<<"$lb_help"; then no_mmap=(-lm none)
@@ -104,10 +111,11 @@ meta=$raw/meta.txt
   echo "reps: $reps"
   echo "no_mmap: ${no_mmap[*]:-none}"
   echo "llama_extra: ${llama_extra:-none}"
+  echo "nice: ${nice_level:-0}"
 } >"$meta"
 
 # Memory read bandwidth with the same thread count, once before the runs.
-"$d2o" bench --mem-bw -t "$threads" --json "$raw/membw.json" >/dev/null 2>&1 \
+"${run_nice[@]}" "$d2o" bench --mem-bw -t "$threads" --json "$raw/membw.json" >/dev/null 2>&1 \
   || say "the memory bandwidth probe failed; the report will use no bandwidth figure"
 
 run_llama() {  # run_llama FA TESTKIND N DEPTH
@@ -125,7 +133,7 @@ run_d2o() {  # run_d2o SPEC_INDEX TESTKIND N DEPTH
   local pn=(-p 0 -n "$n")
   [ "$kind" = pp ] && pn=(-p "$n" -n 0)
   say "d2o --kv ${kv_specs[$i]}: $kind$n @ d$d"
-  "$d2o" bench -m "$model" -t "$threads" "${pn[@]}" -d "$d" -r "$reps" --kv "${kv_specs[$i]}" --json "$f" \
+  "${run_nice[@]}" "$d2o" bench -m "$model" -t "$threads" "${pn[@]}" -d "$d" -r "$reps" --kv "${kv_specs[$i]}" --json "$f" \
     >"$f.log" 2>&1 || { say "d2o bench failed (see $f.log)"; rm -f "$f"; }
 }
 
@@ -150,7 +158,7 @@ if [ "$prefill_n" -gt 0 ]; then
     for ((i = 0; i < ${#kv_specs[@]}; i++)); do
       f=$raw/d2o_prefill_kv${i}_${r}.json
       say "d2o --kv ${kv_specs[$i]}: prefill of $prefill_n tokens ($((r + 1))/$reps)"
-      "$d2o" bench -m "$model" -t "$threads" -p "$prefill_n" -n 0 -d 0 -r 1 --kv "${kv_specs[$i]}" --json "$f" \
+      "${run_nice[@]}" "$d2o" bench -m "$model" -t "$threads" -p "$prefill_n" -n 0 -d 0 -r 1 --kv "${kv_specs[$i]}" --json "$f" \
         >"$f.log" 2>&1 || { say "d2o bench failed (see $f.log)"; rm -f "$f"; }
     done
   done
@@ -161,5 +169,5 @@ printf '%s\n' "${kv_specs[@]}" >"$raw/kv_specs.txt"
 notes=()
 if [ -f "$repo/docs/performance_notes.md" ]; then notes=(--notes "$repo/docs/performance_notes.md"); fi
 python3 "$repo/scripts/perf_report.py" --raw "$raw" --out "$out" "${notes[@]}" \
-  --cmd "scripts/compare_llama_bench.sh -t $threads -d $depths -p $n_prompt -n $n_gen -r $reps$(printf ' --kv %q' "${kv_specs[@]}") --fa $fa_list --prefill $prefill_n${llama_extra:+ --llama-extra \"$llama_extra\"}"
+  --cmd "scripts/compare_llama_bench.sh -t $threads -d $depths -p $n_prompt -n $n_gen -r $reps$(printf ' --kv %q' "${kv_specs[@]}") --fa $fa_list --prefill $prefill_n${llama_extra:+ --llama-extra \"$llama_extra\"}${nice_level:+ --nice $nice_level}"
 say "wrote $out (raw results in $raw)"

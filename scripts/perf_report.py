@@ -94,6 +94,9 @@ def main():
     L.append(f"- d2o commit {meta.get('d2o_commit', '?')}; llama.cpp build {llama_build or '?'} "
              f"(`{os.path.basename(meta.get('llama_bench', 'llama-bench'))}`, weights loaded with `{meta.get('no_mmap', '?')}`"
              + (f", extra options `{meta['llama_extra']}`" if meta.get("llama_extra", "none") != "none" else "") + ")")
+    if meta.get("nice", "0") != "0":
+        L.append(f"- Both programs ran under `nice -n {meta['nice']}` (other jobs on the machine took less CPU from "
+                 "both alike).")
     L.append(f"- Model: `{os.path.basename(meta.get('model', '?'))}`; {meta.get('threads', '?')} threads; "
              f"{meta.get('reps', '?')} repetitions per figure; F16 KV cache in both.\n")
 
