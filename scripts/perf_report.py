@@ -32,6 +32,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--cmd", default="scripts/compare_llama_bench.sh")
     ap.add_argument("--notes", help="Markdown appended after the generated sections")
+    ap.add_argument("--preface", help="Markdown inserted after the introduction (e.g. a summary of the run)")
     a = ap.parse_args()
 
     meta = {}
@@ -83,6 +84,9 @@ def main():
         "Figures are tokens/s, mean ± standard deviation over the repetitions; ratios are d2o / "
         "llama.cpp at llama.cpp's better flash-attention setting for that row.\n"
     )
+    if a.preface:
+        with open(a.preface) as f:
+            L.append(f.read().rstrip() + "\n")
     L.append("## Machine and run\n")
     L.append(f"- CPU: {meta.get('cpu', '?')}, {meta.get('cores', '?')} vCPUs; flags: {meta.get('flags', '?')}")
     if bw:
