@@ -2,17 +2,28 @@
 //
 // One pool is created by the front end and passed explicitly to whatever needs it (no singleton).
 // The calling thread takes part in the work, so a pool of n threads starts n-1 workers. Workers
-// spin briefly after each job (decode issues hundreds of short jobs per token, so waking through
+// spin briefly after each job (decode issues a few hundred short jobs per token, so waking through
 // the OS each time would dominate) and then sleep on an atomic wait.
+//
+// A job ends when its tasks are done, not when every worker has seen it: tasks are claimed one by
+// one (compare-and-swap on a word holding the job's generation and the next task index), so a
+// worker that the OS has descheduled, or that is still asleep, simply misses the job and the
+// caller runs the remaining tasks itself. On a machine shared with other processes this keeps a
+// parallel region from stalling for a whole scheduler time slice; a worker that wakes up late can
+// only claim tasks of the current job.
 //
 // Determinism: parallel_for splits [0, n) into chunks whose boundaries depend only on n and the
 // grain, never on the number of threads, so a reduction done per chunk and combined in chunk order
 // gives bit-identical results for any thread count.
+//
+// A run() issued from inside one of the pool's own tasks (nested parallelism) runs its tasks
+// inline on that thread.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace d2o {
@@ -28,17 +39,22 @@ class ThreadPool {
   int n_threads() const { return n_threads_; }
 
   // Calls fn(task, thread) for every task in [0, n_tasks) and returns when all are done.
-  // `thread` is in [0, n_threads()) and identifies per-thread scratch space.
+  // `thread` is in [0, n_threads()) and identifies per-thread scratch space: two tasks with the
+  // same `thread` never run at the same time.
   template <class F>
   void run(int64_t n_tasks, F&& fn) {
     if (n_tasks <= 0) return;
-    if (n_threads_ == 1 || n_tasks == 1) {
-      for (int64_t t = 0; t < n_tasks; ++t) fn(t, 0);
+    const bool nested = tl_pool_ == this;
+    if (n_threads_ == 1 || n_tasks == 1 || nested) {
+      const int thread = nested ? tl_thread_ : 0;
+      for (int64_t t = 0; t < n_tasks; ++t) fn(t, thread);
       return;
     }
     using Fn = std::remove_reference_t<F>;
-    dispatch(n_tasks, [](void* ctx, int64_t task, int thread) { (*static_cast<Fn*>(ctx))(task, thread); },
-             const_cast<void*>(static_cast<const void*>(&fn)));
+    dispatch(
+        n_tasks,
+        [](void* ctx, int64_t task, int thread) { (*static_cast<Fn*>(ctx))(task, thread); },
+        const_cast<void*>(static_cast<const void*>(&fn)));
   }
 
   // Calls fn(begin, end, thread) on chunks of [0, n) of `grain` elements (the last may be short).
@@ -58,17 +74,28 @@ class ThreadPool {
   using TaskFn = void (*)(void* ctx, int64_t task, int thread);
   void dispatch(int64_t n_tasks, TaskFn fn, void* ctx);
   void worker_loop(int thread);
-  void work_on_current_job(int thread);
+  // Claims and runs tasks of job `gen` until none is left; returns how many it ran.
+  int64_t run_tasks(uint32_t gen, TaskFn fn, void* ctx, int64_t n_tasks, int thread);
+
+  // Per thread: the pool whose task it is running (a nested run() on that pool runs inline) and
+  // its thread index there.
+  static thread_local const ThreadPool* tl_pool_;
+  static thread_local int tl_thread_;
 
   int n_threads_ = 1;
   std::vector<std::thread> workers_;
 
-  // The current job. Written by the caller before `generation_` is bumped.
-  TaskFn job_fn_ = nullptr;
-  void* job_ctx_ = nullptr;
-  int64_t job_n_tasks_ = 0;
-  alignas(64) std::atomic<int64_t> next_task_{0};
-  alignas(64) std::atomic<int> active_workers_{0};  // workers still inside the current job
+  // The current job, written by the caller before the generation is published. Atomics (relaxed)
+  // because a late worker may read them while the next job is being set up; it then cannot claim
+  // anything (the claim word names another generation), so what it read is never used.
+  std::atomic<TaskFn> job_fn_{nullptr};
+  std::atomic<void*> job_ctx_{nullptr};
+  std::atomic<int64_t> job_n_tasks_{0};
+  // (generation << 32) | index of the next unclaimed task.
+  alignas(64) std::atomic<uint64_t> claim_{0};
+  // Tasks of the current job finished by workers (the caller counts its own).
+  alignas(64) std::atomic<int64_t> done_{0};
+  // Generation of the current job; workers sleep on it.
   alignas(64) std::atomic<uint32_t> generation_{0};
   std::atomic<bool> stop_{false};
 };

@@ -6,38 +6,79 @@
 
 #include "core/assert.h"
 #include "kv/attention_kernels.h"
+#include "ops/quant.h"
 
 namespace d2o {
 
 const char* score_agg_name(ScoreAgg a) {
   switch (a) {
-    case ScoreAgg::kSum: return "sum";
-    case ScoreAgg::kMean: return "mean";
-    case ScoreAgg::kMax: return "max";
+    case ScoreAgg::kSum:
+      return "sum";
+    case ScoreAgg::kMean:
+      return "mean";
+    case ScoreAgg::kMax:
+      return "max";
   }
   return "?";
 }
 
-void AttnScratch::ensure(int n_threads_, int n_head_, int head_dim_, int n_slot) {
-  const int tiles = (n_slot + kTile - 1) / kTile;
-  if (n_threads_ <= n_threads && n_head_ <= n_head && head_dim_ <= head_dim && n_slot <= n_slot_cap &&
-      tiles <= n_tiles_cap) {
-    return;
-  }
-  n_threads = std::max(n_threads, n_threads_);
-  n_head = std::max(n_head, n_head_);
-  head_dim = std::max(head_dim, head_dim_);
+namespace {
+
+constexpr int QB = AttnScratch::kQueryBlock;
+constexpr int TC = AttnScratch::kTile;
+
+template <class T>
+void grow(AlignedBuffer<T>& b, size_t n) {
+  if (b.size() < n) b.resize(n);
+}
+
+}  // namespace
+
+void AttnScratch::ensure(const Shape& s) {
+  const int grp = s.n_head / s.n_head_kv;
   // Grow the slot capacity geometrically so a growing context reallocates O(log n) times.
-  if (n_slot > n_slot_cap) n_slot_cap = std::max(n_slot, n_slot_cap + n_slot_cap / 2);
-  n_slot_cap = (n_slot_cap + kTile - 1) / kTile * kTile;
-  n_tiles_cap = n_slot_cap / kTile;
-  const size_t qb = kQueryBlock, h = static_cast<size_t>(n_head), d = static_cast<size_t>(head_dim);
-  scores.resize(qb * h * static_cast<size_t>(n_slot_cap));
-  tile_max.resize(qb * h * static_cast<size_t>(n_tiles_cap));
-  tile_sum.resize(qb * h * static_cast<size_t>(n_tiles_cap));
-  partial.resize(static_cast<size_t>(n_tiles_cap) * qb * h * d);
-  row_max.resize(qb * h);
-  row_inv.resize(qb * h);
+  if (s.n_slot > n_slot_cap) {
+    n_slot_cap = std::max(s.n_slot, n_slot_cap + n_slot_cap / 2);
+    n_slot_cap = (n_slot_cap + TC - 1) / TC * TC;
+  }
+  n_tiles_cap = n_slot_cap / TC;
+  const size_t cap = static_cast<size_t>(n_slot_cap), tiles = static_cast<size_t>(n_tiles_cap);
+  const size_t hd = static_cast<size_t>(s.head_dim);
+  const int n_blocks = (s.n_tok + QB - 1) / QB;
+  if (s.split_chunks) {
+    const size_t rows = static_cast<size_t>(s.n_tok) * static_cast<size_t>(s.n_head);
+    rows_cap = std::max(rows_cap, static_cast<int>(rows));
+    const size_t rc = static_cast<size_t>(rows_cap);
+    grow(e_all, rc * cap);
+    grow(part_m, tiles * rc);
+    grow(part_l, tiles * rc);
+    grow(part_acc, tiles * rc * hd);
+    grow(row_max, rc);
+    grow(row_inv, rc);
+  } else if (s.stats) {
+    n_blocks_cap = std::max(n_blocks_cap, n_blocks);
+    const size_t cols = static_cast<size_t>(n_blocks_cap) * static_cast<size_t>(s.n_head_kv) * cap;
+    grow(col_score, cols);
+    grow(col_window, cols);
+  }
+  if (threads.size() < static_cast<size_t>(s.n_threads))
+    threads.resize(static_cast<size_t>(s.n_threads));
+  const size_t rows = static_cast<size_t>(QB) * static_cast<size_t>(grp);
+  const size_t stride = s.stats && !s.split_chunks ? cap : static_cast<size_t>(TC);
+  e_stride = std::max(e_stride, stride);
+  for (Thread& t : threads) {
+    grow(t.e, rows * e_stride);
+    grow(t.m_chunk, rows * tiles);
+    grow(t.f, rows);
+    grow(t.kf, static_cast<size_t>(TC) * hd);
+    grow(t.vf, static_cast<size_t>(TC) * hd);
+    grow(t.acc, rows * hd);
+    grow(t.o, rows * hd);
+    grow(t.m, rows);
+    grow(t.l, rows);
+    grow(t.cm, rows);
+    grow(t.cl, rows);
+  }
 }
 
 void attention_forward(const AttnInput& in, KvLayer& L, const AttnStatsRequest& stats,
@@ -45,147 +86,307 @@ void attention_forward(const AttnInput& in, KvLayer& L, const AttnStatsRequest& 
   attention_forward_isa(in, L, stats, pool, sc, best_kernel_isa());
 }
 
+namespace {
+
+// Everything about one call that the tasks share.
+struct Call {
+  const AttnInput* in;
+  KvLayer* L;
+  const attn::Kernels* kern;
+  AttnScratch* sc;
+  KernelIsa isa;
+  int H, G, grp, hd, n_tok, n_old, n_blocks;
+  bool want_score, want_window;
+  int window_first;
+  ScoreAgg agg;
+
+  int t0(int blk) const { return blk * QB; }
+  int nb(int blk) const { return std::min(n_tok, (blk + 1) * QB) - blk * QB; }
+  // Slots visible to the block's last query.
+  int n_vis(int blk) const { return n_old + std::min(n_tok, (blk + 1) * QB); }
+  int n_chunks(int blk) const { return (n_vis(blk) + TC - 1) / TC; }
+  int window_from(int blk) const { return std::max(0, window_first - t0(blk)); }
+  bool block_in_window(int blk) const { return want_window && window_from(blk) < nb(blk); }
+  // Query row r (= b * grp + hh) of (blk, g): global row index t * H + h.
+  size_t row_index(int blk, int g, int r) const {
+    return static_cast<size_t>(t0(blk) + r / grp) * H + static_cast<size_t>(g * grp + r % grp);
+  }
+};
+
+// One chunk of the rows of (block, KV head g): e = exp(s - m_chunk) (scores first), per-row chunk
+// maxima cm and sums cl, and partial outputs acc = sum e v. `conv` holds F32 copies of an F16
+// chunk when many rows share it (the copies hold the same values, so results do not change).
+void chunk_partials(const Call& C, int blk, int g, int c, float* const* e, float* cm, float* cl,
+                    float* const* acc, AttnScratch::Thread& conv) {
+  const KvLayer& L = *C.L;
+  const int t0 = C.t0(blk), nb = C.nb(blk), rows = nb * C.grp;
+  const int j0 = c * TC;
+  const int n_keys = std::min(TC, C.n_vis(blk) - j0);
+  const float* q[QB * AttnScratch::kMaxGroup];
+  for (int r = 0; r < rows; ++r)
+    q[r] = C.in->q + C.row_index(blk, g, r) * static_cast<size_t>(C.hd);
+  attn::KvRows k{L.key_row(g, j0), L.row_bytes(), L.type};
+  attn::KvRows v{L.value_row(g, j0), L.row_bytes(), L.type};
+  if (L.type == KvType::kF16 && rows > 4) {
+    const size_t n = static_cast<size_t>(n_keys) * static_cast<size_t>(C.hd);
+    fp16_to_fp32_row_isa(C.isa, reinterpret_cast<const uint16_t*>(k.base), conv.kf.data(),
+                         static_cast<int64_t>(n));
+    fp16_to_fp32_row_isa(C.isa, reinterpret_cast<const uint16_t*>(v.base), conv.vf.data(),
+                         static_cast<int64_t>(n));
+    const size_t rb = sizeof(float) * static_cast<size_t>(C.hd);
+    k = {reinterpret_cast<const uint8_t*>(conv.kf.data()), rb, KvType::kF32};
+    v = {reinterpret_cast<const uint8_t*>(conv.vf.data()), rb, KvType::kF32};
+  }
+  C.kern->scores(q, rows, k, n_keys, C.hd, C.in->scale, e);
+  for (int r = 0; r < rows; ++r) {
+    const int n_valid = std::clamp(C.n_old + t0 + r / C.grp + 1 - j0, 0, n_keys);
+    cm[r] = C.kern->max(e[r], n_valid);
+    cl[r] = C.kern->exp_sum(e[r], n_valid, n_keys, cm[r]);
+  }
+  C.kern->pv(e, rows, v, n_keys, C.hd, acc);
+}
+
+// Merges chunk c's partials (cm, cl, acc) into a row's running max m, sum l and output o, in
+// chunk order; chunk 0 (always holding slot 0, visible to every query) initialises them. A chunk
+// the row sees nothing of (cm = -inf) leaves them unchanged.
+inline void merge_chunk(const attn::Kernels& kern, int c, float cm, float cl, const float* acc,
+                        float& m, float& l, float* o, int hd) {
+  if (c == 0) {
+    m = cm;
+    l = cl;
+    std::memcpy(o, acc, sizeof(float) * static_cast<size_t>(hd));
+    return;
+  }
+  const float mn = std::max(m, cm);
+  const float a = std::exp(m - mn);
+  const float b = std::exp(cm - mn);
+  l = l * a + cl * b;
+  kern.rescale_add(o, acc, a, b, hd);
+  m = mn;
+}
+
+// Probability factor of a chunk's e values: exp(m_chunk - m_row) / l_row.
+inline float stats_factor(float m_chunk, float m_row, float inv_l) {
+  return std::exp(m_chunk - m_row) * inv_l;
+}
+
+// One task per (KV head, block of queries): sweeps the block's chunks in order, merging as it
+// goes; with statistics, keeps the block's e values and forms its column sums.
+void run_blocks(const Call& C, ThreadPool& pool) {
+  AttnScratch& sc = *C.sc;
+  const bool stats = C.want_score || C.want_window;
+  const size_t cap = static_cast<size_t>(sc.n_slot_cap);
+  const size_t hd = static_cast<size_t>(C.hd);
+  // Later blocks see more slots: they go first so the last tasks are the short ones.
+  pool.run(int64_t{C.n_blocks} * C.G, [&](int64_t task, int thread) {
+    const int blk = C.n_blocks - 1 - static_cast<int>(task / C.G);
+    const int g = static_cast<int>(task % C.G);
+    AttnScratch::Thread& T = sc.threads[static_cast<size_t>(thread)];
+    const int rows = C.nb(blk) * C.grp, n_ch = C.n_chunks(blk);
+    const size_t tiles = static_cast<size_t>(sc.n_tiles_cap);
+    float* e[QB * AttnScratch::kMaxGroup];
+    float* acc[QB * AttnScratch::kMaxGroup];
+    for (int r = 0; r < rows; ++r) acc[r] = T.acc.data() + static_cast<size_t>(r) * hd;
+    for (int c = 0; c < n_ch; ++c) {
+      const size_t off = stats ? static_cast<size_t>(c) * TC : 0;
+      for (int r = 0; r < rows; ++r) e[r] = T.e.data() + static_cast<size_t>(r) * sc.e_stride + off;
+      chunk_partials(C, blk, g, c, e, T.cm.data(), T.cl.data(), acc, T);
+      for (int r = 0; r < rows; ++r) {
+        merge_chunk(*C.kern, c, T.cm[r], T.cl[r], acc[r], T.m[r], T.l[r],
+                    T.o.data() + static_cast<size_t>(r) * hd, C.hd);
+        if (stats) T.m_chunk[static_cast<size_t>(r) * tiles + static_cast<size_t>(c)] = T.cm[r];
+      }
+    }
+    for (int r = 0; r < rows; ++r) {
+      const float inv = 1.0f / T.l[r];
+      T.l[r] = inv;
+      const float* o = T.o.data() + static_cast<size_t>(r) * hd;
+      float* out = C.in->out + C.row_index(blk, g, r) * hd;
+      for (size_t d = 0; d < hd; ++d) out[d] = o[d] * inv;
+    }
+    if (!stats) return;
+    // Column sums of this block over its visible slots, added to the cache in block order later.
+    const int n_vis = C.n_vis(blk);
+    float* col_s = sc.col_score.data() + (static_cast<size_t>(blk) * C.G + g) * cap;
+    float* col_w = sc.col_window.data() + (static_cast<size_t>(blk) * C.G + g) * cap;
+    if (C.want_score) std::fill_n(col_s, n_vis, 0.0f);
+    if (C.block_in_window(blk)) std::fill_n(col_w, n_vis, 0.0f);
+    for (int c = 0; c < n_ch; ++c) {
+      const int j0 = c * TC;
+      for (int r = 0; r < rows; ++r) {
+        e[r] = T.e.data() + static_cast<size_t>(r) * sc.e_stride + j0;
+        T.f[r] = stats_factor(T.m_chunk[static_cast<size_t>(r) * tiles + static_cast<size_t>(c)],
+                              T.m[r], T.l[r]);
+      }
+      attn::StatsArgs a;
+      a.p = e;
+      a.f = T.f.data();
+      a.nb = C.nb(blk);
+      a.grp = C.grp;
+      a.agg = static_cast<int>(C.agg);
+      a.n_cols = std::min(TC, n_vis - j0);
+      a.score = C.want_score ? col_s + j0 : nullptr;
+      a.window = C.block_in_window(blk) ? col_w + j0 : nullptr;
+      a.window_from = C.window_from(blk);
+      C.kern->stats(a);
+    }
+  });
+  if (!stats) return;
+  // Add the blocks' column sums in block order, each slot tile owned by one task.
+  KvLayer& L = *C.L;
+  const int n_tiles = (L.n_slot + TC - 1) / TC;
+  pool.run(int64_t{C.G} * n_tiles, [&](int64_t task, int) {
+    const int g = static_cast<int>(task / n_tiles);
+    const int j0 = static_cast<int>(task % n_tiles) * TC;
+    for (int blk = 0; blk < C.n_blocks; ++blk) {
+      const int j1 = std::min(j0 + TC, C.n_vis(blk));
+      const size_t base = (static_cast<size_t>(blk) * C.G + g) * cap;
+      if (C.want_score) {
+        float* s = &L.score[L.meta_index(g, 0)];
+        const float* col = sc.col_score.data() + base;
+        for (int j = j0; j < j1; ++j) s[j] += col[j];
+      }
+      if (C.block_in_window(blk)) {
+        float* w = &L.window[L.meta_index(g, 0)];
+        const float* col = sc.col_window.data() + base;
+        for (int j = j0; j < j1; ++j) w[j] += col[j];
+      }
+    }
+  });
+}
+
+// GCC 12 cannot see that the row-pointer arrays below are filled for every row a callee reads.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// One task per (block, KV head, chunk): partials are stored, merged per row afterwards in chunk
+// order; statistics run per (KV head, chunk), blocks in order.
+void run_split(const Call& C, ThreadPool& pool) {
+  AttnScratch& sc = *C.sc;
+  const size_t cap = static_cast<size_t>(sc.n_slot_cap);
+  const size_t rc = static_cast<size_t>(sc.rows_cap);
+  const size_t hd = static_cast<size_t>(C.hd);
+  int64_t n_tasks = 0;
+  for (int blk = 0; blk < C.n_blocks; ++blk) n_tasks += int64_t{C.G} * C.n_chunks(blk);
+  pool.run(n_tasks, [&](int64_t task, int thread) {
+    int blk = 0;
+    while (task >= int64_t{C.G} * C.n_chunks(blk)) task -= int64_t{C.G} * C.n_chunks(blk++);
+    const int n_ch = C.n_chunks(blk);
+    const int g = static_cast<int>(task / n_ch), c = static_cast<int>(task % n_ch);
+    const int rows = C.nb(blk) * C.grp;
+    float* e[QB * AttnScratch::kMaxGroup];
+    float* acc[QB * AttnScratch::kMaxGroup];
+    float cm[QB * AttnScratch::kMaxGroup], cl[QB * AttnScratch::kMaxGroup];
+    for (int r = 0; r < rows; ++r) {
+      const size_t row = C.row_index(blk, g, r);
+      e[r] = sc.e_all.data() + row * cap + static_cast<size_t>(c) * TC;
+      acc[r] = sc.part_acc.data() + (static_cast<size_t>(c) * rc + row) * hd;
+    }
+    chunk_partials(C, blk, g, c, e, cm, cl, acc, sc.threads[static_cast<size_t>(thread)]);
+    for (int r = 0; r < rows; ++r) {
+      const size_t row = C.row_index(blk, g, r);
+      sc.part_m[static_cast<size_t>(c) * rc + row] = cm[r];
+      sc.part_l[static_cast<size_t>(c) * rc + row] = cl[r];
+    }
+  });
+  // Merge per row, in chunk order (few rows: this is cheap next to the chunks).
+  float* o = sc.threads[0].o.data();
+  for (int blk = 0; blk < C.n_blocks; ++blk) {
+    const int n_ch = C.n_chunks(blk);
+    for (int t = C.t0(blk); t < C.t0(blk) + C.nb(blk); ++t) {
+      for (int h = 0; h < C.H; ++h) {
+        const size_t row = static_cast<size_t>(t) * C.H + static_cast<size_t>(h);
+        float m = 0, l = 0;
+        for (int c = 0; c < n_ch; ++c) {
+          const size_t pi = static_cast<size_t>(c) * rc + row;
+          merge_chunk(*C.kern, c, sc.part_m[pi], sc.part_l[pi], sc.part_acc.data() + pi * hd, m, l,
+                      o, C.hd);
+        }
+        const float inv = 1.0f / l;
+        sc.row_max[row] = m;
+        sc.row_inv[row] = inv;
+        float* out = C.in->out + row * hd;
+        for (size_t d = 0; d < hd; ++d) out[d] = o[d] * inv;
+      }
+    }
+  }
+  if (!C.want_score && !C.want_window) return;
+  const int n_ch_all = C.n_chunks(C.n_blocks - 1);
+  KvLayer& L = *C.L;
+  pool.run(int64_t{C.G} * n_ch_all, [&](int64_t task, int) {
+    const int g = static_cast<int>(task / n_ch_all), c = static_cast<int>(task % n_ch_all);
+    const int j0 = c * TC;
+    const float* p[QB * AttnScratch::kMaxGroup];
+    float f[QB * AttnScratch::kMaxGroup];
+    for (int blk = 0; blk < C.n_blocks; ++blk) {
+      if (c >= C.n_chunks(blk)) continue;
+      const int rows = C.nb(blk) * C.grp;
+      for (int r = 0; r < rows; ++r) {
+        const size_t row = C.row_index(blk, g, r);
+        p[r] = sc.e_all.data() + row * cap + static_cast<size_t>(j0);
+        f[r] = stats_factor(sc.part_m[static_cast<size_t>(c) * rc + row], sc.row_max[row],
+                            sc.row_inv[row]);
+      }
+      attn::StatsArgs a;
+      a.p = p;
+      a.f = f;
+      a.nb = C.nb(blk);
+      a.grp = C.grp;
+      a.agg = static_cast<int>(C.agg);
+      a.n_cols = std::min(TC, C.n_vis(blk) - j0);
+      a.score = C.want_score ? &L.score[L.meta_index(g, j0)] : nullptr;
+      a.window = C.block_in_window(blk) ? &L.window[L.meta_index(g, j0)] : nullptr;
+      a.window_from = C.window_from(blk);
+      C.kern->stats(a);
+    }
+  });
+}
+
+#pragma GCC diagnostic pop
+
+}  // namespace
+
 void attention_forward_isa(const AttnInput& in, KvLayer& L, const AttnStatsRequest& stats,
                            ThreadPool& pool, AttnScratch& sc, KernelIsa isa) {
-  const attn::Kernels& kern = attn::kernels_for(isa);
   const int n_tok = in.n_tok;
   const int H = in.n_head;
   const int G = L.n_head_kv;
-  D2O_ASSERT(H % G == 0 && n_tok <= L.n_slot);
-  const int grp = H / G;
-  D2O_ASSERT(grp <= AttnScratch::kMaxGroup);
-  const int hd = L.head_dim;
-  const int n_old = L.n_slot - n_tok;
-  constexpr int QB = AttnScratch::kQueryBlock;
-  constexpr int TC = AttnScratch::kTile;
-  constexpr int R = attn::kMaxRows;
-  sc.ensure(pool.n_threads(), H, hd, L.n_slot);
-  const size_t cap = static_cast<size_t>(sc.n_slot_cap);
-  const int ntc = sc.n_tiles_cap;
-  auto rows_of = [&](int g) {
-    attn::KvRows k{L.key_row(g, 0), L.row_bytes(), L.type};
-    attn::KvRows v{L.value_row(g, 0), L.row_bytes(), L.type};
-    return std::pair{k, v};
-  };
-
-  for (int t0 = 0; t0 < n_tok; t0 += QB) {
-    const int t1 = std::min(n_tok, t0 + QB);
-    const int nb = t1 - t0;
-    const int n_vis = n_old + t1;  // slots visible to the block's last query
-    const int n_tiles = (n_vis + TC - 1) / TC;
-    const int64_t n_tasks = int64_t{G} * n_tiles;
-    const int n_rows = nb * grp;  // (b, head-in-group) rows of one KV head
-
-    // Phase 1: scores s = q k^T * scale, and each tile's maximum over the visible slots.
-    pool.run(n_tasks, [&](int64_t task, int) {
-      const int g = static_cast<int>(task / n_tiles);
-      const int tile = static_cast<int>(task % n_tiles);
-      const int j0 = tile * TC;
-      const int j1 = std::min(j0 + TC, n_vis);
-      attn::KvRows k = rows_of(g).first;
-      k.base += static_cast<size_t>(j0) * k.row_bytes;
-      const float* qp[R];
-      float* sp[R];
-      for (int r0 = 0; r0 < n_rows; r0 += R) {
-        const int nr = std::min(R, n_rows - r0);
-        for (int i = 0; i < nr; ++i) {
-          const int b = (r0 + i) / grp, h = g * grp + (r0 + i) % grp;
-          qp[i] = in.q + (static_cast<size_t>(t0 + b) * H + h) * hd;
-          sp[i] = sc.scores.data() + (static_cast<size_t>(b) * H + h) * cap + j0;
-        }
-        kern.scores(qp, nr, k, j1 - j0, hd, in.scale, sp);
-      }
-      for (int r = 0; r < n_rows; ++r) {
-        const int b = r / grp, h = g * grp + r % grp;
-        const int jend = std::min(j1, n_old + t0 + b + 1);
-        const float* srow = sc.scores.data() + (static_cast<size_t>(b) * H + h) * cap;
-        float m = -INFINITY;
-        for (int j = j0; j < jend; ++j) m = std::max(m, srow[j]);
-        sc.tile_max[(static_cast<size_t>(b) * H + h) * ntc + tile] = m;
-      }
-    });
-
-    // Phase 2: row maxima, in tile order.
-    for (int b = 0; b < nb; ++b) {
-      for (int h = 0; h < H; ++h) {
-        const float* tm = sc.tile_max.data() + (static_cast<size_t>(b) * H + h) * ntc;
-        float m = -INFINITY;
-        for (int tile = 0; tile < n_tiles; ++tile) m = std::max(m, tm[tile]);
-        sc.row_max[static_cast<size_t>(b) * H + h] = m;
-      }
-    }
-
-    // Phase 3: p = exp(s - max) in place (0 where not visible), per-tile sums, p-weighted values.
-    pool.run(n_tasks, [&](int64_t task, int) {
-      const int g = static_cast<int>(task / n_tiles);
-      const int tile = static_cast<int>(task % n_tiles);
-      const int j0 = tile * TC;
-      const int j1 = std::min(j0 + TC, n_vis);
-      attn::KvRows v = rows_of(g).second;
-      v.base += static_cast<size_t>(j0) * v.row_bytes;
-      const float* pp[R];
-      float* acc[R];
-      for (int r0 = 0; r0 < n_rows; r0 += R) {
-        const int nr = std::min(R, n_rows - r0);
-        for (int i = 0; i < nr; ++i) {
-          const int b = (r0 + i) / grp, h = g * grp + (r0 + i) % grp;
-          const size_t rh = static_cast<size_t>(b) * H + h;
-          float* srow = sc.scores.data() + rh * cap + j0;
-          const int n_valid = std::max(0, std::min(j1, n_old + t0 + b + 1) - j0);
-          sc.tile_sum[rh * ntc + tile] = kern.exp_sum(srow, n_valid, j1 - j0, sc.row_max[rh]);
-          pp[i] = srow;
-          acc[i] = sc.partial.data() + ((static_cast<size_t>(tile) * QB + b) * H + h) * hd;
-        }
-        kern.pv(pp, nr, v, j1 - j0, hd, acc);
-      }
-    });
-
-    // Phase 4: normalise and combine the tiles, in tile order.
-    for (int b = 0; b < nb; ++b) {
-      for (int h = 0; h < H; ++h) {
-        const float* ts = sc.tile_sum.data() + (static_cast<size_t>(b) * H + h) * ntc;
-        float l = 0.0f;
-        for (int tile = 0; tile < n_tiles; ++tile) l += ts[tile];
-        const float inv = 1.0f / l;
-        sc.row_inv[static_cast<size_t>(b) * H + h] = inv;
-        float* out = in.out + (static_cast<size_t>(t0 + b) * H + h) * hd;
-        std::fill(out, out + hd, 0.0f);
-        for (int tile = 0; tile < n_tiles; ++tile) {
-          const float* acc = sc.partial.data() + ((static_cast<size_t>(tile) * QB + b) * H + h) * hd;
-          for (int d = 0; d < hd; ++d) out[d] += acc[d];
-        }
-        for (int d = 0; d < hd; ++d) out[d] *= inv;
-      }
-    }
-
-    // Phase 5: statistics, each slot owned by one task, queries summed in order.
-    const bool want_window = stats.window_first < t1;
-    if (!stats.accumulate && !want_window) continue;
-    pool.run(n_tasks, [&](int64_t task, int) {
-      const int g = static_cast<int>(task / n_tiles);
-      const int tile = static_cast<int>(task % n_tiles);
-      const int j0 = tile * TC;
-      const int j1 = std::min(j0 + TC, n_vis);
-      const float* prow[QB * AttnScratch::kMaxGroup];
-      float inv[QB * AttnScratch::kMaxGroup];
-      for (int r = 0; r < n_rows; ++r) {
-        const int b = r / grp, h = g * grp + r % grp;
-        const size_t rh = static_cast<size_t>(b) * H + h;
-        prow[r] = sc.scores.data() + rh * cap + j0;
-        inv[r] = sc.row_inv[rh];
-      }
-      attn::StatsArgs a;
-      a.p = prow;
-      a.inv = inv;
-      a.nb = nb;
-      a.grp = grp;
-      a.agg = static_cast<int>(stats.agg);
-      a.n_cols = j1 - j0;
-      a.score = stats.accumulate ? &L.score[L.meta_index(g, j0)] : nullptr;
-      a.window = want_window ? &L.window[L.meta_index(g, j0)] : nullptr;
-      a.window_from = std::max(0, stats.window_first - t0);
-      kern.stats(a);
-    });
+  D2O_ASSERT(n_tok >= 1 && H % G == 0 && n_tok <= L.n_slot);
+  D2O_ASSERT(H / G <= AttnScratch::kMaxGroup);
+  Call C;
+  C.in = &in;
+  C.L = &L;
+  C.kern = &attn::kernels_for(isa);
+  C.sc = &sc;
+  C.isa = isa;
+  C.H = H;
+  C.G = G;
+  C.grp = H / G;
+  C.hd = L.head_dim;
+  C.n_tok = n_tok;
+  C.n_old = L.n_slot - n_tok;
+  C.n_blocks = (n_tok + QB - 1) / QB;
+  C.want_score = stats.accumulate;
+  C.want_window = stats.window_first < n_tok;
+  C.window_first = stats.window_first;
+  C.agg = stats.agg;
+  // Per-block tasks keep every thread busy once there are enough of them; otherwise (decoding)
+  // chunks of one block are shared out. Both give the same results.
+  AttnScratch::Shape shape;
+  shape.n_threads = pool.n_threads();
+  shape.n_head = H;
+  shape.n_head_kv = G;
+  shape.head_dim = C.hd;
+  shape.n_slot = L.n_slot;
+  shape.n_tok = n_tok;
+  shape.split_chunks =
+      pool.n_threads() > 1 && int64_t{C.n_blocks} * G < 2 * int64_t{pool.n_threads()};
+  shape.stats = C.want_score || C.want_window;
+  sc.ensure(shape);
+  if (shape.split_chunks) {
+    run_split(C, pool);
+  } else {
+    run_blocks(C, pool);
   }
 }
 
@@ -213,12 +414,14 @@ void attention_reference(const AttnInput& in, KvLayer& L, const AttnStatsRequest
         m = std::max(m, p[static_cast<size_t>(j)]);
       }
       double sum = 0.0;
-      for (int j = 0; j < n_vis; ++j) sum += (p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - m));
+      for (int j = 0; j < n_vis; ++j)
+        sum += (p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - m));
       std::vector<double> o(static_cast<size_t>(hd), 0.0);
       for (int j = 0; j < n_vis; ++j) {
         p[static_cast<size_t>(j)] /= sum;
         L.load_value(g, j, v.data());
-        for (int d = 0; d < hd; ++d) o[static_cast<size_t>(d)] += p[static_cast<size_t>(j)] * v[static_cast<size_t>(d)];
+        for (int d = 0; d < hd; ++d)
+          o[static_cast<size_t>(d)] += p[static_cast<size_t>(j)] * v[static_cast<size_t>(d)];
       }
       float* out = in.out + (static_cast<size_t>(t) * H + h) * hd;
       for (int d = 0; d < hd; ++d) out[d] = static_cast<float>(o[static_cast<size_t>(d)]);

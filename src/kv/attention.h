@@ -9,12 +9,21 @@
 //               softmax(q k^T / sqrt(d))[j]   (agg: sum, mean or max; H2O / D2O column sums)
 //   window      layer.window[g, j] += the same, but only for queries t >= window_first (SnapKV)
 //
-// Memory: no n x n matrix is built. Queries are processed in blocks of kQueryBlock; the scores of
-// one block ([block, n_head, n_slot]) and per-tile partial outputs are the only scratch, so extra
-// memory is O(n_slot) for a fixed block size, at any prompt length. Work is split into fixed tiles
-// of kTile slots per KV head, and every reduction runs in tile order, so results are bit-identical
-// for any thread count. The output is computed the same way whether or not statistics are asked
-// for (a policy that never evicts reproduces the full cache bit for bit).
+// How it runs: slots are cut into chunks of kTile slots at fixed positions (0, kTile, ...). For
+// every query row and chunk the kernel forms the chunk's scores, their maximum m_c, e = exp(s -
+// m_c), l_c = sum e and acc_c = sum e v; the chunks of a row are then merged in chunk order
+// (online softmax at chunk granularity: M = max, L and O rescaled by exp(m - M)). Only what one
+// chunk needs is ever materialised (plus, with statistics, the e values of the rows in flight), so
+// extra memory is O(n_slot) at any prompt length; no n x n matrix exists.
+// The work is split two ways with the same arithmetic: a long chunk of queries runs one task per
+// (KV head, block of kQueryBlock queries), each sweeping its chunks and merging as it goes; a
+// short one (decoding) runs one task per (KV head, chunk) so that both threads share even a single
+// query, and merges the stored chunk partials afterwards. Either way a query's output, and the
+// probabilities behind its statistics, depend only on its own scores and the fixed chunk
+// boundaries: they are bit-identical for any thread count and however tokens are grouped into
+// passes (the masked keys a longer block adds contribute exact zeros). Statistics are summed per
+// block of queries and added in query order. The output is computed the same way whether or not
+// statistics are asked for (a policy that never evicts reproduces the full cache bit for bit).
 #pragma once
 
 #include <cstdint>
@@ -43,29 +52,48 @@ struct AttnInput {
   float* out = nullptr;      // [n_tok, n_head, head_dim]
   int n_tok = 0;
   int n_head = 0;
-  float scale = 1.0f;        // usually 1 / sqrt(head_dim)
+  float scale = 1.0f;  // usually 1 / sqrt(head_dim)
 };
 
-// Reusable scratch (grows to the largest layer seen, then no allocation).
+// Reusable scratch (grows to the largest call seen, then no allocation).
 class AttnScratch {
  public:
   static constexpr int kQueryBlock = 16;
-  static constexpr int kTile = 256;
-  void ensure(int n_threads, int n_head, int head_dim, int n_slot);
+  static constexpr int kTile = 256;  // slots per chunk
+  // A KV head's group has at most this many query heads.
+  static constexpr int kMaxGroup = 64;
 
-  AlignedBuffer<float> scores;    // [block, n_head, n_slot_cap]
-  AlignedBuffer<float> tile_max;  // [block, n_head, n_tiles]
-  AlignedBuffer<float> tile_sum;  // [block, n_head, n_tiles]
-  AlignedBuffer<float> partial;   // [n_tiles, block, n_head, head_dim]
-  AlignedBuffer<float> row_max;   // [block, n_head]
-  AlignedBuffer<float> row_inv;   // [block, n_head]  1 / sum
+  struct Shape {
+    int n_threads = 1, n_head = 0, n_head_kv = 1, head_dim = 0, n_slot = 0, n_tok = 0;
+    bool split_chunks = false;  // one task per (KV head, chunk): stored chunk partials
+    bool stats = false;
+  };
+  void ensure(const Shape& s);
+
+  // Per thread (per-block tasks).
+  struct Thread {
+    AlignedBuffer<float> e;             // [rows, e_stride] exp(s - m_chunk) of a block's rows
+    AlignedBuffer<float> m_chunk;       // [rows, n_tiles] chunk maxima (statistics)
+    AlignedBuffer<float> f;             // [rows] statistics factors of one chunk
+    AlignedBuffer<float> kf, vf;        // [kTile, head_dim] F32 copies of an F16 chunk
+    AlignedBuffer<float> acc;           // [rows, head_dim] one chunk's partial outputs
+    AlignedBuffer<float> o;             // [rows, head_dim] running outputs
+    AlignedBuffer<float> m, l, cm, cl;  // [rows] running max / sum, one chunk's max / sum
+  };
+  std::vector<Thread> threads;
+  size_t e_stride = 0;  // floats per row of Thread::e
+
+  // Shared (chunk-split tasks): e [n_tok * n_head, n_slot_cap]; chunk partials
+  // [n_tiles, n_tok * n_head] (max, sum) and [n_tiles, n_tok * n_head, head_dim] (outputs).
+  AlignedBuffer<float> e_all, part_m, part_l, part_acc;
+  // Per query row [n_tok * n_head]: final max and 1 / sum (statistics).
+  AlignedBuffer<float> row_max, row_inv;
+  // Per-block column sums [n_blocks, n_head_kv, n_slot_cap] (statistics of per-block tasks).
+  AlignedBuffer<float> col_score, col_window;
   int n_slot_cap = 0;
   int n_tiles_cap = 0;
-  int n_head = 0;
-  int head_dim = 0;
-  int n_threads = 0;
-  // A KV head's group has at most this many query heads (the statistics loop's row arrays).
-  static constexpr int kMaxGroup = 64;
+  int n_blocks_cap = 0;
+  int rows_cap = 0;  // n_tok * n_head
 };
 
 void attention_forward(const AttnInput& in, KvLayer& layer, const AttnStatsRequest& stats,

@@ -58,7 +58,8 @@ void pv_scalar(const float* const* p, int n_rows, KvRows v, int n_keys, int hd, 
 }  // namespace
 
 const Kernels& scalar_kernels() {
-  static const Kernels k{scores_scalar, exp_sum_scalar, pv_scalar, detail::stats_impl};
+  static const Kernels k{scores_scalar,     detail::max_impl,         exp_sum_scalar,
+                         pv_scalar,         detail::rescale_add_impl, detail::stats_impl};
   return k;
 }
 

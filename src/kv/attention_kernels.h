@@ -1,11 +1,13 @@
 // Inner loops of the attention kernel (src/kv/attention.cpp), one table per instruction-set level:
 // portable scalar code (attention_kernels.cpp), AVX2 + FMA + F16C (attention_kernels_avx2.cpp) and
 // AVX-512 (attention_kernels_avx512.cpp). Keys and values are read straight from the cache rows
-// (F16 converted on load), so no per-tile copy is made.
+// (F16 converted on load) or from an F32 copy of a chunk; both give the same values.
 //
-// Each level is deterministic (fixed summation order), so attention results do not depend on the
-// thread count; levels differ from each other only by float rounding (tests compare each level
-// with a double-precision reference).
+// Each level is deterministic and computes every row on its own: a query row's results never
+// depend on which other rows, or how many keys past its own, are processed in the same call. The
+// attention kernel relies on this to give a query the same output whatever the thread count and
+// however its tokens are grouped into passes and blocks. Levels differ from each other only by
+// float rounding (tests compare each level with a double-precision reference).
 #pragma once
 
 #include <cstddef>
@@ -20,8 +22,6 @@ enum class ScoreAgg;  // kv/attention.h
 
 namespace attn {
 
-inline constexpr int kMaxRows = 4;  // query rows processed together
-
 // Rows of one KV head: row j at base + j * row_bytes, elements of `type`.
 struct KvRows {
   const uint8_t* base = nullptr;
@@ -29,26 +29,37 @@ struct KvRows {
   KvType type = KvType::kF16;
 };
 
+// Column statistics of one chunk of slots for the query rows of one block and one KV head.
+//   a_b[j] = agg over the group's heads hh (in order) of p[b * grp + hh][j] * f[b * grp + hh]
+//   score[j] += sum over b (in order) of a_b[j];  window[j] += the same over b >= window_from
+// The sums over b are formed first (starting from 0) and then added to score / window, so adding
+// the column sums of a block later (attention.cpp, per-block buffers) gives the same bits.
 struct StatsArgs {
-  const float* const* p = nullptr;  // [nb * grp] probability rows, (b, head-in-group) order; 0 where masked
-  const float* inv = nullptr;       // [nb * grp] 1 / row sums
+  const float* const* p = nullptr;  // [nb * grp] rows of exp(s - m_chunk), 0 where masked
+  const float* f = nullptr;         // [nb * grp] exp(m_chunk - m_row) / l_row: p * f = probability
   int nb = 0;
   int grp = 1;
-  int agg = 0;                      // static_cast<int>(ScoreAgg)
+  int agg = 0;  // static_cast<int>(ScoreAgg)
   int n_cols = 0;
-  float* score = nullptr;           // [n_cols] += (null: not asked)
-  float* window = nullptr;          // [n_cols] += for rows b >= window_from (null: not asked)
+  float* score = nullptr;   // [n_cols] += (null: not asked)
+  float* window = nullptr;  // [n_cols] += for rows b >= window_from (null: not asked)
   int window_from = 0;
 };
 
 struct Kernels {
-  // s[r][j] = scale * dot(q[r], key j) for r < n_rows (<= kMaxRows), j < n_keys.
-  void (*scores)(const float* const* q, int n_rows, KvRows k, int n_keys, int hd, float scale, float* const* s);
-  // s[j] = exp(s[j] - m) for j < n_valid, 0 for n_valid <= j < n; returns the sum of the first n_valid.
+  // s[r][j] = scale * dot(q[r], key j) for r < n_rows, j < n_keys (any n_rows).
+  void (*scores)(const float* const* q, int n_rows, KvRows k, int n_keys, int hd, float scale,
+                 float* const* s);
+  // Largest of s[0, n) (-inf for n == 0).
+  float (*max)(const float* s, int n);
+  // s[j] = exp(s[j] - m) for j < n_valid, 0 for n_valid <= j < n; returns the sum of the first
+  // n_valid.
   float (*exp_sum)(float* s, int n_valid, int n, float m);
-  // acc[r][d] = sum over j < n_keys of p[r][j] * v_j[d], for r < n_rows (<= kMaxRows).
+  // acc[r][d] = sum over j < n_keys (in order) of p[r][j] * v_j[d], for r < n_rows (any n_rows).
   void (*pv)(const float* const* p, int n_rows, KvRows v, int n_keys, int hd, float* const* acc);
-  // Column statistics of one tile (see StatsArgs).
+  // o[d] = o[d] * a + x[d] * b for d < n (two products and a sum, no fused multiply-add).
+  void (*rescale_add)(float* o, const float* x, float a, float b, int n);
+  // Column statistics of one chunk (see StatsArgs).
   void (*stats)(const StatsArgs& a);
 };
 

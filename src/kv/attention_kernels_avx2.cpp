@@ -128,7 +128,7 @@ void pv(const float* const* p, int n_rows, KvRows v, int n_keys, int hd, float* 
 }  // namespace
 
 const Kernels& avx2_kernels() {
-  static const Kernels k{scores, exp_sum, pv, detail::stats_impl};
+  static const Kernels k{scores, detail::max_impl, exp_sum, pv, detail::rescale_add_impl, detail::stats_impl};
   return k;
 }
 

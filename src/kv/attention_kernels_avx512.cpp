@@ -1,11 +1,24 @@
 // AVX-512 attention loops (see attention_kernels.h). Head dimensions that are a multiple of 16
 // use the vector code; others fall back to the scalar loops.
+//
+// Scores: the dot product of a query row and a key is one 16-lane accumulator (a product, then
+// fused multiply-adds over the head dimension in order) whose lanes are summed in a fixed tree:
+// (i, i+8), then (i, i+4), (i, i+2), (i, i+1). Two register layouts compute it:
+//   - up to 4 rows x 4 keys, keys converted into registers once for all rows (decode: few rows,
+//     F16 rows read straight from the cache);
+//   - 1 row x 16 keys, keys read from memory (prefill: many rows over an F32 copy of a chunk that
+//     sits in L1), in sub-blocks of 64 keys so the keys stay in L1 across rows.
+// Both sum the lanes of several accumulators at once with shuffles (about 3 operations per score
+// instead of 10 for a lane-by-lane reduction) and give bit-identical scores, as does the
+// one-key tail (reduce16). tests/unit/test_attention.cpp checks the three against each other.
+//
 // GCC 12 reports its own AVX-512 headers' _mm512_undefined_ps() placeholders as "maybe
 // uninitialized" once these intrinsics are inlined here: a known false positive.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "kv/attention_kernels.h"
@@ -39,33 +52,178 @@ inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// ---- the lane-sum tree ---------------------------------------------------------------------
+
+// Sum of the 16 lanes: a_i = v_i + v_(i+8), b_i = a_i + a_(i+4), c_i = b_i + b_(i+2), c_0 + c_1.
+inline float reduce16(__m512 v) {
+  const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+// Step a for two accumulators: [x lanes 0-7 + 8-15 | y lanes 0-7 + 8-15].
+inline __m512 fold_a(__m512 x, __m512 y) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(1, 0, 1, 0)),
+                       _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+// Step b for two fold_a results: 128-bit chunk k holds b_0..3 of accumulator k of (xy, zw).
+inline __m512 fold_b(__m512 xy, __m512 zw) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(xy, zw, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(xy, zw, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Sums of 4 accumulators, in lanes 0..3 of the result.
+inline __m128 reduce4x16(__m512 k0, __m512 k1, __m512 k2, __m512 k3) {
+  __m512 s = fold_b(fold_a(k0, k1), fold_a(k2, k3));
+  s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(1, 0, 3, 2)));  // c
+  s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(2, 3, 0, 1)));  // c_0 + c_1 in lane 0
+  return _mm512_castps512_ps128(
+      _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s));
+}
+
+// Sums of 16 accumulators, in key order.
+inline __m512 reduce16x16(const __m512* k) {
+  const __m512 s0 = fold_b(fold_a(k[0], k[1]), fold_a(k[2], k[3]));
+  const __m512 s1 = fold_b(fold_a(k[4], k[5]), fold_a(k[6], k[7]));
+  const __m512 s2 = fold_b(fold_a(k[8], k[9]), fold_a(k[10], k[11]));
+  const __m512 s3 = fold_b(fold_a(k[12], k[13]), fold_a(k[14], k[15]));
+  // c: per 128-bit chunk, (b0 + b2, b1 + b3) of two accumulators.
+  auto fold_c = [](__m512 x, __m512 y) {
+    const __m512d xd = _mm512_castps_pd(x), yd = _mm512_castps_pd(y);
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(xd, yd)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(xd, yd)));
+  };
+  const __m512 r1 = fold_c(s0, s1), r2 = fold_c(s2, s3);
+  const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(r1, r2, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(r1, r2, _MM_SHUFFLE(3, 1, 3, 1)));
+  // Lane 4 * c + i holds key c + 4 * i.
+  return _mm512_permutexvar_ps(
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), t);
+}
+
+// ---- scores ---------------------------------------------------------------------------------
+
+// The accumulator of one (row, key): q * k over NC 16-lane pieces, in order.
 template <int NC>
-void scores_nc(const float* const* q, int n_rows, KvRows k, int n_keys, float scale, float* const* s) {
-  __m512 qv[kMaxRows][NC];
-  for (int r = 0; r < n_rows; ++r)
-    for (int c = 0; c < NC; ++c) qv[r][c] = _mm512_loadu_ps(q[r] + 16 * c);
-  for (int j = 0; j < n_keys; ++j) {
+inline __m512 dot_acc(const float* q, const __m512* kv) {
+  __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), kv[0]);
+  for (int c = 1; c < NC; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), kv[c], acc);
+  return acc;
+}
+
+// R rows x 4 keys per step, keys in registers.
+template <int NC, int R>
+void scores_rows(const float* const* q, KvRows k, int n_keys, float scale, float* const* s) {
+  const __m128 sc = _mm_set1_ps(scale);
+  int j = 0;
+  for (; j + 4 <= n_keys; j += 4) {
+    __m512 acc[R][4];
+    for (int i = 0; i < 4; ++i) {
+      const uint8_t* row = k.base + static_cast<size_t>(j + i) * k.row_bytes;
+      __m512 kv[NC];
+      for (int c = 0; c < NC; ++c) kv[c] = load16(row, k.type, c);
+      for (int r = 0; r < R; ++r) acc[r][i] = dot_acc<NC>(q[r], kv);
+    }
+    for (int r = 0; r < R; ++r) {
+      _mm_storeu_ps(s[r] + j,
+                    _mm_mul_ps(reduce4x16(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
+    }
+  }
+  for (; j < n_keys; ++j) {
     const uint8_t* row = k.base + static_cast<size_t>(j) * k.row_bytes;
     __m512 kv[NC];
     for (int c = 0; c < NC; ++c) kv[c] = load16(row, k.type, c);
+    for (int r = 0; r < R; ++r) s[r][j] = reduce16(dot_acc<NC>(q[r], kv)) * scale;
+  }
+}
+
+// One row x 16 keys per step over F32 keys read from memory; key sub-blocks of 64 keys are
+// swept for all rows before moving on, so they stay in L1.
+template <int NC>
+void scores_many(const float* const* q, int n_rows, KvRows k, int n_keys, float scale,
+                 float* const* s) {
+  constexpr int kSub = 64;
+  const __m512 sc = _mm512_set1_ps(scale);
+  const int n16 = n_keys / 16 * 16;
+  for (int j0 = 0; j0 < n16; j0 += kSub) {
+    const int j1 = std::min(n16, j0 + kSub);
     for (int r = 0; r < n_rows; ++r) {
-      __m512 acc = _mm512_mul_ps(qv[r][0], kv[0]);
-      for (int c = 1; c < NC; ++c) acc = _mm512_fmadd_ps(qv[r][c], kv[c], acc);
-      s[r][j] = _mm512_reduce_add_ps(acc) * scale;
+      __m512 qv[NC];
+      for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(q[r] + 16 * c);
+      for (int j = j0; j < j1; j += 16) {
+        __m512 acc[16];
+        for (int i = 0; i < 16; ++i) {
+          const float* kr =
+              reinterpret_cast<const float*>(k.base + static_cast<size_t>(j + i) * k.row_bytes);
+          acc[i] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+          for (int c = 1; c < NC; ++c)
+            acc[i] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), acc[i]);
+        }
+        _mm512_storeu_ps(s[r] + j, _mm512_mul_ps(reduce16x16(acc), sc));
+      }
+    }
+  }
+  if (n16 < n_keys) {
+    KvRows tail = k;
+    tail.base += static_cast<size_t>(n16) * k.row_bytes;
+    float* st[1];
+    for (int r = 0; r < n_rows; ++r) {
+      st[0] = s[r] + n16;
+      scores_rows<NC, 1>(q + r, tail, n_keys - n16, scale, st);
     }
   }
 }
 
-void scores(const float* const* q, int n_rows, KvRows k, int n_keys, int hd, float scale, float* const* s) {
-  switch (hd) {
-    case 64: return scores_nc<4>(q, n_rows, k, n_keys, scale, s);
-    case 128: return scores_nc<8>(q, n_rows, k, n_keys, scale, s);
-    case 32: return scores_nc<2>(q, n_rows, k, n_keys, scale, s);
-    case 256:
-      for (int r = 0; r < n_rows; ++r) scores_nc<16>(q + r, 1, k, n_keys, scale, s + r);
-      return;
-    default: return scalar_kernels().scores(q, n_rows, k, n_keys, hd, scale, s);
+template <int NC>
+void scores_nc(const float* const* q, int n_rows, KvRows k, int n_keys, float scale,
+               float* const* s) {
+  // NC = 4 (head_dim 64): 4 rows x 4 keys = 16 accumulators + 4 key registers.
+  constexpr int kRows = NC <= 4 ? 4 : NC <= 8 ? 2 : 1;
+  if (k.type == KvType::kF32 && n_rows > kRows && NC <= 8) {
+    return scores_many<NC>(q, n_rows, k, n_keys, scale, s);
   }
+  int r = 0;
+  for (; r + kRows <= n_rows; r += kRows) scores_rows<NC, kRows>(q + r, k, n_keys, scale, s + r);
+  switch (n_rows - r) {
+    case 3:
+      return scores_rows<NC, 3>(q + r, k, n_keys, scale, s + r);
+    case 2:
+      return scores_rows<NC, 2>(q + r, k, n_keys, scale, s + r);
+    case 1:
+      return scores_rows<NC, 1>(q + r, k, n_keys, scale, s + r);
+    default:
+      return;
+  }
+}
+
+void scores(const float* const* q, int n_rows, KvRows k, int n_keys, int hd, float scale,
+            float* const* s) {
+  switch (hd) {
+    case 64:
+      return scores_nc<4>(q, n_rows, k, n_keys, scale, s);
+    case 128:
+      return scores_nc<8>(q, n_rows, k, n_keys, scale, s);
+    case 32:
+      return scores_nc<2>(q, n_rows, k, n_keys, scale, s);
+    case 256:
+      return scores_nc<16>(q, n_rows, k, n_keys, scale, s);
+    default:
+      return scalar_kernels().scores(q, n_rows, k, n_keys, hd, scale, s);
+  }
+}
+
+// ---- softmax pieces --------------------------------------------------------------------------
+
+float row_max(const float* s, int n) {
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  int j = 0;
+  for (; j + 16 <= n; j += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + j));
+  if (j < n) {
+    const __mmask16 mk = static_cast<__mmask16>((1u << (n - j)) - 1u);
+    m = _mm512_mask_max_ps(m, mk, m, _mm512_maskz_loadu_ps(mk, s + j));
+  }
+  return _mm512_reduce_max_ps(m);
 }
 
 float exp_sum(float* s, int n_valid, int n, float m) {
@@ -79,14 +237,17 @@ float exp_sum(float* s, int n_valid, int n, float m) {
   }
   if (j < n_valid) {
     const __mmask16 mk = static_cast<__mmask16>((1u << (n_valid - j)) - 1u);
-    const __m512 e = _mm512_maskz_mov_ps(mk, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), mv)));
+    const __m512 e =
+        _mm512_maskz_mov_ps(mk, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), mv)));
     _mm512_mask_storeu_ps(s + j, mk, e);
     sum = _mm512_add_ps(sum, e);
     j = n_valid;
   }
   for (; j < n; ++j) s[j] = 0.0f;
-  return _mm512_reduce_add_ps(sum);
+  return reduce16(sum);
 }
+
+// ---- p v -------------------------------------------------------------------------------------
 
 template <int NC, int R>
 void pv_nc(const float* const* p, KvRows v, int n_keys, float* const* acc_out) {
@@ -112,23 +273,47 @@ void pv_rows(const float* const* p, int n_rows, KvRows v, int n_keys, float* con
   constexpr int kRows = NC <= 4 ? 4 : NC <= 8 ? 2 : 1;
   int r = 0;
   for (; r + kRows <= n_rows; r += kRows) pv_nc<NC, kRows>(p + r, v, n_keys, acc + r);
-  for (; r < n_rows; ++r) pv_nc<NC, 1>(p + r, v, n_keys, acc + r);
+  switch (n_rows - r) {
+    case 3:
+      return pv_nc<NC, 3>(p + r, v, n_keys, acc + r);
+    case 2:
+      return pv_nc<NC, 2>(p + r, v, n_keys, acc + r);
+    case 1:
+      return pv_nc<NC, 1>(p + r, v, n_keys, acc + r);
+    default:
+      return;
+  }
 }
 
 void pv(const float* const* p, int n_rows, KvRows v, int n_keys, int hd, float* const* acc) {
   switch (hd) {
-    case 64: return pv_rows<4>(p, n_rows, v, n_keys, acc);
-    case 128: return pv_rows<8>(p, n_rows, v, n_keys, acc);
-    case 32: return pv_rows<2>(p, n_rows, v, n_keys, acc);
-    case 256: return pv_rows<16>(p, n_rows, v, n_keys, acc);
-    default: return scalar_kernels().pv(p, n_rows, v, n_keys, hd, acc);
+    case 64:
+      return pv_rows<4>(p, n_rows, v, n_keys, acc);
+    case 128:
+      return pv_rows<8>(p, n_rows, v, n_keys, acc);
+    case 32:
+      return pv_rows<2>(p, n_rows, v, n_keys, acc);
+    case 256:
+      return pv_rows<16>(p, n_rows, v, n_keys, acc);
+    default:
+      return scalar_kernels().pv(p, n_rows, v, n_keys, hd, acc);
   }
+}
+
+void rescale_add(float* o, const float* x, float a, float b, int n) {
+  const __m512 av = _mm512_set1_ps(a), bv = _mm512_set1_ps(b);
+  int d = 0;
+  for (; d + 16 <= n; d += 16) {
+    _mm512_storeu_ps(o + d, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(o + d), av),
+                                          _mm512_mul_ps(_mm512_loadu_ps(x + d), bv)));
+  }
+  for (; d < n; ++d) o[d] = o[d] * a + x[d] * b;
 }
 
 }  // namespace
 
 const Kernels& avx512_kernels() {
-  static const Kernels k{scores, exp_sum, pv, detail::stats_impl};
+  static const Kernels k{scores, row_max, exp_sum, pv, rescale_add, detail::stats_impl};
   return k;
 }
 

@@ -236,6 +236,36 @@ void KvCache::clear() {
   }
 }
 
+Status KvCache::copy_from(const KvCache& o) {
+  if (o.cfg_.n_layer != cfg_.n_layer || o.cfg_.n_head_kv != cfg_.n_head_kv ||
+      o.cfg_.head_dim != cfg_.head_dim || o.cfg_.type != cfg_.type) {
+    return invalid_argument("KV cache copy: the caches have different shapes or storage types");
+  }
+  if (&o == this) return {};
+  try {
+    for (size_t il = 0; il < layers_.size(); ++il) {
+      const KvLayer& S = o.layers_[il];
+      KvLayer& D = layers_[il];
+      auto copy = [](auto& dst, const auto& src) {
+        dst.resize(src.size());
+        if (src.size()) std::memcpy(dst.data(), src.data(), src.bytes());
+      };
+      copy(D.k, S.k);
+      copy(D.v, S.v);
+      copy(D.pos, S.pos);
+      copy(D.score, S.score);
+      copy(D.window, S.window);
+      copy(D.merged, S.merged);
+      D.capacity = S.capacity;
+      D.n_slot = S.n_slot;
+    }
+  } catch (const std::bad_alloc&) {
+    clear();
+    return resource_exhausted("out of memory copying a KV cache");
+  }
+  return {};
+}
+
 size_t KvCache::kv_bytes_allocated() const {
   size_t b = 0;
   for (const KvLayer& L : layers_) b += L.k.bytes() + L.v.bytes();

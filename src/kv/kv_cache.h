@@ -134,6 +134,10 @@ class KvCache {
   // Drops everything (a new conversation).
   void clear();
 
+  // Makes this cache an exact copy of `other` (same configuration required): slots, metadata and
+  // capacities. Used to save and restore a prefilled state (benchmarks, forks).
+  Status copy_from(const KvCache& other);
+
   // Bytes of key and value storage allocated (capacity) / in use (n_slot), over all layers.
   size_t kv_bytes_allocated() const;
   size_t kv_bytes_used() const;

@@ -32,6 +32,16 @@ class Sequence {
   int64_t prompt_pending() const { return prompt_pending_; }
   void set_prompt_pending(int64_t n) { prompt_pending_ = n; }
 
+  // Becomes a copy of `other`'s cache, policy state and position (the policies must be the same
+  // object: a policy state only means something to its policy).
+  Status copy_from(const Sequence& other) {
+    if (other.policy_ != policy_) return invalid_argument("Sequence copy: the sequences use different KV policies");
+    D2O_RETURN_IF_ERROR(cache_.copy_from(other.cache_));
+    state_ = other.state_;
+    n_past_ = other.n_past_;
+    return {};
+  }
+
   // Forgets everything (cache, policy state, position).
   void reset() {
     cache_.clear();

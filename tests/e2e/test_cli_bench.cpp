@@ -1,5 +1,7 @@
-// `d2o bench throughput` as a user drives it: clear errors for bad arguments, a small real run
-// with JSON output, and a policy whose requests exceed the KV cap refused while another completes.
+// `d2o bench` as a user drives it. The llama-bench-style pp/tg figures: clear errors for bad lists
+// and tests that do not fit, a small real run with JSON. `d2o bench throughput`: clear errors for
+// bad arguments, a small real run with JSON output, and a policy whose requests exceed the KV cap
+// refused while another completes.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +15,74 @@ using test::run_d2o;
 
 bool has(const std::string& s, const std::string& needle) {
   return s.find(needle) != std::string::npos;
+}
+
+TEST(CliBenchPpTg, BadListsAndTestsThatDoNotFit) {
+  struct Case {
+    std::string args, needle;
+    int code;
+  };
+  // Rejected before the model is loaded (-m points nowhere on purpose).
+  const std::vector<Case> cases = {
+      {"-d 0,x", "-d: 'x' is not a non-negative integer", 1},
+      {"-p 8-4", "-p: '8-4' is a range whose end is below its start", 1},
+      {"-n ''", "-n: empty list", 1},
+      {"-p 0 -n 0", "no tests to run", 1},
+      {"-r 0", "repetitions must be at least 1", 1},
+      {"-c 4096 -d 4096 -p 0 -n 128", "tg128 @ d4096 needs 4224 tokens of context", 1},
+      {"--kv nonsense", "unknown KV policy", 1},
+      {"--kv-type q4", "f16 or f32", 1},
+      {"--no-such-flag", "no-such-flag", 2},
+  };
+  for (const Case& c : cases) {
+    auto r = run_d2o("bench -m /nonexistent.gguf " + c.args);
+    EXPECT_EQ(r.exit_code, c.code) << c.args << "\n" << r.output;
+    EXPECT_TRUE(has(r.output, c.needle)) << c.args << "\n" << r.output;
+    EXPECT_FALSE(has(r.output, "internal invariant")) << r.output;
+  }
+}
+
+TEST(CliBenchPpTg, SmallRunAtADepthPerPolicyWritesJson) {
+  D2O_REQUIRE_MODEL(model);
+  const std::string text = ::testing::TempDir() + "/bench_pptg.txt";
+  {
+    std::FILE* f = std::fopen(text.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    for (int i = 0; i < 200; ++i)
+      std::fprintf(f, "Line %d of a plain text that the benchmark reads for its depth.\n", i);
+    std::fclose(f);
+  }
+  // A text that is too short for the depth is a clear error naming the file.
+  auto r = run_d2o("bench -m " + model + " -f " + text + " -p 0 -n 4 -d 100000 -r 1 -t 1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(has(r.output, "give a longer file with -f")) << r.output;
+
+  const std::string json = ::testing::TempDir() + "/bench_pptg.json";
+  r = run_d2o("bench -m " + model + " -f " + text +
+              " -p 32 -n 4 -d 0,200 -r 2 -t 1 --kv full --kv d2o:ratio=0.2 --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "tg4 @ d200")) << r.output;
+  EXPECT_TRUE(has(r.output, "d2o:ratio=0.2")) << r.output;
+  const auto j = nlohmann::json::parse(test::read_file(json), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << test::read_file(json);
+  // SmolLM2-135M: 30 layers x 3 KV heads x 64 dims x (K + V) x 2 bytes (F16).
+  EXPECT_EQ(j["kv_bytes_per_token"], 30 * 3 * 64 * 2 * 2);
+  ASSERT_EQ(j["results"].size(), 8u);  // 2 policies x 2 depths x (pp, tg)
+  for (const auto& x : j["results"]) {
+    SCOPED_TRACE(x.dump());
+    EXPECT_EQ(x["samples_s"].size(), 2u);
+    EXPECT_GT(x["avg_ts"].get<double>(), 0.0);
+    const int64_t depth = x["depth"], n = x["n"];
+    EXPECT_EQ(x["kv_bytes_full"], 30 * 3 * (depth + n) * 64 * 2 * 2);
+    if (x["kv"] == "full") {
+      EXPECT_EQ(x["slots"], 30 * (depth + n));  // per KV head, summed over layers
+    } else if (depth == 200) {
+      // 20% of the depth's slots are kept (D2O varies the budget per layer; the total is fixed
+      // within rounding), and decoding holds that budget.
+      EXPECT_LT(x["slots_after_depth"].get<int64_t>(), 30 * 200 / 4);
+      EXPECT_LT(x["slots"].get<int64_t>(), 30 * 200 / 4 + 30 * n);
+    }
+  }
 }
 
 TEST(CliBench, BadArgumentsGiveClearErrors) {
@@ -43,9 +113,8 @@ TEST(CliBench, BadArgumentsGiveClearErrors) {
     EXPECT_TRUE(has(r.output, c.needle)) << c.args << "\n" << r.output;
     EXPECT_FALSE(has(r.output, "internal invariant")) << r.output;
   }
-  auto r = run_d2o("bench");
+  auto r = run_d2o("bench throughput --no-such-flag");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(has(r.output, "subcommand is required")) << r.output;
   const std::string text = ::testing::TempDir() + "/bench_text.txt";
   std::FILE* f = std::fopen(text.c_str(), "w");
   ASSERT_NE(f, nullptr);

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "kv/attention.h"
+#include "kv/attention_kernels.h"
 #include "kv/kv_cache.h"
 
 namespace d2o {
@@ -41,8 +42,9 @@ std::vector<float> fill(KvCache& cache, const Case& c, uint32_t seed) {
 }
 
 void run_case(const Case& c) {
-  SCOPED_TRACE("H=" + std::to_string(c.n_head) + " G=" + std::to_string(c.n_head_kv) + " old=" +
-               std::to_string(c.n_old) + " tok=" + std::to_string(c.n_tok) + " agg=" + score_agg_name(c.agg));
+  SCOPED_TRACE("H=" + std::to_string(c.n_head) + " G=" + std::to_string(c.n_head_kv) +
+               " old=" + std::to_string(c.n_old) + " tok=" + std::to_string(c.n_tok) +
+               " agg=" + score_agg_name(c.agg));
   KvCacheConfig cfg{1, c.n_head_kv, c.head_dim, c.type};
   KvCache ref_cache(cfg), cache(cfg);
   auto q = fill(ref_cache, c, 7);
@@ -53,43 +55,47 @@ void run_case(const Case& c) {
   req.window_first = c.window_first;
   const size_t out_n = static_cast<size_t>(c.n_tok) * c.n_head * c.head_dim;
   std::vector<float> out_ref(out_n), out(out_n);
-  AttnInput in{q.data(), out_ref.data(), c.n_tok, c.n_head, 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+  AttnInput in{q.data(), out_ref.data(), c.n_tok, c.n_head,
+               1.0f / std::sqrt(static_cast<float>(c.head_dim))};
   attention_reference(in, ref_cache.layer(0), req);
 
   for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
-  if (!kernel_isa_available(isa)) continue;
-  SCOPED_TRACE(kernel_isa_name(isa));
-  std::vector<float> first_out, first_score, first_window;
-  for (int threads : {1, 2, 3}) {
-    KvCache run_cache(cfg);
-    fill(run_cache, c, 7);
-    ThreadPool pool(threads);
-    AttnScratch scratch;
-    in.out = out.data();
-    attention_forward_isa(in, run_cache.layer(0), req, pool, scratch, isa);
-    const KvLayer& L = run_cache.layer(0);
-    const KvLayer& R = ref_cache.layer(0);
-    for (size_t i = 0; i < out_n; ++i) ASSERT_NEAR(out[i], out_ref[i], 2e-5f * (1.0f + std::fabs(out_ref[i]))) << i;
-    std::vector<float> score, window;
-    for (int g = 0; g < c.n_head_kv; ++g) {
-      for (int j = 0; j < L.n_slot; ++j) {
-        const size_t m = L.meta_index(g, j);
-        ASSERT_NEAR(L.score[m], R.score[R.meta_index(g, j)], 1e-5f * (1.0f + R.score[R.meta_index(g, j)])) << g << "," << j;
-        ASSERT_NEAR(L.window[m], R.window[R.meta_index(g, j)], 1e-5f) << g << "," << j;
-        score.push_back(L.score[m]);
-        window.push_back(L.window[m]);
+    if (!kernel_isa_available(isa)) continue;
+    SCOPED_TRACE(kernel_isa_name(isa));
+    std::vector<float> first_out, first_score, first_window;
+    for (int threads : {1, 2, 3}) {
+      KvCache run_cache(cfg);
+      fill(run_cache, c, 7);
+      ThreadPool pool(threads);
+      AttnScratch scratch;
+      in.out = out.data();
+      attention_forward_isa(in, run_cache.layer(0), req, pool, scratch, isa);
+      const KvLayer& L = run_cache.layer(0);
+      const KvLayer& R = ref_cache.layer(0);
+      for (size_t i = 0; i < out_n; ++i)
+        ASSERT_NEAR(out[i], out_ref[i], 2e-5f * (1.0f + std::fabs(out_ref[i]))) << i;
+      std::vector<float> score, window;
+      for (int g = 0; g < c.n_head_kv; ++g) {
+        for (int j = 0; j < L.n_slot; ++j) {
+          const size_t m = L.meta_index(g, j);
+          ASSERT_NEAR(L.score[m], R.score[R.meta_index(g, j)],
+                      1e-5f * (1.0f + R.score[R.meta_index(g, j)]))
+              << g << "," << j;
+          ASSERT_NEAR(L.window[m], R.window[R.meta_index(g, j)], 1e-5f) << g << "," << j;
+          score.push_back(L.score[m]);
+          window.push_back(L.window[m]);
+        }
+      }
+      if (threads == 1) {
+        first_out = out;
+        first_score = score;
+        first_window = window;
+      } else {
+        EXPECT_EQ(out, first_out) << "output differs between 1 and " << threads << " threads";
+        EXPECT_EQ(score, first_score);
+        EXPECT_EQ(window, first_window);
       }
     }
-    if (threads == 1) {
-      first_out = out;
-      first_score = score;
-      first_window = window;
-    } else {
-      EXPECT_EQ(out, first_out) << "output differs between 1 and " << threads << " threads";
-      EXPECT_EQ(score, first_score);
-      EXPECT_EQ(window, first_window);
-    }
-  }
   }
 }
 
@@ -148,6 +154,100 @@ TEST(Attention, StatisticsDoNotChangeTheOutput) {
   attention_forward({q.data(), oa.data(), 9, 6, 0.17f}, a.layer(0), none, pool, s1);
   attention_forward({q.data(), ob.data(), 9, 6, 0.17f}, b.layer(0), all, pool, s2);
   EXPECT_EQ(oa, ob);
+}
+
+// The score kernels have several register layouts (few rows with keys in registers, many rows over
+// F32 keys from memory, a one-key tail); they must give the same bits for a row whatever layout
+// computed it, or a query's output would depend on how many rows shared its call.
+TEST(Attention, ScoreLayoutsAgreeBitForBit) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (!kernel_isa_available(isa)) continue;
+    const attn::Kernels& k = attn::kernels_for(isa);
+    for (int hd : {32, 64, 128, 256}) {
+      SCOPED_TRACE(std::string(kernel_isa_name(isa)) + " hd=" + std::to_string(hd));
+      const int n_keys = 83, n_rows = 13;  // odd sizes: every tail runs
+      std::vector<float> keys(static_cast<size_t>(n_keys) * hd),
+          q(static_cast<size_t>(n_rows) * hd);
+      for (auto& x : keys) x = nd(rng);
+      for (auto& x : q) x = nd(rng);
+      attn::KvRows rows{reinterpret_cast<const uint8_t*>(keys.data()), sizeof(float) * hd,
+                        KvType::kF32};
+      std::vector<float> all(static_cast<size_t>(n_rows) * n_keys), one(all.size());
+      std::vector<const float*> qp(n_rows);
+      std::vector<float*> sp(n_rows), op(n_rows);
+      for (int r = 0; r < n_rows; ++r) {
+        qp[r] = q.data() + static_cast<size_t>(r) * hd;
+        sp[r] = all.data() + static_cast<size_t>(r) * n_keys;
+        op[r] = one.data() + static_cast<size_t>(r) * n_keys;
+      }
+      k.scores(qp.data(), n_rows, rows, n_keys, hd, 0.3f, sp.data());
+      for (int r = 0; r < n_rows; ++r) {
+        // One row at a time, keys in pieces of 5 (the tail paths).
+        for (int j = 0; j < n_keys; j += 5) {
+          attn::KvRows part = rows;
+          part.base += static_cast<size_t>(j) * rows.row_bytes;
+          float* dst = op[r] + j;
+          k.scores(&qp[r], 1, part, std::min(5, n_keys - j), hd, 0.3f, &dst);
+        }
+      }
+      EXPECT_EQ(all, one);
+    }
+  }
+}
+
+// A query's output must not depend on how the tokens were grouped into passes, nor on the thread
+// count (the same query in a one-pass prompt, a chunked prompt or a decode step), and statistics
+// must not either when passes start on query-block boundaries (their column sums are added per
+// block of queries).
+TEST(Attention, ResultsDoNotDependOnPassesOrThreads) {
+  const int H = 9, G = 3, hd = 64, n_old = 300, n_new = 70;
+  for (KvType type : {KvType::kF16, KvType::kF32}) {
+    Case c{H, G, hd, n_old, n_new, type, ScoreAgg::kSum, 1 << 30};
+    KvCacheConfig cfg{1, G, hd, type};
+    struct Run {
+      std::vector<int> passes;
+      int threads;
+      bool aligned;  // passes start on multiples of the query block
+    };
+    const std::vector<Run> runs = {{{70}, 1, true},
+                                   {{70}, 2, true},
+                                   {{16, 32, 22}, 2, true},
+                                   {{16, 16, 16, 16, 6}, 3, true},
+                                   {{1, 5, 17, 3, 44}, 2, false},
+                                   {std::vector<int>(70, 1), 2, false}};
+    std::vector<float> out0, score0;
+    for (const Run& run : runs) {
+      KvCache cache(cfg);
+      auto q = fill(cache, c, 9);
+      KvLayer& L = cache.layer(0);
+      std::vector<float> out(static_cast<size_t>(n_new) * H * hd);
+      ThreadPool pool(run.threads);
+      AttnScratch scratch;
+      AttnStatsRequest req;
+      req.accumulate = true;
+      int done = 0;
+      for (int n : run.passes) {
+        L.n_slot = n_old + done + n;  // the pass's keys are the last n slots
+        AttnInput in{q.data() + static_cast<size_t>(done) * H * hd,
+                     out.data() + static_cast<size_t>(done) * H * hd, n, H, 0.125f};
+        attention_forward(in, L, req, pool, scratch);
+        done += n;
+      }
+      std::vector<float> score(L.score.data(), L.score.data() + L.score.size());
+      if (out0.empty()) {
+        out0 = out;
+        score0 = score;
+        continue;
+      }
+      EXPECT_EQ(out, out0) << "passes " << run.passes.size() << ", " << run.threads << " threads";
+      if (run.aligned) {
+        EXPECT_EQ(score, score0) << "passes " << run.passes.size() << ", " << run.threads
+                                 << " threads";
+      }
+    }
+  }
 }
 
 }  // namespace

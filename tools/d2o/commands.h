@@ -20,6 +20,8 @@ Action add_run_command(CLI::App& app);
 Action add_chat_command(CLI::App& app);
 Action add_perplexity_command(CLI::App& app);
 Action add_bench_command(CLI::App& app);
+// `throughput`, a subcommand of `bench` (registered by add_bench_command).
+Action add_bench_throughput_command(CLI::App& bench);
 
 // Prints "d2o: error: <status>" to stderr and returns 1.
 int fail(const Status& status);
@@ -27,5 +29,8 @@ int fail(const Status& status);
 // The model used when -m is not given: $D2O_MODEL, else the file the setup step fetched
 // ($D2O_CACHE_DIR/models/..., default <source>/cache/models/...).
 std::string default_model_path();
+
+// The text used when -f is not given: $D2O_CACHE_DIR/texts/kjv.txt (default <source>/cache/...).
+std::string default_text_path();
 
 }  // namespace d2o::cli

@@ -23,6 +23,12 @@ std::string default_model_path() {
   return cache + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
+std::string default_text_path() {
+  std::string cache = D2O_DEFAULT_CACHE_DIR;
+  if (const char* c = std::getenv("D2O_CACHE_DIR"); c && *c) cache = c;
+  return cache + "/texts/kjv.txt";
+}
+
 }  // namespace d2o::cli
 
 int main(int argc, char** argv) {
