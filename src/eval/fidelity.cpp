@@ -101,7 +101,8 @@ Result<FidelityResult> run_fidelity(Engine& engine, std::span<const TokenId> tok
       const TokenId target = tokens[at + 1];
       log_softmax(logits.data(), nv, ref_logp);
       const TokenId ref_top = argmax(logits.data(), nv);
-      const double nll_full = -ref_logp[static_cast<size_t>(target)];
+      // The same function as the cases' NLL, so identical logits give identical NLLs.
+      const double nll_full = -log_prob(logits.data(), nv, target);
       // Cases are independent: spread them over the engine's threads (results do not depend on
       // the thread count; each case writes only its own slot).
       engine.pool().parallel_for(static_cast<int64_t>(n_cases), 1, [&](int64_t b, int64_t e, int) {

@@ -251,6 +251,22 @@ Status write_stream_ppl_report(const StreamPplResult& r, const StreamPplParams& 
     runs.push_back(jr);
   }
   j["runs"] = runs;
+  // D2O against every other policy at the same capacity, paired by position over the tail
+  // (positions >= capacity): mean of nll_d2o - nll_other and its batch-means standard error.
+  nlohmann::json cmp = nlohmann::json::array();
+  for (const StreamPplRun& a : r.runs) {
+    if (spec_preset(a.spec) != "d2o" || a.capacity == 0) continue;
+    for (const StreamPplRun& b : r.runs) {
+      if (&a == &b || b.capacity != a.capacity) continue;
+      const size_t from = std::min(a.nll.size(), static_cast<size_t>(a.capacity));
+      std::vector<double> d;
+      for (size_t i = from; i < a.nll.size(); ++i) d.push_back(static_cast<double>(a.nll[i]) - b.nll[i]);
+      const MeanSe m = batch_means_se(d, kNllBlock);
+      cmp.push_back({{"capacity", a.capacity}, {"a", a.label}, {"a_spec", a.spec}, {"b", b.label},
+                     {"b_spec", b.spec}, {"delta_nll", m.mean}, {"se", m.se}, {"n", m.n}});
+    }
+  }
+  j["comparisons"] = cmp;
 
   // Markdown.
   std::string md = "# Perplexity with a fixed-capacity cache (`d2o eval ppl`)\n\n";

@@ -348,7 +348,7 @@ Action add_eval_ppl(CLI::App* eval) {
 }
 
 Action add_eval_command(CLI::App& app) {
-  CLI::App* ev = app.add_subcommand("eval", "Evaluate KV policies: ppl, fidelity, niah, ablate");
+  CLI::App* ev = app.add_subcommand("eval", "Evaluate KV policies: ppl, fidelity, niah, ablate (and summary)");
   ev->require_subcommand(1);
   std::vector<std::pair<CLI::App*, Action>> subs;
   auto keep = [&](Action a) { subs.emplace_back(ev->get_subcommands({}).back(), std::move(a)); };
@@ -356,6 +356,7 @@ Action add_eval_command(CLI::App& app) {
   keep(add_eval_fidelity(ev));
   keep(add_eval_niah(ev));
   keep(add_eval_ablate(ev));
+  keep(add_eval_summary(ev));
   return [subs] {
     for (const auto& [sub, action] : subs) {
       if (sub->parsed()) return action();

@@ -72,10 +72,12 @@ std::string ratio_label(double r);
 Result<std::vector<eval::FidelityCase>> fidelity_cases(const std::vector<std::string>& policies,
                                                        const std::vector<double>& ratios);
 
-// Sub-subcommands (cmd_eval.cpp: ppl, fidelity; cmd_eval_niah.cpp: niah; cmd_eval_ablate.cpp).
+// Sub-subcommands (cmd_eval.cpp: ppl, fidelity; cmd_eval_niah.cpp; cmd_eval_ablate.cpp;
+// cmd_eval_summary.cpp).
 Action add_eval_ppl(CLI::App* eval);
 Action add_eval_fidelity(CLI::App* eval);
 Action add_eval_niah(CLI::App* eval);
 Action add_eval_ablate(CLI::App* eval);
+Action add_eval_summary(CLI::App* eval);
 
 }  // namespace d2o::cli
