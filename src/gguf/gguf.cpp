@@ -239,6 +239,16 @@ Result<std::unique_ptr<GgufFile>> GgufFile::from_memory(const uint8_t* data, siz
   return f;
 }
 
+void GgufFile::release_pages(const GgufTensorInfo& t) const {
+  if (!owns_mapping_ || t.n_bytes == 0) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(tensor_data(t));
+  const uintptr_t end = begin + t.n_bytes;
+  const uintptr_t first = (begin + page - 1) / page * page;  // whole pages inside the tensor only
+  const uintptr_t last = end / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 GgufFile::~GgufFile() {
   if (owns_mapping_ && base_) ::munmap(const_cast<uint8_t*>(base_), size_);
 }

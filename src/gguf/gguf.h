@@ -108,6 +108,10 @@ class GgufFile {
   const GgufTensorInfo* find_tensor(std::string_view name) const;
   // Pointer to a tensor's bytes inside the mapping (valid while this object lives).
   const uint8_t* tensor_data(const GgufTensorInfo& t) const { return base_ + data_offset_ + t.offset; }
+  // Tells the OS that a tensor's pages will not be read again (after its bytes were copied), so
+  // loading a model does not hold the file's pages and the copies resident at the same time. The
+  // data stays readable (pages are re-read from the file if touched). No-op for memory buffers.
+  void release_pages(const GgufTensorInfo& t) const;
 
  private:
   GgufFile() = default;

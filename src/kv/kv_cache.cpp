@@ -84,13 +84,36 @@ Status KvCache::reserve(int il, int n_slots, bool exact) {
   KvLayer& L = layers_[static_cast<size_t>(il)];
   if (n_slots <= L.capacity && !exact) return {};
   if (exact && n_slots == L.capacity) return {};
+  if (slot_limit_ > 0 && n_slots > slot_limit_) {
+    return resource_exhausted("KV cache layer " + std::to_string(il) + " needs " +
+                              std::to_string(n_slots) + " slots per head, above its limit of " +
+                              std::to_string(slot_limit_) +
+                              " (the memory reserved for this sequence)");
+  }
   int cap = n_slots;
   if (!exact) {
     // Grow by at least a quarter (and 256 slots) so that appending token by token copies each
-    // slot O(1) times overall.
+    // slot O(1) times overall; never past the limit.
     cap = std::max(n_slots, L.capacity + std::max(256, L.capacity / 4));
+    if (slot_limit_ > 0) cap = std::min(cap, slot_limit_);
   }
   return reallocate(il, std::max(cap, L.n_slot));
+}
+
+Status KvCache::set_slot_limit(int max_slots) {
+  if (max_slots < 0) return invalid_argument("KV slot limit must be >= 0 (0: none)");
+  if (max_slots > 0) {
+    for (int il = 0; il < cfg_.n_layer; ++il) {
+      if (layers_[static_cast<size_t>(il)].capacity > max_slots) {
+        return invalid_argument("KV cache layer " + std::to_string(il) + " already holds " +
+                                std::to_string(layers_[static_cast<size_t>(il)].capacity) +
+                                " slots per head, above the requested limit of " +
+                                std::to_string(max_slots));
+      }
+    }
+  }
+  slot_limit_ = max_slots;
+  return {};
 }
 
 Status KvCache::shrink_to_fit(int slack) {
@@ -175,21 +198,29 @@ void KvCache::apply(int il, const CompactionPlan& plan) {
     t = e;
   }
 
-  // 2. Gather kept slots to the front, in order (keep is ascending, so in place is safe).
+  // 2. Gather kept slots to the front, in order (keep is ascending, so moving forward in place is
+  //    safe). Runs of consecutive kept slots move with one memmove each: a decode step evicts one
+  //    slot per head, so this is usually one long run.
   const size_t rb = L.row_bytes();
   for (int h = 0; h < L.n_head_kv; ++h) {
     const int32_t* keep = plan.keep_of(h);
-    for (int i = 0; i < plan.n_keep; ++i) {
+    int i = 0;
+    while (i < plan.n_keep) {
       const int j = keep[i];
       D2O_ASSERT(j >= i && j < L.n_slot && (i == 0 || j > keep[i - 1]));
-      if (j == i) continue;
-      std::memcpy(L.key_row(h, i), L.key_row(h, j), rb);
-      std::memcpy(L.value_row(h, i), L.value_row(h, j), rb);
-      const size_t a = L.meta_index(h, i), b = L.meta_index(h, j);
-      L.pos[a] = L.pos[b];
-      L.score[a] = L.score[b];
-      L.window[a] = L.window[b];
-      L.merged[a] = L.merged[b];
+      int run = 1;
+      while (i + run < plan.n_keep && keep[i + run] == j + run) ++run;
+      if (j != i) {
+        const size_t n = static_cast<size_t>(run);
+        std::memmove(L.key_row(h, i), L.key_row(h, j), n * rb);
+        std::memmove(L.value_row(h, i), L.value_row(h, j), n * rb);
+        const size_t a = L.meta_index(h, i), b = L.meta_index(h, j);
+        std::memmove(&L.pos[a], &L.pos[b], n * sizeof(int32_t));
+        std::memmove(&L.score[a], &L.score[b], n * sizeof(float));
+        std::memmove(&L.window[a], &L.window[b], n * sizeof(float));
+        std::memmove(&L.merged[a], &L.merged[b], n * sizeof(int32_t));
+      }
+      i += run;
     }
   }
   L.n_slot = plan.n_keep;
@@ -229,6 +260,15 @@ size_t KvCache::full_kv_bytes(int64_t n_tokens) const {
   const size_t eb = cfg_.type == KvType::kF16 ? 2 : 4;
   return 2 * static_cast<size_t>(cfg_.n_layer) * static_cast<size_t>(cfg_.n_head_kv) *
          static_cast<size_t>(cfg_.head_dim) * eb * static_cast<size_t>(n_tokens);
+}
+
+size_t KvCache::bytes_for_slots(const KvCacheConfig& cfg, int64_t slots) {
+  const size_t eb = cfg.type == KvType::kF16 ? 2 : 4;
+  // Per slot and KV head: a key and a value row, and pos, score, window, merged (4 bytes each).
+  const size_t per_slot =
+      2 * static_cast<size_t>(cfg.head_dim) * eb + 2 * sizeof(int32_t) + 2 * sizeof(float);
+  return static_cast<size_t>(cfg.n_layer) * static_cast<size_t>(cfg.n_head_kv) *
+         static_cast<size_t>(slots) * per_slot;
 }
 
 }  // namespace d2o

@@ -107,9 +107,15 @@ class KvCache {
   const KvLayer& layer(int il) const { return layers_[static_cast<size_t>(il)]; }
 
   // Makes room for `n_slots` slots per head in layer il, keeping the contents. Growth is
-  // geometric (amortised O(1) copies per appended token); `exact` asks for exactly n_slots
-  // (used after compaction to hand memory back).
+  // geometric (amortised O(1) copies per appended token) up to the slot limit; `exact` asks for
+  // exactly n_slots (used after compaction to hand memory back). Asking for more slots than the
+  // limit is an error (resource_exhausted), never a silent overcommit.
   Status reserve(int il, int n_slots, bool exact);
+  // Caps every layer's capacity at `max_slots` per head (0: no limit), so the cache never
+  // allocates more than bytes_for_slots(config(), max_slots): a memory pool reserves that much
+  // for the sequence (runtime/kv_pool.h). Layers already above the limit are an error.
+  Status set_slot_limit(int max_slots);
+  int slot_limit() const { return slot_limit_; }
   // Shrinks every layer's allocation to its n_slot + `slack` if it holds more than that.
   Status shrink_to_fit(int slack);
   // After a compaction: hands back memory of layers holding more than n_slot + slack + a small
@@ -135,10 +141,15 @@ class KvCache {
   size_t meta_bytes_allocated() const;
   // Bytes the keys and values of n tokens take in a full cache of this configuration.
   size_t full_kv_bytes(int64_t n_tokens) const;
+  // Bytes a cache of configuration `cfg` allocates when every layer has a capacity of `slots`
+  // per KV head: keys, values and slot metadata (what kv_bytes_allocated() +
+  // meta_bytes_allocated() report for that capacity).
+  static size_t bytes_for_slots(const KvCacheConfig& cfg, int64_t slots);
 
  private:
   Status reallocate(int il, int new_capacity);
   KvCacheConfig cfg_;
+  int slot_limit_ = 0;  // 0: none
   std::vector<KvLayer> layers_;
   std::vector<float> tmp_k_, tmp_v_, acc_k_, acc_v_;  // merge scratch [head_dim]
 };

@@ -10,6 +10,7 @@
 // counters) lives in the PolicyState the sequence owns.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -36,6 +37,11 @@ struct PassInfo {
   int n_tokens = 0;         // tokens in this pass
   int64_t n_past = 0;       // tokens of the sequence processed so far, this pass included
   bool first_pass = false;  // the sequence's first pass (its prompt, in prompt-then-compress)
+  // Chunked prefill: prompt tokens that later passes will still bring (0 when this pass ends the
+  // prompt, or is a decode step). A ratio policy's first compaction (prompt-then-compress) waits
+  // for the pass with prompt_rest == 0, so a prompt prefilled in chunks is compressed once, as a
+  // whole, exactly like a prompt prefilled in one pass.
+  int64_t prompt_rest = 0;
   const RopeParams* rope = nullptr;  // the model's RoPE (to re-rotate keys when shifting positions)
   // Optional: layers are planned in parallel on it (results never depend on the thread count).
   ThreadPool* pool = nullptr;
@@ -49,6 +55,14 @@ struct PolicyScratch {
   std::vector<int32_t> i;   // slot index lists
   std::vector<int32_t> i2;  // evicted lists, nearest neighbours, merge groups
   std::vector<double> d;    // double accumulators (budgets, CaM running sums)
+};
+
+// How a sequence will be fed (KvPolicy::peak_slots_for).
+struct FeedPlan {
+  int64_t n_prompt = 0;   // prompt tokens
+  int64_t n_total = 0;    // prompt + generated tokens
+  int prompt_chunk = 1;   // longest prompt pass
+  int decode_chunk = 1;   // longest pass after the prompt
 };
 
 // Per-sequence mutable policy state.
@@ -94,6 +108,12 @@ class KvPolicy {
   // (prompt + generation) fed in passes of at most max_chunk tokens: admission control and
   // memory reports use it. The full cache returns n_total.
   virtual int64_t peak_slots(int64_t n_prompt, int64_t n_total, int max_chunk) const = 0;
+  // The same for a sequence fed as a scheduler feeds it: the prompt in passes of at most
+  // plan.prompt_chunk tokens, each but the last announcing the rest (PassInfo::prompt_rest, so
+  // prompt-then-compress compacts the whole prompt once), then passes of at most
+  // plan.decode_chunk tokens (1 for plain decoding). Tighter than peak_slots() when decoding
+  // token by token after a chunked prompt.
+  virtual int64_t peak_slots_for(const FeedPlan& plan) const = 0;
 };
 
 // The full cache: keeps everything.
@@ -104,6 +124,9 @@ class FullPolicy final : public KvPolicy {
   bool is_full() const override { return true; }
   Status compact(KvCache&, PolicyState&, const PassInfo&) const override { return {}; }
   int64_t peak_slots(int64_t, int64_t n_total, int) const override { return n_total; }
+  int64_t peak_slots_for(const FeedPlan& plan) const override {
+    return std::max(plan.n_prompt, plan.n_total);
+  }
 };
 
 // Parses a policy spec such as "full", "h2o:ratio=0.2", "d2o:budget=512,beta=0.7". Errors name

@@ -38,6 +38,7 @@ class TensorLoader {
     }
     if (!m.ok()) return m.status().with_context("tensor '" + name + "'");
     *out = std::move(m).value();
+    f_.release_pages(*t);
     bytes_ += out->bytes();
     return {};
   }
@@ -56,6 +57,7 @@ class TensorLoader {
     }
     out->resize(static_cast<size_t>(n));
     dequantize_row(t->type, f_.tensor_data(*t), out->data(), n);
+    f_.release_pages(*t);
     bytes_ += out->size() * sizeof(float);
     return {};
   }

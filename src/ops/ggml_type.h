@@ -56,13 +56,14 @@ struct GgmlTypeTraits {
 std::optional<GgmlTypeTraits> ggml_type_traits(uint32_t type);
 // "Q4_1", or "type#N" for an unknown number.
 std::string ggml_type_name(uint32_t type);
-inline std::string ggml_type_name(GgmlType type) { return ggml_type_name(static_cast<uint32_t>(type)); }
+inline std::string ggml_type_name(GgmlType type) {
+  return ggml_type_name(static_cast<uint32_t>(type));
+}
 
 // Bytes of a row of n elements (n must be a multiple of the block size).
 int64_t ggml_row_bytes(GgmlType type, int64_t n);
 int64_t ggml_block_size(GgmlType type);
 
-// True for the types whose weights d2o can compute with (dequantise and dot).
-bool ggml_type_is_supported_for_compute(GgmlType type);
+// Which types d2o can compute with: dequantize_supported() in ops/quant.h.
 
 }  // namespace d2o

@@ -3,6 +3,9 @@
 #include "ops/matmul.h"
 
 #include <algorithm>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 #include <cstring>
 #include <string>
 
@@ -14,7 +17,9 @@ namespace d2o {
 
 namespace {
 
-constexpr int64_t align64(int64_t v) { return (v + 63) / 64 * 64; }
+constexpr int64_t align64(int64_t v) {
+  return (v + 63) / 64 * 64;
+}
 
 // Tokens per task for long prompts: 64 tokens' activations (~40 KiB for 576 columns) stay in
 // L2 while a few tiles of weights sweep over them.
@@ -36,6 +41,21 @@ const mm::KernelTable& table_for(KernelIsa isa) {
       break;
   }
   return mm::kernels_scalar();
+}
+
+// Decode streams all weights once per token: with 4 KiB pages a 30 MB matrix spans 7500 pages and
+// TLB misses add to every DRAM access. Where transparent huge pages are opt-in ("madvise"), ask
+// for them on the 2 MiB-aligned interior of large weight buffers (before the first touch).
+void advise_huge_pages(void* data, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);
+  if (e > b) madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);  // a hint: errors ignored
+#else
+  (void)data;
+  (void)bytes;
+#endif
 }
 
 // Per-thread scratch that only ever grows (no allocation once warmed up).
@@ -68,81 +88,155 @@ Split make_split(int64_t n_units, int64_t n_tok, int n_threads) {
   return s;
 }
 
-void packed_matmul(const QMatrix& w, const float* x, int64_t n_tok, float* y, ThreadPool& pool,
-                   const mm::KernelTable& k) {
-  const mm::PackedLayout& pl = w.layout();
-  const mm::ActLayout al = mm::make_act_layout(mm::act_format_for(pl.kind), w.n_cols());
-  uint8_t* acts = act_scratch(static_cast<size_t>(n_tok * al.stride));
-  const mm::QuantizeFn quantize = k.quantize[static_cast<int>(al.format)];
-  const int64_t n_cols = w.n_cols();
-  if (n_tok * n_cols < kParallelQuantizeMin) {
-    for (int64_t t = 0; t < n_tok; ++t) quantize(al, x + t * n_cols, acts + t * al.stride);
-  } else {
-    pool.parallel_for(n_tok, 4, [&](int64_t t0, int64_t t1, int) {
-      for (int64_t t = t0; t < t1; ++t) quantize(al, x + t * n_cols, acts + t * al.stride);
-    });
-  }
+// One product ready to run: its activations quantised (integer kernels) and its grid of
+// [row units x tokens] cut into tasks.
+struct Prepared {
+  const QMatrix* w = nullptr;
+  const float* x = nullptr;
+  float* y = nullptr;
+  mm::ActLayout al;               // integer kernels only
+  const uint8_t* acts = nullptr;  // quantised x, n_tok records of al.stride bytes
+  int64_t n_units = 0;            // tiles of 16 rows, or groups of 4 rows (fp32 path)
+  Split split;
+  int64_t n_tasks = 0;
+};
 
-  const mm::TileFn fn = k.tile[static_cast<int>(pl.kind)];
+constexpr int64_t kGroupRows = 4;  // rows per fp32-path micro-tile
+
+void run_packed_task(const Prepared& c, int64_t n_tok, int64_t task, const mm::KernelTable& k) {
+  const QMatrix& w = *c.w;
+  const mm::PackedLayout& pl = w.layout();
+  const Split& s = c.split;
+  const int64_t tile0 = (task % s.n_unit_chunks) * s.unit_chunk;
+  const int64_t tile1 = std::min(pl.n_tiles, tile0 + s.unit_chunk);
+  const int64_t tok0 = (task / s.n_unit_chunks) * s.tok_chunk;
+  const int64_t tok1 = std::min(n_tok, tok0 + s.tok_chunk);
   const int64_t n_rows = w.n_rows();
-  const Split s = make_split(pl.n_tiles, n_tok, pool.n_threads());
-  pool.run(s.n_tok_chunks * s.n_unit_chunks, [&](int64_t task, int) {
-    const int64_t tile0 = (task % s.n_unit_chunks) * s.unit_chunk;
-    const int64_t tile1 = std::min(pl.n_tiles, tile0 + s.unit_chunk);
-    const int64_t tok0 = (task / s.n_unit_chunks) * s.tok_chunk;
-    const int64_t tok1 = std::min(n_tok, tok0 + s.tok_chunk);
-    mm::TileJob job;
-    job.w = &pl;
-    job.acts = &al;
-    job.y_stride = n_rows;
-    for (int64_t t = tok0; t < tok1; t += mm::kMaxTokens) {
-      job.nt = static_cast<int>(std::min<int64_t>(mm::kMaxTokens, tok1 - t));
-      job.act = acts + t * al.stride;
-      for (int64_t tile = tile0; tile < tile1; ++tile) {
-        job.tile = w.data() + tile * pl.tile_bytes;
-        job.rows = static_cast<int>(std::min<int64_t>(mm::kTileRows, n_rows - tile * mm::kTileRows));
-        job.y = y + t * n_rows + tile * mm::kTileRows;
-        fn(job);
-      }
+  const mm::TileFn fn = k.tile[static_cast<int>(pl.kind)];
+  mm::TileJob job;
+  job.w = &pl;
+  job.acts = &c.al;
+  job.y_stride = n_rows;
+  // Token groups outside, tiles inside: a task's few tiles of weights stay in L1 while every
+  // token group passes over them.
+  for (int64_t t = tok0; t < tok1; t += mm::kMaxTokens) {
+    job.nt = static_cast<int>(std::min<int64_t>(mm::kMaxTokens, tok1 - t));
+    job.act = c.acts + t * c.al.stride;
+    for (int64_t tile = tile0; tile < tile1; ++tile) {
+      job.tile = w.data() + tile * pl.tile_bytes;
+      job.rows = static_cast<int>(std::min<int64_t>(mm::kTileRows, n_rows - tile * mm::kTileRows));
+      job.y = c.y + t * n_rows + tile * mm::kTileRows;
+      fn(job);
     }
-  });
+  }
 }
 
-void f32_matmul(const QMatrix& w, const float* x, int64_t n_tok, float* y, ThreadPool& pool,
-                KernelIsa isa, const mm::KernelTable& k) {
-  constexpr int64_t kGroupRows = 4;
+void run_f32_task(const Prepared& c, int64_t n_tok, int64_t task, KernelIsa isa,
+                  const mm::KernelTable& k) {
+  const QMatrix& w = *c.w;
+  const Split& s = c.split;
   const int64_t n_rows = w.n_rows(), n_cols = w.n_cols();
-  const int64_t n_groups = (n_rows + kGroupRows - 1) / kGroupRows;
-  const Split s = make_split(n_groups, n_tok, pool.n_threads());
+  const int64_t g0 = (task % s.n_unit_chunks) * s.unit_chunk;
+  const int64_t g1 = std::min(c.n_units, g0 + s.unit_chunk);
+  const int64_t tok0 = (task / s.n_unit_chunks) * s.tok_chunk;
+  const int64_t tok1 = std::min(n_tok, tok0 + s.tok_chunk);
   const bool direct = w.type() == GgmlType::kF32;
-  pool.run(s.n_tok_chunks * s.n_unit_chunks, [&](int64_t task, int) {
-    const int64_t g0 = (task % s.n_unit_chunks) * s.unit_chunk;
-    const int64_t g1 = std::min(n_groups, g0 + s.unit_chunk);
-    const int64_t tok0 = (task / s.n_unit_chunks) * s.tok_chunk;
-    const int64_t tok1 = std::min(n_tok, tok0 + s.tok_chunk);
-    float* buf = direct ? nullptr : row_scratch(static_cast<size_t>(kGroupRows * n_cols));
-    mm::F32Job job;
-    job.x_stride = n_cols;
-    job.n = n_cols;
-    job.y_stride = n_rows;
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t r0 = g * kGroupRows;
-      job.nr = static_cast<int>(std::min(kGroupRows, n_rows - r0));
-      for (int i = 0; i < job.nr; ++i) {
-        const uint8_t* src = w.data() + (r0 + i) * w.raw_row_bytes();
-        if (direct) {
-          job.rows[i] = reinterpret_cast<const float*>(src);
-        } else {
-          dequantize_row_isa(isa, w.type(), src, buf + i * n_cols, n_cols);
-          job.rows[i] = buf + i * n_cols;
-        }
+  float* buf = direct ? nullptr : row_scratch(static_cast<size_t>(kGroupRows * n_cols));
+  mm::F32Job job;
+  job.x_stride = n_cols;
+  job.n = n_cols;
+  job.y_stride = n_rows;
+  for (int64_t g = g0; g < g1; ++g) {
+    const int64_t r0 = g * kGroupRows;
+    job.nr = static_cast<int>(std::min(kGroupRows, n_rows - r0));
+    for (int i = 0; i < job.nr; ++i) {
+      const uint8_t* src = w.data() + (r0 + i) * w.raw_row_bytes();
+      if (direct) {
+        job.rows[i] = reinterpret_cast<const float*>(src);
+      } else {
+        dequantize_row_isa(isa, w.type(), src, buf + i * n_cols, n_cols);
+        job.rows[i] = buf + i * n_cols;
       }
-      for (int64_t t = tok0; t < tok1; t += mm::kMaxTokens) {
-        job.nt = static_cast<int>(std::min<int64_t>(mm::kMaxTokens, tok1 - t));
-        job.x = x + t * n_cols;
-        job.y = y + t * n_rows + r0;
-        k.f32(job);
+    }
+    for (int64_t t = tok0; t < tok1; t += mm::kMaxTokens) {
+      job.nt = static_cast<int>(std::min<int64_t>(mm::kMaxTokens, tok1 - t));
+      job.x = c.x + t * n_cols;
+      job.y = c.y + t * n_rows + r0;
+      k.f32(job);
+    }
+  }
+}
+
+// At most this many products per matmul_many call are prepared on the stack.
+constexpr size_t kMaxCalls = 16;
+
+void matmul_many_impl(std::span<const MatmulCall> calls, int64_t n_tok, ThreadPool& pool,
+                      KernelIsa isa) {
+  D2O_ASSERT(n_tok >= 0);
+  if (n_tok == 0 || calls.empty()) return;
+  D2O_ASSERT(calls.size() <= kMaxCalls);
+  const mm::KernelTable& k = table_for(isa);
+  Prepared prep[kMaxCalls];
+
+  // Activation records: one set per distinct (x, format, n_cols); calls sharing x share them.
+  int64_t act_bytes = 0;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const MatmulCall& c = calls[i];
+    D2O_ASSERT(c.w != nullptr && c.w->n_rows() > 0 && c.x != nullptr && c.y != nullptr);
+    Prepared& p = prep[i];
+    p.w = c.w;
+    p.x = c.x;
+    p.y = c.y;
+    if (c.w->packed()) {
+      p.al = mm::make_act_layout(mm::act_format_for(c.w->layout().kind), c.w->n_cols());
+      p.n_units = c.w->layout().n_tiles;
+    } else {
+      p.n_units = (c.w->n_rows() + kGroupRows - 1) / kGroupRows;
+    }
+    p.split = make_split(p.n_units, n_tok, pool.n_threads());
+    p.n_tasks = p.split.n_tok_chunks * p.split.n_unit_chunks;
+    if (c.w->packed()) act_bytes += n_tok * p.al.stride;
+  }
+  uint8_t* scratch = act_scratch(static_cast<size_t>(act_bytes));
+  int64_t used = 0;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    Prepared& p = prep[i];
+    if (!p.w->packed()) continue;
+    for (size_t j = 0; j < i; ++j) {
+      if (prep[j].acts != nullptr && prep[j].x == p.x && prep[j].al.format == p.al.format &&
+          prep[j].al.n_cols == p.al.n_cols) {
+        p.acts = prep[j].acts;
+        break;
       }
+    }
+    if (p.acts != nullptr) continue;
+    uint8_t* acts = scratch + used;
+    used += n_tok * p.al.stride;
+    p.acts = acts;
+    const mm::QuantizeFn quantize = k.quantize[static_cast<int>(p.al.format)];
+    const int64_t n_cols = p.al.n_cols;
+    const mm::ActLayout& al = p.al;
+    const float* x = p.x;
+    if (n_tok * n_cols < kParallelQuantizeMin) {
+      for (int64_t t = 0; t < n_tok; ++t) quantize(al, x + t * n_cols, acts + t * al.stride);
+    } else {
+      pool.parallel_for(n_tok, 4, [&](int64_t t0, int64_t t1, int) {
+        for (int64_t t = t0; t < t1; ++t) quantize(al, x + t * n_cols, acts + t * al.stride);
+      });
+    }
+  }
+
+  int64_t total = 0;
+  for (size_t i = 0; i < calls.size(); ++i) total += prep[i].n_tasks;
+  const size_t n_calls = calls.size();
+  pool.run(total, [&](int64_t task, int) {
+    size_t i = 0;
+    while (task >= prep[i].n_tasks) task -= prep[i++].n_tasks;
+    D2O_ASSERT(i < n_calls);
+    if (prep[i].w->packed()) {
+      run_packed_task(prep[i], n_tok, task, k);
+    } else {
+      run_f32_task(prep[i], n_tok, task, isa, k);
     }
   });
 }
@@ -219,11 +313,13 @@ Result<QMatrix> QMatrix::from_gguf_bytes(GgmlType type, int64_t n_rows, int64_t 
   m.layout_ = mm::make_packed_layout(type, n_rows, n_cols);
   if (!m.packed()) {
     m.data_.resize(static_cast<size_t>(total));
+    advise_huge_pages(m.data_.data(), m.data_.size());
     std::memcpy(m.data_.data(), src, static_cast<size_t>(total));
     return m;
   }
   const mm::PackedLayout& l = m.layout_;
   m.data_.resize(static_cast<size_t>(l.n_tiles * l.tile_bytes));
+  advise_huge_pages(m.data_.data(), m.data_.size());
   m.data_.zero();  // padding rows and alignment gaps: zero scales contribute nothing
   const int64_t block_bytes = row_bytes / l.n_blocks;
   for (int64_t row = 0; row < n_rows; ++row) {
@@ -254,19 +350,21 @@ void QMatrix::get_row(int64_t row, float* dst) const {
 
 void matmul_isa(const QMatrix& w, const float* x, int64_t n_tok, float* y, ThreadPool& pool,
                 KernelIsa isa) {
-  D2O_ASSERT(n_tok >= 0);
-  if (n_tok == 0) return;
-  D2O_ASSERT(w.n_rows() > 0 && x != nullptr && y != nullptr);
-  const mm::KernelTable& k = table_for(isa);
-  if (w.packed()) {
-    packed_matmul(w, x, n_tok, y, pool, k);
-  } else {
-    f32_matmul(w, x, n_tok, y, pool, isa, k);
-  }
+  const MatmulCall call{&w, x, y};
+  matmul_many_impl(std::span<const MatmulCall>(&call, 1), n_tok, pool, isa);
 }
 
 void matmul(const QMatrix& w, const float* x, int64_t n_tok, float* y, ThreadPool& pool) {
   matmul_isa(w, x, n_tok, y, pool, best_kernel_isa());
+}
+
+void matmul_many(std::span<const MatmulCall> calls, int64_t n_tok, ThreadPool& pool) {
+  matmul_many_impl(calls, n_tok, pool, best_kernel_isa());
+}
+
+void matmul_many_isa(std::span<const MatmulCall> calls, int64_t n_tok, ThreadPool& pool,
+                     KernelIsa isa) {
+  matmul_many_impl(calls, n_tok, pool, isa);
 }
 
 void matmul_ref(const QMatrix& w, const float* x, int64_t n_tok, float* y) {

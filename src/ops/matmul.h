@@ -2,21 +2,22 @@
 //
 // Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights are repacked at load time (src/ops/matmul_pack.h)
 // and multiplied with integer dot products: each token's activations are quantised to 8 bits
-// (per 32 elements for the 32-element formats, per 256 with 16/32-element sums for the K formats,
-// like llama.cpp's Q8_0/Q8_1/Q8_K) and the kernels use AVX-512 VNNI (vpdpbusd) or AVX2
-// (vpmaddubsw), a 16-row x up-to-4-token micro-tile reusing each weight block for several
-// tokens. Every other supported type (F32, F16, BF16, Q5_0, Q5_1, Q2_K, Q3_K) is kept as GGUF
-// rows and multiplied by dequantising a few rows to fp32 and using fp32 dot products.
+// exactly as llama.cpp does it (Q8_0 / Q8_1 blocks of 32 with fp16 scales, Q8_K blocks of 256;
+// see matmul_kernels.h), and the kernels use AVX-512 VNNI (vpdpbusd) or AVX2 (vpmaddubsw) on a
+// 16-row x up-to-4-token micro-tile that reuses each weight block for several tokens. Every other
+// supported type (F32, F16, BF16, Q5_0, Q5_1, Q2_K, Q3_K) is kept as GGUF rows and multiplied by
+// dequantising 4 rows at a time to fp32 and using fp32 dot products.
 //
 // Numerics: the integer kernels of all levels (scalar, AVX2, AVX-512) perform the same integer
 // sums and the same float operations in the same order, so they agree bit for bit; results do
-// not depend on the thread count or on how tokens are grouped. Against the exact product
-// (matmul_ref) the error is that of 8-bit activation quantisation (about 0.5% of the row norm
-// times the activation norm, relative), as in llama.cpp.
+// not depend on the thread count or on how tokens are grouped. They equal llama.cpp's
+// ggml_mul_mat up to float summation order (tests/unit/test_matmul.cpp checks fixtures made with
+// ggml); against the exact product (matmul_ref) the error is that of the 8-bit activations.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "core/mem.h"
 #include "core/thread_pool.h"
@@ -71,6 +72,20 @@ void matmul(const QMatrix& w, const float* x, int64_t n_tok, float* y, ThreadPoo
 // The same at a given (available) kernel level; for tests and benchmarks.
 void matmul_isa(const QMatrix& w, const float* x, int64_t n_tok, float* y, ThreadPool& pool,
                 KernelIsa isa);
+// Several independent products with the same token count, run in one parallel region: e.g. the
+// Q, K and V projections of a layer, or its gate and up projections. This saves the pool's
+// per-call synchronisation (a few microseconds each, a visible share of a decode step), and calls
+// that share an x pointer quantise it once. Results are identical to separate matmul() calls.
+// At most 16 calls; the y arrays must not overlap each other or any x.
+struct MatmulCall {
+  const QMatrix* w = nullptr;
+  const float* x = nullptr;  // [n_tok, w->n_cols()]
+  float* y = nullptr;        // [n_tok, w->n_rows()]
+};
+void matmul_many(std::span<const MatmulCall> calls, int64_t n_tok, ThreadPool& pool);
+void matmul_many_isa(std::span<const MatmulCall> calls, int64_t n_tok, ThreadPool& pool,
+                     KernelIsa isa);
+
 // Scalar reference: dequantise each row to fp32 and accumulate in double. For tests.
 void matmul_ref(const QMatrix& w, const float* x, int64_t n_tok, float* y);
 

@@ -13,6 +13,10 @@
 
 #include "ops/matmul_kernels.h"
 
+// Small fixed-count loops over tokens, rows and groups must be unrolled completely so that the
+// accumulator arrays live in registers (GCC -O2 would otherwise keep them on the stack).
+#define D2O_UNROLL _Pragma("GCC unroll 16")
+
 namespace d2o::mm {
 
 namespace {
@@ -28,7 +32,9 @@ inline __m256 half8(const uint8_t* p) {
 inline __m256i load32(const uint8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
-inline __m128i load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+inline __m128i load16(const uint8_t* p) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
 
 inline void store_half(const TileJob& job, int t, int half, __m256 v) {
   float* y = job.y + t * job.y_stride + 8 * half;
@@ -68,20 +74,40 @@ void quantize_avx2(const ActLayout& l, const float* x, uint8_t* rec) {
   const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256i ones = _mm256_set1_epi16(1);
+  // Sum of 16 quantised values.
+  auto sum16 = [&](int64_t k) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * k));
+    return hsum_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(v), ones));
+  };
   const int64_t nb = l.n_cols / l.block;
   for (int64_t b = 0; b < nb; ++b) {
     const float* xb = x + b * l.block;
     __m256 vmax = _mm256_setzero_ps();
-    for (int64_t i = 0; i < l.block; i += 8) vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(xb + i), abs_mask));
+    for (int64_t i = 0; i < l.block; i += 8) {
+      vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(xb + i), abs_mask));
+    }
     const float amax = hmax_ps(vmax);
-    const float db = amax / 127.0f;
-    const float id = db != 0.0f ? 1.0f / db : 0.0f;
-    d[b] = db;
-    const __m256 vid = _mm256_set1_ps(id);
+    Q8Scale sc;
+    if (l.format == ActFormat::kQ8x32) {
+      sc = q8x32_scale(amax);
+    } else {
+      float m = 0.0f;  // the first element of largest magnitude
+      for (int64_t i = 0; amax > 0.0f && i < l.block; ++i) {
+        if (xb[i] == amax || xb[i] == -amax) {
+          m = xb[i];
+          break;
+        }
+      }
+      sc = q8x256_scale(m);
+    }
+    d[b] = sc.d;
+    const __m256 vmul = _mm256_set1_ps(sc.mul);
     for (int64_t i = 0; i < l.block; i += 32) {
       __m256i q[4];
+      D2O_UNROLL
       for (int k = 0; k < 4; ++k) {
-        __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 8 * k), vid),
+        __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 8 * k), vmul),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         r = _mm256_min_ps(_mm256_max_ps(r, lo), hi);
         q[k] = _mm256_cvttps_epi32(r);
@@ -92,25 +118,19 @@ void quantize_avx2(const ActLayout& l, const float* x, uint8_t* rec) {
       const __m256i w8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w16a, w16b), perm);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + b * l.block + i), w8);
     }
-  }
-  const __m256i ones = _mm256_set1_epi16(1);
-  auto sum16 = [&](int64_t k) {
-    const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * k)));
-    return hsum_epi32(_mm256_madd_epi16(v, ones));
-  };
-  if (l.format == ActFormat::kQ8x32) {
-    auto* qsum = reinterpret_cast<int32_t*>(rec + l.off_a);
-    auto* dsum = reinterpret_cast<float*>(rec + l.off_b);
-    for (int64_t b = 0; b < l.n_cols / 32; ++b) {
+    if (l.format == ActFormat::kQ8x32) {
       const int32_t s = sum16(2 * b) + sum16(2 * b + 1);
-      qsum[b] = s;
-      dsum[b] = d[b] * static_cast<float>(s);
+      act_a_mut<int32_t>(l, rec)[b] = s;
+      act_b_mut<float>(l, rec)[b] = q8x32_dsum(amax, s);
     }
-  } else {
-    auto* s32 = reinterpret_cast<int16_t*>(rec + l.off_a);
-    auto* s16 = reinterpret_cast<int16_t*>(rec + l.off_b);
+  }
+  if (l.format == ActFormat::kQ8x256) {
+    auto* s32 = act_a_mut<int16_t>(l, rec);
+    auto* s16 = act_b_mut<int16_t>(l, rec);
     for (int64_t k = 0; k < l.n_cols / 16; ++k) s16[k] = static_cast<int16_t>(sum16(k));
-    for (int64_t b = 0; b < l.n_cols / 32; ++b) s32[b] = static_cast<int16_t>(s16[2 * b] + s16[2 * b + 1]);
+    for (int64_t b = 0; b < l.n_cols / 32; ++b) {
+      s32[b] = static_cast<int16_t>(s16[2 * b] + s16[2 * b + 1]);
+    }
   }
 }
 
@@ -121,6 +141,7 @@ void tile_32(const TileJob& job) {
   const PackedLayout& w = *job.w;
   const ActLayout& al = *job.acts;
   const uint8_t* rec[NT];
+  D2O_UNROLL
   for (int t = 0; t < NT; ++t) rec[t] = job.act + t * al.stride;
   const uint8_t* dsec = job.tile + w.section_offset[0];
   const uint8_t* msec = job.tile + w.section_offset[1];
@@ -130,15 +151,20 @@ void tile_32(const TileJob& job) {
   const int halves = job.rows > 8 ? 2 : 1;
   for (int h = 0; h < halves; ++h) {
     __m256 acc[NT];
+    D2O_UNROLL
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < w.n_blocks; ++b) {
+      if (NT == 1 && h == 0) prefetch_ahead(w, job.tile, b);
       __m256i is[NT];
       if (kKind == PackKind::kQ8_0) {
+        D2O_UNROLL
         for (int t = 0; t < NT; ++t) is[t] = _mm256_setzero_si256();
         const uint8_t* q = qsec + 512 * b + 32 * h;
+        D2O_UNROLL
         for (int g = 0; g < 8; ++g) {
           const __m256i wv = load32(q + 64 * g);
           const __m256i aw = _mm256_abs_epi8(wv);
+          D2O_UNROLL
           for (int t = 0; t < NT; ++t) {
             const __m256i xs = _mm256_sign_epi8(bcast4(act_qs(rec[t]) + 32 * b + 4 * g), wv);
             is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), ones));
@@ -146,21 +172,28 @@ void tile_32(const TileJob& job) {
         }
       } else {
         __m256i s16[NT];
+        D2O_UNROLL
         for (int t = 0; t < NT; ++t) s16[t] = _mm256_setzero_si256();
         const uint8_t* q = qsec + 256 * b + 32 * h;
+        D2O_UNROLL
         for (int v = 0; v < 4; ++v) {
           const __m256i raw = load32(q + 64 * v);
           const __m256i lo = _mm256_and_si256(raw, m4);
           const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+          D2O_UNROLL
           for (int t = 0; t < NT; ++t) {
             const int8_t* xb = act_qs(rec[t]) + 32 * b;
             s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(lo, bcast4(xb + 4 * v)));
             s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(hi, bcast4(xb + 16 + 4 * v)));
           }
         }
+        D2O_UNROLL
         for (int t = 0; t < NT; ++t) is[t] = _mm256_madd_epi16(s16[t], ones);
       }
       const __m256 dw = half8(dsec + 32 * b + 16 * h);
+      const __m256 mw =
+          kKind == PackKind::kQ4_1 ? half8(msec + 32 * b + 16 * h) : _mm256_setzero_ps();
+      D2O_UNROLL
       for (int t = 0; t < NT; ++t) {
         __m256i isum = is[t];
         if (kKind == PackKind::kQ4_0) {
@@ -169,11 +202,11 @@ void tile_32(const TileJob& job) {
         const __m256 dwdx = _mm256_mul_ps(dw, _mm256_set1_ps(act_d(al, rec[t])[b]));
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dwdx, acc[t]);
         if (kKind == PackKind::kQ4_1) {
-          const __m256 mw = half8(msec + 32 * b + 16 * h);
           acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(act_b<float>(al, rec[t])[b]), acc[t]);
         }
       }
     }
+    D2O_UNROLL
     for (int t = 0; t < NT; ++t) store_half(job, t, h, acc[t]);
   }
 }
@@ -182,8 +215,8 @@ void tile_32(const TileJob& job) {
 
 // (s_j, s_j) int16 pairs per row from lanes holding (s_{2p}, s_{2p+1}): which = 0 or 1.
 inline __m256i dup_pair(__m256i pairs, int which) {
-  const __m256i pick0 = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0,
-                                         1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
+  const __m256i pick0 = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1,
+                                         0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
   const __m256i pick1 = _mm256_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15, 2,
                                          3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15);
   return _mm256_shuffle_epi8(pairs, which == 0 ? pick0 : pick1);
@@ -194,19 +227,23 @@ void tile_q45_k(const TileJob& job) {
   const PackedLayout& w = *job.w;
   const ActLayout& al = *job.acts;
   const uint8_t* rec[NT];
+  D2O_UNROLL
   for (int t = 0; t < NT; ++t) rec[t] = job.act + t * al.stride;
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i m10 = _mm256_set1_epi8(0x10);
   const int halves = job.rows > 8 ? 2 : 1;
   for (int h = 0; h < halves; ++h) {
     __m256 acc[NT];
+    D2O_UNROLL
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < w.n_blocks; ++b) {
+      if (NT == 1 && h == 0) prefetch_ahead(w, job.tile, b);
       const uint8_t* sc = section(w, job.tile, 2, b) + 16 * h;
       const uint8_t* mn = section(w, job.tile, 3, b) + 16 * h;
       const uint8_t* qs = section(w, job.tile, 4, b) + 32 * h;
       const uint8_t* qh = kFive ? section(w, job.tile, 5, b) + 32 * h : nullptr;
       __m256i total[NT], mins[NT];
+      D2O_UNROLL
       for (int t = 0; t < NT; ++t) total[t] = mins[t] = _mm256_setzero_si256();
       for (int p = 0; p < 4; ++p) {
         const __m256i sc16 = _mm256_cvtepu8_epi16(load16(sc + 32 * p));
@@ -218,7 +255,9 @@ void tile_q45_k(const TileJob& job) {
           // int16 partial sums: 4-bit weights allow all 8 products of a sub-block in one
           // accumulator, 5-bit ones only 4 (c = 0, 1 and c = 2, 3).
           __m256i s16a[NT], s16b[NT];
+          D2O_UNROLL
           for (int t = 0; t < NT; ++t) s16a[t] = s16b[t] = _mm256_setzero_si256();
+          D2O_UNROLL
           for (int c = 0; c < 4; ++c) {
             const __m256i raw = load32(qs + 256 * j + 64 * c);
             __m256i lo = _mm256_and_si256(raw, m4);
@@ -227,6 +266,7 @@ void tile_q45_k(const TileJob& job) {
               lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4 - c), m10));
               hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi16(hb, c), m10));
             }
+            D2O_UNROLL
             for (int t = 0; t < NT; ++t) {
               const int8_t* xs = act_qs(rec[t]) + 256 * b + 32 * j;
               __m256i& s16 = (kFive && c >= 2) ? s16b[t] : s16a[t];
@@ -234,11 +274,13 @@ void tile_q45_k(const TileJob& job) {
               s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, bcast4(xs + 16 + 4 * c)));
             }
           }
+          D2O_UNROLL
           for (int t = 0; t < NT; ++t) {
             total[t] = _mm256_add_epi32(total[t], _mm256_madd_epi16(s16a[t], scale));
             if (kFive) total[t] = _mm256_add_epi32(total[t], _mm256_madd_epi16(s16b[t], scale));
           }
         }
+        D2O_UNROLL
         for (int t = 0; t < NT; ++t) {
           const __m256i xs = bcast4(act_a<int16_t>(al, rec[t]) + 8 * b + 2 * p);
           mins[t] = _mm256_add_epi32(mins[t], _mm256_madd_epi16(mn16, xs));
@@ -246,12 +288,14 @@ void tile_q45_k(const TileJob& job) {
       }
       const __m256 dw = half8(section(w, job.tile, 0, b) + 16 * h);
       const __m256 dmin = half8(section(w, job.tile, 1, b) + 16 * h);
+      D2O_UNROLL
       for (int t = 0; t < NT; ++t) {
         const __m256 dx = _mm256_set1_ps(act_d(al, rec[t])[b]);
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[t]), _mm256_mul_ps(dw, dx), acc[t]);
         acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[t]), _mm256_mul_ps(dmin, dx), acc[t]);
       }
     }
+    D2O_UNROLL
     for (int t = 0; t < NT; ++t) store_half(job, t, h, acc[t]);
   }
 }
@@ -263,21 +307,26 @@ void tile_q6_k(const TileJob& job) {
   const PackedLayout& w = *job.w;
   const ActLayout& al = *job.acts;
   const uint8_t* rec[NT];
+  D2O_UNROLL
   for (int t = 0; t < NT; ++t) rec[t] = job.act + t * al.stride;
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i m30 = _mm256_set1_epi8(0x30);
   const int halves = job.rows > 8 ? 2 : 1;
   for (int h = 0; h < halves; ++h) {
     __m256 acc[NT];
+    D2O_UNROLL
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < w.n_blocks; ++b) {
+      if (NT == 1 && h == 0) prefetch_ahead(w, job.tile, b);
       const uint8_t* sc = section(w, job.tile, 1, b) + 16 * h;
       const uint8_t* ql = section(w, job.tile, 2, b) + 32 * h;
       const uint8_t* qh = section(w, job.tile, 3, b) + 32 * h;
       __m256i total[NT], offs[NT];
+      D2O_UNROLL
       for (int t = 0; t < NT; ++t) total[t] = offs[t] = _mm256_setzero_si256();
       for (int p = 0; p < 8; ++p) {
         const __m256i sc16 = _mm256_cvtepi8_epi16(load16(sc + 32 * p));
+        D2O_UNROLL
         for (int t = 0; t < NT; ++t) {
           const __m256i xs = bcast4(act_b<int16_t>(al, rec[t]) + 16 * b + 2 * p);
           offs[t] = _mm256_add_epi32(offs[t], _mm256_madd_epi16(sc16, xs));
@@ -287,12 +336,14 @@ void tile_q6_k(const TileJob& job) {
           const __m256i scale = dup_pair(sc16, s);
           const __m256i l0 = load32(ql + 128 * j), l1 = load32(ql + 128 * j + 64);
           const __m256i hb = load32(qh + 64 * j);
-          const __m256i w0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+          const __m256i w0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                             _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
           const __m256i w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
                                              _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
           const __m256i w2 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(hb, m30));
           const __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                              _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+          D2O_UNROLL
           for (int t = 0; t < NT; ++t) {
             const int8_t* xs = act_qs(rec[t]) + 256 * b + 16 * j;
             // 6-bit weights: two products per int16 accumulator at most.
@@ -306,12 +357,14 @@ void tile_q6_k(const TileJob& job) {
         }
       }
       const __m256 dw = half8(section(w, job.tile, 0, b) + 16 * h);
+      D2O_UNROLL
       for (int t = 0; t < NT; ++t) {
         const __m256i tot = _mm256_sub_epi32(total[t], _mm256_slli_epi32(offs[t], 5));
         const __m256 dwdx = _mm256_mul_ps(dw, _mm256_set1_ps(act_d(al, rec[t])[b]));
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), dwdx, acc[t]);
       }
     }
+    D2O_UNROLL
     for (int t = 0; t < NT; ++t) store_half(job, t, h, acc[t]);
   }
 }
@@ -321,19 +374,25 @@ void tile_q6_k(const TileJob& job) {
 template <int NR, int NT>
 void f32_tile(const F32Job& job) {
   __m256 acc[NR][NT];
-  for (int i = 0; i < NR; ++i)
-    for (int t = 0; t < NT; ++t) acc[i][t] = _mm256_setzero_ps();
+  D2O_UNROLL
+  for (int i = 0; i < NR; ++i) D2O_UNROLL
+  for (int t = 0; t < NT; ++t) acc[i][t] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 8 <= job.n; k += 8) {
     __m256 xv[NT];
+    D2O_UNROLL
     for (int t = 0; t < NT; ++t) xv[t] = _mm256_loadu_ps(job.x + t * job.x_stride + k);
+    D2O_UNROLL
     for (int i = 0; i < NR; ++i) {
       const __m256 wv = _mm256_loadu_ps(job.rows[i] + k);
+      D2O_UNROLL
       for (int t = 0; t < NT; ++t) acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);
     }
   }
+  D2O_UNROLL
   for (int t = 0; t < NT; ++t) {
     const float* x = job.x + t * job.x_stride;
+    D2O_UNROLL
     for (int i = 0; i < NR; ++i) {
       float s = hsum_ps(acc[i][t]);
       for (int64_t kk = k; kk < job.n; ++kk) s += job.rows[i][kk] * x[kk];

@@ -16,6 +16,10 @@
 
 #include "ops/matmul_kernels.h"
 
+// Small fixed-count loops over tokens, rows and groups must be unrolled completely so that the
+// accumulator arrays live in registers (GCC -O2 would otherwise keep them on the stack).
+#define D2O_UNROLL _Pragma("GCC unroll 16")
+
 namespace d2o::mm {
 
 namespace {
@@ -33,7 +37,9 @@ inline __m512i bcast4(const int16_t* p) {
 inline __m512 half16(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
-inline __m512i load64(const uint8_t* p) { return _mm512_loadu_si512(p); }
+inline __m512i load64(const uint8_t* p) {
+  return _mm512_loadu_si512(p);
+}
 inline __m256i load32(const uint8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
@@ -57,42 +63,55 @@ void quantize_avx512(const ActLayout& l, const float* x, uint8_t* rec) {
   auto* qs = reinterpret_cast<int8_t*>(rec);
   auto* d = reinterpret_cast<float*>(rec + l.off_d);
   const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  // Sum of 16 quantised values.
+  auto sum16 = [&](int64_t k) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * k));
+    return _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(v));
+  };
   const int64_t nb = l.n_cols / l.block;
   for (int64_t b = 0; b < nb; ++b) {
     const float* xb = x + b * l.block;
     __m512 vmax = _mm512_setzero_ps();
-    for (int64_t i = 0; i < l.block; i += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(xb + i)));
-    const float amax = _mm512_reduce_max_ps(vmax);
-    const float db = amax / 127.0f;
-    const float id = db != 0.0f ? 1.0f / db : 0.0f;
-    d[b] = db;
-    const __m512 vid = _mm512_set1_ps(id);
+    D2O_UNROLL
     for (int64_t i = 0; i < l.block; i += 16) {
-      __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(xb + i), vid),
+      vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(xb + i)));
+    }
+    const float amax = _mm512_reduce_max_ps(vmax);
+    Q8Scale sc;
+    if (l.format == ActFormat::kQ8x32) {
+      sc = q8x32_scale(amax);
+    } else {
+      float m = 0.0f;  // the first element of largest magnitude
+      for (int64_t i = 0; amax > 0.0f && i < l.block; ++i) {
+        if (xb[i] == amax || xb[i] == -amax) {
+          m = xb[i];
+          break;
+        }
+      }
+      sc = q8x256_scale(m);
+    }
+    d[b] = sc.d;
+    const __m512 vmul = _mm512_set1_ps(sc.mul);
+    for (int64_t i = 0; i < l.block; i += 16) {
+      __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(xb + i), vmul),
                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + b * l.block + i),
                        _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r)));
     }
-  }
-  // Sums of 16 quantised values (int8 -> int32 lanes, horizontal add).
-  auto sum16 = [&](int64_t k) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * k));
-    return _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(v));
-  };
-  if (l.format == ActFormat::kQ8x32) {
-    auto* qsum = reinterpret_cast<int32_t*>(rec + l.off_a);
-    auto* dsum = reinterpret_cast<float*>(rec + l.off_b);
-    for (int64_t b = 0; b < l.n_cols / 32; ++b) {
+    if (l.format == ActFormat::kQ8x32) {
       const int32_t s = sum16(2 * b) + sum16(2 * b + 1);
-      qsum[b] = s;
-      dsum[b] = d[b] * static_cast<float>(s);
+      act_a_mut<int32_t>(l, rec)[b] = s;
+      act_b_mut<float>(l, rec)[b] = q8x32_dsum(amax, s);
     }
-  } else {
-    auto* s32 = reinterpret_cast<int16_t*>(rec + l.off_a);
-    auto* s16 = reinterpret_cast<int16_t*>(rec + l.off_b);
+  }
+  if (l.format == ActFormat::kQ8x256) {
+    auto* s32 = act_a_mut<int16_t>(l, rec);
+    auto* s16 = act_b_mut<int16_t>(l, rec);
     for (int64_t k = 0; k < l.n_cols / 16; ++k) s16[k] = static_cast<int16_t>(sum16(k));
-    for (int64_t b = 0; b < l.n_cols / 32; ++b) s32[b] = static_cast<int16_t>(s16[2 * b] + s16[2 * b + 1]);
+    for (int64_t b = 0; b < l.n_cols / 32; ++b) {
+      s32[b] = static_cast<int16_t>(s16[2 * b] + s16[2 * b + 1]);
+    }
   }
 }
 
@@ -103,6 +122,7 @@ void tile_32(const TileJob& job) {
   const PackedLayout& w = *job.w;
   const ActLayout& al = *job.acts;
   const uint8_t* rec[NT];
+  D2O_UNROLL
   for (int t = 0; t < NT; ++t) rec[t] = job.act + t * al.stride;
   const uint8_t* dsec = job.tile + w.section_offset[0];
   const uint8_t* msec = job.tile + w.section_offset[1];  // Q4_1 only
@@ -110,26 +130,33 @@ void tile_32(const TileJob& job) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 acc[NT];
+  D2O_UNROLL
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
 
   for (int64_t b = 0; b < w.n_blocks; ++b) {
+    if (NT == 1) prefetch_ahead(w, job.tile, b);
     __m512i is[NT];
+    D2O_UNROLL
     for (int t = 0; t < NT; ++t) is[t] = _mm512_setzero_si512();
     if (kKind == PackKind::kQ8_0) {
       const uint8_t* q = qsec + 512 * b;
+      D2O_UNROLL
       for (int g = 0; g < 8; ++g) {
         // Signed weights made unsigned (+128); the excess 128 * sum(x) is removed below.
         const __m512i wv = _mm512_xor_si512(load64(q + 64 * g), sign);
+        D2O_UNROLL
         for (int t = 0; t < NT; ++t) {
           is[t] = _mm512_dpbusd_epi32(is[t], wv, bcast4(act_qs(rec[t]) + 32 * b + 4 * g));
         }
       }
     } else {
       const uint8_t* q = qsec + 256 * b;
+      D2O_UNROLL
       for (int v = 0; v < 4; ++v) {
         const __m512i raw = load64(q + 64 * v);
         const __m512i lo = _mm512_and_si512(raw, m4);
         const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+        D2O_UNROLL
         for (int t = 0; t < NT; ++t) {
           const int8_t* xb = act_qs(rec[t]) + 32 * b;
           is[t] = _mm512_dpbusd_epi32(is[t], lo, bcast4(xb + 4 * v));
@@ -139,6 +166,7 @@ void tile_32(const TileJob& job) {
     }
     const __m512 dw = half16(dsec + 32 * b);
     const __m512 mw = kKind == PackKind::kQ4_1 ? half16(msec + 32 * b) : _mm512_setzero_ps();
+    D2O_UNROLL
     for (int t = 0; t < NT; ++t) {
       __m512i isum = is[t];
       if (kKind != PackKind::kQ4_1) {
@@ -152,6 +180,7 @@ void tile_32(const TileJob& job) {
       }
     }
   }
+  D2O_UNROLL
   for (int t = 0; t < NT; ++t) store_rows(job, t, acc[t]);
 }
 
@@ -162,19 +191,23 @@ void tile_q45_k(const TileJob& job) {
   const PackedLayout& w = *job.w;
   const ActLayout& al = *job.acts;
   const uint8_t* rec[NT];
+  D2O_UNROLL
   for (int t = 0; t < NT; ++t) rec[t] = job.act + t * al.stride;
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i m10 = _mm512_set1_epi8(0x10);
   const __m512i low16 = _mm512_set1_epi32(0xFFFF);
   __m512 acc[NT];
+  D2O_UNROLL
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
 
   for (int64_t b = 0; b < w.n_blocks; ++b) {
+    if (NT == 1) prefetch_ahead(w, job.tile, b);
     const uint8_t* sc = section(w, job.tile, 2, b);
     const uint8_t* mn = section(w, job.tile, 3, b);
     const uint8_t* qs = section(w, job.tile, 4, b);
     const uint8_t* qh = kFive ? section(w, job.tile, 5, b) : nullptr;
     __m512i total[NT], mins[NT];
+    D2O_UNROLL
     for (int t = 0; t < NT; ++t) total[t] = mins[t] = _mm512_setzero_si512();
     for (int p = 0; p < 4; ++p) {
       // Lane r: (scale of sub-block 2p, scale of 2p+1) as two int16; same for the mins.
@@ -185,7 +218,9 @@ void tile_q45_k(const TileJob& job) {
         const __m512i scale = s == 0 ? _mm512_and_si512(sc16, low16) : _mm512_srli_epi32(sc16, 16);
         const __m512i h = kFive ? load64(qh + 64 * j) : _mm512_setzero_si512();
         __m512i is[NT];
+        D2O_UNROLL
         for (int t = 0; t < NT; ++t) is[t] = _mm512_setzero_si512();
+        D2O_UNROLL
         for (int c = 0; c < 4; ++c) {
           const __m512i raw = load64(qs + 256 * j + 64 * c);
           __m512i lo = _mm512_and_si512(raw, m4);
@@ -195,26 +230,33 @@ void tile_q45_k(const TileJob& job) {
             lo = or_and(lo, _mm512_slli_epi16(h, 4 - c), m10);
             hi = or_and(hi, _mm512_srli_epi16(h, c), m10);
           }
+          D2O_UNROLL
           for (int t = 0; t < NT; ++t) {
             const int8_t* xs = act_qs(rec[t]) + 256 * b + 32 * j;
             is[t] = _mm512_dpbusd_epi32(is[t], lo, bcast4(xs + 4 * c));
             is[t] = _mm512_dpbusd_epi32(is[t], hi, bcast4(xs + 16 + 4 * c));
           }
         }
-        for (int t = 0; t < NT; ++t) total[t] = _mm512_add_epi32(total[t], _mm512_mullo_epi32(is[t], scale));
+        D2O_UNROLL
+        for (int t = 0; t < NT; ++t)
+          total[t] = _mm512_add_epi32(total[t], _mm512_mullo_epi32(is[t], scale));
       }
+      D2O_UNROLL
       for (int t = 0; t < NT; ++t) {
-        mins[t] = _mm512_dpwssd_epi32(mins[t], mn16, bcast4(act_a<int16_t>(al, rec[t]) + 8 * b + 2 * p));
+        mins[t] =
+            _mm512_dpwssd_epi32(mins[t], mn16, bcast4(act_a<int16_t>(al, rec[t]) + 8 * b + 2 * p));
       }
     }
     const __m512 dw = half16(section(w, job.tile, 0, b));
     const __m512 dmin = half16(section(w, job.tile, 1, b));
+    D2O_UNROLL
     for (int t = 0; t < NT; ++t) {
       const __m512 dx = _mm512_set1_ps(act_d(al, rec[t])[b]);
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[t]), _mm512_mul_ps(dw, dx), acc[t]);
       acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins[t]), _mm512_mul_ps(dmin, dx), acc[t]);
     }
   }
+  D2O_UNROLL
   for (int t = 0; t < NT; ++t) store_rows(job, t, acc[t]);
 }
 
@@ -225,22 +267,28 @@ void tile_q6_k(const TileJob& job) {
   const PackedLayout& w = *job.w;
   const ActLayout& al = *job.acts;
   const uint8_t* rec[NT];
+  D2O_UNROLL
   for (int t = 0; t < NT; ++t) rec[t] = job.act + t * al.stride;
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i m30 = _mm512_set1_epi8(0x30);
   __m512 acc[NT];
+  D2O_UNROLL
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
 
   for (int64_t b = 0; b < w.n_blocks; ++b) {
+    if (NT == 1) prefetch_ahead(w, job.tile, b);
     const uint8_t* sc = section(w, job.tile, 1, b);
     const uint8_t* ql = section(w, job.tile, 2, b);
     const uint8_t* qh = section(w, job.tile, 3, b);
     __m512i total[NT], offs[NT];
+    D2O_UNROLL
     for (int t = 0; t < NT; ++t) total[t] = offs[t] = _mm512_setzero_si512();
     for (int p = 0; p < 8; ++p) {
       const __m512i sc16 = _mm512_cvtepi8_epi16(load32(sc + 32 * p));  // signed pairs
+      D2O_UNROLL
       for (int t = 0; t < NT; ++t) {
-        offs[t] = _mm512_dpwssd_epi32(offs[t], sc16, bcast4(act_b<int16_t>(al, rec[t]) + 16 * b + 2 * p));
+        offs[t] =
+            _mm512_dpwssd_epi32(offs[t], sc16, bcast4(act_b<int16_t>(al, rec[t]) + 16 * b + 2 * p));
       }
       for (int s = 0; s < 2; ++s) {
         const int j = 2 * p + s;
@@ -251,9 +299,12 @@ void tile_q6_k(const TileJob& job) {
         // Group u: low nibble from chunk u / 2 (nibble u % 2), high bits 2u..2u+1 of h.
         __m512i wv[4];
         wv[0] = or_and(_mm512_and_si512(l0, m4), _mm512_slli_epi16(h, 4), m30);
-        wv[1] = or_and(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_slli_epi16(h, 2), m30);
+        wv[1] =
+            or_and(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_slli_epi16(h, 2), m30);
         wv[2] = or_and(_mm512_and_si512(l1, m4), h, m30);
-        wv[3] = or_and(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4), _mm512_srli_epi16(h, 2), m30);
+        wv[3] =
+            or_and(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4), _mm512_srli_epi16(h, 2), m30);
+        D2O_UNROLL
         for (int t = 0; t < NT; ++t) {
           const int8_t* xs = act_qs(rec[t]) + 256 * b + 16 * j;
           __m512i is = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], bcast4(xs));
@@ -265,12 +316,14 @@ void tile_q6_k(const TileJob& job) {
       }
     }
     const __m512 dw = half16(section(w, job.tile, 0, b));
+    D2O_UNROLL
     for (int t = 0; t < NT; ++t) {
       const __m512i tot = _mm512_sub_epi32(total[t], _mm512_slli_epi32(offs[t], 5));
       const __m512 dwdx = _mm512_mul_ps(dw, _mm512_set1_ps(act_d(al, rec[t])[b]));
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), dwdx, acc[t]);
     }
   }
+  D2O_UNROLL
   for (int t = 0; t < NT; ++t) store_rows(job, t, acc[t]);
 }
 
@@ -279,21 +332,26 @@ void tile_q6_k(const TileJob& job) {
 template <int NR, int NT>
 void f32_tile(const F32Job& job) {
   __m512 acc[NR][NT];
-  for (int i = 0; i < NR; ++i)
-    for (int t = 0; t < NT; ++t) acc[i][t] = _mm512_setzero_ps();
+  D2O_UNROLL
+  for (int i = 0; i < NR; ++i) D2O_UNROLL
+  for (int t = 0; t < NT; ++t) acc[i][t] = _mm512_setzero_ps();
   int64_t k = 0;
   auto step = [&](__mmask16 m) {
     __m512 xv[NT];
+    D2O_UNROLL
     for (int t = 0; t < NT; ++t) xv[t] = _mm512_maskz_loadu_ps(m, job.x + t * job.x_stride + k);
+    D2O_UNROLL
     for (int i = 0; i < NR; ++i) {
       const __m512 wv = _mm512_maskz_loadu_ps(m, job.rows[i] + k);
+      D2O_UNROLL
       for (int t = 0; t < NT; ++t) acc[i][t] = _mm512_fmadd_ps(wv, xv[t], acc[i][t]);
     }
   };
   for (; k + 16 <= job.n; k += 16) step(0xFFFF);
   if (k < job.n) step(static_cast<__mmask16>((1u << (job.n - k)) - 1u));
-  for (int t = 0; t < NT; ++t)
-    for (int i = 0; i < NR; ++i) job.y[t * job.y_stride + i] = _mm512_reduce_add_ps(acc[i][t]);
+  D2O_UNROLL
+  for (int t = 0; t < NT; ++t) D2O_UNROLL
+  for (int i = 0; i < NR; ++i) job.y[t * job.y_stride + i] = _mm512_reduce_add_ps(acc[i][t]);
 }
 
 template <int NR>

@@ -15,10 +15,14 @@ namespace d2o::mm {
 
 namespace {
 
-constexpr int64_t align64(int64_t v) { return (v + 63) / 64 * 64; }
+constexpr int64_t align64(int64_t v) {
+  return (v + 63) / 64 * 64;
+}
 
 // Byte (r, i) of 64-byte chunk `chunk` of a section block: rows interleaved in 4-byte groups.
-inline int64_t lane(int64_t chunk, int r, int i) { return 64 * chunk + 4 * r + i; }
+inline int64_t lane(int64_t chunk, int r, int i) {
+  return 64 * chunk + 4 * r + i;
+}
 
 struct Sections {
   uint8_t* s[kMaxSections];
@@ -62,11 +66,13 @@ void write_q45_k(const KValues& v, bool five, uint8_t* blk) {
   if (five) std::memset(qh, 0, 32);
   for (int g = 0; g < 4; ++g) {
     for (int l = 0; l < 32; ++l) {
-      qs[32 * g + l] = static_cast<uint8_t>((v.q[64 * g + l] & 0x0F) | ((v.q[64 * g + 32 + l] & 0x0F) << 4));
+      qs[32 * g + l] =
+          static_cast<uint8_t>((v.q[64 * g + l] & 0x0F) | ((v.q[64 * g + 32 + l] & 0x0F) << 4));
     }
   }
   if (five) {
-    for (int e = 0; e < kQKK; ++e) qh[e % 32] = static_cast<uint8_t>(qh[e % 32] | ((v.q[e] >> 4) << (e / 32)));
+    for (int e = 0; e < kQKK; ++e)
+      qh[e % 32] = static_cast<uint8_t>(qh[e % 32] | ((v.q[e] >> 4) << (e / 32)));
   }
 }
 
@@ -89,8 +95,10 @@ void write_q6_k(const KValues& v, uint8_t* blk) {
   std::memcpy(x->scales, v.sc, 16);
   for (int e = 0; e < kQKK; ++e) {
     const int g = e / 128, r = e % 128;
-    x->ql[64 * g + r % 64] = static_cast<uint8_t>(x->ql[64 * g + r % 64] | ((v.q[e] & 0x0F) << (4 * (r / 64))));
-    x->qh[32 * g + r % 32] = static_cast<uint8_t>(x->qh[32 * g + r % 32] | ((v.q[e] >> 4) << (2 * (r / 32))));
+    x->ql[64 * g + r % 64] =
+        static_cast<uint8_t>(x->ql[64 * g + r % 64] | ((v.q[e] & 0x0F) << (4 * (r / 64))));
+    x->qh[32 * g + r % 32] =
+        static_cast<uint8_t>(x->qh[32 * g + r % 32] | ((v.q[e] >> 4) << (2 * (r / 32))));
   }
 }
 
@@ -109,13 +117,15 @@ void pack_k(const PackedLayout& l, const KValues& v, uint8_t* tile_base, int r, 
     for (int j = 0; j < 16; ++j) {
       for (int a = 0; a < 2; ++a) {
         for (int i = 0; i < 4; ++i) {
-          const uint8_t lo = v.q[16 * j + 8 * a + i] & 0x0F, hi = v.q[16 * j + 8 * a + 4 + i] & 0x0F;
+          const uint8_t lo = v.q[16 * j + 8 * a + i] & 0x0F,
+                        hi = v.q[16 * j + 8 * a + 4 + i] & 0x0F;
           s[2][128 * j + lane(a, r, i)] = static_cast<uint8_t>(lo | (hi << 4));
         }
       }
       for (int i = 0; i < 4; ++i) {
         uint8_t bits = 0;
-        for (int u = 0; u < 4; ++u) bits = static_cast<uint8_t>(bits | ((v.q[16 * j + 4 * u + i] >> 4) << (2 * u)));
+        for (int u = 0; u < 4; ++u)
+          bits = static_cast<uint8_t>(bits | ((v.q[16 * j + 4 * u + i] >> 4) << (2 * u)));
         s[3][lane(j, r, i)] = bits;
       }
     }
@@ -138,7 +148,8 @@ void pack_k(const PackedLayout& l, const KValues& v, uint8_t* tile_base, int r, 
     if (five) {
       for (int i = 0; i < 4; ++i) {
         uint8_t bits = 0;
-        for (int g = 0; g < 8; ++g) bits = static_cast<uint8_t>(bits | ((v.q[32 * j + 4 * g + i] >> 4) << g));
+        for (int g = 0; g < 8; ++g)
+          bits = static_cast<uint8_t>(bits | ((v.q[32 * j + 4 * g + i] >> 4) << g));
         s[5][lane(j, r, i)] = bits;
       }
     }
@@ -162,7 +173,8 @@ void unpack_k(const PackedLayout& l, const uint8_t* tile_base, int r, int64_t b,
       for (int i = 0; i < 4; ++i) {
         const uint8_t bits = s[3][lane(j, r, i)];
         for (int u = 0; u < 4; ++u) {
-          v->q[16 * j + 4 * u + i] = static_cast<uint8_t>(v->q[16 * j + 4 * u + i] | (((bits >> (2 * u)) & 3) << 4));
+          v->q[16 * j + 4 * u + i] =
+              static_cast<uint8_t>(v->q[16 * j + 4 * u + i] | (((bits >> (2 * u)) & 3) << 4));
         }
       }
     }
@@ -187,7 +199,8 @@ void unpack_k(const PackedLayout& l, const uint8_t* tile_base, int r, int64_t b,
       for (int i = 0; i < 4; ++i) {
         const uint8_t bits = s[5][lane(j, r, i)];
         for (int g = 0; g < 8; ++g) {
-          v->q[32 * j + 4 * g + i] = static_cast<uint8_t>(v->q[32 * j + 4 * g + i] | (((bits >> g) & 1) << 4));
+          v->q[32 * j + 4 * g + i] =
+              static_cast<uint8_t>(v->q[32 * j + 4 * g + i] | (((bits >> g) & 1) << 4));
         }
       }
     }

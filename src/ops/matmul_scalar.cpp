@@ -24,34 +24,37 @@ void quantize_scalar(const ActLayout& l, const float* x, uint8_t* rec) {
   auto* d = reinterpret_cast<float*>(rec + l.off_d);
   for (int64_t b = 0; b < l.n_cols / l.block; ++b) {
     const float* xb = x + b * l.block;
-    float amax = 0.0f;
+    int8_t* qb = qs + b * l.block;
+    // amax, and the first element that reaches it (Q8_K keeps its sign).
+    float amax = 0.0f, m = 0.0f;
     for (int64_t i = 0; i < l.block; ++i) {
       const float a = std::fabs(xb[i]);
-      amax = amax > a ? amax : a;
+      if (a > amax) {
+        amax = a;
+        m = xb[i];
+      }
     }
-    const float db = amax / 127.0f;
-    const float id = db != 0.0f ? 1.0f / db : 0.0f;
-    d[b] = db;
-    for (int64_t i = 0; i < l.block; ++i) qs[b * l.block + i] = quantize_one(xb[i], id);
-  }
-  if (l.format == ActFormat::kQ8x32) {
-    auto* qsum = reinterpret_cast<int32_t*>(rec + l.off_a);
-    auto* dsum = reinterpret_cast<float*>(rec + l.off_b);
-    for (int64_t b = 0; b < l.n_cols / 32; ++b) {
+    const Q8Scale sc = l.format == ActFormat::kQ8x32 ? q8x32_scale(amax) : q8x256_scale(m);
+    d[b] = sc.d;
+    for (int64_t i = 0; i < l.block; ++i) qb[i] = quantize_one(xb[i], sc.mul);
+    if (l.format == ActFormat::kQ8x32) {
       int32_t s = 0;
-      for (int i = 0; i < 32; ++i) s += qs[32 * b + i];
-      qsum[b] = s;
-      dsum[b] = d[b] * static_cast<float>(s);
+      for (int i = 0; i < 32; ++i) s += qb[i];
+      act_a_mut<int32_t>(l, rec)[b] = s;
+      act_b_mut<float>(l, rec)[b] = q8x32_dsum(amax, s);
     }
-  } else {
-    auto* s32 = reinterpret_cast<int16_t*>(rec + l.off_a);
-    auto* s16 = reinterpret_cast<int16_t*>(rec + l.off_b);
+  }
+  if (l.format == ActFormat::kQ8x256) {
+    auto* s32 = act_a_mut<int16_t>(l, rec);
+    auto* s16 = act_b_mut<int16_t>(l, rec);
     for (int64_t b = 0; b < l.n_cols / 16; ++b) {
       int s = 0;
       for (int i = 0; i < 16; ++i) s += qs[16 * b + i];
       s16[b] = static_cast<int16_t>(s);
     }
-    for (int64_t b = 0; b < l.n_cols / 32; ++b) s32[b] = static_cast<int16_t>(s16[2 * b] + s16[2 * b + 1]);
+    for (int64_t b = 0; b < l.n_cols / 32; ++b) {
+      s32[b] = static_cast<int16_t>(s16[2 * b] + s16[2 * b + 1]);
+    }
   }
 }
 
@@ -62,7 +65,9 @@ inline float half_at(const uint8_t* p, int r) {
 }
 
 // Byte (r, i) of chunk c of a packed block.
-inline uint8_t at(const uint8_t* p, int64_t c, int r, int i) { return p[64 * c + 4 * r + i]; }
+inline uint8_t at(const uint8_t* p, int64_t c, int r, int i) {
+  return p[64 * c + 4 * r + i];
+}
 
 template <PackKind kKind>
 void tile_32(const TileJob& job) {
@@ -83,7 +88,8 @@ void tile_32(const TileJob& job) {
         int32_t isum = 0;
         if (kKind == PackKind::kQ8_0) {
           for (int g = 0; g < 8; ++g) {
-            for (int i = 0; i < 4; ++i) isum += static_cast<int8_t>(at(qs, g, r, i)) * xb[4 * g + i];
+            for (int i = 0; i < 4; ++i)
+              isum += static_cast<int8_t>(at(qs, g, r, i)) * xb[4 * g + i];
           }
         } else {
           for (int v = 0; v < 4; ++v) {
@@ -96,7 +102,8 @@ void tile_32(const TileJob& job) {
         const float dw = half_at(section(w, job.tile, 0, b), r);
         if (kKind == PackKind::kQ4_0) isum -= 8 * qsum[b];
         acc = std::fma(static_cast<float>(isum), dw * dx[b], acc);
-        if (kKind == PackKind::kQ4_1) acc = std::fma(half_at(section(w, job.tile, 1, b), r), dsum[b], acc);
+        if (kKind == PackKind::kQ4_1)
+          acc = std::fma(half_at(section(w, job.tile, 1, b), r), dsum[b], acc);
       }
       job.y[t * job.y_stride + r] = acc;
     }

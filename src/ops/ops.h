@@ -19,9 +19,9 @@ enum class RopeType { kNorm, kNeox };
 struct RopeParams {
   RopeType type = RopeType::kNorm;
   int head_dim = 0;
-  int n_rot = 0;              // rotated dims per head (== head_dim for most models)
+  int n_rot = 0;  // rotated dims per head (== head_dim for most models)
   float freq_base = 10000.0f;
-  float freq_scale = 1.0f;    // linear position scaling (1 = none)
+  float freq_scale = 1.0f;              // linear position scaling (1 = none)
   const float* freq_factors = nullptr;  // optional per-pair divisors [n_rot / 2] (Llama 3.1 style)
 };
 

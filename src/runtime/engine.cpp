@@ -44,13 +44,25 @@ namespace {
 constexpr int kLogitRows = 32;
 }  // namespace
 
-Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink) {
+const char* attn_split_name(AttnSplit s) {
+  switch (s) {
+    case AttnSplit::kAuto:
+      return "auto";
+    case AttnSplit::kWithinSequence:
+      return "within";
+    case AttnSplit::kAcrossSequences:
+      return "across";
+  }
+  return "?";
+}
+
+Status Engine::validate(std::span<const BatchEntry> batch) const {
   const ModelHParams& h = model_.hparams();
-  // Validate everything before touching any sequence.
   for (size_t e = 0; e < batch.size(); ++e) {
     const BatchEntry& be = batch[e];
-    if (!be.seq) return invalid_argument("batch entry " + std::to_string(e) + " has no sequence");
-    if (be.tokens.empty()) return invalid_argument("batch entry " + std::to_string(e) + " has no tokens");
+    auto what = [e] { return "batch entry " + std::to_string(e); };  // built only for errors
+    if (!be.seq) return invalid_argument(what() + " has no sequence");
+    if (be.tokens.empty()) return invalid_argument(what() + " has no tokens");
     for (size_t f = 0; f < e; ++f) {
       if (batch[f].seq == be.seq) return invalid_argument("a sequence appears twice in one batch");
     }
@@ -60,6 +72,8 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
                                 std::to_string(h.n_vocab) + ")");
       }
     }
+    if (be.logits_from < BatchEntry::kNoLogits)
+      return invalid_argument(what() + ": bad logits_from");
     if (be.seq->n_past() + static_cast<int64_t>(be.tokens.size()) > std::numeric_limits<int32_t>::max()) {
       return invalid_argument("sequence position would overflow");
     }
@@ -67,13 +81,39 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
         be.seq->cache().config().n_head_kv != h.n_head_kv) {
       return invalid_argument("sequence cache does not match the model's shape");
     }
+    // Chunked prefill contract (see BatchEntry::prompt_rest).
+    const int64_t n = static_cast<int64_t>(be.tokens.size());
+    if (be.prompt_rest < 0) return invalid_argument(what() + ": prompt_rest must be >= 0");
+    const int64_t pending = be.seq->prompt_pending();
+    if (pending > 0 && n + be.prompt_rest != pending) {
+      return invalid_argument(what() + ": this prompt chunk (" + std::to_string(n) + " tokens, " +
+                              std::to_string(be.prompt_rest) +
+                              " announced after it) does not match the " + std::to_string(pending) +
+                              " prompt tokens the previous chunk announced");
+    }
+    const int w = be.seq->policy().is_full() ? 0 : be.seq->policy().needs().window;
+    if (w > 0 && ((be.prompt_rest > 0 && be.prompt_rest < w) ||
+                  (pending > 0 && be.prompt_rest == 0 && n < w))) {
+      return invalid_argument(
+          what() +
+          ": the last chunk of a chunked prompt must hold at least the KV policy's "
+          "observation window of " +
+          std::to_string(w) + " tokens");
+    }
   }
+  return {};
+}
+
+Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink) {
+  // Validate everything before touching any sequence.
+  D2O_RETURN_IF_ERROR(validate(batch));
   // SnapKV-style window statistics cover only this pass.
   for (const BatchEntry& be : batch) {
     if (be.seq->policy().needs().window <= 0) continue;
     KvCache& c = be.seq->cache();
     for (int il = 0; il < c.n_layer(); ++il) {
       KvLayer& L = c.layer(il);
+      if (L.n_slot == 0) continue;  // nothing stored yet (maybe not even allocated)
       for (int g = 0; g < L.n_head_kv; ++g) {
         std::fill_n(&L.window[L.meta_index(g, 0)], L.n_slot, 0.0f);
       }
@@ -103,25 +143,39 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
     D2O_RETURN_IF_ERROR(run_ubatch(batch, rows_, sink));
   }
 
-  // Advance and compact each sequence.
+  // Advance and compact each sequence. Compactions of different sequences are independent (each
+  // touches only its own cache and policy state), so several run in parallel, one sequence per
+  // task; a lone sequence plans its layers in parallel instead. Results are the same either way.
   Stopwatch sw;
-  for (const BatchEntry& be : batch) {
+  compact_status_.assign(batch.size(), Status());
+  auto compact = [&](size_t e, ThreadPool* layer_pool) {
+    const BatchEntry& be = batch[e];
     const bool first = !be.seq->started();
     be.seq->advance(static_cast<int64_t>(be.tokens.size()));
     PassInfo pass;
     pass.n_tokens = static_cast<int>(be.tokens.size());
     pass.n_past = be.seq->n_past();
     pass.first_pass = first;
+    pass.prompt_rest = be.prompt_rest;
     pass.rope = &rope_;
-    pass.pool = &pool_;
+    pass.pool = layer_pool;
+    be.seq->set_prompt_pending(be.prompt_rest);
     KvCache& cache = be.seq->cache();
     const int64_t before = cache.total_slots();
-    D2O_RETURN_IF_ERROR(be.seq->policy().compact(cache, be.seq->policy_state(), pass));
+    Status st = be.seq->policy().compact(cache, be.seq->policy_state(), pass);
     // A compaction that removed slots hands their memory back, keeping room for a pass of the
     // same size (up to 64 tokens) so steady decoding or chunked feeding does not reallocate.
-    if (cache.total_slots() < before) D2O_RETURN_IF_ERROR(cache.trim(std::min(pass.n_tokens, 64)));
+    if (st.ok() && cache.total_slots() < before) st = cache.trim(std::min(pass.n_tokens, 64));
+    compact_status_[e] = std::move(st);
+  };
+  if (batch.size() > 1 && pool_.n_threads() > 1) {
+    pool_.run(static_cast<int64_t>(batch.size()),
+              [&](int64_t e, int) { compact(static_cast<size_t>(e), nullptr); });
+  } else {
+    for (size_t e = 0; e < batch.size(); ++e) compact(e, &pool_);
   }
   timings_.policy_s += sw.seconds();
+  for (const Status& st : compact_status_) D2O_RETURN_IF_ERROR(st);
   return {};
 }
 
@@ -142,6 +196,16 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, std::span<const Row
     t_mm += s.seconds();
   };
 
+  // Each entry's rows are contiguous: one span per entry.
+  spans_.clear();
+  for (int r0 = 0; r0 < n;) {
+    int r1 = r0;
+    while (r1 < n && rows[static_cast<size_t>(r1)].entry == rows[static_cast<size_t>(r0)].entry)
+      ++r1;
+    spans_.push_back({rows[static_cast<size_t>(r0)].entry, r0, r1});
+    r0 = r1;
+  }
+
   // Token embeddings.
   pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
     for (int64_t r = b; r < end; ++r) {
@@ -152,7 +216,6 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, std::span<const Row
   });
 
   const RopeParams& rope = rope_;
-  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(h.head_dim));
 
   for (int il = 0; il < h.n_layer; ++il) {
     const LayerWeights& L = model_.layer(il);
@@ -180,44 +243,8 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, std::span<const Row
       }
     });
 
-    // Per sequence: append this micro-batch's keys/values, then attend.
     Stopwatch sa;
-    int r0 = 0;
-    while (r0 < n) {
-      const int entry = rows[static_cast<size_t>(r0)].entry;
-      int r1 = r0;
-      while (r1 < n && rows[static_cast<size_t>(r1)].entry == entry) ++r1;
-      const BatchEntry& be = batch[static_cast<size_t>(entry)];
-      KvCache& cache = be.seq->cache();
-      const int cnt = r1 - r0;
-      D2O_RETURN_IF_ERROR(cache.reserve(il, cache.layer(il).n_slot + cnt, /*exact=*/false));
-      pos_tmp_.resize(static_cast<size_t>(cnt));
-      for (int r = r0; r < r1; ++r) pos_tmp_[static_cast<size_t>(r - r0)] = rows[static_cast<size_t>(r)].pos;
-      cache.append(il, k_.data() + static_cast<size_t>(r0) * kv_dim, v_.data() + static_cast<size_t>(r0) * kv_dim,
-                   pos_tmp_.data(), cnt);
-
-      AttnStatsRequest req;
-      const KvPolicy& pol = be.seq->policy();
-      if (!pol.is_full()) {
-        const StatsNeeds needs = pol.needs();
-        req.accumulate = needs.accumulate;
-        req.agg = needs.agg;
-        if (needs.window > 0) {
-          // Window = the entry's last `window` tokens; rows [r0, r1) hold tokens from first_tok.
-          const int first_tok = rows[static_cast<size_t>(r0)].token;
-          const int win_start = static_cast<int>(be.tokens.size()) - needs.window;
-          req.window_first = std::max(0, win_start - first_tok);
-        }
-      }
-      AttnInput in;
-      in.q = q_.data() + static_cast<size_t>(r0) * q_dim;
-      in.out = attn_out_.data() + static_cast<size_t>(r0) * q_dim;
-      in.n_tok = cnt;
-      in.n_head = h.n_head;
-      in.scale = kq_scale;
-      attention_forward(in, cache.layer(il), req, pool_, attn_scratch_);
-      r0 = r1;
-    }
+    D2O_RETURN_IF_ERROR(attend_layer(il, batch, rows));
     t_attn += sa.seconds();
 
     mm(L.wo, attn_out_.data(), xn_.data());
@@ -246,7 +273,8 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, std::span<const Row
   for (int r = 0; r < n; ++r) {
     const Row& row = rows[static_cast<size_t>(r)];
     const BatchEntry& be = batch[static_cast<size_t>(row.entry)];
-    const bool last = row.token == static_cast<int>(be.tokens.size()) - 1;
+    const bool last = be.logits_from != BatchEntry::kNoLogits &&
+                      row.token == static_cast<int>(be.tokens.size()) - 1;
     if (last || (be.logits_from >= 0 && row.token >= be.logits_from)) want.push_back(r);
   }
   if (!want.empty()) {
@@ -274,6 +302,84 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, std::span<const Row
   timings_.matmul_s += t_mm;
   timings_.attention_s += t_attn;
   timings_.other_s += sw.seconds() - t_mm - t_attn;
+  return {};
+}
+
+Status Engine::attend_layer(int il, std::span<const BatchEntry> batch, std::span<const Row> rows) {
+  const ModelHParams& h = model_.hparams();
+  const int q_dim = h.n_head * h.head_dim;
+  const int kv_dim = h.n_head_kv * h.head_dim;
+  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(h.head_dim));
+
+  // Append this micro-batch's keys/values to each sequence (cheap, serial).
+  for (const Span& sp : spans_) {
+    KvCache& cache = batch[static_cast<size_t>(sp.entry)].seq->cache();
+    const int cnt = sp.r1 - sp.r0;
+    D2O_RETURN_IF_ERROR(cache.reserve(il, cache.layer(il).n_slot + cnt, /*exact=*/false));
+    pos_tmp_.resize(static_cast<size_t>(cnt));
+    for (int r = sp.r0; r < sp.r1; ++r)
+      pos_tmp_[static_cast<size_t>(r - sp.r0)] = rows[static_cast<size_t>(r)].pos;
+    cache.append(il, k_.data() + static_cast<size_t>(sp.r0) * kv_dim,
+                 v_.data() + static_cast<size_t>(sp.r0) * kv_dim, pos_tmp_.data(), cnt);
+  }
+
+  auto attend = [&](const Span& sp, ThreadPool& pool, AttnScratch& scratch) {
+    const BatchEntry& be = batch[static_cast<size_t>(sp.entry)];
+    AttnStatsRequest req;
+    const KvPolicy& pol = be.seq->policy();
+    if (!pol.is_full()) {
+      const StatsNeeds needs = pol.needs();
+      req.accumulate = needs.accumulate;
+      req.agg = needs.agg;
+      if (needs.window > 0) {
+        // Window = the entry's last `window` tokens; rows [r0, r1) hold tokens from first_tok.
+        const int first_tok = rows[static_cast<size_t>(sp.r0)].token;
+        const int win_start = static_cast<int>(be.tokens.size()) - needs.window;
+        req.window_first = std::max(0, win_start - first_tok);
+      }
+    }
+    AttnInput in;
+    in.q = q_.data() + static_cast<size_t>(sp.r0) * q_dim;
+    in.out = attn_out_.data() + static_cast<size_t>(sp.r0) * q_dim;
+    in.n_tok = sp.r1 - sp.r0;
+    in.n_head = h.n_head;
+    in.scale = kq_scale;
+    attention_forward(in, be.seq->cache().layer(il), req, pool, scratch);
+  };
+
+  // Spans run one per task (single-threaded attention, sequences in parallel): short chunks
+  // under kAuto, all under kAcrossSequences; only worth it for two or more of them.
+  constexpr int kAcrossMaxRows = 4;
+  across_.clear();
+  if (opts_.attn_split != AttnSplit::kWithinSequence && pool_.n_threads() > 1) {
+    for (size_t i = 0; i < spans_.size(); ++i) {
+      const int cnt = spans_[i].r1 - spans_[i].r0;
+      if (opts_.attn_split == AttnSplit::kAcrossSequences || cnt <= kAcrossMaxRows) {
+        across_.push_back(static_cast<int>(i));
+      }
+    }
+    if (across_.size() < 2) across_.clear();
+  }
+  size_t next_across = 0;
+  for (size_t i = 0; i < spans_.size(); ++i) {
+    if (next_across < across_.size() && across_[next_across] == static_cast<int>(i)) {
+      ++next_across;
+      continue;
+    }
+    attend(spans_[i], pool_, attn_scratch_);
+  }
+  if (!across_.empty()) {
+    const size_t nt = static_cast<size_t>(pool_.n_threads());
+    if (solo_pools_.size() < nt) {
+      solo_scratch_.resize(nt);
+      while (solo_pools_.size() < nt) solo_pools_.push_back(std::make_unique<ThreadPool>(1));
+    }
+    pool_.run(static_cast<int64_t>(across_.size()), [&](int64_t task, int thread) {
+      const Span& sp = spans_[static_cast<size_t>(across_[static_cast<size_t>(task)])];
+      attend(sp, *solo_pools_[static_cast<size_t>(thread)],
+             solo_scratch_[static_cast<size_t>(thread)]);
+    });
+  }
   return {};
 }
 

@@ -20,7 +20,7 @@ Status SamplerParams::validate() const {
 }
 
 Sampler::Sampler(const SamplerParams& params, int n_vocab)
-    : params_(params), n_vocab_(n_vocab), rng_state_(params.seed ^ 0x9E3779B97F4A7C15ull) {
+    : params_(params), n_vocab_(n_vocab), rng_state_(initial_rng_state(params.seed)) {
   cands_.reserve(static_cast<size_t>(n_vocab));
   work_.resize(static_cast<size_t>(n_vocab));
 }
@@ -34,12 +34,41 @@ double Sampler::next_uniform() {
   return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);
 }
 
+namespace {
+
+// Index of the first maximum (what std::max_element returns), with 16 independent running maxima
+// so the compiler can keep them in vector registers: a batch of greedy requests samples one row
+// of n_vocab logits each per step.
+int32_t argmax_first(const float* x, int n) {
+  constexpr int kLanes = 16;
+  float m = x[0];
+  int i = 0;
+  if (n >= kLanes) {
+    float lane[kLanes];
+    for (int l = 0; l < kLanes; ++l) lane[l] = x[l];
+    for (i = kLanes; i + kLanes <= n; i += kLanes) {
+      for (int l = 0; l < kLanes; ++l) lane[l] = x[i + l] > lane[l] ? x[i + l] : lane[l];
+    }
+    for (int l = 0; l < kLanes; ++l) m = lane[l] > m ? lane[l] : m;
+  }
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  for (int j = 0; j < n; ++j) {
+    if (x[j] == m) return j;
+  }
+  return static_cast<int32_t>(std::max_element(x, x + n) - x);  // NaN logits: as before
+}
+
+}  // namespace
+
 int32_t Sampler::sample(const float* logits, std::span<const int32_t> history) {
+  const bool penalty =
+      params_.repeat_penalty != 1.0f && params_.repeat_last_n > 0 && !history.empty();
+  if (params_.temperature <= 0.0f && !penalty) return argmax_first(logits, n_vocab_);
   float* l = work_.data();
   std::copy(logits, logits + n_vocab_, l);
 
   // Repetition penalty (each distinct recent token once): shrink positive logits, grow negative.
-  if (params_.repeat_penalty != 1.0f && params_.repeat_last_n > 0 && !history.empty()) {
+  if (penalty) {
     const size_t n = std::min(history.size(), static_cast<size_t>(params_.repeat_last_n));
     for (size_t i = history.size() - n; i < history.size(); ++i) {
       const int32_t t = history[i];
@@ -51,9 +80,7 @@ int32_t Sampler::sample(const float* logits, std::span<const int32_t> history) {
     }
   }
 
-  if (params_.temperature <= 0.0f) {
-    return static_cast<int32_t>(std::max_element(l, l + n_vocab_) - l);  // first maximum
-  }
+  if (params_.temperature <= 0.0f) return argmax_first(l, n_vocab_);
 
   cands_.clear();
   for (int32_t i = 0; i < n_vocab_; ++i) cands_.push_back({i, l[i], 0.0f});

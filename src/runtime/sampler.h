@@ -35,6 +35,17 @@ class Sampler {
 
   const SamplerParams& params() const { return params_; }
 
+  // The random generator's state. A scheduler sampling many requests keeps one Sampler (one
+  // workspace of n_vocab floats and candidates, instead of one per request) and switches it
+  // between requests with set_stream(); each request's draws are then exactly those of a
+  // Sampler of its own.
+  uint64_t rng_state() const { return rng_state_; }
+  static uint64_t initial_rng_state(uint64_t seed) { return seed ^ 0x9E3779B97F4A7C15ull; }
+  void set_stream(const SamplerParams& params, uint64_t rng_state) {
+    params_ = params;
+    rng_state_ = rng_state;
+  }
+
  private:
   double next_uniform();  // in [0, 1)
 

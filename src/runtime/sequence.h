@@ -27,12 +27,17 @@ class Sequence {
   int64_t n_past() const { return n_past_; }
   void advance(int64_t n) { n_past_ += n; }
   bool started() const { return n_past_ > 0; }
+  // Chunked prefill: prompt tokens the last pass announced as still to come (BatchEntry::
+  // prompt_rest); 0 when no prompt is in progress. Set by the engine.
+  int64_t prompt_pending() const { return prompt_pending_; }
+  void set_prompt_pending(int64_t n) { prompt_pending_ = n; }
 
   // Forgets everything (cache, policy state, position).
   void reset() {
     cache_.clear();
     state_.reset();
     n_past_ = 0;
+    prompt_pending_ = 0;
   }
 
  private:
@@ -40,6 +45,7 @@ class Sequence {
   std::shared_ptr<const KvPolicy> policy_;
   PolicyState state_;
   int64_t n_past_ = 0;
+  int64_t prompt_pending_ = 0;
 };
 
 }  // namespace d2o

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -57,7 +58,9 @@ std::vector<uint8_t> random_weights(GgmlType type, int64_t n_rows, int64_t n_col
   std::uniform_int_distribution<int> small(-8, 8);
   const int64_t n = n_rows * n_cols;
   std::vector<uint8_t> out(static_cast<size_t>(ggml_row_bytes(type, n_cols) * n_rows));
-  auto value = [&]() { return fill == Fill::kInteger ? static_cast<float>(small(rng)) : 0.1f * u(rng); };
+  auto value = [&]() {
+    return fill == Fill::kInteger ? static_cast<float>(small(rng)) : 0.1f * u(rng);
+  };
   if (type == GgmlType::kF32) {
     for (int64_t i = 0; i < n; ++i) {
       const float v = value();
@@ -80,7 +83,8 @@ std::vector<uint8_t> random_weights(GgmlType type, int64_t n_rows, int64_t n_col
     uint8_t* blk = out.data() + off;
     if (fill == Fill::kRealistic) {
       for (int f : fields) put_half(blk + f, 0.02f * u(rng));
-      if (type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1) put_half(blk + 2, -0.15f * std::fabs(u(rng)));
+      if (type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1)
+        put_half(blk + 2, -0.15f * std::fabs(u(rng)));
       continue;
     }
     for (int f : fields) put_half(blk + f, 1.0f);
@@ -100,7 +104,8 @@ std::vector<uint8_t> random_weights(GgmlType type, int64_t n_rows, int64_t n_col
         break;
       }
       case GgmlType::kQ6_K:
-        for (int j = 0; j < 16; ++j) blk[192 + j] = static_cast<uint8_t>(static_cast<int8_t>(rng() % 9 - 4));
+        for (int j = 0; j < 16; ++j)
+          blk[192 + j] = static_cast<uint8_t>(static_cast<int8_t>(rng() % 9 - 4));
         break;
       default:
         break;
@@ -123,17 +128,31 @@ std::vector<float> random_acts(int64_t n_tok, int64_t n_cols, Fill fill, std::mt
       x[i] = nd(rng) * ((rng() % 61 == 0) ? 8.0f : 1.0f);
     }
   }
+  if (fill == Fill::kInteger) {
+    // Q8_1 keeps d * sum(q) in fp16, exact for integers up to 2048: pull block sums into range.
+    for (int64_t b = 0; b < n_tok * n_cols / 32; ++b) {
+      float sum = 0;
+      for (int i = 0; i < 32; ++i) sum += x[32 * b + i];
+      for (int i = 1; i < 32 && std::fabs(sum) > 2000; ++i) {
+        sum -= x[32 * b + i];
+        x[32 * b + i] = 0;
+      }
+    }
+  }
   return x;
 }
 
 // Independent reference: dequantise the GGUF rows with the reference dequantiser (not through
-// QMatrix) and accumulate in double. Also returns the per-output bound on the error that 8-bit
-// activation quantisation with blocks of `act_block` elements can cause: each activation moves
-// by at most half a step (amax / 254) of its block.
+// QMatrix) and accumulate in double. Also returns, per output, a bound on the error that 8-bit
+// activation quantisation like llama.cpp's can cause: each activation moves by at most half a
+// step (amax / 254) of its block; for blocks of 32 the step itself is rounded to fp16 (another
+// amax / 2048, or 127 * 2^-25 for subnormal steps, at most), and Q4_1's minimum multiplies the
+// fp16-rounded sum s of the block (relative error 2^-10, of at most sum |q| = sum |x| * 127 / amax
+// + 16).
 struct Reference {
   std::vector<float> y;
-  std::vector<double> quant_bound;  // sum |W| * amax(block) / 254
-  std::vector<double> abs_sum;      // sum |W * x|
+  std::vector<double> quant_bound;
+  std::vector<double> abs_sum;  // sum |W * x|
 };
 Reference reference(GgmlType type, const std::vector<uint8_t>& bytes, int64_t n_rows,
                     int64_t n_cols, const std::vector<float>& x, int64_t n_tok, int64_t act_block) {
@@ -143,18 +162,31 @@ Reference reference(GgmlType type, const std::vector<uint8_t>& bytes, int64_t n_
   ref.abs_sum.resize(ref.y.size());
   std::vector<float> row(static_cast<size_t>(n_cols));
   const int64_t row_bytes = ggml_row_bytes(type, n_cols);
+  const double step_error = act_block == 32 ? 1.0 / 254 + 1.0 / 2048 : 1.0 / 254;
+  // fp16 steps below the normal range are absolute (2^-25 at most per unit of q <= 127).
+  const double half_floor = act_block == 32 ? 127 * std::ldexp(1.0, -25) : 0.0;
   for (int64_t r = 0; r < n_rows; ++r) {
-    dequantize_row_ref(type, bytes.data() + r * row_bytes, row.data(), n_cols);
+    const uint8_t* src = bytes.data() + r * row_bytes;
+    dequantize_row_ref(type, src, row.data(), n_cols);
     for (int64_t t = 0; t < n_tok; ++t) {
       const float* xt = x.data() + t * n_cols;
       double s = 0, bound = 0, abs_sum = 0;
       for (int64_t c0 = 0; c0 < n_cols; c0 += act_block) {
-        double amax = 0;
-        for (int64_t c = c0; c < c0 + act_block && c < n_cols; ++c) amax = std::max(amax, std::fabs(static_cast<double>(xt[c])));
+        double amax = 0, xsum = 0;
+        for (int64_t c = c0; c < c0 + act_block && c < n_cols; ++c) {
+          amax = std::max(amax, std::fabs(static_cast<double>(xt[c])));
+          xsum += std::fabs(static_cast<double>(xt[c]));
+        }
         for (int64_t c = c0; c < c0 + act_block && c < n_cols; ++c) {
           s += static_cast<double>(row[c]) * xt[c];
-          bound += std::fabs(static_cast<double>(row[c])) * amax / 254.0;
+          bound += std::fabs(static_cast<double>(row[c])) * (amax * step_error + half_floor);
           abs_sum += std::fabs(static_cast<double>(row[c]) * xt[c]);
+        }
+        if (type == GgmlType::kQ4_1 && amax > 0) {
+          uint16_t m;
+          std::memcpy(&m, src + (c0 / 32) * 20 + 2, 2);
+          bound += std::fabs(fp16_to_fp32(m)) * std::ldexp(1.0, -10) * (amax / 127) *
+                   (xsum * 127 / amax + 16);
         }
       }
       ref.y[t * n_rows + r] = static_cast<float>(s);
@@ -182,7 +214,8 @@ int64_t act_block_of(GgmlType t) {
   return 32;
 }
 
-QMatrix make_matrix(GgmlType type, int64_t n_rows, int64_t n_cols, const std::vector<uint8_t>& bytes) {
+QMatrix make_matrix(GgmlType type, int64_t n_rows, int64_t n_cols,
+                    const std::vector<uint8_t>& bytes) {
   auto m = QMatrix::from_gguf_bytes(type, n_rows, n_cols, bytes.data(), bytes.size());
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   return std::move(m).value();
@@ -234,9 +267,9 @@ TEST_P(MatmulType, MatchesReferenceOnRandomMatrices) {
           // integer kernels, the activation quantisation bound.
           double tol = 2.4e-7 * static_cast<double>(s.cols) * ref.abs_sum[i] + 1e-6;
           if (is_packed_type(type)) tol += 1.001 * ref.quant_bound[i] + 1e-5 * ref.abs_sum[i];
-          ASSERT_NEAR(y[i], ref.y[i], tol) << ggml_type_name(type) << " " << kernel_isa_name(isa)
-                                           << " shape [" << s.rows << ", " << s.cols << "] n_tok "
-                                           << n_tok << " output " << i;
+          ASSERT_NEAR(y[i], ref.y[i], tol)
+              << ggml_type_name(type) << " " << kernel_isa_name(isa) << " shape [" << s.rows << ", "
+              << s.cols << "] n_tok " << n_tok << " output " << i;
         }
         if (!is_packed_type(type)) continue;
         if (first.empty()) {
@@ -267,8 +300,8 @@ TEST_P(MatmulType, ExactWhenArithmeticIsExact) {
     for (KernelIsa isa : available_isas()) {
       const std::vector<float> y = run_misaligned(w, x, n_tok, pool, isa);
       for (size_t i = 0; i < y.size(); ++i) {
-        ASSERT_EQ(y[i], ref.y[i]) << ggml_type_name(type) << " " << kernel_isa_name(isa) << " shape ["
-                                  << s.rows << ", " << s.cols << "] output " << i;
+        ASSERT_EQ(y[i], ref.y[i]) << ggml_type_name(type) << " " << kernel_isa_name(isa)
+                                  << " shape [" << s.rows << ", " << s.cols << "] output " << i;
       }
     }
   }
@@ -347,8 +380,9 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulType,
                            return ggml_type_name(p.param);
                          });
 
-// Activations at the edges of the quantiser: all zeros, one huge value, +-127 steps, NaN-free
-// extremes. Levels agree bit for bit and stay within the quantisation bound.
+// Activations at the edges of the quantiser: all zeros, one huge value (the fp16 sum of Q8_1
+// would overflow), exact rounding ties, tiny values (fp16 scale underflows). Levels agree bit for
+// bit, stay finite and within the quantisation bound.
 TEST(Matmul, ActivationEdgeCases) {
   std::mt19937 rng(31);
   ThreadPool pool(2);
@@ -358,9 +392,10 @@ TEST(Matmul, ActivationEdgeCases) {
     const QMatrix w = make_matrix(type, n_rows, n_cols, bytes);
     std::vector<float> x(static_cast<size_t>(n_tok * n_cols), 0.0f);  // token 0: zeros
     for (int64_t c = 0; c < n_cols; ++c) {
-      x[n_cols + c] = c == 100 ? 1e6f : 1e-3f;            // token 1: one outlier
-      x[2 * n_cols + c] = (c % 2 ? 1.0f : -1.0f) * 3.5f;  // token 2: exact ties at x * id
-      x[3 * n_cols + c] = 1e-30f * static_cast<float>(c % 7);  // token 3: tiny values
+      x[n_cols + c] = c == 100 ? 1e6f : 1e-3f;  // token 1: one outlier
+      // token 2: amax 127 (scale 1), so x * 127 / amax = x hits exact ties: round to even.
+      x[2 * n_cols + c] = c % 32 == 0 ? 127.0f : (c % 2 ? 2.5f : -3.5f);
+      x[3 * n_cols + c] = 1e-30f * static_cast<float>(c % 7);  // token 3: tiny (fp16 step 0)
     }
     const Reference ref = reference(type, bytes, n_rows, n_cols, x, n_tok, act_block_of(type));
     std::vector<float> first;
@@ -370,13 +405,105 @@ TEST(Matmul, ActivationEdgeCases) {
       for (int64_t r = 0; r < n_rows; ++r) EXPECT_EQ(y[r], 0.0f);
       for (size_t i = 0; i < y.size(); ++i) {
         ASSERT_TRUE(std::isfinite(y[i])) << i;
-        ASSERT_NEAR(y[i], ref.y[i], 1.001 * ref.quant_bound[i] + 1e-5 * ref.abs_sum[i] + 1e-30) << i;
+        ASSERT_NEAR(y[i], ref.y[i], 1.001 * ref.quant_bound[i] + 1e-5 * ref.abs_sum[i] + 1e-30)
+            << i;
       }
       if (first.empty()) first = y;
-      ASSERT_EQ(0, std::memcmp(y.data(), first.data(), y.size() * sizeof(float))) << kernel_isa_name(isa);
+      ASSERT_EQ(0, std::memcmp(y.data(), first.data(), y.size() * sizeof(float)))
+          << kernel_isa_name(isa);
     }
   }
 }
+
+// Several products in one call (shared and separate x, packed and fp32-path types) equal the
+// separate calls bit for bit, at every level and thread count.
+TEST(Matmul, ManyEqualsSeparateCalls) {
+  std::mt19937 rng(77);
+  struct Spec {
+    GgmlType type;
+    int64_t rows, cols;
+    int x_index;
+  };
+  const Spec specs[] = {{GgmlType::kQ4_1, 83, 256, 0}, {GgmlType::kQ4_1, 40, 256, 0},
+                        {GgmlType::kF16, 30, 256, 0},  {GgmlType::kQ6_K, 21, 256, 0},
+                        {GgmlType::kQ8_0, 17, 512, 1}, {GgmlType::kQ4_K, 9, 512, 1}};
+  for (int64_t n_tok : {1, 6, 70}) {
+    std::vector<std::vector<float>> xs = {random_acts(n_tok, 256, Fill::kRealistic, rng),
+                                          random_acts(n_tok, 512, Fill::kRealistic, rng)};
+    std::vector<QMatrix> ws;
+    for (const Spec& sp : specs) {
+      ws.push_back(make_matrix(sp.type, sp.rows, sp.cols,
+                               random_weights(sp.type, sp.rows, sp.cols, Fill::kRealistic, rng)));
+    }
+    for (KernelIsa isa : available_isas()) {
+      for (int threads : {1, 3}) {
+        ThreadPool pool(threads);
+        std::vector<std::vector<float>> many(ws.size()), single(ws.size());
+        std::vector<MatmulCall> calls;
+        for (size_t i = 0; i < ws.size(); ++i) {
+          many[i].assign(static_cast<size_t>(ws[i].n_rows() * n_tok), -1.0f);
+          single[i].assign(many[i].size(), -2.0f);
+          calls.push_back({&ws[i], xs[specs[i].x_index].data(), many[i].data()});
+          matmul_isa(ws[i], xs[specs[i].x_index].data(), n_tok, single[i].data(), pool, isa);
+        }
+        matmul_many_isa(calls, n_tok, pool, isa);
+        for (size_t i = 0; i < ws.size(); ++i) {
+          ASSERT_EQ(0,
+                    std::memcmp(many[i].data(), single[i].data(), many[i].size() * sizeof(float)))
+              << "call " << i << " " << kernel_isa_name(isa) << " threads " << threads << " n_tok "
+              << n_tok;
+        }
+      }
+    }
+  }
+}
+
+// llama.cpp's own product (ggml_mul_mat, fixtures from scripts/gen_matmul_fixtures.py): d2o must
+// reproduce it up to float summation order, i.e. quantise activations exactly like llama.cpp.
+// Both differ from the exact product by far more than they differ from each other.
+class LlamaCppMatmul : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LlamaCppMatmul, ReproducesGgmlMulMat) {
+  const std::string path = std::string(D2O_TEST_DATA_DIR) + "/quant/matmul_" + GetParam() + ".bin";
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  ASSERT_NE(f, nullptr) << "missing " << path << " (scripts/gen_matmul_fixtures.py)";
+  char magic[4];
+  uint32_t h[5];
+  ASSERT_EQ(std::fread(magic, 1, 4, f), 4u);
+  ASSERT_EQ(std::fread(h, 4, 5, f), 5u);
+  ASSERT_EQ(std::memcmp(magic, "D2OM", 4), 0);
+  ASSERT_EQ(h[0], 1u);
+  const auto type = static_cast<GgmlType>(h[1]);
+  const int64_t n_rows = h[2], n_cols = h[3], n_tok = h[4];
+  std::vector<uint8_t> bytes(static_cast<size_t>(ggml_row_bytes(type, n_cols) * n_rows));
+  std::vector<float> x(static_cast<size_t>(n_tok * n_cols)),
+      want(static_cast<size_t>(n_tok * n_rows));
+  ASSERT_EQ(std::fread(bytes.data(), 1, bytes.size(), f), bytes.size());
+  ASSERT_EQ(std::fread(x.data(), 4, x.size(), f), x.size());
+  ASSERT_EQ(std::fread(want.data(), 4, want.size(), f), want.size());
+  std::fclose(f);
+
+  const QMatrix w = make_matrix(type, n_rows, n_cols, bytes);
+  const Reference exact = reference(type, bytes, n_rows, n_cols, x, n_tok, act_block_of(type));
+  ThreadPool pool(2);
+  for (KernelIsa isa : available_isas()) {
+    const std::vector<float> y = run_misaligned(w, x, n_tok, pool, isa);
+    double max_vs_ggml = 0, max_vs_exact = 0;
+    for (size_t i = 0; i < y.size(); ++i) {
+      ASSERT_NEAR(y[i], want[i], 1e-5 * exact.abs_sum[i] + 1e-6)
+          << GetParam() << " " << kernel_isa_name(isa) << " output " << i;
+      max_vs_ggml = std::max(max_vs_ggml, static_cast<double>(std::fabs(y[i] - want[i])));
+      max_vs_exact = std::max(max_vs_exact, static_cast<double>(std::fabs(y[i] - exact.y[i])));
+    }
+    EXPECT_LT(max_vs_ggml, 0.01 * max_vs_exact) << GetParam() << " " << kernel_isa_name(isa);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(PackedTypes, LlamaCppMatmul,
+                         ::testing::Values("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"),
+                         [](const ::testing::TestParamInfo<const char*>& p) {
+                           return std::string(p.param);
+                         });
 
 TEST(Matmul, FromGgufBytesRejectsBadInput) {
   std::vector<uint8_t> bytes(4096);
@@ -384,7 +511,8 @@ TEST(Matmul, FromGgufBytesRejectsBadInput) {
   ASSERT_FALSE(bad_type.ok());
   EXPECT_EQ(bad_type.status().code(), StatusCode::kUnsupported);
   EXPECT_NE(bad_type.status().message().find("IQ2_XXS"), std::string::npos);
-  for (GgmlType t : {GgmlType::kQ8_K, GgmlType::kI32, GgmlType::kTQ1_0, static_cast<GgmlType>(77)}) {
+  for (GgmlType t :
+       {GgmlType::kQ8_K, GgmlType::kI32, GgmlType::kTQ1_0, static_cast<GgmlType>(77)}) {
     auto m = QMatrix::from_gguf_bytes(t, 1, 256, bytes.data(), 256);
     ASSERT_FALSE(m.ok());
     EXPECT_EQ(m.status().code(), StatusCode::kUnsupported);
@@ -400,7 +528,8 @@ TEST(Matmul, FromGgufBytesRejectsBadInput) {
   EXPECT_FALSE(zero_rows.ok());
   auto negative = QMatrix::from_gguf_bytes(GgmlType::kF32, 4, -4, bytes.data(), 64);
   EXPECT_FALSE(negative.ok());
-  auto huge = QMatrix::from_gguf_bytes(GgmlType::kF32, int64_t{1} << 39, int64_t{1} << 39, bytes.data(), 64);
+  auto huge = QMatrix::from_gguf_bytes(GgmlType::kF32, int64_t{1} << 39, int64_t{1} << 39,
+                                       bytes.data(), 64);
   EXPECT_FALSE(huge.ok());
   auto null_data = QMatrix::from_gguf_bytes(GgmlType::kF32, 1, 4, nullptr, 16);
   EXPECT_FALSE(null_data.ok());

@@ -6,7 +6,6 @@
 // agree with a double reference; plus the cost of a D2O decode step (printed, not asserted).
 #include <gtest/gtest.h>
 
-#include <dlfcn.h>
 #include <time.h>
 
 #include <algorithm>
@@ -29,21 +28,10 @@
 #include "kv/policy/similarity.h"
 #include "unit/policy_sim.h"
 
-// Counting operator new: lets a test check that a steady-state decode step allocates nothing. It
-// counts while g_count_allocations is set on the calling thread and forwards to the operator new
-// it replaces (the C++ runtime's, or the sanitizer's), whose operator delete stays in place, so
-// allocation and deallocation always come from the same family.
-namespace {
-thread_local bool g_count_allocations = false;
-std::atomic<int64_t> g_allocations{0};
-}  // namespace
+#include "common/alloc_counter.h"
 
-void* operator new(size_t n) {
-  using NewFn = void* (*)(size_t);
-  static const NewFn next = reinterpret_cast<NewFn>(dlsym(RTLD_NEXT, "_Znwm"));
-  if (g_count_allocations) g_allocations.fetch_add(1, std::memory_order_relaxed);
-  return next(n);
-}
+using d2o::test::g_allocations;
+using d2o::test::g_count_allocations;
 
 namespace d2o {
 namespace {

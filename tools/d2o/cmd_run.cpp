@@ -1,4 +1,5 @@
 // d2o run: generate text from a prompt, streaming it, then report speed and memory.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -22,6 +23,7 @@ struct RunOptions {
   std::vector<std::string> stop;
   bool chat = false;
   bool kv_report = false;
+  bool timings = false;
   bool ignore_eos = false;
   bool parse_special = false;
 };
@@ -72,6 +74,10 @@ int run_run(RunOptions& o) {
   }
 
   Sequence seq(l.model->hparams(), l.kv_type, l.policy);
+  // No layer ever holds more slots than the run has tokens (nor than the context): the cache's
+  // geometric growth stops there instead of over-allocating by up to a quarter.
+  const int64_t most_tokens = std::min<int64_t>(l.n_ctx, static_cast<int64_t>(ids->size()) + o.n_predict);
+  if (Status s = seq.cache().set_slot_limit(static_cast<int>(most_tokens)); !s.ok()) return fail(s);
   GenerateParams gp;
   gp.n_predict = o.n_predict;
   gp.sampling = o.sampling;
@@ -100,6 +106,16 @@ int run_run(RunOptions& o) {
                r.n_decoded, r.decode_seconds, r.n_decoded / std::max(r.decode_seconds, 1e-9));
   std::fprintf(stderr, "%s\n", memory_summary(l, seq).c_str());
   if (o.kv_report) print_kv_report(stderr, seq);
+  if (o.timings) {
+    const EngineTimings& t = l.engine->timings();
+    const double total = t.matmul_s + t.attention_s + t.policy_s + t.other_s;
+    std::fprintf(stderr,
+                 "time split over %lld rows: matmul %.2f s (%.1f%%), attention %.2f s (%.1f%%), KV policy %.2f s "
+                 "(%.1f%%), other %.2f s (%.1f%%)\n",
+                 static_cast<long long>(t.rows), t.matmul_s, 100 * t.matmul_s / total, t.attention_s,
+                 100 * t.attention_s / total, t.policy_s, 100 * t.policy_s / total, t.other_s,
+                 100 * t.other_s / total);
+  }
   return 0;
 }
 
@@ -117,6 +133,7 @@ Action add_run_command(CLI::App& app) {
   sub->add_option("--stop", o->stop, "Stop string (repeatable)");
   sub->add_flag("--chat", o->chat, "Wrap the prompt as a user message in the model's chat template");
   sub->add_flag("--kv-report", o->kv_report, "Print per-layer KV budgets, slots, merges and thresholds");
+  sub->add_flag("--timings", o->timings, "Print how the time split between matmul, attention, KV policy and the rest");
   sub->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-generation tokens");
   sub->add_flag("--parse-special", o->parse_special, "Map special-token text in the prompt to special tokens");
   return [o] { return run_run(*o); };

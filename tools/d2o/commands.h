@@ -20,6 +20,7 @@ Action add_run_command(CLI::App& app);
 Action add_chat_command(CLI::App& app);
 Action add_perplexity_command(CLI::App& app);
 Action add_eval_command(CLI::App& app);
+Action add_bench_command(CLI::App& app);
 
 // Prints "d2o: error: <status>" to stderr and returns 1.
 int fail(const Status& status);

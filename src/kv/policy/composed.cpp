@@ -47,6 +47,9 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
   if (state.tau_ready.size() != nlg) state.tau_ready.assign(nlg, 0);
 
   if (!state.budgets_set) {
+    // Prompt-then-compress compresses the whole prompt: when it is prefilled in chunks, the first
+    // compaction waits for the pass that ends it (PassInfo::prompt_rest).
+    if (cfg_.mode == BudgetMode::kRatio && pass.prompt_rest > 0) return {};
     const int n = cache.layer(0).n_slot;
     for (int il = 1; il < L; ++il) {
       if (cache.layer(il).n_slot != n) {
@@ -227,6 +230,35 @@ int64_t ComposedPolicy::peak_slots(int64_t n_prompt, int64_t n_total, int max_ch
   }
   if (!cfg_.compact_after_first) return std::max(n_first, s_max + (n_total - n_first));
   return std::max(n_first, std::min(n_total, s_max + chunk));
+}
+
+int64_t ComposedPolicy::peak_slots_for(const FeedPlan& f) const {
+  // As peak_slots(), with the prompt's later chunks announced (PassInfo::prompt_rest) and passes
+  // after the prompt of at most decode_chunk tokens.
+  const int64_t n_prompt = f.n_prompt, n_total = std::max(f.n_total, f.n_prompt);
+  if (n_total <= 0) return 0;
+  if (n_prompt <= 0) return peak_slots(0, n_total, f.decode_chunk);
+  if (cfg_.layers == LayerRule::kResearch) return n_total;  // layers 0, 1 and L-1 keep everything
+  const int64_t pc = std::max(1, f.prompt_chunk), dc = std::max(1, f.decode_chunk);
+  const bool variable = cfg_.exact_total || cfg_.layers != LayerRule::kUniform;
+  if (cfg_.mode == BudgetMode::kRatio) {
+    // The whole prompt is held, then compacted once to budgets decided from its n_prompt slots.
+    const int64_t lo = std::min<int64_t>(cfg_.min_budget(), n_prompt);
+    const int64_t s_max =
+        variable ? n_prompt
+                 : std::clamp<int64_t>(std::llround(cfg_.ratio * static_cast<double>(n_prompt)),
+                                       lo, n_prompt);
+    if (!cfg_.compact_after_first) return std::max(n_prompt, s_max + (n_total - n_prompt));
+    return std::max(n_prompt, std::min(n_total, s_max + dc));
+  }
+  // Budget mode: compaction whenever a layer holds more than B slots, prompt chunks included.
+  if (n_total <= cfg_.budget) return n_total;
+  const bool in_prompt = n_prompt > cfg_.budget;  // the first compaction comes during the prompt
+  const int64_t n_first = std::min(n_total, cfg_.budget + (in_prompt ? pc : dc));
+  const int64_t s_max = variable ? n_first : cfg_.budget;
+  const int64_t pass = in_prompt ? std::max(pc, dc) : dc;  // passes after the first compaction
+  if (!cfg_.compact_after_first) return std::max(n_first, s_max + (n_total - n_first));
+  return std::max(n_first, std::min(n_total, s_max + pass));
 }
 
 }  // namespace d2o

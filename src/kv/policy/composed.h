@@ -30,6 +30,7 @@ class ComposedPolicy final : public KvPolicy {
   StatsNeeds needs() const override;
   Status compact(KvCache& cache, PolicyState& state, const PassInfo& pass) const override;
   int64_t peak_slots(int64_t n_prompt, int64_t n_total, int max_chunk) const override;
+  int64_t peak_slots_for(const FeedPlan& plan) const override;
 
  private:
   // Selection and merge planning of one layer into state.plans[il] (CaM also updates values).

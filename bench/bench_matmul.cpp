@@ -1,0 +1,125 @@
+// matmul throughput on the SmolLM2-135M shapes: matvec (decode) and 512-token products (prompt
+// processing) for Q4_1 [576 x 1536] (ffn_down), Q4_1 [1536 x 576] (ffn_gate/up) and Q8_0
+// [49152 x 576] (tied output matrix), at 1 and 2 threads and every kernel level.
+//
+// Counters: GB/s = weight bytes read per second, GFLOP/s = 2 * rows * cols * tokens per second.
+// "hot" runs reuse one matrix (it stays in L2/L3); "cold" runs rotate over enough copies
+// (>= 96 MiB, the size of the whole model) that every call streams its weights from DRAM, as a
+// decode step does.
+//
+//   build/bench/bench_matmul --benchmark_counters_tabular=true [--benchmark_filter=...]
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/fp16.h"
+#include "ops/matmul.h"
+
+namespace d2o {
+namespace {
+
+struct Case {
+  GgmlType type;
+  int64_t rows, cols;
+};
+constexpr Case kCases[] = {
+    {GgmlType::kQ4_1, 576, 1536},
+    {GgmlType::kQ4_1, 1536, 576},
+    {GgmlType::kQ8_0, 49152, 576},
+    // Not in SmolLM2, for reference: the K formats of Q4_K_M models.
+    {GgmlType::kQ4_K, 576, 1536},
+    {GgmlType::kQ6_K, 576, 1536},
+};
+
+QMatrix random_matrix(const Case& c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t row_bytes = ggml_row_bytes(c.type, c.cols);
+  std::vector<uint8_t> bytes(static_cast<size_t>(row_bytes * c.rows));
+  for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+  // Finite fp16 scale fields (offsets inside a block), random quants.
+  const int64_t block_bytes = ggml_row_bytes(c.type, ggml_block_size(c.type));
+  const size_t d_off = c.type == GgmlType::kQ6_K ? 208 : 0;
+  const bool has_min = c.type == GgmlType::kQ4_1 || c.type == GgmlType::kQ4_K;
+  std::uniform_real_distribution<float> u(-0.02f, 0.02f);
+  for (size_t off = 0; off < bytes.size(); off += static_cast<size_t>(block_bytes)) {
+    const uint16_t d = fp32_to_fp16(u(rng)), m = fp32_to_fp16(-0.01f);
+    std::memcpy(bytes.data() + off + d_off, &d, 2);
+    if (has_min) std::memcpy(bytes.data() + off + 2, &m, 2);
+  }
+  auto m = QMatrix::from_gguf_bytes(c.type, c.rows, c.cols, bytes.data(), bytes.size());
+  if (!m.ok()) std::abort();
+  return std::move(m).value();
+}
+
+// args: case index, tokens, threads, kernel level, cold (0/1)
+void BM_Matmul(benchmark::State& state) {
+  const Case& c = kCases[state.range(0)];
+  const int64_t n_tok = state.range(1);
+  const int threads = static_cast<int>(state.range(2));
+  const auto isa = static_cast<KernelIsa>(state.range(3));
+  const bool cold = state.range(4) != 0;
+  if (!kernel_isa_available(isa)) {
+    state.SkipWithError("kernel level not available on this CPU");
+    return;
+  }
+  std::vector<QMatrix> mats;
+  mats.push_back(random_matrix(c, 1));
+  if (cold) {
+    const size_t target = size_t{96} << 20;
+    while (mats.size() * mats[0].bytes() < target)
+      mats.push_back(random_matrix(c, static_cast<uint32_t>(mats.size() + 1)));
+  }
+  ThreadPool pool(threads);
+  std::vector<float> x(static_cast<size_t>(n_tok * c.cols)), y(static_cast<size_t>(n_tok * c.rows));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  for (float& v : x) v = nd(rng);
+  size_t i = 0;
+  for (auto _ : state) {
+    matmul_isa(mats[i], x.data(), n_tok, y.data(), pool, isa);
+    benchmark::DoNotOptimize(y.data());
+    if (++i == mats.size()) i = 0;
+  }
+  const double bytes = static_cast<double>(mats[0].bytes());
+  const double flops = 2.0 * static_cast<double>(c.rows * c.cols * n_tok);
+  state.counters["GB/s"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(ggml_type_name(c.type) + " [" + std::to_string(c.rows) + " x " +
+                 std::to_string(c.cols) + "] " + kernel_isa_name(isa) + (cold ? " cold" : " hot"));
+}
+
+void args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"case", "tok", "thr", "isa", "cold"});
+  for (int64_t c = 0; c < 3; ++c) {
+    for (int64_t thr : {1, 2}) {
+      // Decode: every level, weights hot and cold.
+      for (int64_t isa : {0, 1, 2}) {
+        for (int64_t cold : {0, 1}) {
+          if (isa == 0 && (cold == 1 || c == 2)) continue;  // scalar: one point is enough
+          b->Args({c, 1, thr, isa, cold});
+        }
+      }
+      // Prompt processing: 512 tokens.
+      for (int64_t isa : {1, 2}) b->Args({c, 512, thr, isa, 0});
+    }
+  }
+  for (int64_t c = 3; c < 5; ++c) {
+    for (int64_t isa : {1, 2}) {
+      b->Args({c, 1, 1, isa, 0});
+      b->Args({c, 512, 1, isa, 0});
+    }
+  }
+  b->UseRealTime()->Unit(benchmark::kMicrosecond);
+}
+BENCHMARK(BM_Matmul)->Apply(args);
+
+}  // namespace
+}  // namespace d2o
+
+BENCHMARK_MAIN();

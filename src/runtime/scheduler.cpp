@@ -1,0 +1,342 @@
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/assert.h"
+#include "core/timer.h"
+
+namespace d2o {
+
+// A request from submission to its end.
+struct Scheduler::Active {
+  RequestId id = 0;
+  Request req;
+  std::shared_ptr<const KvPolicy> policy;
+  Footprint fp;
+  std::vector<int> chunks;  // how the prompt is cut into passes
+  size_t next_chunk = 0;
+  int64_t prefilled = 0;          // prompt tokens fed so far
+  std::unique_ptr<Sequence> seq;  // created at admission, destroyed at the end
+  std::vector<TokenId> history;   // prompt + generated (repetition penalty; the token to feed)
+  uint64_t rng = 0;
+  bool has_next = false;  // history.back() is a generated token still to be fed
+  bool sampled = false;   // the last pass produced logits for it
+  TokenId sample = -1;
+  bool done = false;
+  RequestResult result;
+};
+
+Scheduler::Scheduler(Engine& engine, const SchedulerParams& params)
+    : engine_(engine),
+      params_(params),
+      pool_(params.kv_mem_bytes),
+      queue_(pool_),
+      t0_ns_(now_ns()),
+      sampler_(SamplerParams{}, engine.model().hparams().n_vocab) {
+  const ModelHParams& h = engine.model().hparams();
+  cache_cfg_ = KvCacheConfig{h.n_layer, h.n_head_kv, h.head_dim, params.kv_type};
+  is_eog_.assign(static_cast<size_t>(h.n_vocab), 0);
+  for (TokenId t : params.eog_tokens) is_eog_[static_cast<size_t>(t)] = 1;
+  const size_t max_entries = static_cast<size_t>(params.max_running);
+  batch_.reserve(max_entries);
+  entry_owner_.reserve(max_entries);
+  admitted_ids_.reserve(max_entries);
+  running_.reserve(max_entries);
+  sink_ = [this](int entry, int, const float* logits) { on_logits(entry, logits); };
+}
+
+Scheduler::~Scheduler() = default;
+
+Result<std::unique_ptr<Scheduler>> Scheduler::create(Engine& engine, const SchedulerParams& p) {
+  if (p.kv_mem_bytes == 0) return invalid_argument("the KV memory cap must be positive");
+  if (p.prefill_chunk < 1) return invalid_argument("the prefill chunk must be at least 1 token");
+  if (p.max_running < 1) return invalid_argument("max running sequences must be at least 1");
+  const int ub = engine.options().n_ubatch;
+  if (static_cast<int64_t>(p.max_running) + p.prefill_chunk > ub) {
+    return invalid_argument("the engine's micro-batch of " + std::to_string(ub) +
+                            " rows cannot hold a scheduler step of " +
+                            std::to_string(p.max_running) + " decode rows + a prefill chunk of " +
+                            std::to_string(p.prefill_chunk) +
+                            " tokens; raise --ubatch or lower the batch size or the chunk");
+  }
+  const int n_vocab = engine.model().hparams().n_vocab;
+  for (TokenId t : p.eog_tokens) {
+    if (t < 0 || t >= n_vocab) {
+      return invalid_argument("end-of-generation token " + std::to_string(t) + " is out of range");
+    }
+  }
+  return std::unique_ptr<Scheduler>(new Scheduler(engine, p));
+}
+
+double Scheduler::now() const {
+  return static_cast<double>(now_ns() - t0_ns_) * 1e-9;
+}
+
+std::vector<int> Scheduler::split_prompt(int64_t n, int chunk, int min_last) {
+  std::vector<int> out;
+  if (n <= 0) return out;
+  chunk = std::max(1, chunk);
+  const int64_t n_chunks = (n + chunk - 1) / chunk;
+  for (int64_t c = 0; c < n_chunks; ++c)
+    out.push_back(static_cast<int>(std::min<int64_t>(chunk, n - c * chunk)));
+  const int want = static_cast<int>(std::min<int64_t>(std::max(1, min_last), n));
+  if (out.size() > 1 && out.back() < want) {
+    const int move = std::min(want - out.back(), out[out.size() - 2] - 1);
+    out[out.size() - 2] -= move;
+    out.back() += move;
+  }
+  return out;
+}
+
+Scheduler::Footprint Scheduler::footprint(const KvCacheConfig& cfg, const KvPolicy& policy,
+                                          int64_t n_prompt, int64_t n_new, int max_chunk) {
+  Footprint f;
+  FeedPlan plan;
+  plan.n_prompt = n_prompt;
+  plan.n_total = n_prompt + n_new;
+  plan.prompt_chunk = std::max(1, max_chunk);
+  plan.decode_chunk = 1;  // one token per step after the prompt
+  f.slots = std::max<int64_t>(1, policy.peak_slots_for(plan));
+  f.bytes = KvCache::bytes_for_slots(cfg, f.slots);
+  return f;
+}
+
+Result<std::shared_ptr<const KvPolicy>> Scheduler::policy_for(const std::string& spec) {
+  auto it = policies_.find(spec);
+  if (it != policies_.end()) return it->second;
+  auto parsed = parse_kv_policy(spec);
+  if (!parsed.ok()) return parsed.status();
+  std::shared_ptr<const KvPolicy> p(std::move(parsed).value());
+  policies_.emplace(spec, p);
+  return p;
+}
+
+Result<RequestId> Scheduler::submit(Request req) {
+  const ModelHParams& h = engine_.model().hparams();
+  if (req.prompt.empty()) return invalid_argument("the request's prompt is empty");
+  if (req.max_new_tokens < 1) return invalid_argument("a request must generate at least 1 token");
+  for (TokenId t : req.prompt) {
+    if (t < 0 || t >= h.n_vocab) {
+      return invalid_argument("prompt token id " + std::to_string(t) +
+                              " is out of range (vocabulary size " + std::to_string(h.n_vocab) +
+                              ")");
+    }
+  }
+  D2O_RETURN_IF_ERROR(req.sampling.validate());
+  const int64_t n_prompt = static_cast<int64_t>(req.prompt.size());
+  const int64_t n_total = n_prompt + req.max_new_tokens;
+  if (params_.max_positions > 0 && n_total > params_.max_positions) {
+    return invalid_argument("prompt (" + std::to_string(n_prompt) + " tokens) + max new tokens (" +
+                            std::to_string(req.max_new_tokens) + ") exceed the context of " +
+                            std::to_string(params_.max_positions) + " tokens");
+  }
+  if (n_total > std::numeric_limits<int32_t>::max() / 2)
+    return invalid_argument("the request is too long");
+  auto pol = policy_for(req.kv_spec);
+  if (!pol.ok()) return pol.status().with_context("KV policy of the request");
+  auto a = std::make_unique<Active>();
+  a->policy = *pol;
+  const int window = a->policy->is_full() ? 0 : a->policy->needs().window;
+  if (window > params_.prefill_chunk) {
+    return invalid_argument("the KV policy's observation window of " + std::to_string(window) +
+                            " tokens is longer than the prefill chunk of " +
+                            std::to_string(params_.prefill_chunk) + "; use a larger chunk");
+  }
+  a->chunks = split_prompt(n_prompt, params_.prefill_chunk, window);
+  const int max_chunk = *std::max_element(a->chunks.begin(), a->chunks.end());
+  a->fp = footprint(cache_cfg_, *a->policy, n_prompt, req.max_new_tokens, max_chunk);
+  if (a->fp.slots > std::numeric_limits<int>::max())
+    return invalid_argument("the request is too long");
+
+  a->id = next_id_++;
+  RequestResult& r = a->result;
+  r.id = a->id;
+  r.kv_spec = a->policy->spec();
+  r.n_prompt = static_cast<int>(n_prompt);
+  r.kv_slot_limit = a->fp.slots;
+  r.t_submit = now();
+  a->req = std::move(req);
+  if (Status s = queue_.push(a->id, a->fp.bytes); !s.ok()) {
+    r.status = s.with_context("request " + std::to_string(a->id) + " (" + std::to_string(n_prompt) +
+                              " + " + std::to_string(a->req.max_new_tokens) +
+                              " tokens, KV policy " + r.kv_spec + ") refused");
+    r.stop_reason = "refused";
+    r.t_end = r.t_submit;
+    finished_.push_back(std::move(r));
+    return a->id;
+  }
+  const RequestId id = a->id;
+  waiting_.emplace(id, std::move(a));
+  return id;
+}
+
+Status Scheduler::admit() {
+  if (running_.size() >= static_cast<size_t>(params_.max_running)) return {};
+  admitted_ids_.clear();
+  queue_.admit(params_.max_running - static_cast<int>(running_.size()), admitted_ids_);
+  for (RequestId id : admitted_ids_) {
+    auto it = waiting_.find(id);
+    D2O_ASSERT(it != waiting_.end());
+    std::unique_ptr<Active> a = std::move(it->second);
+    waiting_.erase(it);
+    a->result.t_admit = now();
+    running_.push_back(std::move(a));
+    Active& r = *running_.back();
+    // The cache gets its whole footprint now (untouched pages cost no RSS) and can never grow
+    // past it, so decode steps never reallocate it.
+    Status s;
+    try {
+      r.seq = std::make_unique<Sequence>(engine_.model().hparams(), params_.kv_type, r.policy);
+      s = r.seq->cache().set_slot_limit(static_cast<int>(r.fp.slots));
+      for (int il = 0; s.ok() && il < cache_cfg_.n_layer; ++il) {
+        s = r.seq->cache().reserve(il, static_cast<int>(r.fp.slots), /*exact=*/true);
+      }
+      const size_t n_prompt = r.req.prompt.size(),
+                   n_new = static_cast<size_t>(r.req.max_new_tokens);
+      r.history.reserve(n_prompt + n_new);
+      r.history.assign(r.req.prompt.begin(), r.req.prompt.end());
+      r.result.tokens.reserve(n_new);
+      r.result.token_times.reserve(n_new);
+    } catch (const std::bad_alloc&) {
+      s = resource_exhausted("out of memory setting up the request");
+    }
+    r.rng = Sampler::initial_rng_state(r.req.sampling.seed);
+    r.result.kv_reserved = r.fp.bytes;
+    if (r.seq) {
+      r.result.kv_peak_allocated =
+          r.seq->cache().kv_bytes_allocated() + r.seq->cache().meta_bytes_allocated();
+    }
+    if (!s.ok()) finish(running_.size() - 1, "error", s);  // could not be set up
+  }
+  std::erase_if(running_, [](const std::unique_ptr<Active>& a) { return a->done; });
+  return {};
+}
+
+void Scheduler::finish(size_t index, std::string reason, Status status) {
+  Active& a = *running_[index];
+  a.done = true;
+  a.has_next = false;
+  a.result.stop_reason = std::move(reason);
+  a.result.status = std::move(status);
+  a.result.t_end = now();
+  a.seq.reset();  // frees the cache
+  queue_.release(a.id);
+  finished_.push_back(std::move(a.result));
+}
+
+void Scheduler::on_logits(int entry, const float* logits) {
+  Active& a = *entry_owner_[static_cast<size_t>(entry)];
+  sampler_.set_stream(a.req.sampling, a.rng);
+  a.sample = sampler_.sample(logits, a.history);
+  a.rng = sampler_.rng_state();
+  a.sampled = true;
+}
+
+size_t Scheduler::kv_allocated() const {
+  size_t b = 0;
+  for (const auto& a : running_) {
+    if (a->seq) b += a->seq->cache().kv_bytes_allocated() + a->seq->cache().meta_bytes_allocated();
+  }
+  return b;
+}
+
+Status Scheduler::step() {
+  const int64_t t_start = now_ns();
+  last_ = StepStats{};
+  D2O_RETURN_IF_ERROR(admit());
+  last_.n_running = static_cast<int>(running_.size());
+  last_.n_waiting = static_cast<int>(queue_.n_waiting());
+  if (running_.empty()) return {};
+
+  // The batch: a decode row for every sequence past its prompt, then one prompt chunk.
+  batch_.clear();
+  entry_owner_.clear();
+  for (auto& a : running_) {
+    if (!a->has_next) continue;
+    BatchEntry be;
+    be.seq = a->seq.get();
+    be.tokens = std::span<const TokenId>(&a->history.back(), 1);
+    batch_.push_back(be);
+    entry_owner_.push_back(a.get());
+  }
+  last_.n_decode = static_cast<int>(batch_.size());
+  Active* prefill = nullptr;
+  for (auto& a : running_) {
+    if (a->next_chunk < a->chunks.size()) {
+      prefill = a.get();
+      break;
+    }
+  }
+  if (prefill) {
+    const int len = prefill->chunks[prefill->next_chunk];
+    BatchEntry be;
+    be.seq = prefill->seq.get();
+    be.tokens = std::span<const TokenId>(prefill->req.prompt.data() + prefill->prefilled,
+                                         static_cast<size_t>(len));
+    be.prompt_rest = static_cast<int64_t>(prefill->req.prompt.size()) - prefill->prefilled - len;
+    be.logits_from = be.prompt_rest > 0 ? BatchEntry::kNoLogits : -1;
+    batch_.push_back(be);
+    entry_owner_.push_back(prefill);
+    last_.n_prefill_tokens = len;
+  }
+  last_.n_entries = static_cast<int>(batch_.size());
+  D2O_ASSERT(!batch_.empty());
+  for (Active* a : entry_owner_) a->sampled = false;
+
+  const Status s = engine_.forward(batch_, sink_);
+  last_.kv_reserved = pool_.reserved();
+  if (!s.ok()) {
+    for (size_t i = 0; i < running_.size(); ++i) {
+      if (std::find(entry_owner_.begin(), entry_owner_.end(), running_[i].get()) !=
+          entry_owner_.end()) {
+        finish(i, "error", s);
+      }
+    }
+    std::erase_if(running_, [](const std::unique_ptr<Active>& a) { return a->done; });
+    return s;
+  }
+  last_.kv_allocated = kv_allocated();
+
+  const double t = now();
+  if (prefill) {
+    prefill->prefilled += prefill->chunks[prefill->next_chunk];
+    ++prefill->next_chunk;
+  }
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Active& a = *running_[i];
+    if (!a.sampled) continue;
+    a.sampled = false;
+    const size_t alloc =
+        a.seq->cache().kv_bytes_allocated() + a.seq->cache().meta_bytes_allocated();
+    a.result.kv_peak_allocated = std::max(a.result.kv_peak_allocated, alloc);
+    if (a.req.stop_at_eog && is_eog_[static_cast<size_t>(a.sample)]) {
+      finish(i, "eog", {});
+      continue;
+    }
+    if (a.result.tokens.empty()) a.result.t_first = t;
+    a.result.tokens.push_back(a.sample);
+    a.result.token_times.push_back(t);
+    a.history.push_back(a.sample);
+    a.has_next = true;
+    if (static_cast<int>(a.result.tokens.size()) >= a.req.max_new_tokens) finish(i, "length", {});
+  }
+  const size_t before = running_.size();
+  std::erase_if(running_, [](const std::unique_ptr<Active>& a) { return a->done; });
+  last_.n_finished = static_cast<int>(before - running_.size());
+  last_.seconds = static_cast<double>(now_ns() - t_start) * 1e-9;
+  return {};
+}
+
+Status Scheduler::run() {
+  while (!idle()) D2O_RETURN_IF_ERROR(step());
+  return {};
+}
+
+std::vector<RequestResult> Scheduler::take_finished() {
+  std::vector<RequestResult> out;
+  out.swap(finished_);
+  return out;
+}
+
+}  // namespace d2o

@@ -1,0 +1,164 @@
+// Scheduler: many generation requests served at once under a KV memory cap (continuous batching).
+//
+// Each request (prompt tokens, max new tokens, sampling, KV policy spec) becomes a Sequence that
+// owns its compressed cache and policy state. One step() is one Engine::forward over
+//   - one decode row for every running sequence that has finished its prompt, and
+//   - at most one prompt chunk (prefill_chunk tokens) of the oldest sequence still prefilling,
+// so the weights are read once for the whole batch and a long prompt never stalls the sequences
+// that are decoding (their per-token latency grows by one chunk's work at most).
+//
+// Memory: a request is admitted (strict FIFO) when its peak KV footprint fits in the pool next to
+// the running ones (runtime/kv_pool.h); its cache is capped at that footprint and released when it
+// ends (EOS or max tokens), which lets the next waiting request in. A request whose peak exceeds
+// the cap alone is refused at once (its result says why) and the others run.
+//
+// Peak footprint = KvCache::bytes_for_slots(cfg, policy.peak_slots_for({prompt, prompt + max_new,
+// longest prompt chunk, 1})): the full cache grows to prompt + max_new slots per layer; a
+// compressing policy is bounded by its budget plus one pass (and by the prompt for
+// prompt-then-compress, which holds the whole prompt once before compacting it).
+//
+// Prompt chunks carry BatchEntry::prompt_rest, so ratio policies compress the prompt once, after
+// its last chunk, exactly as if it had been prefilled in one pass; the last chunk is made at
+// least as long as the policy's observation window (SnapKV). Outputs of a request do not depend on
+// which other requests share its steps: a sequence's passes are the same whatever the batch, the
+// matmuls do not depend on how rows are grouped, attention and compaction are per sequence.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "d2o/status.h"
+#include "kv/policy.h"
+#include "runtime/engine.h"
+#include "runtime/kv_pool.h"
+#include "runtime/sampler.h"
+
+namespace d2o {
+
+using RequestId = uint64_t;
+
+struct Request {
+  std::vector<TokenId> prompt;
+  int max_new_tokens = 128;  // >= 1
+  SamplerParams sampling;    // greedy by default
+  std::string kv_spec = "full";
+  bool stop_at_eog = true;  // false: always generate max_new_tokens (benchmarks)
+};
+
+struct RequestResult {
+  RequestId id = 0;
+  Status status;            // OK, or why the request was refused / failed
+  std::string stop_reason;  // "eog", "length", "refused" or "error"
+  std::string kv_spec;      // canonical spec of its policy
+  int n_prompt = 0;
+  std::vector<TokenId> tokens;   // generated (an EOG token that stopped it excluded)
+  size_t kv_reserved = 0;        // bytes reserved for its cache while it ran
+  size_t kv_peak_allocated = 0;  // largest allocation of its cache (KV + slot metadata)
+  int64_t kv_slot_limit = 0;     // slots per KV head and layer its cache was capped at
+  // Seconds on the scheduler's clock (from its creation): submitted, admitted, first generated
+  // token, end. token_times[i]: when tokens[i] was produced (the end of its step).
+  double t_submit = 0, t_admit = 0, t_first = 0, t_end = 0;
+  std::vector<double> token_times;
+};
+
+struct SchedulerParams {
+  size_t kv_mem_bytes = 0;  // the KV memory cap (> 0)
+  int prefill_chunk = 256;  // prompt tokens per pass (>= 1)
+  int max_running = 64;     // sequences admitted at once (>= 1)
+  KvType kv_type = KvType::kF16;
+  int64_t max_positions = 0;        // > 0: prompt + max_new_tokens may not exceed it
+  std::vector<TokenId> eog_tokens;  // end-of-generation ids (for Request::stop_at_eog)
+};
+
+// What the last step did (for reports and tests).
+struct StepStats {
+  int n_entries = 0;         // sequences advanced (batch size)
+  int n_decode = 0;          // decode rows
+  int n_prefill_tokens = 0;  // prompt tokens of the prefill chunk (0 if none)
+  int n_running = 0;         // sequences holding a reservation during the step
+  int n_waiting = 0;         // requests queued after admission
+  int n_finished = 0;        // requests that ended with this step
+  size_t kv_reserved = 0;    // pool reservations during the step
+  size_t kv_allocated = 0;   // bytes the running caches had allocated after the pass
+  double seconds = 0;        // wall time of the step (forward + sampling + bookkeeping)
+};
+
+class Scheduler {
+ public:
+  // Errors: a zero cap, chunk or max_running; an engine whose micro-batch cannot hold a whole
+  // step (max_running + prefill_chunk rows: a chunk split over micro-batches would make a
+  // sequence's statistics depend on the batch).
+  static Result<std::unique_ptr<Scheduler>> create(Engine& engine, const SchedulerParams& params);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request and returns its id. Errors (nothing queued): empty prompt, max_new_tokens
+  // < 1, a bad policy spec or sampling parameter, prompt + max_new_tokens above max_positions, a
+  // policy window longer than the prefill chunk. A request whose peak KV footprint exceeds the
+  // cap gets an id and finishes at once as "refused" (see take_finished()).
+  Result<RequestId> submit(Request request);
+
+  // One engine pass (see the top of the file); a no-op when idle. An engine error fails the
+  // sequences of the batch (their results carry it) and is returned.
+  Status step();
+  // Steps until idle.
+  Status run();
+  bool idle() const { return running_.empty() && queue_.n_waiting() == 0; }
+
+  // Results of the requests that ended since the last call, in the order they ended.
+  std::vector<RequestResult> take_finished();
+
+  const StepStats& last_step() const { return last_; }
+  const KvMemoryPool& pool() const { return pool_; }
+  size_t n_running() const { return running_.size(); }
+  size_t n_waiting() const { return queue_.n_waiting(); }
+  // Bytes the running caches have allocated now (KV + slot metadata).
+  size_t kv_allocated() const;
+  // Seconds since creation (the clock of RequestResult).
+  double now() const;
+
+  // The peak KV footprint (bytes) and slot limit of a request with this policy and these sizes.
+  struct Footprint {
+    int64_t slots = 0;  // per KV head and layer
+    size_t bytes = 0;
+  };
+  static Footprint footprint(const KvCacheConfig& cfg, const KvPolicy& policy, int64_t n_prompt,
+                             int64_t n_new, int max_chunk);
+  // How a prompt of n tokens is cut into passes: chunks of `chunk` tokens, except that the last
+  // holds at least min(min_last, n) tokens (taken from the one before it).
+  static std::vector<int> split_prompt(int64_t n, int chunk, int min_last);
+
+ private:
+  struct Active;
+  Scheduler(Engine& engine, const SchedulerParams& params);
+  Result<std::shared_ptr<const KvPolicy>> policy_for(const std::string& spec);
+  Status admit();
+  void finish(size_t index, std::string reason, Status status);
+  void on_logits(int entry, const float* logits);
+
+  Engine& engine_;
+  SchedulerParams params_;
+  KvCacheConfig cache_cfg_;
+  KvMemoryPool pool_;
+  AdmissionQueue queue_;
+  int64_t t0_ns_ = 0;
+  RequestId next_id_ = 1;
+  std::map<std::string, std::shared_ptr<const KvPolicy>> policies_;  // by spec as given
+  std::map<RequestId, std::unique_ptr<Active>> waiting_;             // submitted, not admitted
+  std::vector<std::unique_ptr<Active>> running_;                     // in admission order
+  std::vector<RequestResult> finished_;
+  std::vector<uint8_t> is_eog_;  // [n_vocab]
+  // Per-step buffers, reused (a steady-state step allocates nothing).
+  std::vector<BatchEntry> batch_;
+  std::vector<Active*> entry_owner_;
+  std::vector<uint64_t> admitted_ids_;
+  Sampler sampler_;  // one workspace; each request's random stream is swapped in
+  LogitsSink sink_;
+  StepStats last_;
+};
+
+}  // namespace d2o

@@ -1,0 +1,229 @@
+// Chunked prefill at the policy seam: a prompt fed in announced chunks (BatchEntry::prompt_rest)
+// is compressed once, after its last chunk, exactly as if it had been fed in one pass; and
+// KvPolicy::peak_slots_for bounds what a sequence fed that way holds.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "common/random_model.h"
+#include "model/model.h"
+#include "policy_sim.h"
+#include "runtime/engine.h"
+
+namespace d2o {
+namespace {
+
+using test::PolicySim;
+using test::SimSetup;
+
+// ---- peak_slots_for against a simulated sequence (synthetic statistics, no model) ----------
+
+struct PeakCase {
+  const char* spec;
+  int n_prompt, n_total, chunk;
+  bool exact;  // the bound is reached
+};
+
+int64_t feed_announced(PolicySim& sim, const PeakCase& c) {
+  int64_t peak = 0, fed = 0;
+  auto pass = [&](int n, int64_t rest) {
+    sim.feed(n);
+    for (int il = 0; il < sim.setup.n_layer; ++il)
+      peak = std::max<int64_t>(peak, sim.cache.layer(il).n_slot);
+    PassInfo pi;
+    pi.n_tokens = n;
+    pi.n_past = sim.n_past;
+    pi.prompt_rest = rest;
+    pi.rope = &sim.rope;
+    const Status s = sim.policy->compact(sim.cache, sim.state, pi);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+  };
+  while (fed < c.n_prompt) {
+    const int n = static_cast<int>(std::min<int64_t>(c.chunk, c.n_prompt - fed));
+    fed += n;
+    pass(n, c.n_prompt - fed);
+  }
+  while (fed < c.n_total) {
+    pass(1, 0);
+    ++fed;
+  }
+  return peak;
+}
+
+TEST(ChunkedPrefill, PeakSlotsForBoundsAnnouncedChunkedFeeding) {
+  const std::vector<PeakCase> cases = {
+      {"h2o:ratio=0.5", 40, 100, 8, true},  // the prompt is held whole, then 20 + 1
+      {"h2o:ratio=0.5", 40, 41, 16, true},
+      {"d2o:ratio=0.3", 40, 100, 8, false},  // variable budgets: bounded by the prompt + 1
+      {"cam:ratio=0.25", 40, 100, 8, true},
+      {"roco:ratio=0.25", 37, 90, 5, true},
+      {"streaming:ratio=0.25", 37, 90, 5, true},
+      {"snapkv:ratio=0.5,window=4", 40, 100, 8, true},  // no compaction after the first: 20 + 60
+      {"pyramidkv:ratio=0.5,window=4", 40, 100, 8, false},
+      {"h2o:budget=20", 50, 120, 7, true},  // compacted during the prompt: 20 + 7
+      {"h2o:budget=20", 10, 120, 4, true},  // first compaction while decoding: 20 + 1
+      {"d2o:budget=20", 50, 120, 7, false},
+      {"streaming:budget=20", 30, 30, 30, true},
+      {"snapkv:budget=20,window=4", 40, 100, 8, false},
+      {"d2o:ratio=0.3,layers=research", 40, 100, 8, true},
+      {"h2o:budget=200", 40, 100, 8, true},
+  };
+  for (const PeakCase& c : cases) {
+    SCOPED_TRACE(std::string(c.spec) + " prompt " + std::to_string(c.n_prompt) + " chunk " +
+                 std::to_string(c.chunk));
+    SimSetup s;
+    s.n_layer = 6;
+    PolicySim sim(c.spec, s);
+    const int64_t peak = feed_announced(sim, c);
+    FeedPlan plan;
+    plan.n_prompt = c.n_prompt;
+    plan.n_total = c.n_total;
+    plan.prompt_chunk = c.chunk;
+    plan.decode_chunk = 1;
+    const int64_t bound = sim.policy->peak_slots_for(plan);
+    EXPECT_LE(peak, bound);
+    if (c.exact) {
+      EXPECT_EQ(peak, bound);
+    }
+  }
+  // The plain bound assumes the first chunk is compressed on its own: an announced prompt exceeds
+  // it.
+  SimSetup s;
+  PolicySim sim("d2o:ratio=0.3", s);
+  const PeakCase c{"d2o:ratio=0.3", 40, 100, 8, false};
+  EXPECT_GT(feed_announced(sim, c), sim.policy->peak_slots(40, 100, 8));
+  FeedPlan full_plan;
+  full_plan.n_prompt = 10;
+  full_plan.n_total = 100;
+  EXPECT_EQ(parse_kv_policy("full").value()->peak_slots_for(full_plan), 100);
+}
+
+// ---- the engine: chunked prompt == one-pass prompt, bit for bit ------------------------------
+
+class ChunkedPrefillModel : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    test::RandomModelConfig cfg;
+    cfg.n_layer = 3;
+    cfg.n_embd = 64;
+    cfg.n_head = 4;
+    cfg.n_head_kv = 2;
+    cfg.n_vocab = 300;
+    cfg.seed = 21;
+    const std::string path = ::testing::TempDir() + "/chunked_random.gguf";
+    ASSERT_TRUE(test::make_random_model(cfg).write(path).ok());
+    auto m = Model::load(path);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    model_ = std::move(m).value().release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  static Model* model_;
+};
+Model* ChunkedPrefillModel::model_ = nullptr;
+
+// Feeds `prompt` in the given chunks (announced or not), then decodes n greedy tokens.
+std::vector<TokenId> run(Engine& engine, Sequence& seq, const std::vector<TokenId>& prompt,
+                         const std::vector<int>& chunks, bool announce, int n) {
+  const int n_vocab = engine.model().hparams().n_vocab;
+  TokenId next = -1;
+  auto sink = [&](int, int, const float* l) {
+    next = static_cast<TokenId>(std::max_element(l, l + n_vocab) - l);
+  };
+  size_t at = 0;
+  for (int len : chunks) {
+    BatchEntry be;
+    be.seq = &seq;
+    be.tokens = std::span<const TokenId>(prompt.data() + at, static_cast<size_t>(len));
+    at += static_cast<size_t>(len);
+    be.prompt_rest = announce ? static_cast<int64_t>(prompt.size() - at) : 0;
+    EXPECT_TRUE(engine.forward({&be, 1}, sink).ok());
+  }
+  std::vector<TokenId> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(next);
+    TokenId one[1] = {next};
+    BatchEntry be;
+    be.seq = &seq;
+    be.tokens = std::span<const TokenId>(one, 1);
+    EXPECT_TRUE(engine.forward({&be, 1}, sink).ok());
+  }
+  return out;
+}
+
+bool same_cache(const KvCache& a, const KvCache& b) {
+  for (int il = 0; il < a.n_layer(); ++il) {
+    const KvLayer& x = a.layer(il);
+    const KvLayer& y = b.layer(il);
+    if (x.n_slot != y.n_slot) return false;
+    for (int g = 0; g < x.n_head_kv; ++g) {
+      const size_t rows = static_cast<size_t>(x.n_slot) * x.row_bytes();
+      const size_t m = static_cast<size_t>(x.n_slot);
+      if (std::memcmp(x.key_row(g, 0), y.key_row(g, 0), rows) != 0) return false;
+      if (std::memcmp(x.value_row(g, 0), y.value_row(g, 0), rows) != 0) return false;
+      if (std::memcmp(&x.pos[x.meta_index(g, 0)], &y.pos[y.meta_index(g, 0)], m * 4) != 0)
+        return false;
+      if (std::memcmp(&x.score[x.meta_index(g, 0)], &y.score[y.meta_index(g, 0)], m * 4) != 0)
+        return false;
+    }
+  }
+  return true;
+}
+
+TEST_F(ChunkedPrefillModel, AnnouncedChunksCompressThePromptOnceLikeOnePass) {
+  ThreadPool pool(1);
+  Engine engine(*model_, pool, EngineOptions{});
+  std::vector<TokenId> prompt;
+  test::Xorshift rng(5);
+  for (int i = 0; i < 64; ++i) prompt.push_back(3 + static_cast<TokenId>(rng.next() % 297));
+  // Chunks on 16-token boundaries (the attention kernel's query blocks), the last at least the
+  // SnapKV window of 32.
+  const std::vector<int> chunks = {16, 16, 32};
+  int differs_unannounced = 0;
+  for (const char* spec :
+       {"full", "streaming:ratio=0.3", "h2o:ratio=0.3", "snapkv:ratio=0.3", "pyramidkv:ratio=0.3",
+        "roco:ratio=0.3", "cam:ratio=0.3", "d2o:ratio=0.3"}) {
+    SCOPED_TRACE(spec);
+    std::shared_ptr<const KvPolicy> pol(parse_kv_policy(spec).value());
+    Sequence whole(model_->hparams(), KvType::kF16, pol),
+        chunked(model_->hparams(), KvType::kF16, pol), plain(model_->hparams(), KvType::kF16, pol);
+    const auto a = run(engine, whole, prompt, {64}, true, 12);
+    const auto b = run(engine, chunked, prompt, chunks, true, 12);
+    EXPECT_EQ(a, b);
+    EXPECT_TRUE(same_cache(whole.cache(), chunked.cache()));
+    EXPECT_EQ(whole.policy_state().budgets, chunked.policy_state().budgets);
+    EXPECT_EQ(whole.policy_state().n_compactions, chunked.policy_state().n_compactions);
+    // Without the announcement the first chunk alone is compressed: a different cache.
+    run(engine, plain, prompt, chunks, false, 12);
+    if (!same_cache(whole.cache(), plain.cache())) ++differs_unannounced;
+  }
+  EXPECT_EQ(differs_unannounced, 7);  // every compressing policy
+}
+
+TEST_F(ChunkedPrefillModel, LastChunkShorterThanTheObservationWindowIsAnError) {
+  ThreadPool pool(1);
+  Engine engine(*model_, pool, EngineOptions{});
+  std::shared_ptr<const KvPolicy> pol(parse_kv_policy("snapkv:ratio=0.3,window=8").value());
+  Sequence seq(model_->hparams(), KvType::kF16, pol);
+  std::vector<TokenId> prompt(20, 7);
+  BatchEntry be;
+  be.seq = &seq;
+  be.tokens = std::span<const TokenId>(prompt.data(), 15);
+  be.prompt_rest = 5;  // the last chunk would hold 5 < 8 tokens
+  const Status s = engine.forward({&be, 1}, nullptr);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("observation window of 8"), std::string::npos) << s.message();
+  be.tokens = std::span<const TokenId>(prompt.data(), 12);
+  be.prompt_rest = 8;
+  EXPECT_TRUE(engine.forward({&be, 1}, nullptr).ok());
+  EXPECT_EQ(seq.cache().layer(0).n_slot, 12);  // not compressed yet
+  be.tokens = std::span<const TokenId>(prompt.data() + 12, 8);
+  be.prompt_rest = 0;
+  EXPECT_TRUE(engine.forward({&be, 1}, nullptr).ok());
+  EXPECT_EQ(seq.cache().layer(0).n_slot, 8);  // 0.3 x 20 = 6, raised to the window of 8
+}
+
+}  // namespace
+}  // namespace d2o

@@ -1,0 +1,217 @@
+// KV memory accounting without a model: the pool, FIFO admission with synthetic costs (checked
+// against a plain simulation), byte-size parsing, the cache's slot limit and footprint formula,
+// and how the scheduler cuts prompts into chunks and sizes reservations.
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <random>
+
+#include "kv/kv_cache.h"
+#include "kv/policy.h"
+#include "runtime/kv_pool.h"
+#include "runtime/scheduler.h"
+
+namespace d2o {
+namespace {
+
+TEST(KvMemoryPool, ReservesWithinTheCapOnly) {
+  KvMemoryPool pool(100);
+  EXPECT_TRUE(pool.try_reserve(60));
+  EXPECT_FALSE(pool.try_reserve(41));  // 101 > 100: nothing changes
+  EXPECT_EQ(pool.reserved(), 60u);
+  EXPECT_TRUE(pool.try_reserve(40));  // exactly the cap
+  EXPECT_EQ(pool.available(), 0u);
+  EXPECT_FALSE(pool.try_reserve(1));
+  pool.release(60);
+  EXPECT_EQ(pool.reserved(), 40u);
+  EXPECT_EQ(pool.peak_reserved(), 100u);
+  EXPECT_TRUE(pool.try_reserve(0));
+}
+
+TEST(AdmissionQueue, FifoWithHeadOfLineBlockingAndRefusal) {
+  KvMemoryPool pool(100);
+  AdmissionQueue q(pool);
+  ASSERT_TRUE(q.push(1, 50).ok());
+  ASSERT_TRUE(q.push(2, 40).ok());
+  ASSERT_TRUE(q.push(3, 30).ok());  // does not fit next to 1 and 2
+  ASSERT_TRUE(q.push(4, 5).ok());   // would fit, but must not overtake 3
+  const Status big = q.push(5, 101);
+  EXPECT_EQ(big.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(big.message().find("more than the whole cap"), std::string::npos) << big.message();
+  EXPECT_EQ(q.n_waiting(), 4u);  // the refused one was never queued
+
+  std::vector<uint64_t> ids;
+  q.admit(10, ids);
+  EXPECT_EQ(ids, (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(pool.reserved(), 90u);
+  ids.clear();
+  q.admit(10, ids);
+  EXPECT_TRUE(ids.empty());  // 3 blocks 4
+  q.release(2);
+  EXPECT_EQ(q.reserved_for(1), 50u);
+  EXPECT_EQ(q.reserved_for(2), 0u);
+  q.admit(1, ids);  // at most one
+  EXPECT_EQ(ids, (std::vector<uint64_t>{3}));
+  q.admit(10, ids);
+  EXPECT_EQ(ids, (std::vector<uint64_t>{3, 4}));
+  EXPECT_EQ(pool.reserved(), 85u);
+  q.release(1);
+  q.release(3);
+  q.release(4);
+  EXPECT_EQ(pool.reserved(), 0u);
+  EXPECT_EQ(q.n_admitted(), 0u);
+}
+
+// Random costs and lifetimes against a plain simulation of the same rule: admission in push
+// order, never above the cap, everything admitted eventually.
+TEST(AdmissionQueue, RandomWorkloadMatchesSimulation) {
+  std::mt19937 rng(7);
+  for (int round = 0; round < 20; ++round) {
+    const size_t cap = 1000;
+    KvMemoryPool pool(cap);
+    AdmissionQueue q(pool);
+    struct Req {
+      uint64_t id;
+      size_t bytes;
+      int life;
+    };
+    std::deque<Req> sim_wait;
+    std::vector<Req> sim_run, real_run;
+    size_t sim_reserved = 0;
+    uint64_t next = 1, admitted_upto = 0;
+    int refused = 0;
+    for (int t = 0; t < 400 || !sim_wait.empty() || !sim_run.empty(); ++t) {
+      if (t < 400 && rng() % 3 == 0) {
+        const Req r{next++, static_cast<size_t>(rng() % 1100), 1 + static_cast<int>(rng() % 8)};
+        const Status s = q.push(r.id, r.bytes);
+        ASSERT_EQ(s.ok(), r.bytes <= cap);
+        if (s.ok())
+          sim_wait.push_back(r);
+        else
+          ++refused;
+      }
+      // End the sequences whose life is over.
+      for (auto* v : {&sim_run, &real_run}) {
+        for (Req& r : *v) --r.life;
+      }
+      for (const Req& r : sim_run) {
+        if (r.life <= 0) sim_reserved -= r.bytes;
+      }
+      for (const Req& r : real_run) {
+        if (r.life <= 0) q.release(r.id);
+      }
+      std::erase_if(sim_run, [](const Req& r) { return r.life <= 0; });
+      std::erase_if(real_run, [](const Req& r) { return r.life <= 0; });
+      // Admit.
+      const int max_admit = 1 + static_cast<int>(rng() % 3);
+      std::vector<uint64_t> ids;
+      q.admit(max_admit, ids);
+      std::vector<uint64_t> want;
+      while (!sim_wait.empty() && static_cast<int>(want.size()) < max_admit &&
+             sim_reserved + sim_wait.front().bytes <= cap) {
+        sim_reserved += sim_wait.front().bytes;
+        want.push_back(sim_wait.front().id);
+        sim_run.push_back(sim_wait.front());
+        real_run.push_back(sim_wait.front());
+        sim_wait.pop_front();
+      }
+      ASSERT_EQ(ids, want) << "round " << round << " t " << t;
+      for (uint64_t id : ids) {
+        EXPECT_GT(id, admitted_upto);  // strictly in submission order
+        admitted_upto = id;
+      }
+      ASSERT_LE(pool.reserved(), cap);
+      ASSERT_EQ(pool.reserved(), sim_reserved);
+      ASSERT_LT(t, 100000) << "no progress";
+    }
+    EXPECT_EQ(pool.reserved(), 0u);
+    EXPECT_EQ(q.n_waiting(), 0u);
+    EXPECT_GT(refused, 0);
+  }
+}
+
+TEST(ParseByteSize, SuffixesAndErrors) {
+  EXPECT_EQ(*parse_byte_size("1048576"), 1048576u);
+  EXPECT_EQ(*parse_byte_size("512K"), 512u * 1024);
+  EXPECT_EQ(*parse_byte_size("512M"), 512u << 20);
+  EXPECT_EQ(*parse_byte_size("512m"), 512u << 20);
+  EXPECT_EQ(*parse_byte_size("2G"), size_t{2} << 30);
+  EXPECT_EQ(*parse_byte_size("2GiB"), size_t{2} << 30);
+  EXPECT_EQ(*parse_byte_size("64MB"), size_t{64} << 20);
+  EXPECT_EQ(*parse_byte_size("1.5G"), size_t{3} << 29);
+  EXPECT_EQ(*parse_byte_size("1T"), size_t{1} << 40);
+  EXPECT_EQ(*parse_byte_size("100B"), 100u);
+  for (const char* bad :
+       {"", "M", "-5M", "12Q", "1.2.3G", "5MiBs", "0", "0.1", "99999999999999T", " 5M"}) {
+    auto r = parse_byte_size(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+    }
+  }
+}
+
+TEST(KvCacheLimit, GrowthStopsAtTheLimitAndBytesMatchTheFormula) {
+  for (KvType type : {KvType::kF16, KvType::kF32}) {
+    const KvCacheConfig cfg{3, 2, 8, type};
+    KvCache c(cfg);
+    ASSERT_TRUE(c.set_slot_limit(300).ok());
+    // Geometric growth would take 256 slots then more; the limit caps it.
+    ASSERT_TRUE(c.reserve(0, 1, false).ok());
+    EXPECT_EQ(c.layer(0).capacity, 256);
+    ASSERT_TRUE(c.reserve(0, 257, false).ok());
+    EXPECT_EQ(c.layer(0).capacity, 300);
+    const Status over = c.reserve(0, 301, false);
+    EXPECT_EQ(over.code(), StatusCode::kResourceExhausted);
+    EXPECT_NE(over.message().find("above its limit of 300"), std::string::npos) << over.message();
+    EXPECT_FALSE(c.set_slot_limit(299).ok());  // layer 0 already holds 300
+    for (int il = 0; il < 3; ++il) ASSERT_TRUE(c.reserve(il, 300, true).ok());
+    EXPECT_EQ(c.kv_bytes_allocated() + c.meta_bytes_allocated(),
+              KvCache::bytes_for_slots(cfg, 300));
+    // Independent count: per slot and head, 2 rows of head_dim elements + 4 metadata words.
+    const size_t elem = type == KvType::kF16 ? 2 : 4;
+    EXPECT_EQ(KvCache::bytes_for_slots(cfg, 300), 3u * 2 * 300 * (2 * 8 * elem + 16));
+    ASSERT_TRUE(c.set_slot_limit(0).ok());
+    EXPECT_TRUE(c.reserve(0, 1000, false).ok());
+  }
+}
+
+TEST(SchedulerPlan, PromptChunksCoverThePromptAndRespectTheLastChunkMinimum) {
+  for (int n = 1; n <= 300; ++n) {
+    for (int chunk : {1, 7, 16, 64, 256}) {
+      for (int min_last : {0, 1, 5, 32}) {
+        const std::vector<int> c = Scheduler::split_prompt(n, chunk, min_last);
+        int64_t sum = 0;
+        for (int x : c) {
+          EXPECT_GE(x, 1);
+          sum += x;
+        }
+        ASSERT_EQ(sum, n);
+        EXPECT_EQ(static_cast<int64_t>(c.size()), (n + chunk - 1) / chunk);
+        for (size_t i = 0; i + 1 < c.size(); ++i) {
+          EXPECT_LE(c[i], chunk);
+        }
+        if (min_last <= chunk) {
+          EXPECT_LE(c.back(), chunk);
+          if (c.size() > 1 && chunk > 1) {
+            EXPECT_GE(c.back(), std::min(min_last, n)) << n << " " << chunk;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(Scheduler::split_prompt(520, 256, 32), (std::vector<int>{256, 232, 32}));
+  EXPECT_EQ(Scheduler::split_prompt(512, 256, 32), (std::vector<int>{256, 256}));
+}
+
+TEST(SchedulerPlan, FullCacheFootprintIsPromptPlusGeneration) {
+  const KvCacheConfig cfg{30, 3, 64, KvType::kF16};
+  FullPolicy full;
+  const Scheduler::Footprint f = Scheduler::footprint(cfg, full, 512, 2048, 256);
+  EXPECT_EQ(f.slots, 2560);
+  // 30 layers x 3 heads x 2560 slots x (2 x 64 x 2 bytes + 16 bytes of metadata).
+  EXPECT_EQ(f.bytes, 30u * 3 * 2560 * (256 + 16));
+}
+
+}  // namespace
+}  // namespace d2o
