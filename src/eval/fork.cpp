@@ -17,6 +17,9 @@ class RecordingPolicy final : public KvPolicy {
   StatsNeeds needs() const override { return needs_; }
   Status compact(KvCache&, PolicyState&, const PassInfo&) const override { return {}; }
   int64_t peak_slots(int64_t, int64_t n_total, int) const override { return n_total; }
+  int64_t peak_slots_for(const FeedPlan& plan) const override {
+    return std::max(plan.n_prompt, plan.n_total);
+  }
 
  private:
   StatsNeeds needs_;
