@@ -21,6 +21,7 @@ std::string verdict(double favour, double se) {
   if (se > 0 && favour > 2 * se) return "**wins**";
   if (se > 0 && favour < -2 * se) return "**loses**";
   if (se == 0 && favour == 0) return "ties (identical)";
+  if (se == 0) return "not resolved (no standard error: one sample)";
   return "ties";
 }
 
@@ -184,7 +185,8 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
                         "capacity " + std::to_string(cap) + ": D2O ranks " + std::to_string(rank) + " of " +
                             std::to_string(v.size()) + " by tail NLL (best: " + v[0].second + "); resolved wins " +
                             std::to_string(wins) + ", losses " + std::to_string(losses) + " of " + std::to_string(n),
-                        rank == 1 ? (losses == 0 ? "agrees" : "mixed") : (wins == n ? "agrees" : "disagrees")});
+                        rank == 1 ? (losses == 0 ? "agrees" : "mixed")
+                                  : (losses > 0 ? "disagrees" : "disagrees in rank, not resolved")});
     }
   }
   if (rep.count("fidelity")) {
@@ -221,7 +223,9 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
       claims.push_back({"Needle in a haystack: D2O 94.5% > H2O 82.3% > StreamingLLM 62.8%",
                         t + ": D2O " + acc[t + "/d2o"].second + ", H2O " + acc[t + "/h2o"].second + ", StreamingLLM " +
                             acc[t + "/streaming"].second + " (95% Wilson)",
-                        (d > h && h > s) ? "agrees (order)" : (d >= h && d >= s ? "partly" : "disagrees")});
+                        (d > h && h > s) ? "agrees (order)"
+                        : (d >= h && d >= s) ? "partly"
+                                             : "disagrees in order (see the paired differences above)"});
     }
   }
   if (rep.count("ablate")) {
