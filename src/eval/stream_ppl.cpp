@@ -260,10 +260,17 @@ Status write_stream_ppl_report(const StreamPplResult& r, const StreamPplParams& 
       if (&a == &b || b.capacity != a.capacity) continue;
       const size_t from = std::min(a.nll.size(), static_cast<size_t>(a.capacity));
       std::vector<double> d;
-      for (size_t i = from; i < a.nll.size(); ++i) d.push_back(static_cast<double>(a.nll[i]) - b.nll[i]);
+      for (size_t i = from; i < a.nll.size(); ++i)
+        d.push_back(static_cast<double>(a.nll[i]) - b.nll[i]);
       const MeanSe m = batch_means_se(d, kNllBlock);
-      cmp.push_back({{"capacity", a.capacity}, {"a", a.label}, {"a_spec", a.spec}, {"b", b.label},
-                     {"b_spec", b.spec}, {"delta_nll", m.mean}, {"se", m.se}, {"n", m.n}});
+      cmp.push_back({{"capacity", a.capacity},
+                     {"a", a.label},
+                     {"a_spec", a.spec},
+                     {"b", b.label},
+                     {"b_spec", b.spec},
+                     {"delta_nll", m.mean},
+                     {"se", m.se},
+                     {"n", m.n}});
     }
   }
   j["comparisons"] = cmp;

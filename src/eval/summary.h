@@ -18,7 +18,7 @@
 namespace d2o::eval {
 
 struct SummaryOptions {
-  std::string dir;           // folder with ppl.json, fidelity.json, niah.json, ablate.json (+ .md, .svg)
+  std::string dir;  // folder with ppl.json, fidelity.json, niah.json, ablate.json (+ .md, .svg)
   std::string image_prefix;  // prepended to image links of the included reports ("results/")
   std::string notes;         // Markdown written by hand, included after the verdicts ("" = none)
   std::string title = "Results";

@@ -17,12 +17,14 @@ namespace {
 
 using test::run_d2o;
 
-bool has(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
+bool has(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
 
 // The default text of ppl / fidelity / ablate (fetched by scripts/setup.sh).
-#define REQUIRE_DEFAULT_TEXT()                                                            \
-  if (!test::file_exists(std::string(D2O_SOURCE_DIR) + "/cache/texts/kjv.txt")) {         \
-    GTEST_SKIP() << "cache/texts/kjv.txt not found: run scripts/setup.sh";                 \
+#define REQUIRE_DEFAULT_TEXT()                                                    \
+  if (!test::file_exists(std::string(D2O_SOURCE_DIR) + "/cache/texts/kjv.txt")) { \
+    GTEST_SKIP() << "cache/texts/kjv.txt not found: run scripts/setup.sh";        \
   }
 
 std::string out_dir(const std::string& name) {
@@ -45,7 +47,8 @@ nlohmann::json check_outputs(const std::string& dir, const std::string& name, in
     if (e.path().extension() != ".svg") continue;
     ++n_svg;
     EXPECT_EQ(test::xml_problem(test::read_file(e.path().string())), "") << e.path();
-    EXPECT_TRUE(has(md, e.path().filename().string())) << e.path() << " is not shown in the Markdown";
+    EXPECT_TRUE(has(md, e.path().filename().string()))
+        << e.path() << " is not shown in the Markdown";
   }
   EXPECT_GE(n_svg, min_svgs) << dir;
   if (j.is_discarded()) return nlohmann::json::object();
@@ -61,8 +64,8 @@ TEST(CliEval, PplQuickRunsAndKeepsItsInvariants) {
   D2O_REQUIRE_MODEL(model);
   REQUIRE_DEFAULT_TEXT();
   const std::string dir = out_dir("ppl");
-  auto r = run_d2o("eval ppl --quick -m " + model + " -t 1 -o " + dir + " --policies 'full;streaming;h2o;d2o' " +
-                   "--capacities 96,100000");
+  auto r = run_d2o("eval ppl --quick -m " + model + " -t 1 -o " + dir +
+                   " --policies 'full;streaming;h2o;d2o' " + "--capacities 96,100000");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r.output, "eval ppl [")) << "no progress bar: " << r.output;
   EXPECT_TRUE(has(r.output, "nothing is evicted")) << r.output;  // the 100000 capacity
@@ -118,13 +121,15 @@ TEST(CliEval, FidelityQuickFullCacheHasZeroKl) {
 TEST(CliEval, NiahQuickRunsAndLargeBudgetMatchesFull) {
   D2O_REQUIRE_MODEL(model);
   const std::string dir = out_dir("niah");
-  auto r = run_d2o("eval niah --quick -m " + model + " -t 1 -o " + dir + " --policies 'full;d2o;h2o:budget=100000'");
+  auto r = run_d2o("eval niah --quick -m " + model + " -t 1 -o " + dir +
+                   " --policies 'full;d2o;h2o:budget=100000'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json j = check_outputs(dir, "niah", 6);  // 2 tasks x 3 policies
   ASSERT_TRUE(j.contains("trials"));
   EXPECT_EQ(j["trials"].size(), 2u * 2u * 3u);  // tasks x lengths x depths
   for (const auto& t : j["trials"]) {
-    EXPECT_EQ(t["answers"][0], t["answers"][2]) << "budget >= context must answer like the full cache";
+    EXPECT_EQ(t["answers"][0], t["answers"][2])
+        << "budget >= context must answer like the full cache";
     EXPECT_EQ(t["correct"][0], t["correct"][2]);
   }
   EXPECT_FALSE(j["haystack"]["needle_task"].get<std::string>().empty());
@@ -142,8 +147,9 @@ TEST(CliEval, NiahFallsBackToKjvAndSaysSo) {
   std::filesystem::create_directories(cache + "/texts");
   std::filesystem::copy_file(kjv, cache + "/texts/kjv.txt");
   const std::string dir = out_dir("niah_fallback");
-  auto r = test::run_command("D2O_CACHE_DIR=" + cache + " " + D2O_CLI_PATH + " eval niah --quick --tasks needle -m " +
-                             model + " -t 1 -o " + dir + " --policies full --lengths 256 --quiet");
+  auto r = test::run_command("D2O_CACHE_DIR=" + cache + " " + D2O_CLI_PATH +
+                             " eval niah --quick --tasks needle -m " + model + " -t 1 -o " + dir +
+                             " --policies full --lengths 256 --quiet");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r.output, "fallback")) << r.output;
   const nlohmann::json j = check_outputs(dir, "niah", 1);
@@ -155,7 +161,8 @@ TEST(CliEval, AblateQuickRuns) {
   D2O_REQUIRE_MODEL(model);
   REQUIRE_DEFAULT_TEXT();
   const std::string dir = out_dir("ablate");
-  auto r = run_d2o("eval ablate --quick -m " + model + " -t 1 -o " + dir + " --samples 1 --continue 4");
+  auto r =
+      run_d2o("eval ablate --quick -m " + model + " -t 1 -o " + dir + " --samples 1 --continue 4");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json j = check_outputs(dir, "ablate", 1);
   ASSERT_TRUE(j.contains("variants"));
@@ -180,7 +187,8 @@ TEST(CliEval, SameSeedSameNumbers) {
   const auto ja = nlohmann::json::parse(test::read_file(a + "/niah.json"));
   const auto jb = nlohmann::json::parse(test::read_file(b + "/niah.json"));
   EXPECT_EQ(ja["trials"], jb["trials"]);
-  EXPECT_EQ(test::read_file(a + "/niah_passkey_full.svg"), test::read_file(b + "/niah_passkey_full.svg"));
+  EXPECT_EQ(test::read_file(a + "/niah_passkey_full.svg"),
+            test::read_file(b + "/niah_passkey_full.svg"));
 }
 
 TEST(CliEval, BadInputGivesClearErrors) {
@@ -207,13 +215,15 @@ TEST(CliEval, BadInputGivesClearErrors) {
       {"eval fidelity" + m + " -f " + short_text, "fewer than one sample needs", 1},
       {"eval ablate" + m + " -f " + short_text + " --quick", "fewer than one sample needs", 1},
       {"eval niah" + m + " -f " + short_text + " --quick --tasks needle", "haystack has", 1},
-      {"eval niah" + m + " --lengths 9000 --tasks passkey", "exceeds the model's trained context", 1},
+      {"eval niah" + m + " --lengths 9000 --tasks passkey", "exceeds the model's trained context",
+       1},
       {"eval niah" + m + " --lengths 20 --tasks passkey", "too short", 1},
       {"eval niah" + m + " --depths 150", "percentage", 1},
       {"eval niah" + m + " --ratio 0.2 --budget 100", "not both", 1},
       {"eval niah" + m + " --tasks haystacks", "unknown task", 1},
       {"eval fidelity" + m + " --prompt 9000", "exceeds the model's trained context", 1},
-      {"eval ppl" + m + " --policies 'd2o:ratio=0.3' --tokens 300", "sets ratio= or budget= itself", 1},
+      {"eval ppl" + m + " --policies 'd2o:ratio=0.3' --tokens 300", "sets ratio= or budget= itself",
+       1},
       {"eval ppl" + m + " --policies 'nonsense' --tokens 300", "unknown KV policy", 1},
       {"eval ppl" + m + " --capacities 0 --tokens 300", "capacities must be positive", 1},
       {"eval ppl" + m + " --capacities abc", "not an integer", 1},
@@ -223,7 +233,8 @@ TEST(CliEval, BadInputGivesClearErrors) {
       {"eval", "subcommand", 2},
   };
   if (test::file_exists(kjv)) {
-    cases.push_back({"eval ppl" + m + " -f " + kjv + " --tokens 9000", "beyond the model's trained context", 1});
+    cases.push_back({"eval ppl" + m + " -f " + kjv + " --tokens 9000",
+                     "beyond the model's trained context", 1});
   }
   for (const Case& c : cases) {
     auto r = run_d2o(c.args);

@@ -13,7 +13,9 @@
 namespace d2o {
 namespace {
 
-bool has(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
+bool has(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
 
 nlohmann::json parse_json(const std::string& path) {
   const std::string text = test::read_file(path);
@@ -31,8 +33,9 @@ TEST(MakeResults, QuickRunsEndToEndAndKeepsItsInvariants) {
   std::filesystem::remove_all(root);
   const std::string out = root + "/results";
   // One thread: the machine may be shared; the numbers do not depend on the thread count.
-  auto r = test::run_command("D2O=" + std::string(D2O_CLI_PATH) + " MODEL=" + model + " THREADS=1 " +
-                             std::string(D2O_SOURCE_DIR) + "/scripts/make_results.sh --quick --out " + out);
+  auto r = test::run_command("D2O=" + std::string(D2O_CLI_PATH) + " MODEL=" + model +
+                             " THREADS=1 " + std::string(D2O_SOURCE_DIR) +
+                             "/scripts/make_results.sh --quick --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
 
   // Every protocol's report, and the page.

@@ -58,8 +58,8 @@ std::vector<TokenId> kjv_tokens(const Tokenizer& tok, size_t n) {
   return *ids;
 }
 
-#define REQUIRE_KJV()                                                                 \
-  if (!test::file_exists(test::text_dir() + "/kjv.txt")) {                            \
+#define REQUIRE_KJV()                                                                         \
+  if (!test::file_exists(test::text_dir() + "/kjv.txt")) {                                    \
     GTEST_SKIP() << "KJV text not found in " << test::text_dir() << ": run scripts/setup.sh"; \
   }
 
@@ -88,11 +88,16 @@ TEST(EvalParity, PplFullCacheEqualsTheEngineAndPerplexity) {
   std::vector<float> direct(n - 1);
   for (int i = 0; i + 1 < n; ++i) {
     BatchEntry be{&seq, {&tokens[static_cast<size_t>(i)], 1}, -1};
-    ASSERT_TRUE(r.engine->forward({&be, 1}, [&](int, int, const float* l) {
-      direct[static_cast<size_t>(i)] = static_cast<float>(-log_prob(l, nv, tokens[static_cast<size_t>(i) + 1]));
-    }).ok());
+    ASSERT_TRUE(r.engine
+                    ->forward({&be, 1},
+                              [&](int, int, const float* l) {
+                                direct[static_cast<size_t>(i)] = static_cast<float>(
+                                    -log_prob(l, nv, tokens[static_cast<size_t>(i) + 1]));
+                              })
+                    .ok());
   }
-  for (int i = 0; i + 1 < n; ++i) ASSERT_EQ(full[static_cast<size_t>(i)], direct[static_cast<size_t>(i)]) << i;
+  for (int i = 0; i + 1 < n; ++i)
+    ASSERT_EQ(full[static_cast<size_t>(i)], direct[static_cast<size_t>(i)]) << i;
 
   // Budgets >= the text: identical to the full cache; the small budget: identical before the
   // capacity is reached, different after.
@@ -101,7 +106,8 @@ TEST(EvalParity, PplFullCacheEqualsTheEngineAndPerplexity) {
       EXPECT_EQ(run.nll, full) << run.spec;
     }
     if (run.capacity == 64) {
-      for (int i = 0; i < 64; ++i) ASSERT_EQ(run.nll[static_cast<size_t>(i)], full[static_cast<size_t>(i)]) << run.spec;
+      for (int i = 0; i < 64; ++i)
+        ASSERT_EQ(run.nll[static_cast<size_t>(i)], full[static_cast<size_t>(i)]) << run.spec;
       EXPECT_NE(run.nll, full) << run.spec;
     }
   }
@@ -125,8 +131,10 @@ TEST(EvalParity, PplFullCacheEqualsTheEngineAndPerplexity) {
   const double nd = static_cast<double>(ref->n_scored);
   EXPECT_NEAR(sum_pass / nd, ref->nll_sum / nd, 1e-6);  // float storage of the per-token NLLs
   EXPECT_NEAR(sum_tok / nd, ref->nll_sum / nd, 1e-3);
-  std::printf("mean NLL of the second half: perplexity() %.6f, harness one pass %.6f, token by token %.6f\n",
-              ref->nll_sum / nd, sum_pass / nd, sum_tok / nd);
+  std::printf(
+      "mean NLL of the second half: perplexity() %.6f, harness one pass %.6f, token by token "
+      "%.6f\n",
+      ref->nll_sum / nd, sum_pass / nd, sum_tok / nd);
 }
 
 TEST(EvalParity, FidelityFullCacheHasZeroKlAgainstItself) {
@@ -192,7 +200,8 @@ TEST(EvalParity, NiahGreedyAnswersEqualGenerate) {
   auto b = eval::NiahBuilder::create(*r.tok, r.chat ? &*r.chat : nullptr, hay);
   ASSERT_TRUE(b.ok());
   std::vector<eval::PolicyUnderTest> pols;
-  for (const char* s : {"full", "d2o:ratio=0.2", "h2o:ratio=0.3", "snapkv:ratio=0.3", "streaming:budget=100"}) {
+  for (const char* s :
+       {"full", "d2o:ratio=0.2", "h2o:ratio=0.3", "snapkv:ratio=0.3", "streaming:budget=100"}) {
     auto t = eval::make_policy(s, s);
     ASSERT_TRUE(t.ok());
     pols.push_back(*t);
@@ -213,8 +222,9 @@ TEST(EvalParity, NiahGreedyAnswersEqualGenerate) {
       gp.stop_at_eog = true;
       auto g = generate(*r.engine, *r.tok, seq, t->prompt, gp, nullptr);
       ASSERT_TRUE(g.ok());
-      EXPECT_EQ((*answers)[i].tokens, g->tokens) << pols[i].spec << ": harness '" << (*answers)[i].text
-                                                 << "' vs generate '" << g->text << "'";
+      EXPECT_EQ((*answers)[i].tokens, g->tokens)
+          << pols[i].spec << ": harness '" << (*answers)[i].text << "' vs generate '" << g->text
+          << "'";
     }
   }
   EXPECT_EQ(full_correct, 2);  // the full cache finds both keys at this length

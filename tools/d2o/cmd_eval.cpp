@@ -348,7 +348,8 @@ Action add_eval_ppl(CLI::App* eval) {
 }
 
 Action add_eval_command(CLI::App& app) {
-  CLI::App* ev = app.add_subcommand("eval", "Evaluate KV policies: ppl, fidelity, niah, ablate (and summary)");
+  CLI::App* ev =
+      app.add_subcommand("eval", "Evaluate KV policies: ppl, fidelity, niah, ablate (and summary)");
   ev->require_subcommand(1);
   std::vector<std::pair<CLI::App*, Action>> subs;
   auto keep = [&](Action a) { subs.emplace_back(ev->get_subcommands({}).back(), std::move(a)); };

@@ -38,11 +38,13 @@ int run_summary(const SummaryCliOptions& o) {
 
 Action add_eval_summary(CLI::App* eval) {
   auto o = std::make_shared<SummaryCliOptions>();
-  CLI::App* sub = eval->add_subcommand("summary", "Assemble a results page (verdicts, claims, reports) from a run's reports");
+  CLI::App* sub = eval->add_subcommand(
+      "summary", "Assemble a results page (verdicts, claims, reports) from a run's reports");
   sub->add_option("--dir", o->dir, "Folder with ppl.json, fidelity.json, niah.json, ablate.json");
   sub->add_option("--output", o->output, "Markdown file to write (default: <dir>/summary.md)");
   sub->add_option("--notes", o->notes, "Hand-written Markdown to include after the verdicts");
-  sub->add_option("--image-prefix", o->image_prefix, "Prefix for image links (e.g. results/ when the page is one level up)");
+  sub->add_option("--image-prefix", o->image_prefix,
+                  "Prefix for image links (e.g. results/ when the page is one level up)");
   sub->add_option("--title", o->title, "Title of the page");
   return [o] { return run_summary(*o); };
 }
