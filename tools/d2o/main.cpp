@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
   add(d2o::cli::add_run_command(app));
   add(d2o::cli::add_chat_command(app));
   add(d2o::cli::add_perplexity_command(app));
+  add(d2o::cli::add_eval_command(app));
   add(d2o::cli::add_bench_command(app));
   try {
     app.parse(argc, argv);

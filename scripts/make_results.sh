@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Regenerates docs/results.md and its charts (docs/results/*.svg, *.json, *.md) with the d2o
+# evaluation harness: `d2o eval ppl`, `fidelity`, `niah`, `ablate` on the default model
+# (SmolLM2-135M-Instruct, fetched by scripts/setup.sh) with every KV policy, then
+# `d2o eval summary` for the page. Deterministic: the same model, texts and seed give the same
+# numbers (wall times aside).
+#
+#   scripts/make_results.sh                 the full report (about an hour on 2 cores)
+#   scripts/make_results.sh --quick         a small subset in a few minutes (CI smoke test);
+#                                           writes to build/results-quick unless --out is given
+#   scripts/make_results.sh --out DIR       reports into DIR, the page into DIR/../results.md
+#   scripts/make_results.sh --summary-only  only rebuild the page from the reports already there
+#
+# Environment: D2O (the d2o binary, default build/d2o), MODEL (a GGUF file, default the setup
+# model), TEXT (the text of ppl/fidelity/ablate, default cache/texts/kjv.txt), HAYSTACK (needle
+# haystack, default the Paul Graham essays, else the KJV text), THREADS (default 2), SEED
+# (default 1). Hand-written remarks in docs/results_notes.md are included in the page.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+quick=0
+summary_only=0
+out=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1 ;;
+    --summary-only) summary_only=1 ;;
+    --out) shift; out=${1:?--out needs a folder} ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "make_results: unknown option '$1' (try --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+d2o=${D2O:-$repo/build/d2o}
+[ -x "$d2o" ] || { echo "make_results: error: no d2o binary at $d2o (build first, or set D2O)" >&2; exit 1; }
+threads=${THREADS:-2}
+seed=${SEED:-1}
+if [ -z "$out" ]; then
+  if [ $quick -eq 1 ]; then out=$repo/build/results-quick; else out=$repo/docs/results; fi
+fi
+page=$(dirname "$out")/results.md
+mkdir -p "$out"
+
+common=(-t "$threads" --seed "$seed" -o "$out")
+[ -n "${MODEL:-}" ] && common+=(-m "$MODEL")
+text=()
+[ -n "${TEXT:-}" ] && text=(-f "$TEXT")
+hay=()
+[ -n "${HAYSTACK:-}" ] && hay=(-f "$HAYSTACK")
+all="full;streaming;h2o;snapkv;pyramidkv;roco;cam;d2o"
+
+run() {
+  echo "== d2o $*" >&2
+  local t0=$SECONDS
+  "$d2o" "$@"
+  echo "== done in $((SECONDS - t0)) s" >&2
+}
+
+if [ $summary_only -eq 0 ]; then
+  if [ $quick -eq 1 ]; then
+    # The smoke subset: every protocol end to end on a small grid.
+    run eval ppl --quick "${common[@]}" "${text[@]}" --policies "$all" --capacities 128,100000
+    run eval fidelity --quick "${common[@]}" "${text[@]}" --policies "$all;d2o:budget=100000"
+    run eval niah --quick "${common[@]}" "${hay[@]}" --policies "full;streaming;h2o;snapkv;pyramidkv;d2o" \
+      --lengths 256,384
+    run eval ablate --quick "${common[@]}" "${text[@]}" --samples 1 --continue 8
+  else
+    # Sized for about an hour on 2 busy cores (per-token costs measured first; see results.md).
+    # ppl: the PG-19 protocol, token by token through 4096 tokens (half the trained context).
+    run eval ppl "${common[@]}" "${text[@]}" --policies "$all" --capacities 256,1024 --tokens 4096 --chunk 1
+    # fidelity: 8 prompts of 2048 tokens, 96 teacher-forced tokens each, three ratios.
+    run eval fidelity "${common[@]}" "${text[@]}" --policies "$all" --ratios 0.2,0.4,0.8 \
+      --prompt 2048 --samples 8 --continue 96
+    # ablate: D2O's ablations with the fidelity protocol at rho = 0.2.
+    run eval ablate "${common[@]}" "${text[@]}" --ratio 0.2 --prompt 2048 --samples 6 --continue 64
+    # niah: the paper's setting is a fixed budget (8192 slots at 50K context); here 512 slots,
+    # i.e. 50% of a 1K context down to 6% of the 8K trained context.
+    run eval niah "${common[@]}" "${hay[@]}" --policies "$all" --tasks needle,passkey \
+      --lengths 1024,2048,4096,8176 --depths 0,33,67,100 --trials 1 --budget 512
+  fi
+fi
+
+notes=()
+[ -f "$repo/docs/results_notes.md" ] && [ $quick -eq 0 ] && notes=(--notes "$repo/docs/results_notes.md")
+run eval summary --dir "$out" --output "$page" --image-prefix "$(basename "$out")/" \
+  --title "d2o evaluation results" "${notes[@]}"
+echo "make_results: $page" >&2

@@ -1,0 +1,85 @@
+// `d2o eval fidelity` (and `ablate`): how close each policy's next-token distributions stay to
+// the full cache's after prompt-then-compress.
+//
+// Protocol, per sample s (n_samples windows of the text, evenly spaced):
+//   1. the prompt (prompt_len tokens) goes through the model in one pass; each policy compacts
+//      the cache right after it (ratio mode: rho of the prompt is kept). The pass runs once and
+//      is shared by all policies (src/eval/fork.h; exact).
+//   2. the true continuation is teacher-forced one token per pass (n_continue passes), so the
+//      policy evicts (and merges) at every step, as during generation.
+//   3. after every pass, each policy's next-token distribution q is compared with the full
+//      cache's p: KL(p || q) in nats, top-1 agreement (argmax q == argmax p), and the NLL of the
+//      true next token (policy minus full).
+// Only predictions made after the compaction count: the prompt's own last-token prediction is
+// computed before any eviction, identical for every policy, and is left out.
+// Figures are means over the n_continue steps of a sample; the table reports their mean over
+// samples ± the standard error over samples (the samples are independent text windows; steps
+// within a sample are not).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "d2o/status.h"
+#include "eval/harness.h"
+#include "eval/progress.h"
+#include "runtime/engine.h"
+
+namespace d2o::eval {
+
+// One policy at one compression: a cell of the result table.
+struct FidelityCase {
+  std::string row;     // table row: the policy or ablation variant
+  std::string column;  // table column: the ratio ("0.2"), or "-" for the full cache
+  PolicyUnderTest policy;
+};
+
+struct FidelityParams {
+  std::vector<FidelityCase> cases;  // the full-cache reference is added internally
+  int prompt_len = 2048;
+  int n_samples = 8;
+  int n_continue = 128;
+  KvType kv_type = KvType::kF16;
+  int n_ctx_train = 0;
+};
+
+struct FidelityCaseResult {
+  // Per sample, means over the n_continue steps.
+  std::vector<double> kl, top1, nll, nll_full;
+  std::vector<double> kl_by_step;   // [n_continue], mean over samples
+  double slots_end = 0;             // slots per KV head and layer at the end (mean over samples)
+  int64_t evicted = 0, merged = 0;  // summed over layers and samples
+};
+
+struct FidelityResult {
+  std::vector<FidelityCaseResult> cases;  // as params.cases
+  std::vector<int64_t> offsets;           // first token of each sample in the text
+  int n_prefills = 0;                     // prompt passes per sample (policy groups)
+  double seconds = 0;
+  EngineTimings timings;
+};
+
+// Errors: no cases, sizes < 1, a window (prompt + continuation + 1) longer than the text or the
+// model's trained context.
+Result<FidelityResult> run_fidelity(Engine& engine, std::span<const TokenId> tokens,
+                                    const FidelityParams& p, Progress* progress);
+
+// KL(p || q) for two logit rows (p = softmax(ref), q = softmax(x)), in nats, computed in double.
+// `ref_logp` must hold log_softmax(ref) (computed once per step and shared by the cases).
+double kl_from_logits(std::span<const double> ref_logp, const float* x);
+void log_softmax(const float* logits, int n, std::vector<double>& out);
+
+struct FidelityReportText {
+  std::string protocol = "fidelity";  // "fidelity" or "ablate"
+  std::string title;                  // Markdown title
+  std::string intro;                  // a paragraph under the title
+};
+
+// Writes <name>.json, <name>.md (KL, top-1 agreement and ΔNLL tables: rows x columns) and
+// <name>_kl_<column>.svg (mean KL against the continuation step, one chart per column).
+Status write_fidelity_report(const FidelityResult& r, const FidelityParams& p, const RunMeta& meta,
+                             const FidelityReportText& text, const ReportFiles& files);
+
+}  // namespace d2o::eval

@@ -1,0 +1,159 @@
+#include "eval/fork.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace d2o::eval {
+
+namespace {
+
+// Keeps everything but asks the attention kernel for the given statistics, so the cache after
+// the prompt holds what any policy of the group would have seen just before its compaction.
+class RecordingPolicy final : public KvPolicy {
+ public:
+  explicit RecordingPolicy(StatsNeeds needs) : needs_(needs) {}
+  std::string spec() const override { return "eval-prefill-recorder"; }
+  StatsNeeds needs() const override { return needs_; }
+  Status compact(KvCache&, PolicyState&, const PassInfo&) const override { return {}; }
+  int64_t peak_slots(int64_t, int64_t n_total, int) const override { return n_total; }
+  int64_t peak_slots_for(const FeedPlan& plan) const override {
+    return std::max(plan.n_prompt, plan.n_total);
+  }
+
+ private:
+  StatsNeeds needs_;
+};
+
+// The statistics a policy does not ask for stay zero when it runs the prompt itself (append
+// writes zeros, the kernel adds nothing); the shared prefill may have filled them for another
+// policy of the group, so they are cleared to leave exactly the cache the policy's own pass would.
+void clear_unused_stats(const KvPolicy& p, KvCache& cache) {
+  const StatsNeeds n = p.is_full() ? StatsNeeds{} : p.needs();
+  for (int il = 0; il < cache.n_layer(); ++il) {
+    KvLayer& L = cache.layer(il);
+    for (int h = 0; h < L.n_head_kv; ++h) {
+      if (!n.accumulate) std::fill_n(&L.score[L.meta_index(h, 0)], L.n_slot, 0.0f);
+      if (n.window == 0) std::fill_n(&L.window[L.meta_index(h, 0)], L.n_slot, 0.0f);
+    }
+  }
+}
+
+}  // namespace
+
+Status copy_cache(const KvCache& src, KvCache& dst) {
+  const KvCacheConfig &a = src.config(), &b = dst.config();
+  if (a.n_layer != b.n_layer || a.n_head_kv != b.n_head_kv || a.head_dim != b.head_dim ||
+      a.type != b.type) {
+    return invalid_argument("copy_cache: the caches have different shapes or storage types");
+  }
+  dst.clear();
+  for (int il = 0; il < src.n_layer(); ++il) {
+    const KvLayer& S = src.layer(il);
+    // Exact capacity: the copy starts as compact as possible; appends grow it as usual.
+    D2O_RETURN_IF_ERROR(dst.reserve(il, std::max(S.n_slot, 1), /*exact=*/true));
+    KvLayer& D = dst.layer(il);
+    const size_t n = static_cast<size_t>(S.n_slot);
+    for (int h = 0; h < S.n_head_kv && n > 0; ++h) {
+      std::memcpy(D.key_row(h, 0), S.key_row(h, 0), n * S.row_bytes());
+      std::memcpy(D.value_row(h, 0), S.value_row(h, 0), n * S.row_bytes());
+      std::memcpy(&D.pos[D.meta_index(h, 0)], &S.pos[S.meta_index(h, 0)], n * sizeof(int32_t));
+      std::memcpy(&D.score[D.meta_index(h, 0)], &S.score[S.meta_index(h, 0)], n * sizeof(float));
+      std::memcpy(&D.window[D.meta_index(h, 0)], &S.window[S.meta_index(h, 0)], n * sizeof(float));
+      std::memcpy(&D.merged[D.meta_index(h, 0)], &S.merged[S.meta_index(h, 0)],
+                  n * sizeof(int32_t));
+    }
+    D.n_slot = S.n_slot;
+  }
+  return {};
+}
+
+PrefillGroups group_by_stats(std::span<const std::shared_ptr<const KvPolicy>> policies) {
+  PrefillGroups g;
+  g.group_of.assign(policies.size(), -1);
+  // A group is (aggregation, window). The aggregation over a KV head's query heads applies to
+  // both statistics (accumulated scores and window scores); a policy that needs neither fits any
+  // aggregation, a policy without a window fits any window, and a full cache fits anything.
+  struct Key {
+    bool has_agg = false;
+    bool accumulate = false;
+    ScoreAgg agg = ScoreAgg::kSum;
+    int window = 0;
+  };
+  std::vector<Key> keys;
+  for (size_t i = 0; i < policies.size(); ++i) {
+    const KvPolicy& p = *policies[i];
+    const StatsNeeds n = p.is_full() ? StatsNeeds{} : p.needs();
+    int found = -1;
+    for (size_t k = 0; k < keys.size() && found < 0; ++k) {
+      const bool uses_agg = n.accumulate || n.window > 0;
+      const bool agg_ok = !uses_agg || !keys[k].has_agg || keys[k].agg == n.agg;
+      const bool win_ok = n.window == 0 || keys[k].window == 0 || keys[k].window == n.window;
+      if (agg_ok && win_ok) found = static_cast<int>(k);
+    }
+    if (found < 0) {
+      keys.push_back({});
+      found = static_cast<int>(keys.size() - 1);
+    }
+    Key& k = keys[static_cast<size_t>(found)];
+    if (n.accumulate || n.window > 0) k.has_agg = true, k.agg = n.agg;
+    if (n.accumulate) k.accumulate = true;
+    if (n.window > 0) k.window = n.window;
+    g.group_of[i] = found;
+  }
+  for (const Key& k : keys) {
+    StatsNeeds n;
+    n.accumulate = k.accumulate;
+    n.agg = k.agg;
+    n.window = k.window;
+    g.needs.push_back(n);
+  }
+  return g;
+}
+
+Result<ForkedPrefill> prefill_forked(Engine& engine, std::span<const TokenId> prompt,
+                                     std::span<const std::shared_ptr<const KvPolicy>> policies,
+                                     KvType kv_type) {
+  if (prompt.empty()) return invalid_argument("the prompt is empty");
+  if (policies.empty()) return invalid_argument("no policies to evaluate");
+  const ModelHParams& hp = engine.model().hparams();
+  const PrefillGroups groups = group_by_stats(policies);
+  ForkedPrefill out;
+  out.seqs.resize(policies.size());
+  for (size_t gi = 0; gi < groups.needs.size(); ++gi) {
+    auto recorder = std::make_shared<RecordingPolicy>(groups.needs[gi]);
+    Sequence pre(hp, kv_type, recorder);
+    BatchEntry be;
+    be.seq = &pre;
+    be.tokens = prompt;
+    be.logits_from = -1;
+    std::vector<float> logits;
+    D2O_RETURN_IF_ERROR(engine.forward(
+        {&be, 1}, [&](int, int, const float* l) { logits.assign(l, l + hp.n_vocab); }));
+    if (gi == 0) out.last_logits = std::move(logits);
+    ++out.n_prefills;
+    for (size_t i = 0; i < policies.size(); ++i) {
+      if (groups.group_of[i] != static_cast<int>(gi)) continue;
+      auto seq = std::make_unique<Sequence>(hp, kv_type, policies[i]);
+      D2O_RETURN_IF_ERROR(copy_cache(pre.cache(), seq->cache()));
+      clear_unused_stats(*policies[i], seq->cache());
+      seq->advance(static_cast<int64_t>(prompt.size()));
+      // What Engine::forward does after the prompt pass.
+      PassInfo pass;
+      pass.n_tokens = static_cast<int>(prompt.size());
+      pass.n_past = seq->n_past();
+      pass.first_pass = true;
+      pass.rope = &engine.rope();
+      pass.pool = &engine.pool();
+      KvCache& cache = seq->cache();
+      const int64_t before = cache.total_slots();
+      D2O_RETURN_IF_ERROR(seq->policy().compact(cache, seq->policy_state(), pass));
+      if (cache.total_slots() < before)
+        D2O_RETURN_IF_ERROR(cache.trim(std::min(pass.n_tokens, 64)));
+      out.seqs[i] = std::move(seq);
+    }
+  }
+  return out;
+}
+
+}  // namespace d2o::eval

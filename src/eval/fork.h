@@ -1,0 +1,56 @@
+// Shared prefill for prompt-then-compress evaluations: run a prompt once, then give every policy
+// its own copy of the prompt's KV cache, compacted by that policy exactly as the engine would
+// have compacted it after the prompt pass.
+//
+// Why: the fidelity and needle protocols compare many policies (and ratios) on the same prompt.
+// The prompt's forward pass does not depend on the policy (attention outputs are the same with
+// or without statistics; the policy only acts after the pass), so running it once per prompt
+// instead of once per policy divides the cost of a 20-policy comparison by about 20.
+// Exactness: the one prefill asks the attention kernel for the statistics every policy of its
+// group needs (accumulated scores with one aggregation, the largest observation window), then
+// the copy is handed to KvPolicy::compact with the PassInfo the engine would pass
+// (first_pass = true, n_tokens = n_past = prompt length). Policies whose statistics cannot be
+// computed together (different aggregations, different non-zero windows) get separate prefills.
+// tests/unit/test_eval_fork.cpp checks that a forked sequence continues bit for bit like a
+// sequence that ran the prompt through Engine::forward itself.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "d2o/status.h"
+#include "kv/kv_cache.h"
+#include "kv/policy.h"
+#include "runtime/engine.h"
+#include "runtime/sequence.h"
+
+namespace d2o::eval {
+
+// Deep copy of a cache's contents (keys, values, positions, scores, window statistics, merge
+// counts) into `dst`, which must have the same shape. dst's previous contents are dropped.
+Status copy_cache(const KvCache& src, KvCache& dst);
+
+// Groups policies whose statistics one prefill can compute together; returns the group index
+// of each policy and, per group, the statistics to ask for.
+struct PrefillGroups {
+  std::vector<int> group_of;      // [n_policies]
+  std::vector<StatsNeeds> needs;  // [n_groups]
+};
+PrefillGroups group_by_stats(std::span<const std::shared_ptr<const KvPolicy>> policies);
+
+struct ForkedPrefill {
+  // One sequence per policy, in the order given: the prompt processed, then compacted by that
+  // policy (n_past = prompt length).
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  // Logits of the prompt's last token, [n_vocab]. Computed before any compaction, hence the
+  // same for every policy.
+  std::vector<float> last_logits;
+  int n_prefills = 0;  // forward passes over the prompt that were needed (groups)
+};
+
+Result<ForkedPrefill> prefill_forked(Engine& engine, std::span<const TokenId> prompt,
+                                     std::span<const std::shared_ptr<const KvPolicy>> policies,
+                                     KvType kv_type);
+
+}  // namespace d2o::eval

@@ -1,0 +1,54 @@
+// Uncertainty for the evaluation harness: every figure the harness reports carries one of these.
+//
+//  - mean_se: mean and standard error of independent samples (fidelity: over prompt samples).
+//  - batch_means_se: standard error of the mean of an autocorrelated series (per-token NLLs along
+//    a text) by the method of batch means: the series is cut into consecutive blocks, and the
+//    spread of the block means gives the standard error. Neighbouring tokens' losses are
+//    correlated, so the naive sd/sqrt(n) would understate the uncertainty.
+//  - bootstrap_mean_ci: percentile bootstrap interval of a mean, with a fixed seed (deterministic).
+//  - wilson_interval: binomial confidence interval for an accuracy (k successes out of n).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace d2o::eval {
+
+struct MeanSe {
+  double mean = 0;
+  double se = 0;  // standard error of the mean (0 when fewer than 2 samples)
+  int64_t n = 0;
+};
+
+struct Interval {
+  double lo = 0;
+  double hi = 0;
+};
+
+// Mean and standard error sqrt(var / n), var the unbiased sample variance.
+MeanSe mean_se(std::span<const double> x);
+
+// Mean of x and its standard error from the means of consecutive blocks of `block` values (the
+// last, partial block is folded into the previous one). With fewer than 2 blocks, se = 0.
+MeanSe batch_means_se(std::span<const double> x, int block);
+
+// Percentile bootstrap interval of the mean at `level` (e.g. 0.95) from `n_resamples` resamples
+// drawn with a splitmix64 generator seeded by `seed`: the same inputs give the same interval.
+Interval bootstrap_mean_ci(std::span<const double> x, int n_resamples, double level, uint64_t seed);
+
+// Wilson score interval for a proportion k/n at normal quantile z (1.96 for 95%). n = 0: [0, 1].
+Interval wilson_interval(int64_t k, int64_t n, double z);
+
+// splitmix64: a small, fast, well-mixed generator; the harness's only source of randomness.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+  uint64_t next();
+  // Uniform integer in [0, n), n > 0 (rejection sampling, unbiased).
+  uint64_t below(uint64_t n);
+
+ private:
+  uint64_t state_;
+};
+
+}  // namespace d2o::eval

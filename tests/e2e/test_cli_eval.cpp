@@ -1,0 +1,248 @@
+// `d2o eval ppl|fidelity|niah|ablate --quick` as a user (or CI) runs them: each subcommand runs
+// end to end on the real model, writes JSON, Markdown and SVG files that parse, and the
+// harness's invariants hold (the full cache has KL 0 against itself; a budget at least the
+// context reproduces the full cache exactly; nothing differs before a capacity is reached).
+// It does not check which policy wins. Bad paths, texts shorter than asked and grids larger than
+// the model's context give clear errors.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "common/test_util.h"
+#include "common/xml_check.h"
+
+namespace d2o {
+namespace {
+
+using test::run_d2o;
+
+bool has(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
+
+// The default text of ppl / fidelity / ablate (fetched by scripts/setup.sh).
+#define REQUIRE_DEFAULT_TEXT()                                                    \
+  if (!test::file_exists(std::string(D2O_SOURCE_DIR) + "/cache/texts/kjv.txt")) { \
+    GTEST_SKIP() << "cache/texts/kjv.txt not found: run scripts/setup.sh";        \
+  }
+
+std::string out_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "/d2o_eval_" + name;
+  std::filesystem::remove_all(d);
+  return d;
+}
+
+// Parses <dir>/<name>.json, checks the Markdown exists and every SVG in the directory is
+// well-formed XML and referenced from the Markdown.
+nlohmann::json check_outputs(const std::string& dir, const std::string& name, int min_svgs) {
+  const std::string json_text = test::read_file(dir + "/" + name + ".json");
+  EXPECT_FALSE(json_text.empty()) << dir;
+  nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  EXPECT_FALSE(j.is_discarded()) << "invalid JSON in " << dir << "/" << name << ".json";
+  const std::string md = test::read_file(dir + "/" + name + ".md");
+  EXPECT_TRUE(has(md, "# ")) << md;
+  int n_svg = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() != ".svg") continue;
+    ++n_svg;
+    EXPECT_EQ(test::xml_problem(test::read_file(e.path().string())), "") << e.path();
+    EXPECT_TRUE(has(md, e.path().filename().string()))
+        << e.path() << " is not shown in the Markdown";
+  }
+  EXPECT_GE(n_svg, min_svgs) << dir;
+  if (j.is_discarded()) return nlohmann::json::object();
+  // Every report records what it ran on.
+  EXPECT_TRUE(j.contains("meta"));
+  EXPECT_FALSE(j["meta"]["model"]["path"].get<std::string>().empty());
+  EXPECT_GT(j["meta"]["wall_seconds"].get<double>(), 0.0);
+  EXPECT_TRUE(j["meta"].contains("seed"));
+  return j;
+}
+
+TEST(CliEval, PplQuickRunsAndKeepsItsInvariants) {
+  D2O_REQUIRE_MODEL(model);
+  REQUIRE_DEFAULT_TEXT();
+  const std::string dir = out_dir("ppl");
+  auto r = run_d2o("eval ppl --quick -m " + model + " -t 1 -o " + dir +
+                   " --policies 'full;streaming;h2o;d2o' " + "--capacities 96,100000");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "eval ppl [")) << "no progress bar: " << r.output;
+  EXPECT_TRUE(has(r.output, "nothing is evicted")) << r.output;  // the 100000 capacity
+  const nlohmann::json j = check_outputs(dir, "ppl", 4);
+  ASSERT_TRUE(j.contains("runs"));
+  EXPECT_EQ(j["params"]["chunk"], 1);
+  EXPECT_EQ(j["params"]["n_tokens"], 600);
+  int n_full = 0;
+  for (const auto& run : j["runs"]) {
+    const int cap = run["capacity"];
+    if (cap == 0) ++n_full;
+    if (cap == 0 || cap == 100000) {
+      EXPECT_TRUE(run["identical_to_full"].get<bool>()) << run["spec"];
+      EXPECT_EQ(run["delta_nll"].get<double>(), 0.0) << run["spec"];
+    } else {
+      // Until the capacity is reached the policy has evicted nothing: the same numbers.
+      EXPECT_EQ(run["max_abs_diff_before_capacity"].get<double>(), 0.0) << run["spec"];
+      EXPECT_FALSE(run["identical_to_full"].get<bool>()) << run["spec"];
+      EXPECT_GT(run["evicted"].get<int64_t>(), 0) << run["spec"];
+    }
+    EXPECT_GT(run["ppl"].get<double>(), 1.0);
+  }
+  EXPECT_EQ(n_full, 1);
+}
+
+TEST(CliEval, FidelityQuickFullCacheHasZeroKl) {
+  D2O_REQUIRE_MODEL(model);
+  REQUIRE_DEFAULT_TEXT();
+  const std::string dir = out_dir("fidelity");
+  auto r = run_d2o("eval fidelity --quick -m " + model + " -t 1 -o " + dir +
+                   " --policies 'full;snapkv;d2o;d2o:budget=100000' --ratios 0.2,0.5 --seed 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = check_outputs(dir, "fidelity", 2);
+  ASSERT_TRUE(j.contains("cases"));
+  EXPECT_EQ(j["cases"].size(), 6u);  // full, 2 x snapkv, 2 x d2o, d2o budget
+  for (const auto& c : j["cases"]) {
+    const std::string spec = c["spec"];
+    if (spec == "full" || has(spec, "budget=100000")) {
+      EXPECT_EQ(c["kl"].get<double>(), 0.0) << spec;
+      EXPECT_EQ(c["top1"].get<double>(), 1.0) << spec;
+      EXPECT_EQ(c["delta_nll"].get<double>(), 0.0) << spec;
+    } else {
+      EXPECT_GT(c["kl"].get<double>(), 0.0) << spec;
+      EXPECT_GT(c["evicted"].get<int64_t>(), 0) << spec;
+    }
+    EXPECT_GE(c["kl_se"].get<double>(), 0.0);
+  }
+  const std::string md = test::read_file(dir + "/fidelity.md");
+  EXPECT_TRUE(has(md, "ρ = 0.2")) << md;
+  EXPECT_TRUE(has(md, " ± ")) << md;
+}
+
+TEST(CliEval, NiahQuickRunsAndLargeBudgetMatchesFull) {
+  D2O_REQUIRE_MODEL(model);
+  const std::string dir = out_dir("niah");
+  auto r = run_d2o("eval niah --quick -m " + model + " -t 1 -o " + dir +
+                   " --policies 'full;d2o;h2o:budget=100000'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = check_outputs(dir, "niah", 6);  // 2 tasks x 3 policies
+  ASSERT_TRUE(j.contains("trials"));
+  EXPECT_EQ(j["trials"].size(), 2u * 2u * 3u);  // tasks x lengths x depths
+  for (const auto& t : j["trials"]) {
+    EXPECT_EQ(t["answers"][0], t["answers"][2])
+        << "budget >= context must answer like the full cache";
+    EXPECT_EQ(t["correct"][0], t["correct"][2]);
+  }
+  EXPECT_FALSE(j["haystack"]["needle_task"].get<std::string>().empty());
+  EXPECT_EQ(j["params"]["compression"], "ratio=0.2");
+  const std::string md = test::read_file(dir + "/niah.md");
+  EXPECT_TRUE(has(md, "95%")) << md;
+}
+
+TEST(CliEval, NiahFallsBackToKjvAndSaysSo) {
+  D2O_REQUIRE_MODEL(model);
+  const std::string kjv = test::text_dir() + "/kjv.txt";
+  if (!test::file_exists(kjv)) GTEST_SKIP() << "no KJV text";
+  // A cache directory with the KJV text but no Paul Graham essays.
+  const std::string cache = out_dir("fallback_cache");
+  std::filesystem::create_directories(cache + "/texts");
+  std::filesystem::copy_file(kjv, cache + "/texts/kjv.txt");
+  const std::string dir = out_dir("niah_fallback");
+  auto r = test::run_command("D2O_CACHE_DIR=" + cache + " " + D2O_CLI_PATH +
+                             " eval niah --quick --tasks needle -m " + model + " -t 1 -o " + dir +
+                             " --policies full --lengths 256 --quiet");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "fallback")) << r.output;
+  const nlohmann::json j = check_outputs(dir, "niah", 1);
+  EXPECT_TRUE(has(j["haystack"]["needle_task"].get<std::string>(), "King James")) << j["haystack"];
+  EXPECT_TRUE(has(j["haystack"]["note"].get<std::string>(), "fallback")) << j["haystack"];
+}
+
+TEST(CliEval, AblateQuickRuns) {
+  D2O_REQUIRE_MODEL(model);
+  REQUIRE_DEFAULT_TEXT();
+  const std::string dir = out_dir("ablate");
+  auto r =
+      run_d2o("eval ablate --quick -m " + model + " -t 1 -o " + dir + " --samples 1 --continue 4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = check_outputs(dir, "ablate", 1);
+  ASSERT_TRUE(j.contains("variants"));
+  EXPECT_EQ(j["variants"].size(), 20u);
+  for (const auto& v : j["variants"]) {
+    EXPECT_TRUE(has(v["spec"].get<std::string>(), "d2o:ratio=0.2")) << v["spec"];
+    // The default appears in several groups: the same numbers each time.
+    if (v["value"].get<std::string>().find("(paper)") != std::string::npos) {
+      EXPECT_EQ(v["delta_kl_vs_default"].get<double>(), 0.0) << v["value"];
+    }
+  }
+  EXPECT_TRUE(j.contains("verdicts"));
+}
+
+TEST(CliEval, SameSeedSameNumbers) {
+  D2O_REQUIRE_MODEL(model);
+  const std::string a = out_dir("det_a"), b = out_dir("det_b");
+  const std::string args = "eval niah --quick --tasks passkey --lengths 300 -m " + model +
+                           " -t 1 --quiet --policies 'full;h2o' --seed 9 -o ";
+  ASSERT_EQ(run_d2o(args + a).exit_code, 0);
+  ASSERT_EQ(run_d2o(args + b).exit_code, 0);
+  const auto ja = nlohmann::json::parse(test::read_file(a + "/niah.json"));
+  const auto jb = nlohmann::json::parse(test::read_file(b + "/niah.json"));
+  EXPECT_EQ(ja["trials"], jb["trials"]);
+  EXPECT_EQ(test::read_file(a + "/niah_passkey_full.svg"),
+            test::read_file(b + "/niah_passkey_full.svg"));
+}
+
+TEST(CliEval, BadInputGivesClearErrors) {
+  D2O_REQUIRE_MODEL(model);
+  const std::string short_text = ::testing::TempDir() + "/eval_short.txt";
+  {
+    std::FILE* f = std::fopen(short_text.c_str(), "w");
+    std::fputs("In the beginning God created the heaven and the earth.", f);
+    std::fclose(f);
+  }
+  const std::string kjv = test::text_dir() + "/kjv.txt";
+  const std::string m = " -m " + model + " -t 1 --quiet -o " + out_dir("errors");
+  struct Case {
+    std::string args, needle;
+    int code;
+  };
+  std::vector<Case> cases = {
+      {"eval ppl -m /nonexistent.gguf -f " + short_text, "cannot open", 1},
+      {"eval ppl" + m + " -f /nonexistent.txt", "does not exist", 1},
+      {"eval fidelity" + m + " -f /nonexistent.txt", "does not exist", 1},
+      {"eval ablate" + m + " -f /nonexistent.txt", "does not exist", 1},
+      {"eval niah" + m + " -f /nonexistent_dir", "does not exist", 1},
+      {"eval ppl" + m + " -f " + short_text + " --tokens 100", "fewer than the 100 asked for", 1},
+      {"eval fidelity" + m + " -f " + short_text, "fewer than one sample needs", 1},
+      {"eval ablate" + m + " -f " + short_text + " --quick", "fewer than one sample needs", 1},
+      {"eval niah" + m + " -f " + short_text + " --quick --tasks needle", "haystack has", 1},
+      {"eval niah" + m + " --lengths 9000 --tasks passkey", "exceeds the model's trained context",
+       1},
+      {"eval niah" + m + " --lengths 20 --tasks passkey", "too short", 1},
+      {"eval niah" + m + " --depths 150", "percentage", 1},
+      {"eval niah" + m + " --ratio 0.2 --budget 100", "not both", 1},
+      {"eval niah" + m + " --tasks haystacks", "unknown task", 1},
+      {"eval fidelity" + m + " --prompt 9000", "exceeds the model's trained context", 1},
+      {"eval ppl" + m + " --policies 'd2o:ratio=0.3' --tokens 300", "sets ratio= or budget= itself",
+       1},
+      {"eval ppl" + m + " --policies 'nonsense' --tokens 300", "unknown KV policy", 1},
+      {"eval ppl" + m + " --capacities 0 --tokens 300", "capacities must be positive", 1},
+      {"eval ppl" + m + " --capacities abc", "not an integer", 1},
+      {"eval fidelity" + m + " --ratios 1.5", "not in (0, 1]", 1},
+      {"eval ablate" + m + " --policies full", "does not apply", 1},
+      {"eval ppl" + m + " --no-such-flag", "no-such-flag", 2},
+      {"eval", "subcommand", 2},
+  };
+  if (test::file_exists(kjv)) {
+    cases.push_back({"eval ppl" + m + " -f " + kjv + " --tokens 9000",
+                     "beyond the model's trained context", 1});
+  }
+  for (const Case& c : cases) {
+    auto r = run_d2o(c.args);
+    EXPECT_EQ(r.exit_code, c.code) << c.args << "\n" << r.output;
+    EXPECT_TRUE(has(r.output, c.needle)) << c.args << "\n" << r.output;
+    EXPECT_FALSE(has(r.output, "internal invariant")) << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace d2o

@@ -1,0 +1,369 @@
+// d2o eval: what each KV policy keeps of the model's quality at a fraction of the cache.
+//
+//   d2o eval ppl       perplexity with a fixed-capacity cache (the paper's PG-19 protocol)
+//   d2o eval fidelity  next-token distributions vs the full cache after prompt-then-compress
+//   d2o eval niah      needle / passkey retrieval over a grid of lengths and depths
+//   d2o eval ablate    D2O's ablations, measured with the fidelity protocol
+//
+// Every run writes <out>/<name>.json, <out>/<name>.md and SVG charts, shows a progress bar with
+// an ETA on stderr, and records the model, text, policies, budgets, seed and wall time.
+#include "cmd_eval.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/timer.h"
+#include "eval/fidelity.h"
+#include "eval/stats.h"
+#include "eval/stream_ppl.h"
+
+#ifndef D2O_DEFAULT_CACHE_DIR
+#define D2O_DEFAULT_CACHE_DIR "cache"
+#endif
+
+namespace d2o::cli {
+
+std::string default_cache_dir() {
+  if (const char* c = std::getenv("D2O_CACHE_DIR"); c && *c) return c;
+  return D2O_DEFAULT_CACHE_DIR;
+}
+
+std::string default_text_path() {
+  return default_cache_dir() + "/texts/kjv.txt";
+}
+
+const std::vector<std::string>& all_policy_presets() {
+  static const std::vector<std::string> kAll = {"full",      "streaming", "h2o", "snapkv",
+                                                "pyramidkv", "roco",      "cam", "d2o"};
+  return kAll;
+}
+
+void add_eval_common_options(CLI::App* app, EvalCommonOptions& o, const std::string& text_help) {
+  add_model_options(app, o.model, /*with_kv=*/false);
+  app->add_option("-f,--file", o.text, text_help);
+  app->add_option("-o,--out", o.out_dir, "Output directory for the report (JSON, Markdown, SVG)");
+  app->add_option("--name", o.name, "File name stem of the report (default: the protocol name)");
+  app->add_option("--policies", o.policies,
+                  "Policies to compare, ';'-separated base specs (e.g. \"full;h2o;d2o:nm=1:1\"); "
+                  "the protocol adds "
+                  "ratio= or budget= itself");
+  app->add_option("--seed", o.seed,
+                  "Seed for everything random in the protocol (same seed, same numbers)");
+  app->add_flag("--quick", o.quick, "A small grid that runs in a few minutes (smoke test)");
+  app->add_flag("--quiet", o.quiet, "No progress bar");
+}
+
+std::vector<std::string> eval_policies(const EvalCommonOptions& o,
+                                       const std::vector<std::string>& defaults) {
+  if (o.policies.empty()) return defaults;
+  return eval::split_list(o.policies, ';');
+}
+
+Result<std::vector<int>> parse_int_list(const std::string& s, const std::string& option) {
+  std::vector<int> out;
+  for (const std::string& item : eval::split_list(s, ',')) {
+    size_t used = 0;
+    long v = 0;
+    try {
+      v = std::stol(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || used == 0 || v < -(1l << 30) || v > (1l << 30)) {
+      return invalid_argument(option + ": '" + item + "' is not an integer");
+    }
+    out.push_back(static_cast<int>(v));
+  }
+  if (out.empty()) return invalid_argument(option + ": no values given");
+  return out;
+}
+
+Result<std::vector<double>> parse_double_list(const std::string& s, const std::string& option) {
+  std::vector<double> out;
+  for (const std::string& item : eval::split_list(s, ',')) {
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || used == 0)
+      return invalid_argument(option + ": '" + item + "' is not a number");
+    out.push_back(v);
+  }
+  if (out.empty()) return invalid_argument(option + ": no values given");
+  return out;
+}
+
+std::unique_ptr<eval::Progress> make_progress(const EvalCommonOptions& o, const std::string& label,
+                                              double total) {
+  return std::make_unique<eval::Progress>(label, total, o.quiet ? nullptr : stderr);
+}
+
+void print_report_paths(const eval::ReportFiles& f) {
+  std::printf("report: %s, %s (charts: %s/%s_*.svg)\n", f.path(".md").c_str(),
+              f.path(".json").c_str(), f.dir.c_str(), f.name.c_str());
+}
+
+Result<EvalSetup> eval_setup(const EvalCommonOptions& o, const std::string& text_path,
+                             const std::string& command) {
+  EvalSetup s;
+  // Read the text before loading the model: a wrong path fails fast.
+  if (!text_path.empty()) {
+    D2O_ASSIGN_OR_RETURN(s.text, eval::read_text_file(text_path));
+  }
+  auto loaded = load_all(o.model);
+  if (!loaded.ok()) return loaded.status();
+  s.loaded = std::move(loaded).value();
+  const ModelHParams& hp = s.loaded.model->hparams();
+  eval::RunMeta& m = s.meta;
+  m.command = command;
+  m.model_path = o.model.model.empty() ? default_model_path() : o.model.model;
+  m.model_name = std::filesystem::path(m.model_path).filename().string();
+  m.n_layer = hp.n_layer;
+  m.n_head = hp.n_head;
+  m.n_head_kv = hp.n_head_kv;
+  m.head_dim = hp.head_dim;
+  m.n_ctx_train = hp.n_ctx_train;
+  m.kv_type = kv_type_name(s.loaded.kv_type);
+  m.threads = s.loaded.pool->n_threads();
+  m.seed = o.seed;
+  m.quick = o.quick;
+  if (!text_path.empty()) {
+    m.text_path = text_path;
+    m.text_name = std::filesystem::path(text_path).stem().string();
+    m.text_bytes = s.text.size();
+    m.text_hash = eval::fnv1a64_hex(s.text);
+    EncodeOptions enc;
+    enc.add_special = true;
+    Stopwatch sw;
+    D2O_ASSIGN_OR_RETURN(s.tokens, s.loaded.tokenizer->encode(s.text, enc));
+    m.text_tokens = static_cast<int64_t>(s.tokens.size());
+    if (!o.quiet) {
+      std::fprintf(stderr, "text %s: %zu bytes, %zu tokens (tokenized in %.1f s)\n",
+                   text_path.c_str(), s.text.size(), s.tokens.size(), sw.seconds());
+    }
+  }
+  return s;
+}
+
+namespace {
+
+// ---- ppl ---------------------------------------------------------------------------------------
+
+struct PplOptions {
+  EvalCommonOptions common;
+  std::string capacities = "256,1024";
+  int64_t tokens = 0;  // 0: the whole text (quick: 600)
+  int64_t skip = 0;
+  int chunk = 1;
+};
+
+int run_ppl(PplOptions& o) {
+  const std::string text_path = o.common.text.empty() ? default_text_path() : o.common.text;
+  auto caps = parse_int_list(o.capacities, "--capacities");
+  if (!caps.ok()) return fail(caps.status());
+  if (o.common.quick && o.tokens == 0) o.tokens = 600;
+  auto setup = eval_setup(o.common, text_path, "d2o eval ppl");
+  if (!setup.ok()) return fail(setup.status());
+  EvalSetup& s = *setup;
+  const ModelHParams& hp = s.loaded.model->hparams();
+  if (o.skip < 0 || o.skip >= static_cast<int64_t>(s.tokens.size())) {
+    return fail(invalid_argument("--skip " + std::to_string(o.skip) + " is outside the text's " +
+                                 std::to_string(s.tokens.size()) + " tokens"));
+  }
+  const std::span<const TokenId> toks(s.tokens.data() + o.skip,
+                                      s.tokens.size() - static_cast<size_t>(o.skip));
+  eval::StreamPplParams p;
+  p.policies = eval_policies(o.common, all_policy_presets());
+  p.capacities = *caps;
+  p.n_tokens = o.tokens > 0 ? o.tokens : static_cast<int64_t>(toks.size());
+  p.chunk = o.chunk;
+  p.kv_type = s.loaded.kv_type;
+  p.n_ctx_train = hp.n_ctx_train;
+  s.meta.command += " --capacities " + o.capacities + " --tokens " + std::to_string(p.n_tokens) +
+                    " --chunk " + std::to_string(p.chunk) +
+                    (o.skip ? " --skip " + std::to_string(o.skip) : "");
+  Stopwatch sw;
+  auto bar = make_progress(o.common, "eval ppl", static_cast<double>(p.n_tokens));
+  auto res = eval::run_stream_ppl(*s.loaded.engine, toks, p, bar.get());
+  if (!res.ok()) return fail(res.status());
+  bar->finish();
+  for (const std::string& w : res->warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  s.meta.wall_seconds = sw.seconds();
+  const eval::ReportFiles files{o.common.out_dir, o.common.name.empty() ? "ppl" : o.common.name};
+  if (Status st = eval::write_stream_ppl_report(*res, p, s.meta, files); !st.ok()) return fail(st);
+  // A short summary on stdout.
+  const eval::StreamPplRun* full = nullptr;
+  for (const auto& r : res->runs) {
+    if (r.capacity == 0) full = &r;
+  }
+  for (const auto& r : res->runs) {
+    const eval::StreamPplSummary sm = eval::summarize_run(r, full, eval::kNllBlock);
+    std::printf("%-12s cap %5d  PPL %8.3f  mean NLL %.4f ± %.4f  tail Δ %+.4f ± %.4f\n",
+                r.label.c_str(), r.capacity, sm.ppl, sm.mean_nll, sm.se_nll, sm.delta_nll,
+                sm.delta_se);
+  }
+  print_report_paths(files);
+  return 0;
+}
+
+// ---- fidelity ----------------------------------------------------------------------------------
+
+struct FidelityOptions {
+  EvalCommonOptions common;
+  std::string ratios = "0.2,0.4,0.8";
+  int prompt = 2048;
+  int samples = 8;
+  int cont = 128;
+  int64_t skip = 0;
+};
+
+}  // namespace
+
+std::string ratio_label(double r) {
+  return eval::fmt_num("%g", r);
+}
+
+Result<std::vector<eval::FidelityCase>> fidelity_cases(const std::vector<std::string>& policies,
+                                                       const std::vector<double>& ratios) {
+  std::vector<eval::FidelityCase> cases;
+  for (const std::string& base : policies) {
+    if (eval::spec_preset(base) == "full" || eval::spec_has_compression(base)) {
+      // Run as given: the full cache, or a spec that sets its own ratio/budget.
+      D2O_ASSIGN_OR_RETURN(eval::PolicyUnderTest t, eval::make_policy(base, base));
+      cases.push_back({base, "-", t});
+      continue;
+    }
+    for (double r : ratios) {
+      if (!(r > 0 && r <= 1))
+        return invalid_argument("--ratios: " + ratio_label(r) + " is not in (0, 1]");
+      D2O_ASSIGN_OR_RETURN(std::string spec,
+                           eval::spec_with_compression(base, "ratio=" + ratio_label(r)));
+      D2O_ASSIGN_OR_RETURN(eval::PolicyUnderTest t, eval::make_policy(spec, base));
+      cases.push_back({base, ratio_label(r), t});
+    }
+  }
+  if (cases.empty()) return invalid_argument("no policies to evaluate");
+  return cases;
+}
+
+namespace {
+
+int run_fidelity_cmd(FidelityOptions& o) {
+  const std::string text_path = o.common.text.empty() ? default_text_path() : o.common.text;
+  if (o.common.quick) {
+    o.prompt = std::min(o.prompt, 256);
+    o.samples = std::min(o.samples, 2);
+    o.cont = std::min(o.cont, 16);
+  }
+  auto ratios = parse_double_list(o.ratios, "--ratios");
+  if (!ratios.ok()) return fail(ratios.status());
+  auto cases = fidelity_cases(eval_policies(o.common, all_policy_presets()), *ratios);
+  if (!cases.ok()) return fail(cases.status());
+  auto setup = eval_setup(o.common, text_path, "d2o eval fidelity");
+  if (!setup.ok()) return fail(setup.status());
+  EvalSetup& s = *setup;
+  if (o.skip < 0 || o.skip >= static_cast<int64_t>(s.tokens.size())) {
+    return fail(invalid_argument("--skip " + std::to_string(o.skip) + " is outside the text's " +
+                                 std::to_string(s.tokens.size()) + " tokens"));
+  }
+  const std::span<const TokenId> toks(s.tokens.data() + o.skip,
+                                      s.tokens.size() - static_cast<size_t>(o.skip));
+  eval::FidelityParams p;
+  p.cases = std::move(cases).value();
+  p.prompt_len = o.prompt;
+  p.n_samples = o.samples;
+  p.n_continue = o.cont;
+  p.kv_type = s.loaded.kv_type;
+  p.n_ctx_train = s.loaded.model->hparams().n_ctx_train;
+  s.meta.command += " --ratios " + o.ratios + " --prompt " + std::to_string(o.prompt) +
+                    " --samples " + std::to_string(o.samples) + " --continue " +
+                    std::to_string(o.cont) + (o.skip ? " --skip " + std::to_string(o.skip) : "");
+  Stopwatch sw;
+  auto bar =
+      make_progress(o.common, "eval fidelity", static_cast<double>(p.n_samples) * p.n_continue);
+  auto res = eval::run_fidelity(*s.loaded.engine, toks, p, bar.get());
+  if (!res.ok()) return fail(res.status());
+  bar->finish();
+  s.meta.wall_seconds = sw.seconds();
+  const eval::ReportFiles files{o.common.out_dir,
+                                o.common.name.empty() ? "fidelity" : o.common.name};
+  eval::FidelityReportText text;
+  text.title = "Fidelity to the full cache after prompt-then-compress (`d2o eval fidelity`)";
+  text.intro =
+      "Each policy compresses the prompt to a fraction ρ of its tokens right after the prompt "
+      "pass, then "
+      "evicts one slot per teacher-forced token. Only predictions made after the compression "
+      "count.";
+  if (Status st = eval::write_fidelity_report(*res, p, s.meta, text, files); !st.ok())
+    return fail(st);
+  for (size_t i = 0; i < p.cases.size(); ++i) {
+    const auto& c = res->cases[i];
+    std::printf("%-12s %-5s KL %.4f  top-1 %.3f\n", p.cases[i].row.c_str(),
+                p.cases[i].column.c_str(), eval::mean_se(c.kl).mean, eval::mean_se(c.top1).mean);
+  }
+  print_report_paths(files);
+  return 0;
+}
+
+}  // namespace
+
+Action add_eval_fidelity(CLI::App* eval) {
+  auto o = std::make_shared<FidelityOptions>();
+  CLI::App* sub = eval->add_subcommand(
+      "fidelity", "KL / top-1 agreement with the full cache after prompt-then-compress");
+  add_eval_common_options(sub, o->common,
+                          "Text file the samples are taken from (default: the KJV text)");
+  sub->add_option("--ratios", o->ratios, "Compression ratios rho (fraction of the prompt kept)");
+  sub->add_option("--prompt", o->prompt, "Prompt length P in tokens")
+      ->check(CLI::Range(1, 1 << 24));
+  sub->add_option("--samples", o->samples, "Number of prompts (text windows, evenly spaced)")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--continue", o->cont, "Teacher-forced continuation tokens per sample")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--skip", o->skip, "Tokens of the text to skip first")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  return [o] { return run_fidelity_cmd(*o); };
+}
+
+Action add_eval_ppl(CLI::App* eval) {
+  auto o = std::make_shared<PplOptions>();
+  CLI::App* sub = eval->add_subcommand(
+      "ppl", "Perplexity with a fixed-capacity cache (the paper's PG-19 protocol)");
+  add_eval_common_options(sub, o->common,
+                          "Text file (default: the KJV text fetched by scripts/setup.sh)");
+  sub->add_option("--capacities", o->capacities,
+                  "Cache capacities in slots per KV head and layer (budget=B)");
+  sub->add_option("--tokens", o->tokens,
+                  "Tokens to feed (0 = the whole text; cut to stay in the trained context)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  sub->add_option("--skip", o->skip, "Tokens of the text to skip first")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  sub->add_option("--chunk", o->chunk,
+                  "Tokens per forward pass (1 = plain decoding, the paper's setting)");
+  return [o] { return run_ppl(*o); };
+}
+
+Action add_eval_command(CLI::App& app) {
+  CLI::App* ev =
+      app.add_subcommand("eval", "Evaluate KV policies: ppl, fidelity, niah, ablate (and summary)");
+  ev->require_subcommand(1);
+  std::vector<std::pair<CLI::App*, Action>> subs;
+  auto keep = [&](Action a) { subs.emplace_back(ev->get_subcommands({}).back(), std::move(a)); };
+  keep(add_eval_ppl(ev));
+  keep(add_eval_fidelity(ev));
+  keep(add_eval_niah(ev));
+  keep(add_eval_ablate(ev));
+  keep(add_eval_summary(ev));
+  return [subs] {
+    for (const auto& [sub, action] : subs) {
+      if (sub->parsed()) return action();
+    }
+    return 2;
+  };
+}
+
+}  // namespace d2o::cli

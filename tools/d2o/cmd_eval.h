@@ -1,0 +1,83 @@
+// `d2o eval`: options and set-up shared by its sub-subcommands (ppl, fidelity, niah, ablate).
+// The protocols themselves live in src/eval/; these files only parse flags, load the model and
+// the text, and hand over.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "common.h"
+#include "eval/fidelity.h"
+#include "eval/harness.h"
+#include "eval/progress.h"
+
+namespace d2o::cli {
+
+struct EvalCommonOptions {
+  ModelOptions model;
+  std::string text;  // -f: the text file ("" = the protocol's default)
+  std::string out_dir = "eval-results";
+  std::string name;      // report file stem ("" = the protocol name)
+  std::string policies;  // ';'-separated specs ("" = the protocol's default list)
+  uint64_t seed = 1;
+  bool quick = false;
+  bool quiet = false;  // no progress bar
+};
+
+// Registers -m -t --ubatch --kv-type --dequantize -f -o --name --policies --seed --quick --quiet.
+void add_eval_common_options(CLI::App* app, EvalCommonOptions& o, const std::string& text_help);
+
+// The default text ($D2O_CACHE_DIR/texts/kjv.txt, as fetched by scripts/setup.sh).
+std::string default_text_path();
+std::string default_cache_dir();
+
+// Model and text loaded, metadata filled.
+struct EvalSetup {
+  Loaded loaded;
+  eval::RunMeta meta;
+  std::string text;             // the raw text (empty for protocols that build their own)
+  std::vector<TokenId> tokens;  // the text tokenized (add_special as the model says)
+};
+
+// Loads the model and, when text_path is not empty, reads and tokenizes the text. `command`
+// is recorded in the report.
+Result<EvalSetup> eval_setup(const EvalCommonOptions& o, const std::string& text_path,
+                             const std::string& command);
+
+// The policies to run: o.policies split on ';', or the defaults.
+std::vector<std::string> eval_policies(const EvalCommonOptions& o,
+                                       const std::vector<std::string>& defaults);
+
+// Comma-separated numbers ("256,1024", "0.2,0.4"); errors name the option.
+Result<std::vector<int>> parse_int_list(const std::string& s, const std::string& option);
+Result<std::vector<double>> parse_double_list(const std::string& s, const std::string& option);
+
+// A progress bar on stderr (or none with --quiet).
+std::unique_ptr<eval::Progress> make_progress(const EvalCommonOptions& o, const std::string& label,
+                                              double total);
+
+// Prints where the report went.
+void print_report_paths(const eval::ReportFiles& f);
+
+// The eight policies of the paper's comparison, in the order the reports use.
+const std::vector<std::string>& all_policy_presets();
+
+// "0.2" for 0.2 (shortest round-trip text of a ratio).
+std::string ratio_label(double r);
+// Fidelity cases: every base policy at every ratio (row = the policy, column = the ratio); the
+// full cache and specs that set their own ratio/budget run once, as given (column "-").
+Result<std::vector<eval::FidelityCase>> fidelity_cases(const std::vector<std::string>& policies,
+                                                       const std::vector<double>& ratios);
+
+// Sub-subcommands (cmd_eval.cpp: ppl, fidelity; cmd_eval_niah.cpp; cmd_eval_ablate.cpp;
+// cmd_eval_summary.cpp).
+Action add_eval_ppl(CLI::App* eval);
+Action add_eval_fidelity(CLI::App* eval);
+Action add_eval_niah(CLI::App* eval);
+Action add_eval_ablate(CLI::App* eval);
+Action add_eval_summary(CLI::App* eval);
+
+}  // namespace d2o::cli

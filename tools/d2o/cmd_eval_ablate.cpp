@@ -1,0 +1,92 @@
+// d2o eval ablate: D2O's ablations measured with the fidelity protocol (src/eval/ablate.h).
+#include <cstdio>
+
+#include "cmd_eval.h"
+#include "core/timer.h"
+#include "eval/ablate.h"
+#include "eval/stats.h"
+
+namespace d2o::cli {
+
+namespace {
+
+struct AblateOptions {
+  EvalCommonOptions common;
+  double ratio = 0.2;
+  int prompt = 2048;
+  int samples = 8;
+  int cont = 128;
+  int64_t skip = 0;
+};
+
+int run_ablate_cmd(AblateOptions& o) {
+  if (!o.common.policies.empty()) {
+    return fail(
+        invalid_argument("--policies does not apply to ablate (the variants are D2O's ablations)"));
+  }
+  const std::string text_path = o.common.text.empty() ? default_text_path() : o.common.text;
+  if (o.common.quick) {
+    o.prompt = std::min(o.prompt, 256);
+    o.samples = std::min(o.samples, 2);
+    o.cont = std::min(o.cont, 16);
+  }
+  auto plan = eval::plan_ablation(o.ratio);
+  if (!plan.ok()) return fail(plan.status());
+  auto setup = eval_setup(o.common, text_path, "d2o eval ablate");
+  if (!setup.ok()) return fail(setup.status());
+  EvalSetup& s = *setup;
+  if (o.skip < 0 || o.skip >= static_cast<int64_t>(s.tokens.size())) {
+    return fail(invalid_argument("--skip " + std::to_string(o.skip) + " is outside the text's " +
+                                 std::to_string(s.tokens.size()) + " tokens"));
+  }
+  const std::span<const TokenId> toks(s.tokens.data() + o.skip,
+                                      s.tokens.size() - static_cast<size_t>(o.skip));
+  eval::FidelityParams p;
+  p.cases = plan->cases;
+  p.prompt_len = o.prompt;
+  p.n_samples = o.samples;
+  p.n_continue = o.cont;
+  p.kv_type = s.loaded.kv_type;
+  p.n_ctx_train = s.loaded.model->hparams().n_ctx_train;
+  s.meta.command += " --ratio " + plan->ratio + " --prompt " + std::to_string(o.prompt) +
+                    " --samples " + std::to_string(o.samples) + " --continue " +
+                    std::to_string(o.cont) + (o.skip ? " --skip " + std::to_string(o.skip) : "");
+  Stopwatch sw;
+  auto bar =
+      make_progress(o.common, "eval ablate", static_cast<double>(p.n_samples) * p.n_continue);
+  auto res = eval::run_fidelity(*s.loaded.engine, toks, p, bar.get());
+  if (!res.ok()) return fail(res.status());
+  bar->finish();
+  s.meta.wall_seconds = sw.seconds();
+  const eval::ReportFiles files{o.common.out_dir, o.common.name.empty() ? "ablate" : o.common.name};
+  if (Status st = eval::write_ablation_report(*res, p, *plan, s.meta, files); !st.ok())
+    return fail(st);
+  for (size_t i = 0; i < p.cases.size(); ++i) {
+    std::printf("%-24s KL %.4f  top-1 %.3f\n", p.cases[i].row.c_str(),
+                eval::mean_se(res->cases[i].kl).mean, eval::mean_se(res->cases[i].top1).mean);
+  }
+  print_report_paths(files);
+  return 0;
+}
+
+}  // namespace
+
+Action add_eval_ablate(CLI::App* eval) {
+  auto o = std::make_shared<AblateOptions>();
+  CLI::App* sub = eval->add_subcommand(
+      "ablate", "D2O's ablations (budget rule, merging, similarity, N:M, beta, reading)");
+  add_eval_common_options(sub, o->common,
+                          "Text file the samples are taken from (default: the KJV text)");
+  sub->add_option("--ratio", o->ratio, "Compression ratio rho for every variant");
+  sub->add_option("--prompt", o->prompt, "Prompt length P in tokens")
+      ->check(CLI::Range(1, 1 << 24));
+  sub->add_option("--samples", o->samples, "Number of prompts (text windows)")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--continue", o->cont, "Teacher-forced continuation tokens per sample")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--skip", o->skip, "Tokens of the text to skip first")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  return [o] { return run_ablate_cmd(*o); };
+}
+
+}  // namespace d2o::cli

@@ -1,0 +1,212 @@
+// d2o eval niah: needle-in-a-haystack and passkey retrieval heatmaps (src/eval/niah.h).
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include "cmd_eval.h"
+#include "core/timer.h"
+#include "eval/niah.h"
+
+namespace d2o::cli {
+
+namespace {
+
+struct NiahOptions {
+  EvalCommonOptions common;
+  std::string tasks = "needle,passkey";
+  std::string lengths;  // "" = powers of two from 1024, and the trained context
+  std::string depths = "0,25,50,75,100";
+  int trials = 1;
+  double ratio = 0;
+  int budget = 0;
+  bool no_chat = false;
+};
+
+// The haystack for the needle task: -f (a file, or a directory of .txt files joined in name
+// order), else the Paul Graham essays fetched by setup, else the KJV text.
+struct HaystackChoice {
+  std::string path, name, note, text;
+};
+
+Result<HaystackChoice> load_haystack(const std::string& given) {
+  namespace fs = std::filesystem;
+  HaystackChoice h;
+  std::string path = given;
+  if (path.empty()) {
+    const std::string pg = default_cache_dir() + "/texts/pg";
+    std::error_code ec;
+    if (fs::is_directory(pg, ec)) {
+      path = pg;
+    } else {
+      path = default_text_path();
+      h.note =
+          "fallback: the Paul Graham essays were not found in " + pg + " (run scripts/setup.sh)";
+    }
+  }
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(path, ec)) {
+      if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path().string());
+    }
+    if (ec) return io_error("cannot list the haystack directory '" + path + "': " + ec.message());
+    if (files.empty()) return not_found("the haystack directory '" + path + "' has no .txt files");
+    std::sort(files.begin(), files.end());
+    for (const std::string& f : files) {
+      D2O_ASSIGN_OR_RETURN(std::string t, eval::read_text_file(f));
+      h.text += t + "\n\n";
+    }
+    h.name = fs::path(path).filename() == "pg"
+                 ? "Paul Graham essays (" + std::to_string(files.size()) + " files)"
+                 : path + " (" + std::to_string(files.size()) + " files)";
+  } else {
+    D2O_ASSIGN_OR_RETURN(h.text, eval::read_text_file(path));
+    h.name = fs::path(path).filename().string();
+    if (path == default_text_path()) h.name = "King James Bible (kjv.txt)";
+  }
+  h.path = path;
+  return h;
+}
+
+int run_niah_cmd(NiahOptions& o) {
+  if (o.ratio > 0 && o.budget > 0)
+    return fail(invalid_argument("give --ratio or --budget, not both"));
+  if (o.ratio < 0 || o.ratio > 1) return fail(invalid_argument("--ratio must be in (0, 1]"));
+  if (o.budget < 0) return fail(invalid_argument("--budget must be positive"));
+  const std::string compression = o.budget > 0
+                                      ? "budget=" + std::to_string(o.budget)
+                                      : "ratio=" + ratio_label(o.ratio > 0 ? o.ratio : 0.2);
+  std::vector<eval::NiahTask> tasks;
+  for (const std::string& t : eval::split_list(o.tasks, ',')) {
+    if (t == "needle") {
+      tasks.push_back(eval::NiahTask::kNeedle);
+    } else if (t == "passkey") {
+      tasks.push_back(eval::NiahTask::kPasskey);
+    } else {
+      return fail(invalid_argument("--tasks: unknown task '" + t + "' (use needle, passkey)"));
+    }
+  }
+  if (tasks.empty()) return fail(invalid_argument("--tasks: no task given"));
+  if (o.common.quick) {
+    if (o.lengths.empty()) o.lengths = "256,512";
+    o.depths = "0,50,100";
+    o.trials = 1;
+  }
+  auto depths_pct = parse_double_list(o.depths, "--depths");
+  if (!depths_pct.ok()) return fail(depths_pct.status());
+  std::vector<double> depths;
+  for (double d : *depths_pct) {
+    if (!(d >= 0 && d <= 100))
+      return fail(
+          invalid_argument("--depths: " + ratio_label(d) + " is not a percentage in [0, 100]"));
+    depths.push_back(d / 100.0);
+  }
+  std::vector<int> lengths;
+  if (!o.lengths.empty()) {
+    auto l = parse_int_list(o.lengths, "--lengths");
+    if (!l.ok()) return fail(l.status());
+    lengths = *l;
+  }
+  auto hay = load_haystack(o.common.text);
+  if (!hay.ok()) return fail(hay.status());
+  auto setup = eval_setup(o.common, "", "d2o eval niah");
+  if (!setup.ok()) return fail(setup.status());
+  EvalSetup& s = *setup;
+  const int n_ctx_train = s.loaded.model->hparams().n_ctx_train;
+  if (lengths.empty()) {
+    // Powers of two from 1K below the trained context, then the trained context less room for
+    // the answer.
+    for (int len = 1024; len < n_ctx_train - 16; len *= 2) lengths.push_back(len);
+    lengths.push_back(n_ctx_train - 16);
+  }
+  for (int len : lengths) {
+    if (len < 1) return fail(invalid_argument("--lengths must be positive"));
+  }
+  s.meta.text_path = hay->path;
+  s.meta.text_name = hay->name;
+  s.meta.text_bytes = hay->text.size();
+  s.meta.text_hash = eval::fnv1a64_hex(hay->text);
+  if (!hay->note.empty())
+    std::fprintf(stderr, "haystack: %s, %s\n", hay->name.c_str(), hay->note.c_str());
+  const ChatTemplate* chat =
+      (!o.no_chat && s.loaded.chat_template) ? &*s.loaded.chat_template : nullptr;
+  auto builder = eval::NiahBuilder::create(*s.loaded.tokenizer, chat, hay->text);
+  if (!builder.ok()) return fail(builder.status());
+  s.meta.text_tokens = builder->haystack_tokens();
+
+  eval::NiahParams p;
+  p.tasks = tasks;
+  p.lengths = lengths;
+  p.depths = depths;
+  p.trials = o.trials;
+  p.compression = compression;
+  p.seed = o.common.seed;
+  p.n_ctx_train = n_ctx_train;
+  p.kv_type = s.loaded.kv_type;
+  for (const std::string& base : eval_policies(o.common, all_policy_presets())) {
+    std::string spec = base;
+    if (eval::spec_preset(base) != "full" && !eval::spec_has_compression(base)) {
+      auto sp = eval::spec_with_compression(base, compression);
+      if (!sp.ok()) return fail(sp.status());
+      spec = *sp;
+    }
+    auto t = eval::make_policy(spec, base);
+    if (!t.ok()) return fail(t.status());
+    p.policies.push_back(*t);
+  }
+  std::string len_list;
+  for (int len : lengths) len_list += (len_list.empty() ? "" : ",") + std::to_string(len);
+  s.meta.command += " --tasks " + o.tasks + " --lengths " + len_list + " --depths " + o.depths +
+                    " --trials " + std::to_string(o.trials) +
+                    (o.budget > 0 ? " --budget " : " --ratio ") +
+                    compression.substr(compression.find('=') + 1) + (o.no_chat ? " --no-chat" : "");
+  double total = 0;
+  for (int len : lengths)
+    total +=
+        static_cast<double>(len) * static_cast<double>(depths.size() * tasks.size()) * o.trials;
+  Stopwatch sw;
+  auto bar = make_progress(o.common, "eval niah", total);
+  auto res = eval::run_niah(*s.loaded.engine, *s.loaded.tokenizer, *builder, p, bar.get());
+  if (!res.ok()) return fail(res.status());
+  bar->finish();
+  s.meta.wall_seconds = sw.seconds();
+  eval::NiahReportText text;
+  text.haystack = hay->name;
+  text.haystack_note = hay->note;
+  text.chat_template = chat != nullptr;
+  const eval::ReportFiles files{o.common.out_dir, o.common.name.empty() ? "niah" : o.common.name};
+  if (Status st = eval::write_niah_report(*res, p, s.meta, text, files); !st.ok()) return fail(st);
+  for (size_t pi = 0; pi < p.policies.size(); ++pi) {
+    int k = 0, n = 0;
+    for (const auto& oc : res->outcomes) k += oc.correct[pi], ++n;
+    std::printf("%-12s %d/%d correct\n", p.policies[pi].label.c_str(), k, n);
+  }
+  print_report_paths(files);
+  return 0;
+}
+
+}  // namespace
+
+Action add_eval_niah(CLI::App* eval) {
+  auto o = std::make_shared<NiahOptions>();
+  CLI::App* sub = eval->add_subcommand(
+      "niah", "Needle-in-a-haystack and passkey retrieval over lengths x depths");
+  add_eval_common_options(
+      sub, o->common,
+      "Haystack for the needle task: a text file, or a directory of .txt files (default: the "
+      "Paul Graham essays fetched by scripts/setup.sh, else the KJV text)");
+  sub->add_option("--tasks", o->tasks, "Tasks: needle, passkey (comma-separated)");
+  sub->add_option("--lengths", o->lengths,
+                  "Context lengths in tokens (default: 1024, 2048, ... up to the trained context)");
+  sub->add_option("--depths", o->depths, "Needle depths in percent of the context");
+  sub->add_option("--trials", o->trials, "Trials per (length, depth) cell (different keys)")
+      ->check(CLI::Range(1, 10000));
+  sub->add_option("--ratio", o->ratio, "Compression ratio rho of the prompt (default 0.2)");
+  sub->add_option("--budget", o->budget,
+                  "Fixed budget in slots per KV head and layer instead of a ratio");
+  sub->add_flag("--no-chat", o->no_chat,
+                "Plain-text prompt even when the model has a chat template");
+  return [o] { return run_niah_cmd(*o); };
+}
+
+}  // namespace d2o::cli
