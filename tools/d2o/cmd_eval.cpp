@@ -29,10 +29,6 @@ std::string default_cache_dir() {
   return D2O_DEFAULT_CACHE_DIR;
 }
 
-std::string default_text_path() {
-  return default_cache_dir() + "/texts/kjv.txt";
-}
-
 const std::vector<std::string>& all_policy_presets() {
   static const std::vector<std::string> kAll = {"full",      "streaming", "h2o", "snapkv",
                                                 "pyramidkv", "roco",      "cam", "d2o"};

@@ -30,8 +30,7 @@ struct EvalCommonOptions {
 // Registers -m -t --ubatch --kv-type --dequantize -f -o --name --policies --seed --quick --quiet.
 void add_eval_common_options(CLI::App* app, EvalCommonOptions& o, const std::string& text_help);
 
-// The default text ($D2O_CACHE_DIR/texts/kjv.txt, as fetched by scripts/setup.sh).
-std::string default_text_path();
+// $D2O_CACHE_DIR, else the build's default cache folder (default_text_path: commands.h).
 std::string default_cache_dir();
 
 // Model and text loaded, metadata filled.
