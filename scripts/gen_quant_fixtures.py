@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes tests/data/quant/<TYPE>.bin: random blocks of each GGUF type and their dequantisation
+"""Writes tests/data/quant/dequant_<TYPE>.bin: random blocks of each GGUF type and their dequantisation
 by the `gguf` PyPI package (gguf.quants.dequantize), the independent reference that
 tests/unit/test_quant.cpp checks d2o's dequantisers against bit for bit.
 
@@ -72,7 +72,7 @@ def main():
              T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
     for qtype in types:
         raw, expected = make(qtype, rng)
-        path = os.path.join(out, f"{qtype.name}.bin")
+        path = os.path.join(out, f"dequant_{qtype.name}.bin")
         with open(path, "wb") as f:
             f.write(b"D2OQ")
             f.write(struct.pack("<IIII", 1, int(qtype), expected.size, raw.size))

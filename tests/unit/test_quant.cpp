@@ -22,9 +22,9 @@ struct Fixture {
   std::vector<float> expected;
 };
 
-// Reads tests/data/quant/<name>.bin (layout documented in the generator script).
+// Reads tests/data/quant/dequant_<name>.bin (layout documented in the generator script).
 bool load_fixture(const std::string& name, Fixture* f, std::string* error) {
-  const std::string path = std::string(D2O_TEST_DATA_DIR) + "/quant/" + name + ".bin";
+  const std::string path = std::string(D2O_TEST_DATA_DIR) + "/quant/dequant_" + name + ".bin";
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     *error = "cannot open " + path + " (run scripts/gen_quant_fixtures.py)";
