@@ -29,6 +29,37 @@ std::string default_cache_dir() {
   return D2O_DEFAULT_CACHE_DIR;
 }
 
+void add_teacher_forced_options(CLI::App* app, TeacherForcedOptions& o,
+                                const std::string& samples_help) {
+  app->add_option("--prompt", o.prompt, "Prompt length P in tokens")->check(CLI::Range(1, 1 << 24));
+  app->add_option("--samples", o.samples, samples_help)->check(CLI::Range(1, 1 << 20));
+  app->add_option("--continue", o.cont, "Teacher-forced continuation tokens per sample")
+      ->check(CLI::Range(1, 1 << 20));
+  app->add_option("--skip", o.skip, "Tokens of the text to skip first")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+}
+
+void shrink_for_quick(TeacherForcedOptions& o) {
+  o.prompt = std::min(o.prompt, 256);
+  o.samples = std::min(o.samples, 2);
+  o.cont = std::min(o.cont, 16);
+}
+
+std::string teacher_forced_args(const TeacherForcedOptions& o) {
+  return " --prompt " + std::to_string(o.prompt) + " --samples " + std::to_string(o.samples) +
+         " --continue " + std::to_string(o.cont) +
+         (o.skip ? " --skip " + std::to_string(o.skip) : "");
+}
+
+Result<std::span<const TokenId>> tokens_after_skip(const std::vector<TokenId>& tokens,
+                                                   int64_t skip) {
+  if (skip < 0 || skip >= static_cast<int64_t>(tokens.size())) {
+    return invalid_argument("--skip " + std::to_string(skip) + " is outside the text's " +
+                            std::to_string(tokens.size()) + " tokens");
+  }
+  return std::span<const TokenId>(tokens.data() + skip, tokens.size() - static_cast<size_t>(skip));
+}
+
 const std::vector<std::string>& all_policy_presets() {
   static const std::vector<std::string> kAll = {"full",      "streaming", "h2o", "snapkv",
                                                 "pyramidkv", "roco",      "cam", "d2o"};
@@ -166,12 +197,9 @@ int run_ppl(PplOptions& o) {
   if (!setup.ok()) return fail(setup.status());
   EvalSetup& s = *setup;
   const ModelHParams& hp = s.loaded.model->hparams();
-  if (o.skip < 0 || o.skip >= static_cast<int64_t>(s.tokens.size())) {
-    return fail(invalid_argument("--skip " + std::to_string(o.skip) + " is outside the text's " +
-                                 std::to_string(s.tokens.size()) + " tokens"));
-  }
-  const std::span<const TokenId> toks(s.tokens.data() + o.skip,
-                                      s.tokens.size() - static_cast<size_t>(o.skip));
+  auto skipped = tokens_after_skip(s.tokens, o.skip);
+  if (!skipped.ok()) return fail(skipped.status());
+  const std::span<const TokenId> toks = *skipped;
   eval::StreamPplParams p;
   p.policies = eval_policies(o.common, all_policy_presets());
   p.capacities = *caps;
@@ -211,10 +239,7 @@ int run_ppl(PplOptions& o) {
 struct FidelityOptions {
   EvalCommonOptions common;
   std::string ratios = "0.2,0.4,0.8";
-  int prompt = 2048;
-  int samples = 8;
-  int cont = 128;
-  int64_t skip = 0;
+  TeacherForcedOptions tf;
 };
 
 }  // namespace
@@ -250,11 +275,7 @@ namespace {
 
 int run_fidelity_cmd(FidelityOptions& o) {
   const std::string text_path = o.common.text.empty() ? default_text_path() : o.common.text;
-  if (o.common.quick) {
-    o.prompt = std::min(o.prompt, 256);
-    o.samples = std::min(o.samples, 2);
-    o.cont = std::min(o.cont, 16);
-  }
+  if (o.common.quick) shrink_for_quick(o.tf);
   auto ratios = parse_double_list(o.ratios, "--ratios");
   if (!ratios.ok()) return fail(ratios.status());
   auto cases = fidelity_cases(eval_policies(o.common, all_policy_presets()), *ratios);
@@ -262,22 +283,17 @@ int run_fidelity_cmd(FidelityOptions& o) {
   auto setup = eval_setup(o.common, text_path, "d2o eval fidelity");
   if (!setup.ok()) return fail(setup.status());
   EvalSetup& s = *setup;
-  if (o.skip < 0 || o.skip >= static_cast<int64_t>(s.tokens.size())) {
-    return fail(invalid_argument("--skip " + std::to_string(o.skip) + " is outside the text's " +
-                                 std::to_string(s.tokens.size()) + " tokens"));
-  }
-  const std::span<const TokenId> toks(s.tokens.data() + o.skip,
-                                      s.tokens.size() - static_cast<size_t>(o.skip));
+  auto skipped = tokens_after_skip(s.tokens, o.tf.skip);
+  if (!skipped.ok()) return fail(skipped.status());
+  const std::span<const TokenId> toks = *skipped;
   eval::FidelityParams p;
   p.cases = std::move(cases).value();
-  p.prompt_len = o.prompt;
-  p.n_samples = o.samples;
-  p.n_continue = o.cont;
+  p.prompt_len = o.tf.prompt;
+  p.n_samples = o.tf.samples;
+  p.n_continue = o.tf.cont;
   p.kv_type = s.loaded.kv_type;
   p.n_ctx_train = s.loaded.model->hparams().n_ctx_train;
-  s.meta.command += " --ratios " + o.ratios + " --prompt " + std::to_string(o.prompt) +
-                    " --samples " + std::to_string(o.samples) + " --continue " +
-                    std::to_string(o.cont) + (o.skip ? " --skip " + std::to_string(o.skip) : "");
+  s.meta.command += " --ratios " + o.ratios + teacher_forced_args(o.tf);
   Stopwatch sw;
   auto bar =
       make_progress(o.common, "eval fidelity", static_cast<double>(p.n_samples) * p.n_continue);
@@ -314,14 +330,7 @@ Action add_eval_fidelity(CLI::App* eval) {
   add_eval_common_options(sub, o->common,
                           "Text file the samples are taken from (default: the KJV text)");
   sub->add_option("--ratios", o->ratios, "Compression ratios rho (fraction of the prompt kept)");
-  sub->add_option("--prompt", o->prompt, "Prompt length P in tokens")
-      ->check(CLI::Range(1, 1 << 24));
-  sub->add_option("--samples", o->samples, "Number of prompts (text windows, evenly spaced)")
-      ->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--continue", o->cont, "Teacher-forced continuation tokens per sample")
-      ->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--skip", o->skip, "Tokens of the text to skip first")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  add_teacher_forced_options(sub, o->tf, "Number of prompts (text windows, evenly spaced)");
   return [o] { return run_fidelity_cmd(*o); };
 }
 

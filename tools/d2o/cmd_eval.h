@@ -4,7 +4,9 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,26 @@ struct EvalCommonOptions {
 
 // Registers -m -t --ubatch --kv-type --dequantize -f -o --name --policies --seed --quick --quiet.
 void add_eval_common_options(CLI::App* app, EvalCommonOptions& o, const std::string& text_help);
+
+// The teacher-forced protocols (fidelity, ablate): P-token prompts from S text windows, then C
+// teacher-forced tokens; --skip drops the text's first tokens.
+struct TeacherForcedOptions {
+  int prompt = 2048;
+  int samples = 8;
+  int cont = 128;
+  int64_t skip = 0;
+};
+// Registers --prompt --samples --continue --skip.
+void add_teacher_forced_options(CLI::App* app, TeacherForcedOptions& o,
+                                const std::string& samples_help);
+// --quick: at most 256 prompt tokens, 2 samples, 16 continuation tokens.
+void shrink_for_quick(TeacherForcedOptions& o);
+// " --prompt P --samples S --continue C [--skip K]", for the recorded command line.
+std::string teacher_forced_args(const TeacherForcedOptions& o);
+
+// The text's tokens after the first `skip` (an error names --skip when it is out of range).
+Result<std::span<const TokenId>> tokens_after_skip(const std::vector<TokenId>& tokens,
+                                                   int64_t skip);
 
 // $D2O_CACHE_DIR, else the build's default cache folder (default_text_path: commands.h).
 std::string default_cache_dir();

@@ -13,10 +13,7 @@ namespace {
 struct AblateOptions {
   EvalCommonOptions common;
   double ratio = 0.2;
-  int prompt = 2048;
-  int samples = 8;
-  int cont = 128;
-  int64_t skip = 0;
+  TeacherForcedOptions tf;
 };
 
 int run_ablate_cmd(AblateOptions& o) {
@@ -25,32 +22,23 @@ int run_ablate_cmd(AblateOptions& o) {
         invalid_argument("--policies does not apply to ablate (the variants are D2O's ablations)"));
   }
   const std::string text_path = o.common.text.empty() ? default_text_path() : o.common.text;
-  if (o.common.quick) {
-    o.prompt = std::min(o.prompt, 256);
-    o.samples = std::min(o.samples, 2);
-    o.cont = std::min(o.cont, 16);
-  }
+  if (o.common.quick) shrink_for_quick(o.tf);
   auto plan = eval::plan_ablation(o.ratio);
   if (!plan.ok()) return fail(plan.status());
   auto setup = eval_setup(o.common, text_path, "d2o eval ablate");
   if (!setup.ok()) return fail(setup.status());
   EvalSetup& s = *setup;
-  if (o.skip < 0 || o.skip >= static_cast<int64_t>(s.tokens.size())) {
-    return fail(invalid_argument("--skip " + std::to_string(o.skip) + " is outside the text's " +
-                                 std::to_string(s.tokens.size()) + " tokens"));
-  }
-  const std::span<const TokenId> toks(s.tokens.data() + o.skip,
-                                      s.tokens.size() - static_cast<size_t>(o.skip));
+  auto skipped = tokens_after_skip(s.tokens, o.tf.skip);
+  if (!skipped.ok()) return fail(skipped.status());
+  const std::span<const TokenId> toks = *skipped;
   eval::FidelityParams p;
   p.cases = plan->cases;
-  p.prompt_len = o.prompt;
-  p.n_samples = o.samples;
-  p.n_continue = o.cont;
+  p.prompt_len = o.tf.prompt;
+  p.n_samples = o.tf.samples;
+  p.n_continue = o.tf.cont;
   p.kv_type = s.loaded.kv_type;
   p.n_ctx_train = s.loaded.model->hparams().n_ctx_train;
-  s.meta.command += " --ratio " + plan->ratio + " --prompt " + std::to_string(o.prompt) +
-                    " --samples " + std::to_string(o.samples) + " --continue " +
-                    std::to_string(o.cont) + (o.skip ? " --skip " + std::to_string(o.skip) : "");
+  s.meta.command += " --ratio " + plan->ratio + teacher_forced_args(o.tf);
   Stopwatch sw;
   auto bar =
       make_progress(o.common, "eval ablate", static_cast<double>(p.n_samples) * p.n_continue);
@@ -78,14 +66,7 @@ Action add_eval_ablate(CLI::App* eval) {
   add_eval_common_options(sub, o->common,
                           "Text file the samples are taken from (default: the KJV text)");
   sub->add_option("--ratio", o->ratio, "Compression ratio rho for every variant");
-  sub->add_option("--prompt", o->prompt, "Prompt length P in tokens")
-      ->check(CLI::Range(1, 1 << 24));
-  sub->add_option("--samples", o->samples, "Number of prompts (text windows)")
-      ->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--continue", o->cont, "Teacher-forced continuation tokens per sample")
-      ->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--skip", o->skip, "Tokens of the text to skip first")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  add_teacher_forced_options(sub, o->tf, "Number of prompts (text windows)");
   return [o] { return run_ablate_cmd(*o); };
 }
 
