@@ -3,6 +3,10 @@
 // vectorises them for that level. Arithmetic order of stats: for each query row b in order,
 // a_j = agg over the group's heads (in order) of p * f; col_j = (0 + a_0j) + a_1j + ...; then
 // score_j += col_j (and the same over rows b >= window_from for window_j).
+//
+// The functions are `static`: each per-ISA file must keep its own copy. As plain inline functions
+// they would be one weak symbol, and the linker would keep any one file's copy for every level
+// (tests/check_isa_objects.cmake guards against that).
 #pragma once
 
 #include <algorithm>
@@ -12,7 +16,7 @@
 
 namespace d2o::attn::detail {
 
-inline void stats_impl(const StatsArgs& a) {
+static inline void stats_impl(const StatsArgs& a) {
   constexpr int kChunk = 256;
   float tmp[kChunk], col[kChunk], win[kChunk];
   const bool any_window = a.window && a.window_from < a.nb;
@@ -55,13 +59,13 @@ inline void stats_impl(const StatsArgs& a) {
   }
 }
 
-inline float max_impl(const float* s, int n) {
+static inline float max_impl(const float* s, int n) {
   float m = -INFINITY;
   for (int j = 0; j < n; ++j) m = std::max(m, s[j]);
   return m;
 }
 
-inline void rescale_add_impl(float* o, const float* x, float a, float b, int n) {
+static inline void rescale_add_impl(float* o, const float* x, float a, float b, int n) {
   for (int d = 0; d < n; ++d) o[d] = o[d] * a + x[d] * b;
 }
 
