@@ -5,7 +5,7 @@
 // Counters: GB/s = weight bytes read per second, GFLOP/s = 2 * rows * cols * tokens per second.
 // "hot" runs reuse one matrix (it stays in L2/L3); "cold" runs rotate over enough copies
 // (>= 96 MiB, the size of the whole model) that every call streams its weights from DRAM, as a
-// decode step does.
+// decode step does. Batched decoding (8 and 32 tokens) is measured cold.
 //
 //   build/bench/bench_matmul --benchmark_counters_tabular=true [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
@@ -105,8 +105,11 @@ void args(benchmark::internal::Benchmark* b) {
           b->Args({c, 1, thr, isa, cold});
         }
       }
-      // Prompt processing: 512 tokens.
-      for (int64_t isa : {1, 2}) b->Args({c, 512, thr, isa, 0});
+      // Batched decoding (8 and 32 sequences, weights from DRAM) and prompt processing (512).
+      for (int64_t isa : {1, 2}) {
+        for (int64_t tok : {8, 32}) b->Args({c, tok, thr, isa, 1});
+        b->Args({c, 512, thr, isa, 0});
+      }
     }
   }
   for (int64_t c = 3; c < 5; ++c) {

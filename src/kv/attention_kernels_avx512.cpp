@@ -23,6 +23,7 @@
 
 #include "kv/attention_kernels.h"
 #include "kv/attention_stats_impl.h"
+#include "ops/vmath_avx512.h"
 
 namespace d2o::attn {
 
@@ -35,22 +36,7 @@ inline __m512 load16(const uint8_t* row, KvType type, int c) {
   return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + 16 * c);
 }
 
-// exp(x) for x <= 0 (Cephes polynomial, about 1 ulp); inputs below -87.3 give ~1e-38.
-inline __m512 exp512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.33654f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
+using simd::exp512;
 
 // ---- the lane-sum tree ---------------------------------------------------------------------
 

@@ -135,18 +135,23 @@ void tile_32(const TileJob& job) {
 
   for (int64_t b = 0; b < w.n_blocks; ++b) {
     if (NT == 1) prefetch_ahead(w, job.tile, b);
-    __m512i is[NT];
+    // Two integer accumulators per token (even and odd groups) so that 2 * NT independent
+    // vpdpbusd chains hide its latency; integer sums are exact, so the split changes nothing.
+    __m512i is[NT], is2[NT];
     D2O_UNROLL
-    for (int t = 0; t < NT; ++t) is[t] = _mm512_setzero_si512();
+    for (int t = 0; t < NT; ++t) is[t] = is2[t] = _mm512_setzero_si512();
     if (kKind == PackKind::kQ8_0) {
       const uint8_t* q = qsec + 512 * b;
       D2O_UNROLL
-      for (int g = 0; g < 8; ++g) {
+      for (int g = 0; g < 8; g += 2) {
         // Signed weights made unsigned (+128); the excess 128 * sum(x) is removed below.
-        const __m512i wv = _mm512_xor_si512(load64(q + 64 * g), sign);
+        const __m512i wv0 = _mm512_xor_si512(load64(q + 64 * g), sign);
+        const __m512i wv1 = _mm512_xor_si512(load64(q + 64 * (g + 1)), sign);
         D2O_UNROLL
         for (int t = 0; t < NT; ++t) {
-          is[t] = _mm512_dpbusd_epi32(is[t], wv, bcast4(act_qs(rec[t]) + 32 * b + 4 * g));
+          const int8_t* xb = act_qs(rec[t]) + 32 * b;
+          is[t] = _mm512_dpbusd_epi32(is[t], wv0, bcast4(xb + 4 * g));
+          is2[t] = _mm512_dpbusd_epi32(is2[t], wv1, bcast4(xb + 4 * (g + 1)));
         }
       }
     } else {
@@ -160,10 +165,12 @@ void tile_32(const TileJob& job) {
         for (int t = 0; t < NT; ++t) {
           const int8_t* xb = act_qs(rec[t]) + 32 * b;
           is[t] = _mm512_dpbusd_epi32(is[t], lo, bcast4(xb + 4 * v));
-          is[t] = _mm512_dpbusd_epi32(is[t], hi, bcast4(xb + 16 + 4 * v));
+          is2[t] = _mm512_dpbusd_epi32(is2[t], hi, bcast4(xb + 16 + 4 * v));
         }
       }
     }
+    D2O_UNROLL
+    for (int t = 0; t < NT; ++t) is[t] = _mm512_add_epi32(is[t], is2[t]);
     const __m512 dw = half16(dsec + 32 * b);
     const __m512 mw = kKind == PackKind::kQ4_1 ? half16(msec + 32 * b) : _mm512_setzero_ps();
     D2O_UNROLL

@@ -3,13 +3,66 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/assert.h"
+#include "ops/ops_kernels.h"
+
 namespace d2o {
 
-void rmsnorm(const float* x, const float* w, float eps, int64_t n, float* y) {
-  // Accumulate in double: the mean of squares of a 576..8192-wide row in float loses digits
-  // that then differ from other implementations' (pairwise or vectorised) sums.
+namespace ops {
+
+namespace {
+
+void swiglu_scalar(const float* gate, const float* up, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    y[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+double sum_squares_scalar(const float* x, int64_t n) {
   double ss = 0.0;
   for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  return ss;
+}
+
+}  // namespace
+
+const Kernels& scalar_kernels() {
+  static const Kernels k{swiglu_scalar, sum_squares_scalar};
+  return k;
+}
+
+const Kernels& kernels_for(KernelIsa isa) {
+  D2O_ASSERT(kernel_isa_available(isa));
+  switch (isa) {
+    case KernelIsa::kAvx512:
+      return avx512_kernels();
+    case KernelIsa::kAvx2:
+      return avx2_kernels();
+    default:
+      return scalar_kernels();
+  }
+}
+
+}  // namespace ops
+
+namespace {
+const ops::Kernels& best_ops() {
+  static const ops::Kernels& k = ops::kernels_for(best_kernel_isa());
+  return k;
+}
+}  // namespace
+
+void rmsnorm_isa(KernelIsa isa, const float* x, const float* w, float eps, int64_t n, float* y) {
+  // Accumulate in double: the mean of squares of a 576..8192-wide row in float loses digits
+  // that then differ from other implementations' (pairwise or vectorised) sums.
+  const double ss = ops::kernels_for(isa).sum_squares(x, n);
+  const float scale = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+}
+
+void rmsnorm(const float* x, const float* w, float eps, int64_t n, float* y) {
+  const double ss = best_ops().sum_squares(x, n);
   const float scale = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
 }
@@ -47,10 +100,11 @@ void rope_apply(const RopeParams& p, float pos, int n_head, float* x) {
 }
 
 void swiglu(const float* gate, const float* up, int64_t n, float* y) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    y[i] = g / (1.0f + std::exp(-g)) * up[i];
-  }
+  best_ops().swiglu(gate, up, n, y);
+}
+
+void swiglu_isa(KernelIsa isa, const float* gate, const float* up, int64_t n, float* y) {
+  ops::kernels_for(isa).swiglu(gate, up, n, y);
 }
 
 void softmax_inplace(float* x, int64_t n) {

@@ -1,16 +1,23 @@
 // Element-wise and row-wise operators of the transformer block (everything but matmul and
 // attention): RMSNorm, RoPE, SwiGLU, softmax, residual adds.
 //
-// These are memory-light next to matmul and attention; they are written as plain loops the
-// compiler vectorises. Rows are contiguous float vectors; `n` is the row length.
+// These are memory-light next to matmul and attention. RMSNorm's sum of squares and SwiGLU have
+// AVX2 / AVX-512 variants chosen at start-up like the other kernels (SwiGLU's vector exp is within
+// a few ulp of libm's; the sums of squares are in double, so levels agree to the last float bit
+// in all but rare ties); the rest are plain loops the compiler vectorises. Rows are contiguous
+// float vectors; `n` is the row length.
 #pragma once
 
 #include <cstdint>
+
+#include "ops/kernel_isa.h"
 
 namespace d2o {
 
 // y = x / sqrt(mean(x^2) + eps) * w. x and y may alias.
 void rmsnorm(const float* x, const float* w, float eps, int64_t n, float* y);
+// The same at a given (available) kernel level; for tests.
+void rmsnorm_isa(KernelIsa isa, const float* x, const float* w, float eps, int64_t n, float* y);
 
 // RoPE layouts: kNorm rotates adjacent pairs (x[2i], x[2i+1]) (llama, mistral); kNeox rotates
 // (x[i], x[i + d/2]) (qwen2, gemma). Only the first n_rot dims of each head rotate.
@@ -31,6 +38,7 @@ void rope_apply(const RopeParams& p, float pos, int n_head, float* x);
 
 // y[i] = silu(gate[i]) * up[i]
 void swiglu(const float* gate, const float* up, int64_t n, float* y);
+void swiglu_isa(KernelIsa isa, const float* gate, const float* up, int64_t n, float* y);
 
 // In-place softmax over n values.
 void softmax_inplace(float* x, int64_t n);

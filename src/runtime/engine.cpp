@@ -195,6 +195,12 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, std::span<const Row
     matmul(w, in, n, out, pool_);
     t_mm += s.seconds();
   };
+  // Products that read the same input run as one parallel region, quantising it once.
+  auto mm_many = [&](std::initializer_list<MatmulCall> calls) {
+    Stopwatch s;
+    matmul_many(std::span<const MatmulCall>(calls.begin(), calls.size()), n, pool_);
+    t_mm += s.seconds();
+  };
 
   // Each entry's rows are contiguous: one span per entry.
   spans_.clear();
@@ -225,9 +231,9 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, std::span<const Row
         rmsnorm(x_.data() + r * n_embd, L.attn_norm.data(), h.rms_eps, n_embd, xn_.data() + r * n_embd);
       }
     });
-    mm(L.wq, xn_.data(), q_.data());
-    mm(L.wk, xn_.data(), k_.data());
-    mm(L.wv, xn_.data(), v_.data());
+    mm_many({{&L.wq, xn_.data(), q_.data()},
+             {&L.wk, xn_.data(), k_.data()},
+             {&L.wv, xn_.data(), v_.data()}});
     pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
       for (int64_t r = b; r < end; ++r) {
         float* q = q_.data() + r * q_dim;
@@ -256,8 +262,7 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, std::span<const Row
         rmsnorm(x_.data() + r * n_embd, L.ffn_norm.data(), h.rms_eps, n_embd, xn_.data() + r * n_embd);
       }
     });
-    mm(L.w_gate, xn_.data(), gate_.data());
-    mm(L.w_up, xn_.data(), up_.data());
+    mm_many({{&L.w_gate, xn_.data(), gate_.data()}, {&L.w_up, xn_.data(), up_.data()}});
     pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
       for (int64_t r = b; r < end; ++r) {
         swiglu(gate_.data() + r * n_ff, up_.data() + r * n_ff, n_ff, gate_.data() + r * n_ff);

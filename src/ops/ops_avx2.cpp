@@ -1,0 +1,54 @@
+// AVX2 variants of the element-wise operators (see ops_kernels.h).
+#include <immintrin.h>
+
+#include <cmath>
+
+#include "ops/ops_kernels.h"
+#include "ops/vmath_avx2.h"
+
+namespace d2o::ops {
+
+namespace {
+
+void swiglu(const float* gate, const float* up, int64_t n, float* y) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  // exp256 builds its exponent from bits: -g is clamped to 88 (exp(88) = 1.7e38, so silu(g) for
+  // g <= -88 comes out as g / 1.7e38 instead of g * exp(g), both below 1e-36).
+  const __m256 hi = _mm256_set1_ps(88.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = simd::exp256(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), g), hi));
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)),
+                                          _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) {
+    const float g = gate[i];
+    y[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+double sum_squares(const float* x, int64_t n) {
+  __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256d lo = _mm256_cvtps_pd(_mm_loadu_ps(x + i));
+    const __m256d hi = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+    a0 = _mm256_fmadd_pd(lo, lo, a0);
+    a1 = _mm256_fmadd_pd(hi, hi, a1);
+  }
+  const __m256d a = _mm256_add_pd(a0, a1);
+  const __m128d b = _mm_add_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd(a, 1));
+  double s = _mm_cvtsd_f64(_mm_add_sd(b, _mm_unpackhi_pd(b, b)));
+  for (; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  return s;
+}
+
+}  // namespace
+
+const Kernels& avx2_kernels() {
+  static const Kernels k{swiglu, sum_squares};
+  return k;
+}
+
+}  // namespace d2o::ops

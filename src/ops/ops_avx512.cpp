@@ -1,0 +1,57 @@
+// AVX-512 variants of the element-wise operators (see ops_kernels.h).
+//
+// GCC 12's AVX-512 headers start some intrinsics from _mm512_undefined_*(), which
+// -W(maybe-)uninitialized reports as a false positive once inlined.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#include <cmath>
+
+#include "ops/ops_kernels.h"
+#include "ops/vmath_avx512.h"
+
+namespace d2o::ops {
+
+namespace {
+
+void swiglu(const float* gate, const float* up, int64_t n, float* y) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 g = _mm512_loadu_ps(gate + i);
+    const __m512 e = simd::exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)),
+                                          _mm512_loadu_ps(up + i)));
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+    const __m512 e = simd::exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)),
+                                                  _mm512_maskz_loadu_ps(m, up + i)));
+  }
+}
+
+double sum_squares(const float* x, int64_t n) {
+  __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512d lo = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+    const __m512d hi = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
+    a0 = _mm512_fmadd_pd(lo, lo, a0);
+    a1 = _mm512_fmadd_pd(hi, hi, a1);
+  }
+  double s = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+  for (; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  return s;
+}
+
+}  // namespace
+
+const Kernels& avx512_kernels() {
+  static const Kernels k{swiglu, sum_squares};
+  return k;
+}
+
+}  // namespace d2o::ops

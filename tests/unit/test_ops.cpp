@@ -1,0 +1,96 @@
+// RMSNorm and SwiGLU at every kernel level against double-precision references, on odd lengths
+// (vector tails), extreme gate values (exp overflow and underflow) and aliased outputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "ops/ops.h"
+
+namespace d2o {
+namespace {
+
+std::vector<KernelIsa> levels() {
+  std::vector<KernelIsa> v;
+  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512})
+    if (kernel_isa_available(isa)) v.push_back(isa);
+  return v;
+}
+
+double ulp_distance(float a, float b) {
+  if (a == b) return 0.0;
+  return std::abs(static_cast<double>(a) - b) /
+         std::max(std::numeric_limits<float>::denorm_min(),
+                  std::nextafter(std::abs(b), INFINITY) - std::abs(b));
+}
+
+TEST(Ops, SwigluEveryLevelNearDoubleReference) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 4.0f);
+  for (const int n : {1, 7, 8, 15, 16, 17, 33, 1536}) {
+    std::vector<float> g(static_cast<size_t>(n)), u(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      g[static_cast<size_t>(i)] = nd(rng);
+      u[static_cast<size_t>(i)] = nd(rng);
+    }
+    // Extremes: exp(-g) overflows (g very negative) or vanishes (g very positive).
+    const float extremes[] = {-200.0f, -100.0f, -88.5f, -87.0f, 0.0f, -0.0f, 88.0f, 100.0f, 300.0f};
+    for (int i = 0; i < n && i < 9; ++i) g[static_cast<size_t>(i * n / 9)] = extremes[i];
+    for (KernelIsa isa : levels()) {
+      std::vector<float> y(static_cast<size_t>(n));
+      swiglu_isa(isa, g.data(), u.data(), n, y.data());
+      for (int i = 0; i < n; ++i) {
+        const double gd = g[static_cast<size_t>(i)];
+        const double ref = gd / (1.0 + std::exp(-gd)) * u[static_cast<size_t>(i)];
+        const float got = y[static_cast<size_t>(i)];
+        ASSERT_TRUE(std::isfinite(got)) << kernel_isa_name(isa) << " n=" << n << " g=" << gd;
+        if (std::abs(ref) < 1e-30) {
+          EXPECT_LT(std::abs(got), 1e-30) << kernel_isa_name(isa) << " g=" << gd;
+        } else {
+          EXPECT_LE(ulp_distance(got, static_cast<float>(ref)), 8.0)
+              << kernel_isa_name(isa) << " n=" << n << " i=" << i << " g=" << gd;
+        }
+      }
+      // In place (y aliasing gate), as the engine calls it.
+      std::vector<float> inplace = g;
+      swiglu_isa(isa, inplace.data(), u.data(), n, inplace.data());
+      EXPECT_EQ(inplace, y) << kernel_isa_name(isa);
+    }
+  }
+}
+
+TEST(Ops, RmsnormEveryLevelNearDoubleReference) {
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const int n : {1, 5, 8, 16, 31, 576, 4099}) {
+    std::vector<float> x(static_cast<size_t>(n)), w(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      x[static_cast<size_t>(i)] = nd(rng) * 30.0f;
+      w[static_cast<size_t>(i)] = 1.0f + 0.1f * nd(rng);
+    }
+    double ss = 0.0;
+    for (float v : x) ss += static_cast<double>(v) * v;
+    const double scale = 1.0 / std::sqrt(ss / n + 1e-5);
+    std::vector<float> y0;
+    for (KernelIsa isa : levels()) {
+      std::vector<float> y(static_cast<size_t>(n));
+      rmsnorm_isa(isa, x.data(), w.data(), 1e-5f, n, y.data());
+      for (int i = 0; i < n; ++i) {
+        const double ref = x[static_cast<size_t>(i)] * scale * w[static_cast<size_t>(i)];
+        EXPECT_LE(ulp_distance(y[static_cast<size_t>(i)], static_cast<float>(ref)), 2.0)
+            << kernel_isa_name(isa) << " n=" << n << " i=" << i;
+      }
+      if (y0.empty()) y0 = y;
+      // Sums of squares in double: the float results of all levels agree here.
+      EXPECT_EQ(y, y0) << kernel_isa_name(isa) << " n=" << n;
+      std::vector<float> inplace = x;
+      rmsnorm_isa(isa, inplace.data(), w.data(), 1e-5f, n, inplace.data());
+      EXPECT_EQ(inplace, y) << kernel_isa_name(isa);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace d2o
