@@ -5,7 +5,10 @@
 //
 // The engine calls compact() once per forward pass of a sequence, after every layer ran, for
 // every pass alike (a whole prompt, a chunk of a long text, or one decoded token), so
-// prompt-then-compress and streaming with a fixed capacity are one mechanism. Policies are const
+// prompt-then-compress and streaming with a fixed capacity are one mechanism. A policy may also
+// let the engine compact a layer right after that layer's attention in a one-token pass
+// (compacts_per_layer / compact_layer), while the layer's slots are still in the CPU's caches;
+// the result is the same as compacting it after the pass. Policies are const
 // and stateless; everything that evolves per sequence (budgets once decided, EMA thresholds,
 // counters) lives in the PolicyState the sequence owns.
 #pragma once
@@ -61,10 +64,10 @@ struct PolicyScratch {
 
 // How a sequence will be fed (KvPolicy::peak_slots_for).
 struct FeedPlan {
-  int64_t n_prompt = 0;   // prompt tokens
-  int64_t n_total = 0;    // prompt + generated tokens
-  int prompt_chunk = 1;   // longest prompt pass
-  int decode_chunk = 1;   // longest pass after the prompt
+  int64_t n_prompt = 0;  // prompt tokens
+  int64_t n_total = 0;   // prompt + generated tokens
+  int prompt_chunk = 1;  // longest prompt pass
+  int decode_chunk = 1;  // longest pass after the prompt
 };
 
 // Per-sequence mutable policy state.
@@ -82,7 +85,9 @@ struct PolicyState {
   // slots per compaction; how many of them merge differs per head).
   std::vector<int64_t> evicted;  // [n_layer] slots evicted so far (merged or dropped)
   std::vector<int64_t> merged;   // [n_layer] evicted slots merged into kept ones
-  int64_t n_compactions = 0;     // compact() calls that removed at least one slot
+  int64_t n_compactions = 0;     // passes whose compaction removed at least one slot
+  // A layer of the current pass was compacted by compact_layer(); compact() counts the pass.
+  bool layer_compacted = false;
   // RoPE position of the next token = n_past - pos_shift. Policies that compact positions
   // (StreamingLLM with re-rotated keys) raise it by the number of positions they remove.
   int64_t pos_shift = 0;
@@ -106,6 +111,15 @@ class KvPolicy {
   virtual bool is_full() const { return false; }
   // Compacts the cache after a forward pass (no-op when within budget).
   virtual Status compact(KvCache& cache, PolicyState& state, const PassInfo& pass) const = 0;
+  // True when, in this state, the compaction after a one-token pass may be done layer by layer:
+  // compact_layer(il) right after layer il's attention, for every layer, then compact() as
+  // usual. Layer il's compaction must then depend only on layer il and per-layer state, so that
+  // the result is the one compact() would give.
+  virtual bool compacts_per_layer(const PolicyState&) const { return false; }
+  // Compacts layer il of a one-token pass described by `pass` (n_past counting the pass).
+  virtual Status compact_layer(KvCache&, PolicyState&, const PassInfo&, int /*il*/) const {
+    return {};
+  }
   // The most slots per KV head and layer this policy can hold for a sequence of n_total tokens
   // (prompt + generation) fed in passes of at most max_chunk tokens: admission control and
   // memory reports use it. The full cache returns n_total.

@@ -118,7 +118,14 @@ void run_packed_task(const Prepared& c, int64_t n_tok, int64_t task, const mm::K
   job.acts = &c.al;
   job.y_stride = n_rows;
   // Token groups outside, tiles inside: a task's few tiles of weights stay in L1 while every
-  // token group passes over them.
+  // token group passes over them. With several groups, the first one would wait on DRAM for
+  // every tile (the multi-token kernels do not prefetch, and a tile's sections are streams too
+  // short for the hardware prefetcher): ask for all of the task's tiles up front instead.
+  if (tok1 - tok0 > mm::kMaxTokens) {
+    const uint8_t* p0 = w.data() + tile0 * pl.tile_bytes;
+    const uint8_t* p1 = w.data() + tile1 * pl.tile_bytes;
+    for (const uint8_t* p = p0; p < p1; p += 64) __builtin_prefetch(p, 0, 3);
+  }
   for (int64_t t = tok0; t < tok1; t += mm::kMaxTokens) {
     job.nt = static_cast<int>(std::min<int64_t>(mm::kMaxTokens, tok1 - t));
     job.act = c.acts + t * c.al.stride;

@@ -19,8 +19,8 @@ void swiglu(const float* gate, const float* up, int64_t n, float* y) {
   for (; i + 8 <= n; i += 8) {
     const __m256 g = _mm256_loadu_ps(gate + i);
     const __m256 e = simd::exp256(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), g), hi));
-    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)),
-                                          _mm256_loadu_ps(up + i)));
+    _mm256_storeu_ps(
+        y + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
   }
   for (; i < n; ++i) {
     const float g = gate[i];

@@ -21,15 +21,16 @@ void swiglu(const float* gate, const float* up, int64_t n, float* y) {
   for (; i + 16 <= n; i += 16) {
     const __m512 g = _mm512_loadu_ps(gate + i);
     const __m512 e = simd::exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
-    _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)),
-                                          _mm512_loadu_ps(up + i)));
+    _mm512_storeu_ps(
+        y + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_loadu_ps(up + i)));
   }
   if (i < n) {
     const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
     const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
     const __m512 e = simd::exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
-    _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)),
-                                                  _mm512_maskz_loadu_ps(m, up + i)));
+    _mm512_mask_storeu_ps(
+        y + i, m,
+        _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_maskz_loadu_ps(m, up + i)));
   }
 }
 

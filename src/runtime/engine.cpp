@@ -19,7 +19,8 @@ Engine::Engine(const Model& model, ThreadPool& pool, const EngineOptions& opts)
   rope_.n_rot = h.n_rot;
   rope_.freq_base = h.rope_freq_base;
   rope_.freq_scale = h.rope_freq_scale;
-  rope_.freq_factors = model.rope_freq_factors().empty() ? nullptr : model.rope_freq_factors().data();
+  rope_.freq_factors =
+      model.rope_freq_factors().empty() ? nullptr : model.rope_freq_factors().data();
 }
 
 void Engine::ensure_rows(int n_rows) {
@@ -68,16 +69,19 @@ Status Engine::validate(std::span<const BatchEntry> batch) const {
     }
     for (TokenId t : be.tokens) {
       if (t < 0 || t >= h.n_vocab) {
-        return invalid_argument("token id " + std::to_string(t) + " is out of range (vocabulary size " +
-                                std::to_string(h.n_vocab) + ")");
+        return invalid_argument("token id " + std::to_string(t) +
+                                " is out of range (vocabulary size " + std::to_string(h.n_vocab) +
+                                ")");
       }
     }
     if (be.logits_from < BatchEntry::kNoLogits)
       return invalid_argument(what() + ": bad logits_from");
-    if (be.seq->n_past() + static_cast<int64_t>(be.tokens.size()) > std::numeric_limits<int32_t>::max()) {
+    if (be.seq->n_past() + static_cast<int64_t>(be.tokens.size()) >
+        std::numeric_limits<int32_t>::max()) {
       return invalid_argument("sequence position would overflow");
     }
-    if (be.seq->cache().config().n_layer != h.n_layer || be.seq->cache().config().head_dim != h.head_dim ||
+    if (be.seq->cache().config().n_layer != h.n_layer ||
+        be.seq->cache().config().head_dim != h.head_dim ||
         be.seq->cache().config().n_head_kv != h.n_head_kv) {
       return invalid_argument("sequence cache does not match the model's shape");
     }
@@ -129,9 +133,11 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
     rows_.clear();
     while (e < batch.size() && static_cast<int>(rows_.size()) < ub) {
       const BatchEntry& be = batch[e];
-      const size_t take = std::min(be.tokens.size() - next_tok, static_cast<size_t>(ub) - rows_.size());
+      const size_t take =
+          std::min(be.tokens.size() - next_tok, static_cast<size_t>(ub) - rows_.size());
       for (size_t t = next_tok; t < next_tok + take; ++t) {
-        const int64_t pos = be.seq->n_past() - be.seq->policy_state().pos_shift + static_cast<int64_t>(t);
+        const int64_t pos =
+            be.seq->n_past() - be.seq->policy_state().pos_shift + static_cast<int64_t>(t);
         rows_.push_back({static_cast<int>(e), static_cast<int>(t), static_cast<int32_t>(pos)});
       }
       next_tok += take;
@@ -228,7 +234,8 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, std::span<const Row
     // Attention block.
     pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
       for (int64_t r = b; r < end; ++r) {
-        rmsnorm(x_.data() + r * n_embd, L.attn_norm.data(), h.rms_eps, n_embd, xn_.data() + r * n_embd);
+        rmsnorm(x_.data() + r * n_embd, L.attn_norm.data(), h.rms_eps, n_embd,
+                xn_.data() + r * n_embd);
       }
     });
     mm_many({{&L.wq, xn_.data(), q_.data()},
@@ -259,7 +266,8 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, std::span<const Row
     // Feed-forward block (SwiGLU).
     pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
       for (int64_t r = b; r < end; ++r) {
-        rmsnorm(x_.data() + r * n_embd, L.ffn_norm.data(), h.rms_eps, n_embd, xn_.data() + r * n_embd);
+        rmsnorm(x_.data() + r * n_embd, L.ffn_norm.data(), h.rms_eps, n_embd,
+                xn_.data() + r * n_embd);
       }
     });
     mm_many({{&L.w_gate, xn_.data(), gate_.data()}, {&L.w_up, xn_.data(), up_.data()}});
@@ -290,8 +298,8 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, std::span<const Row
       const int cnt = static_cast<int>(std::min<size_t>(kLogitRows, want.size() - w0));
       for (int i = 0; i < cnt; ++i) {
         const int r = want[w0 + static_cast<size_t>(i)];
-        rmsnorm(x_.data() + static_cast<size_t>(r) * n_embd, model_.output_norm().data(), h.rms_eps, n_embd,
-                xn_.data() + static_cast<size_t>(i) * n_embd);
+        rmsnorm(x_.data() + static_cast<size_t>(r) * n_embd, model_.output_norm().data(), h.rms_eps,
+                n_embd, xn_.data() + static_cast<size_t>(i) * n_embd);
       }
       Stopwatch s;
       matmul(model_.output(), xn_.data(), cnt, logits_.data(), pool_);
@@ -304,8 +312,12 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, std::span<const Row
       }
     }
   }
+  // Layer-wise compactions ran inside the attention stopwatch (attend_layer).
+  const double t_policy = std::min(layer_policy_s_, t_attn);
+  layer_policy_s_ = 0;
   timings_.matmul_s += t_mm;
-  timings_.attention_s += t_attn;
+  timings_.attention_s += t_attn - t_policy;
+  timings_.policy_s += t_policy;
   timings_.other_s += sw.seconds() - t_mm - t_attn;
   return {};
 }
@@ -379,11 +391,36 @@ Status Engine::attend_layer(int il, std::span<const BatchEntry> batch, std::span
       solo_scratch_.resize(nt);
       while (solo_pools_.size() < nt) solo_pools_.push_back(std::make_unique<ThreadPool>(1));
     }
+    // A one-token pass whose policy allows it compacts this layer right away, in the same task,
+    // while the layer's slots are still in this core's caches (the same result as compacting
+    // after the pass; the engine's compaction step then only does its bookkeeping).
+    layer_status_.assign(across_.size(), Status());
+    thread_policy_s_.assign(nt, 0.0);
     pool_.run(static_cast<int64_t>(across_.size()), [&](int64_t task, int thread) {
       const Span& sp = spans_[static_cast<size_t>(across_[static_cast<size_t>(task)])];
       attend(sp, *solo_pools_[static_cast<size_t>(thread)],
              solo_scratch_[static_cast<size_t>(thread)]);
+      const BatchEntry& be = batch[static_cast<size_t>(sp.entry)];
+      if (be.tokens.size() != 1 || be.prompt_rest != 0) return;
+      const KvPolicy& pol = be.seq->policy();
+      PolicyState& state = be.seq->policy_state();
+      if (!pol.compacts_per_layer(state)) return;
+      Stopwatch sw;
+      PassInfo pass;
+      pass.n_tokens = 1;
+      pass.n_past = be.seq->n_past() + 1;
+      pass.prompt_rest = 0;
+      pass.rope = &rope_;
+      layer_status_[static_cast<size_t>(task)] =
+          pol.compact_layer(be.seq->cache(), state, pass, il);
+      thread_policy_s_[static_cast<size_t>(thread)] += sw.seconds();
     });
+    // The attention stopwatch around this call counts these compactions too: their share of the
+    // wall time (thread time / threads) is moved over to the policy's figure.
+    double t_policy = 0;
+    for (double t : thread_policy_s_) t_policy += t;
+    layer_policy_s_ += t_policy / static_cast<double>(nt);
+    for (const Status& st : layer_status_) D2O_RETURN_IF_ERROR(st);
   }
   return {};
 }

@@ -113,8 +113,11 @@ class Engine {
   std::vector<std::unique_ptr<ThreadPool>> solo_pools_;
   std::vector<AttnScratch> solo_scratch_;
   std::vector<Span> spans_;
-  std::vector<int> across_;  // spans run one per task
-  std::vector<Status> compact_status_;  // per batch entry
+  std::vector<int> across_;              // spans run one per task
+  std::vector<Status> compact_status_;   // per batch entry
+  std::vector<Status> layer_status_;     // per across-sequence span: layer-wise compaction
+  std::vector<double> thread_policy_s_;  // per pool thread: layer-wise compaction seconds
+  double layer_policy_s_ = 0;            // this micro-batch's layer-wise compaction wall share
   RopeParams rope_;
   EngineTimings timings_;
   int rows_cap_ = 0;

@@ -527,5 +527,69 @@ TEST(PolicyInvariants, D2oDecodeStepCost) {
   }
 }
 
+// compact_layer() for every layer after a one-token pass, then compact(), leaves exactly the
+// cache and state that compact() alone leaves (the engine compacts decode steps of batched
+// sequences layer by layer, right after each layer's attention).
+TEST(PolicyInvariants, LayerwiseCompactionEqualsWholePass) {
+  for (const char* spec :
+       {"d2o:ratio=0.3", "d2o:budget=16", "d2o:ratio=0.3,layers=research", "h2o:ratio=0.25",
+        "roco:budget=12", "cam:ratio=0.3", "streaming:budget=10", "snapkv:budget=12,window=4"}) {
+    SCOPED_TRACE(spec);
+    SimSetup s;
+    s.n_layer = 5;
+    s.n_head_kv = 2;
+    s.n_head = 4;  // statistics from real attention
+    PolicySim a(spec, s), b(spec, s);
+    a.feed(40);
+    b.feed(40);
+    ASSERT_EQ(a.compact(), "");
+    ASSERT_EQ(b.compact(), "");
+    ASSERT_TRUE(b.policy->compacts_per_layer(b.state));
+    for (int step = 0; step < 30; ++step) {
+      a.feed(1);
+      b.feed(1);
+      ASSERT_EQ(a.compact(), "") << "step " << step;
+      PassInfo pi;
+      pi.n_tokens = 1;
+      pi.n_past = b.n_past;
+      pi.rope = &b.rope;
+      for (int il = 0; il < s.n_layer; ++il)
+        ASSERT_TRUE(b.policy->compact_layer(b.cache, b.state, pi, il).ok());
+      ASSERT_TRUE(b.policy->compact(b.cache, b.state, pi).ok());
+      for (int il = 0; il < s.n_layer; ++il) {
+        const KvLayer& x = a.cache.layer(il);
+        const KvLayer& y = b.cache.layer(il);
+        ASSERT_EQ(x.n_slot, y.n_slot) << "step " << step << " layer " << il;
+        for (int g = 0; g < x.n_head_kv; ++g) {
+          ASSERT_EQ(0, std::memcmp(x.key_row(g, 0), y.key_row(g, 0), x.row_bytes() * x.n_slot));
+          ASSERT_EQ(0, std::memcmp(x.value_row(g, 0), y.value_row(g, 0), x.row_bytes() * x.n_slot));
+          for (int j = 0; j < x.n_slot; ++j) {
+            const size_t m = x.meta_index(g, j);
+            ASSERT_EQ(x.pos[m], y.pos[m]);
+            ASSERT_EQ(x.score[m], y.score[m]);
+            ASSERT_EQ(x.merged[m], y.merged[m]);
+          }
+        }
+      }
+      ASSERT_EQ(a.state.evicted, b.state.evicted);
+      ASSERT_EQ(a.state.merged, b.state.merged);
+      ASSERT_EQ(a.state.tau, b.state.tau);
+      ASSERT_EQ(a.state.n_compactions, b.state.n_compactions);
+    }
+  }
+  // Position shifting moves every layer's positions once per pass: never layer by layer.
+  PolicySim sh("streaming:budget=10,pos=shift", SimSetup{});
+  sh.feed(40);
+  ASSERT_EQ(sh.compact(), "");
+  EXPECT_FALSE(sh.policy->compacts_per_layer(sh.state));
+  PassInfo pi;
+  pi.n_past = sh.n_past;
+  EXPECT_FALSE(sh.policy->compact_layer(sh.cache, sh.state, pi, 0).ok());
+  // Before the first compaction (budgets not decided) neither.
+  PolicySim fresh("d2o:ratio=0.3", SimSetup{});
+  fresh.feed(10);
+  EXPECT_FALSE(fresh.policy->compacts_per_layer(fresh.state));
+}
+
 }  // namespace
 }  // namespace d2o

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "core/assert.h"
 #include "kv/policy/budgets.h"
@@ -23,7 +24,32 @@ StatsNeeds ComposedPolicy::needs() const {
   return n;
 }
 
+bool ComposedPolicy::compacts_per_layer(const PolicyState& state) const {
+  return state.budgets_set && cfg_.compact_after_first && cfg_.pos != PosMode::kShift;
+}
+
+Status ComposedPolicy::compact_layer(KvCache& cache, PolicyState& state, const PassInfo& pass,
+                                     int il) const {
+  const size_t nl = static_cast<size_t>(cache.n_layer());
+  if (!compacts_per_layer(state) || il < 0 || static_cast<size_t>(il) >= nl ||
+      state.budgets.size() != nl || state.evicted.size() != nl || state.merged.size() != nl ||
+      state.tau.size() != nl * static_cast<size_t>(cache.config().n_head_kv)) {
+    return internal_error("KV policy '" + cfg_.name +
+                          "': compact_layer called in a state that does not allow it");
+  }
+  const int budget = state.budgets[static_cast<size_t>(il)];
+  if (budget == PolicyState::kNoBudget || cache.layer(il).n_slot <= budget) return {};
+  if (state.plans.size() != nl) state.plans.resize(nl);
+  if (state.scratch.empty()) state.scratch.resize(1);
+  plan_layer(cache, il, state, state.scratch[0], pass);
+  cache.apply(il, state.plans[static_cast<size_t>(il)]);
+  state.layer_compacted = true;
+  return {};
+}
+
 Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInfo& pass) const {
+  // Layers compacted during the pass (compact_layer) count this pass as a compaction.
+  const bool layered = std::exchange(state.layer_compacted, false);
   const int L = cache.n_layer();
   const int G = cache.config().n_head_kv;
   const size_t nl = static_cast<size_t>(L), nlg = nl * static_cast<size_t>(G);
@@ -75,7 +101,10 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
     if (budget != PolicyState::kNoBudget && cache.layer(il).n_slot > budget)
       state.todo.push_back(il);
   }
-  if (state.todo.empty()) return {};
+  if (state.todo.empty()) {
+    if (layered) ++state.n_compactions;
+    return {};
+  }
   if (state.plans.size() != nl) state.plans.resize(nl);
   const int threads = pass.pool && state.todo.size() > 1 ? pass.pool->n_threads() : 1;
   if (state.scratch.size() < static_cast<size_t>(threads))
@@ -246,8 +275,8 @@ int64_t ComposedPolicy::peak_slots_for(const FeedPlan& f) const {
     const int64_t lo = std::min<int64_t>(cfg_.min_budget(), n_prompt);
     const int64_t s_max =
         variable ? n_prompt
-                 : std::clamp<int64_t>(std::llround(cfg_.ratio * static_cast<double>(n_prompt)),
-                                       lo, n_prompt);
+                 : std::clamp<int64_t>(std::llround(cfg_.ratio * static_cast<double>(n_prompt)), lo,
+                                       n_prompt);
     if (!cfg_.compact_after_first) return std::max(n_prompt, s_max + (n_total - n_prompt));
     return std::max(n_prompt, std::min(n_total, s_max + dc));
   }

@@ -29,6 +29,11 @@ class ComposedPolicy final : public KvPolicy {
   std::string spec() const override;
   StatsNeeds needs() const override;
   Status compact(KvCache& cache, PolicyState& state, const PassInfo& pass) const override;
+  // After the first compaction (budgets decided), every layer is compacted on its own, unless
+  // positions are shifted (one shift per pass for all layers).
+  bool compacts_per_layer(const PolicyState& state) const override;
+  Status compact_layer(KvCache& cache, PolicyState& state, const PassInfo& pass,
+                       int il) const override;
   int64_t peak_slots(int64_t n_prompt, int64_t n_total, int max_chunk) const override;
   int64_t peak_slots_for(const FeedPlan& plan) const override;
 
