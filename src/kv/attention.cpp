@@ -26,8 +26,6 @@ namespace {
 
 constexpr int QB = AttnScratch::kQueryBlock;
 constexpr int TC = AttnScratch::kTile;
-// Decode prefetches a layer's keys and values when they take at most this much (half of L2).
-constexpr size_t kPrefetchMaxBytes = size_t{512} << 10;
 
 template <class T>
 void grow(AlignedBuffer<T>& b, size_t n) {
@@ -385,21 +383,6 @@ void attention_forward_isa(const AttnInput& in, KvLayer& L, const AttnStatsReque
       pool.n_threads() > 1 && int64_t{C.n_blocks} * G < 2 * int64_t{pool.n_threads()};
   shape.stats = C.want_score || C.want_window;
   sc.ensure(shape);
-  // Decoding a few tokens reads every visible slot once, in per-head runs short enough that the
-  // hardware prefetcher barely ramps up on them; when they fit in L2, ask for all of them first.
-  if (n_tok <= 4) {
-    const size_t run = L.row_bytes() * static_cast<size_t>(L.n_slot);
-    if (2 * run * static_cast<size_t>(G) <= kPrefetchMaxBytes) {
-      for (int g = 0; g < G; ++g) {
-        const uint8_t* k = L.key_row(g, 0);
-        const uint8_t* v = L.value_row(g, 0);
-        for (size_t off = 0; off < run; off += 64) {
-          __builtin_prefetch(k + off, 0, 2);
-          __builtin_prefetch(v + off, 0, 2);
-        }
-      }
-    }
-  }
   if (shape.split_chunks) {
     run_split(C, pool);
   } else {
