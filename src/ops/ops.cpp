@@ -25,10 +25,18 @@ double sum_squares_scalar(const float* x, int64_t n) {
   return ss;
 }
 
+void scale_mul_scalar(const float* x, float s, const float* w, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s * w[i];
+}
+
+void add_scalar(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
 }  // namespace
 
 const Kernels& scalar_kernels() {
-  static const Kernels k{swiglu_scalar, sum_squares_scalar};
+  static const Kernels k{swiglu_scalar, sum_squares_scalar, scale_mul_scalar, add_scalar};
   return k;
 }
 
@@ -56,23 +64,24 @@ const ops::Kernels& best_ops() {
 void rmsnorm_isa(KernelIsa isa, const float* x, const float* w, float eps, int64_t n, float* y) {
   // Accumulate in double: the mean of squares of a 576..8192-wide row in float loses digits
   // that then differ from other implementations' (pairwise or vectorised) sums.
-  const double ss = ops::kernels_for(isa).sum_squares(x, n);
+  const ops::Kernels& k = ops::kernels_for(isa);
+  const double ss = k.sum_squares(x, n);
   const float scale = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+  k.scale_mul(x, scale, w, n, y);
 }
 
 void rmsnorm(const float* x, const float* w, float eps, int64_t n, float* y) {
-  const double ss = best_ops().sum_squares(x, n);
+  const ops::Kernels& k = best_ops();
+  const double ss = k.sum_squares(x, n);
   const float scale = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+  k.scale_mul(x, scale, w, n, y);
 }
 
-void rope_apply(const RopeParams& p, float pos, int n_head, float* x) {
+void rope_tables(const RopeParams& p, float pos, float* cos_t, float* sin_t) {
   const int half = p.n_rot / 2;
   // theta_i = pos * freq_scale * base^(-2i/n_rot), computed by repeated multiplication in float,
   // which is how the reference implementation builds its table (keeps results closest to it).
   const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(p.n_rot));
-  float cos_t[512], sin_t[512];  // head_dim <= 1024
   float theta = pos * p.freq_scale;
   for (int i = 0; i < half; ++i) {
     const float ff = p.freq_factors ? p.freq_factors[i] : 1.0f;
@@ -81,6 +90,11 @@ void rope_apply(const RopeParams& p, float pos, int n_head, float* x) {
     sin_t[i] = std::sin(t);
     theta *= theta_scale;
   }
+}
+
+void rope_apply_tables(const RopeParams& p, const float* cos_t, const float* sin_t, int n_head,
+                       float* x) {
+  const int half = p.n_rot / 2;
   for (int h = 0; h < n_head; ++h) {
     float* v = x + static_cast<int64_t>(h) * p.head_dim;
     if (p.type == RopeType::kNorm) {
@@ -97,6 +111,12 @@ void rope_apply(const RopeParams& p, float pos, int n_head, float* x) {
       }
     }
   }
+}
+
+void rope_apply(const RopeParams& p, float pos, int n_head, float* x) {
+  float cos_t[kRopeMaxPairs], sin_t[kRopeMaxPairs];
+  rope_tables(p, pos, cos_t, sin_t);
+  rope_apply_tables(p, cos_t, sin_t, n_head, x);
 }
 
 void swiglu(const float* gate, const float* up, int64_t n, float* y) {
@@ -120,7 +140,7 @@ void softmax_inplace(float* x, int64_t n) {
 }
 
 void add_inplace(float* y, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+  best_ops().add(y, x, n);
 }
 
 }  // namespace d2o

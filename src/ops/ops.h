@@ -35,6 +35,12 @@ struct RopeParams {
 // Rotates `n_head` heads of `x` ([n_head, head_dim], in place) for position `pos`. Fractional
 // positions are allowed (re-rotating keys by a position delta).
 void rope_apply(const RopeParams& p, float pos, int n_head, float* x);
+// The same in two steps, so that several vectors of one position (a token's queries and keys)
+// share one table: cos/sin of the n_rot / 2 angles (at most kRopeMaxPairs), then the rotation.
+inline constexpr int kRopeMaxPairs = 512;  // head_dim <= 1024
+void rope_tables(const RopeParams& p, float pos, float* cos_t, float* sin_t);
+void rope_apply_tables(const RopeParams& p, const float* cos_t, const float* sin_t, int n_head,
+                       float* x);
 
 // y[i] = silu(gate[i]) * up[i]
 void swiglu(const float* gate, const float* up, int64_t n, float* y);

@@ -44,10 +44,26 @@ double sum_squares(const float* x, int64_t n) {
   return s;
 }
 
+void scale_mul(const float* x, float s, const float* w, int64_t n, float* y) {
+  const __m256 sv = _mm256_set1_ps(s);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(
+        y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), sv), _mm256_loadu_ps(w + i)));
+  for (; i < n; ++i) y[i] = x[i] * s * w[i];
+}
+
+void add(float* y, const float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
+  for (; i < n; ++i) y[i] += x[i];
+}
+
 }  // namespace
 
 const Kernels& avx2_kernels() {
-  static const Kernels k{swiglu, sum_squares};
+  static const Kernels k{swiglu, sum_squares, scale_mul, add};
   return k;
 }
 

@@ -12,6 +12,10 @@ struct Kernels {
   void (*swiglu)(const float* gate, const float* up, int64_t n, float* y);
   // sum of x[i]^2, accumulated in double.
   double (*sum_squares)(const float* x, int64_t n);
+  // y[i] = x[i] * s * w[i] (in this order); y may alias x.
+  void (*scale_mul)(const float* x, float s, const float* w, int64_t n, float* y);
+  // y[i] += x[i]
+  void (*add)(float* y, const float* x, int64_t n);
 };
 
 const Kernels& scalar_kernels();

@@ -251,8 +251,10 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, std::span<const Row
           add_inplace(v_.data() + r * kv_dim, L.bv.data(), kv_dim);
         }
         const float pos = static_cast<float>(rows[static_cast<size_t>(r)].pos);
-        rope_apply(rope, pos, h.n_head, q);
-        rope_apply(rope, pos, h.n_head_kv, k);
+        float cos_t[kRopeMaxPairs], sin_t[kRopeMaxPairs];
+        rope_tables(rope, pos, cos_t, sin_t);
+        rope_apply_tables(rope, cos_t, sin_t, h.n_head, q);
+        rope_apply_tables(rope, cos_t, sin_t, h.n_head_kv, k);
       }
     });
 
