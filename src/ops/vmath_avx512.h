@@ -23,4 +23,38 @@ static inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// Reduces each of 16 vectors over its 16 lanes with `op` (an associative, commutative lane-wise
+// operation: max, or addition where the order does not matter, e.g. of small integers held as
+// floats): lane k of the result is the reduction of v[k]. About 2 operations per vector instead
+// of 8 for a separate reduction of each.
+template <class Op>
+static inline __m512 reduce_each16(const __m512* v, Op op) {
+  // Pairs of 128-bit chunks: x's partials in chunks 0-1, y's in chunks 2-3.
+  auto fold_a = [&](__m512 x, __m512 y) {
+    return op(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(1, 0, 1, 0)),
+              _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+  };
+  // Chunk k holds 4 lanes of partials of vector k of the four folded in.
+  auto fold_b = [&](__m512 xy, __m512 zw) {
+    return op(_mm512_shuffle_f32x4(xy, zw, _MM_SHUFFLE(2, 0, 2, 0)),
+              _mm512_shuffle_f32x4(xy, zw, _MM_SHUFFLE(3, 1, 3, 1)));
+  };
+  const __m512 s0 = fold_b(fold_a(v[0], v[1]), fold_a(v[2], v[3]));
+  const __m512 s1 = fold_b(fold_a(v[4], v[5]), fold_a(v[6], v[7]));
+  const __m512 s2 = fold_b(fold_a(v[8], v[9]), fold_a(v[10], v[11]));
+  const __m512 s3 = fold_b(fold_a(v[12], v[13]), fold_a(v[14], v[15]));
+  // Within each chunk: lanes (0, 2), (1, 3) of two vectors, then the remaining pairs.
+  auto fold_c = [&](__m512 x, __m512 y) {
+    const __m512d xd = _mm512_castps_pd(x), yd = _mm512_castps_pd(y);
+    return op(_mm512_castpd_ps(_mm512_unpacklo_pd(xd, yd)),
+              _mm512_castpd_ps(_mm512_unpackhi_pd(xd, yd)));
+  };
+  const __m512 r1 = fold_c(s0, s1), r2 = fold_c(s2, s3);
+  const __m512 t = op(_mm512_shuffle_ps(r1, r2, _MM_SHUFFLE(2, 0, 2, 0)),
+                      _mm512_shuffle_ps(r1, r2, _MM_SHUFFLE(3, 1, 3, 1)));
+  // Lane 4 * c + i holds vector c + 4 * i.
+  return _mm512_permutexvar_ps(
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), t);
+}
+
 }  // namespace d2o::simd
