@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes tests/data/quant/dequant_<TYPE>.bin: random blocks of each GGUF type and their dequantisation
+"""Writes dequant_<TYPE>.bin: random blocks of each GGUF type and their dequantisation
 by the `gguf` PyPI package (gguf.quants.dequantize), the independent reference that
 tests/unit/test_quant.cpp checks d2o's dequantisers against bit for bit.
 
@@ -11,6 +11,9 @@ File layout (little-endian):
   u8[n_bytes] raw GGUF row bytes, f32[n_elements] expected values.
 
 Usage: python3 scripts/gen_quant_fixtures.py [out_dir]   (needs: pip install gguf numpy)
+
+scripts/setup.sh --test-data runs it into <cache>/test-data/quant (the default out_dir), where
+the tests read the files ($D2O_QUANT_DIR overrides).
 """
 import os
 import struct
@@ -65,7 +68,7 @@ def make(qtype, rng):
 
 def main():
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "tests", "data", "quant")
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "cache", "test-data", "quant")
     os.makedirs(out, exist_ok=True)
     rng = np.random.default_rng(20240611)
     types = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,

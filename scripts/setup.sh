@@ -2,7 +2,8 @@
 # d2o setup: everything a fresh Debian 12 machine needs to build, run and test d2o.
 #
 #   scripts/setup.sh              Debian packages, the default model, the texts
-#   scripts/setup.sh --test-data  also the tokenizer test vocabularies
+#   scripts/setup.sh --test-data  also the tokenizer test vocabularies and the dequantisation
+#                                 references of the `gguf` PyPI package
 #
 # Idempotent: what is already present and verified is not fetched again. Downloads go to a
 # temporary folder and are moved into the cache only after their SHA-256 checks out, so an
@@ -18,7 +19,7 @@ want_test_data=0
 for arg in "$@"; do
   case "$arg" in
     --test-data) want_test_data=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "setup: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -172,6 +173,34 @@ if [ "$want_test_data" -eq 1 ]; then
     mv -f "$tmp"/llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-* "$cache/vocab/"
     rm -rf "$tmp"
     say "verified tokenizer test vocabularies in $cache/vocab"
+  fi
+
+  # Dequantisation references: random blocks of every GGUF type and their dequantisation by the
+  # `gguf` PyPI package (scripts/gen_quant_fixtures.py, fixed seed), for tests/unit/test_quant.cpp.
+  # The package and its dependencies go to $cache/pylib; the files are made again when the
+  # generator changes (its SHA-256 is kept next to them).
+  quant_dir="$cache/test-data/quant"
+  gen="$repo/scripts/gen_quant_fixtures.py"
+  gen_sha=$(sha256sum "$gen" | cut -d' ' -f1)
+  quant_files=("$quant_dir"/dequant_*.bin)
+  [ -e "${quant_files[0]}" ] || quant_files=()
+  old_sha=$(cat "$quant_dir/.generator.sha256" 2>/dev/null || true)
+  if [ "$old_sha" != "$gen_sha" ] || [ "${#quant_files[@]}" -ne 13 ]; then
+    pylib="$cache/pylib"
+    if ! PYTHONPATH="$pylib" python3 -c "import gguf.quants, numpy" 2>/dev/null; then
+      say "installing gguf==0.19.0 (and numpy) from PyPI into $pylib for the dequantisation references"
+      python3 -m pip install --quiet --disable-pip-version-check --target "$pylib" "gguf==0.19.0" \
+        || die "installing the PyPI package gguf==0.19.0 failed; check the network and rerun scripts/setup.sh --test-data"
+    fi
+    tmp_dirs+=("$(mktemp -d "${cache}/.tmp.XXXXXX")")
+    tmp=${tmp_dirs[-1]}
+    PYTHONPATH="$pylib" python3 "$gen" "$tmp" >/dev/null \
+      || die "scripts/gen_quant_fixtures.py failed (see above)"
+    mkdir -p "$quant_dir"
+    mv -f "$tmp"/dequant_*.bin "$quant_dir/"
+    echo "$gen_sha" > "$quant_dir/.generator.sha256"
+    rm -rf "$tmp"
+    say "wrote the dequantisation references in $quant_dir"
   fi
 fi
 say "ready (cache: $cache)"

@@ -1,10 +1,12 @@
-// Dequantisation vs the `gguf` PyPI package (fixtures from scripts/gen_quant_fixtures.py), bit
-// for bit, for the scalar reference and every SIMD level this CPU has; fp16 row conversions vs
+// Dequantisation vs the `gguf` PyPI package (fixtures made by scripts/gen_quant_fixtures.py, run
+// by scripts/setup.sh --test-data into <cache>/test-data/quant or $D2O_QUANT_DIR), bit for bit, for the scalar reference and every SIMD level this CPU has; fp16 row conversions vs
 // the scalar conversions of src/core/fp16.h on all 65536 halves.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
@@ -22,12 +24,18 @@ struct Fixture {
   std::vector<float> expected;
 };
 
-// Reads tests/data/quant/dequant_<name>.bin (layout documented in the generator script).
+// Folder of the fixtures: $D2O_QUANT_DIR, else the setup step's cache.
+std::string quant_dir() {
+  const char* env = std::getenv("D2O_QUANT_DIR");
+  return env && *env ? std::string(env) : std::string(D2O_SOURCE_DIR) + "/cache/test-data/quant";
+}
+
+// Reads <quant_dir>/dequant_<name>.bin (layout documented in the generator script).
 bool load_fixture(const std::string& name, Fixture* f, std::string* error) {
-  const std::string path = std::string(D2O_TEST_DATA_DIR) + "/quant/dequant_" + name + ".bin";
+  const std::string path = quant_dir() + "/dequant_" + name + ".bin";
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    *error = "cannot open " + path + " (run scripts/gen_quant_fixtures.py)";
+    *error = "cannot open " + path + " (run scripts/setup.sh --test-data)";
     return false;
   }
   char magic[4];
@@ -67,6 +75,10 @@ std::vector<KernelIsa> available_isas() {
 class DequantFixture : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(DequantFixture, BitIdenticalToGgufPackage) {
+  if (!std::filesystem::is_directory(quant_dir())) {
+    GTEST_SKIP() << "no dequantisation references in " << quant_dir()
+                 << " (scripts/setup.sh --test-data makes them)";
+  }
   Fixture f;
   std::string error;
   ASSERT_TRUE(load_fixture(GetParam(), &f, &error)) << error;
