@@ -70,22 +70,7 @@ inline __m128 reduce4x16(__m512 k0, __m512 k1, __m512 k2, __m512 k3) {
 
 // Sums of 16 accumulators, in key order.
 inline __m512 reduce16x16(const __m512* k) {
-  const __m512 s0 = fold_b(fold_a(k[0], k[1]), fold_a(k[2], k[3]));
-  const __m512 s1 = fold_b(fold_a(k[4], k[5]), fold_a(k[6], k[7]));
-  const __m512 s2 = fold_b(fold_a(k[8], k[9]), fold_a(k[10], k[11]));
-  const __m512 s3 = fold_b(fold_a(k[12], k[13]), fold_a(k[14], k[15]));
-  // c: per 128-bit chunk, (b0 + b2, b1 + b3) of two accumulators.
-  auto fold_c = [](__m512 x, __m512 y) {
-    const __m512d xd = _mm512_castps_pd(x), yd = _mm512_castps_pd(y);
-    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(xd, yd)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(xd, yd)));
-  };
-  const __m512 r1 = fold_c(s0, s1), r2 = fold_c(s2, s3);
-  const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(r1, r2, _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm512_shuffle_ps(r1, r2, _MM_SHUFFLE(3, 1, 3, 1)));
-  // Lane 4 * c + i holds key c + 4 * i.
-  return _mm512_permutexvar_ps(
-      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), t);
+  return simd::reduce_each16(k, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
 }
 
 // ---- scores ---------------------------------------------------------------------------------

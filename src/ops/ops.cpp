@@ -61,20 +61,23 @@ const ops::Kernels& best_ops() {
 }
 }  // namespace
 
-void rmsnorm_isa(KernelIsa isa, const float* x, const float* w, float eps, int64_t n, float* y) {
+namespace {
+void rmsnorm_with(const ops::Kernels& k, const float* x, const float* w, float eps, int64_t n,
+                  float* y) {
   // Accumulate in double: the mean of squares of a 576..8192-wide row in float loses digits
   // that then differ from other implementations' (pairwise or vectorised) sums.
-  const ops::Kernels& k = ops::kernels_for(isa);
   const double ss = k.sum_squares(x, n);
   const float scale = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
   k.scale_mul(x, scale, w, n, y);
 }
+}  // namespace
+
+void rmsnorm_isa(KernelIsa isa, const float* x, const float* w, float eps, int64_t n, float* y) {
+  rmsnorm_with(ops::kernels_for(isa), x, w, eps, n, y);
+}
 
 void rmsnorm(const float* x, const float* w, float eps, int64_t n, float* y) {
-  const ops::Kernels& k = best_ops();
-  const double ss = k.sum_squares(x, n);
-  const float scale = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
-  k.scale_mul(x, scale, w, n, y);
+  rmsnorm_with(best_ops(), x, w, eps, n, y);
 }
 
 void rope_tables(const RopeParams& p, float pos, float* cos_t, float* sin_t) {

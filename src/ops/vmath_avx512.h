@@ -23,10 +23,11 @@ static inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// Reduces each of 16 vectors over its 16 lanes with `op` (an associative, commutative lane-wise
-// operation: max, or addition where the order does not matter, e.g. of small integers held as
-// floats): lane k of the result is the reduction of v[k]. About 2 operations per vector instead
-// of 8 for a separate reduction of each.
+// Reduces each of 16 vectors over its 16 lanes with the lane-wise operation `op` (max, add):
+// lane k of the result is the reduction of v[k], always in the same tree: (i, i+8), (i, i+4),
+// (i, i+2), (i, i+1), as reduce16 of the attention kernels sums one vector, so float sums are
+// reproducible and equal to that one-vector sum. About 2 operations per vector instead of 8 for
+// a separate reduction of each.
 template <class Op>
 static inline __m512 reduce_each16(const __m512* v, Op op) {
   // Pairs of 128-bit chunks: x's partials in chunks 0-1, y's in chunks 2-3.
