@@ -1,14 +1,19 @@
 // Helpers shared by the test suites: running the d2o binary, locating real models and texts.
 #pragma once
 
+#include <stdlib.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+
+#include <gtest/gtest.h>
 
 namespace d2o::test {
 
@@ -35,6 +40,35 @@ inline CommandResult run_d2o(const std::string& args) {
   return run_command(std::string(D2O_CLI_PATH) + " " + args);
 }
 #endif
+
+// A directory of this test process's own under ::testing::TempDir(), made on first use and removed
+// when the process ends. ctest runs every test case as its own process, several at once, so a
+// fixed file name in the shared temporary directory would be written by one case while another
+// has it mapped (SIGBUS) or is reading it.
+inline const std::string& scratch_dir() {
+  struct Dir {
+    std::string path;
+    Dir() {
+      std::string tmpl = ::testing::TempDir();
+      if (tmpl.empty() || tmpl.back() != '/') tmpl += '/';
+      tmpl += "d2o_test_" + std::to_string(::getpid()) + "_XXXXXX";
+      if (::mkdtemp(tmpl.data()) == nullptr) {
+        std::fprintf(stderr, "cannot create a scratch directory from '%s'\n", tmpl.c_str());
+        std::abort();
+      }
+      path = tmpl;
+    }
+    ~Dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const Dir dir;
+  return dir.path;
+}
+
+// A path named `name` inside scratch_dir().
+inline std::string scratch_path(const std::string& name) { return scratch_dir() + "/" + name; }
 
 inline std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);

@@ -44,7 +44,7 @@ TEST(CliBenchPpTg, BadListsAndTestsThatDoNotFit) {
 
 TEST(CliBenchPpTg, SmallRunAtADepthPerPolicyWritesJson) {
   D2O_REQUIRE_MODEL(model);
-  const std::string text = ::testing::TempDir() + "/bench_pptg.txt";
+  const std::string text = ::d2o::test::scratch_path("bench_pptg.txt");
   {
     std::FILE* f = std::fopen(text.c_str(), "w");
     ASSERT_NE(f, nullptr);
@@ -57,7 +57,7 @@ TEST(CliBenchPpTg, SmallRunAtADepthPerPolicyWritesJson) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(has(r.output, "give a longer file with -f")) << r.output;
 
-  const std::string json = ::testing::TempDir() + "/bench_pptg.json";
+  const std::string json = ::d2o::test::scratch_path("bench_pptg.json");
   r = run_d2o("bench -m " + model + " -f " + text +
               " -p 32 -n 4 -d 0,200 -r 2 -t 1 --kv full --kv d2o:ratio=0.2 --json " + json);
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -115,7 +115,7 @@ TEST(CliBench, BadArgumentsGiveClearErrors) {
   }
   auto r = run_d2o("bench throughput --no-such-flag");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  const std::string text = ::testing::TempDir() + "/bench_text.txt";
+  const std::string text = ::d2o::test::scratch_path("bench_text.txt");
   std::FILE* f = std::fopen(text.c_str(), "w");
   ASSERT_NE(f, nullptr);
   std::fputs("In the beginning was a short text.\n", f);
@@ -134,7 +134,7 @@ TEST(CliBench, ContextTooSmallForPromptPlusGeneration) {
 
 TEST(CliBench, SmallRunReportsEveryPolicyAndWritesJson) {
   D2O_REQUIRE_MODEL(model);
-  const std::string json = ::testing::TempDir() + "/bench.json";
+  const std::string json = ::d2o::test::scratch_path("bench.json");
   auto r = run_d2o(
       "bench throughput -m " + model +
       " --prompt 48 --gen 6 --requests 3 --kv-mem 64M --chunk 32 --max-batch 4 -t 1 --kv full "
@@ -166,7 +166,7 @@ TEST(CliBench, RequestsAboveTheCapAreRefusedWhileAnotherPolicyCompletes) {
   D2O_REQUIRE_MODEL(model);
   // A full-cache request of 200 + 8 tokens needs 30 x 3 x 208 x 272 bytes = 4.9 MiB; D2O at 10%
   // holds the 200-token prompt once (201 slots, 4.7 MiB) -- so a 4.8M cap fits D2O only.
-  const std::string json = ::testing::TempDir() + "/bench_refused.json";
+  const std::string json = ::d2o::test::scratch_path("bench_refused.json");
   auto r = run_d2o("bench throughput -m " + model +
                    " --prompt 200 --gen 8 --requests 2 --kv-mem 4.8M --chunk 64 -t 1 --kv full "
                    "--kv d2o:ratio=0.1 "

@@ -28,7 +28,7 @@ bool has(const std::string& s, const std::string& needle) {
   }
 
 std::string out_dir(const std::string& name) {
-  const std::string d = ::testing::TempDir() + "/d2o_eval_" + name;
+  const std::string d = ::d2o::test::scratch_path("d2o_eval_" + name);
   std::filesystem::remove_all(d);
   return d;
 }
@@ -193,7 +193,7 @@ TEST(CliEval, SameSeedSameNumbers) {
 
 TEST(CliEval, BadInputGivesClearErrors) {
   D2O_REQUIRE_MODEL(model);
-  const std::string short_text = ::testing::TempDir() + "/eval_short.txt";
+  const std::string short_text = ::d2o::test::scratch_path("eval_short.txt");
   {
     std::FILE* f = std::fopen(short_text.c_str(), "w");
     std::fputs("In the beginning God created the heaven and the earth.", f);

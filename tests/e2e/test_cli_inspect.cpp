@@ -29,7 +29,7 @@ TEST(CliInspect, RealModelSummary) {
 }
 
 std::string write_temp(const std::vector<uint8_t>& bytes, const std::string& name) {
-  const std::string path = ::testing::TempDir() + "/" + name;
+  const std::string path = ::d2o::test::scratch_path(name);
   std::FILE* f = std::fopen(path.c_str(), "wb");
   std::fwrite(bytes.data(), 1, bytes.size(), f);
   std::fclose(f);

@@ -65,14 +65,14 @@ TEST(CliRun, UnsupportedArchitectureAndMissingFiles) {
   auto cfg = test::random_llama_mha_config();
   GgufWriter w = test::make_random_model(cfg);
   w.add_string("general.architecture", "gpt2");  // a second value for the key: rejected as malformed
-  const std::string dup = ::testing::TempDir() + "/dup_arch.gguf";
+  const std::string dup = ::d2o::test::scratch_path("dup_arch.gguf");
   ASSERT_TRUE(w.write(dup).ok());
   auto r = run_d2o("run -m " + dup + " -p hi -n 1");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(has(r.output, "duplicate metadata key")) << r.output;
 
   cfg.arch = "gpt2";
-  const std::string gpt2 = ::testing::TempDir() + "/gpt2_arch.gguf";
+  const std::string gpt2 = ::d2o::test::scratch_path("gpt2_arch.gguf");
   ASSERT_TRUE(test::make_random_model(cfg).write(gpt2).ok());
   r = run_d2o("run -m " + gpt2 + " -p hi -n 1");
   EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -87,7 +87,7 @@ TEST(CliRun, UnsupportedArchitectureAndMissingFiles) {
 
 TEST(CliPerplexity, TextShorterThanTheContextIsAnError) {
   D2O_REQUIRE_MODEL(model);
-  const std::string path = ::testing::TempDir() + "/short.txt";
+  const std::string path = ::d2o::test::scratch_path("short.txt");
   std::FILE* f = std::fopen(path.c_str(), "w");
   std::fputs("Only a few words here.", f);
   std::fclose(f);

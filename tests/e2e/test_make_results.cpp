@@ -29,7 +29,7 @@ TEST(MakeResults, QuickRunsEndToEndAndKeepsItsInvariants) {
   if (!test::file_exists(std::string(D2O_SOURCE_DIR) + "/cache/texts/kjv.txt")) {
     GTEST_SKIP() << "cache/texts/kjv.txt not found: run scripts/setup.sh";
   }
-  const std::string root = ::testing::TempDir() + "/d2o_make_results";
+  const std::string root = ::d2o::test::scratch_path("d2o_make_results");
   std::filesystem::remove_all(root);
   const std::string out = root + "/results";
   // One thread: the machine may be shared; the numbers do not depend on the thread count.

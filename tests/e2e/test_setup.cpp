@@ -27,7 +27,7 @@ TEST(Setup, SecondRunDoesNoWork) {
 
 TEST(Setup, CorruptedModelIsFetchedAgain) {
   D2O_REQUIRE_MODEL(model);
-  const fs::path cache = fs::path(::testing::TempDir()) / "d2o_setup_cache";
+  const fs::path cache = fs::path(::d2o::test::scratch_path("d2o_setup_cache"));
   fs::remove_all(cache);
   fs::create_directories(cache / "models");
   fs::create_directories(cache / "texts");

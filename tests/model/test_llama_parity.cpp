@@ -147,7 +147,7 @@ TEST(LlamaParity, SmolLM2Q41WithinLlamaCppsOwnSpread) {
 void check_random_model(const test::RandomModelConfig& cfg, const std::string& fixture) {
   test::ReferenceFullLogits ref;
   ASSERT_TRUE(test::read_reference_full_logits(ref_path(fixture), &ref));
-  const std::string path = ::testing::TempDir() + "/" + fixture + ".gguf";
+  const std::string path = ::d2o::test::scratch_path(fixture + ".gguf");
   ASSERT_TRUE(test::make_random_model(cfg).write(path).ok());
   auto model = Model::load(path);
   ASSERT_TRUE(model.ok()) << model.status().to_string();

@@ -4,6 +4,7 @@
 // depth state). Timing figures themselves are never asserted.
 #include <gtest/gtest.h>
 
+#include "common/test_util.h"
 #include "common/random_model.h"
 #include "core/thread_pool.h"
 #include "eval/bench.h"
@@ -104,7 +105,7 @@ class BenchRandomModel : public ::testing::Test {
     c.n_head = 4;
     c.n_head_kv = 2;
     c.seed = 5;
-    const std::string path = ::testing::TempDir() + "/bench_random.gguf";
+    const std::string path = ::d2o::test::scratch_path("bench_random.gguf");
     ASSERT_TRUE(test::make_random_model(c).write(path).ok());
     auto m = Model::load(path);
     ASSERT_TRUE(m.ok()) << m.status().to_string();

@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "common/test_util.h"
 #include "common/random_model.h"
 #include "model/model.h"
 #include "policy_sim.h"
@@ -110,7 +111,7 @@ class ChunkedPrefillModel : public ::testing::Test {
     cfg.n_head_kv = 2;
     cfg.n_vocab = 300;
     cfg.seed = 21;
-    const std::string path = ::testing::TempDir() + "/chunked_random.gguf";
+    const std::string path = ::d2o::test::scratch_path("chunked_random.gguf");
     ASSERT_TRUE(test::make_random_model(cfg).write(path).ok());
     auto m = Model::load(path);
     ASSERT_TRUE(m.ok()) << m.status().to_string();

@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "common/test_util.h"
 #include "common/random_model.h"
 #include "eval/fork.h"
 #include "model/model.h"
@@ -26,7 +27,7 @@ Fixture load_gqa_model(int threads) {
   cfg.n_head = 4;
   cfg.n_head_kv = 2;
   cfg.seed = 11;
-  const std::string path = ::testing::TempDir() + "/eval_fork_gqa.gguf";
+  const std::string path = ::d2o::test::scratch_path("eval_fork_gqa.gguf");
   EXPECT_TRUE(test::make_random_model(cfg).write(path).ok());
   Fixture f;
   auto m = Model::load(path);

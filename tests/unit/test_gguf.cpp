@@ -5,6 +5,7 @@
 #include <cstring>
 #include <random>
 
+#include "common/test_util.h"
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
 
@@ -80,7 +81,7 @@ TEST(Gguf, TypedGettersReportMissingAndMistypedKeys) {
 }
 
 TEST(Gguf, OpensFromDiskAndReportsMissingFiles) {
-  const std::string path = ::testing::TempDir() + "/d2o_gguf_ok.gguf";
+  const std::string path = ::d2o::test::scratch_path("d2o_gguf_ok.gguf");
   ASSERT_TRUE(small_model().write(path).ok());
   auto r = GgufFile::open(path);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
@@ -88,7 +89,7 @@ TEST(Gguf, OpensFromDiskAndReportsMissingFiles) {
   auto none = GgufFile::open(path + ".missing");
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), StatusCode::kIoError);
-  auto dir = GgufFile::open(::testing::TempDir());
+  auto dir = GgufFile::open(::d2o::test::scratch_dir());
   ASSERT_FALSE(dir.ok());
 }
 

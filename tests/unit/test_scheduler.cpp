@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "common/test_util.h"
 #include "common/alloc_counter.h"
 #include "common/random_model.h"
 #include "model/model.h"
@@ -24,7 +25,7 @@ class SchedulerTest : public ::testing::Test {
     cfg.n_head_kv = 2;  // GQA
     cfg.n_vocab = 300;
     cfg.seed = 11;
-    const std::string path = ::testing::TempDir() + "/sched_random.gguf";
+    const std::string path = ::d2o::test::scratch_path("sched_random.gguf");
     ASSERT_TRUE(test::make_random_model(cfg).write(path).ok());
     auto m = Model::load(path);
     ASSERT_TRUE(m.ok()) << m.status().to_string();
