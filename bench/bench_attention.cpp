@@ -91,7 +91,7 @@ void decode_args(benchmark::internal::Benchmark* b) {
     for (const int thr : {1, 2})
       for (const int f16 : {1, 0})
         for (const int stats : {0, 1})
-          for (const int n : {512, 2048, 8192}) {
+          for (const int n : {128, 512, 2048, 8192}) {
             if (isa == 0 && (n != 2048 || thr != 1)) continue;  // the scalar reference, one point
             b->Args({n, 1, f16, stats, thr, isa});
           }

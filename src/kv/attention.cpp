@@ -206,11 +206,20 @@ void run_blocks(const Call& C, ThreadPool& pool) {
     }
     if (!stats) return;
     // Column sums of this block over its visible slots, added to the cache in block order later.
+    // A single block (decoding) adds them straight to the cache: 0 + col == col, so the bits are
+    // those of the two-step sum.
     const int n_vis = C.n_vis(blk);
-    float* col_s = sc.col_score.data() + (static_cast<size_t>(blk) * C.G + g) * cap;
-    float* col_w = sc.col_window.data() + (static_cast<size_t>(blk) * C.G + g) * cap;
-    if (C.want_score) std::fill_n(col_s, n_vis, 0.0f);
-    if (C.block_in_window(blk)) std::fill_n(col_w, n_vis, 0.0f);
+    float* col_s = nullptr;
+    float* col_w = nullptr;
+    if (C.n_blocks == 1) {
+      col_s = &C.L->score[C.L->meta_index(g, 0)];
+      col_w = &C.L->window[C.L->meta_index(g, 0)];
+    } else {
+      col_s = sc.col_score.data() + (static_cast<size_t>(blk) * C.G + g) * cap;
+      col_w = sc.col_window.data() + (static_cast<size_t>(blk) * C.G + g) * cap;
+      if (C.want_score) std::fill_n(col_s, n_vis, 0.0f);
+      if (C.block_in_window(blk)) std::fill_n(col_w, n_vis, 0.0f);
+    }
     for (int c = 0; c < n_ch; ++c) {
       const int j0 = c * TC;
       for (int r = 0; r < rows; ++r) {
@@ -231,7 +240,7 @@ void run_blocks(const Call& C, ThreadPool& pool) {
       C.kern->stats(a);
     }
   });
-  if (!stats) return;
+  if (!stats || C.n_blocks == 1) return;
   // Add the blocks' column sums in block order, each slot tile owned by one task.
   KvLayer& L = *C.L;
   const int n_tiles = (L.n_slot + TC - 1) / TC;

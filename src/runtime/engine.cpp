@@ -229,15 +229,23 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, std::span<const Row
 
   const RopeParams& rope = rope_;
 
+  // The residual adds (x += the block's output, left in xn_) run row by row inside the next
+  // normalisation's parallel loop: element-wise, so the same values as one pass over all rows.
+  bool residual_pending = false;
+  auto add_residual = [&](int64_t r) {
+    if (residual_pending) add_inplace(x_.data() + r * n_embd, xn_.data() + r * n_embd, n_embd);
+  };
   for (int il = 0; il < h.n_layer; ++il) {
     const LayerWeights& L = model_.layer(il);
     // Attention block.
     pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
       for (int64_t r = b; r < end; ++r) {
+        add_residual(r);
         rmsnorm(x_.data() + r * n_embd, L.attn_norm.data(), h.rms_eps, n_embd,
                 xn_.data() + r * n_embd);
       }
     });
+    residual_pending = false;
     mm_many({{&L.wq, xn_.data(), q_.data()},
              {&L.wk, xn_.data(), k_.data()},
              {&L.wv, xn_.data(), v_.data()}});
@@ -263,15 +271,17 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, std::span<const Row
     t_attn += sa.seconds();
 
     mm(L.wo, attn_out_.data(), xn_.data());
-    add_inplace(x_.data(), xn_.data(), static_cast<int64_t>(n) * n_embd);
+    residual_pending = true;
 
     // Feed-forward block (SwiGLU).
     pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
       for (int64_t r = b; r < end; ++r) {
+        add_residual(r);
         rmsnorm(x_.data() + r * n_embd, L.ffn_norm.data(), h.rms_eps, n_embd,
                 xn_.data() + r * n_embd);
       }
     });
+    residual_pending = false;
     mm_many({{&L.w_gate, xn_.data(), gate_.data()}, {&L.w_up, xn_.data(), up_.data()}});
     pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
       for (int64_t r = b; r < end; ++r) {
@@ -279,8 +289,12 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, std::span<const Row
       }
     });
     mm(L.w_down, gate_.data(), xn_.data());
-    add_inplace(x_.data(), xn_.data(), static_cast<int64_t>(n) * n_embd);
+    residual_pending = true;
   }
+  pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
+    for (int64_t r = b; r < end; ++r) add_residual(r);
+  });
+  residual_pending = false;
 
   // Logits for the rows that want them, a few rows at a time.
   std::vector<int>& want = want_;
@@ -330,17 +344,22 @@ Status Engine::attend_layer(int il, std::span<const BatchEntry> batch, std::span
   const int kv_dim = h.n_head_kv * h.head_dim;
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(h.head_dim));
 
-  // Append this micro-batch's keys/values to each sequence (cheap, serial).
-  for (const Span& sp : spans_) {
+  // Appends a span's keys/values to its sequence's cache (each sequence is touched by one task).
+  auto append = [&](const Span& sp) -> Status {
     KvCache& cache = batch[static_cast<size_t>(sp.entry)].seq->cache();
     const int cnt = sp.r1 - sp.r0;
     D2O_RETURN_IF_ERROR(cache.reserve(il, cache.layer(il).n_slot + cnt, /*exact=*/false));
-    pos_tmp_.resize(static_cast<size_t>(cnt));
-    for (int r = sp.r0; r < sp.r1; ++r)
-      pos_tmp_[static_cast<size_t>(r - sp.r0)] = rows[static_cast<size_t>(r)].pos;
-    cache.append(il, k_.data() + static_cast<size_t>(sp.r0) * kv_dim,
-                 v_.data() + static_cast<size_t>(sp.r0) * kv_dim, pos_tmp_.data(), cnt);
-  }
+    // Positions are consecutive rows: copied on the stack in pieces.
+    constexpr int kPosPiece = 64;
+    int32_t pos[kPosPiece];
+    for (int r0 = sp.r0; r0 < sp.r1; r0 += kPosPiece) {
+      const int m = std::min(kPosPiece, sp.r1 - r0);
+      for (int r = 0; r < m; ++r) pos[r] = rows[static_cast<size_t>(r0 + r)].pos;
+      cache.append(il, k_.data() + static_cast<size_t>(r0) * kv_dim,
+                   v_.data() + static_cast<size_t>(r0) * kv_dim, pos, m);
+    }
+    return {};
+  };
 
   auto attend = [&](const Span& sp, ThreadPool& pool, AttnScratch& scratch) {
     const BatchEntry& be = batch[static_cast<size_t>(sp.entry)];
@@ -385,6 +404,7 @@ Status Engine::attend_layer(int il, std::span<const BatchEntry> batch, std::span
       ++next_across;
       continue;
     }
+    D2O_RETURN_IF_ERROR(append(spans_[i]));
     attend(spans_[i], pool_, attn_scratch_);
   }
   if (!across_.empty()) {
@@ -400,6 +420,11 @@ Status Engine::attend_layer(int il, std::span<const BatchEntry> batch, std::span
     thread_policy_s_.assign(nt, 0.0);
     pool_.run(static_cast<int64_t>(across_.size()), [&](int64_t task, int thread) {
       const Span& sp = spans_[static_cast<size_t>(across_[static_cast<size_t>(task)])];
+      Status st = append(sp);
+      if (!st.ok()) {
+        layer_status_[static_cast<size_t>(task)] = std::move(st);
+        return;
+      }
       attend(sp, *solo_pools_[static_cast<size_t>(thread)],
              solo_scratch_[static_cast<size_t>(thread)]);
       const BatchEntry& be = batch[static_cast<size_t>(sp.entry)];

@@ -124,7 +124,6 @@ class Engine {
   // Activations [rows, dim].
   AlignedBuffer<float> x_, xn_, q_, k_, v_, attn_out_, gate_, up_, logits_;
   std::vector<Row> rows_;
-  std::vector<int32_t> pos_tmp_;
   std::vector<int> want_;  // rows that produce logits
 };
 
