@@ -54,9 +54,10 @@ int64_t ThreadPool::run_tasks(uint32_t gen, TaskFn fn, void* ctx, int64_t n_task
 void ThreadPool::dispatch(int64_t n_tasks, TaskFn fn, void* ctx) {
   D2O_ASSERT(n_tasks <= static_cast<int64_t>(kIndexMask));
   const uint32_t gen = generation_.load(std::memory_order_relaxed) + 1;
-  job_fn_.store(fn, std::memory_order_relaxed);
-  job_ctx_.store(ctx, std::memory_order_relaxed);
-  job_n_tasks_.store(n_tasks, std::memory_order_relaxed);
+  JobSlot& job = jobs_[gen & 1u];
+  job.fn.store(fn, std::memory_order_release);
+  job.ctx.store(ctx, std::memory_order_release);
+  job.n_tasks.store(n_tasks, std::memory_order_release);
   done_.store(0, std::memory_order_relaxed);
   claim_.store(static_cast<uint64_t>(gen) << 32, std::memory_order_release);
   generation_.store(gen, std::memory_order_release);
@@ -95,9 +96,10 @@ void ThreadPool::worker_loop(int thread) {
     seen = g;
     if (stop_.load(std::memory_order_acquire)) return;
     // The job of generation g (or a later one, in which case nothing can be claimed for g).
-    const TaskFn fn = job_fn_.load(std::memory_order_relaxed);
-    void* ctx = job_ctx_.load(std::memory_order_relaxed);
-    const int64_t n = job_n_tasks_.load(std::memory_order_relaxed);
+    const JobSlot& job = jobs_[g & 1u];
+    const TaskFn fn = job.fn.load(std::memory_order_acquire);
+    void* ctx = job.ctx.load(std::memory_order_acquire);
+    const int64_t n = job.n_tasks.load(std::memory_order_acquire);
     tl_pool_ = this;
     tl_thread_ = thread;
     const int64_t ran = run_tasks(g, fn, ctx, n, thread);

@@ -85,12 +85,20 @@ class ThreadPool {
   int n_threads_ = 1;
   std::vector<std::thread> workers_;
 
-  // The current job, written by the caller before the generation is published. Atomics (relaxed)
-  // because a late worker may read them while the next job is being set up; it then cannot claim
-  // anything (the claim word names another generation), so what it read is never used.
-  std::atomic<TaskFn> job_fn_{nullptr};
-  std::atomic<void*> job_ctx_{nullptr};
-  std::atomic<int64_t> job_n_tasks_{0};
+  // The job of generation g lives in slot g % 2, written by the caller before the generation is
+  // published. A worker that saw generation g may be descheduled and read the slot late: by then
+  // the slot can hold job g + 2, but only after the claim word moved on to g + 1 (the caller
+  // publishes a claim word before it fills the next slot). The slot is stored with release and
+  // read with acquire, so a worker that reads any value of a later job also sees the claim word
+  // of a later generation and cannot claim a task of g with it. (With one shared slot a late
+  // worker could read job g + 1 while the claim word still named g and run a task of g + 1 that
+  // its caller then handed out again.)
+  struct JobSlot {
+    std::atomic<TaskFn> fn{nullptr};
+    std::atomic<void*> ctx{nullptr};
+    std::atomic<int64_t> n_tasks{0};
+  };
+  JobSlot jobs_[2];
   // (generation << 32) | index of the next unclaimed task.
   alignas(64) std::atomic<uint64_t> claim_{0};
   // Tasks of the current job finished by workers (the caller counts its own).
