@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Writes tests/data/quant/matmul_<TYPE>.bin: a small weight matrix, activations, and the product
-that llama.cpp's ggml library computes for them (ggml_mul_mat on the CPU backend, one thread).
+"""Writes OUT_DIR/matmul_<TYPE>.bin: a small weight matrix, activations, and the product that
+llama.cpp's ggml library computes for them (ggml_mul_mat on the CPU backend, one thread).
 tests/unit/test_matmul.cpp checks that d2o's matmul reproduces it up to float summation order,
-i.e. that d2o quantises activations exactly like llama.cpp.
+i.e. that d2o quantises activations exactly like llama.cpp. `scripts/setup.sh --test-data` builds
+ggml from the llama-cpp-python source archive into the cache and runs this into
+cache/test-data/matmul.
 
-Needs an already built llama.cpp (nothing here builds or downloads it):
+Needs an already built ggml (this script builds and downloads nothing):
   LLAMA_CPP_LIB_PATH  folder holding libggml.so, libggml-base.so and libggml-cpu.so
 
 The weights are random normal values quantised by ggml itself (ggml_quantize_chunk), so the
@@ -12,7 +14,7 @@ blocks look like real ones. File layout (little-endian):
   char[4] "D2OM", u32 version (1), u32 ggml type, u32 n_rows, u32 n_cols, u32 n_tok,
   u8[n_rows * row_bytes] weights (GGUF layout), f32[n_tok * n_cols] x, f32[n_tok * n_rows] y.
 
-Usage: LLAMA_CPP_LIB_PATH=/path/to/llama.cpp/build/bin python3 scripts/gen_matmul_fixtures.py
+Usage: LLAMA_CPP_LIB_PATH=/path/to/ggml/libs python3 scripts/gen_matmul_fixtures.py OUT_DIR
 """
 import ctypes as C
 import os
@@ -21,8 +23,6 @@ import sys
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT = os.path.join(REPO, "tests", "data", "quant")
 
 # GGML type numbers (the GGUF numbering) and the shapes to write: [n_rows, n_cols], tokens.
 CASES = [("Q4_0", 2, 40, 576, 7), ("Q4_1", 3, 40, 576, 7), ("Q8_0", 8, 40, 576, 7),
@@ -64,9 +64,12 @@ def load():
 
 
 def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: gen_matmul_fixtures.py OUT_DIR")
+    out_dir = sys.argv[1]
     ggml, cpu = load()
     rng = np.random.default_rng(4242)
-    os.makedirs(OUT, exist_ok=True)
+    os.makedirs(out_dir, exist_ok=True)
     for name, gtype, n_rows, n_cols, n_tok in CASES:
         w = (rng.standard_normal((n_rows, n_cols)) * 0.05).astype(np.float32)
         x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
@@ -89,14 +92,14 @@ def main():
                                   shape=(n_tok * n_rows,)).copy()
         ggml.ggml_free(ctx)
 
-        path = os.path.join(OUT, f"matmul_{name}.bin")
+        path = os.path.join(out_dir, f"matmul_{name}.bin")
         with open(path, "wb") as f:
             f.write(b"D2OM")
             f.write(struct.pack("<IIIII", 1, gtype, n_rows, n_cols, n_tok))
             f.write(wq.tobytes())
             f.write(x.astype("<f4").tobytes())
             f.write(y.astype("<f4").tobytes())
-        print(f"{os.path.relpath(path, REPO)}: [{n_rows} x {n_cols}] x {n_tok} tokens, "
+        print(f"{path}: [{n_rows} x {n_cols}] x {n_tok} tokens, "
               f"{os.path.getsize(path)} bytes")
 
 

@@ -2,8 +2,9 @@
 # d2o setup: everything a fresh Debian 12 machine needs to build, run and test d2o.
 #
 #   scripts/setup.sh              Debian packages, the default model, the texts
-#   scripts/setup.sh --test-data  also the tokenizer test vocabularies and the dequantisation
-#                                 references of the `gguf` PyPI package
+#   scripts/setup.sh --test-data  also the tokenizer test vocabularies, the dequantisation
+#                                 references of the `gguf` PyPI package and the matmul
+#                                 references of llama.cpp's ggml (built from its source archive)
 #
 # Idempotent: what is already present and verified is not fetched again. Downloads go to a
 # temporary folder and are moved into the cache only after their SHA-256 checks out, so an
@@ -19,7 +20,7 @@ want_test_data=0
 for arg in "$@"; do
   case "$arg" in
     --test-data) want_test_data=1 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "setup: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -148,23 +149,41 @@ if [ "$want_test_data" -eq 1 ]; then
     [llama-spm]=16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69
     [phi-3]=967d7190d11c4842eab697079d98d56c2116e10eb617be355a2733bfc132e326
   )
+  # The source archive, downloaded at most once per run and checked (get_sdist sets sdist_archive).
+  sdist_archive=""
+  get_sdist() {
+    [ -n "$sdist_archive" ] && return 0
+    tmp_dirs+=("$(mktemp -d "${cache}/.tmp.XXXXXX")")
+    local dir=${tmp_dirs[-1]}
+    say "downloading $sdist (source archive)"
+    pip_download "$sdist" "$dir"
+    sdist_archive=$(ls "$dir"/*.tar.gz 2>/dev/null | head -n1)
+    [ -n "$sdist_archive" ] && sha_ok "$sdist_archive" "$sdist_sha" \
+      || die "$sdist: download failed or unexpected SHA-256; rerun scripts/setup.sh --test-data"
+  }
+  # Python packages for the generators: gguf==0.19.0 and its numpy, in $cache/pylib.
+  pylib="$cache/pylib"
+  ensure_pylib() {
+    PYTHONPATH="$pylib" python3 -c "import gguf.quants, numpy" 2>/dev/null && return 0
+    say "installing gguf==0.19.0 (and numpy) from PyPI into $pylib for the test references"
+    python3 -m pip install --quiet --disable-pip-version-check --target "$pylib" "gguf==0.19.0" \
+      || die "installing the PyPI package gguf==0.19.0 failed; check the network and rerun scripts/setup.sh --test-data"
+  }
+
   need=0
   for v in "${!vocab_sha[@]}"; do
     sha_ok "$cache/vocab/ggml-vocab-$v.gguf" "${vocab_sha[$v]}" || need=1
     for ext in inp out; do [ -s "$cache/vocab/ggml-vocab-$v.gguf.$ext" ] || need=1; done
   done
   if [ "$need" -eq 1 ]; then
+    get_sdist
     tmp_dirs+=("$(mktemp -d "${cache}/.tmp.XXXXXX")")
     tmp=${tmp_dirs[-1]}
-    say "downloading $sdist (source archive) for its tokenizer test vocabularies"
-    pip_download "$sdist" "$tmp"
-    archive=$(ls "$tmp"/*.tar.gz 2>/dev/null | head -n1)
-    [ -n "$archive" ] && sha_ok "$archive" "$sdist_sha" || { die "$sdist: download failed or unexpected SHA-256; rerun scripts/setup.sh --test-data"; }
     members=()
     for v in "${!vocab_sha[@]}"; do
       for ext in "" .inp .out; do members+=("llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-$v.gguf$ext"); done
     done
-    tar -xzf "$archive" -C "$tmp" "${members[@]}" || { die "$sdist: vocabulary files missing from the archive"; }
+    tar -xzf "$sdist_archive" -C "$tmp" "${members[@]}" || { die "$sdist: vocabulary files missing from the archive"; }
     for v in "${!vocab_sha[@]}"; do
       sha_ok "$tmp/llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-$v.gguf" "${vocab_sha[$v]}" \
         || { die "ggml-vocab-$v.gguf has an unexpected SHA-256"; }
@@ -186,12 +205,7 @@ if [ "$want_test_data" -eq 1 ]; then
   [ -e "${quant_files[0]}" ] || quant_files=()
   old_sha=$(cat "$quant_dir/.generator.sha256" 2>/dev/null || true)
   if [ "$old_sha" != "$gen_sha" ] || [ "${#quant_files[@]}" -ne 13 ]; then
-    pylib="$cache/pylib"
-    if ! PYTHONPATH="$pylib" python3 -c "import gguf.quants, numpy" 2>/dev/null; then
-      say "installing gguf==0.19.0 (and numpy) from PyPI into $pylib for the dequantisation references"
-      python3 -m pip install --quiet --disable-pip-version-check --target "$pylib" "gguf==0.19.0" \
-        || die "installing the PyPI package gguf==0.19.0 failed; check the network and rerun scripts/setup.sh --test-data"
-    fi
+    ensure_pylib
     tmp_dirs+=("$(mktemp -d "${cache}/.tmp.XXXXXX")")
     tmp=${tmp_dirs[-1]}
     PYTHONPATH="$pylib" python3 "$gen" "$tmp" >/dev/null \
@@ -201,6 +215,45 @@ if [ "$want_test_data" -eq 1 ]; then
     echo "$gen_sha" > "$quant_dir/.generator.sha256"
     rm -rf "$tmp"
     say "wrote the dequantisation references in $quant_dir"
+  fi
+
+  # Matmul references: llama.cpp's own product (ggml_mul_mat) of small random quantised matrices
+  # (scripts/gen_matmul_fixtures.py, fixed seed), for tests/unit/test_matmul.cpp. ggml alone is
+  # built from the source archive's vendored llama.cpp into $cache/ggml (half a minute on 2
+  # cores); the files are made again when the generator changes.
+  matmul_dir="$cache/test-data/matmul"
+  gen="$repo/scripts/gen_matmul_fixtures.py"
+  gen_sha=$(sha256sum "$gen" | cut -d' ' -f1)
+  matmul_files=("$matmul_dir"/matmul_*.bin)
+  [ -e "${matmul_files[0]}" ] || matmul_files=()
+  old_sha=$(cat "$matmul_dir/.generator.sha256" 2>/dev/null || true)
+  if [ "$old_sha" != "$gen_sha" ] || [ "${#matmul_files[@]}" -ne 6 ]; then
+    ggml_lib="$cache/ggml/build/src"
+    if [ ! -f "$ggml_lib/libggml-cpu.so" ]; then
+      get_sdist
+      rm -rf "$cache/ggml"
+      mkdir -p "$cache/ggml"
+      say "building ggml from $sdist into $cache/ggml"
+      tar -xzf "$sdist_archive" -C "$cache/ggml" --strip-components=3 \
+        llama_cpp_python-0.3.36/vendor/llama.cpp/ggml || die "$sdist: ggml sources missing from the archive"
+      touch "$cache/ggml/ggml/ggml.pc.in"  # a template the archive leaves out; only pkg-config reads it
+      cmake -S "$cache/ggml/ggml" -B "$cache/ggml/build" -DCMAKE_BUILD_TYPE=Release \
+        -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF \
+        -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF >"$cache/ggml/cmake.log" 2>&1 \
+        || die "configuring ggml failed (see $cache/ggml/cmake.log)"
+      cmake --build "$cache/ggml/build" -j"$(nproc 2>/dev/null || echo 2)" >"$cache/ggml/build.log" 2>&1 \
+        || die "building ggml failed (see $cache/ggml/build.log)"
+    fi
+    ensure_pylib
+    tmp_dirs+=("$(mktemp -d "${cache}/.tmp.XXXXXX")")
+    tmp=${tmp_dirs[-1]}
+    LLAMA_CPP_LIB_PATH="$ggml_lib" PYTHONPATH="$pylib" python3 "$gen" "$tmp" >/dev/null \
+      || die "scripts/gen_matmul_fixtures.py failed (see above)"
+    mkdir -p "$matmul_dir"
+    mv -f "$tmp"/matmul_*.bin "$matmul_dir/"
+    echo "$gen_sha" > "$matmul_dir/.generator.sha256"
+    rm -rf "$tmp"
+    say "wrote the matmul references in $matmul_dir"
   fi
 fi
 say "ready (cache: $cache)"

@@ -14,6 +14,7 @@ export D2O_MODEL=${D2O_MODEL:-$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 export D2O_VOCAB_DIR=${D2O_VOCAB_DIR:-$cache/vocab}
 export D2O_TEXT_DIR=${D2O_TEXT_DIR:-$cache/texts}
 export D2O_QUANT_DIR=${D2O_QUANT_DIR:-$cache/test-data/quant}
+export D2O_MATMUL_DIR=${D2O_MATMUL_DIR:-$cache/test-data/matmul}
 jobs=$(nproc 2>/dev/null || echo 2)
 
 echo "== release build"

@@ -96,6 +96,16 @@ inline std::string default_model_path() {
 #endif
 }
 
+// A folder of references that `scripts/setup.sh --test-data` makes: $<env_name> if set, else
+// <repo>/cache/test-data/<sub>.
+inline std::string test_data_dir(const char* env_name, const std::string& sub) {
+#ifdef D2O_SOURCE_DIR
+  return env_or(env_name, std::string(D2O_SOURCE_DIR) + "/cache/test-data/" + sub);
+#else
+  return env_or(env_name, "");
+#endif
+}
+
 inline std::string text_dir() {
 #ifdef D2O_SOURCE_DIR
   return env_or("D2O_TEXT_DIR", std::string(D2O_SOURCE_DIR) + "/cache/texts");

@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "common/test_util.h"
 #include "core/fp16.h"
 #include "ops/matmul.h"
 #include "ops/quant.h"
@@ -458,15 +460,20 @@ TEST(Matmul, ManyEqualsSeparateCalls) {
   }
 }
 
-// llama.cpp's own product (ggml_mul_mat, fixtures from scripts/gen_matmul_fixtures.py): d2o must
+// llama.cpp's own product (ggml_mul_mat; fixtures made by scripts/setup.sh --test-data with
+// scripts/gen_matmul_fixtures.py into <cache>/test-data/matmul, or $D2O_MATMUL_DIR): d2o must
 // reproduce it up to float summation order, i.e. quantise activations exactly like llama.cpp.
 // Both differ from the exact product by far more than they differ from each other.
 class LlamaCppMatmul : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(LlamaCppMatmul, ReproducesGgmlMulMat) {
-  const std::string path = std::string(D2O_TEST_DATA_DIR) + "/quant/matmul_" + GetParam() + ".bin";
+  const std::string dir = test::test_data_dir("D2O_MATMUL_DIR", "matmul");
+  if (!std::filesystem::is_directory(dir)) {
+    GTEST_SKIP() << "no matmul references in " << dir << " (scripts/setup.sh --test-data makes them)";
+  }
+  const std::string path = dir + "/matmul_" + GetParam() + ".bin";
   std::FILE* f = std::fopen(path.c_str(), "rb");
-  ASSERT_NE(f, nullptr) << "missing " << path << " (scripts/gen_matmul_fixtures.py)";
+  ASSERT_NE(f, nullptr) << "missing " << path << " (scripts/setup.sh --test-data)";
   char magic[4];
   uint32_t h[5];
   ASSERT_EQ(std::fread(magic, 1, 4, f), 4u);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/test_util.h"
 #include "core/fp16.h"
 #include "ops/quant.h"
 
@@ -25,10 +26,7 @@ struct Fixture {
 };
 
 // Folder of the fixtures: $D2O_QUANT_DIR, else the setup step's cache.
-std::string quant_dir() {
-  const char* env = std::getenv("D2O_QUANT_DIR");
-  return env && *env ? std::string(env) : std::string(D2O_SOURCE_DIR) + "/cache/test-data/quant";
-}
+std::string quant_dir() { return test::test_data_dir("D2O_QUANT_DIR", "quant"); }
 
 // Reads <quant_dir>/dequant_<name>.bin (layout documented in the generator script).
 bool load_fixture(const std::string& name, Fixture* f, std::string* error) {
