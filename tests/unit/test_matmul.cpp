@@ -469,7 +469,8 @@ class LlamaCppMatmul : public ::testing::TestWithParam<const char*> {};
 TEST_P(LlamaCppMatmul, ReproducesGgmlMulMat) {
   const std::string dir = test::test_data_dir("D2O_MATMUL_DIR", "matmul");
   if (!std::filesystem::is_directory(dir)) {
-    GTEST_SKIP() << "no matmul references in " << dir << " (scripts/setup.sh --test-data makes them)";
+    GTEST_SKIP() << "no matmul references in " << dir
+                 << " (scripts/setup.sh --test-data makes them)";
   }
   const std::string path = dir + "/matmul_" + GetParam() + ".bin";
   std::FILE* f = std::fopen(path.c_str(), "rb");
