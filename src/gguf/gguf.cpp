@@ -222,7 +222,7 @@ Result<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path) {
     f->base_ = static_cast<const uint8_t*>(m);
     f->owns_mapping_ = true;
   }
-  ::close(fd);
+  f->fd_ = fd;
   Status s = f->parse();
   if (!s.ok()) return s.with_context(path);
   return f;
@@ -239,18 +239,38 @@ Result<std::unique_ptr<GgufFile>> GgufFile::from_memory(const uint8_t* data, siz
   return f;
 }
 
-void GgufFile::release_pages(const GgufTensorInfo& t) const {
-  if (!owns_mapping_ || t.n_bytes == 0) return;
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(tensor_data(t));
-  const uintptr_t end = begin + t.n_bytes;
-  const uintptr_t first = (begin + page - 1) / page * page;  // whole pages inside the tensor only
-  const uintptr_t last = end / page * page;
-  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+Status GgufFile::read_tensor(const GgufTensorInfo& t, uint8_t* dst) const {
+  const uint64_t begin = data_offset_ + t.offset;
+  if (fd_ < 0) {
+    if (t.n_bytes > 0) std::memcpy(dst, base_ + begin, t.n_bytes);
+    return {};
+  }
+  uint64_t done = 0;
+  while (done < t.n_bytes) {
+    const size_t want =
+        static_cast<size_t>(std::min<uint64_t>(t.n_bytes - done, uint64_t{1} << 30));
+    const ssize_t got = ::pread(fd_, dst + done, want, static_cast<off_t>(begin + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      return io_error("'" + path_ + "': cannot read tensor '" + t.name +
+                      "': " + std::strerror(errno));
+    }
+    if (got == 0) {
+      struct stat st {};
+      const long long now = ::fstat(fd_, &st) == 0 ? static_cast<long long>(st.st_size) : -1;
+      return io_error("'" + path_ + "' changed while it was being read: tensor '" + t.name +
+                      "' ends at byte " + std::to_string(begin + t.n_bytes) +
+                      ", but the file now has " + std::to_string(now) + " bytes (it had " +
+                      std::to_string(size_) + ")");
+    }
+    done += static_cast<uint64_t>(got);
+  }
+  return {};
 }
 
 GgufFile::~GgufFile() {
   if (owns_mapping_ && base_) ::munmap(const_cast<uint8_t*>(base_), size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 Status GgufFile::parse() {

@@ -106,12 +106,13 @@ class GgufFile {
 
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
   const GgufTensorInfo* find_tensor(std::string_view name) const;
-  // Pointer to a tensor's bytes inside the mapping (valid while this object lives).
+  // Pointer to a tensor's bytes inside the mapping (valid while this object lives). Reading it
+  // raises SIGBUS if the file is truncated meanwhile: loaders use read_tensor instead.
   const uint8_t* tensor_data(const GgufTensorInfo& t) const { return base_ + data_offset_ + t.offset; }
-  // Tells the OS that a tensor's pages will not be read again (after its bytes were copied), so
-  // loading a model does not hold the file's pages and the copies resident at the same time. The
-  // data stays readable (pages are re-read from the file if touched). No-op for memory buffers.
-  void release_pages(const GgufTensorInfo& t) const;
+  // Copies a tensor's t.n_bytes bytes into dst. A file is read with pread, not through the
+  // mapping, so a file truncated or rewritten by another process while a model loads gives an
+  // error (kIoError) instead of a crash; a memory buffer is copied.
+  Status read_tensor(const GgufTensorInfo& t, uint8_t* dst) const;
 
  private:
   GgufFile() = default;
@@ -121,6 +122,7 @@ class GgufFile {
   const uint8_t* base_ = nullptr;
   size_t size_ = 0;
   bool owns_mapping_ = false;
+  int fd_ = -1;  // open while a file-backed object lives (read_tensor)
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   uint64_t data_offset_ = 0;

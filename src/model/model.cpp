@@ -25,20 +25,21 @@ class TensorLoader {
       if (!dequantize_supported(t->type)) {
         return unsupported("tensor '" + name + "' has type " + ggml_type_name(t->type) + ", which d2o cannot compute with");
       }
+      D2O_ASSIGN_OR_RETURN(const uint8_t* src, read(*t));
       std::vector<float> rows(static_cast<size_t>(n_rows * n_cols));
       const size_t row_bytes = t->n_bytes / static_cast<size_t>(n_rows);
       for (int64_t r = 0; r < n_rows; ++r) {
-        dequantize_row(t->type, f_.tensor_data(*t) + static_cast<size_t>(r) * row_bytes,
-                       rows.data() + r * n_cols, n_cols);
+        dequantize_row(t->type, src + static_cast<size_t>(r) * row_bytes, rows.data() + r * n_cols,
+                       n_cols);
       }
       m = QMatrix::from_gguf_bytes(GgmlType::kF32, n_rows, n_cols,
                                    reinterpret_cast<const uint8_t*>(rows.data()), rows.size() * sizeof(float));
     } else {
-      m = QMatrix::from_gguf_bytes(t->type, n_rows, n_cols, f_.tensor_data(*t), t->n_bytes);
+      D2O_ASSIGN_OR_RETURN(const uint8_t* src, read(*t));
+      m = QMatrix::from_gguf_bytes(t->type, n_rows, n_cols, src, t->n_bytes);
     }
     if (!m.ok()) return m.status().with_context("tensor '" + name + "'");
     *out = std::move(m).value();
-    f_.release_pages(*t);
     bytes_ += out->bytes();
     return {};
   }
@@ -55,9 +56,9 @@ class TensorLoader {
       return unsupported("tensor '" + name + "' has type " + ggml_type_name(t->type) +
                          " (expected F32, F16 or BF16)");
     }
+    D2O_ASSIGN_OR_RETURN(const uint8_t* src, read(*t));
     out->resize(static_cast<size_t>(n));
-    dequantize_row(t->type, f_.tensor_data(*t), out->data(), n);
-    f_.release_pages(*t);
+    dequantize_row(t->type, src, out->data(), n);
     bytes_ += out->size() * sizeof(float);
     return {};
   }
@@ -65,9 +66,17 @@ class TensorLoader {
   bool has(const std::string& name) const { return f_.find_tensor(name) != nullptr; }
 
  private:
+  // A tensor's bytes, read from the file into scratch_ (reused: it holds the largest tensor).
+  Result<const uint8_t*> read(const GgufTensorInfo& t) {
+    if (scratch_.size() < t.n_bytes) scratch_.resize(static_cast<size_t>(t.n_bytes));
+    D2O_RETURN_IF_ERROR(f_.read_tensor(t, scratch_.data()));
+    return static_cast<const uint8_t*>(scratch_.data());
+  }
+
   const GgufFile& f_;
   bool to_f32_;
   size_t bytes_ = 0;
+  AlignedBuffer<uint8_t> scratch_;
 };
 
 }  // namespace

@@ -2,12 +2,16 @@
 // with a clear message (never a crash; this suite also runs under ASan+UBSan).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstring>
 #include <random>
 
+#include "common/random_model.h"
 #include "common/test_util.h"
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
+#include "model/model.h"
 
 namespace d2o {
 namespace {
@@ -65,6 +69,63 @@ TEST(Gguf, RoundTripsMetadataAndTensors) {
   EXPECT_EQ(std::memcmp(f.tensor_data(*t), bytes_of(36, 2).data(), 36), 0);
   EXPECT_EQ(f.tensor_data(*t) - b.data(), static_cast<ptrdiff_t>(f.data_offset() + t->offset));
   EXPECT_EQ(f.data_offset() % 32, 0u);
+}
+
+TEST(Gguf, ReadTensorCopiesFromMemoryAndFromTheFile) {
+  const auto b = small_model().to_bytes();
+  auto mem = parse(b);
+  ASSERT_TRUE(mem.ok()) << mem.status().to_string();
+  const std::string path = test::scratch_path("read_tensor.gguf");
+  ASSERT_TRUE(small_model().write(path).ok());
+  auto file = GgufFile::open(path);
+  ASSERT_TRUE(file.ok()) << file.status().to_string();
+  for (const GgufFile* f : {mem->get(), file->get()}) {
+    const GgufTensorInfo* t = f->find_tensor("b.weight");
+    ASSERT_NE(t, nullptr);
+    std::vector<uint8_t> got(t->n_bytes, 0xEE);
+    ASSERT_TRUE(f->read_tensor(*t, got.data()).ok());
+    EXPECT_EQ(got, bytes_of(36, 2));
+  }
+}
+
+// A file truncated by another process while it is open (e.g. overwritten during a load) must give
+// an error, not a SIGBUS from touching mapped pages past the new end of the file.
+TEST(Gguf, FileTruncatedAfterOpeningIsAnErrorNotACrash) {
+  const std::string path = test::scratch_path("truncated.gguf");
+  ASSERT_TRUE(small_model().write(path).ok());
+  auto file = GgufFile::open(path);
+  ASSERT_TRUE(file.ok()) << file.status().to_string();
+  const GgufTensorInfo* t = (*file)->find_tensor("c.weight");
+  ASSERT_NE(t, nullptr);
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>((*file)->data_offset())), 0);
+  std::vector<uint8_t> got(t->n_bytes);
+  const Status s = (*file)->read_tensor(*t, got.data());
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  EXPECT_NE(s.message().find("changed while it was being read"), std::string::npos)
+      << s.to_string();
+}
+
+TEST(Gguf, ModelFileTruncatedDuringLoadIsAnErrorNotACrash) {
+  test::RandomModelConfig cfg;
+  cfg.n_layer = 2;
+  cfg.n_embd = 64;
+  cfg.n_head = 4;
+  cfg.n_head_kv = 2;
+  cfg.n_vocab = 300;
+  const std::string path = test::scratch_path("truncated_model.gguf");
+  ASSERT_TRUE(test::make_random_model(cfg).write(path).ok());
+  auto file = GgufFile::open(path);
+  ASSERT_TRUE(file.ok()) << file.status().to_string();
+  // Keep the metadata and half of the tensor data.
+  const off_t keep = static_cast<off_t>((*file)->data_offset() +
+                                        ((*file)->file_size() - (*file)->data_offset()) / 2);
+  ASSERT_EQ(::truncate(path.c_str(), keep), 0);
+  auto model = Model::load(**file);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), StatusCode::kIoError);
+  EXPECT_NE(model.status().message().find("changed while it was being read"), std::string::npos)
+      << model.status().to_string();
 }
 
 TEST(Gguf, TypedGettersReportMissingAndMistypedKeys) {
