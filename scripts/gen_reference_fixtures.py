@@ -49,6 +49,19 @@ def llama(path, n_ctx):
                  use_mmap=False, seed=0, flash_attn=False, type_k=0, type_v=0)
 
 
+# The source-code prompt: this repository's attention kernel as of a fixed commit, so that
+# regenerating the fixtures gives the same tokens however the file changes later.
+CODE_REV = "958d94a4c0a074417524bd7c90bab1c16fb82828"
+
+
+def code_text():
+    try:
+        return subprocess.run(["git", "-C", REPO, "show", CODE_REV + ":src/kv/attention.cpp"], check=True,
+                              capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        sys.exit("needs the repository's git history (commit %s) for the source-code prompt" % CODE_REV)
+
+
 def austen_text():
     try:
         out = subprocess.run(["Rscript", "-e", "library(janeaustenr); writeLines(prideprejudice)"],
@@ -132,7 +145,7 @@ def write_topk(path, all_ids, all_logp, n_vocab):
 
 def real_model_logits():
     kjv = open(os.path.join(CACHE, "texts", "kjv.txt"), encoding="utf-8").read()
-    code = open(os.path.join(REPO, "src", "kv", "attention.cpp"), encoding="utf-8").read()
+    code = code_text()
     austen = austen_text()
     start = austen.find("It is a truth universally acknowledged")
     prompts = [("kjv", kjv[:8000], False), ("austen", austen[start:start + 8000], False),
