@@ -127,6 +127,9 @@ void chunk_partials(const Call& C, int blk, int g, int c, float* const* e, float
     q[r] = C.in->q + C.row_index(blk, g, r) * static_cast<size_t>(C.hd);
   attn::KvRows k{L.key_row(g, j0), L.row_bytes(), L.type};
   attn::KvRows v{L.value_row(g, j0), L.row_bytes(), L.type};
+  // A head that fits in one chunk is a short stream: fetch its values while scoring its keys
+  // (long heads are streamed well by the hardware; prefetching them costs more than it saves).
+  if (C.n_vis(blk) <= TC) k.prefetch = v.base;
   if (L.type == KvType::kF16 && rows > 4) {
     const size_t n = static_cast<size_t>(n_keys) * static_cast<size_t>(C.hd);
     fp16_to_fp32_row_isa(C.isa, reinterpret_cast<const uint16_t*>(k.base), conv.kf.data(),

@@ -23,10 +23,15 @@ enum class ScoreAgg;  // kv/attention.h
 namespace attn {
 
 // Rows of one KV head: row j at base + j * row_bytes, elements of `type`.
+//   prefetch (optional, a hint): rows of the same size that the caller reads next; scores() asks
+//   for row j of them while it reads key j. The hardware prefetchers only get going on long
+//   streams: a head with a few hundred slots (a compressed cache) is read as two short streams,
+//   keys then values, and the values would otherwise start from memory latency again.
 struct KvRows {
   const uint8_t* base = nullptr;
   size_t row_bytes = 0;
   KvType type = KvType::kF16;
+  const uint8_t* prefetch = nullptr;
 };
 
 // Column statistics of one chunk of slots for the query rows of one block and one KV head.

@@ -26,9 +26,16 @@ inline float hsum(__m256 v) {
 
 using simd::exp256;
 
-template <int NC>
-void scores_nc(const float* const* q, int n_rows, KvRows k, int n_keys, float scale, float* const* s) {
+template <int NC, bool kPf = false>
+void scores_nc(const float* const* q, int n_rows, KvRows k, int n_keys, float scale,
+               float* const* s) {
+  if (!kPf && k.prefetch != nullptr) return scores_nc<NC, true>(q, n_rows, k, n_keys, scale, s);
   for (int j = 0; j < n_keys; ++j) {
+    if (kPf) {  // the hint of KvRows: the row read next, one request per line
+      const uint8_t* p = k.prefetch + static_cast<size_t>(j) * k.row_bytes;
+      for (size_t o = 0; o < k.row_bytes; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
+    }
     const uint8_t* row = k.base + static_cast<size_t>(j) * k.row_bytes;
     __m256 kv[NC];
     for (int c = 0; c < NC; ++c) kv[c] = load8(row, k.type, c);

@@ -83,12 +83,23 @@ inline __m512 dot_acc(const float* q, const __m512* kv) {
   return acc;
 }
 
-// R rows x 4 keys per step, keys in registers.
-template <int NC, int R>
+// Asks for rows [j, j + n) of k.prefetch (KvRows), one request per cache line.
+inline void prefetch_rows(const KvRows& k, int j, int n) {
+  const uint8_t* b = k.prefetch + static_cast<size_t>(j) * k.row_bytes;
+  const size_t bytes = static_cast<size_t>(n) * k.row_bytes;
+  for (size_t o = 0; o < bytes; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(b + o), _MM_HINT_T0);
+}
+
+// R rows x 4 keys per step, keys in registers; kPf: with k.prefetch (a separate instantiation, so
+// the loop without it is unchanged).
+template <int NC, int R, bool kPf = false>
 void scores_rows(const float* const* q, KvRows k, int n_keys, float scale, float* const* s) {
+  if (!kPf && k.prefetch != nullptr) return scores_rows<NC, R, true>(q, k, n_keys, scale, s);
   const __m128 sc = _mm_set1_ps(scale);
   int j = 0;
   for (; j + 4 <= n_keys; j += 4) {
+    if (kPf) prefetch_rows(k, j, 4);
     __m512 acc[R][4];
     for (int i = 0; i < 4; ++i) {
       const uint8_t* row = k.base + static_cast<size_t>(j + i) * k.row_bytes;
