@@ -40,6 +40,7 @@ class TensorLoader {
     }
     if (!m.ok()) return m.status().with_context("tensor '" + name + "'");
     *out = std::move(m).value();
+    trim_scratch();
     bytes_ += out->bytes();
     return {};
   }
@@ -59,6 +60,7 @@ class TensorLoader {
     D2O_ASSIGN_OR_RETURN(const uint8_t* src, read(*t));
     out->resize(static_cast<size_t>(n));
     dequantize_row(t->type, src, out->data(), n);
+    trim_scratch();
     bytes_ += out->size() * sizeof(float);
     return {};
   }
@@ -66,12 +68,18 @@ class TensorLoader {
   bool has(const std::string& name) const { return f_.find_tensor(name) != nullptr; }
 
  private:
-  // A tensor's bytes, read from the file into scratch_ (reused: it holds the largest tensor).
+  // A tensor's bytes, read from the file into scratch_.
   Result<const uint8_t*> read(const GgufTensorInfo& t) {
     if (scratch_.size() < t.n_bytes) scratch_.resize(static_cast<size_t>(t.n_bytes));
     D2O_RETURN_IF_ERROR(f_.read_tensor(t, scratch_.data()));
     return static_cast<const uint8_t*>(scratch_.data());
   }
+  // After a tensor is copied: a large scratch is freed, so that loading holds at most one
+  // tensor's file bytes besides the weights (not the largest one for the rest of the load).
+  void trim_scratch() {
+    if (scratch_.size() > kKeepScratch) scratch_ = AlignedBuffer<uint8_t>();
+  }
+  static constexpr size_t kKeepScratch = size_t{4} << 20;
 
   const GgufFile& f_;
   bool to_f32_;
