@@ -401,81 +401,12 @@ void f32_tile(const F32Job& job) {
   }
 }
 
-template <int NR>
-void f32_rows(const F32Job& job) {
-  switch (job.nt) {
-    case 1:
-      return f32_tile<NR, 1>(job);
-    case 2:
-      return f32_tile<NR, 2>(job);
-    case 3:
-      return f32_tile<NR, 3>(job);
-    default:
-      return f32_tile<NR, 4>(job);
-  }
-}
-
-void f32_avx2(const F32Job& job) {
-  switch (job.nr) {
-    case 1:
-      return f32_rows<1>(job);
-    case 2:
-      return f32_rows<2>(job);
-    case 3:
-      return f32_rows<3>(job);
-    default:
-      return f32_rows<4>(job);
-  }
-}
-
-template <template <int> class K>
-void by_nt(const TileJob& job) {
-  switch (job.nt) {
-    case 1:
-      return K<1>::run(job);
-    case 2:
-      return K<2>::run(job);
-    case 3:
-      return K<3>::run(job);
-    default:
-      return K<4>::run(job);
-  }
-}
-template <PackKind kKind>
-struct Tile32 {
-  template <int NT>
-  struct K {
-    static void run(const TileJob& j) { tile_32<kKind, NT>(j); }
-  };
-};
-template <bool kFive>
-struct TileQ45 {
-  template <int NT>
-  struct K {
-    static void run(const TileJob& j) { tile_q45_k<kFive, NT>(j); }
-  };
-};
-template <int NT>
-struct TileQ6 {
-  static void run(const TileJob& j) { tile_q6_k<NT>(j); }
-};
+#include "ops/matmul_table_impl.h"  // the dispatch glue and make_kernel_table
 
 }  // namespace
 
 const KernelTable& kernels_avx2() {
-  static const KernelTable table = [] {
-    KernelTable t;
-    t.quantize[0] = quantize_avx2;
-    t.quantize[1] = quantize_avx2;
-    t.tile[static_cast<int>(PackKind::kQ4_0)] = by_nt<Tile32<PackKind::kQ4_0>::K>;
-    t.tile[static_cast<int>(PackKind::kQ4_1)] = by_nt<Tile32<PackKind::kQ4_1>::K>;
-    t.tile[static_cast<int>(PackKind::kQ8_0)] = by_nt<Tile32<PackKind::kQ8_0>::K>;
-    t.tile[static_cast<int>(PackKind::kQ4_K)] = by_nt<TileQ45<false>::K>;
-    t.tile[static_cast<int>(PackKind::kQ5_K)] = by_nt<TileQ45<true>::K>;
-    t.tile[static_cast<int>(PackKind::kQ6_K)] = by_nt<TileQ6>;
-    t.f32 = f32_avx2;
-    return t;
-  }();
+  static const KernelTable table = make_kernel_table(quantize_avx2);
   return table;
 }
 
