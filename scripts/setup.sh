@@ -198,23 +198,34 @@ if [ "$want_test_data" -eq 1 ]; then
   # `gguf` PyPI package (scripts/gen_quant_fixtures.py, fixed seed), for tests/unit/test_quant.cpp.
   # The package and its dependencies go to $cache/pylib; the files are made again when the
   # generator changes (its SHA-256 is kept next to them).
-  quant_dir="$cache/test-data/quant"
-  gen="$repo/scripts/gen_quant_fixtures.py"
-  gen_sha=$(sha256sum "$gen" | cut -d' ' -f1)
-  quant_files=("$quant_dir"/dequant_*.bin)
-  [ -e "${quant_files[0]}" ] || quant_files=()
-  old_sha=$(cat "$quant_dir/.generator.sha256" 2>/dev/null || true)
-  if [ "$old_sha" != "$gen_sha" ] || [ "${#quant_files[@]}" -ne 13 ]; then
-    ensure_pylib
+  # refs_stale DIR GENERATOR PREFIX COUNT: true when DIR lacks COUNT files PREFIX*.bin or they
+  # were made by another version of GENERATOR (its SHA-256 is kept in DIR/.generator.sha256).
+  refs_stale() {
+    local files=("$1/$3"*.bin)
+    [ -e "${files[0]}" ] || files=()
+    [ "$(cat "$1/.generator.sha256" 2>/dev/null || true)" != "$(sha256sum "$2" | cut -d' ' -f1)" ] \
+      || [ "${#files[@]}" -ne "$4" ]
+  }
+  # refs_make DIR GENERATOR PREFIX WHAT [ENV...]: runs GENERATOR into a temporary folder (with the
+  # environment assignments ENV), then moves its PREFIX*.bin files and the stamp into DIR.
+  refs_make() {
+    local dir=$1 gen=$2 prefix=$3 what=$4 tmp
+    shift 4
     tmp_dirs+=("$(mktemp -d "${cache}/.tmp.XXXXXX")")
     tmp=${tmp_dirs[-1]}
-    PYTHONPATH="$pylib" python3 "$gen" "$tmp" >/dev/null \
-      || die "scripts/gen_quant_fixtures.py failed (see above)"
-    mkdir -p "$quant_dir"
-    mv -f "$tmp"/dequant_*.bin "$quant_dir/"
-    echo "$gen_sha" > "$quant_dir/.generator.sha256"
+    env "$@" python3 "$gen" "$tmp" >/dev/null || die "scripts/$(basename "$gen") failed (see above)"
+    mkdir -p "$dir"
+    mv -f "$tmp/$prefix"*.bin "$dir/"
+    sha256sum "$gen" | cut -d' ' -f1 > "$dir/.generator.sha256"
     rm -rf "$tmp"
-    say "wrote the dequantisation references in $quant_dir"
+    say "wrote the $what references in $dir"
+  }
+
+  quant_dir="$cache/test-data/quant"
+  gen="$repo/scripts/gen_quant_fixtures.py"
+  if refs_stale "$quant_dir" "$gen" dequant_ 13; then
+    ensure_pylib
+    refs_make "$quant_dir" "$gen" dequant_ dequantisation "PYTHONPATH=$pylib"
   fi
 
   # Matmul references: llama.cpp's own product (ggml_mul_mat) of small random quantised matrices
@@ -223,11 +234,7 @@ if [ "$want_test_data" -eq 1 ]; then
   # cores); the files are made again when the generator changes.
   matmul_dir="$cache/test-data/matmul"
   gen="$repo/scripts/gen_matmul_fixtures.py"
-  gen_sha=$(sha256sum "$gen" | cut -d' ' -f1)
-  matmul_files=("$matmul_dir"/matmul_*.bin)
-  [ -e "${matmul_files[0]}" ] || matmul_files=()
-  old_sha=$(cat "$matmul_dir/.generator.sha256" 2>/dev/null || true)
-  if [ "$old_sha" != "$gen_sha" ] || [ "${#matmul_files[@]}" -ne 6 ]; then
+  if refs_stale "$matmul_dir" "$gen" matmul_ 6; then
     ggml_lib="$cache/ggml/build/src"
     if [ ! -f "$ggml_lib/libggml-cpu.so" ]; then
       get_sdist
@@ -245,15 +252,7 @@ if [ "$want_test_data" -eq 1 ]; then
         || die "building ggml failed (see $cache/ggml/build.log)"
     fi
     ensure_pylib
-    tmp_dirs+=("$(mktemp -d "${cache}/.tmp.XXXXXX")")
-    tmp=${tmp_dirs[-1]}
-    LLAMA_CPP_LIB_PATH="$ggml_lib" PYTHONPATH="$pylib" python3 "$gen" "$tmp" >/dev/null \
-      || die "scripts/gen_matmul_fixtures.py failed (see above)"
-    mkdir -p "$matmul_dir"
-    mv -f "$tmp"/matmul_*.bin "$matmul_dir/"
-    echo "$gen_sha" > "$matmul_dir/.generator.sha256"
-    rm -rf "$tmp"
-    say "wrote the matmul references in $matmul_dir"
+    refs_make "$matmul_dir" "$gen" matmul_ matmul "LLAMA_CPP_LIB_PATH=$ggml_lib" "PYTHONPATH=$pylib"
   fi
 fi
 say "ready (cache: $cache)"
