@@ -149,6 +149,7 @@ void scores_many(const float* const* q, int n_rows, KvRows k, int n_keys, float 
   if (n16 < n_keys) {
     KvRows tail = k;
     tail.base += static_cast<size_t>(n16) * k.row_bytes;
+    tail.prefetch = nullptr;  // like the rest of this layout (rows over an L1-resident chunk)
     float* st[1];
     for (int r = 0; r < n_rows; ++r) {
       st[0] = s[r] + n16;
