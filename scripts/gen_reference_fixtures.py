@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
-"""Regenerates tests/data/reference/: what an independent implementation (llama.cpp) computes for
-the inputs the model tests use. d2o's tests compare against these files; they never compare d2o
-with its own earlier output.
+"""What an independent implementation (llama.cpp) computes for the inputs the model tests use.
+d2o's tests compare against these outputs; they never compare d2o with its own earlier output.
 
-Needs an already built llama.cpp (nothing here builds or downloads it):
-  LLAMA_CPP_PY       folder holding the `llama_cpp` Python package (llama-cpp-python sources)
-  LLAMA_CPP_LIB_PATH folder holding libllama.so (read by llama_cpp)
-  LLAMA_PERPLEXITY   path of llama.cpp's perplexity tool
-and d2o's build folder (for the random-model writer): D2O_BUILD (default build/).
+  gen_reference_fixtures.py OUT_DIR            the real-model references, written into OUT_DIR
+  gen_reference_fixtures.py full-logits MODEL OUT
+                                               llama.cpp's logits of a random-weight model for a
+                                               fixed token sequence (the parity tests call this)
 
-Outputs:
+scripts/setup.sh --test-data builds llama.cpp from the llama-cpp-python source archive into
+$D2O_CACHE_DIR/llama.cpp (build/bin: libllama and llama-perplexity; py: the archive's Python
+bindings) and runs the first form into $D2O_CACHE_DIR/test-data/reference. Python packages:
+numpy, gguf, and the bindings' jinja2, diskcache and typing_extensions (setup installs them into
+$D2O_CACHE_DIR/pylib; put that on PYTHONPATH).
+
+Outputs of the first form:
   smollm2_logits.bin   4 prompts x 512 positions: token ids and llama.cpp's top-k log-probs
                        (F32 KV cache, non-flash attention)
   smollm2_f32_logits.bin  the same on a copy of the model dequantised to F32 (exact arithmetic)
@@ -17,7 +21,6 @@ Outputs:
                        reference, and the Q4_1 model vs its exact F32 dequantisation
   smollm2_ppl.json     llama.cpp's perplexity of kjv_ppl.txt (context 2048)
   kjv_ppl.txt          the KJV passage (public domain) used for it
-  random_<name>.bin    full logits of the random-weight models for a fixed token sequence
 """
 import json
 import os
@@ -30,14 +33,16 @@ import tempfile
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT = os.path.join(REPO, "tests", "data", "reference")
 CACHE = os.environ.get("D2O_CACHE_DIR", os.path.join(REPO, "cache"))
 MODEL = os.environ.get("D2O_MODEL", os.path.join(CACHE, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-BUILD = os.environ.get("D2O_BUILD", os.path.join(REPO, "build"))
+LLAMA_BIN = os.path.join(CACHE, "llama.cpp", "build", "bin")
 TOPK = 40
 N_POS = 512
 
-sys.path.insert(0, os.environ["LLAMA_CPP_PY"])
+if not os.path.isfile(os.path.join(LLAMA_BIN, "libllama.so")):
+    sys.exit("no llama.cpp build in %s (scripts/setup.sh --test-data makes it)" % LLAMA_BIN)
+os.environ["LLAMA_CPP_LIB_PATH"] = LLAMA_BIN  # where the bindings look for libllama
+sys.path.insert(0, os.path.join(CACHE, "llama.cpp", "py"))
 from llama_cpp import Llama  # noqa: E402
 
 
@@ -49,26 +54,19 @@ def llama(path, n_ctx):
                  use_mmap=False, seed=0, flash_attn=False, type_k=0, type_v=0)
 
 
-# The source-code prompt: this repository's attention kernel as of a fixed commit, so that
-# regenerating the fixtures gives the same tokens however the file changes later.
-CODE_REV = "958d94a4c0a074417524bd7c90bab1c16fb82828"
+def corpus_text(name):
+    # A text of the tokenizer corpus (tests/data/tokenizer), fixed test data of this repository.
+    return open(os.path.join(REPO, "tests", "data", "tokenizer", name), encoding="utf-8").read()
 
 
 def code_text():
-    try:
-        return subprocess.run(["git", "-C", REPO, "show", CODE_REV + ":src/kv/attention.cpp"], check=True,
-                              capture_output=True, text=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        sys.exit("needs the repository's git history (commit %s) for the source-code prompt" % CODE_REV)
+    # C++ source (this project's own code, as frozen in the tokenizer corpus).
+    return corpus_text("corpus_code.txt")
 
 
 def austen_text():
-    try:
-        out = subprocess.run(["Rscript", "-e", "library(janeaustenr); writeLines(prideprejudice)"],
-                             check=True, capture_output=True, text=True).stdout
-        return out
-    except (OSError, subprocess.CalledProcessError):
-        sys.exit("needs R with janeaustenr (Debian r-cran-janeaustenr) for the Austen prompt")
+    # Pride and Prejudice's first chapters (public domain).
+    return corpus_text("corpus_austen.txt")
 
 
 CHAT = (
@@ -115,7 +113,13 @@ def log_softmax(x):
 
 
 def top_k(logp):
-    top = np.argsort(-logp, axis=1, kind="stable")[:, :TOPK]
+    """The TOPK most probable tokens per row, most probable first, ties to the lower id: the first
+    TOPK of a stable argsort, found among the values >= each row's TOPK-th largest."""
+    kth = -np.partition(-logp, TOPK - 1, axis=1)[:, TOPK - 1]
+    top = np.empty((logp.shape[0], TOPK), dtype=np.int64)
+    for r in range(logp.shape[0]):
+        cand = np.flatnonzero(logp[r] >= kth[r])  # ascending ids
+        top[r] = cand[np.argsort(-logp[r, cand], kind="stable")[:TOPK]]
     return top, np.take_along_axis(logp, top, axis=1)
 
 
@@ -143,7 +147,7 @@ def write_topk(path, all_ids, all_logp, n_vocab):
                 f.write(lp[p].astype(np.float32).tobytes())
 
 
-def real_model_logits():
+def real_model_logits(out_dir):
     kjv = open(os.path.join(CACHE, "texts", "kjv.txt"), encoding="utf-8").read()
     code = code_text()
     austen = austen_text()
@@ -177,8 +181,8 @@ def real_model_logits():
         f32_path = os.path.join(d, "f32.gguf")
         to_f32_gguf(MODEL, f32_path)
         exact = run(f32_path, flash_attn=False, type_k=0, type_v=0)
-    write_topk(os.path.join(OUT, "smollm2_logits.bin"), all_ids, ref, n_vocab)
-    write_topk(os.path.join(OUT, "smollm2_f32_logits.bin"), all_ids, exact, n_vocab)
+    write_topk(os.path.join(out_dir, "smollm2_logits.bin"), all_ids, ref, n_vocab)
+    write_topk(os.path.join(out_dir, "smollm2_f32_logits.bin"), all_ids, exact, n_vocab)
 
     def stats(a_list, b_list):
         kl = [float(bucketed_kl(a, b).mean()) for a, b in zip(a_list, b_list)]
@@ -192,22 +196,22 @@ def real_model_logits():
         "exact_vs_ref": stats(exact, ref),
         "prompts": [p[0] for p in prompts],
     }
-    with open(os.path.join(OUT, "smollm2_noise.json"), "w") as f:
+    with open(os.path.join(out_dir, "smollm2_noise.json"), "w") as f:
         json.dump(noise, f, indent=2)
     tail = np.concatenate([1 - np.exp(top_k(r)[1]).sum(axis=1) for r in ref])
     print("probability mass outside the top %d: mean %.2e, max %.2e" % (TOPK, tail.mean(), tail.max()))
     print(json.dumps({k: (v["kl_mean"], v["top1_mean"]) for k, v in noise.items() if isinstance(v, dict)}))
 
 
-def perplexity():
+def perplexity(out_dir):
     kjv = open(os.path.join(CACHE, "texts", "kjv.txt"), encoding="utf-8").read()
     passage = kjv[:80000]
-    path = os.path.join(OUT, "kjv_ppl.txt")
+    path = os.path.join(out_dir, "kjv_ppl.txt")
     with open(path, "w", encoding="utf-8") as f:
         f.write(passage)
-    out = subprocess.run([os.environ["LLAMA_PERPLEXITY"], "-m", MODEL, "-f", path, "-c", "2048", "-b", "2048",
-                          "-t", "2", "-lm", "none"], capture_output=True, text=True,
-                         env=dict(os.environ, LD_LIBRARY_PATH=os.environ["LLAMA_CPP_LIB_PATH"]))
+    out = subprocess.run([os.path.join(LLAMA_BIN, "llama-perplexity"), "-m", MODEL, "-f", path, "-c", "2048",
+                          "-b", "2048", "-t", "2", "-lm", "none"], capture_output=True, text=True,
+                         env=dict(os.environ, LD_LIBRARY_PATH=LLAMA_BIN))
     log = out.stdout + out.stderr
     m = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", log)
     n = re.search(r"tokenizing the input .*?\n.*?(\d+) tokens", log, re.S)
@@ -217,7 +221,7 @@ def perplexity():
     res = {"ppl": float(m.group(1)), "ppl_err": float(m.group(2)), "n_ctx": 2048,
            "chunks": int(chunks.group(1)) if chunks else None, "text": "kjv_ppl.txt",
            "tool": "llama.cpp perplexity (llama-cpp-python 0.3.36 sources), -c 2048 -t 2"}
-    with open(os.path.join(OUT, "smollm2_ppl.json"), "w") as f:
+    with open(os.path.join(out_dir, "smollm2_ppl.json"), "w") as f:
         json.dump(res, f, indent=2)
     print("perplexity:", res)
 
@@ -234,32 +238,27 @@ def xorshift_tokens(n, n_vocab):
     return out
 
 
-def random_models():
-    tool = os.path.join(BUILD, "tests", "d2o_make_random_model")
-    for name in ["qwen2", "llama-mha"]:
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, name + ".gguf")
-            subprocess.run([tool, name, path], check=True)
-            llm = llama(path, 128)
-            n_vocab = llm.n_vocab()
-            ids = xorshift_tokens(64, n_vocab)
-            llm.eval(ids)
-            logits = np.array(llm.scores[:len(ids)], dtype=np.float32)
-            del llm
-        with open(os.path.join(OUT, f"random_{name}.bin"), "wb") as f:
-            f.write(b"D2OR")
-            f.write(struct.pack("<2I", len(ids), n_vocab))
-            f.write(np.array(ids, dtype=np.int32).tobytes())
-            f.write(logits.tobytes())
-        print(f"random {name}: {len(ids)} tokens x {n_vocab} logits, argmax of last {int(logits[-1].argmax())}")
+def full_logits(model, out):
+    """llama.cpp's logits of `model` for 64 fixed tokens (test::random_model_tokens), as D2OR."""
+    llm = llama(model, 128)
+    n_vocab = llm.n_vocab()
+    ids = xorshift_tokens(64, n_vocab)
+    llm.eval(ids)
+    logits = np.array(llm.scores[:len(ids)], dtype=np.float32)
+    del llm
+    with open(out, "wb") as f:
+        f.write(b"D2OR")
+        f.write(struct.pack("<2I", len(ids), n_vocab))
+        f.write(np.array(ids, dtype=np.int32).tobytes())
+        f.write(logits.tobytes())
 
 
 if __name__ == "__main__":
-    os.makedirs(OUT, exist_ok=True)
-    what = sys.argv[1:] or ["logits", "ppl", "random"]
-    if "logits" in what:
-        real_model_logits()
-    if "ppl" in what:
-        perplexity()
-    if "random" in what:
-        random_models()
+    if len(sys.argv) == 4 and sys.argv[1] == "full-logits":
+        full_logits(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 2 and not sys.argv[1].startswith("-"):
+        os.makedirs(sys.argv[1], exist_ok=True)
+        real_model_logits(sys.argv[1])
+        perplexity(sys.argv[1])
+    else:
+        sys.exit(__doc__)

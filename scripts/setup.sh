@@ -3,8 +3,9 @@
 #
 #   scripts/setup.sh              Debian packages, the default model, the texts
 #   scripts/setup.sh --test-data  also the tokenizer test vocabularies, the dequantisation
-#                                 references of the `gguf` PyPI package and the matmul
-#                                 references of llama.cpp's ggml (built from its source archive)
+#                                 references of the `gguf` PyPI package, and llama.cpp built from
+#                                 its source archive with what it computes for the tests
+#                                 (matmul products, logits, perplexity)
 #
 # Idempotent: what is already present and verified is not fetched again. Downloads go to a
 # temporary folder and are moved into the cache only after their SHA-256 checks out, so an
@@ -161,13 +162,16 @@ if [ "$want_test_data" -eq 1 ]; then
     [ -n "$sdist_archive" ] && sha_ok "$sdist_archive" "$sdist_sha" \
       || die "$sdist: download failed or unexpected SHA-256; rerun scripts/setup.sh --test-data"
   }
-  # Python packages for the generators: gguf==0.19.0 and its numpy, in $cache/pylib.
+  # Python packages for the generators, in $cache/pylib: gguf==0.19.0 and its numpy, and what
+  # the source archive's llama.cpp bindings import.
   pylib="$cache/pylib"
+  py_packages=("gguf==0.19.0" "jinja2==3.1.6" "diskcache==5.6.3" "typing-extensions==4.16.0")
   ensure_pylib() {
-    PYTHONPATH="$pylib" python3 -c "import gguf.quants, numpy" 2>/dev/null && return 0
-    say "installing gguf==0.19.0 (and numpy) from PyPI into $pylib for the test references"
-    python3 -m pip install --quiet --disable-pip-version-check --target "$pylib" "gguf==0.19.0" \
-      || die "installing the PyPI package gguf==0.19.0 failed; check the network and rerun scripts/setup.sh --test-data"
+    PYTHONPATH="$pylib" python3 -c "import gguf.quants, numpy, jinja2, diskcache, typing_extensions" 2>/dev/null \
+      && return 0
+    say "installing ${py_packages[*]} (and numpy) from PyPI into $pylib for the test references"
+    python3 -m pip install --quiet --disable-pip-version-check --upgrade --target "$pylib" "${py_packages[@]}" \
+      || die "installing the PyPI packages ${py_packages[*]} failed; check the network and rerun scripts/setup.sh --test-data"
   }
 
   need=0
@@ -198,34 +202,34 @@ if [ "$want_test_data" -eq 1 ]; then
   # `gguf` PyPI package (scripts/gen_quant_fixtures.py, fixed seed), for tests/unit/test_quant.cpp.
   # The package and its dependencies go to $cache/pylib; the files are made again when the
   # generator changes (its SHA-256 is kept next to them).
-  # refs_stale DIR GENERATOR PREFIX COUNT: true when DIR lacks COUNT files PREFIX*.bin or they
-  # were made by another version of GENERATOR (its SHA-256 is kept in DIR/.generator.sha256).
+  # refs_stale DIR GENERATOR COUNT: true when DIR lacks COUNT files or they were made by another
+  # version of GENERATOR (its SHA-256 is kept in DIR/.generator.sha256).
   refs_stale() {
-    local files=("$1/$3"*.bin)
+    local files=("$1"/*)
     [ -e "${files[0]}" ] || files=()
     [ "$(cat "$1/.generator.sha256" 2>/dev/null || true)" != "$(sha256sum "$2" | cut -d' ' -f1)" ] \
-      || [ "${#files[@]}" -ne "$4" ]
+      || [ "${#files[@]}" -ne "$3" ]
   }
-  # refs_make DIR GENERATOR PREFIX WHAT [ENV...]: runs GENERATOR into a temporary folder (with the
-  # environment assignments ENV), then moves its PREFIX*.bin files and the stamp into DIR.
+  # refs_make DIR GENERATOR WHAT [ENV...]: runs GENERATOR into a temporary folder (with the
+  # environment assignments ENV), then replaces DIR with what it wrote plus the stamp.
   refs_make() {
-    local dir=$1 gen=$2 prefix=$3 what=$4 tmp
-    shift 4
+    local dir=$1 gen=$2 what=$3 tmp
+    shift 3
     tmp_dirs+=("$(mktemp -d "${cache}/.tmp.XXXXXX")")
     tmp=${tmp_dirs[-1]}
     env "$@" python3 "$gen" "$tmp" >/dev/null || die "scripts/$(basename "$gen") failed (see above)"
-    mkdir -p "$dir"
-    mv -f "$tmp/$prefix"*.bin "$dir/"
-    sha256sum "$gen" | cut -d' ' -f1 > "$dir/.generator.sha256"
-    rm -rf "$tmp"
+    sha256sum "$gen" | cut -d' ' -f1 > "$tmp/.generator.sha256"
+    rm -rf "$dir"
+    mkdir -p "$(dirname "$dir")"
+    mv "$tmp" "$dir"
     say "wrote the $what references in $dir"
   }
 
   quant_dir="$cache/test-data/quant"
   gen="$repo/scripts/gen_quant_fixtures.py"
-  if refs_stale "$quant_dir" "$gen" dequant_ 13; then
+  if refs_stale "$quant_dir" "$gen" 13; then
     ensure_pylib
-    refs_make "$quant_dir" "$gen" dequant_ dequantisation "PYTHONPATH=$pylib"
+    refs_make "$quant_dir" "$gen" dequantisation "PYTHONPATH=$pylib"
   fi
 
   # Matmul references: llama.cpp's own product (ggml_mul_mat) of small random quantised matrices
@@ -234,7 +238,7 @@ if [ "$want_test_data" -eq 1 ]; then
   # cores); the files are made again when the generator changes.
   matmul_dir="$cache/test-data/matmul"
   gen="$repo/scripts/gen_matmul_fixtures.py"
-  if refs_stale "$matmul_dir" "$gen" matmul_ 6; then
+  if refs_stale "$matmul_dir" "$gen" 6; then
     ggml_lib="$cache/ggml/build/src"
     if [ ! -f "$ggml_lib/libggml-cpu.so" ]; then
       get_sdist
@@ -252,7 +256,42 @@ if [ "$want_test_data" -eq 1 ]; then
         || die "building ggml failed (see $cache/ggml/build.log)"
     fi
     ensure_pylib
-    refs_make "$matmul_dir" "$gen" matmul_ matmul "LLAMA_CPP_LIB_PATH=$ggml_lib" "PYTHONPATH=$pylib"
+    refs_make "$matmul_dir" "$gen" matmul "LLAMA_CPP_LIB_PATH=$ggml_lib" "PYTHONPATH=$pylib"
+  fi
+
+  # llama.cpp itself, built from the same archive into $cache/llama.cpp (about 5 minutes on 2
+  # cores): build/bin holds libllama and llama-perplexity, py the archive's Python bindings. Built
+  # for this machine's CPU, as users build it. The real-model tests compare with what it computes
+  # here (below); the random-model parity tests ask it at test time.
+  llama_dir="$cache/llama.cpp"
+  llama_flags=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF
+               -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+               -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF)
+  llama_stamp="$sdist_sha ${llama_flags[*]}"
+  if [ "$(cat "$llama_dir/.built" 2>/dev/null || true)" != "$llama_stamp" ]; then
+    get_sdist
+    rm -rf "$llama_dir"
+    mkdir -p "$llama_dir/source" "$llama_dir/py"
+    say "building llama.cpp from $sdist into $llama_dir (a few minutes)"
+    tar -xzf "$sdist_archive" -C "$llama_dir/source" --strip-components=3 llama_cpp_python-0.3.36/vendor/llama.cpp \
+      && tar -xzf "$sdist_archive" -C "$llama_dir/py" --strip-components=1 llama_cpp_python-0.3.36/llama_cpp \
+      || die "$sdist: llama.cpp sources or bindings missing from the archive"
+    cmake -S "$llama_dir/source" -B "$llama_dir/build" "${llama_flags[@]}" >"$llama_dir/cmake.log" 2>&1 \
+      || die "configuring llama.cpp failed (see $llama_dir/cmake.log)"
+    cmake --build "$llama_dir/build" -j"$(nproc 2>/dev/null || echo 2)" --target llama llama-perplexity \
+      >"$llama_dir/build.log" 2>&1 || die "building llama.cpp failed (see $llama_dir/build.log)"
+    echo "$llama_stamp" > "$llama_dir/.built"
+  fi
+
+  # Real-model references (scripts/gen_reference_fixtures.py): llama.cpp's log-probabilities on
+  # four 512-token prompts in four settings, and its perplexity of a KJV passage, for
+  # tests/model/test_llama_parity.cpp and test_perplexity_parity.cpp (about 5 minutes on 2 cores).
+  ref_dir="$cache/test-data/reference"
+  gen="$repo/scripts/gen_reference_fixtures.py"
+  if refs_stale "$ref_dir" "$gen" 5; then
+    ensure_pylib
+    say "computing llama.cpp's reference logits and perplexity"
+    refs_make "$ref_dir" "$gen" llama.cpp "PYTHONPATH=$pylib" "D2O_CACHE_DIR=$cache"
   fi
 fi
 say "ready (cache: $cache)"

@@ -15,6 +15,7 @@ export D2O_VOCAB_DIR=${D2O_VOCAB_DIR:-$cache/vocab}
 export D2O_TEXT_DIR=${D2O_TEXT_DIR:-$cache/texts}
 export D2O_QUANT_DIR=${D2O_QUANT_DIR:-$cache/test-data/quant}
 export D2O_MATMUL_DIR=${D2O_MATMUL_DIR:-$cache/test-data/matmul}
+export D2O_REFERENCE_DIR=${D2O_REFERENCE_DIR:-$cache/test-data/reference}
 jobs=$(nproc 2>/dev/null || echo 2)
 
 echo "== release build"

@@ -1,8 +1,7 @@
 // Random-weight GGUF models for tests: tiny llama-family models written with GgufWriter from a
 // fixed-seed integer generator, so the same file is produced on every run and platform. The
-// reference logits in tests/data/reference/ were computed by an independent implementation on
-// exactly these files (scripts/gen_reference_fixtures.py writes them with the tool built from
-// tests/tools/make_random_model.cpp).
+// parity tests (tests/model/test_llama_parity.cpp) hand these files to llama.cpp for reference
+// logits.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
-// Readers for the reference fixtures in tests/data/reference/ (written by
-// scripts/gen_reference_fixtures.py from llama.cpp's outputs).
+// Readers for the llama.cpp reference files written by scripts/gen_reference_fixtures.py (into
+// <cache>/test-data/reference by scripts/setup.sh --test-data, or by the parity tests).
 #pragma once
 
 #include <cstdint>

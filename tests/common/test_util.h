@@ -87,23 +87,24 @@ inline std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-// The real model fetched by scripts/setup.sh ($D2O_MODEL, else <repo>/cache/models/...).
-inline std::string default_model_path() {
+// The set-up cache ($D2O_CACHE_DIR, else <repo>/cache).
+inline std::string cache_dir() {
 #ifdef D2O_SOURCE_DIR
-  return env_or("D2O_MODEL", std::string(D2O_SOURCE_DIR) + "/cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+  return env_or("D2O_CACHE_DIR", std::string(D2O_SOURCE_DIR) + "/cache");
 #else
-  return env_or("D2O_MODEL", "");
+  return env_or("D2O_CACHE_DIR", "");
 #endif
 }
 
+// The real model fetched by scripts/setup.sh ($D2O_MODEL, else <cache>/models/...).
+inline std::string default_model_path() {
+  return env_or("D2O_MODEL", cache_dir() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+}
+
 // A folder of references that `scripts/setup.sh --test-data` makes: $<env_name> if set, else
-// <repo>/cache/test-data/<sub>.
+// <cache>/test-data/<sub>.
 inline std::string test_data_dir(const char* env_name, const std::string& sub) {
-#ifdef D2O_SOURCE_DIR
-  return env_or(env_name, std::string(D2O_SOURCE_DIR) + "/cache/test-data/" + sub);
-#else
-  return env_or(env_name, "");
-#endif
+  return env_or(env_name, cache_dir() + "/test-data/" + sub);
 }
 
 inline std::string text_dir() {

@@ -1,5 +1,8 @@
-// Exact inference: d2o's logits on the real SmolLM2-135M-Instruct against llama.cpp's (computed by
-// scripts/gen_reference_fixtures.py), and on random-weight qwen2 / MHA llama models.
+// Exact inference: d2o's logits on the real SmolLM2-135M-Instruct against llama.cpp's, and on
+// random-weight qwen2 / MHA llama models. llama.cpp is built from the llama-cpp-python source
+// archive by scripts/setup.sh --test-data, which also stores its real-model outputs in
+// <cache>/test-data/reference ($D2O_REFERENCE_DIR); the random models' logits are asked of it here,
+// through scripts/gen_reference_fixtures.py. Without that build the tests skip with a message.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,7 +18,15 @@
 namespace d2o {
 namespace {
 
-std::string ref_path(const std::string& name) { return std::string(D2O_TEST_DATA_DIR) + "/reference/" + name; }
+std::string ref_path(const std::string& name) {
+  return test::test_data_dir("D2O_REFERENCE_DIR", "reference") + "/" + name;
+}
+
+#define D2O_REQUIRE_REFERENCE(file)                                                     \
+  if (!test::file_exists(ref_path(file))) {                                             \
+    GTEST_SKIP() << "no llama.cpp reference " << ref_path(file)                         \
+                 << ": run scripts/setup.sh --test-data (or set D2O_REFERENCE_DIR)";    \
+  }
 
 // Runs `tokens` as one chunk on a fresh full-cache sequence and returns all logits.
 std::vector<float> all_logits(Engine& engine, const std::vector<int32_t>& tokens) {
@@ -101,6 +112,7 @@ double json_number(const std::string& json, const std::string& object, const std
 // activation quantisation on either side) d2o and llama.cpp agree to rounding.
 TEST(LlamaParity, SmolLM2ExactArithmeticMatchesLlamaCpp) {
   D2O_REQUIRE_MODEL(model_path);
+  D2O_REQUIRE_REFERENCE("smollm2_f32_logits.bin");
   test::ReferenceLogits ref;
   ASSERT_TRUE(test::read_reference_logits(ref_path("smollm2_f32_logits.bin"), &ref));
   ModelLoadOptions mo;
@@ -120,6 +132,7 @@ TEST(LlamaParity, SmolLM2ExactArithmeticMatchesLlamaCpp) {
 // quantisation error against the exact computation must be no larger than llama.cpp's.
 TEST(LlamaParity, SmolLM2Q41WithinLlamaCppsOwnSpread) {
   D2O_REQUIRE_MODEL(model_path);
+  D2O_REQUIRE_REFERENCE("smollm2_logits.bin");
   test::ReferenceLogits ref, exact;
   ASSERT_TRUE(test::read_reference_logits(ref_path("smollm2_logits.bin"), &ref));
   ASSERT_TRUE(test::read_reference_logits(ref_path("smollm2_f32_logits.bin"), &exact));
@@ -144,11 +157,24 @@ TEST(LlamaParity, SmolLM2Q41WithinLlamaCppsOwnSpread) {
   EXPECT_LE(qe.kl, 1.1 * q_kl);
 }
 
-void check_random_model(const test::RandomModelConfig& cfg, const std::string& fixture) {
-  test::ReferenceFullLogits ref;
-  ASSERT_TRUE(test::read_reference_full_logits(ref_path(fixture), &ref));
-  const std::string path = ::d2o::test::scratch_path(fixture + ".gguf");
+// llama.cpp's logits of the random model `cfg` (written to a scratch file) for the fixed tokens
+// test::random_model_tokens, computed now by the llama.cpp build that setup made.
+void check_random_model(const test::RandomModelConfig& cfg, const std::string& name) {
+  const std::string cache = test::cache_dir();
+  const std::string lib = cache + "/llama.cpp/build/bin/libllama.so";
+  if (!test::file_exists(lib)) {
+    GTEST_SKIP() << "no llama.cpp build at " << lib << ": run scripts/setup.sh --test-data";
+  }
+  const std::string path = test::scratch_path(name + ".gguf");
+  const std::string out = test::scratch_path(name + ".logits");
   ASSERT_TRUE(test::make_random_model(cfg).write(path).ok());
+  const test::CommandResult gen = test::run_command(
+      "D2O_CACHE_DIR='" + cache + "' PYTHONPATH='" + cache + "/pylib' python3 '" +
+      std::string(D2O_SOURCE_DIR) + "/scripts/gen_reference_fixtures.py' full-logits '" + path +
+      "' '" + out + "'");
+  ASSERT_EQ(gen.exit_code, 0) << gen.output;
+  test::ReferenceFullLogits ref;
+  ASSERT_TRUE(test::read_reference_full_logits(out, &ref)) << gen.output;
   auto model = Model::load(path);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   ASSERT_EQ(static_cast<uint32_t>((*model)->hparams().n_vocab), ref.n_vocab);
@@ -170,18 +196,18 @@ void check_random_model(const test::RandomModelConfig& cfg, const std::string& f
       agree += std::max_element(a, a + nv) - a == std::max_element(b, b + nv) - b;
     }
     std::printf("%s (%d threads): max |logit diff| %.3g (max |logit| %.3g), argmax agreement %d/%zu\n",
-                fixture.c_str(), threads, max_err, max_ref, agree, ref.tokens.size());
+                name.c_str(), threads, max_err, max_ref, agree, ref.tokens.size());
     EXPECT_LE(max_err, 2e-3 * max_ref);
     EXPECT_GE(agree, static_cast<int>(ref.tokens.size()) - 1);
   }
 }
 
 TEST(LlamaParity, RandomQwen2WithQkvBiasMatchesLlamaCpp) {
-  check_random_model(test::random_qwen2_config(), "random_qwen2.bin");
+  check_random_model(test::random_qwen2_config(), "random_qwen2");
 }
 
 TEST(LlamaParity, RandomMhaLlamaMatchesLlamaCpp) {
-  check_random_model(test::random_llama_mha_config(), "random_llama-mha.bin");
+  check_random_model(test::random_llama_mha_config(), "random_llama-mha");
 }
 
 }  // namespace
