@@ -32,6 +32,11 @@ inline __m256 half8(const uint8_t* p) {
 inline __m256i load32(const uint8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
+// Pins v in a register at this point: GCC 12 otherwise reassociates the exact integer sums of a
+// block, computes all of its products first and spills them (AVX2 has 16 vector registers; the
+// reordered Q4_1 kernel kept 14 products on the stack).
+inline void pin(__m256i& v) { asm volatile("" : "+x"(v)); }
+
 inline __m128i load16(const uint8_t* p) {
   return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
 }
@@ -168,6 +173,7 @@ void tile_32(const TileJob& job) {
           for (int t = 0; t < NT; ++t) {
             const __m256i xs = _mm256_sign_epi8(bcast4(act_qs(rec[t]) + 32 * b + 4 * g), wv);
             is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), ones));
+            pin(is[t]);
           }
         }
       } else {
@@ -185,6 +191,7 @@ void tile_32(const TileJob& job) {
             const int8_t* xb = act_qs(rec[t]) + 32 * b;
             s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(lo, bcast4(xb + 4 * v)));
             s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(hi, bcast4(xb + 16 + 4 * v)));
+            pin(s16[t]);
           }
         }
         D2O_UNROLL
