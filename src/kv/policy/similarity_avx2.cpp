@@ -10,48 +10,108 @@
 namespace d2o::simd {
 
 namespace {
+
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
-}  // namespace
 
-void row_dots_avx2(const RowDots& a) {
+// Eight 8-lane accumulators -> their eight sums, in order.
+inline __m256 reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
+                      __m256 a7) {
+  const __m256 t0 = _mm256_hadd_ps(a0, a1);  // per 128-bit half: pair sums of a0, a1
+  const __m256 t1 = _mm256_hadd_ps(a2, a3);
+  const __m256 t2 = _mm256_hadd_ps(a4, a5);
+  const __m256 t3 = _mm256_hadd_ps(a6, a7);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1);  // [a0 a1 a2 a3 | a0 a1 a2 a3]: halves of each sum
+  const __m256 u1 = _mm256_hadd_ps(t2, t3);  // [a4 a5 a6 a7 | a4 a5 a6 a7]
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+template <bool kF16>
+inline __m256 load8(const uint8_t* p, int d) {
+  if constexpr (kF16) {
+    return _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(p) + d)));
+  } else {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + d);
+  }
+}
+
+template <bool kF16>
+inline float load1(const uint8_t* p, int d) {
+  if constexpr (kF16) {
+    uint16_t h;  // rows may be misaligned: read with memcpy
+    std::memcpy(&h, p + 2 * d, 2);
+    return fp16_to_fp32(h);
+  } else {
+    float x;
+    std::memcpy(&x, p + 4 * d, 4);
+    return x;
+  }
+}
+
+// Four rows at a time: their eight sums (dot and squared norm per row) are reduced together and
+// the four inverse norms computed as one vector, which for short rows (head_dim 64) costs less
+// than one horizontal sum, square root and division per row.
+template <bool kF16>
+void row_dots_impl(const RowDots& a) {
   const int d8 = a.dim & ~7;
-  for (int r = 0; r < a.n; ++r) {
-    const size_t row = static_cast<size_t>(a.rows ? a.rows[r] : r);
-    const uint8_t* p = a.base + row * a.row_bytes;
+  auto row_ptr = [&a](int r) {
+    return a.base + static_cast<size_t>(a.rows ? a.rows[r] : r) * a.row_bytes;
+  };
+  alignas(32) float sums[8];
+  int r = 0;
+  for (; r + 4 <= a.n; r += 4) {
+    const uint8_t* p[4] = {row_ptr(r), row_ptr(r + 1), row_ptr(r + 2), row_ptr(r + 3)};
+    __m256 dv[4], nv[4];
+    for (int i = 0; i < 4; ++i) dv[i] = nv[i] = _mm256_setzero_ps();
+    for (int d = 0; d < d8; d += 8) {
+      const __m256 q = _mm256_loadu_ps(a.q + d);
+      for (int i = 0; i < 4; ++i) {
+        const __m256 x = load8<kF16>(p[i], d);
+        dv[i] = _mm256_fmadd_ps(q, x, dv[i]);
+        nv[i] = _mm256_fmadd_ps(x, x, nv[i]);
+      }
+    }
+    __m256 v = reduce8(dv[0], nv[0], dv[1], nv[1], dv[2], nv[2], dv[3], nv[3]);
+    if (d8 < a.dim) {  // tail elements, added to the lane sums
+      float tail[8] = {};
+      for (int i = 0; i < 4; ++i) {
+        for (int d = d8; d < a.dim; ++d) {
+          const float x = load1<kF16>(p[i], d);
+          tail[2 * i] += a.q[d] * x;
+          tail[2 * i + 1] += x * x;
+        }
+      }
+      v = _mm256_add_ps(v, _mm256_loadu_ps(tail));
+    }
+    // Odd lanes: 1 / sqrt(nn), 0 where nn == 0.
+    const __m256 odd = _mm256_castsi256_ps(_mm256_setr_epi32(0, -1, 0, -1, 0, -1, 0, -1));
+    const __m256 pos = _mm256_and_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GT_OQ), odd);
+    const __m256 inv = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_sqrt_ps(_mm256_max_ps(v, _mm256_set1_ps(1e-30f))));
+    v = _mm256_blendv_ps(_mm256_andnot_ps(odd, v), inv, pos);
+    _mm256_store_ps(sums, v);
+    for (int i = 0; i < 4; ++i) {
+      a.dot[r + i] = sums[2 * i];
+      if (a.inv_norm) a.inv_norm[r + i] = sums[2 * i + 1];
+    }
+  }
+  for (; r < a.n; ++r) {
+    const uint8_t* p = row_ptr(r);
     __m256 acc = _mm256_setzero_ps(), acc_n = _mm256_setzero_ps();
     float dot = 0.0f, nn = 0.0f;
-    if (a.f16) {
-      const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
-      for (int d = 0; d < d8; d += 8) {
-        const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + d)));
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.q + d), x, acc);
-        acc_n = _mm256_fmadd_ps(x, x, acc_n);
-      }
-      for (int d = d8; d < a.dim; ++d) {  // tail: rows may be misaligned, read with memcpy
-        uint16_t hv;
-        std::memcpy(&hv, h + d, 2);
-        const float x = fp16_to_fp32(hv);
-        dot += a.q[d] * x;
-        nn += x * x;
-      }
-    } else {
-      const float* f = reinterpret_cast<const float*>(p);
-      for (int d = 0; d < d8; d += 8) {
-        const __m256 x = _mm256_loadu_ps(f + d);
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.q + d), x, acc);
-        acc_n = _mm256_fmadd_ps(x, x, acc_n);
-      }
-      for (int d = d8; d < a.dim; ++d) {
-        float x;
-        std::memcpy(&x, f + d, 4);
-        dot += a.q[d] * x;
-        nn += x * x;
-      }
+    for (int d = 0; d < d8; d += 8) {
+      const __m256 x = load8<kF16>(p, d);
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.q + d), x, acc);
+      acc_n = _mm256_fmadd_ps(x, x, acc_n);
+    }
+    for (int d = d8; d < a.dim; ++d) {
+      const float x = load1<kF16>(p, d);
+      dot += a.q[d] * x;
+      nn += x * x;
     }
     a.dot[r] = hsum(acc) + dot;
     if (a.inv_norm) {
@@ -59,6 +119,15 @@ void row_dots_avx2(const RowDots& a) {
       a.inv_norm[r] = n2 > 0.0f ? 1.0f / std::sqrt(n2) : 0.0f;
     }
   }
+}
+
+}  // namespace
+
+void row_dots_avx2(const RowDots& a) {
+  if (a.f16)
+    row_dots_impl<true>(a);
+  else
+    row_dots_impl<false>(a);
 }
 
 }  // namespace d2o::simd
