@@ -30,7 +30,10 @@ struct ModalityPass {
   float* row;       // [head_dim] scratch
 };
 
-void add_cosines(const ModalityPass& p, int e, bool first, float scale, float* __restrict sim) {
+// With `best` (the last modality of the sum), also returns the first kept index of the largest
+// similarity and that similarity in *best_sim, in the same pass (ties: the older kept slot).
+int add_cosines(const ModalityPass& p, int e, bool first, float scale, float* __restrict sim,
+                float* best_sim = nullptr) {
   const KvLayer& L = *p.layer;
   if (p.values)
     L.load_value(p.head, e, p.row);
@@ -54,7 +57,21 @@ void add_cosines(const ModalityPass& p, int e, bool first, float scale, float* _
   const float* __restrict dots = p.dots;
   const float* __restrict inv = p.kept_inv;
   const float f = scale * inv_e;
-  for (int i = 0; i < p.n_keep; ++i) sim[i] += f * dots[i] * inv[i];
+  if (best_sim == nullptr) {
+    for (int i = 0; i < p.n_keep; ++i) sim[i] += f * dots[i] * inv[i];
+    return 0;
+  }
+  int best = 0;
+  float bs = sim[0] + f * dots[0] * inv[0];
+  for (int i = 1; i < p.n_keep; ++i) {
+    const float s = sim[i] + f * dots[i] * inv[i];
+    if (s > bs) {
+      bs = s;
+      best = i;
+    }
+  }
+  *best_sim = bs;
+  return best;
 }
 
 // Writes row / |row| (zeros for a zero row) times `scale` into out[hd].
@@ -128,20 +145,15 @@ int plan_d2o_merges(const D2oHeadMerge& h, PolicyScratch& scratch, CompactionPla
   } else {
     const ModalityPass pk{&L, h.head, false, h.keep, S, kinv, dots, row};
     const ModalityPass pv{&L, h.head, true, h.keep, S, vinv, dots, row};
+    // sim = 0 + (key cosine) [+ value cosine], the argmax taken in the last pass.
     for (int i = 0; i < E; ++i) {
       std::fill(sim, sim + S, 0.0f);
-      if (use_k) add_cosines(pk, h.evicted[i], i == 0, scale, sim);
-      if (use_v) add_cosines(pv, h.evicted[i], i == 0, scale, sim);
-      int best = 0;
-      float best_sim = sim[0];
-      for (int c = 1; c < S; ++c) {
-        if (sim[c] > best_sim) {
-          best_sim = sim[c];
-          best = c;
-        }
+      if (use_k && use_v) {
+        add_cosines(pk, h.evicted[i], i == 0, scale, sim);
+        cstar[i] = add_cosines(pv, h.evicted[i], i == 0, scale, sim, &m_e[i]);
+      } else {
+        cstar[i] = add_cosines(use_k ? pk : pv, h.evicted[i], i == 0, scale, sim, &m_e[i]);
       }
-      cstar[i] = best;
-      m_e[i] = best_sim;
     }
   }
 
@@ -174,6 +186,32 @@ int plan_d2o_merges(const D2oHeadMerge& h, PolicyScratch& scratch, CompactionPla
   }
   if (n_merged == 0) return 0;
 
+  std::vector<MergeTerm>& terms = plan.merges;
+  if (E == 1) {  // a decode step: one group of one source, no grouping pass over the kept slots
+    const int32_t dst = h.keep[cstar[0]];
+    double w_self = 0.0, w = 0.0;
+    switch (cfg.merge) {
+      case MergeRule::kWeighted: {
+        const double z = std::exp(1.0) + std::exp(static_cast<double>(m_e[0]));
+        w_self = std::exp(1.0) / z;
+        w = std::exp(static_cast<double>(m_e[0])) / z;
+        break;
+      }
+      case MergeRule::kAverage:
+        w_self = w = 1.0 / 2.0;
+        break;
+      case MergeRule::kResearch:
+        w_self = 1.0 / 2.0;
+        w = static_cast<double>(m_e[0]) / 2.0;
+        break;
+      case MergeRule::kOff:
+        break;
+    }
+    terms.push_back({static_cast<int32_t>(h.head), dst, dst, static_cast<float>(w_self)});
+    terms.push_back({static_cast<int32_t>(h.head), dst, h.evicted[0], static_cast<float>(w)});
+    return 1;
+  }
+
   // 3. Group the merged slots by their kept neighbour (counting sort keeps them ascending).
   std::fill(count, count + S + 1, 0);
   for (int i = 0; i < E; ++i) {
@@ -184,7 +222,6 @@ int plan_d2o_merges(const D2oHeadMerge& h, PolicyScratch& scratch, CompactionPla
     if (cstar[i] >= 0) members[count[cstar[i]]++] = i;
   }
   // count[c] is now the end of group c; group c starts at count[c - 1] (0 for c = 0).
-  std::vector<MergeTerm>& terms = plan.merges;
   int begin = 0;
   for (int c = 0; c < S; ++c) {
     const int end = count[c];
