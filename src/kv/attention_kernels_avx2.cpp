@@ -1,5 +1,12 @@
 // AVX2 + FMA + F16C attention loops (see attention_kernels.h). Head dimensions that are a multiple
 // of 8 use the vector code; others fall back to the scalar loops.
+//
+// Scores: the dot product of a query row and a key is one 8-lane accumulator (a product, then
+// fused multiply-adds over the head dimension in order) whose lanes are summed in a fixed tree,
+// ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)). Up to 3 rows x 4 keys run at once (12
+// accumulators; each key piece is loaded once for all rows) and their 4 sums per row are formed
+// together with horizontal adds; a lone key (the tail) forms the same tree on its own, so a score
+// never depends on how many keys a call holds.
 #include <immintrin.h>
 
 #include "kv/attention_kernels.h"
@@ -17,6 +24,18 @@ inline __m256 load8(const uint8_t* row, KvType type, int c) {
   return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + 8 * c);
 }
 
+// The lane-sum tree above for 4 accumulators at once: lane i holds the sum of a_i.
+inline __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+// The same tree for one accumulator.
+inline float reduce1(__m256 a) {
+  const __m256 t = _mm256_hadd_ps(a, a);
+  const __m256 u = _mm256_hadd_ps(t, t);
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
+}
+
 inline float hsum(__m256 v) {
   __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   x = _mm_add_ps(x, _mm_movehl_ps(x, x));
@@ -26,25 +45,57 @@ inline float hsum(__m256 v) {
 
 using simd::exp256;
 
-template <int NC, bool kPf = false>
-void scores_nc(const float* const* q, int n_rows, KvRows k, int n_keys, float scale,
-               float* const* s) {
-  if (!kPf && k.prefetch != nullptr) return scores_nc<NC, true>(q, n_rows, k, n_keys, scale, s);
-  for (int j = 0; j < n_keys; ++j) {
-    if (kPf) {  // the hint of KvRows: the row read next, one request per line
-      const uint8_t* p = k.prefetch + static_cast<size_t>(j) * k.row_bytes;
-      for (size_t o = 0; o < k.row_bytes; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
-    }
+// The hint of KvRows: rows [j, j + n) of k.prefetch, one request per cache line.
+inline void prefetch_rows(const KvRows& k, int j, int n) {
+  const uint8_t* p = k.prefetch + static_cast<size_t>(j) * k.row_bytes;
+  const size_t bytes = static_cast<size_t>(n) * k.row_bytes;
+  for (size_t o = 0; o < bytes; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
+}
+
+// R (1..3) rows x 4 keys per step; kPf: with k.prefetch (a separate instantiation).
+template <int NC, int R, bool kPf = false>
+void scores_rows(const float* const* q, KvRows k, int n_keys, float scale, float* const* s) {
+  if (!kPf && k.prefetch != nullptr) return scores_rows<NC, R, true>(q, k, n_keys, scale, s);
+  const __m128 sc = _mm_set1_ps(scale);
+  int j = 0;
+  for (; j + 4 <= n_keys; j += 4) {
+    if (kPf) prefetch_rows(k, j, 4);
     const uint8_t* row = k.base + static_cast<size_t>(j) * k.row_bytes;
-    __m256 kv[NC];
-    for (int c = 0; c < NC; ++c) kv[c] = load8(row, k.type, c);
-    for (int r = 0; r < n_rows; ++r) {
-      __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(q[r]), kv[0]);
-      for (int c = 1; c < NC; ++c) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + 8 * c), kv[c], acc);
-      s[r][j] = hsum(acc) * scale;
+    __m256 acc[R][4];
+    for (int i = 0; i < 4; ++i) {
+      const __m256 kc = load8(row + i * k.row_bytes, k.type, 0);
+      for (int r = 0; r < R; ++r) acc[r][i] = _mm256_mul_ps(_mm256_loadu_ps(q[r]), kc);
+    }
+    for (int c = 1; c < NC; ++c) {
+      for (int i = 0; i < 4; ++i) {
+        const __m256 kc = load8(row + i * k.row_bytes, k.type, c);
+        for (int r = 0; r < R; ++r)
+          acc[r][i] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + 8 * c), kc, acc[r][i]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      _mm_storeu_ps(s[r] + j, _mm_mul_ps(reduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
+  }
+  for (; j < n_keys; ++j) {
+    if (kPf) prefetch_rows(k, j, 1);
+    const uint8_t* row = k.base + static_cast<size_t>(j) * k.row_bytes;
+    for (int r = 0; r < R; ++r) {
+      __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(q[r]), load8(row, k.type, 0));
+      for (int c = 1; c < NC; ++c)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + 8 * c), load8(row, k.type, c), acc);
+      s[r][j] = reduce1(acc) * scale;
     }
   }
+}
+
+template <int NC>
+void scores_nc(const float* const* q, int n_rows, KvRows k, int n_keys, float scale,
+               float* const* s) {
+  int r = 0;
+  for (; r + 3 <= n_rows; r += 3) scores_rows<NC, 3>(q + r, k, n_keys, scale, s + r);
+  if (n_rows - r == 2) scores_rows<NC, 2>(q + r, k, n_keys, scale, s + r);
+  if (n_rows - r == 1) scores_rows<NC, 1>(q + r, k, n_keys, scale, s + r);
 }
 
 void scores(const float* const* q, int n_rows, KvRows k, int n_keys, int hd, float scale, float* const* s) {
