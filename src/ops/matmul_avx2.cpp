@@ -73,6 +73,91 @@ inline float hsum_ps(__m256 v) {
 
 // ---- activation quantisation ----------------------------------------------------------------
 
+// The eight results of op over the lanes of v[0..7] (an associative, commutative op on values
+// where order cannot matter: maxima, sums of small integers), in lane order.
+template <class Op>
+inline __m256 reduce_each8(const __m256* v, Op op) {
+  auto fold_a = [&](__m256 x, __m256 y) {  // [x lo + hi | y lo + hi]
+    return op(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
+  };
+  auto fold_b = [&](__m256 xy, __m256 zw) {  // per half: (0 + 2, 1 + 3) of x/y, then of z/w
+    return op(_mm256_shuffle_ps(xy, zw, _MM_SHUFFLE(1, 0, 1, 0)),
+              _mm256_shuffle_ps(xy, zw, _MM_SHUFFLE(3, 2, 3, 2)));
+  };
+  const __m256 u0 = fold_b(fold_a(v[0], v[1]), fold_a(v[2], v[3]));
+  const __m256 u1 = fold_b(fold_a(v[4], v[5]), fold_a(v[6], v[7]));
+  const __m256 t = op(_mm256_shuffle_ps(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
+                      _mm256_shuffle_ps(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
+  // t = [v0 v2 v4 v6 | v1 v3 v5 v7]
+  return _mm256_permutevar8x32_ps(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// round_to_half (matmul_kernels.h) on 8 lanes: fp16 round trip (nearest-even) unless |v| >= 65520.
+inline __m256 round_to_half8(__m256 v) {
+  const __m256 h = _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const __m256 av = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)));
+  return _mm256_blendv_ps(v, h, _mm256_cmp_ps(av, _mm256_set1_ps(65520.0f), _CMP_LT_OQ));
+}
+
+// Q8_0 / Q8_1 records of blocks 0 .. 8k-1, 8 at a time: the per-block maxima, scales and sums are
+// formed as vectors (reduce_each8) instead of one horizontal reduction and scalar fp16 rounding
+// per block. The same values as the per-block code (maxima and sums of the quantised integers do
+// not depend on the order; divisions and fp16 rounding are IEEE in both). Returns the number of
+// blocks done.
+int64_t quantize_q8x32_by8(const ActLayout& l, const float* x, uint8_t* rec) {
+  auto* qs = reinterpret_cast<int8_t*>(rec);
+  auto* d = reinterpret_cast<float*>(rec + l.off_d);
+  int32_t* qsum = act_a_mut<int32_t>(l, rec);
+  float* dsum = act_b_mut<float>(l, rec);
+  const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  const __m256 k127 = _mm256_set1_ps(127.0f);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  auto vmax = [](__m256 a, __m256 c) { return _mm256_max_ps(a, c); };
+  auto vadd = [](__m256 a, __m256 c) { return _mm256_add_ps(a, c); };
+  const int64_t n8 = l.n_cols / 32 / 8 * 8;
+  for (int64_t b0 = 0; b0 < n8; b0 += 8) {
+    __m256 m[8];
+    D2O_UNROLL
+    for (int k = 0; k < 8; ++k) {
+      const float* xb = x + (b0 + k) * 32;
+      __m256 a = _mm256_and_ps(_mm256_loadu_ps(xb), abs_mask);
+      for (int i = 8; i < 32; i += 8) a = _mm256_max_ps(a, _mm256_and_ps(_mm256_loadu_ps(xb + i), abs_mask));
+      m[k] = a;
+    }
+    const __m256 amax = reduce_each8(m, vmax);
+    const __m256 nonzero = _mm256_cmp_ps(amax, _mm256_setzero_ps(), _CMP_NEQ_OQ);
+    alignas(32) float mul[8];
+    _mm256_store_ps(mul, _mm256_and_ps(_mm256_div_ps(k127, amax), nonzero));
+    const __m256 step = _mm256_div_ps(amax, k127);  // amax / 127
+    _mm256_storeu_ps(d + b0, round_to_half8(step));
+    __m256 sums[8];
+    for (int k = 0; k < 8; ++k) {
+      const float* xb = x + (b0 + k) * 32;
+      const __m256 vm = _mm256_set1_ps(mul[k]);
+      __m256i q[4];
+      __m256 s = _mm256_setzero_ps();
+      D2O_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * i), vm),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        r = _mm256_min_ps(_mm256_max_ps(r, lo), hi);
+        s = _mm256_add_ps(s, r);  // integers below 2^12: exact
+        q[i] = _mm256_cvttps_epi32(r);
+      }
+      const __m256i w16a = _mm256_packs_epi32(q[0], q[1]);
+      const __m256i w16b = _mm256_packs_epi32(q[2], q[3]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + (b0 + k) * 32),
+                          _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w16a, w16b), perm));
+      sums[k] = s;
+    }
+    const __m256 s = reduce_each8(sums, vadd);  // |sum| <= 4064: exact
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qsum + b0), _mm256_cvttps_epi32(s));
+    _mm256_storeu_ps(dsum + b0, round_to_half8(_mm256_mul_ps(step, s)));
+  }
+  return n8;
+}
+
 void quantize_avx2(const ActLayout& l, const float* x, uint8_t* rec) {
   auto* qs = reinterpret_cast<int8_t*>(rec);
   auto* d = reinterpret_cast<float*>(rec + l.off_d);
@@ -86,7 +171,9 @@ void quantize_avx2(const ActLayout& l, const float* x, uint8_t* rec) {
     return hsum_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(v), ones));
   };
   const int64_t nb = l.n_cols / l.block;
-  for (int64_t b = 0; b < nb; ++b) {
+  int64_t b0 = 0;
+  if (l.format == ActFormat::kQ8x32) b0 = quantize_q8x32_by8(l, x, rec);
+  for (int64_t b = b0; b < nb; ++b) {
     const float* xb = x + b * l.block;
     __m256 vmax = _mm256_setzero_ps();
     for (int64_t i = 0; i < l.block; i += 8) {
