@@ -2,7 +2,9 @@
 # d2o tests: set-up (packages, model, test data), build, then every test suite.
 #   1. Release build with warnings as errors: unit, model (real weights) and end-to-end tests.
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer build: the same suites except the long
-#      reference-parity runs (same code paths as the release run, 5-10x slower under ASan).
+#      reference-parity runs and the four whole-pipeline evaluation runs (make_results --quick,
+#      eval ppl/niah --quick, the same-seed rerun): same code paths as the release run and as the
+#      shorter eval tests that do run, but 3-10 minutes each under ASan on a 2-core machine.
 # Extra arguments are passed to ctest (e.g. -R Gguf).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -27,4 +29,5 @@ echo "== sanitizer build (ASan + UBSan)"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DD2O_SANITIZE=ON -DD2O_WERROR=ON >/dev/null
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure -j"$jobs" -E "Parity" "$@"
+  ctest --test-dir build-asan --output-on-failure -j"$jobs" \
+  -E "Parity|MakeResults\.QuickRuns|CliEval\.(PplQuickRuns|NiahQuickRuns|SameSeedSameNumbers)" "$@"
