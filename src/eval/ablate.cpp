@@ -30,6 +30,37 @@ const std::vector<AblationVariant>& d2o_ablation_variants() {
       {"beta", "0.9", "beta=0.9"},
       {"reading", "paper text", ""},
       {"reading", "research code", "reading=research"},
+      // Diagnosis: each piece in which readings differ, alone, then the baselines and the
+      // combinations the pieces suggest. The paper makes no claim on these.
+      {"merged score", "sum (default)", ""},
+      {"merged score", "keep", "mscore=keep"},
+      {"merged score", "mean", "mscore=mean"},
+      {"merged score", "max", "mscore=max"},
+      {"merge space", "after RoPE (paper)", ""},
+      {"merge space", "before RoPE", "mrope=pre"},
+      {"merge decision", "per head (paper)", ""},
+      {"merge decision", "per token (research code)", "decide=token"},
+      {"query heads", "sum (paper)", ""},
+      {"query heads", "max (union)", "agg=max"},
+      {"query heads", "mean", "agg=mean"},
+      {"protected layers", "none (paper)", ""},
+      {"protected layers", "0, 1, L-1 (charged)", "protect=edges"},
+      {"merge mass", "one token (paper)", ""},
+      {"merge mass", "proportional attention", "mass=on"},
+      {"merge mass", "size-weighted merge", "merge=sized"},
+      {"merge mass", "both", "mass=on,merge=sized"},
+      {"baselines", "d2o (paper)", ""},
+      {"baselines", "h2o", "@h2o"},
+      {"baselines", "streaming", "@streaming"},
+      {"baselines", "snapkv", "@snapkv"},
+      {"combinations", "d2o (paper)", ""},
+      {"combinations", "eviction only, uniform, 1:1", "merge=off,layers=uniform,nm=1:1"},
+      {"combinations", "mass, sized, uniform", "mass=on,merge=sized,layers=uniform"},
+      {"combinations", "mass, sized, uniform, pre-RoPE",
+       "mass=on,merge=sized,layers=uniform,mrope=pre"},
+      {"combinations", "mass, sized, uniform, 1:1", "mass=on,merge=sized,layers=uniform,nm=1:1"},
+      {"combinations", "mass, sized, pre-RoPE, uniform, 1:1",
+       "mass=on,merge=sized,mrope=pre,layers=uniform,nm=1:1"},
   };
   return kVariants;
 }
@@ -51,6 +82,14 @@ const std::vector<AblationGroup>& d2o_ablation_groups() {
       {"reading",
        "none (the research code differs from the paper text; both are reproducible)",
        {}},
+      {"merged score", "none (the paper does not say what a merged slot's score becomes)", {}},
+      {"merge space", "none (keys are merged as cached, after RoPE)", {}},
+      {"merge decision", "none (the paper decides per head; the research code per token)", {}},
+      {"query heads", "none (scores of a KV head sum its query heads)", {}},
+      {"protected layers", "none (the research code never compresses layers 0, 1 and L-1)", {}},
+      {"merge mass", "none (a merged slot counts as one token in attention)", {}},
+      {"baselines", "D2O beats StreamingLLM and H2O at ρ = 0.2 (LongBench)", {}},
+      {"combinations", "none (variants beyond the paper)", {}},
   };
   return kGroups;
 }
@@ -60,9 +99,14 @@ Result<AblationPlan> plan_ablation(double rho) {
   AblationPlan plan;
   plan.ratio = fmt_num("%g", rho);
   for (const AblationVariant& v : d2o_ablation_variants()) {
-    const std::string spec = "d2o:ratio=" + plan.ratio + (v.keys.empty() ? "" : "," + v.keys);
-    D2O_ASSIGN_OR_RETURN(PolicyUnderTest t,
-                         make_policy(spec, v.keys.empty() ? "d2o (paper defaults)" : v.keys));
+    // "@name": another policy at the same ratio (a baseline row).
+    const bool other = !v.keys.empty() && v.keys[0] == '@';
+    const std::string spec =
+        other ? v.keys.substr(1) + ":ratio=" + plan.ratio
+              : "d2o:ratio=" + plan.ratio + (v.keys.empty() ? "" : "," + v.keys);
+    const std::string label =
+        v.keys.empty() ? "d2o (paper defaults)" : other ? v.keys.substr(1) : v.keys;
+    D2O_ASSIGN_OR_RETURN(PolicyUnderTest t, make_policy(spec, label));
     int found = -1;
     for (size_t i = 0; i < plan.cases.size(); ++i) {
       if (plan.cases[i].policy.spec == t.spec) found = static_cast<int>(i);
@@ -101,6 +145,10 @@ Status write_ablation_report(const FidelityResult& r, const FidelityParams& p,
   const auto& variants = d2o_ablation_variants();
   const int def = plan.variant_case[0];  // the paper defaults
   const FidelityCaseResult& base = r.cases[static_cast<size_t>(def)];
+  int h2o = -1;  // the H2O baseline row, when the plan has one
+  for (size_t i = 0; i < variants.size(); ++i) {
+    if (variants[i].keys == "@h2o") h2o = plan.variant_case[i];
+  }
   nlohmann::json j;
   j["protocol"] = "ablate";
   j["description"] =
@@ -128,7 +176,8 @@ Status write_ablation_report(const FidelityResult& r, const FidelityParams& p,
         meta.text_name + "`, " + std::to_string(p.n_samples) + " samples × (prompt " +
         std::to_string(p.prompt_len) + " + " + std::to_string(p.n_continue) +
         " teacher-forced tokens). Every variant is D2O with one setting changed from "
-        "the paper defaults. KL and top-1 are against the full cache (mean ± SE over samples); *Δ "
+        "the paper defaults, except in the groups *baselines* (other policies at the same ratio) "
+        "and *combinations* (several settings changed). KL and top-1 are against the full cache (mean ± SE over samples); *Δ "
         "KL vs default* "
         "is paired over the same samples (± SE of the paired differences), so it resolves smaller "
         "differences than "
@@ -143,9 +192,23 @@ Status write_ablation_report(const FidelityResult& r, const FidelityParams& p,
       const MeanSe kl = mean_se(c.kl), top1 = mean_se(c.top1), dn = mean_se(dnll_of(c));
       const MeanSe dkl = paired(c.kl, base.kl);
       const std::string& spec = p.cases[static_cast<size_t>(ci)].policy.spec;
-      rows.push_back({variants[i].value, "`" + spec + "`", fmt_pm(kl.mean, kl.se, 4),
-                      ci == def ? "0 (default)" : fmt_pm(dkl.mean, dkl.se, 4),
-                      fmt_pm(100 * top1.mean, 100 * top1.se, 1), fmt_pm(dn.mean, dn.se, 4)});
+      std::vector<std::string> row = {variants[i].value, "`" + spec + "`",
+                                      fmt_pm(kl.mean, kl.se, 4),
+                                      ci == def ? "0 (default)" : fmt_pm(dkl.mean, dkl.se, 4)};
+      MeanSe dh{};
+      std::string vh;
+      if (h2o >= 0) {
+        // Against H2O: "better" when KL is lower by more than two standard errors.
+        dh = paired(c.kl, r.cases[static_cast<size_t>(h2o)].kl);
+        vh = ci == h2o                           ? "-"
+             : dh.se > 0 && dh.mean < -2 * dh.se ? "better"
+             : dh.se > 0 && dh.mean > 2 * dh.se  ? "worse"
+                                                 : "tie";
+        row.push_back(ci == h2o ? "0 (h2o)" : fmt_pm(dh.mean, dh.se, 4) + " " + vh);
+      }
+      row.push_back(fmt_pm(100 * top1.mean, 100 * top1.se, 1));
+      row.push_back(fmt_pm(dn.mean, dn.se, 4));
+      rows.push_back(row);
       jv.push_back({{"group", g.name},
                     {"value", variants[i].value},
                     {"spec", spec},
@@ -158,10 +221,17 @@ Status write_ablation_report(const FidelityResult& r, const FidelityParams& p,
                     {"delta_nll", dn.mean},
                     {"delta_nll_se", dn.se},
                     {"per_sample_kl", c.kl}});
+      if (h2o >= 0) {
+        jv.back()["delta_kl_vs_h2o"] = dh.mean;
+        jv.back()["delta_kl_vs_h2o_se"] = dh.se;
+        jv.back()["vs_h2o"] = vh;
+      }
     }
-    md += md_table({"variant", "spec", "KL (nats)", "Δ KL vs default", "top-1 %", "Δ NLL (nats)"},
-                   rows) +
-          "\n";
+    std::vector<std::string> head = {"variant", "spec", "KL (nats)", "Δ KL vs default"};
+    if (h2o >= 0) head.push_back("Δ KL vs h2o");
+    head.push_back("top-1 %");
+    head.push_back("Δ NLL (nats)");
+    md += md_table(head, rows) + "\n";
     // Verdicts on the claimed order, pair by pair.
     for (size_t k = 0; k + 1 < g.claimed_order.size(); ++k) {
       const int a = case_of(g.name, g.claimed_order[k]);

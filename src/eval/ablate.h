@@ -9,7 +9,13 @@
 //   N:M           3:1 best of 3:1, 1:1, 1:3
 //   beta          0.7 best of 0.5, 0.7, 0.9
 //   reading       the paper's text vs the authors' research code (no claim)
-// Every variant is D2O with one key changed from the paper defaults; identical specs run once.
+// and the diagnosis of why D2O loses on small models (no claims): merged score (sum, keep, mean,
+// max), merge space (after or before RoPE), merge decision (per head or per token), query-head
+// aggregation, protected layers, merge mass (proportional attention, size-weighted merges),
+// baselines at the same ratio (H2O, StreamingLLM, SnapKV; a row's Δ KL vs h2o gives D2O's
+// standing) and combinations of the fixes.
+// Every variant is D2O with one key changed from the paper defaults, except the baselines
+// ("@name" keys: another policy) and the combinations; identical specs run once.
 // All variants see the same samples, so differences are paired: the report gives each variant's
 // difference to the default with the standard error of the paired per-sample differences, and
 // checks each adjacent pair of the paper's order: "supported" when the paired difference is

@@ -96,7 +96,7 @@ struct Call {
   AttnScratch* sc;
   KernelIsa isa;
   int H, G, grp, hd, n_tok, n_old, n_blocks;
-  bool want_score, want_window;
+  bool want_score, want_window, mass;
   int window_first;
   ScoreAgg agg;
 
@@ -141,6 +141,15 @@ void chunk_partials(const Call& C, int blk, int g, int c, float* const* e, float
     v = {reinterpret_cast<const uint8_t*>(conv.vf.data()), rb, KvType::kF32};
   }
   C.kern->scores(q, rows, k, n_keys, C.hd, C.in->scale, e);
+  if (C.mass) {
+    // Proportional attention: slots that merged tokens count once per token they stand for.
+    const int32_t* merged = &L.merged[L.meta_index(g, j0)];
+    for (int j = 0; j < n_keys; ++j) {
+      if (merged[j] <= 0) continue;
+      const float b = std::log1p(static_cast<float>(merged[j]));
+      for (int r = 0; r < rows; ++r) e[r][j] += b;
+    }
+  }
   for (int r = 0; r < rows; ++r) {
     const int n_valid = std::clamp(C.n_old + t0 + r / C.grp + 1 - j0, 0, n_keys);
     cm[r] = C.kern->max(e[r], n_valid);
@@ -381,6 +390,7 @@ void attention_forward_isa(const AttnInput& in, KvLayer& L, const AttnStatsReque
   C.want_score = stats.accumulate;
   C.want_window = stats.window_first < n_tok;
   C.window_first = stats.window_first;
+  C.mass = stats.mass;
   C.agg = stats.agg;
   // Per-block tasks keep every thread busy once there are enough of them; otherwise (decoding)
   // chunks of one block are shared out. Both give the same results.
@@ -423,6 +433,7 @@ void attention_reference(const AttnInput& in, KvLayer& L, const AttnStatsRequest
         double s = 0.0;
         for (int d = 0; d < hd; ++d) s += static_cast<double>(q[d]) * k[static_cast<size_t>(d)];
         p[static_cast<size_t>(j)] = s * in.scale;
+        if (stats.mass) p[static_cast<size_t>(j)] += std::log1p(L.merged[L.meta_index(g, j)]);
         m = std::max(m, p[static_cast<size_t>(j)]);
       }
       double sum = 0.0;

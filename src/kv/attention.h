@@ -45,6 +45,10 @@ struct AttnStatsRequest {
   ScoreAgg agg = ScoreAgg::kSum;
   // Queries with chunk index >= window_first add their probabilities to layer.window.
   int window_first = std::numeric_limits<int>::max();
+  // Proportional attention: a slot standing for 1 + layer.merged[j] tokens (merged ones) gets
+  // log(1 + merged) added to its logit, so the group keeps the attention mass its tokens had
+  // together. Changes the output, not only statistics.
+  bool mass = false;
 };
 
 struct AttnInput {

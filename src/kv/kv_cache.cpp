@@ -6,6 +6,7 @@
 
 #include "core/assert.h"
 #include "core/fp16.h"
+#include "ops/ops.h"
 #include "ops/quant.h"
 
 namespace d2o {
@@ -173,27 +174,39 @@ void KvCache::apply(int il, const CompactionPlan& plan) {
     const int dst = plan.merges[t].dst;
     std::fill(acc_k_.begin(), acc_k_.end(), 0.0f);
     std::fill(acc_v_.begin(), acc_v_.end(), 0.0f);
-    float score_sum = 0.0f;
-    int32_t merged = 0;
+    float score_sum = 0.0f, score_max = 0.0f;
+    int32_t merged = 0, n_terms = 0;
+    D2O_ASSERT(dst >= 0 && dst < L.n_slot);
+    const int32_t dst_pos = L.pos[L.meta_index(head, dst)];
     size_t e = t;
     for (; e < plan.merges.size() && plan.merges[e].head == head && plan.merges[e].dst == dst; ++e) {
       const MergeTerm& m = plan.merges[e];
       D2O_ASSERT(m.src >= 0 && m.src < L.n_slot);
       L.load_key(head, m.src, tmp_k_.data());
       L.load_value(head, m.src, tmp_v_.data());
+      if (plan.rope && m.src != dst) {
+        const int32_t src_pos = L.pos[L.meta_index(head, m.src)];
+        rope_apply(*plan.rope, static_cast<float>(dst_pos - src_pos), 1, tmp_k_.data());
+      }
       for (int d = 0; d < hd; ++d) {
         acc_k_[static_cast<size_t>(d)] += m.w * tmp_k_[static_cast<size_t>(d)];
         acc_v_[static_cast<size_t>(d)] += m.w * tmp_v_[static_cast<size_t>(d)];
       }
       const size_t mi = L.meta_index(head, m.src);
       score_sum += L.score[mi];
+      score_max = n_terms == 0 ? L.score[mi] : std::max(score_max, L.score[mi]);
+      ++n_terms;
       merged += m.src == dst ? L.merged[mi] : 1 + L.merged[mi];
     }
-    D2O_ASSERT(dst >= 0 && dst < L.n_slot);
     L.store_key(head, dst, acc_k_.data());
     L.store_value(head, dst, acc_v_.data());
     const size_t di = L.meta_index(head, dst);
-    if (plan.merged_score_is_sum) L.score[di] = score_sum;
+    switch (plan.merged_score) {
+      case MergedScore::kSum: L.score[di] = score_sum; break;
+      case MergedScore::kKeep: break;
+      case MergedScore::kMean: L.score[di] = score_sum / static_cast<float>(n_terms); break;
+      case MergedScore::kMax: L.score[di] = score_max; break;
+    }
     L.merged[di] = merged;
     t = e;
   }

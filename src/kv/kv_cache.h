@@ -25,6 +25,8 @@
 
 namespace d2o {
 
+struct RopeParams;  // ops/ops.h
+
 enum class KvType { kF32, kF16 };
 const char* kv_type_name(KvType t);
 
@@ -37,22 +39,33 @@ struct MergeTerm {
   float w;
 };
 
+// The accumulated score a merged slot has afterwards.
+enum class MergedScore {
+  kSum,   // the sum of the merged slots' scores: attention mass is conserved (the default)
+  kKeep,  // the retained slot keeps its own score
+  kMean,  // the mean of the merged slots' scores (the retained slot included)
+  kMax,   // the largest of the merged slots' scores
+};
+
 // What a policy decides for one layer. Slot indices refer to the layer before the plan.
 struct CompactionPlan {
   int n_head_kv = 0;
   int n_keep = 0;                 // slots each head keeps
   std::vector<int32_t> keep;      // [n_head_kv, n_keep], strictly ascending per head
   std::vector<MergeTerm> merges;  // see MergeTerm
-  // Score of a merged slot afterwards: true = sum of the merged slots' scores (attention mass is
-  // conserved, the default), false = the retained slot keeps its own score.
-  bool merged_score_is_sum = true;
+  MergedScore merged_score = MergedScore::kSum;
+  // Non-null: keys are merged un-rotated. A source key cached for position p_src is rotated by
+  // p_dst - p_src before it is weighted, so the merged key is the weighted sum of the un-rotated
+  // keys, rotated for the retained slot's position p_dst (RoPE rotations compose).
+  const RopeParams* rope = nullptr;
 
   void reset(int n_head_kv_, int n_keep_) {
     n_head_kv = n_head_kv_;
     n_keep = n_keep_;
     keep.resize(static_cast<size_t>(n_head_kv_) * static_cast<size_t>(n_keep_));
     merges.clear();
-    merged_score_is_sum = true;
+    merged_score = MergedScore::kSum;
+    rope = nullptr;
   }
   int32_t* keep_of(int head) { return keep.data() + static_cast<size_t>(head) * n_keep; }
   const int32_t* keep_of(int head) const { return keep.data() + static_cast<size_t>(head) * n_keep; }

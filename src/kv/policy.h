@@ -34,6 +34,7 @@ struct StatsNeeds {
   bool accumulate = false;        // accumulated attention per slot (H2O, D2O, RoCo, ...)
   ScoreAgg agg = ScoreAgg::kSum;  // aggregation over the query heads of a KV head
   int window = 0;                 // > 0: attention of the pass's last `window` queries (SnapKV)
+  bool mass = false;              // proportional attention over merged slots (AttnStatsRequest)
 };
 
 // Describes the forward pass that just ran for a sequence.
@@ -60,6 +61,12 @@ struct PolicyScratch {
   std::vector<int32_t> i2;  // evicted lists, nearest neighbours, merge groups
   std::vector<double> d;    // double accumulators (budgets, CaM running sums)
   PackedRows packed;        // normalised kept rows, packed for nearest_rows (prefill merges)
+  // D2O merge decisions: best similarity, nearest kept index, merge flag per evicted slot (of one
+  // head, or [n_head_kv, n_evicted] of a layer for decide=token), and the evicted lists.
+  std::vector<float> merge_m;
+  std::vector<int32_t> merge_c;
+  std::vector<uint8_t> merge_on;
+  std::vector<int32_t> merge_ev;
 };
 
 // How a sequence will be fed (KvPolicy::peak_slots_for).

@@ -369,6 +369,7 @@ Status Engine::attend_layer(int il, std::span<const BatchEntry> batch, std::span
       const StatsNeeds needs = pol.needs();
       req.accumulate = needs.accumulate;
       req.agg = needs.agg;
+      req.mass = needs.mass;
       if (needs.window > 0) {
         // Window = the entry's last `window` tokens; rows [r0, r1) hold tokens from first_tok.
         const int first_tok = rows[static_cast<size_t>(sp.r0)].token;

@@ -194,7 +194,7 @@ inline std::vector<int> share_out(const std::vector<double>& target, int64_t tot
   return out;
 }
 
-inline std::vector<int> budgets(const PolicyConfig& c, const Cache& cache, int64_t n) {
+inline std::vector<int> rule_budgets(const PolicyConfig& c, const Cache& cache, int64_t n) {
   const int L = cache.L;
   const int64_t lo = std::min<int64_t>(smallest_budget(c), n);
   const double rho = c.mode == BudgetMode::kRatio
@@ -295,6 +295,24 @@ inline std::vector<int> budgets(const PolicyConfig& c, const Cache& cache, int64
 // ---- selection ------------------------------------------------------------------------------
 
 // Indices of `cand` ranked by value (desc, then index asc), first k of them.
+
+// protect=edges: layers 0, 1 and L-1 keep all n tokens; the others share the rest of the total in
+// proportion to what the layer rule gave them.
+inline std::vector<int> budgets(const PolicyConfig& c, const Cache& cache, int64_t n) {
+  std::vector<int> b = rule_budgets(c, cache, n);
+  const int L = cache.L;
+  if (c.protect != ProtectRule::kEdges || c.layers == LayerRule::kResearch || L < 4) return b;
+  int64_t total = 0;
+  for (int x : b) total += x;
+  std::vector<double> target;
+  for (int l = 2; l < L - 1; ++l) target.push_back(std::max(1.0, static_cast<double>(b[static_cast<size_t>(l)])));
+  const std::vector<int> rest = share_out(target, std::max<int64_t>(0, total - 3 * n),
+                                          std::min<int64_t>(smallest_budget(c), n), n);
+  b[0] = b[1] = b[static_cast<size_t>(L - 1)] = static_cast<int>(n);
+  for (int l = 2; l < L - 1; ++l) b[static_cast<size_t>(l)] = rest[static_cast<size_t>(l - 2)];
+  return b;
+}
+
 inline std::vector<int> best_k(const std::vector<int>& cand, const std::vector<double>& value,
                                int k) {
   std::vector<int> s = cand;
@@ -362,6 +380,17 @@ inline std::vector<int> keep_list(const PolicyConfig& c, const Head& h, int S, i
   return keep;
 }
 
+// RoPE (adjacent pairs, theta_i = base^(-2i/d)) rotation of a key by `delta` positions.
+inline void rotate(std::vector<double>& k, double delta, double base) {
+  const size_t d = k.size();
+  for (size_t i = 0; i < d / 2; ++i) {
+    const double a = delta * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+    const double x0 = k[2 * i], x1 = k[2 * i + 1];
+    k[2 * i] = x0 * std::cos(a) - x1 * std::sin(a);
+    k[2 * i + 1] = x0 * std::sin(a) + x1 * std::cos(a);
+  }
+}
+
 // ---- mergers ---------------------------------------------------------------------------------
 
 inline double cosine(const std::vector<double>& a, const std::vector<double>& b) {
@@ -374,30 +403,44 @@ inline double cosine(const std::vector<double>& a, const std::vector<double>& b)
   return aa > 0 && bb > 0 ? ab / std::sqrt(aa * bb) : 0.0;
 }
 
-inline int d2o_merge(const PolicyConfig& c, Head& h, const std::vector<int>& keep, double& tau,
-                     bool& ready, std::vector<std::vector<double>>& groups) {
-  std::vector<int> ev;
+// The nearest kept token nn[e] (index into keep) of every evicted token and its similarity m[e];
+// with rope_base > 0 (mrope=pre) keys are compared rotated back to position 0.
+struct Nearest {
+  std::vector<int> ev, nn;
+  std::vector<double> m;
+};
+
+inline Nearest d2o_nearest(const PolicyConfig& c, const Head& h, const std::vector<int>& keep,
+                           double rope_base) {
+  Nearest r;
   for (int j = 0; j < static_cast<int>(h.size()); ++j) {
-    if (!std::binary_search(keep.begin(), keep.end(), j)) ev.push_back(j);
+    if (!std::binary_search(keep.begin(), keep.end(), j)) r.ev.push_back(j);
   }
-  if (ev.empty() || c.merge == MergeRule::kOff) return 0;
-  const size_t E = ev.size(), C = keep.size();
-  std::vector<std::vector<double>> u(E, std::vector<double>(C));
+  const size_t E = r.ev.size(), C = keep.size();
+  auto key = [&](int j) {
+    std::vector<double> k = h[static_cast<size_t>(j)].k;
+    if (c.mspace == MergeSpace::kUnrotated)
+      rotate(k, -static_cast<double>(h[static_cast<size_t>(j)].pos), rope_base);
+    return k;
+  };
   for (size_t e = 0; e < E; ++e) {
+    std::vector<double> u(C);
     for (size_t i = 0; i < C; ++i) {
-      const Tok& a = h[static_cast<size_t>(ev[e])];
+      const Tok& a = h[static_cast<size_t>(r.ev[e])];
       const Tok& b = h[static_cast<size_t>(keep[i])];
-      const double ck = cosine(a.k, b.k), cv = cosine(a.v, b.v);
-      u[e][i] = c.sim == SimOn::kKey ? ck : c.sim == SimOn::kValue ? cv : 0.5 * ck + 0.5 * cv;
+      const double ck = cosine(key(r.ev[e]), key(keep[i])), cv = cosine(a.v, b.v);
+      u[i] = c.sim == SimOn::kKey ? ck : c.sim == SimOn::kValue ? cv : 0.5 * ck + 0.5 * cv;
     }
+    const int best = static_cast<int>(std::max_element(u.begin(), u.end()) - u.begin());
+    r.nn.push_back(best);  // the first maximum
+    r.m.push_back(u[static_cast<size_t>(best)]);
   }
-  std::vector<int> nn(E);
-  std::vector<double> m(E);
-  for (size_t e = 0; e < E; ++e) {
-    nn[e] =
-        static_cast<int>(std::max_element(u[e].begin(), u[e].end()) - u[e].begin());  // first max
-    m[e] = u[e][static_cast<size_t>(nn[e])];
-  }
+  return r;
+}
+
+inline std::vector<bool> d2o_decide(const PolicyConfig& c, const std::vector<double>& m,
+                                    double& tau, bool& ready) {
+  const size_t E = m.size();
   std::vector<bool> merge(E);
   const double mean = std::accumulate(m.begin(), m.end(), 0.0) / static_cast<double>(E);
   if (!ready) {
@@ -413,49 +456,82 @@ inline int d2o_merge(const PolicyConfig& c, Head& h, const std::vector<int>& kee
     tau = 0.5 * tau + 0.5 * mean;
     for (size_t e = 0; e < E; ++e) merge[e] = m[e] >= tau;
   }
+  return merge;
+}
+
+inline int d2o_apply(const PolicyConfig& c, Head& h, const std::vector<int>& keep,
+                     const Nearest& nr, const std::vector<bool>& merge, double rope_base,
+                     std::vector<std::vector<double>>& groups) {
+  const size_t E = nr.ev.size(), C = keep.size();
   int n_merged = 0;
   std::vector<std::pair<size_t, Tok>> updated;  // (kept index, merged token)
   for (size_t i = 0; i < C; ++i) {
     std::vector<size_t> members;
     for (size_t e = 0; e < E; ++e) {
-      if (merge[e] && nn[e] == static_cast<int>(i)) members.push_back(e);
+      if (merge[e] && nr.nn[e] == static_cast<int>(i)) members.push_back(e);
     }
     if (members.empty()) continue;
     n_merged += static_cast<int>(members.size());
     const double k = static_cast<double>(members.size());
+    const Tok& dst = h[static_cast<size_t>(keep[i])];
+    auto tok = [&](size_t e) -> const Tok& { return h[static_cast<size_t>(nr.ev[e])]; };
     std::vector<double> w;  // retained first
     if (c.merge == MergeRule::kWeighted) {
       double z = std::exp(1.0);
-      for (size_t e : members) z += std::exp(m[e]);
+      for (size_t e : members) z += std::exp(nr.m[e]);
       w.push_back(std::exp(1.0) / z);
-      for (size_t e : members) w.push_back(std::exp(m[e]) / z);
+      for (size_t e : members) w.push_back(std::exp(nr.m[e]) / z);
+    } else if (c.merge == MergeRule::kSized) {
+      double z = (1.0 + dst.merged) * std::exp(1.0);
+      for (size_t e : members) z += (1.0 + tok(e).merged) * std::exp(nr.m[e]);
+      w.push_back((1.0 + dst.merged) * std::exp(1.0) / z);
+      for (size_t e : members) w.push_back((1.0 + tok(e).merged) * std::exp(nr.m[e]) / z);
     } else if (c.merge == MergeRule::kAverage) {
       w.assign(members.size() + 1, 1.0 / (1 + k));
     } else {
       w.push_back(1.0 / (1 + k));
-      for (size_t e : members) w.push_back(m[e] / (1 + k));
+      for (size_t e : members) w.push_back(nr.m[e] / (1 + k));
     }
     groups.push_back(w);
-    Tok& dst = h[static_cast<size_t>(keep[i])];
     Tok out = dst;
     for (size_t x = 0; x < out.k.size(); ++x) {
       out.k[x] = w[0] * dst.k[x];
       out.v[x] = w[0] * dst.v[x];
     }
+    double score_max = dst.score;
     for (size_t j = 0; j < members.size(); ++j) {
-      const Tok& src = h[static_cast<size_t>(ev[members[j]])];
+      const Tok& src = tok(members[j]);
+      std::vector<double> sk = src.k;
+      // mrope=pre: the un-rotated key, rotated for the retained token's position.
+      if (c.mspace == MergeSpace::kUnrotated)
+        rotate(sk, static_cast<double>(dst.pos) - static_cast<double>(src.pos), rope_base);
       for (size_t x = 0; x < out.k.size(); ++x) {
-        out.k[x] += w[j + 1] * src.k[x];
+        out.k[x] += w[j + 1] * sk[x];
         out.v[x] += w[j + 1] * src.v[x];
       }
       out.score += src.score;
+      score_max = std::max(score_max, src.score);
       out.merged += 1 + src.merged;
+    }
+    switch (c.mscore) {
+      case MergedScore::kSum: break;
+      case MergedScore::kKeep: out.score = dst.score; break;
+      case MergedScore::kMean: out.score /= 1.0 + k; break;
+      case MergedScore::kMax: out.score = score_max; break;
     }
     updated.emplace_back(i, out);
   }
   // Write back after all groups are built (sources are evicted, so order does not matter).
   for (const auto& [i, tok] : updated) h[static_cast<size_t>(keep[i])] = tok;
   return n_merged;
+}
+
+inline int d2o_merge(const PolicyConfig& c, Head& h, const std::vector<int>& keep, double& tau,
+                     bool& ready, std::vector<std::vector<double>>& groups, double rope_base) {
+  if (c.merge == MergeRule::kOff || keep.size() == h.size()) return 0;
+  const Nearest nr = d2o_nearest(c, h, keep, rope_base);
+  const std::vector<bool> merge = d2o_decide(c, nr.m, tau, ready);
+  return d2o_apply(c, h, keep, nr, merge, rope_base, groups);
 }
 
 inline uint64_t splitmix(uint64_t x) {
@@ -490,17 +566,6 @@ inline int cam_merge(const PolicyConfig& c, Head& h, int S, int il, int g) {
   return merged;
 }
 
-// RoPE (adjacent pairs, theta_i = base^(-2i/d)) rotation of a key by `delta` positions.
-inline void rotate(std::vector<double>& k, double delta, double base) {
-  const size_t d = k.size();
-  for (size_t i = 0; i < d / 2; ++i) {
-    const double a = delta * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(d));
-    const double x0 = k[2 * i], x1 = k[2 * i + 1];
-    k[2 * i] = x0 * std::cos(a) - x1 * std::sin(a);
-    k[2 * i + 1] = x0 * std::sin(a) + x1 * std::cos(a);
-  }
-}
-
 // ---- the policy ------------------------------------------------------------------------------
 
 // Compacts `cache` after a pass; n_past = tokens processed so far; rope_base for pos=shift.
@@ -526,6 +591,38 @@ inline void compact(const PolicyConfig& c, Cache& cache, State& st, int64_t n_pa
   int64_t removed = 0;
   for (int l = 0; l < L; ++l) {
     const int S = st.budgets[static_cast<size_t>(l)];
+    // decide=token: the i-th evicted token of every head merges when the mean over the heads of
+    // its similarity reaches the layer's threshold (kept at index l * G).
+    const bool by_token = c.merger == Merger::kD2o && c.decide == MergeDecision::kToken &&
+                          c.merge != MergeRule::kOff;
+    if (by_token) {
+      const int n = static_cast<int>(cache.h[static_cast<size_t>(l)][0].size());
+      if (S < 0 || n <= S) continue;
+      std::vector<std::vector<int>> keeps;
+      std::vector<Nearest> nrs;
+      std::vector<double> mean(static_cast<size_t>(n - S), 0.0);
+      for (int g = 0; g < G; ++g) {
+        const Head& h = cache.h[static_cast<size_t>(l)][static_cast<size_t>(g)];
+        keeps.push_back(keep_list(c, h, S, n_past - st.pos_shift));
+        nrs.push_back(d2o_nearest(c, h, keeps.back(), rope_base));
+        for (int e = 0; e < n - S; ++e) mean[static_cast<size_t>(e)] += nrs.back().m[e] / G;
+      }
+      const size_t ti = static_cast<size_t>(l * G);
+      bool ready = st.tau_ready[ti];
+      const std::vector<bool> merge = d2o_decide(c, mean, st.tau[ti], ready);
+      st.tau_ready[ti] = ready;
+      for (int g = 0; g < G; ++g) {
+        Head& h = cache.h[static_cast<size_t>(l)][static_cast<size_t>(g)];
+        st.merged[static_cast<size_t>(l)] +=
+            d2o_apply(c, h, keeps[static_cast<size_t>(g)], nrs[static_cast<size_t>(g)], merge,
+                      rope_base, st.last_groups);
+        st.evicted[static_cast<size_t>(l)] += n - S;
+        Head out;
+        for (int j : keeps[static_cast<size_t>(g)]) out.push_back(h[static_cast<size_t>(j)]);
+        h = out;
+      }
+      continue;
+    }
     for (int g = 0; g < G; ++g) {
       Head& h = cache.h[static_cast<size_t>(l)][static_cast<size_t>(g)];
       const int n = static_cast<int>(h.size());
@@ -535,7 +632,7 @@ inline void compact(const PolicyConfig& c, Cache& cache, State& st, int64_t n_pa
         const size_t ti = static_cast<size_t>(l * G + g);
         bool ready = st.tau_ready[ti];
         st.merged[static_cast<size_t>(l)] +=
-            d2o_merge(c, h, keep, st.tau[ti], ready, st.last_groups);
+            d2o_merge(c, h, keep, st.tau[ti], ready, st.last_groups, rope_base);
         st.tau_ready[ti] = ready;
       } else if (c.merger == Merger::kCam) {
         st.merged[static_cast<size_t>(l)] += cam_merge(c, h, S, l, g);

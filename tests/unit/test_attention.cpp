@@ -17,6 +17,7 @@ struct Case {
   KvType type;
   ScoreAgg agg;
   int window_first;
+  bool mass = false;  // proportional attention over random merged counts
 };
 
 // Fills a cache layer with n_old + n_tok random slots; returns the queries.
@@ -36,6 +37,9 @@ std::vector<float> fill(KvCache& cache, const Case& c, uint32_t seed) {
   KvLayer& L = cache.layer(0);
   for (int g = 0; g < c.n_head_kv; ++g)
     for (int j = 0; j < total; ++j) L.score[L.meta_index(g, j)] = 0.25f * static_cast<float>(j % 3);
+  // Merged counts (read only with mass=on): most slots plain, some standing for many tokens.
+  for (int g = 0; g < c.n_head_kv; ++g)
+    for (int j = 0; j < total; ++j) L.merged[L.meta_index(g, j)] = (j * 7 + g) % 5 == 0 ? j % 40 : 0;
   std::vector<float> q(static_cast<size_t>(c.n_tok) * c.n_head * c.head_dim);
   for (auto& x : q) x = 2.0f * nd(rng);  // sharper distributions
   return q;
@@ -53,6 +57,7 @@ void run_case(const Case& c) {
   req.accumulate = true;
   req.agg = c.agg;
   req.window_first = c.window_first;
+  req.mass = c.mass;
   const size_t out_n = static_cast<size_t>(c.n_tok) * c.n_head * c.head_dim;
   std::vector<float> out_ref(out_n), out(out_n);
   AttnInput in{q.data(), out_ref.data(), c.n_tok, c.n_head,
@@ -112,6 +117,42 @@ TEST(Attention, MatchesReferenceAcrossLayouts) {
       {2, 2, 24, 5, 7, KvType::kF16, ScoreAgg::kMax, 0},           // odd head_dim (scalar path)
   };
   for (const Case& c : cases) run_case(c);
+}
+
+// Proportional attention (D2O mass=on): log(1 + merged) added to each slot's logit.
+TEST(Attention, MassBiasMatchesReference) {
+  const std::vector<Case> cases = {
+      {6, 2, 32, 300, 1, KvType::kF32, ScoreAgg::kSum, 0, true},   // decode over 2 tiles
+      {9, 3, 64, 700, 3, KvType::kF16, ScoreAgg::kSum, 1, true},   // SmolLM2 shape
+      {4, 1, 64, 513, 20, KvType::kF16, ScoreAgg::kMax, 5, true},  // MQA, 2 query blocks
+      {2, 2, 24, 5, 7, KvType::kF32, ScoreAgg::kMean, 0, true},    // odd head_dim
+  };
+  for (const Case& c : cases) run_case(c);
+}
+
+// The bias must matter: with many merged tokens behind a slot, its probability rises.
+TEST(Attention, MassBiasRaisesMergedSlots) {
+  const Case c{4, 1, 16, 30, 1, KvType::kF32, ScoreAgg::kSum, 0};
+  KvCacheConfig cfg{1, c.n_head_kv, c.head_dim, c.type};
+  KvCache a(cfg), b(cfg);
+  auto q = fill(a, c, 3);
+  fill(b, c, 3);
+  for (KvCache* k : {&a, &b}) {
+    KvLayer& L = k->layer(0);
+    std::fill_n(&L.merged[0], L.n_slot, 0);
+    std::fill_n(&L.score[0], L.n_slot, 0.0f);
+    L.merged[L.meta_index(0, 5)] = 63;  // slot 5 stands for 64 tokens
+  }
+  AttnStatsRequest off, on;
+  off.accumulate = on.accumulate = true;
+  on.mass = true;
+  std::vector<float> out(static_cast<size_t>(c.n_head) * c.head_dim);
+  AttnInput in{q.data(), out.data(), 1, c.n_head, 0.25f};
+  attention_reference(in, a.layer(0), off);
+  attention_reference(in, b.layer(0), on);
+  const float pa = a.layer(0).score[5], pb = b.layer(0).score[5];
+  // p' = 64 p / (1 + 63 p) for each query head: strictly larger unless p is 0 or 1.
+  EXPECT_GT(pb, pa * 1.5f);
 }
 
 TEST(Attention, ColumnSumsOfACausalPrefillAddUpToTheQueryCount) {

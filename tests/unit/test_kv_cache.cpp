@@ -122,7 +122,7 @@ TEST(KvCache, KeepOwnScoreWhenAsked) {
     plan.keep_of(h)[1] = 2;
   }
   plan.merges = {{0, 2, 2, 0.6f}, {0, 2, 1, 0.4f}};
-  plan.merged_score_is_sum = false;
+  plan.merged_score = MergedScore::kKeep;
   c.apply(0, plan);
   EXPECT_FLOAT_EQ(L.score[L.meta_index(0, 1)], 3.0f);
 }

@@ -42,7 +42,8 @@ void check_all_layouts(const std::string& spec, int n_prompt, int steps, int chu
       s.head_dim = heads == 2 ? 20 : 16;  // 20: SIMD tails
       s.seed = static_cast<uint32_t>(heads * 7 + (type == KvType::kF16 ? 1 : 0));
       PolicySim sim(spec, s);
-      if (sim.ref_cfg.pos == PosMode::kShift) sim.tol = type == KvType::kF32 ? 1e-4 : 3e-3;
+      if (sim.ref_cfg.pos == PosMode::kShift || sim.ref_cfg.mspace == MergeSpace::kUnrotated)
+        sim.tol = type == KvType::kF32 ? 1e-4 : 3e-3;
       EXPECT_EQ(run(sim, n_prompt, steps, chunk), "");
       EXPECT_TRUE(sim.state.budgets_set);
     }
@@ -63,6 +64,15 @@ TEST(PolicyReference, D2oMergeAblations) {
   for (const char* m : {"merge=average", "merge=research", "merge=off", "sim=value", "sim=kv",
                         "ema=research", "nm=1:1,sinks=2", "norm=queries,agg=mean", "beta=0.5"}) {
     check_all_layouts(std::string("d2o:ratio=0.3,") + m, 40, 50, 1);
+  }
+}
+// The keys that separate D2O's pieces (docs/results.md, "Why D2O loses"), alone and together.
+TEST(PolicyReference, D2oDiagnosisKeys) {
+  for (const char* m :
+       {"mscore=keep", "mscore=mean", "mscore=max", "mrope=pre", "decide=token", "protect=edges",
+        "merge=sized", "mass=on", "decide=token,ema=research,merge=research",
+        "mrope=pre,merge=sized,mscore=mean,decide=token,sim=kv"}) {
+    check_all_layouts(std::string("d2o:ratio=0.3,") + m, 40, 50, 1, 6);
   }
 }
 TEST(PolicyReference, D2oResearchReading) {
@@ -90,7 +100,9 @@ TEST(PolicyReference, Cam) {
 // Streaming with a fixed capacity: chunks of 7 tokens, compaction whenever a layer overflows.
 TEST(PolicyReference, BudgetModeInChunks) {
   for (const char* spec :
-       {"d2o:budget=14", "d2o:budget=14,layers=research", "h2o:budget=12", "roco:budget=12",
+       {"d2o:budget=14", "d2o:budget=14,layers=research",
+        "d2o:budget=14,mrope=pre,decide=token,merge=sized,protect=edges,mscore=max",
+        "h2o:budget=12", "roco:budget=12",
         "streaming:budget=10", "streaming:budget=10,pos=shift", "snapkv:budget=10,window=4",
         "pyramidkv:budget=10,window=4,pool=max", "cam:budget=10", "cam:budget=10,mb=2"}) {
     check_all_layouts(spec, 5, 14, 7, 6);
@@ -101,7 +113,8 @@ TEST(PolicyReference, BudgetModeInChunks) {
 // engine produces them for each policy's needs().
 TEST(PolicyReference, WithAttentionStatistics) {
   for (const char* spec :
-       {"d2o:ratio=0.3", "d2o:budget=20,agg=max", "h2o:ratio=0.3,agg=mean", "roco:budget=16",
+       {"d2o:ratio=0.3", "d2o:budget=20,agg=max", "d2o:ratio=0.3,mass=on,merge=sized",
+        "h2o:ratio=0.3,agg=mean", "roco:budget=16",
         "snapkv:budget=16,window=4", "pyramidkv:ratio=0.4,window=4", "cam:ratio=0.3"}) {
     for (int heads : {4, 2, 1}) {
       for (KvType type : {KvType::kF32, KvType::kF16}) {
@@ -169,6 +182,12 @@ TEST(PolicyReference, NaiveCatchesWrongVariants) {
       {"d2o:ratio=0.3", [](PolicyConfig& c) { c.sinks = 3; }},
       {"d2o:ratio=0.3,ema=research", [](PolicyConfig& c) { c.ema = EmaRule::kPaper; }},
       {"d2o:ratio=0.3,layers=research", [](PolicyConfig& c) { c.layers = LayerRule::kVariance; }},
+      {"d2o:ratio=0.3", [](PolicyConfig& c) { c.mscore = MergedScore::kKeep; }},
+      {"d2o:ratio=0.3,mscore=mean", [](PolicyConfig& c) { c.mscore = MergedScore::kMax; }},
+      {"d2o:ratio=0.3", [](PolicyConfig& c) { c.mspace = MergeSpace::kUnrotated; }},
+      {"d2o:ratio=0.3", [](PolicyConfig& c) { c.decide = MergeDecision::kToken; }},
+      {"d2o:ratio=0.3", [](PolicyConfig& c) { c.protect = ProtectRule::kEdges; }},
+      {"d2o:ratio=0.3", [](PolicyConfig& c) { c.merge = MergeRule::kSized; }},
       {"h2o:ratio=0.3", [](PolicyConfig& c) { c.norm = ScoreNorm::kQueries; }},
       {"snapkv:ratio=0.4,window=4", [](PolicyConfig& c) { c.pool = PoolKind::kMax; }},
       {"snapkv:ratio=0.4,window=4", [](PolicyConfig& c) { c.kernel = 5; }},

@@ -27,7 +27,7 @@ std::string canonical(const std::string& spec) {
 TEST(PolicySpec, DefaultsAreThePapers) {
   EXPECT_EQ(canonical("d2o"),
             "d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7,layers=variance,merge=weighted,sim=key,ema="
-            "paper,agg=sum,norm=none");
+            "paper,agg=sum,norm=none,mscore=sum,mrope=post,decide=head,protect=none,mass=off");
   EXPECT_EQ(canonical("h2o"), "h2o:ratio=0.2,sinks=0,nm=1:1,agg=sum,norm=none");
   EXPECT_EQ(canonical("streaming"), "streaming:ratio=0.2,sinks=4,pos=original");
   EXPECT_EQ(canonical("snapkv"), "snapkv:ratio=0.2,window=32,kernel=7,pool=avg,agg=sum");
@@ -49,6 +49,7 @@ TEST(PolicySpec, CanonicalFormRoundTrips) {
       "d2o:reading=research,nm=2:1,merge=weighted",
       "d2o:ratio=0.125,layers=exp",
       "d2o:ratio=0.3333333333333333,layers=pyramid,merge=off",
+      "d2o:budget=64,mscore=max,mrope=pre,decide=token,protect=edges,mass=on,merge=sized",
       " h2o : budget = 64 , sinks = 4 ",
       "streaming:budget=100,sinks=0,pos=shift",
       "snapkv:budget=300,window=16,kernel=5,pool=max,agg=mean",
@@ -78,13 +79,14 @@ TEST(PolicySpec, CanonicalFormRoundTrips) {
 TEST(PolicySpec, ResearchReadingSetsItsDefaultsAndKeysOverride) {
   EXPECT_EQ(canonical("d2o:reading=research"),
             "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=research,merge=research,sim=key,ema="
-            "research,agg=sum,"
-            "norm=none");
+            "research,agg=sum,norm=none,mscore=sum,mrope=post,decide=token,protect=none,mass=off");
   // Explicit keys win whatever their position.
   EXPECT_EQ(canonical("d2o:nm=3:1,reading=research"),
             "d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7,layers=research,merge=research,sim=key,ema="
-            "research,agg=sum,"
-            "norm=none");
+            "research,agg=sum,norm=none,mscore=sum,mrope=post,decide=token,protect=none,mass=off");
+  EXPECT_EQ(canonical("d2o:reading=research,decide=head"),
+            "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=research,merge=research,sim=key,ema="
+            "research,agg=sum,norm=none,mscore=sum,mrope=post,decide=head,protect=none,mass=off");
   EXPECT_EQ(canonical("d2o:reading=paper"), canonical("d2o"));
 }
 
@@ -116,7 +118,14 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"D2O", {"unknown KV policy 'D2O'"}},
       {"d2o:foo=1",
        {"unknown key 'foo'",
-        "ratio, budget, sinks, nm, beta, layers, merge, sim, ema, agg, norm, reading"}},
+        "ratio, budget, sinks, nm, beta, layers, merge, sim, ema, agg, norm, mscore, mrope, "
+        "decide, protect, mass, reading"}},
+      {"d2o:mscore=median", {"mscore=median", "sum, keep, mean, max"}},
+      {"d2o:mrope=both", {"mrope=both", "post, pre"}},
+      {"d2o:decide=layer", {"decide=layer", "head, token"}},
+      {"d2o:protect=all", {"protect=all", "none, edges"}},
+      {"d2o:mass=1", {"mass=1", "off, on"}},
+      {"h2o:mass=on", {"unknown key 'mass'"}},
       {"h2o:beta=0.5", {"unknown key 'beta'", "ratio, budget, sinks, nm, agg, norm"}},
       {"streaming:window=8", {"unknown key 'window'", "sinks, pos"}},
       {"d2o:ratio=0", {"ratio=0", "(0, 1]"}},

@@ -173,7 +173,10 @@ void rule_weights(LayerRule rule, const double* v, int n_layer, double pbeta, do
 
 }  // namespace
 
-void decide_budgets(const PolicyConfig& cfg, const KvCache& cache, int64_t n, PolicyState& state) {
+namespace {
+
+void decide_rule_budgets(const PolicyConfig& cfg, const KvCache& cache, int64_t n,
+                         PolicyState& state) {
   const int L = cache.n_layer();
   state.budgets.assign(static_cast<size_t>(L), 0);
   state.layer_variance.clear();
@@ -254,6 +257,39 @@ void decide_budgets(const PolicyConfig& cfg, const KvCache& cache, int64_t n, Po
       return;
     }
   }
+}
+
+
+// protect=edges: layers 0, 1 and L-1 keep all n slots; the other layers share what is left of the
+// total in proportion to the budgets the layer rule gave them, within [S_min, n].
+void protect_edges(const PolicyConfig& cfg, int L, int64_t n, PolicyState& state) {
+  if (L < 4) return;  // no layer would be left to compress
+  const int64_t lo = std::min<int64_t>(cfg.min_budget(), n);
+  int64_t total = 0;
+  for (int l = 0; l < L; ++l) total += state.budgets[static_cast<size_t>(l)];
+  PolicyScratch& sc = state.scratch[0];
+  if (sc.d.size() < static_cast<size_t>(4 * L)) sc.d.resize(static_cast<size_t>(4 * L));
+  if (sc.i.size() < static_cast<size_t>(2 * L)) sc.i.resize(static_cast<size_t>(2 * L));
+  double* w = sc.d.data();
+  double* scratch = w + L;
+  int32_t* order = sc.i.data();
+  int32_t* out = order + L;
+  int m = 0;
+  for (int l = 2; l < L - 1; ++l)
+    w[m++] = std::max(1.0, static_cast<double>(state.budgets[static_cast<size_t>(l)]));
+  const int64_t rest = std::max<int64_t>(0, total - 3 * n);
+  allocate_proportional({w, m, rest, lo, n}, out, scratch, order);
+  state.budgets[0] = state.budgets[1] = state.budgets[static_cast<size_t>(L - 1)] =
+      static_cast<int>(n);
+  for (int l = 2; l < L - 1; ++l) state.budgets[static_cast<size_t>(l)] = out[l - 2];
+}
+
+}  // namespace
+
+void decide_budgets(const PolicyConfig& cfg, const KvCache& cache, int64_t n, PolicyState& state) {
+  decide_rule_budgets(cfg, cache, n, state);
+  if (cfg.protect == ProtectRule::kEdges && cfg.layers != LayerRule::kResearch)
+    protect_edges(cfg, cache.n_layer(), n, state);
 }
 
 }  // namespace d2o

@@ -21,6 +21,7 @@ StatsNeeds ComposedPolicy::needs() const {
   n.accumulate = cfg_.needs_accumulate();
   n.agg = cfg_.agg;
   n.window = cfg_.needs_window() ? cfg_.window : 0;
+  n.mass = cfg_.merger == Merger::kD2o && cfg_.mass;
   return n;
 }
 
@@ -61,6 +62,12 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
   if (cfg_.pos == PosMode::kShift && !pass.rope) {
     return invalid_argument("KV policy '" + cfg_.name +
                             "' with pos=shift needs the model's RoPE parameters (PassInfo::rope)");
+  }
+  if (cfg_.merger == Merger::kD2o && cfg_.mspace == MergeSpace::kUnrotated &&
+      (!pass.rope || pass.rope->head_dim != cache.config().head_dim)) {
+    return invalid_argument("KV policy '" + cfg_.name +
+                            "' with mrope=pre needs the model's RoPE parameters (PassInfo::rope) "
+                            "for the cache's head size");
   }
   if (cfg_.pos == PosMode::kShift && pass.rope->head_dim != cache.config().head_dim) {
     return invalid_argument("KV policy '" + cfg_.name + "' with pos=shift: RoPE head_dim " +
@@ -146,9 +153,39 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state, Poli
   D2O_ASSERT(S >= 0 && S < n);
   CompactionPlan& plan = state.plans[static_cast<size_t>(il)];
   plan.reset(G, S);
+  plan.merged_score = cfg_.mscore;
+  const bool d2o = cfg_.merger == Merger::kD2o;
+  const RopeParams* unrotate = d2o && cfg_.mspace == MergeSpace::kUnrotated ? pass.rope : nullptr;
+  plan.rope = unrotate;
+  // decide=token: every head's nearest neighbours first, then one decision per evicted index.
+  const bool by_token =
+      d2o && cfg_.decide == MergeDecision::kToken && cfg_.merge != MergeRule::kOff;
+  const int E = n - S;
+  if (by_token) {
+    const size_t ge = static_cast<size_t>(G) * static_cast<size_t>(E);
+    if (sc.merge_ev.size() < ge) sc.merge_ev.resize(ge);
+    if (sc.merge_c.size() < ge) sc.merge_c.resize(ge);
+    if (sc.merge_m.size() < ge + static_cast<size_t>(E)) sc.merge_m.resize(ge + E);
+    if (sc.merge_on.size() < static_cast<size_t>(E)) sc.merge_on.resize(static_cast<size_t>(E));
+  }
   if (sc.i.size() < static_cast<size_t>(n)) sc.i.resize(static_cast<size_t>(n));
   if (sc.f.size() < static_cast<size_t>(n)) sc.f.resize(static_cast<size_t>(n));
   int64_t merged = 0;
+  auto head_merge = [&](int g, const int32_t* evicted, int ne) {
+    const size_t ti = static_cast<size_t>(il) * G + static_cast<size_t>(g);
+    D2oHeadMerge h;
+    h.cfg = &cfg_;
+    h.layer = &L;
+    h.head = g;
+    h.keep = plan.keep_of(g);
+    h.n_keep = S;
+    h.evicted = evicted;
+    h.n_evicted = ne;
+    h.tau = &state.tau[ti];
+    h.tau_ready = &state.tau_ready[ti];
+    h.rope = unrotate;
+    return h;
+  };
 
   for (int g = 0; g < G; ++g) {
     int32_t* keep = plan.keep_of(g);
@@ -179,9 +216,10 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state, Poli
         break;
       }
     }
-    if (cfg_.merger == Merger::kD2o) {
+    if (d2o) {
       // Evicted = the complement of keep, ascending.
-      int32_t* evicted = sc.i.data();
+      int32_t* evicted =
+          by_token ? sc.merge_ev.data() + static_cast<size_t>(g) * E : sc.i.data();
       int ne = 0, k = 0;
       for (int j = 0; j < n; ++j) {
         if (k < S && keep[k] == j)
@@ -189,18 +227,13 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state, Poli
         else
           evicted[ne++] = j;
       }
-      const size_t ti = static_cast<size_t>(il) * G + static_cast<size_t>(g);
-      D2oHeadMerge h;
-      h.cfg = &cfg_;
-      h.layer = &L;
-      h.head = g;
-      h.keep = keep;
-      h.n_keep = S;
-      h.evicted = evicted;
-      h.n_evicted = ne;
-      h.tau = &state.tau[ti];
-      h.tau_ready = &state.tau_ready[ti];
-      merged += plan_d2o_merges(h, sc, plan);
+      const D2oHeadMerge h = head_merge(g, evicted, ne);
+      if (by_token) {
+        const size_t off = static_cast<size_t>(g) * E;
+        d2o_nearest(h, sc, sc.merge_c.data() + off, sc.merge_m.data() + off);
+      } else {
+        merged += plan_d2o_merges(h, sc, plan);
+      }
     } else if (cfg_.merger == Merger::kCam) {
       const int t = std::min(cfg_.sinks, S);
       CamHeadMerge h;
@@ -211,6 +244,27 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state, Poli
       h.first_evicted = t;
       h.end_evicted = n - (S - t);
       merged += cam_merge_values(h, sc);
+    }
+  }
+  if (by_token && E > 0 && S > 0) {
+    // The research code's rule: the mean over the heads of the i-th evicted slot's similarity
+    // against one threshold per layer (kept in head 0's entry).
+    float* mean = sc.merge_m.data() + static_cast<size_t>(G) * E;
+    for (int i = 0; i < E; ++i) {
+      double a = 0.0;
+      for (int g = 0; g < G; ++g) a += sc.merge_m[static_cast<size_t>(g) * E + i];
+      mean[i] = static_cast<float>(a / G);
+    }
+    const size_t ti = static_cast<size_t>(il) * G;
+    const int n_merge = d2o_decide(cfg_, mean, E, &state.tau[ti], &state.tau_ready[ti],
+                                   sc.merge_on.data());
+    if (n_merge > 0) {
+      for (int g = 0; g < G; ++g) {
+        const size_t off = static_cast<size_t>(g) * E;
+        d2o_emit(head_merge(g, sc.merge_ev.data() + off, E), sc, sc.merge_c.data() + off,
+                 sc.merge_m.data() + off, sc.merge_on.data(), plan);
+      }
+      merged += static_cast<int64_t>(n_merge) * G;
     }
   }
   state.evicted[static_cast<size_t>(il)] += static_cast<int64_t>(n - S) * G;

@@ -55,6 +55,8 @@ enum class MergeRule {
   kWeighted,  // paper: w_c = e / Z, w_e = exp(u_e) / Z, Z = e + sum exp(u_e)
   kAverage,   // ablation: equal weights 1 / (1 + |E_c|)
   kResearch,  // research code: (k_c + sum u_e k_e) / (1 + |E_c|), weights do not sum to 1
+  kSized,     // weighted, each slot counted by the tokens it stands for (s = 1 + merged):
+              // w_c = s_c e / Z, w_e = s_e exp(u_e) / Z, Z = s_c e + sum s_e exp(u_e)
 };
 
 // What the D2O similarity is measured on.
@@ -68,6 +70,29 @@ enum class EmaRule {
 
 // Positions of kept slots (StreamingLLM).
 enum class PosMode { kOriginal, kShift };
+
+// D2O: the space keys are compared and merged in.
+enum class MergeSpace {  // spec key mrope=post|pre
+  kRotated,    // keys as cached, after RoPE at their own positions (paper, research code)
+  kUnrotated,  // keys rotated back to position 0 before the cosine and the weighted sum; the
+               // merged key is rotated again for the retained slot's position
+};
+
+// D2O: who decides whether an evicted slot is merged.
+enum class MergeDecision {
+  kHead,   // each KV head compares its own evicted slots with its own threshold (paper)
+  kToken,  // research code: the i-th evicted slot of every head of a layer is merged or dropped
+           // together, by the mean over the heads of its best similarity against one threshold
+           // per layer (heads evict different tokens: the "token" is an index, as there)
+};
+
+// D2O: layers kept whole.
+enum class ProtectRule {
+  kNone,   // every layer compressible (paper text)
+  kEdges,  // layers 0, 1 and L-1 keep every slot they hold at the first compaction, charged to
+           // the total: the other layers share what is left (research code keeps those layers,
+           // uncharged: layers=research)
+};
 
 struct PolicyConfig {
   std::string name;  // preset name ("d2o", "h2o", ...)
@@ -107,6 +132,14 @@ struct PolicyConfig {
   SimOn sim = SimOn::kKey;            // D2O
   EmaRule ema = EmaRule::kPaper;      // D2O
   double beta = 0.7;                  // D2O EMA weight of the newest similarity
+  MergedScore mscore = MergedScore::kSum;          // D2O
+  MergeSpace mspace = MergeSpace::kRotated;        // D2O
+  MergeDecision decide = MergeDecision::kHead;     // D2O
+  ProtectRule protect = ProtectRule::kNone;        // D2O
+  // D2O: a merged slot stands for 1 + merged tokens; with mass on, attention adds
+  // log(1 + merged) to its logit (proportional attention), so the group keeps the attention mass
+  // its tokens had together instead of that of one token.
+  bool mass = false;
   int cam_targets = 0;  // CaM: values spread over this many following slots (0 = the recent window)
   uint64_t seed = 0;    // CaM: Bernoulli sampling seed
 

@@ -6,6 +6,7 @@
 #include "core/assert.h"
 #include "kv/policy/nearest.h"
 #include "kv/policy/similarity.h"
+#include "ops/ops.h"
 
 namespace d2o {
 
@@ -74,12 +75,16 @@ int add_cosines(const ModalityPass& p, int e, bool first, float scale, float* __
   return best;
 }
 
-// Writes row / |row| (zeros for a zero row) times `scale` into out[hd].
-void load_unit(const KvLayer& L, int head, bool values, int slot, float scale, float* out) {
-  if (values)
+// Writes row / |row| (zeros for a zero row) times `scale` into out[hd]. With `rope`, a key is
+// first rotated back to position 0 (mrope=pre).
+void load_unit(const KvLayer& L, int head, bool values, int slot, float scale, float* out,
+               const RopeParams* rope) {
+  if (values) {
     L.load_value(head, slot, out);
-  else
+  } else {
     L.load_key(head, slot, out);
+    if (rope) rope_apply(*rope, -static_cast<float>(L.pos[L.meta_index(head, slot)]), 1, out);
+  }
   double n2 = 0.0;
   for (int d = 0; d < L.head_dim; ++d) n2 += static_cast<double>(out[d]) * out[d];
   const float f = n2 > 0.0 ? static_cast<float>(scale / std::sqrt(n2)) : 0.0f;
@@ -99,8 +104,8 @@ void nearest_many(const D2oHeadMerge& h, bool use_k, bool use_v, float scale,
   float* kept = scratch.f2.data();
   float* q = kept + kept_floats;
   auto unit_row = [&](int slot, float s, float* out) {
-    if (use_k) load_unit(L, h.head, false, slot, s, out);
-    if (use_v) load_unit(L, h.head, true, slot, s, out + (use_k ? hd : 0));
+    if (use_k) load_unit(L, h.head, false, slot, s, out, h.rope);
+    if (use_v) load_unit(L, h.head, true, slot, s, out + (use_k ? hd : 0), nullptr);
   };
   for (int c = 0; c < S; ++c) unit_row(h.keep[c], 1.0f, kept + static_cast<size_t>(c) * dim);
   pack_rows(kept, S, dim, scratch.packed);
@@ -114,80 +119,84 @@ void nearest_many(const D2oHeadMerge& h, bool use_k, bool use_v, float scale,
 
 }  // namespace
 
-int plan_d2o_merges(const D2oHeadMerge& h, PolicyScratch& scratch, CompactionPlan& plan) {
+void d2o_nearest(const D2oHeadMerge& h, PolicyScratch& scratch, int32_t* cstar, float* m_e) {
   const PolicyConfig& cfg = *h.cfg;
   const KvLayer& L = *h.layer;
   const int S = h.n_keep, E = h.n_evicted, hd = L.head_dim;
-  if (E == 0 || S == 0 || cfg.merge == MergeRule::kOff) return 0;
+  if (E == 0 || S == 0) return;
   const bool use_k = cfg.sim != SimOn::kValue, use_v = cfg.sim != SimOn::kKey;
   const int n_mod = (use_k ? 1 : 0) + (use_v ? 1 : 0);
   const float scale = n_mod == 2 ? 0.5f : 1.0f;
-
-  // Scratch layout. f: sim[S] dots[S] kinv[S] vinv[S] row[hd] m[E];
-  // i2: cstar[E] count[S + 1] members[E].
-  const size_t nf = 4 * static_cast<size_t>(S) + hd + static_cast<size_t>(E);
+  // Un-rotated keys are formed in memory, so the packed path serves every count then.
+  if (E > kManyEvicted || (h.rope && use_k)) {
+    nearest_many(h, use_k, use_v, scale, scratch, cstar, m_e);
+    return;
+  }
+  // Scratch layout. f: sim[S] dots[S] kinv[S] vinv[S] row[hd].
+  const size_t nf = 4 * static_cast<size_t>(S) + hd;
   if (scratch.f.size() < nf) scratch.f.resize(nf);
-  if (scratch.i2.size() < 2 * static_cast<size_t>(E) + S + 1)
-    scratch.i2.resize(2 * static_cast<size_t>(E) + S + 1);
   float* sim = scratch.f.data();
   float* dots = sim + S;
   float* kinv = dots + S;
   float* vinv = kinv + S;
   float* row = vinv + S;
-  float* m_e = row + hd;  // m_e = u_{e, c*(e)}
-  int32_t* cstar = scratch.i2.data();
-  int32_t* count = cstar + E;
-  int32_t* members = count + S + 1;
-
-  // 1. Nearest kept neighbour of every evicted slot (ties: the older kept slot).
-  if (E > kManyEvicted) {
-    nearest_many(h, use_k, use_v, scale, scratch, cstar, m_e);
-  } else {
-    const ModalityPass pk{&L, h.head, false, h.keep, S, kinv, dots, row};
-    const ModalityPass pv{&L, h.head, true, h.keep, S, vinv, dots, row};
-    // sim = 0 + (key cosine) [+ value cosine], the argmax taken in the last pass.
-    for (int i = 0; i < E; ++i) {
-      std::fill(sim, sim + S, 0.0f);
-      if (use_k && use_v) {
-        add_cosines(pk, h.evicted[i], i == 0, scale, sim);
-        cstar[i] = add_cosines(pv, h.evicted[i], i == 0, scale, sim, &m_e[i]);
-      } else {
-        cstar[i] = add_cosines(use_k ? pk : pv, h.evicted[i], i == 0, scale, sim, &m_e[i]);
-      }
+  const ModalityPass pk{&L, h.head, false, h.keep, S, kinv, dots, row};
+  const ModalityPass pv{&L, h.head, true, h.keep, S, vinv, dots, row};
+  // sim = 0 + (key cosine) [+ value cosine], the argmax taken in the last pass.
+  for (int i = 0; i < E; ++i) {
+    std::fill(sim, sim + S, 0.0f);
+    if (use_k && use_v) {
+      add_cosines(pk, h.evicted[i], i == 0, scale, sim);
+      cstar[i] = add_cosines(pv, h.evicted[i], i == 0, scale, sim, &m_e[i]);
+    } else {
+      cstar[i] = add_cosines(use_k ? pk : pv, h.evicted[i], i == 0, scale, sim, &m_e[i]);
     }
   }
+}
 
-  // 2. Threshold and decisions (cstar = -1 marks "dropped").
+int d2o_decide(const PolicyConfig& cfg, const float* m, int E, float* tau, uint8_t* tau_ready,
+               uint8_t* merge) {
+  if (E == 0) return 0;
   int n_merged = 0;
-  auto decide = [&](int i, double tau) {
-    if (static_cast<double>(m_e[i]) >= tau)
-      ++n_merged;
-    else
-      cstar[i] = -1;
+  auto decide = [&](int i, double t) {
+    merge[i] = static_cast<double>(m[i]) >= t ? 1 : 0;
+    n_merged += merge[i];
   };
-  if (!*h.tau_ready) {
+  if (!*tau_ready) {
     double mean = 0.0;
-    for (int i = 0; i < E; ++i) mean += m_e[i];
-    *h.tau = static_cast<float>(mean / E);
-    *h.tau_ready = 1;
-    for (int i = 0; i < E; ++i) decide(i, *h.tau);
+    for (int i = 0; i < E; ++i) mean += m[i];
+    *tau = static_cast<float>(mean / E);
+    *tau_ready = 1;
+    for (int i = 0; i < E; ++i) decide(i, *tau);
   } else if (cfg.ema == EmaRule::kPaper) {
-    double tau = *h.tau;
+    double t = *tau;
     for (int i = 0; i < E; ++i) {
-      decide(i, tau);
-      tau = cfg.beta * m_e[i] + (1.0 - cfg.beta) * tau;
+      decide(i, t);
+      t = cfg.beta * m[i] + (1.0 - cfg.beta) * t;
     }
-    *h.tau = static_cast<float>(tau);
+    *tau = static_cast<float>(t);
   } else {
     double mean = 0.0;
-    for (int i = 0; i < E; ++i) mean += m_e[i];
-    *h.tau = static_cast<float>(0.5 * *h.tau + 0.5 * (mean / E));
-    for (int i = 0; i < E; ++i) decide(i, *h.tau);
+    for (int i = 0; i < E; ++i) mean += m[i];
+    *tau = static_cast<float>(0.5 * *tau + 0.5 * (mean / E));
+    for (int i = 0; i < E; ++i) decide(i, *tau);
   }
-  if (n_merged == 0) return 0;
+  return n_merged;
+}
 
+void d2o_emit(const D2oHeadMerge& h, PolicyScratch& scratch, const int32_t* cstar,
+              const float* m_e, const uint8_t* merge, CompactionPlan& plan) {
+  const PolicyConfig& cfg = *h.cfg;
+  const int S = h.n_keep, E = h.n_evicted;
+  if (E == 0 || S == 0 || cfg.merge == MergeRule::kOff) return;
   std::vector<MergeTerm>& terms = plan.merges;
+  const KvLayer& L = *h.layer;
+  // merge=sized: tokens a slot stands for.
+  auto size_of = [&](int32_t slot) {
+    return 1.0 + static_cast<double>(L.merged[L.meta_index(h.head, slot)]);
+  };
   if (E == 1) {  // a decode step: one group of one source, no grouping pass over the kept slots
+    if (!merge[0]) return;
     const int32_t dst = h.keep[cstar[0]];
     double w_self = 0.0, w = 0.0;
     switch (cfg.merge) {
@@ -195,6 +204,13 @@ int plan_d2o_merges(const D2oHeadMerge& h, PolicyScratch& scratch, CompactionPla
         const double z = std::exp(1.0) + std::exp(static_cast<double>(m_e[0]));
         w_self = std::exp(1.0) / z;
         w = std::exp(static_cast<double>(m_e[0])) / z;
+        break;
+      }
+      case MergeRule::kSized: {
+        const double a = size_of(dst) * std::exp(1.0);
+        const double b = size_of(h.evicted[0]) * std::exp(static_cast<double>(m_e[0]));
+        w_self = a / (a + b);
+        w = b / (a + b);
         break;
       }
       case MergeRule::kAverage:
@@ -209,17 +225,22 @@ int plan_d2o_merges(const D2oHeadMerge& h, PolicyScratch& scratch, CompactionPla
     }
     terms.push_back({static_cast<int32_t>(h.head), dst, dst, static_cast<float>(w_self)});
     terms.push_back({static_cast<int32_t>(h.head), dst, h.evicted[0], static_cast<float>(w)});
-    return 1;
+    return;
   }
 
-  // 3. Group the merged slots by their kept neighbour (counting sort keeps them ascending).
+  // Group the merged slots by their kept neighbour (counting sort keeps them ascending).
+  // Scratch i2: count[S + 1] members[E].
+  if (scratch.i2.size() < static_cast<size_t>(E) + S + 1)
+    scratch.i2.resize(static_cast<size_t>(E) + S + 1);
+  int32_t* count = scratch.i2.data();
+  int32_t* members = count + S + 1;
   std::fill(count, count + S + 1, 0);
   for (int i = 0; i < E; ++i) {
-    if (cstar[i] >= 0) ++count[cstar[i] + 1];
+    if (merge[i]) ++count[cstar[i] + 1];
   }
   for (int c = 0; c < S; ++c) count[c + 1] += count[c];
   for (int i = 0; i < E; ++i) {
-    if (cstar[i] >= 0) members[count[cstar[i]]++] = i;
+    if (merge[i]) members[count[cstar[i]]++] = i;
   }
   // count[c] is now the end of group c; group c starts at count[c - 1] (0 for c = 0).
   int begin = 0;
@@ -235,6 +256,13 @@ int plan_d2o_merges(const D2oHeadMerge& h, PolicyScratch& scratch, CompactionPla
           for (int t = begin; t < end; ++t) z += std::exp(static_cast<double>(m_e[members[t]]));
           w_self = std::exp(1.0) / z;
           break;
+        case MergeRule::kSized:
+          z = size_of(dst) * std::exp(1.0);
+          for (int t = begin; t < end; ++t) {
+            z += size_of(h.evicted[members[t]]) * std::exp(static_cast<double>(m_e[members[t]]));
+          }
+          w_self = size_of(dst) * std::exp(1.0) / z;
+          break;
         case MergeRule::kAverage:
         case MergeRule::kResearch:
           z = 1.0 + k;
@@ -249,6 +277,8 @@ int plan_d2o_merges(const D2oHeadMerge& h, PolicyScratch& scratch, CompactionPla
         double w = 0.0;
         if (cfg.merge == MergeRule::kWeighted)
           w = std::exp(static_cast<double>(m_e[i])) / z;
+        else if (cfg.merge == MergeRule::kSized)
+          w = size_of(h.evicted[i]) * std::exp(static_cast<double>(m_e[i])) / z;
         else if (cfg.merge == MergeRule::kAverage)
           w = 1.0 / z;
         else
@@ -258,6 +288,21 @@ int plan_d2o_merges(const D2oHeadMerge& h, PolicyScratch& scratch, CompactionPla
     }
     begin = end;
   }
+}
+
+int plan_d2o_merges(const D2oHeadMerge& h, PolicyScratch& scratch, CompactionPlan& plan) {
+  const int S = h.n_keep, E = h.n_evicted;
+  if (E == 0 || S == 0 || h.cfg->merge == MergeRule::kOff) return 0;
+  if (scratch.merge_m.size() < static_cast<size_t>(E)) scratch.merge_m.resize(static_cast<size_t>(E));
+  if (scratch.merge_c.size() < static_cast<size_t>(E)) scratch.merge_c.resize(static_cast<size_t>(E));
+  if (scratch.merge_on.size() < static_cast<size_t>(E))
+    scratch.merge_on.resize(static_cast<size_t>(E));
+  float* m_e = scratch.merge_m.data();
+  int32_t* cstar = scratch.merge_c.data();
+  uint8_t* merge = scratch.merge_on.data();
+  d2o_nearest(h, scratch, cstar, m_e);
+  const int n_merged = d2o_decide(*h.cfg, m_e, E, h.tau, h.tau_ready, merge);
+  if (n_merged > 0) d2o_emit(h, scratch, cstar, m_e, merge, plan);
   return n_merged;
 }
 

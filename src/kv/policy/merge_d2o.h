@@ -14,7 +14,7 @@
 //     average   1 / (1 + |E_c|) each
 //     research  w_c = 1 / (1 + |E_c|), w_e = u_e / (1 + |E_c|)
 //   Keys and values share the weights; KvCache::apply sums the merged scores into c and keeps c's
-//   position (CompactionPlan::merged_score_is_sum).
+//   position (CompactionPlan::merged_score; mscore= picks another rule).
 // Zero vectors have cosine 0 with everything.
 #pragma once
 
@@ -36,10 +36,25 @@ struct D2oHeadMerge {
   int n_evicted = 0;
   float* tau = nullptr;  // this head's threshold
   uint8_t* tau_ready = nullptr;
+  // Non-null (mrope=pre): keys are compared rotated back to position 0.
+  const RopeParams* rope = nullptr;
 };
 
-// Appends the head's merge groups to plan.merges; returns how many evicted slots merged.
-// Uses scratch.f, f2 and i2.
+// The three steps, for callers that decide over several heads at once (decide=token):
+// 1. the nearest kept slot cstar[i] (an index into keep) of every evicted slot i and its
+//    similarity m_e[i]. Uses scratch.f, f2 and packed.
+void d2o_nearest(const D2oHeadMerge& h, PolicyScratch& scratch, int32_t* cstar, float* m_e);
+// 2. merge[i] = whether evicted slot i merges, from the similarities m[0..E) in slot order and
+//    the threshold *tau (initialised by this call when *tau_ready is 0); returns the count.
+int d2o_decide(const PolicyConfig& cfg, const float* m, int E, float* tau, uint8_t* tau_ready,
+               uint8_t* merge);
+// 3. appends the head's merge groups (the slots with merge[i] set) to plan.merges. Uses
+//    scratch.i2.
+void d2o_emit(const D2oHeadMerge& h, PolicyScratch& scratch, const int32_t* cstar,
+              const float* m_e, const uint8_t* merge, CompactionPlan& plan);
+
+// All three for one head with its own threshold (decide=head): appends the head's merge groups
+// to plan.merges; returns how many evicted slots merged.
 int plan_d2o_merges(const D2oHeadMerge& h, PolicyScratch& scratch, CompactionPlan& plan);
 
 }  // namespace d2o

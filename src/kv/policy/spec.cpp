@@ -103,10 +103,16 @@ const std::vector<const char*> kPoolWords = {"max", "avg"};
 const std::vector<const char*> kPosWords = {"original", "shift"};
 const std::vector<const char*> kLayerWords = {"uniform", "variance", "reciprocal",
                                               "exp",     "pyramid",  "research"};
-const std::vector<const char*> kMergeWords = {"off", "weighted", "average", "research"};
+const std::vector<const char*> kMergeWords = {"off", "weighted", "average", "research",
+                                              "sized"};
 const std::vector<const char*> kSimWords = {"key", "value", "kv"};
 const std::vector<const char*> kEmaWords = {"paper", "research"};
 const std::vector<const char*> kReadingWords = {"paper", "research"};
+const std::vector<const char*> kMscoreWords = {"sum", "keep", "mean", "max"};
+const std::vector<const char*> kMropeWords = {"post", "pre"};
+const std::vector<const char*> kDecideWords = {"head", "token"};
+const std::vector<const char*> kProtectWords = {"none", "edges"};
+const std::vector<const char*> kOnOffWords = {"off", "on"};
 
 constexpr int kMaxInt = std::numeric_limits<int>::max();
 
@@ -179,6 +185,54 @@ const std::vector<KeyDef>& key_defs() {
          return Status();
        },
        [](const PolicyConfig& c) { return std::string(kEmaWords[static_cast<size_t>(c.ema)]); }},
+      {"mscore",
+       [](std::string_view v, PolicyConfig& c) {
+         int i = 0;
+         D2O_RETURN_IF_ERROR(word_key(c.name, "mscore", v, kMscoreWords, &i));
+         c.mscore = static_cast<MergedScore>(i);
+         return Status();
+       },
+       [](const PolicyConfig& c) {
+         return std::string(kMscoreWords[static_cast<size_t>(c.mscore)]);
+       }},
+      {"mrope",
+       [](std::string_view v, PolicyConfig& c) {
+         int i = 0;
+         D2O_RETURN_IF_ERROR(word_key(c.name, "mrope", v, kMropeWords, &i));
+         c.mspace = static_cast<MergeSpace>(i);
+         return Status();
+       },
+       [](const PolicyConfig& c) {
+         return std::string(kMropeWords[static_cast<size_t>(c.mspace)]);
+       }},
+      {"decide",
+       [](std::string_view v, PolicyConfig& c) {
+         int i = 0;
+         D2O_RETURN_IF_ERROR(word_key(c.name, "decide", v, kDecideWords, &i));
+         c.decide = static_cast<MergeDecision>(i);
+         return Status();
+       },
+       [](const PolicyConfig& c) {
+         return std::string(kDecideWords[static_cast<size_t>(c.decide)]);
+       }},
+      {"protect",
+       [](std::string_view v, PolicyConfig& c) {
+         int i = 0;
+         D2O_RETURN_IF_ERROR(word_key(c.name, "protect", v, kProtectWords, &i));
+         c.protect = static_cast<ProtectRule>(i);
+         return Status();
+       },
+       [](const PolicyConfig& c) {
+         return std::string(kProtectWords[static_cast<size_t>(c.protect)]);
+       }},
+      {"mass",
+       [](std::string_view v, PolicyConfig& c) {
+         int i = 0;
+         D2O_RETURN_IF_ERROR(word_key(c.name, "mass", v, kOnOffWords, &i));
+         c.mass = i == 1;
+         return Status();
+       },
+       [](const PolicyConfig& c) { return std::string(kOnOffWords[c.mass ? 1 : 0]); }},
       {"window",
        [](std::string_view v, PolicyConfig& c) {
          int64_t x = 0;
@@ -334,7 +388,8 @@ const std::vector<PresetDef>& presets() {
          c.ema = EmaRule::kPaper;
          c.beta = 0.7;
        },
-       {"sinks", "nm", "beta", "layers", "merge", "sim", "ema", "agg", "norm"}},
+       {"sinks", "nm", "beta", "layers", "merge", "sim", "ema", "agg", "norm", "mscore", "mrope",
+        "decide", "protect", "mass"}},
   };
   return defs;
 }
@@ -427,6 +482,7 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
       c.nm_n = c.nm_m = 1;
       c.ema = EmaRule::kResearch;
       c.merge = MergeRule::kResearch;
+      c.decide = MergeDecision::kToken;
     }
   }
   bool has_ratio = false, has_budget = false;
