@@ -25,8 +25,10 @@ import numpy as np
 
 
 # GGML type numbers (the GGUF numbering) and the shapes to write: [n_rows, n_cols], tokens.
+# New cases go at the end: the random draws of the earlier ones (and their files) stay the same.
 CASES = [("Q4_0", 2, 40, 576, 7), ("Q4_1", 3, 40, 576, 7), ("Q8_0", 8, 40, 576, 7),
-         ("Q4_K", 12, 24, 512, 5), ("Q5_K", 13, 24, 512, 5), ("Q6_K", 14, 24, 512, 5)]
+         ("Q4_K", 12, 24, 512, 5), ("Q5_K", 13, 24, 512, 5), ("Q6_K", 14, 24, 512, 5),
+         ("Q5_0", 6, 40, 640, 7)]
 
 
 class InitParams(C.Structure):

@@ -57,7 +57,7 @@ def make(qtype, rng):
         raw = rng.integers(0, 256, size=(nb, size), dtype=np.uint32).astype(np.uint8)
         for off in SCALE_FIELDS[qtype]:
             raw[:, off:off + 2] = finite_halves(rng, nb).view(np.uint8).reshape(nb, 2)
-        if qtype in (T.Q4_0, T.Q8_0, T.Q4_K):
+        if qtype in (T.Q4_0, T.Q5_0, T.Q8_0, T.Q4_K):
             raw[0, 0:2] = 0  # one block with a zero scale
         raw = raw.reshape(-1)
     expected = np.asarray(dequantize(raw.copy(), qtype), dtype=np.float32).reshape(-1)

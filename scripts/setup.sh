@@ -238,7 +238,7 @@ if [ "$want_test_data" -eq 1 ]; then
   # cores); the files are made again when the generator changes.
   matmul_dir="$cache/test-data/matmul"
   gen="$repo/scripts/gen_matmul_fixtures.py"
-  if refs_stale "$matmul_dir" "$gen" 6; then
+  if refs_stale "$matmul_dir" "$gen" 7; then
     ggml_lib="$cache/ggml/build/src"
     if [ ! -f "$ggml_lib/libggml-cpu.so" ]; then
       get_sdist

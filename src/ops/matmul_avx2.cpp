@@ -226,7 +226,7 @@ void quantize_avx2(const ActLayout& l, const float* x, uint8_t* rec) {
   }
 }
 
-// ---- Q4_0, Q4_1, Q8_0 ------------------------------------------------------------------------
+// ---- Q4_0, Q4_1, Q5_0, Q8_0 ------------------------------------------------------------------
 
 template <PackKind kKind, int NT>
 void tile_32(const TileJob& job) {
@@ -238,7 +238,9 @@ void tile_32(const TileJob& job) {
   const uint8_t* dsec = job.tile + w.section_offset[0];
   const uint8_t* msec = job.tile + w.section_offset[1];
   const uint8_t* qsec = job.tile + w.section_offset[kKind == PackKind::kQ4_1 ? 2 : 1];
+  const uint8_t* hsec = job.tile + w.section_offset[2];  // Q5_0 only
   const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m10 = _mm256_set1_epi8(0x10);
   const __m256i ones = _mm256_set1_epi16(1);
   const int halves = job.rows > 8 ? 2 : 1;
   for (int h = 0; h < halves; ++h) {
@@ -264,15 +266,24 @@ void tile_32(const TileJob& job) {
           }
         }
       } else {
+        // int16 partial sums: all 8 products of 4-bit weights fit one accumulator, of 5-bit
+        // ones (Q5_0) only 4, so those are widened to int32 halfway (after v = 1).
+        constexpr bool kFive = kKind == PackKind::kQ5_0;
         __m256i s16[NT];
         D2O_UNROLL
         for (int t = 0; t < NT; ++t) s16[t] = _mm256_setzero_si256();
         const uint8_t* q = qsec + 256 * b + 32 * h;
+        const __m256i hb = kFive ? load32(hsec + 64 * b + 32 * h) : _mm256_setzero_si256();
         D2O_UNROLL
         for (int v = 0; v < 4; ++v) {
           const __m256i raw = load32(q + 64 * v);
-          const __m256i lo = _mm256_and_si256(raw, m4);
-          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+          __m256i lo = _mm256_and_si256(raw, m4);
+          __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+          if (kFive) {
+            // Bit g of hb is bit 4 of group g (lo: g = v, hi: g = v + 4).
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4 - v), m10));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi16(hb, v), m10));
+          }
           D2O_UNROLL
           for (int t = 0; t < NT; ++t) {
             const int8_t* xb = act_qs(rec[t]) + 32 * b;
@@ -280,9 +291,19 @@ void tile_32(const TileJob& job) {
             s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(hi, bcast4(xb + 16 + 4 * v)));
             pin(s16[t]);
           }
+          if (kFive && v == 1) {
+            D2O_UNROLL
+            for (int t = 0; t < NT; ++t) {
+              is[t] = _mm256_madd_epi16(s16[t], ones);
+              s16[t] = _mm256_setzero_si256();
+            }
+          }
         }
         D2O_UNROLL
-        for (int t = 0; t < NT; ++t) is[t] = _mm256_madd_epi16(s16[t], ones);
+        for (int t = 0; t < NT; ++t) {
+          is[t] = kFive ? _mm256_add_epi32(is[t], _mm256_madd_epi16(s16[t], ones))
+                        : _mm256_madd_epi16(s16[t], ones);
+        }
       }
       const __m256 dw = half8(dsec + 32 * b + 16 * h);
       const __m256 mw =
@@ -290,8 +311,9 @@ void tile_32(const TileJob& job) {
       D2O_UNROLL
       for (int t = 0; t < NT; ++t) {
         __m256i isum = is[t];
-        if (kKind == PackKind::kQ4_0) {
-          isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * act_a<int32_t>(al, rec[t])[b]));
+        if (kKind == PackKind::kQ4_0 || kKind == PackKind::kQ5_0) {
+          const int32_t bias = (kKind == PackKind::kQ4_0 ? 8 : 16) * act_a<int32_t>(al, rec[t])[b];
+          isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(bias));
         }
         const __m256 dwdx = _mm256_mul_ps(dw, _mm256_set1_ps(act_d(al, rec[t])[b]));
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dwdx, acc[t]);

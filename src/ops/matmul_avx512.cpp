@@ -178,7 +178,7 @@ void quantize_avx512(const ActLayout& l, const float* x, uint8_t* rec) {
   }
 }
 
-// ---- Q4_0, Q4_1, Q8_0 ------------------------------------------------------------------------
+// ---- Q4_0, Q4_1, Q5_0, Q8_0 ------------------------------------------------------------------
 
 template <PackKind kKind, int NT>
 void tile_32(const TileJob& job) {
@@ -190,7 +190,9 @@ void tile_32(const TileJob& job) {
   const uint8_t* dsec = job.tile + w.section_offset[0];
   const uint8_t* msec = job.tile + w.section_offset[1];  // Q4_1 only
   const uint8_t* qsec = job.tile + w.section_offset[kKind == PackKind::kQ4_1 ? 2 : 1];
+  const uint8_t* hsec = job.tile + w.section_offset[2];  // Q5_0 only
   const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i m10 = _mm512_set1_epi8(0x10);
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 acc[NT];
   D2O_UNROLL
@@ -219,11 +221,17 @@ void tile_32(const TileJob& job) {
       }
     } else {
       const uint8_t* q = qsec + 256 * b;
+      const __m512i h = kKind == PackKind::kQ5_0 ? load64(hsec + 64 * b) : _mm512_setzero_si512();
       D2O_UNROLL
       for (int v = 0; v < 4; ++v) {
         const __m512i raw = load64(q + 64 * v);
-        const __m512i lo = _mm512_and_si512(raw, m4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+        __m512i lo = _mm512_and_si512(raw, m4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+        if (kKind == PackKind::kQ5_0) {
+          // Bit g of h is bit 4 of group g (lo: g = v, hi: g = v + 4).
+          lo = or_and(lo, _mm512_slli_epi16(h, 4 - v), m10);
+          hi = or_and(hi, _mm512_srli_epi16(h, v), m10);
+        }
         D2O_UNROLL
         for (int t = 0; t < NT; ++t) {
           const int8_t* xb = act_qs(rec[t]) + 32 * b;
@@ -240,7 +248,8 @@ void tile_32(const TileJob& job) {
     for (int t = 0; t < NT; ++t) {
       __m512i isum = is[t];
       if (kKind != PackKind::kQ4_1) {
-        const int32_t bias = (kKind == PackKind::kQ4_0 ? 8 : 128) * act_a<int32_t>(al, rec[t])[b];
+        const int32_t scale = kKind == PackKind::kQ4_0 ? 8 : (kKind == PackKind::kQ5_0 ? 16 : 128);
+        const int32_t bias = scale * act_a<int32_t>(al, rec[t])[b];
         isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(bias));
       }
       const __m512 dwdx = _mm512_mul_ps(dw, _mm512_set1_ps(act_d(al, rec[t])[b]));

@@ -3,7 +3,7 @@
 //
 // Activation quantisation reproduces llama.cpp's (ggml-cpu on x86) bit for bit, so that d2o's
 // products carry the same rounding as llama.cpp's and logits stay close to its logits:
-//   Q4_0, Q4_1, Q8_0 weights: per 32 elements (block_q8_0 / block_q8_1):
+//   Q4_0, Q4_1, Q5_0, Q8_0 weights: per 32 elements (block_q8_0 / block_q8_1):
 //     amax = max |x|, q = round-to-nearest-even(x * (127 / amax)) (0 when amax = 0),
 //     dx = fp16(amax / 127); for Q4_1 also s = fp16(amax / 127 * sum(q))
 //   Q4_K, Q5_K, Q6_K weights: per 256 elements (block_q8_K): m = the first element of largest
@@ -16,6 +16,7 @@
 // stored integers with q; dw, mw, dmin = the weight's fp16 fields as float; dx = d above):
 //   Q4_0  acc = fma(float(isum_u4 - 8 * qsum), dw * dx, acc)          (isum over 0..15 nibbles)
 //   Q4_1  acc = fma(float(isum_u4), dw * dx, acc); acc = fma(mw, s, acc)
+//   Q5_0  acc = fma(float(isum_u5 - 16 * qsum), dw * dx, acc)        (isum over 0..31 values)
 //   Q8_0  acc = fma(float(isum_s8), dw * dx, acc)
 //   Q4_K, Q5_K (per 256): I = sum_j sc_j * isum_j, M = sum_j mn_j * qsum32_j,
 //         acc = fma(float(I), dw * dx, acc); acc = fma(-float(M), dmin * dx, acc)
@@ -105,7 +106,7 @@ using F32Fn = void (*)(const F32Job& job);
 
 struct KernelTable {
   QuantizeFn quantize[2] = {};  // by ActFormat
-  TileFn tile[7] = {};          // by PackKind (kRaw unused)
+  TileFn tile[8] = {};          // by PackKind (kRaw unused)
   F32Fn f32 = nullptr;
 };
 

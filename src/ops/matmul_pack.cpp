@@ -215,6 +215,8 @@ PackKind pack_kind_for(GgmlType type) {
       return PackKind::kQ4_0;
     case GgmlType::kQ4_1:
       return PackKind::kQ4_1;
+    case GgmlType::kQ5_0:
+      return PackKind::kQ5_0;
     case GgmlType::kQ8_0:
       return PackKind::kQ8_0;
     case GgmlType::kQ4_K:
@@ -246,6 +248,9 @@ PackedLayout make_packed_layout(GgmlType type, int64_t n_rows, int64_t n_cols) {
       break;
     case PackKind::kQ4_1:
       set({32, 32, 256});
+      break;
+    case PackKind::kQ5_0:
+      set({32, 256, 64});
       break;
     case PackKind::kQ8_0:
       set({32, 512});
@@ -283,6 +288,19 @@ void pack_block(const PackedLayout& l, const uint8_t* src, uint8_t* tile_base, i
       std::memcpy(s[1] + 2 * r, src + 2, 2);
       for (int v = 0; v < 4; ++v) std::memcpy(s[2] + lane(v, r, 0), src + 4 + 4 * v, 4);
       return;
+    case PackKind::kQ5_0: {  // d, qh[4], qs[16]
+      std::memcpy(s[0] + 2 * r, src, 2);
+      for (int v = 0; v < 4; ++v) std::memcpy(s[1] + lane(v, r, 0), src + 6 + 4 * v, 4);
+      uint32_t qh;
+      std::memcpy(&qh, src + 2, 4);
+      for (int i = 0; i < 4; ++i) {
+        uint8_t bits = 0;
+        for (int g = 0; g < 8; ++g)
+          bits = static_cast<uint8_t>(bits | (((qh >> (4 * g + i)) & 1u) << g));
+        s[2][lane(0, r, i)] = bits;
+      }
+      return;
+    }
     case PackKind::kQ8_0:
       std::memcpy(s[0] + 2 * r, src, 2);
       for (int g = 0; g < 8; ++g) std::memcpy(s[1] + lane(g, r, 0), src + 2 + 4 * g, 4);
@@ -319,6 +337,17 @@ void unpack_block(const PackedLayout& l, const uint8_t* tile_base, int r, int64_
       std::memcpy(dst + 2, s[1] + 2 * r, 2);
       for (int v = 0; v < 4; ++v) std::memcpy(dst + 4 + 4 * v, s[2] + lane(v, r, 0), 4);
       return;
+    case PackKind::kQ5_0: {
+      std::memcpy(dst, s[0] + 2 * r, 2);
+      for (int v = 0; v < 4; ++v) std::memcpy(dst + 6 + 4 * v, s[1] + lane(v, r, 0), 4);
+      uint32_t qh = 0;
+      for (int i = 0; i < 4; ++i) {
+        const uint8_t bits = s[2][lane(0, r, i)];
+        for (int g = 0; g < 8; ++g) qh |= static_cast<uint32_t>((bits >> g) & 1) << (4 * g + i);
+      }
+      std::memcpy(dst + 2, &qh, 4);
+      return;
+    }
     case PackKind::kQ8_0:
       std::memcpy(dst, s[0] + 2 * r, 2);
       for (int g = 0; g < 8; ++g) std::memcpy(dst + 2 + 4 * g, s[1] + lane(g, r, 0), 4);

@@ -12,6 +12,8 @@
 // byte 4r + i of a 64-byte chunk. Layouts per type (per block of one tile):
 //   Q4_0  d[16] fp16 | qs: chunk v (0..3): low nibble = element 4v+i, high = element 16+4v+i
 //   Q4_1  d[16] fp16 | m[16] fp16 | qs as Q4_0
+//   Q5_0  d[16] fp16 | qs as Q4_0 (low 4 bits) | qh: bit g of row r byte i = bit 4 of element
+//         4g+i (one chunk: g 0..3 complete the low nibbles of qs chunk g, 4..7 the high ones)
 //   Q8_0  d[16] fp16 | qs: chunk g (0..7): int8 element 4g+i
 //   Q4_K  d[16] | dmin[16] | sc[4 pairs][16 rows][2] u8 | mn (same) | qs: sub-block j (0..7),
 //         chunk v: low nibble = element 32j+4v+i, high nibble = element 32j+16+4v+i
@@ -31,7 +33,7 @@ namespace d2o::mm {
 inline constexpr int kTileRows = 16;
 inline constexpr int kMaxSections = 6;
 
-enum class PackKind { kRaw, kQ4_0, kQ4_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K };
+enum class PackKind { kRaw, kQ4_0, kQ4_1, kQ5_0, kQ8_0, kQ4_K, kQ5_K, kQ6_K };
 
 struct PackedLayout {
   PackKind kind = PackKind::kRaw;

@@ -92,15 +92,24 @@ void tile_32(const TileJob& job) {
               isum += static_cast<int8_t>(at(qs, g, r, i)) * xb[4 * g + i];
           }
         } else {
+          // Q5_0: bit g of qh byte (r, i) is bit 4 of element 4g + i.
+          const uint8_t* qh = kKind == PackKind::kQ5_0 ? section(w, job.tile, 2, b) : nullptr;
           for (int v = 0; v < 4; ++v) {
             for (int i = 0; i < 4; ++i) {
               const uint8_t byte = at(qs, v, r, i);
-              isum += (byte & 0x0F) * xb[4 * v + i] + (byte >> 4) * xb[16 + 4 * v + i];
+              int lo = byte & 0x0F, hi = byte >> 4;
+              if (kKind == PackKind::kQ5_0) {
+                const uint8_t bits = at(qh, 0, r, i);
+                lo |= ((bits >> v) & 1) << 4;
+                hi |= ((bits >> (v + 4)) & 1) << 4;
+              }
+              isum += lo * xb[4 * v + i] + hi * xb[16 + 4 * v + i];
             }
           }
         }
         const float dw = half_at(section(w, job.tile, 0, b), r);
         if (kKind == PackKind::kQ4_0) isum -= 8 * qsum[b];
+        if (kKind == PackKind::kQ5_0) isum -= 16 * qsum[b];
         acc = std::fma(static_cast<float>(isum), dw * dx[b], acc);
         if (kKind == PackKind::kQ4_1)
           acc = std::fma(half_at(section(w, job.tile, 1, b), r), dsum[b], acc);
@@ -215,6 +224,7 @@ const KernelTable& kernels_scalar() {
     t.quantize[1] = quantize_scalar;
     t.tile[static_cast<int>(PackKind::kQ4_0)] = tile_32<PackKind::kQ4_0>;
     t.tile[static_cast<int>(PackKind::kQ4_1)] = tile_32<PackKind::kQ4_1>;
+    t.tile[static_cast<int>(PackKind::kQ5_0)] = tile_32<PackKind::kQ5_0>;
     t.tile[static_cast<int>(PackKind::kQ8_0)] = tile_32<PackKind::kQ8_0>;
     t.tile[static_cast<int>(PackKind::kQ4_K)] = tile_q45_k<PackKind::kQ4_K>;
     t.tile[static_cast<int>(PackKind::kQ5_K)] = tile_q45_k<PackKind::kQ5_K>;

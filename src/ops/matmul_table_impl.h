@@ -74,6 +74,7 @@ KernelTable make_kernel_table(QuantizeFn quantize) {
   t.quantize[static_cast<int>(ActFormat::kQ8x256)] = quantize;
   t.tile[static_cast<int>(PackKind::kQ4_0)] = by_nt<Tile32<PackKind::kQ4_0>::K>;
   t.tile[static_cast<int>(PackKind::kQ4_1)] = by_nt<Tile32<PackKind::kQ4_1>::K>;
+  t.tile[static_cast<int>(PackKind::kQ5_0)] = by_nt<Tile32<PackKind::kQ5_0>::K>;
   t.tile[static_cast<int>(PackKind::kQ8_0)] = by_nt<Tile32<PackKind::kQ8_0>::K>;
   t.tile[static_cast<int>(PackKind::kQ4_K)] = by_nt<TileQ45<false>::K>;
   t.tile[static_cast<int>(PackKind::kQ5_K)] = by_nt<TileQ45<true>::K>;

@@ -208,8 +208,9 @@ std::vector<KernelIsa> available_isas() {
 }
 
 bool is_packed_type(GgmlType t) {
-  return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0 ||
-         t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K;
+  return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ5_0 ||
+         t == GgmlType::kQ8_0 || t == GgmlType::kQ4_K || t == GgmlType::kQ5_K ||
+         t == GgmlType::kQ6_K;
 }
 int64_t act_block_of(GgmlType t) {
   if (t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K) return 256;
@@ -388,7 +389,7 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulType,
 TEST(Matmul, ActivationEdgeCases) {
   std::mt19937 rng(31);
   ThreadPool pool(2);
-  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ6_K}) {
+  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ8_0, GgmlType::kQ6_K}) {
     const int64_t n_rows = 19, n_cols = 512, n_tok = 4;
     const auto bytes = random_weights(type, n_rows, n_cols, Fill::kRealistic, rng);
     const QMatrix w = make_matrix(type, n_rows, n_cols, bytes);
@@ -417,6 +418,39 @@ TEST(Matmul, ActivationEdgeCases) {
   }
 }
 
+// The largest integer sums the kernels can meet: every weight at the top (or bottom) of its
+// range times activations of +-127 (scale 1, so the result is exact in float). The AVX2 kernels
+// keep partial sums of these in int16; any overflow there would show as a wrong result.
+TEST(Matmul, ExtremeQuantsAreExact) {
+  ThreadPool pool(2);
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ5_0}) {
+    const int64_t n_rows = 21, n_cols = 256, n_tok = 4;
+    const int64_t block_bytes = ggml_row_bytes(type, 32);
+    for (uint8_t fill : {uint8_t{0xFF}, uint8_t{0x00}}) {
+      std::vector<uint8_t> bytes(static_cast<size_t>(ggml_row_bytes(type, n_cols) * n_rows), fill);
+      for (size_t off = 0; off < bytes.size(); off += static_cast<size_t>(block_bytes))
+        put_half(bytes.data() + off, 1.0f);
+      const QMatrix w = make_matrix(type, n_rows, n_cols, bytes);
+      std::vector<float> x(static_cast<size_t>(n_tok * n_cols));
+      for (int64_t c = 0; c < n_cols; ++c) {
+        x[c] = 127.0f;
+        x[n_cols + c] = -127.0f;
+        x[2 * n_cols + c] = c % 2 ? 127.0f : -127.0f;
+        x[3 * n_cols + c] = (c / 16) % 2 ? 127.0f : -127.0f;
+      }
+      const Reference ref = reference(type, bytes, n_rows, n_cols, x, n_tok, 32);
+      for (KernelIsa isa : available_isas()) {
+        std::vector<float> y(static_cast<size_t>(n_rows * n_tok));
+        matmul_isa(w, x.data(), n_tok, y.data(), pool, isa);
+        for (size_t i = 0; i < y.size(); ++i) {
+          ASSERT_EQ(y[i], ref.y[i]) << ggml_type_name(type) << " fill " << int{fill} << " "
+                                    << kernel_isa_name(isa) << " output " << i;
+        }
+      }
+    }
+  }
+}
+
 // Several products in one call (shared and separate x, packed and fp32-path types) equal the
 // separate calls bit for bit, at every level and thread count.
 TEST(Matmul, ManyEqualsSeparateCalls) {
@@ -428,7 +462,8 @@ TEST(Matmul, ManyEqualsSeparateCalls) {
   };
   const Spec specs[] = {{GgmlType::kQ4_1, 83, 256, 0}, {GgmlType::kQ4_1, 40, 256, 0},
                         {GgmlType::kF16, 30, 256, 0},  {GgmlType::kQ6_K, 21, 256, 0},
-                        {GgmlType::kQ8_0, 17, 512, 1}, {GgmlType::kQ4_K, 9, 512, 1}};
+                        {GgmlType::kQ8_0, 17, 512, 1}, {GgmlType::kQ4_K, 9, 512, 1},
+                        {GgmlType::kQ5_0, 35, 512, 1}, {GgmlType::kQ5_0, 18, 256, 0}};
   for (int64_t n_tok : {1, 6, 70}) {
     std::vector<std::vector<float>> xs = {random_acts(n_tok, 256, Fill::kRealistic, rng),
                                           random_acts(n_tok, 512, Fill::kRealistic, rng)};
@@ -508,7 +543,7 @@ TEST_P(LlamaCppMatmul, ReproducesGgmlMulMat) {
 }
 
 INSTANTIATE_TEST_SUITE_P(PackedTypes, LlamaCppMatmul,
-                         ::testing::Values("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"),
+                         ::testing::Values("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"),
                          [](const ::testing::TestParamInfo<const char*>& p) {
                            return std::string(p.param);
                          });
