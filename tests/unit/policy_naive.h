@@ -471,11 +471,12 @@ inline int cam_merge(const PolicyConfig& c, Head& h, int S, int il, int g) {
   const int m = c.cam_targets == 0 ? recent : std::min(c.cam_targets, recent);
   int merged = 0;
   for (int e = t0; e < n - recent; ++e) {
-    double mean = 0;
-    for (int t = e + 1; t <= e + m; ++t) mean += h[static_cast<size_t>(t)].score;
-    mean /= m;
+    // Reference: the largest score among the sinks, e and the recent slots after it.
+    double ref = 0;
+    for (int j = 0; j < t0; ++j) ref = std::max(ref, h[static_cast<size_t>(j)].score);
+    for (int j = e; j <= e + recent; ++j) ref = std::max(ref, h[static_cast<size_t>(j)].score);
     const double s = h[static_cast<size_t>(e)].score;
-    double p = mean > 0 ? s / mean : (s > 0 ? 1.0 : 0.0);
+    double p = ref > 0 ? s / ref : 0.0;
     p = std::min(1.0, std::max(0.0, p));
     const uint64_t key = (static_cast<uint64_t>(il) << 48) ^ (static_cast<uint64_t>(g) << 32) ^
                          static_cast<uint32_t>(h[static_cast<size_t>(e)].pos);
