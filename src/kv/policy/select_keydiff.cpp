@@ -10,11 +10,10 @@ namespace d2o {
 
 namespace {
 
-double dot_norm(const float* row, int hd, double* norm) {
+double l2_norm(const float* row, int hd) {
   double s = 0.0;
   for (int d = 0; d < hd; ++d) s += static_cast<double>(row[d]) * row[d];
-  *norm = std::sqrt(s);
-  return s;
+  return std::sqrt(s);
 }
 
 }  // namespace
@@ -25,8 +24,7 @@ void keydiff_scores(const KvLayer& L, int head, float* score, float* row, double
   std::fill(anchor, anchor + hd, 0.0);
   for (int j = 0; j < n; ++j) {
     L.load_key(head, j, row);
-    double norm = 0.0;
-    dot_norm(row, hd, &norm);
+    const double norm = l2_norm(row, hd);
     if (norm == 0.0) continue;
     for (int d = 0; d < hd; ++d) anchor[d] += static_cast<double>(row[d]) / norm;
   }
@@ -39,8 +37,8 @@ void keydiff_scores(const KvLayer& L, int head, float* score, float* row, double
   // Pass 2: the negated cosine of every key with the anchor.
   for (int j = 0; j < n; ++j) {
     L.load_key(head, j, row);
-    double norm = 0.0, dot = 0.0;
-    dot_norm(row, hd, &norm);
+    const double norm = l2_norm(row, hd);
+    double dot = 0.0;
     for (int d = 0; d < hd; ++d) dot += static_cast<double>(row[d]) * anchor[d];
     const double cosine = norm > 0.0 && anorm > 0.0 ? dot / (norm * anorm) : 0.0;
     score[j] = static_cast<float>(-cosine);
