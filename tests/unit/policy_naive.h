@@ -136,6 +136,7 @@ inline std::string compare(const KvCache& real, const Cache& ref, double tol) {
 inline int smallest_budget(const PolicyConfig& c) {
   if (c.selector == Selector::kSinkRecent) return c.sinks + 1;
   if (c.selector == Selector::kSnapWindow) return c.window;
+  if (c.selector == Selector::kKeyDiff) return std::max(1, c.sinks + c.recent);
   return c.sinks + 4;
 }
 
@@ -348,6 +349,36 @@ inline std::vector<int> keep_list(const PolicyConfig& c, const Head& h, int S, i
     std::iota(cand.begin(), cand.end(), 0);
     keep = best_k(cand, pooled, S - w);
     for (int j = prefix; j < n; ++j) keep.push_back(j);
+  } else if (c.selector == Selector::kKeyDiff) {
+    // Anchor: the mean of the unit keys; score: minus the cosine with it, rounded to float.
+    const size_t d = h[0].k.size();
+    std::vector<double> anchor(d, 0.0);
+    for (const Tok& tk : h) {
+      double nn = 0;
+      for (double x : tk.k) nn += x * x;
+      if (nn == 0) continue;
+      for (size_t x = 0; x < d; ++x) anchor[x] += tk.k[x] / std::sqrt(nn);
+    }
+    for (double& x : anchor) x /= n;
+    std::vector<double> score(static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) {
+      const std::vector<double>& k = h[static_cast<size_t>(j)].k;
+      double ka = 0, kk = 0, aa = 0;
+      for (size_t x = 0; x < d; ++x) {
+        ka += k[x] * anchor[x];
+        kk += k[x] * k[x];
+        aa += anchor[x] * anchor[x];
+      }
+      const double cosine = kk > 0 && aa > 0 ? ka / std::sqrt(kk * aa) : 0.0;
+      score[static_cast<size_t>(j)] = static_cast<float>(-cosine);
+    }
+    const int t = std::min(c.sinks, S);
+    const int r = std::min(c.recent, S - t);
+    for (int j = 0; j < t; ++j) keep.push_back(j);
+    std::vector<int> cand;
+    for (int j = t; j < n - r; ++j) cand.push_back(j);
+    for (int j : best_k(cand, score, S - t - r)) keep.push_back(j);
+    for (int j = n - r; j < n; ++j) keep.push_back(j);
   } else {
     const int t = std::min(c.sinks, S);
     const int body = S - t;
@@ -547,11 +578,12 @@ inline int cam_merge(const PolicyConfig& c, Head& h, int S, int il, int g) {
   const int m = c.cam_targets == 0 ? recent : std::min(c.cam_targets, recent);
   int merged = 0;
   for (int e = t0; e < n - recent; ++e) {
-    double mean = 0;
-    for (int t = e + 1; t <= e + m; ++t) mean += h[static_cast<size_t>(t)].score;
-    mean /= m;
+    // Reference: the largest score among the sinks, e and the recent slots after it.
+    double ref = 0;
+    for (int j = 0; j < t0; ++j) ref = std::max(ref, h[static_cast<size_t>(j)].score);
+    for (int j = e; j <= e + recent; ++j) ref = std::max(ref, h[static_cast<size_t>(j)].score);
     const double s = h[static_cast<size_t>(e)].score;
-    double p = mean > 0 ? s / mean : (s > 0 ? 1.0 : 0.0);
+    double p = ref > 0 ? s / ref : 0.0;
     p = std::min(1.0, std::max(0.0, p));
     const uint64_t key = (static_cast<uint64_t>(il) << 48) ^ (static_cast<uint64_t>(g) << 32) ^
                          static_cast<uint32_t>(h[static_cast<size_t>(e)].pos);

@@ -43,7 +43,8 @@ TEST(PolicyInvariants, SlotsEqualBudgetAfterEveryDecodeStep) {
   for (const char* spec :
        {"d2o:ratio=0.3", "d2o:budget=16", "d2o:ratio=0.3,layers=research", "h2o:ratio=0.25",
         "roco:budget=12", "streaming:budget=10,pos=shift", "cam:ratio=0.3",
-        "snapkv:budget=12,window=4", "pyramidkv:budget=12,window=4"}) {
+        "snapkv:budget=12,window=4", "pyramidkv:budget=12,window=4", "keydiff:ratio=0.3",
+        "keydiff:budget=12,sinks=2,recent=3"}) {
     for (int heads : {4, 2, 1}) {
       SCOPED_TRACE(std::string(spec) + " " + test::layout_name(heads));
       SimSetup s;
@@ -70,6 +71,8 @@ TEST(PolicyInvariants, SlotsEqualBudgetAfterEveryDecodeStep) {
           if (c.selector == Selector::kHeavyRecent)
             split_heavy_recent(b, c.sinks, c.nm_n, c.nm_m, &heavy, &recent);
           if (c.selector == Selector::kSnapWindow) recent = std::min(c.window, b);
+          if (c.selector == Selector::kKeyDiff)
+            recent = std::min(c.recent, b - std::min(c.sinks, b));
           const int64_t next = sim.n_past - sim.state.pos_shift;
           for (int g = 0; g < heads; ++g) {
             for (int j = 0; j < std::min(c.sinks, b); ++j) EXPECT_EQ(L.pos[L.meta_index(g, j)], j);
@@ -194,9 +197,9 @@ TEST(PolicyInvariants, AllocatorProportionalClampedExact) {
 
 // A budget at least the sequence length keeps the cache bit for bit identical to the full cache.
 TEST(PolicyInvariants, LargeBudgetLeavesCacheUntouched) {
-  for (const char* spec :
-       {"d2o:budget=80", "h2o:budget=80", "roco:budget=80", "streaming:budget=80,pos=shift",
-        "snapkv:budget=80,window=4", "pyramidkv:budget=80,window=4", "cam:budget=80"}) {
+  for (const char* spec : {"d2o:budget=80", "h2o:budget=80", "roco:budget=80",
+                           "streaming:budget=80,pos=shift", "snapkv:budget=80,window=4",
+                           "pyramidkv:budget=80,window=4", "cam:budget=80", "keydiff:budget=80"}) {
     for (KvType type : {KvType::kF32, KvType::kF16}) {
       SCOPED_TRACE(spec);
       SimSetup s;
@@ -244,6 +247,8 @@ TEST(PolicyInvariants, PeakSlotsBoundsWhatASequenceHolds) {
       {"streaming:budget=20", 30, 30, 30, true},
       {"h2o:ratio=0.5", 40, 100, 40, false},
       {"cam:ratio=0.25", 40, 100, 40, false},
+      {"keydiff:budget=20", 50, 120, 7, true},
+      {"keydiff:ratio=0.3", 40, 100, 40, false},
       {"d2o:budget=20", 50, 120, 7, false},
       {"d2o:ratio=0.3", 40, 100, 40, false},
       {"snapkv:ratio=0.5,window=4", 40, 100, 40, true},
@@ -336,7 +341,7 @@ TEST(PolicyInvariants, SteadyStateDecodeAllocatesNothing) {
   for (const char* spec :
        {"d2o:ratio=0.3", "d2o:budget=20,sim=kv,reading=research", "h2o:budget=16,norm=queries",
         "streaming:budget=12,pos=shift", "snapkv:budget=16,window=4", "cam:ratio=0.3",
-        "pyramidkv:budget=16,window=4"}) {
+        "pyramidkv:budget=16,window=4", "keydiff:ratio=0.3", "keydiff:budget=16,recent=4"}) {
     for (KvType type : {KvType::kF32, KvType::kF16}) {
       SCOPED_TRACE(spec);
       SimSetup s;
@@ -533,7 +538,8 @@ TEST(PolicyInvariants, D2oDecodeStepCost) {
 TEST(PolicyInvariants, LayerwiseCompactionEqualsWholePass) {
   for (const char* spec :
        {"d2o:ratio=0.3", "d2o:budget=16", "d2o:ratio=0.3,layers=research", "h2o:ratio=0.25",
-        "roco:budget=12", "cam:ratio=0.3", "streaming:budget=10", "snapkv:budget=12,window=4"}) {
+        "roco:budget=12", "cam:ratio=0.3", "streaming:budget=10", "snapkv:budget=12,window=4",
+        "keydiff:budget=12,sinks=1"}) {
     SCOPED_TRACE(spec);
     SimSetup s;
     s.n_layer = 5;

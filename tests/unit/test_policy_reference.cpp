@@ -97,6 +97,13 @@ TEST(PolicyReference, Cam) {
   check_all_layouts("cam:ratio=0.3,mb=3,seed=11,sinks=2", 40, 50, 1);
 }
 
+TEST(PolicyReference, KeyDiff) {
+  check_all_layouts("keydiff:ratio=0.3", 40, 50, 1);
+  check_all_layouts("keydiff:ratio=0.35", 37, 50, 1, 5);  // odd sizes
+  check_all_layouts("keydiff:ratio=0.3,sinks=3,recent=5", 41, 50, 1);
+  check_all_layouts("keydiff:ratio=0.1", 53, 20, 1, 3);  // budgets at the smallest (1)
+}
+
 // Streaming with a fixed capacity: chunks of 7 tokens, compaction whenever a layer overflows.
 TEST(PolicyReference, BudgetModeInChunks) {
   for (const char* spec :
@@ -104,7 +111,8 @@ TEST(PolicyReference, BudgetModeInChunks) {
         "d2o:budget=14,mrope=pre,decide=token,merge=sized,protect=edges,mscore=max",
         "h2o:budget=12", "roco:budget=12",
         "streaming:budget=10", "streaming:budget=10,pos=shift", "snapkv:budget=10,window=4",
-        "pyramidkv:budget=10,window=4,pool=max", "cam:budget=10", "cam:budget=10,mb=2"}) {
+        "pyramidkv:budget=10,window=4,pool=max", "cam:budget=10", "cam:budget=10,mb=2",
+        "keydiff:budget=11", "keydiff:budget=10,sinks=2,recent=3"}) {
     check_all_layouts(spec, 5, 14, 7, 6);
   }
 }
@@ -115,7 +123,8 @@ TEST(PolicyReference, WithAttentionStatistics) {
   for (const char* spec :
        {"d2o:ratio=0.3", "d2o:budget=20,agg=max", "d2o:ratio=0.3,mass=on,merge=sized",
         "h2o:ratio=0.3,agg=mean", "roco:budget=16",
-        "snapkv:budget=16,window=4", "pyramidkv:ratio=0.4,window=4", "cam:ratio=0.3"}) {
+        "snapkv:budget=16,window=4", "pyramidkv:ratio=0.4,window=4", "cam:ratio=0.3",
+        "keydiff:ratio=0.3", "keydiff:budget=13,sinks=1"}) {
     for (int heads : {4, 2, 1}) {
       for (KvType type : {KvType::kF32, KvType::kF16}) {
         SCOPED_TRACE(std::string(spec) + " " + test::layout_name(heads) + " " + kv_type_name(type));
@@ -136,7 +145,7 @@ TEST(PolicyReference, ThreadPoolGivesIdenticalResults) {
   ThreadPool pool(3);
   for (const char* spec :
        {"d2o:ratio=0.3", "d2o:budget=14,sim=kv", "cam:ratio=0.3", "h2o:budget=12",
-        "streaming:budget=10,pos=shift", "snapkv:budget=10,window=4"}) {
+        "streaming:budget=10,pos=shift", "snapkv:budget=10,window=4", "keydiff:budget=12"}) {
     for (KvType type : {KvType::kF32, KvType::kF16}) {
       SCOPED_TRACE(std::string(spec) + " " + kv_type_name(type));
       SimSetup s;
@@ -195,6 +204,9 @@ TEST(PolicyReference, NaiveCatchesWrongVariants) {
       {"streaming:ratio=0.3", [](PolicyConfig& c) { c.pos = PosMode::kShift; }},
       {"cam:ratio=0.3", [](PolicyConfig& c) { c.seed = 1; }},
       {"cam:ratio=0.3", [](PolicyConfig& c) { c.cam_targets = 2; }},
+      {"keydiff:ratio=0.3", [](PolicyConfig& c) { c.sinks = 2; }},
+      {"keydiff:ratio=0.3", [](PolicyConfig& c) { c.recent = 3; }},
+      {"keydiff:ratio=0.3", [](PolicyConfig& c) { c.selector = Selector::kSinkRecent; }},
   };
   for (const Wrong& w : wrongs) {
     SCOPED_TRACE(w.spec);

@@ -35,6 +35,7 @@ TEST(PolicySpec, DefaultsAreThePapers) {
             "pyramidkv:ratio=0.2,window=32,kernel=7,pool=avg,pbeta=20,agg=sum");
   EXPECT_EQ(canonical("roco"), "roco:ratio=0.2,sinks=0,nm=1:1,agg=sum");
   EXPECT_EQ(canonical("cam"), "cam:ratio=0.2,sinks=4,mb=recent,seed=0,agg=sum");
+  EXPECT_EQ(canonical("keydiff"), "keydiff:ratio=0.2,sinks=0,recent=0");
   EXPECT_EQ(canonical("full"), "full");
   EXPECT_EQ(canonical(""), "full");
   EXPECT_TRUE(parse_kv_policy("full").value()->is_full());
@@ -56,6 +57,9 @@ TEST(PolicySpec, CanonicalFormRoundTrips) {
       "pyramidkv:ratio=0.1,pbeta=8.5",
       "roco:ratio=1",
       "cam:budget=64,mb=16,seed=18446744073709551615",
+      "keydiff:ratio=0.25",
+      "keydiff:budget=64,sinks=4,recent=16",
+      "keydiff: recent = 8 , budget = 8",
   };
   for (const std::string& s : specs) {
     SCOPED_TRACE(s);
@@ -74,6 +78,8 @@ TEST(PolicySpec, CanonicalFormRoundTrips) {
   EXPECT_EQ(c.ratio, 0.3333333333333333);
   EXPECT_EQ(c.beta, 0.123456789);
   EXPECT_EQ(canonical("cam:mb=16,seed=7"), "cam:ratio=0.2,sinks=4,mb=16,seed=7,agg=sum");
+  EXPECT_EQ(canonical("keydiff:recent=32,budget=256,sinks=4"),
+            "keydiff:budget=256,sinks=4,recent=32");
 }
 
 TEST(PolicySpec, ResearchReadingSetsItsDefaultsAndKeysOverride) {
@@ -103,6 +109,10 @@ TEST(PolicySpec, NeedsMatchThePolicy) {
   EXPECT_FALSE(needs("snapkv").accumulate);
   EXPECT_EQ(needs("snapkv").window, 32);
   EXPECT_EQ(needs("pyramidkv:window=8").window, 8);
+  // KeyDiff reads only the keys: no statistics, so the engine skips them.
+  EXPECT_FALSE(needs("keydiff").accumulate);
+  EXPECT_EQ(needs("keydiff").window, 0);
+  EXPECT_FALSE(needs("keydiff:budget=64,sinks=4,recent=8").accumulate);
   EXPECT_FALSE(parse_kv_policy("d2o").value()->is_full());
 }
 
@@ -114,7 +124,8 @@ struct ErrorCase {
 TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
   const std::vector<ErrorCase> cases = {
       {"lru",
-       {"unknown KV policy 'lru'", "full, streaming, h2o, snapkv, pyramidkv, roco, cam, d2o"}},
+       {"unknown KV policy 'lru'",
+        "full, streaming, h2o, snapkv, pyramidkv, roco, cam, d2o, keydiff"}},
       {"D2O", {"unknown KV policy 'D2O'"}},
       {"d2o:foo=1",
        {"unknown key 'foo'",
@@ -166,6 +177,12 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"streaming:pos=rotated", {"pos=rotated", "original, shift"}},
       {"cam:mb=0", {"mb=0", "'recent' or a positive integer"}},
       {"cam:seed=-3", {"seed=-3"}},
+      {"keydiff:recent=-1", {"recent=-1", "integer from 0"}},
+      {"keydiff:recent=x", {"recent=x"}},
+      {"keydiff:window=8", {"unknown key 'window'", "ratio, budget, sinks, recent"}},
+      {"keydiff:budget=5,sinks=2,recent=4",
+       {"budget=5", "smallest usable budget 6", "sinks=2", "recent=4"}},
+      {"h2o:recent=4", {"unknown key 'recent'"}},
       {"d2o:ratio=0.2,ratio=0.3", {"'ratio' is given twice"}},
       {"d2o:ratio", {"expected key=value", "'ratio'"}},
       {"d2o:ratio=0.2,", {"expected key=value"}},

@@ -9,6 +9,7 @@
 #include "kv/policy/merge_cam.h"
 #include "kv/policy/merge_d2o.h"
 #include "kv/policy/select.h"
+#include "kv/policy/select_keydiff.h"
 
 namespace d2o {
 
@@ -215,6 +216,9 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state, Poli
         select_snap(sc.f.data(), n, S, cfg_.window, keep, sc.i.data());
         break;
       }
+      case Selector::kKeyDiff:
+        select_keydiff(L, g, S, cfg_, keep, sc);
+        break;
     }
     if (d2o) {
       // Evicted = the complement of keep, ascending.

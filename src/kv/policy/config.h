@@ -1,11 +1,12 @@
 // PolicyConfig: everything a KV-cache compression policy is made of, as plain data.
 //
-// Every preset (streaming, h2o, snapkv, pyramidkv, roco, cam, d2o) is one composition of
+// Every preset (streaming, h2o, snapkv, pyramidkv, roco, cam, d2o, keydiff) is one composition of
 //   a budget mode     ratio=r (rho = r of the tokens seen at the first compaction) or budget=B
 //                     (B slots per KV head and layer on average, a fixed capacity);
 //   a layer rule      how the total is split over layers (uniform, D2O variance, pyramid, ...);
 //   a selector        which slots of a KV head survive (sinks + heavy hitters + recent window,
-//                     sinks + recent window, SnapKV pooled window attention + observation window);
+//                     sinks + recent window, SnapKV pooled window attention + observation window,
+//                     KeyDiff: the keys least similar to the head's mean key);
 //   a merger          what happens to the evicted slots (dropped, D2O nearest-neighbour merge,
 //                     CaM value merge).
 // The spec string ("d2o:ratio=0.2,sinks=4,...") is parsed into this struct (spec.cpp) and printed
@@ -36,6 +37,7 @@ enum class Selector {
   kSinkRecent,   // T sinks + the most recent slots (StreamingLLM, CaM)
   kHeavyRecent,  // T sinks + N highest-score slots + M most recent (H2O, RoCo, D2O)
   kSnapWindow,   // top-k pooled window attention + the last w slots (SnapKV, PyramidKV)
+  kKeyDiff,      // T sinks + the keys least similar to the mean key + R recent (KeyDiff)
 };
 
 // Score normalisation of accumulated attention before heavy-hitter selection.
@@ -143,6 +145,9 @@ struct PolicyConfig {
   int cam_targets = 0;  // CaM: values spread over this many following slots (0 = the recent window)
   uint64_t seed = 0;    // CaM: Bernoulli sampling seed
 
+  // KeyDiff.
+  int recent = 0;  // the last `recent` slots are always kept
+
   // Statistics the attention kernel must produce.
   bool needs_accumulate() const {
     return selector == Selector::kHeavyRecent || merger == Merger::kCam;
@@ -160,6 +165,8 @@ struct PolicyConfig {
         return sinks + kMinBody;
       case Selector::kSnapWindow:
         return window;  // the observation window, top-k may be 0
+      case Selector::kKeyDiff:
+        return sinks + recent > 0 ? sinks + recent : 1;  // the protected slots, top-k may be 0
     }
     return 1;
   }

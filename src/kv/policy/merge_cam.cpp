@@ -35,18 +35,27 @@ int cam_merge_values(const CamHeadMerge& h, PolicyScratch& scratch) {
   const int32_t* pos = &L.pos[L.meta_index(h.head, 0)];
 
   // Scratch: d = acc[hd] cur[hd] ring[m][hd] (merged sources of the sliding window, as updated
-  // values); i2 = ring_used[m]; f = row[hd].
+  // values); i2 = ring_used[m] deque[n - first]; f = row[hd].
   const size_t nd = static_cast<size_t>(hd) * (2 + static_cast<size_t>(m));
+  const size_t ni = static_cast<size_t>(m) + static_cast<size_t>(n - first);
   if (scratch.d.size() < nd) scratch.d.resize(nd);
-  if (scratch.i2.size() < static_cast<size_t>(m)) scratch.i2.resize(static_cast<size_t>(m));
+  if (scratch.i2.size() < ni) scratch.i2.resize(ni);
   if (scratch.f.size() < static_cast<size_t>(hd)) scratch.f.resize(static_cast<size_t>(hd));
   double* acc = scratch.d.data();
   double* cur = acc + hd;
   double* ring = cur + hd;
   int32_t* used = scratch.i2.data();
+  int32_t* dq = used + m;  // slots of [e, e + recent] by decreasing score (sliding maximum)
   float* row = scratch.f.data();
   std::fill(acc, acc + hd, 0.0);
   std::fill(used, used + m, 0);
+
+  // Reference attention of the slot e evicted: the largest score among the sinks, e itself and
+  // the recent window that survives it (e + 1 .. e + recent), as the authors' code takes the
+  // maximum over the sinks and the window the slot leaves. Sinks: once; window: a monotone deque.
+  float sink_max = 0.0f;
+  for (int j = 0; j < first; ++j) sink_max = std::max(sink_max, score[j]);
+  int dq_head = 0, dq_tail = 0, next_in = first;
 
   // The targets of source e are e+1 .. e+m; target t receives sum over merged e in [t-m, t-1]
   // of v'_e / m, where v' is the value after its own merges. A running sum over the window
@@ -72,11 +81,14 @@ int cam_merge_values(const CamHeadMerge& h, PolicyScratch& scratch) {
       --in_window;
     }
     if (t < end) {
-      // p_e against the mean score of its m targets.
-      double tsum = 0.0;
-      for (int j = t + 1; j <= t + m; ++j) tsum += score[j];
-      const double tmean = tsum / m;
-      double p = tmean > 0.0 ? score[t] / tmean : (score[t] > 0.0f ? 1.0 : 0.0);
+      // p_e = A_e / max(A over the sinks and [e, e + recent]) <= 1 (0 when all are 0).
+      for (; next_in <= t + recent; ++next_in) {
+        while (dq_tail > dq_head && score[dq[dq_tail - 1]] <= score[next_in]) --dq_tail;
+        dq[dq_tail++] = next_in;
+      }
+      while (dq[dq_head] < t) ++dq_head;
+      const double ref = std::max(sink_max, score[dq[dq_head]]);
+      double p = ref > 0.0 ? static_cast<double>(score[t]) / ref : 0.0;
       p = std::max(0.0, std::min(1.0, p));
       if (cam_uniform(h.cfg->seed, h.il, h.head, pos[t]) < p) {
         double* dst = ring + static_cast<size_t>(slot) * hd;

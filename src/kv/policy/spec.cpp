@@ -316,6 +316,14 @@ const std::vector<KeyDef>& key_defs() {
          return Status();
        },
        [](const PolicyConfig& c) { return std::string(kNormWords[static_cast<size_t>(c.norm)]); }},
+      {"recent",
+       [](std::string_view v, PolicyConfig& c) {
+         int64_t x = 0;
+         D2O_RETURN_IF_ERROR(int_key(c.name, "recent", v, 0, 1 << 20, &x));
+         c.recent = static_cast<int>(x);
+         return Status();
+       },
+       [](const PolicyConfig& c) { return std::to_string(c.recent); }},
   };
   return defs;
 }
@@ -390,6 +398,13 @@ const std::vector<PresetDef>& presets() {
        },
        {"sinks", "nm", "beta", "layers", "merge", "sim", "ema", "agg", "norm", "mscore", "mrope",
         "decide", "protect", "mass"}},
+      {"keydiff",
+       [](PolicyConfig& c) {
+         c.selector = Selector::kKeyDiff;
+         c.sinks = 0;
+         c.recent = 0;
+       },
+       {"sinks", "recent"}},
   };
   return defs;
 }
@@ -521,6 +536,9 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
               ? "the observation window (window=" + std::to_string(c.window) + ")"
           : c.selector == Selector::kSinkRecent
               ? "sinks + 1 (sinks=" + std::to_string(c.sinks) + ", at least one recent slot)"
+          : c.selector == Selector::kKeyDiff
+              ? "sinks + recent (sinks=" + std::to_string(c.sinks) +
+                    ", recent=" + std::to_string(c.recent) + "), at least 1"
               : "sinks + " + std::to_string(PolicyConfig::kMinBody) +
                     " (sinks=" + std::to_string(c.sinks) + ", at least " +
                     std::to_string(PolicyConfig::kMinBody) + " heavy and recent slots)";

@@ -1,0 +1,73 @@
+#include "kv/policy/select_keydiff.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/assert.h"
+#include "kv/policy/select.h"
+
+namespace d2o {
+
+namespace {
+
+double l2_norm(const float* row, int hd) {
+  double s = 0.0;
+  for (int d = 0; d < hd; ++d) s += static_cast<double>(row[d]) * row[d];
+  return std::sqrt(s);
+}
+
+}  // namespace
+
+void keydiff_scores(const KvLayer& L, int head, float* score, float* row, double* anchor) {
+  const int n = L.n_slot, hd = L.head_dim;
+  // Pass 1: the anchor, the mean of the normalised keys.
+  std::fill(anchor, anchor + hd, 0.0);
+  for (int j = 0; j < n; ++j) {
+    L.load_key(head, j, row);
+    const double norm = l2_norm(row, hd);
+    if (norm == 0.0) continue;
+    for (int d = 0; d < hd; ++d) anchor[d] += static_cast<double>(row[d]) / norm;
+  }
+  double anorm = 0.0;
+  for (int d = 0; d < hd; ++d) {
+    anchor[d] /= static_cast<double>(n);
+    anorm += anchor[d] * anchor[d];
+  }
+  anorm = std::sqrt(anorm);
+  // Pass 2: the negated cosine of every key with the anchor.
+  for (int j = 0; j < n; ++j) {
+    L.load_key(head, j, row);
+    const double norm = l2_norm(row, hd);
+    double dot = 0.0;
+    for (int d = 0; d < hd; ++d) dot += static_cast<double>(row[d]) * anchor[d];
+    const double cosine = norm > 0.0 && anorm > 0.0 ? dot / (norm * anorm) : 0.0;
+    score[j] = static_cast<float>(-cosine);
+  }
+}
+
+void select_keydiff(const KvLayer& L, int head, int S, const PolicyConfig& cfg, int32_t* keep,
+                    PolicyScratch& sc) {
+  const int n = L.n_slot;
+  D2O_ASSERT(S >= 0 && S <= n);
+  const size_t un = static_cast<size_t>(n);
+  if (sc.f.size() < un) sc.f.resize(un);
+  if (sc.i.size() < un) sc.i.resize(un);
+  const size_t hd = static_cast<size_t>(L.head_dim);
+  if (sc.f2.size() < hd) sc.f2.resize(hd);
+  if (sc.d.size() < hd) sc.d.resize(hd);
+  const int t = std::min(cfg.sinks, S);
+  const int r = std::min(cfg.recent, S - t);
+  int o = 0;
+  for (int j = 0; j < t; ++j) keep[o++] = j;
+  const int mid = n - t - r, k = S - t - r;
+  if (k > 0) {
+    // Only the candidates' ranking matters, but the anchor averages every slot of the head.
+    keydiff_scores(L, head, sc.f.data(), sc.f2.data(), sc.d.data());
+    select_top(sc.f.data(), t, mid, k, keep + o, sc.i.data());
+    o += k;
+  }
+  for (int j = n - r; j < n; ++j) keep[o++] = j;
+  D2O_ASSERT(o == S);
+}
+
+}  // namespace d2o
