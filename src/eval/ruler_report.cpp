@@ -74,6 +74,10 @@ Status write_ruler_report(const RulerResult& r, const RulerParams& p, const RunM
     if (p.policies[i].label == "full" && full < 0) full = static_cast<int>(i);
     if (p.policies[i].label == "d2o" && d2o < 0) d2o = static_cast<int>(i);
   }
+  // Without a plain "d2o", the first D2O variant is the one compared.
+  for (size_t i = 0; i < n_pol && d2o < 0; ++i) {
+    if (spec_preset(p.policies[i].spec) == "d2o") d2o = static_cast<int>(i);
+  }
   std::vector<std::string> task_names;
   for (RulerTask t : p.tasks) task_names.push_back(ruler_task_name(t));
   // Cells: each task pooled over lengths, then (with several lengths) each task and length,
@@ -234,11 +238,11 @@ Status write_ruler_report(const RulerResult& r, const RulerParams& p, const RunM
         md_table({"policy", "spec", "kept (d2o ratio)", "kvpress compression_ratio"}, body) + "\n";
   }
   if (d2o >= 0) {
-    md +=
-        "## Paired differences against d2o\n\nScore of d2o minus the other policy, paired by "
-        "trial, in points ± one standard error; **wins** / **loses** beyond two standard "
-        "errors, ties otherwise.\n\n" +
-        md_table({"task", "vs", "d2o − other", "d2o"}, cmp_rows) + "\n";
+    const std::string& me = p.policies[static_cast<size_t>(d2o)].label;
+    md += "## Paired differences against d2o\n\nScore of `" + me +
+          "` minus the other policy, paired by trial, in points ± one standard error; **wins** / "
+          "**loses** beyond two standard errors, ties otherwise.\n\n" +
+          md_table({"task", "vs", "d2o − other", "d2o"}, cmp_rows) + "\n";
   }
   // Heatmap: the score per policy (rows) and task/length cell (columns).
   {

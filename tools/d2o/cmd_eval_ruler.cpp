@@ -116,12 +116,17 @@ int run_ruler_cmd(RulerOptions& o) {
   text.chat_template = chat != nullptr;
   const eval::ReportFiles files{o.common.out_dir, o.common.name.empty() ? "ruler" : o.common.name};
   if (Status st = eval::write_ruler_report(*res, p, s.meta, text, files); !st.ok()) return fail(st);
-  double full_mean = 0;
-  for (size_t pi = 0; pi < p.policies.size(); ++pi) {
+  auto mean_score = [&](size_t pi) {
     double sum = 0;
     for (const auto& oc : res->outcomes) sum += oc.scores[pi];
-    const double mean = res->outcomes.empty() ? 0 : sum / static_cast<double>(res->outcomes.size());
-    if (pi == 0) full_mean = mean;
+    return res->outcomes.empty() ? 0.0 : sum / static_cast<double>(res->outcomes.size());
+  };
+  double full_mean = 0;
+  for (size_t pi = 0; pi < p.policies.size(); ++pi) {
+    if (p.policies[pi].label == "full") full_mean = mean_score(pi);
+  }
+  for (size_t pi = 0; pi < p.policies.size(); ++pi) {
+    const double mean = mean_score(pi);
     std::printf("%-12s score %5.1f%%  (%s of the full cache's)\n", p.policies[pi].label.c_str(),
                 100 * mean,
                 full_mean > 0 ? eval::fmt_num("%.1f%%", 100 * mean / full_mean).c_str() : "-");
