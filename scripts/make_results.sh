@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # Regenerates docs/results.md and its charts (docs/results/*.svg, *.json, *.md) with the d2o
-# evaluation harness: `d2o eval ppl`, `fidelity`, `niah`, `ablate` on the default model
+# evaluation harness: `d2o eval ppl`, `fidelity`, `niah`, `ruler`, `ablate` on the default model
 # (SmolLM2-135M-Instruct, fetched by scripts/setup.sh) with every KV policy, then
 # `d2o eval summary` for the page. Deterministic: the same model, texts and seed give the same
 # numbers (wall times aside).
 #
-#   scripts/make_results.sh                 the full report (about an hour on 2 cores)
+#   scripts/make_results.sh                 the full report (about 75 minutes on 2 cores)
 #   scripts/make_results.sh --quick         a small subset in a few minutes (CI smoke test);
 #                                           writes to build/results-quick unless --out is given
 #   scripts/make_results.sh --out DIR       reports into DIR, the page into DIR/../results.md
 #   scripts/make_results.sh --summary-only  only rebuild the page from the reports already there
 #
 # Environment: D2O (the d2o binary, default build/d2o), MODEL (a GGUF file, default the setup
-# model), TEXT (the text of ppl/fidelity/ablate, default cache/texts/kjv.txt), HAYSTACK (needle
-# haystack, default the Paul Graham essays, else the KJV text), THREADS (default 2), SEED
+# model), TEXT (the text of ppl/fidelity/ablate, default cache/texts/kjv.txt), HAYSTACK (niah and
+# ruler haystack, default the Paul Graham essays, else the KJV text), THREADS (default 2), SEED
 # (default 1). Hand-written remarks in docs/results_notes.md are included in the page.
 set -euo pipefail
 
@@ -65,6 +65,7 @@ if [ $summary_only -eq 0 ]; then
     run eval fidelity --quick "${common[@]}" "${text[@]}" --policies "$all;d2o:budget=100000"
     run eval niah --quick "${common[@]}" "${hay[@]}" --policies "full;streaming;h2o;snapkv;pyramidkv;d2o" \
       --lengths 256,384
+    run eval ruler --quick "${common[@]}" "${hay[@]}" --policies "full;streaming;h2o;d2o"
     run eval ablate --quick "${common[@]}" "${text[@]}" --samples 1 --continue 8
   else
     # Sized for about an hour on 2 busy cores (per-token costs measured first; see results.md).
@@ -79,6 +80,12 @@ if [ $summary_only -eq 0 ]; then
     # i.e. 50% of a 1K context down to 6% of the 8K trained context.
     run eval niah "${common[@]}" "${hay[@]}" --policies "$all" --tasks needle,passkey \
       --lengths 1024,2048,4096,8176 --depths 0,33,67,100 --trials 1 --budget 512
+    # ruler: RULER-style tasks at 2K tokens, every policy at rho = 0.2, one shared prefill per
+    # trial. A 2K trial took about 17 s with 4 policies (40 trials in 11 min, 2 threads, busy
+    # machine), so these 48 take 15-20 minutes. cwe is left out: the full cache of this model
+    # scores 2% on it at 2K, too little to compare policies.
+    run eval ruler "${common[@]}" "${hay[@]}" --policies "$all" --ratio 0.2 --lengths 2048 \
+      --trials 8 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,fwe
   fi
 fi
 

@@ -1,10 +1,12 @@
 // `d2o eval summary`: assembles docs/results.md from the JSON and Markdown reports of one run of
-// ppl, fidelity, niah and ablate (any subset present), and states D2O's standing against each
-// baseline with its uncertainty:
+// ppl, fidelity, niah, ruler and ablate (any subset present), and states D2O's standing against
+// each baseline with its uncertainty:
 //   - ppl: tail NLL of D2O minus the baseline, paired by position (batch-means standard error);
 //   - fidelity: KL(full ‖ ·) of D2O minus the baseline, paired by sample (standard error over
 //     samples), per ratio;
 //   - niah: accuracy of D2O minus the baseline, paired by trial (standard error over trials);
+//   - ruler: score of D2O minus the baseline per task (lengths pooled) and over all tasks,
+//     paired by trial, as the ruler report computes it;
 //   - ablate: the verdict on each of the paper's claims, as computed by the ablation report.
 // "wins" / "loses" when the paired difference exceeds two standard errors in D2O's favour /
 // against it, "ties" otherwise. Then the direction of each result is compared with the paper's
@@ -18,7 +20,8 @@
 namespace d2o::eval {
 
 struct SummaryOptions {
-  std::string dir;  // folder with ppl.json, fidelity.json, niah.json, ablate.json (+ .md, .svg)
+  std::string
+      dir;  // folder with ppl.json, fidelity.json, niah.json, ruler.json, ablate.json (+ .md, .svg)
   std::string image_prefix;  // prepended to image links of the included reports ("results/")
   std::string notes;         // Markdown written by hand, included after the verdicts ("" = none)
   std::string title = "Results";

@@ -1,5 +1,5 @@
-// `d2o eval ppl|fidelity|niah|ablate --quick` as a user (or CI) runs them: each subcommand runs
-// end to end on the real model, writes JSON, Markdown and SVG files that parse, and the
+// `d2o eval ppl|fidelity|niah|ruler|ablate --quick` as a user (or CI) runs them: each subcommand
+// runs end to end on the real model, writes JSON, Markdown and SVG files that parse, and the
 // harness's invariants hold (the full cache has KL 0 against itself; a budget at least the
 // context reproduces the full cache exactly; nothing differs before a capacity is reached).
 // It does not check which policy wins. Bad paths, texts shorter than asked and grids larger than
@@ -157,6 +157,72 @@ TEST(CliEval, NiahFallsBackToKjvAndSaysSo) {
   EXPECT_TRUE(has(j["haystack"]["note"].get<std::string>(), "fallback")) << j["haystack"];
 }
 
+TEST(CliEval, RulerQuickRunsIsDeterministicAndSummaryPicksItUp) {
+  D2O_REQUIRE_MODEL(model);
+  // The CI configuration: one task and length, two trials, the full cache and d2o.
+  const std::string dir = out_dir("ruler");
+  auto r = run_d2o("eval ruler --quick -m " + model + " -t 1 -o " + dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "eval ruler [")) << "no progress bar: " << r.output;
+  const nlohmann::json j = check_outputs(dir, "ruler", 1);
+  ASSERT_TRUE(j.contains("trials"));
+  EXPECT_EQ(j["params"]["tasks"], nlohmann::json::array({"niah_single"}));
+  EXPECT_EQ(j["params"]["lengths"], nlohmann::json::array({512}));
+  EXPECT_EQ(j["params"]["compression"], "ratio=0.2");
+  ASSERT_EQ(j["policies"].size(), 2u);
+  EXPECT_EQ(j["policies"][0]["label"], "full");
+  ASSERT_EQ(j["trials"].size(), 2u);
+  for (const auto& t : j["trials"]) {
+    EXPECT_EQ(t["prompt_tokens"], 512 - 32);
+    EXPECT_EQ(t["expected"].size(), 1u);
+    EXPECT_EQ(t["kept"][0], 1.0);  // the full cache keeps everything
+    // d2o at ratio 0.2 keeps about a fifth of the prompt.
+    EXPECT_GT(t["kept"][1].get<double>(), 0.1);
+    EXPECT_LT(t["kept"][1].get<double>(), 0.3);
+    for (size_t i = 0; i < 2; ++i) {
+      const double s = t["scores"][i];
+      EXPECT_TRUE(s == 0.0 || s == 1.0) << s;  // one value per trial
+      const bool found = has(t["answers"][i].get<std::string>(), t["expected"][0]);
+      EXPECT_EQ(s, found ? 1.0 : 0.0);
+    }
+  }
+  for (const auto& s : j["summary"]) {
+    // The full cache's share of its own score is 1 (undefined, null, when it scores 0).
+    if (s["policy"] == "full" && s["score"].get<double>() > 0) {
+      EXPECT_EQ(s["share_of_full"], 1.0);
+    }
+    EXPECT_NEAR(s["kvpress_compression_ratio"].get<double>(), 1.0 - s["kept"].get<double>(), 1e-12);
+  }
+  const std::string md = test::read_file(dir + "/ruler.md");
+  EXPECT_TRUE(has(md, "kvpress compression_ratio")) << md;
+  EXPECT_TRUE(has(md, "Paired differences against d2o")) << md;
+  // Same seed, same numbers; a budget above the prompt answers as the full cache does.
+  const std::string a = out_dir("ruler_a"), b = out_dir("ruler_b");
+  const std::string args = "eval ruler --quick --tasks vt --lengths 640 --trials 1 -m " + model +
+                           " -t 1 --quiet --policies 'full;d2o;h2o:budget=100000' --seed 4 -o ";
+  ASSERT_EQ(run_d2o(args + a).exit_code, 0);
+  ASSERT_EQ(run_d2o(args + b).exit_code, 0);
+  const auto ja = nlohmann::json::parse(test::read_file(a + "/ruler.json"));
+  const auto jb = nlohmann::json::parse(test::read_file(b + "/ruler.json"));
+  EXPECT_EQ(ja["trials"], jb["trials"]);
+  EXPECT_EQ(ja["summary"], jb["summary"]);
+  ASSERT_EQ(ja["trials"].size(), 1u);
+  for (const auto& t : ja["trials"]) {
+    EXPECT_EQ(t["expected"].size(), 5u);
+    EXPECT_EQ(t["answers"][0], t["answers"][2]) << "budget >= context must answer like full";
+    EXPECT_EQ(t["scores"][0], t["scores"][2]);
+    EXPECT_EQ(t["kept"][2], 1.0);
+  }
+  // The summary page has a ruler section: d2o against the other compressed policy.
+  auto s = run_d2o("eval summary --dir " + a);
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  const std::string page = test::read_file(a + "/summary.md");
+  EXPECT_TRUE(has(page, "| ruler vt, ratio=0.2 | h2o:budget=100000 |")) << page;
+  EXPECT_TRUE(has(page, "| ruler, all tasks, ratio=0.2 | h2o:budget=100000 |")) << page;
+  EXPECT_FALSE(has(page, "| ruler vt, ratio=0.2 | full |")) << page;
+  EXPECT_TRUE(has(page, "RULER-style synthetic tasks")) << page;
+}
+
 TEST(CliEval, AblateQuickRuns) {
   D2O_REQUIRE_MODEL(model);
   REQUIRE_DEFAULT_TEXT();
@@ -221,6 +287,12 @@ TEST(CliEval, BadInputGivesClearErrors) {
       {"eval niah" + m + " --depths 150", "percentage", 1},
       {"eval niah" + m + " --ratio 0.2 --budget 100", "not both", 1},
       {"eval niah" + m + " --tasks haystacks", "unknown task", 1},
+      {"eval ruler" + m + " --tasks niah_double", "unknown task", 1},
+      {"eval ruler" + m + " --tasks vt --lengths 9000", "exceeds the model's trained context", 1},
+      {"eval ruler" + m + " --tasks vt --lengths 60", "too short", 1},
+      {"eval ruler" + m + " --ratio 0.2 --budget 100", "not both", 1},
+      {"eval ruler" + m + " -f /nonexistent_dir", "does not exist", 1},
+      {"eval ruler" + m + " -f " + short_text, "distinct lowercase words", 1},
       {"eval fidelity" + m + " --prompt 9000", "exceeds the model's trained context", 1},
       {"eval ppl" + m + " --policies 'd2o:ratio=0.3' --tokens 300", "sets ratio= or budget= itself",
        1},

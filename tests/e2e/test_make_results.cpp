@@ -39,7 +39,7 @@ TEST(MakeResults, QuickRunsEndToEndAndKeepsItsInvariants) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
 
   // Every protocol's report, and the page.
-  for (const char* name : {"ppl", "fidelity", "niah", "ablate"}) {
+  for (const char* name : {"ppl", "fidelity", "niah", "ruler", "ablate"}) {
     const nlohmann::json j = parse_json(out + "/" + name + ".json");
     EXPECT_TRUE(j.contains("meta")) << name;
     EXPECT_FALSE(test::read_file(out + "/" + std::string(name) + ".md").empty()) << name;
@@ -87,6 +87,15 @@ TEST(MakeResults, QuickRunsEndToEndAndKeepsItsInvariants) {
     EXPECT_LE(s["ci95"][0].get<double>(), s["accuracy"].get<double>());
     EXPECT_GE(s["ci95"][1].get<double>(), s["accuracy"].get<double>());
   }
+  // ruler: every trial answered by the four policies, the full cache keeping the whole prompt;
+  // the page compares d2o with the three others.
+  const nlohmann::json ruler = parse_json(out + "/ruler.json");
+  ASSERT_FALSE(ruler["trials"].empty());
+  for (const auto& t : ruler["trials"]) {
+    EXPECT_EQ(t["answers"].size(), 4u);
+    EXPECT_EQ(t["kept"][0], 1.0);
+  }
+  EXPECT_TRUE(has(page, "| ruler, all tasks, ratio=0.2 | streaming |")) << page;
 }
 
 }  // namespace

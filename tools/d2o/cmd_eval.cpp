@@ -3,12 +3,14 @@
 //   d2o eval ppl       perplexity with a fixed-capacity cache (the paper's PG-19 protocol)
 //   d2o eval fidelity  next-token distributions vs the full cache after prompt-then-compress
 //   d2o eval niah      needle / passkey retrieval over a grid of lengths and depths
+//   d2o eval ruler     RULER-style synthetic tasks, many trials per task and length
 //   d2o eval ablate    D2O's ablations, measured with the fidelity protocol
 //
 // Every run writes <out>/<name>.json, <out>/<name>.md and SVG charts, shows a progress bar with
 // an ETA on stderr, and records the model, text, policies, budgets, seed and wall time.
 #include "cmd_eval.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -174,6 +176,46 @@ Result<EvalSetup> eval_setup(const EvalCommonOptions& o, const std::string& text
     }
   }
   return s;
+}
+
+Result<HaystackChoice> load_haystack(const std::string& given) {
+  namespace fs = std::filesystem;
+  HaystackChoice h;
+  std::string path = given;
+  if (path.empty()) {
+    const std::string pg = default_cache_dir() + "/texts/pg";
+    std::error_code ec;
+    if (fs::is_directory(pg, ec)) {
+      path = pg;
+    } else {
+      path = default_text_path();
+      h.note =
+          "fallback: the Paul Graham essays were not found in " + pg + " (run scripts/setup.sh)";
+    }
+  }
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(path, ec)) {
+      if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path().string());
+    }
+    if (ec) return io_error("cannot list the haystack directory '" + path + "': " + ec.message());
+    if (files.empty()) return not_found("the haystack directory '" + path + "' has no .txt files");
+    std::sort(files.begin(), files.end());
+    for (const std::string& f : files) {
+      D2O_ASSIGN_OR_RETURN(std::string t, eval::read_text_file(f));
+      h.text += t + "\n\n";
+    }
+    h.name = fs::path(path).filename() == "pg"
+                 ? "Paul Graham essays (" + std::to_string(files.size()) + " files)"
+                 : path + " (" + std::to_string(files.size()) + " files)";
+  } else {
+    D2O_ASSIGN_OR_RETURN(h.text, eval::read_text_file(path));
+    h.name = fs::path(path).filename().string();
+    if (path == default_text_path()) h.name = "King James Bible (kjv.txt)";
+  }
+  h.path = path;
+  return h;
 }
 
 namespace {
@@ -353,14 +395,15 @@ Action add_eval_ppl(CLI::App* eval) {
 }
 
 Action add_eval_command(CLI::App& app) {
-  CLI::App* ev =
-      app.add_subcommand("eval", "Evaluate KV policies: ppl, fidelity, niah, ablate (and summary)");
+  CLI::App* ev = app.add_subcommand(
+      "eval", "Evaluate KV policies: ppl, fidelity, niah, ruler, ablate (and summary)");
   ev->require_subcommand(1);
   std::vector<std::pair<CLI::App*, Action>> subs;
   auto keep = [&](Action a) { subs.emplace_back(ev->get_subcommands({}).back(), std::move(a)); };
   keep(add_eval_ppl(ev));
   keep(add_eval_fidelity(ev));
   keep(add_eval_niah(ev));
+  keep(add_eval_ruler(ev));
   keep(add_eval_ablate(ev));
   keep(add_eval_summary(ev));
   return [subs] {

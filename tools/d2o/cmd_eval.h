@@ -1,4 +1,5 @@
-// `d2o eval`: options and set-up shared by its sub-subcommands (ppl, fidelity, niah, ablate).
+// `d2o eval`: options and set-up shared by its sub-subcommands (ppl, fidelity, niah, ruler,
+// ablate).
 // The protocols themselves live in src/eval/; these files only parse flags, load the model and
 // the text, and hand over.
 #pragma once
@@ -93,11 +94,19 @@ std::string ratio_label(double r);
 Result<std::vector<eval::FidelityCase>> fidelity_cases(const std::vector<std::string>& policies,
                                                        const std::vector<double>& ratios);
 
-// Sub-subcommands (cmd_eval.cpp: ppl, fidelity; cmd_eval_niah.cpp; cmd_eval_ablate.cpp;
-// cmd_eval_summary.cpp).
+// The haystack of niah and ruler: -f (a file, or a directory of .txt files joined in name
+// order), else the Paul Graham essays fetched by setup, else the KJV text (`note` says so).
+struct HaystackChoice {
+  std::string path, name, note, text;
+};
+Result<HaystackChoice> load_haystack(const std::string& given);
+
+// Sub-subcommands (cmd_eval.cpp: ppl, fidelity; cmd_eval_niah.cpp; cmd_eval_ruler.cpp;
+// cmd_eval_ablate.cpp; cmd_eval_summary.cpp).
 Action add_eval_ppl(CLI::App* eval);
 Action add_eval_fidelity(CLI::App* eval);
 Action add_eval_niah(CLI::App* eval);
+Action add_eval_ruler(CLI::App* eval);
 Action add_eval_ablate(CLI::App* eval);
 Action add_eval_summary(CLI::App* eval);
 

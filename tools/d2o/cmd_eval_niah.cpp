@@ -22,52 +22,6 @@ struct NiahOptions {
   bool no_chat = false;
 };
 
-// The haystack for the needle task: -f (a file, or a directory of .txt files joined in name
-// order), else the Paul Graham essays fetched by setup, else the KJV text.
-struct HaystackChoice {
-  std::string path, name, note, text;
-};
-
-Result<HaystackChoice> load_haystack(const std::string& given) {
-  namespace fs = std::filesystem;
-  HaystackChoice h;
-  std::string path = given;
-  if (path.empty()) {
-    const std::string pg = default_cache_dir() + "/texts/pg";
-    std::error_code ec;
-    if (fs::is_directory(pg, ec)) {
-      path = pg;
-    } else {
-      path = default_text_path();
-      h.note =
-          "fallback: the Paul Graham essays were not found in " + pg + " (run scripts/setup.sh)";
-    }
-  }
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) {
-    std::vector<std::string> files;
-    for (const auto& e : fs::directory_iterator(path, ec)) {
-      if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path().string());
-    }
-    if (ec) return io_error("cannot list the haystack directory '" + path + "': " + ec.message());
-    if (files.empty()) return not_found("the haystack directory '" + path + "' has no .txt files");
-    std::sort(files.begin(), files.end());
-    for (const std::string& f : files) {
-      D2O_ASSIGN_OR_RETURN(std::string t, eval::read_text_file(f));
-      h.text += t + "\n\n";
-    }
-    h.name = fs::path(path).filename() == "pg"
-                 ? "Paul Graham essays (" + std::to_string(files.size()) + " files)"
-                 : path + " (" + std::to_string(files.size()) + " files)";
-  } else {
-    D2O_ASSIGN_OR_RETURN(h.text, eval::read_text_file(path));
-    h.name = fs::path(path).filename().string();
-    if (path == default_text_path()) h.name = "King James Bible (kjv.txt)";
-  }
-  h.path = path;
-  return h;
-}
-
 int run_niah_cmd(NiahOptions& o) {
   if (o.ratio > 0 && o.budget > 0)
     return fail(invalid_argument("give --ratio or --budget, not both"));

@@ -40,7 +40,8 @@ Action add_eval_summary(CLI::App* eval) {
   auto o = std::make_shared<SummaryCliOptions>();
   CLI::App* sub = eval->add_subcommand(
       "summary", "Assemble a results page (verdicts, claims, reports) from a run's reports");
-  sub->add_option("--dir", o->dir, "Folder with ppl.json, fidelity.json, niah.json, ablate.json");
+  sub->add_option("--dir", o->dir,
+                  "Folder with ppl.json, fidelity.json, niah.json, ruler.json, ablate.json");
   sub->add_option("--output", o->output, "Markdown file to write (default: <dir>/summary.md)");
   sub->add_option("--notes", o->notes, "Hand-written Markdown to include after the verdicts");
   sub->add_option("--image-prefix", o->image_prefix,

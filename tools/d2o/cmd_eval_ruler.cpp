@@ -1,0 +1,163 @@
+// d2o eval ruler: RULER-style synthetic tasks over lengths, many trials per cell
+// (src/eval/ruler.h).
+#include <cstdio>
+
+#include "cmd_eval.h"
+#include "core/timer.h"
+#include "eval/ruler.h"
+
+namespace d2o::cli {
+
+namespace {
+
+constexpr const char* kAllTasks =
+    "niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,cwe,fwe";
+
+struct RulerOptions {
+  EvalCommonOptions common;
+  std::string tasks = kAllTasks;
+  std::string lengths = "2048,4096,8192";
+  int trials = 50;
+  double ratio = 0;
+  int budget = 0;
+  bool no_chat = false;
+  // Set when given on the command line (--quick shrinks only what was not given).
+  CLI::Option *o_tasks = nullptr, *o_lengths = nullptr, *o_trials = nullptr, *o_policies = nullptr;
+};
+
+int run_ruler_cmd(RulerOptions& o) {
+  if (o.ratio > 0 && o.budget > 0)
+    return fail(invalid_argument("give --ratio or --budget, not both"));
+  if (o.ratio < 0 || o.ratio > 1) return fail(invalid_argument("--ratio must be in (0, 1]"));
+  if (o.budget < 0) return fail(invalid_argument("--budget must be positive"));
+  if (o.common.quick) {
+    // CI's smoke test: one cell, two trials, two policies, 512 tokens.
+    if (o.o_tasks->count() == 0) o.tasks = "niah_single";
+    if (o.o_lengths->count() == 0) o.lengths = "512";
+    if (o.o_trials->count() == 0) o.trials = 2;
+    if (o.o_policies->count() == 0) o.common.policies = "full;d2o";
+  }
+  const std::string compression = o.budget > 0
+                                      ? "budget=" + std::to_string(o.budget)
+                                      : "ratio=" + ratio_label(o.ratio > 0 ? o.ratio : 0.2);
+  std::vector<eval::RulerTask> tasks;
+  for (const std::string& t : eval::split_list(o.tasks, ',')) {
+    auto task = eval::parse_ruler_task(t);
+    if (!task.ok()) return fail(task.status());
+    tasks.push_back(*task);
+  }
+  if (tasks.empty()) return fail(invalid_argument("--tasks: no task given"));
+  auto lengths = parse_int_list(o.lengths, "--lengths");
+  if (!lengths.ok()) return fail(lengths.status());
+  for (int len : *lengths) {
+    if (len < 1) return fail(invalid_argument("--lengths must be positive"));
+  }
+  auto hay = load_haystack(o.common.text);
+  if (!hay.ok()) return fail(hay.status());
+  auto setup = eval_setup(o.common, "", "d2o eval ruler");
+  if (!setup.ok()) return fail(setup.status());
+  EvalSetup& s = *setup;
+  s.meta.text_path = hay->path;
+  s.meta.text_name = hay->name;
+  s.meta.text_bytes = hay->text.size();
+  s.meta.text_hash = eval::fnv1a64_hex(hay->text);
+  if (!hay->note.empty())
+    std::fprintf(stderr, "haystack: %s, %s\n", hay->name.c_str(), hay->note.c_str());
+  const ChatTemplate* chat =
+      (!o.no_chat && s.loaded.chat_template) ? &*s.loaded.chat_template : nullptr;
+  auto builder = eval::RulerBuilder::create(*s.loaded.tokenizer, chat, hay->text);
+  if (!builder.ok()) return fail(builder.status());
+  s.meta.text_tokens = builder->haystack_tokens();
+
+  eval::RulerParams p;
+  p.tasks = tasks;
+  p.lengths = *lengths;
+  p.trials = o.trials;
+  p.compression = compression;
+  p.seed = o.common.seed;
+  p.n_ctx_train = s.loaded.model->hparams().n_ctx_train;
+  p.kv_type = s.loaded.kv_type;
+  std::vector<std::string> bases = eval_policies(o.common, all_policy_presets());
+  bool has_full = false;
+  for (const std::string& b : bases) has_full = has_full || b == "full";
+  if (!has_full) {
+    // Scores are reported as a share of the full cache's: it always runs.
+    bases.insert(bases.begin(), "full");
+  }
+  for (const std::string& base : bases) {
+    std::string spec = base;
+    if (eval::spec_preset(base) != "full" && !eval::spec_has_compression(base)) {
+      auto sp = eval::spec_with_compression(base, compression);
+      if (!sp.ok()) return fail(sp.status());
+      spec = *sp;
+    }
+    auto t = eval::make_policy(spec, base);
+    if (!t.ok()) return fail(t.status());
+    p.policies.push_back(*t);
+  }
+  std::string pol_list;
+  for (const std::string& b : bases) pol_list += (pol_list.empty() ? "" : ";") + b;
+  s.meta.command += " --tasks " + o.tasks + " --lengths " + o.lengths + " --trials " +
+                    std::to_string(o.trials) + " --policies \"" + pol_list + "\"" +
+                    (o.budget > 0 ? " --budget " : " --ratio ") +
+                    compression.substr(compression.find('=') + 1) + (o.no_chat ? " --no-chat" : "");
+  double total = 0;
+  for (int len : p.lengths)
+    total += static_cast<double>(len) * static_cast<double>(tasks.size()) * o.trials;
+  Stopwatch sw;
+  auto bar = make_progress(o.common, "eval ruler", total);
+  auto res = eval::run_ruler(*s.loaded.engine, *s.loaded.tokenizer, *builder, p, bar.get());
+  if (!res.ok()) return fail(res.status());
+  bar->finish();
+  s.meta.wall_seconds = sw.seconds();
+  eval::RulerReportText text;
+  text.haystack = hay->name;
+  text.haystack_note = hay->note;
+  text.chat_template = chat != nullptr;
+  const eval::ReportFiles files{o.common.out_dir, o.common.name.empty() ? "ruler" : o.common.name};
+  if (Status st = eval::write_ruler_report(*res, p, s.meta, text, files); !st.ok()) return fail(st);
+  auto mean_score = [&](size_t pi) {
+    double sum = 0;
+    for (const auto& oc : res->outcomes) sum += oc.scores[pi];
+    return res->outcomes.empty() ? 0.0 : sum / static_cast<double>(res->outcomes.size());
+  };
+  double full_mean = 0;
+  for (size_t pi = 0; pi < p.policies.size(); ++pi) {
+    if (p.policies[pi].label == "full") full_mean = mean_score(pi);
+  }
+  for (size_t pi = 0; pi < p.policies.size(); ++pi) {
+    const double mean = mean_score(pi);
+    std::printf("%-12s score %5.1f%%  (%s of the full cache's)\n", p.policies[pi].label.c_str(),
+                100 * mean,
+                full_mean > 0 ? eval::fmt_num("%.1f%%", 100 * mean / full_mean).c_str() : "-");
+  }
+  print_report_paths(files);
+  return 0;
+}
+
+}  // namespace
+
+Action add_eval_ruler(CLI::App* eval) {
+  auto o = std::make_shared<RulerOptions>();
+  CLI::App* sub = eval->add_subcommand(
+      "ruler", "RULER-style synthetic tasks (niah variants, variable tracking, cwe, fwe)");
+  add_eval_common_options(
+      sub, o->common,
+      "Haystack: a text file, or a directory of .txt files (default: the Paul Graham essays "
+      "fetched by scripts/setup.sh, else the KJV text)");
+  o->o_policies = sub->get_option("--policies");
+  o->o_tasks =
+      sub->add_option("--tasks", o->tasks, std::string("Tasks, comma-separated: ") + kAllTasks);
+  o->o_lengths = sub->add_option(
+      "--lengths", o->lengths, "Lengths in tokens: the prompt plus the answer's budget, as RULER");
+  o->o_trials = sub->add_option("--trials", o->trials, "Trials per (task, length) cell")
+                    ->check(CLI::Range(1, 100000));
+  sub->add_option("--ratio", o->ratio, "Compression ratio rho of the prompt (default 0.2)");
+  sub->add_option("--budget", o->budget,
+                  "Fixed budget in slots per KV head and layer instead of a ratio");
+  sub->add_flag("--no-chat", o->no_chat,
+                "Plain-text prompt even when the model has a chat template");
+  return [o] { return run_ruler_cmd(*o); };
+}
+
+}  // namespace d2o::cli
