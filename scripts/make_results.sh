@@ -49,7 +49,7 @@ text=()
 [ -n "${TEXT:-}" ] && text=(-f "$TEXT")
 hay=()
 [ -n "${HAYSTACK:-}" ] && hay=(-f "$HAYSTACK")
-all="full;streaming;h2o;snapkv;pyramidkv;roco;cam;d2o"
+all="full;streaming;h2o;snapkv;pyramidkv;roco;cam;keydiff;d2o;d2o:mass=on,merge=sized,layers=uniform,nm=1:1;d2o:mass=on,nm=1:3"
 
 run() {
   echo "== d2o $*" >&2

@@ -30,4 +30,4 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DD2O_SANITIZE=ON -DD
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs" \
-  -E "Parity|MakeResults\.QuickRuns|CliEval\.(PplQuickRuns|NiahQuickRuns|SameSeedSameNumbers)" "$@"
+  -E "Parity|MakeResults\.QuickRuns|CliEval\.(PplQuickRuns|NiahQuickRuns|RulerQuickRuns|SameSeedSameNumbers)" "$@"
