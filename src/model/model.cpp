@@ -139,6 +139,9 @@ Result<std::unique_ptr<Model>> Model::load(const GgufFile& f, const ModelLoadOpt
   Status s = load_all();
   if (!s.ok()) return s.with_context(f.path());
   m->weight_bytes_ = ld.bytes();
+  auto desc = describe_model(h, m->rope_freqs_.empty() ? nullptr : m->rope_freqs_.data());
+  if (!desc.ok()) return desc.status().with_context(f.path());
+  m->desc_ = std::move(desc).value();
   return m;
 }
 

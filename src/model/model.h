@@ -14,6 +14,7 @@
 #include "d2o/status.h"
 #include "gguf/gguf.h"
 #include "model/hparams.h"
+#include "model/layer_desc.h"
 #include "ops/matmul.h"
 
 namespace d2o {
@@ -46,7 +47,12 @@ class Model {
   // Same from an open file (the file may be closed afterwards).
   static Result<std::unique_ptr<Model>> load(const GgufFile& file, const ModelLoadOptions& opts = {});
 
+  Model(const Model&) = delete;  // the description points into the model's own tensors
+  Model& operator=(const Model&) = delete;
+
   const ModelHParams& hparams() const { return hp_; }
+  // What every layer computes (built from the hyper-parameters at load time).
+  const ModelDesc& desc() const { return desc_; }
   const QMatrix& token_embd() const { return token_embd_; }  // [n_vocab, n_embd]
   const QMatrix& output() const { return output_ ? *output_ : token_embd_; }  // tied if absent
   bool tied_embeddings() const { return !output_.has_value(); }
@@ -61,6 +67,7 @@ class Model {
   Model() = default;
   std::string path_;
   ModelHParams hp_;
+  ModelDesc desc_;
   QMatrix token_embd_;
   std::optional<QMatrix> output_;
   std::vector<float> output_norm_;

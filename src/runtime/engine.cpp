@@ -1,60 +1,19 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 
-#include "core/assert.h"
 #include "core/timer.h"
-#include "ops/ops.h"
 
 namespace d2o {
 
 Engine::Engine(const Model& model, ThreadPool& pool, const EngineOptions& opts)
     : model_(model), pool_(pool), opts_(opts) {
   if (opts_.n_ubatch < 1) opts_.n_ubatch = 1;
-  const ModelHParams& h = model.hparams();
-  rope_.type = h.rope_type;
-  rope_.head_dim = h.head_dim;
-  rope_.n_rot = h.n_rot;
-  rope_.freq_base = h.rope_freq_base;
-  rope_.freq_scale = h.rope_freq_scale;
-  rope_.freq_factors =
-      model.rope_freq_factors().empty() ? nullptr : model.rope_freq_factors().data();
-}
-
-void Engine::ensure_rows(int n_rows) {
-  if (n_rows <= rows_cap_) return;
-  const ModelHParams& h = model_.hparams();
-  const size_t n = static_cast<size_t>(n_rows);
-  const size_t q_dim = static_cast<size_t>(h.n_head) * h.head_dim;
-  const size_t kv_dim = static_cast<size_t>(h.n_head_kv) * h.head_dim;
-  x_.resize(n * h.n_embd);
-  xn_.resize(n * std::max<size_t>(h.n_embd, q_dim));
-  q_.resize(n * q_dim);
-  k_.resize(n * kv_dim);
-  v_.resize(n * kv_dim);
-  attn_out_.resize(n * q_dim);
-  gate_.resize(n * h.n_ff);
-  up_.resize(n * h.n_ff);
-  rows_cap_ = n_rows;
-}
-
-namespace {
-// Logits are computed for at most this many rows at a time: [kLogitRows, n_vocab] floats.
-constexpr int kLogitRows = 32;
-}  // namespace
-
-const char* attn_split_name(AttnSplit s) {
-  switch (s) {
-    case AttnSplit::kAuto:
-      return "auto";
-    case AttnSplit::kWithinSequence:
-      return "within";
-    case AttnSplit::kAcrossSequences:
-      return "across";
-  }
-  return "?";
+  ForwardOptions fo;
+  fo.max_rows = opts_.n_ubatch;
+  fo.attn_split = opts_.attn_split;
+  forward_ = ModelForward::create(model, pool, fo);
 }
 
 Status Engine::validate(std::span<const BatchEntry> batch) const {
@@ -126,11 +85,12 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
 
   // Micro-batches: rows of the entries in order, each entry's rows contiguous.
   const int ub = opts_.n_ubatch;
-  ensure_rows(ub);
   size_t e = 0;
   size_t next_tok = 0;
   while (e < batch.size()) {
     rows_.clear();
+    tokens_.clear();
+    pos_.clear();
     while (e < batch.size() && static_cast<int>(rows_.size()) < ub) {
       const BatchEntry& be = batch[e];
       const size_t take =
@@ -138,7 +98,9 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
       for (size_t t = next_tok; t < next_tok + take; ++t) {
         const int64_t pos =
             be.seq->n_past() - be.seq->policy_state().pos_shift + static_cast<int64_t>(t);
-        rows_.push_back({static_cast<int>(e), static_cast<int>(t), static_cast<int32_t>(pos)});
+        rows_.push_back({static_cast<int>(e), static_cast<int>(t)});
+        tokens_.push_back(be.tokens[t]);
+        pos_.push_back(static_cast<int32_t>(pos));
       }
       next_tok += take;
       if (next_tok == be.tokens.size()) {
@@ -146,7 +108,7 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
         next_tok = 0;
       }
     }
-    D2O_RETURN_IF_ERROR(run_ubatch(batch, rows_, sink));
+    D2O_RETURN_IF_ERROR(run_ubatch(batch, sink));
   }
 
   // Advance and compact each sequence. Compactions of different sequences are independent (each
@@ -163,7 +125,7 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
     pass.n_past = be.seq->n_past();
     pass.first_pass = first;
     pass.prompt_rest = be.prompt_rest;
-    pass.rope = &rope_;
+    pass.rope = &rope();
     pass.pool = layer_pool;
     be.seq->set_prompt_pending(be.prompt_rest);
     KvCache& cache = be.seq->cache();
@@ -185,272 +147,108 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
   return {};
 }
 
-Status Engine::run_ubatch(std::span<const BatchEntry> batch, std::span<const Row> rows,
-                          const LogitsSink& sink) {
-  const ModelHParams& h = model_.hparams();
-  const int n = static_cast<int>(rows.size());
-  const int n_embd = h.n_embd;
-  const int q_dim = h.n_head * h.head_dim;
-  const int kv_dim = h.n_head_kv * h.head_dim;
-  const int n_ff = h.n_ff;
+Status Engine::run_ubatch(std::span<const BatchEntry> batch, const LogitsSink& sink) {
+  const int n = static_cast<int>(rows_.size());
   timings_.rows += n;
   Stopwatch sw;
-  double t_mm = 0, t_attn = 0;
-  auto mm = [&](const QMatrix& w, const float* in, float* out) {
-    Stopwatch s;
-    matmul(w, in, n, out, pool_);
-    t_mm += s.seconds();
-  };
-  // Products that read the same input run as one parallel region, quantising it once.
-  auto mm_many = [&](std::initializer_list<MatmulCall> calls) {
-    Stopwatch s;
-    matmul_many(std::span<const MatmulCall>(calls.begin(), calls.size()), n, pool_);
-    t_mm += s.seconds();
-  };
 
-  // Each entry's rows are contiguous: one span per entry.
-  spans_.clear();
+  // Each entry's rows are contiguous: one SeqRows per entry, with what its policy reads from
+  // attention.
+  seqs_.clear();
+  seq_entry_.clear();
   for (int r0 = 0; r0 < n;) {
+    const int entry = rows_[static_cast<size_t>(r0)].entry;
     int r1 = r0;
-    while (r1 < n && rows[static_cast<size_t>(r1)].entry == rows[static_cast<size_t>(r0)].entry)
-      ++r1;
-    spans_.push_back({rows[static_cast<size_t>(r0)].entry, r0, r1});
-    r0 = r1;
-  }
-
-  // Token embeddings.
-  pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
-    for (int64_t r = b; r < end; ++r) {
-      const BatchEntry& be = batch[static_cast<size_t>(rows[static_cast<size_t>(r)].entry)];
-      const TokenId tok = be.tokens[static_cast<size_t>(rows[static_cast<size_t>(r)].token)];
-      model_.token_embd().get_row(tok, x_.data() + r * n_embd);
-    }
-  });
-
-  const RopeParams& rope = rope_;
-
-  // The residual adds (x += the block's output, left in xn_) run row by row inside the next
-  // normalisation's parallel loop: element-wise, so the same values as one pass over all rows.
-  bool residual_pending = false;
-  auto add_residual = [&](int64_t r) {
-    if (residual_pending) add_inplace(x_.data() + r * n_embd, xn_.data() + r * n_embd, n_embd);
-  };
-  for (int il = 0; il < h.n_layer; ++il) {
-    const LayerWeights& L = model_.layer(il);
-    // Attention block.
-    pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
-      for (int64_t r = b; r < end; ++r) {
-        add_residual(r);
-        rmsnorm(x_.data() + r * n_embd, L.attn_norm.data(), h.rms_eps, n_embd,
-                xn_.data() + r * n_embd);
-      }
-    });
-    residual_pending = false;
-    mm_many({{&L.wq, xn_.data(), q_.data()},
-             {&L.wk, xn_.data(), k_.data()},
-             {&L.wv, xn_.data(), v_.data()}});
-    pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
-      for (int64_t r = b; r < end; ++r) {
-        float* q = q_.data() + r * q_dim;
-        float* k = k_.data() + r * kv_dim;
-        if (h.qkv_bias) {
-          add_inplace(q, L.bq.data(), q_dim);
-          add_inplace(k, L.bk.data(), kv_dim);
-          add_inplace(v_.data() + r * kv_dim, L.bv.data(), kv_dim);
-        }
-        const float pos = static_cast<float>(rows[static_cast<size_t>(r)].pos);
-        float cos_t[kRopeMaxPairs], sin_t[kRopeMaxPairs];
-        rope_tables(rope, pos, cos_t, sin_t);
-        rope_apply_tables(rope, cos_t, sin_t, h.n_head, q);
-        rope_apply_tables(rope, cos_t, sin_t, h.n_head_kv, k);
-      }
-    });
-
-    Stopwatch sa;
-    D2O_RETURN_IF_ERROR(attend_layer(il, batch, rows));
-    t_attn += sa.seconds();
-
-    mm(L.wo, attn_out_.data(), xn_.data());
-    residual_pending = true;
-
-    // Feed-forward block (SwiGLU).
-    pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
-      for (int64_t r = b; r < end; ++r) {
-        add_residual(r);
-        rmsnorm(x_.data() + r * n_embd, L.ffn_norm.data(), h.rms_eps, n_embd,
-                xn_.data() + r * n_embd);
-      }
-    });
-    residual_pending = false;
-    mm_many({{&L.w_gate, xn_.data(), gate_.data()}, {&L.w_up, xn_.data(), up_.data()}});
-    pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
-      for (int64_t r = b; r < end; ++r) {
-        swiglu(gate_.data() + r * n_ff, up_.data() + r * n_ff, n_ff, gate_.data() + r * n_ff);
-      }
-    });
-    mm(L.w_down, gate_.data(), xn_.data());
-    residual_pending = true;
-  }
-  pool_.parallel_for(n, 16, [&](int64_t b, int64_t end, int) {
-    for (int64_t r = b; r < end; ++r) add_residual(r);
-  });
-  residual_pending = false;
-
-  // Logits for the rows that want them, a few rows at a time.
-  std::vector<int>& want = want_;
-  want.clear();
-  for (int r = 0; r < n; ++r) {
-    const Row& row = rows[static_cast<size_t>(r)];
-    const BatchEntry& be = batch[static_cast<size_t>(row.entry)];
-    const bool last = be.logits_from != BatchEntry::kNoLogits &&
-                      row.token == static_cast<int>(be.tokens.size()) - 1;
-    if (last || (be.logits_from >= 0 && row.token >= be.logits_from)) want.push_back(r);
-  }
-  if (!want.empty()) {
-    if (logits_.size() < static_cast<size_t>(kLogitRows) * h.n_vocab) {
-      logits_.resize(static_cast<size_t>(kLogitRows) * h.n_vocab);
-    }
-    for (size_t w0 = 0; w0 < want.size(); w0 += kLogitRows) {
-      const int cnt = static_cast<int>(std::min<size_t>(kLogitRows, want.size() - w0));
-      for (int i = 0; i < cnt; ++i) {
-        const int r = want[w0 + static_cast<size_t>(i)];
-        rmsnorm(x_.data() + static_cast<size_t>(r) * n_embd, model_.output_norm().data(), h.rms_eps,
-                n_embd, xn_.data() + static_cast<size_t>(i) * n_embd);
-      }
-      Stopwatch s;
-      matmul(model_.output(), xn_.data(), cnt, logits_.data(), pool_);
-      t_mm += s.seconds();
-      if (sink) {
-        for (int i = 0; i < cnt; ++i) {
-          const Row& row = rows[static_cast<size_t>(want[w0 + static_cast<size_t>(i)])];
-          sink(row.entry, row.token, logits_.data() + static_cast<size_t>(i) * h.n_vocab);
-        }
-      }
-    }
-  }
-  // Layer-wise compactions ran inside the attention stopwatch (attend_layer).
-  const double t_policy = std::min(layer_policy_s_, t_attn);
-  layer_policy_s_ = 0;
-  timings_.matmul_s += t_mm;
-  timings_.attention_s += t_attn - t_policy;
-  timings_.policy_s += t_policy;
-  timings_.other_s += sw.seconds() - t_mm - t_attn;
-  return {};
-}
-
-Status Engine::attend_layer(int il, std::span<const BatchEntry> batch, std::span<const Row> rows) {
-  const ModelHParams& h = model_.hparams();
-  const int q_dim = h.n_head * h.head_dim;
-  const int kv_dim = h.n_head_kv * h.head_dim;
-  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(h.head_dim));
-
-  // Appends a span's keys/values to its sequence's cache (each sequence is touched by one task).
-  auto append = [&](const Span& sp) -> Status {
-    KvCache& cache = batch[static_cast<size_t>(sp.entry)].seq->cache();
-    const int cnt = sp.r1 - sp.r0;
-    D2O_RETURN_IF_ERROR(cache.reserve(il, cache.layer(il).n_slot + cnt, /*exact=*/false));
-    // Positions are consecutive rows: copied on the stack in pieces.
-    constexpr int kPosPiece = 64;
-    int32_t pos[kPosPiece];
-    for (int r0 = sp.r0; r0 < sp.r1; r0 += kPosPiece) {
-      const int m = std::min(kPosPiece, sp.r1 - r0);
-      for (int r = 0; r < m; ++r) pos[r] = rows[static_cast<size_t>(r0 + r)].pos;
-      cache.append(il, k_.data() + static_cast<size_t>(r0) * kv_dim,
-                   v_.data() + static_cast<size_t>(r0) * kv_dim, pos, m);
-    }
-    return {};
-  };
-
-  auto attend = [&](const Span& sp, ThreadPool& pool, AttnScratch& scratch) {
-    const BatchEntry& be = batch[static_cast<size_t>(sp.entry)];
-    AttnStatsRequest req;
+    while (r1 < n && rows_[static_cast<size_t>(r1)].entry == entry) ++r1;
+    const BatchEntry& be = batch[static_cast<size_t>(entry)];
+    SeqRows sr;
+    sr.cache = &be.seq->cache();
+    sr.r0 = r0;
+    sr.r1 = r1;
     const KvPolicy& pol = be.seq->policy();
     if (!pol.is_full()) {
       const StatsNeeds needs = pol.needs();
-      req.accumulate = needs.accumulate;
-      req.agg = needs.agg;
-      req.mass = needs.mass;
+      sr.stats.accumulate = needs.accumulate;
+      sr.stats.agg = needs.agg;
+      sr.stats.mass = needs.mass;
       if (needs.window > 0) {
         // Window = the entry's last `window` tokens; rows [r0, r1) hold tokens from first_tok.
-        const int first_tok = rows[static_cast<size_t>(sp.r0)].token;
+        const int first_tok = rows_[static_cast<size_t>(r0)].token;
         const int win_start = static_cast<int>(be.tokens.size()) - needs.window;
-        req.window_first = std::max(0, win_start - first_tok);
+        sr.stats.window_first = std::max(0, win_start - first_tok);
       }
     }
-    AttnInput in;
-    in.q = q_.data() + static_cast<size_t>(sp.r0) * q_dim;
-    in.out = attn_out_.data() + static_cast<size_t>(sp.r0) * q_dim;
-    in.n_tok = sp.r1 - sp.r0;
-    in.n_head = h.n_head;
-    in.scale = kq_scale;
-    attention_forward(in, be.seq->cache().layer(il), req, pool, scratch);
-  };
+    // A one-token pass may be compacted layer by layer (after_attention).
+    sr.layer_hook = be.tokens.size() == 1 && be.prompt_rest == 0;
+    seqs_.push_back(sr);
+    seq_entry_.push_back(entry);
+    r0 = r1;
+  }
 
-  // Spans run one per task (single-threaded attention, sequences in parallel): short chunks
-  // under kAuto, all under kAcrossSequences; only worth it for two or more of them.
-  constexpr int kAcrossMaxRows = 4;
-  across_.clear();
-  if (opts_.attn_split != AttnSplit::kWithinSequence && pool_.n_threads() > 1) {
-    for (size_t i = 0; i < spans_.size(); ++i) {
-      const int cnt = spans_[i].r1 - spans_[i].r0;
-      if (opts_.attn_split == AttnSplit::kAcrossSequences || cnt <= kAcrossMaxRows) {
-        across_.push_back(static_cast<int>(i));
-      }
-    }
-    if (across_.size() < 2) across_.clear();
+  // The rows that produce logits.
+  want_.clear();
+  for (int r = 0; r < n; ++r) {
+    const Row& row = rows_[static_cast<size_t>(r)];
+    const BatchEntry& be = batch[static_cast<size_t>(row.entry)];
+    const bool last = be.logits_from != BatchEntry::kNoLogits &&
+                      row.token == static_cast<int>(be.tokens.size()) - 1;
+    if (last || (be.logits_from >= 0 && row.token >= be.logits_from)) want_.push_back(r);
   }
-  size_t next_across = 0;
-  for (size_t i = 0; i < spans_.size(); ++i) {
-    if (next_across < across_.size() && across_[next_across] == static_cast<int>(i)) {
-      ++next_across;
-      continue;
-    }
-    D2O_RETURN_IF_ERROR(append(spans_[i]));
-    attend(spans_[i], pool_, attn_scratch_);
-  }
-  if (!across_.empty()) {
-    const size_t nt = static_cast<size_t>(pool_.n_threads());
-    if (solo_pools_.size() < nt) {
-      solo_scratch_.resize(nt);
-      while (solo_pools_.size() < nt) solo_pools_.push_back(std::make_unique<ThreadPool>(1));
-    }
-    // A one-token pass whose policy allows it compacts this layer right away, in the same task,
-    // while the layer's slots are still in this core's caches (the same result as compacting
-    // after the pass; the engine's compaction step then only does its bookkeeping).
-    layer_status_.assign(across_.size(), Status());
-    thread_policy_s_.assign(nt, 0.0);
-    pool_.run(static_cast<int64_t>(across_.size()), [&](int64_t task, int thread) {
-      const Span& sp = spans_[static_cast<size_t>(across_[static_cast<size_t>(task)])];
-      Status st = append(sp);
-      if (!st.ok()) {
-        layer_status_[static_cast<size_t>(task)] = std::move(st);
-        return;
-      }
-      attend(sp, *solo_pools_[static_cast<size_t>(thread)],
-             solo_scratch_[static_cast<size_t>(thread)]);
-      const BatchEntry& be = batch[static_cast<size_t>(sp.entry)];
-      if (be.tokens.size() != 1 || be.prompt_rest != 0) return;
-      const KvPolicy& pol = be.seq->policy();
-      PolicyState& state = be.seq->policy_state();
-      if (!pol.compacts_per_layer(state)) return;
-      Stopwatch sw;
-      PassInfo pass;
-      pass.n_tokens = 1;
-      pass.n_past = be.seq->n_past() + 1;
-      pass.prompt_rest = 0;
-      pass.rope = &rope_;
-      layer_status_[static_cast<size_t>(task)] =
-          pol.compact_layer(be.seq->cache(), state, pass, il);
-      thread_policy_s_[static_cast<size_t>(thread)] += sw.seconds();
-    });
-    // The attention stopwatch around this call counts these compactions too: their share of the
-    // wall time (thread time / threads) is moved over to the policy's figure.
-    double t_policy = 0;
-    for (double t : thread_policy_s_) t_policy += t;
-    layer_policy_s_ += t_policy / static_cast<double>(nt);
-    for (const Status& st : layer_status_) D2O_RETURN_IF_ERROR(st);
-  }
+
+  UbatchInput in;
+  in.tokens = tokens_;
+  in.pos = pos_;
+  in.seqs = seqs_;
+  in.logit_rows = want_;
+  batch_ = batch;
+  sink_ = &sink;
+  thread_policy_s_.assign(static_cast<size_t>(pool_.n_threads()), 0.0);
+  ForwardTimings ft;
+  const Status st = forward_->run(in, *this, ft);
+  batch_ = {};
+  sink_ = nullptr;
+  D2O_RETURN_IF_ERROR(st);
+
+  // Layer-wise compactions ran inside the attention time: their share of the wall time (thread
+  // time / threads) is moved over to the policy's figure.
+  double layer_policy_s = 0;
+  for (double t : thread_policy_s_) layer_policy_s += t;
+  layer_policy_s /= static_cast<double>(pool_.n_threads());
+  const double t_policy = std::min(layer_policy_s, ft.attention_s);
+  timings_.matmul_s += ft.matmul_s;
+  timings_.attention_s += ft.attention_s - t_policy;
+  timings_.policy_s += t_policy;
+  timings_.other_s += sw.seconds() - ft.matmul_s - ft.attention_s;
   return {};
+}
+
+// A one-token pass whose policy allows it compacts this layer right away, in the task that ran
+// the layer's attention, while the layer's slots are still in this core's caches (the same result
+// as compacting after the pass; the compaction step after the pass then only does its
+// bookkeeping). Every layer is compacted alike whatever its LayerDesc.
+Status Engine::after_attention(int s, int il, const LayerDesc& /*layer*/, int thread) {
+  const BatchEntry& be = batch_[static_cast<size_t>(seq_entry_[static_cast<size_t>(s)])];
+  const KvPolicy& pol = be.seq->policy();
+  PolicyState& state = be.seq->policy_state();
+  if (!pol.compacts_per_layer(state)) return {};
+  Stopwatch sw;
+  PassInfo pass;
+  pass.n_tokens = 1;
+  pass.n_past = be.seq->n_past() + 1;
+  pass.prompt_rest = 0;
+  pass.rope = &rope();
+  Status st = pol.compact_layer(be.seq->cache(), state, pass, il);
+  thread_policy_s_[static_cast<size_t>(thread)] += sw.seconds();
+  return st;
+}
+
+void Engine::logits(std::span<const int> rows, const float* logits) {
+  if (!*sink_) return;
+  const size_t n_vocab = static_cast<size_t>(model_.hparams().n_vocab);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& row = rows_[static_cast<size_t>(rows[i])];
+    (*sink_)(row.entry, row.token, logits + i * n_vocab);
+  }
 }
 
 }  // namespace d2o

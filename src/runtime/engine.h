@@ -1,4 +1,4 @@
-// Engine: runs the transformer over a batch of token chunks from one or more sequences.
+// Engine: runs a batch of token chunks from one or more sequences through the model.
 //
 // One call of forward() takes, per sequence, the next chunk of its tokens (a whole prompt, a piece
 // of a long text, or one decoded token). Rows of all chunks are processed together through the
@@ -6,6 +6,11 @@
 // number of sequences); attention runs per sequence over its own cache. After all layers, each
 // sequence's KV policy compacts its cache. Logits are produced for the rows asked for and handed to
 // a sink row by row, so no [n_tokens, n_vocab] matrix is ever held.
+//
+// The engine validates the batch, cuts it into micro-batches, decides what each sequence's policy
+// needs from attention, runs the policies (layer by layer from ForwardHooks::after_attention, or
+// after the pass) and keeps the timings; the layers themselves run in the model's ModelForward
+// (src/model/forward.h), one call per micro-batch.
 #pragma once
 
 #include <cstdint>
@@ -14,30 +19,15 @@
 #include <span>
 #include <vector>
 
-#include "core/mem.h"
 #include "core/thread_pool.h"
 #include "d2o/status.h"
-#include "kv/attention.h"
+#include "model/forward.h"
 #include "model/model.h"
 #include "runtime/sequence.h"
 
 namespace d2o {
 
 using TokenId = int32_t;
-
-// How attention work is spread over the thread pool when a micro-batch holds several sequences.
-// Results are bit-identical whichever is chosen (attention reduces in a fixed tile order for any
-// thread count); only speed differs.
-enum class AttnSplit {
-  // Decode rows (chunks of one token) of different sequences run in parallel, one sequence per
-  // task with single-threaded attention; longer chunks are split inside the sequence over
-  // (KV head, slot tile). The default: a decode step over many sequences pays one pool dispatch
-  // per layer instead of three per sequence and layer.
-  kAuto,
-  kWithinSequence,   // every chunk split over (KV head, slot tile), one sequence after the other
-  kAcrossSequences,  // every chunk one task (any length), sequences in parallel
-};
-const char* attn_split_name(AttnSplit s);
 
 struct EngineOptions {
   int n_ubatch = 512;  // rows per micro-batch (bounds activation memory)
@@ -72,13 +62,14 @@ struct EngineTimings {
   int64_t rows = 0;
 };
 
-class Engine {
+class Engine : private ForwardHooks {
  public:
   Engine(const Model& model, ThreadPool& pool, const EngineOptions& opts);
 
   const Model& model() const { return model_; }
   const EngineOptions& options() const { return opts_; }
-  const RopeParams& rope() const { return rope_; }
+  // The RoPE KV policies re-rotate kept keys with (PassInfo::rope).
+  const RopeParams& rope() const { return model_.desc().policy_rope; }
   ThreadPool& pool() { return pool_; }
 
   // Runs the chunks; on success every sequence has advanced by its chunk and was compacted by its
@@ -92,39 +83,31 @@ class Engine {
   struct Row {
     int entry;
     int token;  // index within the entry's chunk
-    int32_t pos;
-  };
-  // The rows [r0, r1) of one entry within a micro-batch.
-  struct Span {
-    int entry, r0, r1;
   };
   Status validate(std::span<const BatchEntry> batch) const;
-  Status run_ubatch(std::span<const BatchEntry> batch, std::span<const Row> rows,
-                    const LogitsSink& sink);
-  // Appends the micro-batch's keys/values of layer il to every sequence and runs attention.
-  Status attend_layer(int il, std::span<const BatchEntry> batch, std::span<const Row> rows);
-  void ensure_rows(int n_rows);
+  // Runs the micro-batch held in rows_, tokens_, pos_.
+  Status run_ubatch(std::span<const BatchEntry> batch, const LogitsSink& sink);
+
+  // ForwardHooks: layer-wise compaction of a decode row's sequence, and logits to the sink.
+  Status after_attention(int s, int il, const LayerDesc& layer, int thread) override;
+  void logits(std::span<const int> rows, const float* logits) override;
 
   const Model& model_;
   ThreadPool& pool_;
   EngineOptions opts_;
-  AttnScratch attn_scratch_;
-  // Attention across sequences: one single-thread pool and one scratch per thread of pool_.
-  std::vector<std::unique_ptr<ThreadPool>> solo_pools_;
-  std::vector<AttnScratch> solo_scratch_;
-  std::vector<Span> spans_;
-  std::vector<int> across_;              // spans run one per task
-  std::vector<Status> compact_status_;   // per batch entry
-  std::vector<Status> layer_status_;     // per across-sequence span: layer-wise compaction
-  std::vector<double> thread_policy_s_;  // per pool thread: layer-wise compaction seconds
-  double layer_policy_s_ = 0;            // this micro-batch's layer-wise compaction wall share
-  RopeParams rope_;
+  std::unique_ptr<ModelForward> forward_;
   EngineTimings timings_;
-  int rows_cap_ = 0;
-  // Activations [rows, dim].
-  AlignedBuffer<float> x_, xn_, q_, k_, v_, attn_out_, gate_, up_, logits_;
+  // The micro-batch being run: its rows, their tokens and positions, one SeqRows per entry (and
+  // that entry's index), the rows that produce logits; the batch and sink of the current call.
   std::vector<Row> rows_;
-  std::vector<int> want_;  // rows that produce logits
+  std::vector<int32_t> tokens_, pos_;
+  std::vector<SeqRows> seqs_;
+  std::vector<int> seq_entry_;
+  std::vector<int> want_;
+  std::span<const BatchEntry> batch_;
+  const LogitsSink* sink_ = nullptr;
+  std::vector<Status> compact_status_;   // per batch entry
+  std::vector<double> thread_policy_s_;  // per pool thread: layer-wise compaction seconds
 };
 
 }  // namespace d2o

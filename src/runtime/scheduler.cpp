@@ -35,7 +35,7 @@ Scheduler::Scheduler(Engine& engine, const SchedulerParams& params)
       t0_ns_(now_ns()),
       sampler_(SamplerParams{}, engine.model().hparams().n_vocab) {
   const ModelHParams& h = engine.model().hparams();
-  cache_cfg_ = KvCacheConfig{h.n_layer, h.n_head_kv, h.head_dim, params.kv_type};
+  cache_cfg_ = kv_cache_config(h, params.kv_type);
   is_eog_.assign(static_cast<size_t>(h.n_vocab), 0);
   for (TokenId t : params.eog_tokens) is_eog_[static_cast<size_t>(t)] = 1;
   const size_t max_entries = static_cast<size_t>(params.max_running);

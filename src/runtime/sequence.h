@@ -8,14 +8,14 @@
 
 #include "kv/kv_cache.h"
 #include "kv/policy.h"
-#include "model/hparams.h"
+#include "model/layer_desc.h"
 
 namespace d2o {
 
 class Sequence {
  public:
   Sequence(const ModelHParams& hp, KvType kv_type, std::shared_ptr<const KvPolicy> policy)
-      : cache_(KvCacheConfig{hp.n_layer, hp.n_head_kv, hp.head_dim, kv_type}),
+      : cache_(kv_cache_config(hp, kv_type)),
         policy_(policy ? std::move(policy) : std::make_shared<FullPolicy>()) {}
 
   KvCache& cache() { return cache_; }

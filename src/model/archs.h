@@ -1,0 +1,15 @@
+// The forward pass of each architecture family, one file each (src/model/arch_<family>.cpp);
+// ModelForward::create picks one by ModelHParams::arch.
+#pragma once
+
+#include <memory>
+
+#include "model/forward.h"
+
+namespace d2o {
+
+// llama, mistral, qwen2 (arch_llama.cpp).
+std::unique_ptr<ModelForward> make_llama_forward(const Model& model, ThreadPool& pool,
+                                                 const ForwardOptions& opts);
+
+}  // namespace d2o

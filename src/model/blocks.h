@@ -1,0 +1,85 @@
+// The pieces decoder layers are built from, shared by the architecture files
+// (src/model/arch_*.cpp): embedding, RMSNorm with the residual add folded in, Q/K/V projection with
+// biases and RoPE, attention over the sequences' caches (KvAttention, kv_attention.h), the output
+// projection and the feed-forward kinds.
+//
+// Every piece works on all n rows of a micro-batch and keeps the work layout the engine has always
+// had: per-row work in pool.parallel_for chunks of 16 rows, products that share an input as one
+// matmul_many call, one attention call per layer. The data flow, all [n, width] buffers of
+// Activations:
+//
+//   x   the residual stream.
+//   xn  a block's normalised input, then the block's output: a block (attention output
+//       projection, feed-forward) leaves its output in xn and marks the residual pending; the next
+//       norm() adds it to x row by row inside its own parallel loop (element-wise, so the same
+//       values as a separate pass) before normalising, and add_residual() does the last one.
+//
+// Matmul and attention wall time go to ForwardTimings.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/mem.h"
+#include "core/thread_pool.h"
+#include "model/forward.h"
+#include "model/kv_attention.h"
+#include "model/layer_desc.h"
+#include "model/model.h"
+#include "ops/matmul.h"
+
+namespace d2o {
+
+// Activations of one micro-batch (grown to the largest, never shrunk, so a steady decode loop
+// allocates nothing).
+struct Activations {
+  AlignedBuffer<float> x;         // [n, n_embd]
+  AlignedBuffer<float> xn;        // [n, max(n_embd, q_dim)]
+  AlignedBuffer<float> q;         // [n, n_head * head_dim]
+  AlignedBuffer<float> k, v;      // [n, n_head_kv * head_dim]
+  AlignedBuffer<float> attn_out;  // [n, n_head * head_dim]
+  AlignedBuffer<float> gate, up;  // [n, n_ff]
+  AlignedBuffer<float> logits;    // [ForwardHooks::kLogitRows, n_vocab], allocated on first use
+  int rows_cap = 0;
+  void ensure(const ModelHParams& h, int n_rows);
+};
+
+// One micro-batch going through the pieces, in the order the architecture file calls them.
+class BlockPass {
+ public:
+  BlockPass(const ModelHParams& h, ThreadPool& pool, Activations& a, int n_rows, ForwardTimings& t);
+
+  // x = rows of `table` for the tokens.
+  void embed(const QMatrix& table, std::span<const int32_t> tokens);
+  // x += the pending block output; xn = rmsnorm(x) * w.
+  void norm(const std::vector<float>& w);
+  // x += the pending block output (after the last layer).
+  void add_residual();
+  // q, k, v = xn Wq, xn Wk, xn Wv (+ biases if d.qkv_bias); RoPE of d at the rows' positions on
+  // q and k.
+  void qkv_rope(const LayerWeights& L, const LayerDesc& d, std::span<const int32_t> pos);
+  // Appends k, v to every sequence's cache and runs attention into attn_out.
+  Status attention(KvAttention& attn, int il, const LayerDesc& d, const UbatchInput& in,
+                   ForwardHooks& hooks);
+  // xn = attn_out Wo; the residual is pending.
+  void attn_output(const QMatrix& wo);
+  // xn = Wdown (silu(Wgate xn) * Wup xn); the residual is pending.
+  void ffn_swiglu(const LayerWeights& L);
+  // For the rows, kLogitRows at a time: rmsnorm(x) * norm_w, times `output`, to hooks.logits.
+  void logits(const std::vector<float>& norm_w, const QMatrix& output, std::span<const int> rows,
+              ForwardHooks& hooks);
+
+ private:
+  void mm(const QMatrix& w, const float* in, float* out);
+  void mm_many(std::initializer_list<MatmulCall> calls);
+
+  const ModelHParams& h_;
+  ThreadPool& pool_;
+  Activations& a_;
+  const int n_;
+  ForwardTimings& t_;
+  bool residual_pending_ = false;
+};
+
+}  // namespace d2o

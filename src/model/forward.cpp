@@ -1,0 +1,32 @@
+#include "model/forward.h"
+
+#include "core/assert.h"
+#include "model/archs.h"
+
+namespace d2o {
+
+const char* attn_split_name(AttnSplit s) {
+  switch (s) {
+    case AttnSplit::kAuto:
+      return "auto";
+    case AttnSplit::kWithinSequence:
+      return "within";
+    case AttnSplit::kAcrossSequences:
+      return "across";
+  }
+  return "?";
+}
+
+std::unique_ptr<ModelForward> ModelForward::create(const Model& model, ThreadPool& pool,
+                                                   const ForwardOptions& opts) {
+  switch (model.hparams().arch) {
+    case ModelArch::kLlama:
+    case ModelArch::kQwen2:
+      return make_llama_forward(model, pool, opts);
+  }
+  // ModelHParams::from_gguf accepts only the architectures above.
+  D2O_ASSERT_MSG(false, "no forward pass for this architecture");
+  return nullptr;
+}
+
+}  // namespace d2o

@@ -1,0 +1,90 @@
+#include "model/kv_attention.h"
+
+#include "core/assert.h"
+
+namespace d2o {
+
+KvAttention::KvAttention(ThreadPool& pool, AttnSplit split, int n_head, int n_head_kv, int head_dim)
+    : pool_(pool),
+      split_(split),
+      n_head_(n_head),
+      kv_dim_(n_head_kv * head_dim),
+      q_dim_(n_head * head_dim) {}
+
+// Appends a sequence's keys/values to its cache (each sequence is touched by one task).
+Status KvAttention::append(int il, const UbatchInput& in, const SeqRows& sr, const float* k,
+                           const float* v) {
+  KvCache& cache = *sr.cache;
+  const int cnt = sr.r1 - sr.r0;
+  D2O_RETURN_IF_ERROR(cache.reserve(il, cache.layer(il).n_slot + cnt, /*exact=*/false));
+  cache.append(il, k + static_cast<size_t>(sr.r0) * kv_dim_,
+               v + static_cast<size_t>(sr.r0) * kv_dim_, in.pos.data() + sr.r0, cnt);
+  return {};
+}
+
+void KvAttention::attend(int il, const LayerDesc& d, const SeqRows& sr, const float* q, float* out,
+                         ThreadPool& pool, AttnScratch& scratch) {
+  AttnInput ai;
+  ai.q = q + static_cast<size_t>(sr.r0) * q_dim_;
+  ai.out = out + static_cast<size_t>(sr.r0) * q_dim_;
+  ai.n_tok = sr.r1 - sr.r0;
+  ai.n_head = n_head_;
+  ai.scale = d.attn_scale;
+  attention_forward(ai, sr.cache->layer(il), sr.stats, pool, scratch);
+}
+
+Status KvAttention::run(int il, const LayerDesc& d, const UbatchInput& in, const float* q,
+                        const float* k, const float* v, float* out, ForwardHooks& hooks) {
+  // Sliding-window layers need a cache that keeps the window and a masked kernel; no architecture
+  // d2o loads describes one yet (describe_model).
+  D2O_ASSERT_MSG(d.kind == LayerKind::kGlobal, "sliding-window attention is not implemented");
+  const std::span<const SeqRows> seqs = in.seqs;
+
+  // Sequences run one per task (single-threaded attention, sequences in parallel): short chunks
+  // under kAuto, all under kAcrossSequences; only worth it for two or more of them.
+  constexpr int kAcrossMaxRows = 4;
+  across_.clear();
+  if (split_ != AttnSplit::kWithinSequence && pool_.n_threads() > 1) {
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const int cnt = seqs[i].r1 - seqs[i].r0;
+      if (split_ == AttnSplit::kAcrossSequences || cnt <= kAcrossMaxRows) {
+        across_.push_back(static_cast<int>(i));
+      }
+    }
+    if (across_.size() < 2) across_.clear();
+  }
+  size_t next_across = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (next_across < across_.size() && across_[next_across] == static_cast<int>(i)) {
+      ++next_across;
+      continue;
+    }
+    D2O_RETURN_IF_ERROR(append(il, in, seqs[i], k, v));
+    attend(il, d, seqs[i], q, out, pool_, scratch_);
+  }
+  if (across_.empty()) return {};
+
+  const size_t nt = static_cast<size_t>(pool_.n_threads());
+  if (solo_pools_.size() < nt) {
+    solo_scratch_.resize(nt);
+    while (solo_pools_.size() < nt) solo_pools_.push_back(std::make_unique<ThreadPool>(1));
+  }
+  task_status_.assign(across_.size(), Status());
+  pool_.run(static_cast<int64_t>(across_.size()), [&](int64_t task, int thread) {
+    const int s = across_[static_cast<size_t>(task)];
+    const SeqRows& sr = seqs[static_cast<size_t>(s)];
+    Status st = append(il, in, sr, k, v);
+    if (!st.ok()) {
+      task_status_[static_cast<size_t>(task)] = std::move(st);
+      return;
+    }
+    attend(il, d, sr, q, out, *solo_pools_[static_cast<size_t>(thread)],
+           solo_scratch_[static_cast<size_t>(thread)]);
+    if (sr.layer_hook)
+      task_status_[static_cast<size_t>(task)] = hooks.after_attention(s, il, d, thread);
+  });
+  for (const Status& st : task_status_) D2O_RETURN_IF_ERROR(st);
+  return {};
+}
+
+}  // namespace d2o

@@ -1,0 +1,48 @@
+// KvAttention: one layer's cache append and attention for every sequence of a micro-batch.
+//
+// Each sequence's new keys and values (rows [r0, r1) of k and v, RoPE applied) are appended to its
+// cache's layer, then its queries attend over that layer (attention_forward, with the statistics
+// its KV policy asked for). Sequences are independent; how they share the thread pool follows
+// ForwardOptions::attn_split (same results either way): a long chunk is split inside its sequence
+// over (KV head, slot tile); decode rows of several sequences run one sequence per task, each
+// with a single-thread pool and scratch of its own, and such a task calls
+// ForwardHooks::after_attention for its sequence when asked (SeqRows::layer_hook), so that a
+// policy can compact the layer while its slots are still in the core's caches.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "d2o/status.h"
+#include "kv/attention.h"
+#include "model/forward.h"
+#include "model/layer_desc.h"
+
+namespace d2o {
+
+class KvAttention {
+ public:
+  KvAttention(ThreadPool& pool, AttnSplit split, int n_head, int n_head_kv, int head_dim);
+
+  // q, out: [n, n_head * head_dim]; k, v: [n, n_head_kv * head_dim], rows as in `in`.
+  Status run(int il, const LayerDesc& d, const UbatchInput& in, const float* q, const float* k,
+             const float* v, float* out, ForwardHooks& hooks);
+
+ private:
+  Status append(int il, const UbatchInput& in, const SeqRows& sr, const float* k, const float* v);
+  void attend(int il, const LayerDesc& d, const SeqRows& sr, const float* q, float* out,
+              ThreadPool& pool, AttnScratch& scratch);
+
+  ThreadPool& pool_;
+  AttnSplit split_;
+  int n_head_, kv_dim_, q_dim_;
+  AttnScratch scratch_;
+  // Sequences in parallel: one single-thread pool and one scratch per thread of pool_.
+  std::vector<std::unique_ptr<ThreadPool>> solo_pools_;
+  std::vector<AttnScratch> solo_scratch_;
+  std::vector<int> across_;          // sequences run one per task
+  std::vector<Status> task_status_;  // per such task
+};
+
+}  // namespace d2o

@@ -1,0 +1,61 @@
+#include "model/layer_desc.h"
+
+#include <cmath>
+
+namespace d2o {
+
+const char* layer_kind_name(LayerKind k) {
+  switch (k) {
+    case LayerKind::kGlobal:
+      return "global";
+    case LayerKind::kSliding:
+      return "sliding";
+  }
+  return "?";
+}
+
+const char* ffn_kind_name(FfnKind k) {
+  switch (k) {
+    case FfnKind::kSwiGlu:
+      return "swiglu";
+    case FfnKind::kGeGluTanh:
+      return "geglu-tanh";
+  }
+  return "?";
+}
+
+Result<ModelDesc> describe_model(const ModelHParams& hp, const float* rope_freq_factors) {
+  ModelDesc md;
+  RopeParams rope;
+  rope.type = hp.rope_type;
+  rope.head_dim = hp.head_dim;
+  rope.n_rot = hp.n_rot;
+  rope.freq_base = hp.rope_freq_base;
+  rope.freq_scale = hp.rope_freq_scale;
+  rope.freq_factors = rope_freq_factors;
+  md.policy_rope = rope;
+
+  LayerDesc d;
+  d.kind = LayerKind::kGlobal;
+  d.rope = rope;
+  d.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+  switch (hp.arch) {
+    case ModelArch::kLlama:
+    case ModelArch::kQwen2:
+      // Pre-norm layers, all alike: attn_norm, Q/K/V (qwen2: with biases), RoPE, attention, O,
+      // residual; ffn_norm, SwiGLU, residual.
+      d.norms = LayerNorms{};
+      d.qkv_bias = hp.qkv_bias;
+      d.ffn = FfnKind::kSwiGlu;
+      md.layers.assign(static_cast<size_t>(hp.n_layer), d);
+      return md;
+  }
+  return unsupported(std::string("no layer description for architecture ") +
+                     model_arch_name(hp.arch));
+}
+
+KvCacheConfig kv_cache_config(const ModelHParams& hp, KvType type) {
+  return KvCacheConfig{hp.n_layer, hp.n_head_kv, hp.head_dim, type};
+}
+
+}  // namespace d2o

@@ -1,0 +1,71 @@
+// What each layer of a model computes, as data: the description an architecture's block file
+// (src/model/arch_*.cpp) reads while it runs a micro-batch. Built once from the hyper-parameters
+// when the model loads (describe_model), so the forward pass asks "does this layer have a
+// post-attention norm, which RoPE base, which attention window" of a struct rather than of the
+// architecture's name. For the llama family every layer is the same; the fields exist for models
+// whose layers differ (Gemma 3: sliding-window attention on five layers of six, each kind with its
+// own RoPE base, sandwich norms, QK-norm, GeGLU) or that add one piece (Qwen 3: QK-norm).
+// Adding an architecture: docs/ADDING_A_MODEL.md.
+#pragma once
+
+#include <vector>
+
+#include "d2o/status.h"
+#include "kv/kv_cache.h"
+#include "model/hparams.h"
+#include "ops/ops.h"
+
+namespace d2o {
+
+// Which cached keys a layer's queries see.
+enum class LayerKind {
+  kGlobal,   // every slot the sequence's cache holds (as its KV policy left them)
+  kSliding,  // only the last `window` positions, the query's own included (local attention)
+};
+const char* layer_kind_name(LayerKind k);
+
+// The feed-forward block: down(act(gate x) * up x).
+enum class FfnKind {
+  kSwiGlu,     // act = silu (llama, mistral, qwen2, qwen3)
+  kGeGluTanh,  // act = GELU, tanh approximation (gemma)
+};
+const char* ffn_kind_name(FfnKind k);
+
+// The RMSNorms a layer applies (each one present has an [n_embd] weight; qk has [head_dim]).
+struct LayerNorms {
+  bool attn_pre = true;    // on the residual stream before Q/K/V (attn_norm)
+  bool attn_post = false;  // on the attention block's output before its residual add (sandwich)
+  bool ffn_pre = true;     // on the residual stream before the feed-forward block (ffn_norm)
+  bool ffn_post = false;   // on the feed-forward output before its residual add (sandwich)
+  bool qk = false;         // per head on Q and K, before RoPE (QK-norm)
+};
+
+struct LayerDesc {
+  LayerKind kind = LayerKind::kGlobal;
+  int window = 0;           // kSliding: positions a query sees; 0 for kGlobal
+  RopeParams rope;          // this layer's RoPE: type, base, linear scaling, frequency factors
+  float attn_scale = 1.0f;  // multiplies q.k before the softmax
+  LayerNorms norms;
+  bool qkv_bias = false;  // biases added to Q, K and V after their matmuls
+  FfnKind ffn = FfnKind::kSwiGlu;
+};
+
+// The whole model's description.
+struct ModelDesc {
+  // Token embeddings are multiplied by this before the first layer (Gemma: sqrt(n_embd)); the
+  // architecture's block file applies it (the llama family has none: 1).
+  float embd_scale = 1.0f;
+  // The RoPE a KV policy re-rotates kept keys with when it shifts positions (PassInfo::rope):
+  // the global layers' RoPE. One for all layers: see docs/ADDING_A_MODEL.md on per-layer bases.
+  RopeParams policy_rope;
+  std::vector<LayerDesc> layers;  // [n_layer]
+};
+
+// Describes the model of `hp`. `rope_freq_factors` (the model's rope_freqs tensor, n_rot / 2
+// values, or null) must outlive the description: the RoPE parameters point into it.
+Result<ModelDesc> describe_model(const ModelHParams& hp, const float* rope_freq_factors);
+
+// The KV cache shape a sequence of this model needs (every layer: n_head_kv heads of head_dim).
+KvCacheConfig kv_cache_config(const ModelHParams& hp, KvType type);
+
+}  // namespace d2o

@@ -1,0 +1,344 @@
+// The model seam on writer-made random models: the layer description the llama family gets, and
+// ModelForward::run against a naive forward pass written here (plain loops in double, full causal
+// attention per sequence, RoPE from its formula, no code shared with src/model or src/ops), with
+// several sequences in one micro-batch, decode steps, every attention split, and the
+// ForwardHooks contract (which sequences and layers are called back, logits in ascending blocks of
+// at most kLogitRows rows, a hook's error failing the pass).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "common/random_model.h"
+#include "gguf/gguf.h"
+#include "model/forward.h"
+#include "model/model.h"
+
+namespace d2o {
+namespace {
+
+struct Loaded {
+  std::vector<uint8_t> bytes;
+  std::unique_ptr<GgufFile> file;
+  std::unique_ptr<Model> model;
+};
+
+std::unique_ptr<Loaded> load(const test::RandomModelConfig& c) {
+  auto l = std::make_unique<Loaded>();
+  l->bytes = test::make_random_model(c).to_bytes();
+  auto f = GgufFile::from_memory(l->bytes.data(), l->bytes.size(), "random.gguf");
+  EXPECT_TRUE(f.ok()) << f.status().to_string();
+  if (!f.ok()) return nullptr;
+  l->file = std::move(f).value();
+  auto m = Model::load(*l->file);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  if (!m.ok()) return nullptr;
+  l->model = std::move(m).value();
+  return l;
+}
+
+// A grouped-query llama with F32 matrices and an untied output (exact F32 products).
+test::RandomModelConfig gqa_llama_config() {
+  test::RandomModelConfig c;
+  c.n_layer = 3;
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  c.tied = false;
+  c.seed = 7;
+  return c;
+}
+
+TEST(ModelDesc, LlamaFamilyLayersAreUniformPreNormGlobalSwiGlu) {
+  for (const auto& c : {gqa_llama_config(), test::random_qwen2_config()}) {
+    auto l = load(c);
+    ASSERT_TRUE(l);
+    const Model& m = *l->model;
+    const ModelHParams& h = m.hparams();
+    const ModelDesc& md = m.desc();
+    const bool qwen2 = c.arch == "qwen2";
+    EXPECT_EQ(md.embd_scale, 1.0f);
+    ASSERT_EQ(md.layers.size(), static_cast<size_t>(h.n_layer));
+    for (const LayerDesc& d : md.layers) {
+      EXPECT_EQ(d.kind, LayerKind::kGlobal);
+      EXPECT_EQ(d.window, 0);
+      EXPECT_EQ(d.rope.type, qwen2 ? RopeType::kNeox : RopeType::kNorm);
+      EXPECT_EQ(d.rope.head_dim, c.n_embd / c.n_head);
+      EXPECT_EQ(d.rope.n_rot, c.n_embd / c.n_head);
+      EXPECT_EQ(d.rope.freq_base, 10000.0f);
+      EXPECT_EQ(d.rope.freq_scale, 1.0f);
+      EXPECT_EQ(d.rope.freq_factors, nullptr);
+      EXPECT_EQ(d.attn_scale, 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_head)));
+      EXPECT_TRUE(d.norms.attn_pre && d.norms.ffn_pre);
+      EXPECT_FALSE(d.norms.attn_post || d.norms.ffn_post || d.norms.qk);
+      EXPECT_EQ(d.qkv_bias, qwen2);
+      EXPECT_EQ(d.ffn, FfnKind::kSwiGlu);
+    }
+    EXPECT_EQ(std::memcmp(&md.policy_rope, &md.layers[0].rope, sizeof(RopeParams)), 0);
+    const KvCacheConfig kc = kv_cache_config(h, KvType::kF16);
+    EXPECT_EQ(kc.n_layer, c.n_layer);
+    EXPECT_EQ(kc.n_head_kv, c.n_head_kv);
+    EXPECT_EQ(kc.head_dim, c.n_embd / c.n_head);
+    EXPECT_EQ(kc.type, KvType::kF16);
+  }
+}
+
+// ---- naive reference --------------------------------------------------------------------------
+
+using Vec = std::vector<double>;
+
+struct Naive {
+  const GgufFile& f;
+  test::RandomModelConfig c;
+  int hd() const { return c.n_embd / c.n_head; }
+
+  Vec tensor(const std::string& name) const {
+    const GgufTensorInfo* t = f.find_tensor(name);
+    EXPECT_TRUE(t && t->type == GgmlType::kF32) << name;
+    std::vector<float> v(static_cast<size_t>(t->n_elements()));
+    EXPECT_TRUE(f.read_tensor(*t, reinterpret_cast<uint8_t*>(v.data())).ok());
+    return Vec(v.begin(), v.end());
+  }
+  bool has(const std::string& name) const { return f.find_tensor(name) != nullptr; }
+  // y = W x for W stored [rows, cols] row-major (GGUF dims {cols, rows}).
+  static Vec matvec(const Vec& w, const Vec& x, int rows) {
+    const size_t cols = x.size();
+    Vec y(static_cast<size_t>(rows), 0.0);
+    for (int r = 0; r < rows; ++r)
+      for (size_t i = 0; i < cols; ++i) y[static_cast<size_t>(r)] += w[r * cols + i] * x[i];
+    return y;
+  }
+  static Vec rmsnorm(const Vec& x, const Vec& w) {
+    double ss = 0;
+    for (double v : x) ss += v * v;
+    const double s = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + 1e-5);
+    Vec y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * s * w[i];
+    return y;
+  }
+  // Rotates every head of x for position p: pairs (2i, 2i+1) (llama) or (i, i + d/2) (qwen2).
+  void rope(Vec& x, int p) const {
+    const int d = hd();
+    const bool neox = c.arch == "qwen2";
+    for (size_t h = 0; h < x.size() / static_cast<size_t>(d); ++h) {
+      double* v = x.data() + h * static_cast<size_t>(d);
+      for (int i = 0; i < d / 2; ++i) {
+        const double th = p * std::pow(10000.0, -2.0 * i / d);
+        const int a = neox ? i : 2 * i, b = neox ? i + d / 2 : 2 * i + 1;
+        const double x0 = v[a], x1 = v[b];
+        v[a] = x0 * std::cos(th) - x1 * std::sin(th);
+        v[b] = x0 * std::sin(th) + x1 * std::cos(th);
+      }
+    }
+  }
+
+  // Logits [n, n_vocab] of the tokens as one sequence from position 0.
+  std::vector<Vec> logits(const std::vector<int32_t>& toks) const {
+    const int E = c.n_embd, d = hd(), G = c.n_head / c.n_head_kv;
+    const Vec embd = tensor("token_embd.weight");
+    std::vector<Vec> x(toks.size());
+    for (size_t t = 0; t < toks.size(); ++t)
+      x[t] = Vec(embd.begin() + toks[t] * E, embd.begin() + (toks[t] + 1) * E);
+    for (int il = 0; il < c.n_layer; ++il) {
+      const std::string b = "blk." + std::to_string(il) + ".";
+      const Vec an = tensor(b + "attn_norm.weight"), wq = tensor(b + "attn_q.weight"),
+                wk = tensor(b + "attn_k.weight"), wv = tensor(b + "attn_v.weight"),
+                wo = tensor(b + "attn_output.weight"), fn = tensor(b + "ffn_norm.weight"),
+                wg = tensor(b + "ffn_gate.weight"), wu = tensor(b + "ffn_up.weight"),
+                wd = tensor(b + "ffn_down.weight");
+      std::vector<Vec> q(toks.size()), k(toks.size()), v(toks.size());
+      for (size_t t = 0; t < toks.size(); ++t) {
+        const Vec h = rmsnorm(x[t], an);
+        q[t] = matvec(wq, h, c.n_head * d);
+        k[t] = matvec(wk, h, c.n_head_kv * d);
+        v[t] = matvec(wv, h, c.n_head_kv * d);
+        if (has(b + "attn_q.bias")) {
+          const Vec bq = tensor(b + "attn_q.bias"), bk = tensor(b + "attn_k.bias"),
+                    bv = tensor(b + "attn_v.bias");
+          for (size_t i = 0; i < q[t].size(); ++i) q[t][i] += bq[i];
+          for (size_t i = 0; i < k[t].size(); ++i) k[t][i] += bk[i], v[t][i] += bv[i];
+        }
+        rope(q[t], static_cast<int>(t));
+        rope(k[t], static_cast<int>(t));
+      }
+      for (size_t t = 0; t < toks.size(); ++t) {
+        Vec att(static_cast<size_t>(c.n_head * d), 0.0);
+        for (int hq = 0; hq < c.n_head; ++hq) {
+          const size_t qo = static_cast<size_t>(hq * d), ko = static_cast<size_t>(hq / G * d);
+          Vec s(t + 1);
+          double mx = -1e300, sum = 0;
+          for (size_t j = 0; j <= t; ++j) {
+            s[j] = 0;
+            for (int i = 0; i < d; ++i) s[j] += q[t][qo + i] * k[j][ko + i];
+            s[j] /= std::sqrt(static_cast<double>(d));
+            mx = std::max(mx, s[j]);
+          }
+          for (double& e : s) sum += (e = std::exp(e - mx));
+          for (size_t j = 0; j <= t; ++j)
+            for (int i = 0; i < d; ++i) att[qo + i] += s[j] / sum * v[j][ko + i];
+        }
+        const Vec o = matvec(wo, att, E);
+        for (int i = 0; i < E; ++i) x[t][i] += o[i];
+        const Vec h = rmsnorm(x[t], fn);
+        const Vec g = matvec(wg, h, c.n_ff), u = matvec(wu, h, c.n_ff);
+        Vec a(g.size());
+        for (size_t i = 0; i < g.size(); ++i) a[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+        const Vec down = matvec(wd, a, E);
+        for (int i = 0; i < E; ++i) x[t][i] += down[i];
+      }
+    }
+    const Vec on = tensor("output_norm.weight");
+    const Vec out = has("output.weight") ? tensor("output.weight") : embd;
+    std::vector<Vec> res;
+    for (const Vec& xt : x) res.push_back(matvec(out, rmsnorm(xt, on), c.n_vocab));
+    return res;
+  }
+};
+
+// ---- ModelForward::run ------------------------------------------------------------------------
+
+struct Hooks final : ForwardHooks {
+  int n_vocab = 0;
+  std::mutex mu;
+  std::map<std::pair<int, int>, int> calls;  // (sequence, layer) -> after_attention calls
+  std::map<int, std::vector<float>> rows;    // row -> logits
+  int max_block = 0;
+  int last_row = -1;
+  bool ascending = true;
+  Status fail;  // returned by after_attention
+
+  Status after_attention(int s, int il, const LayerDesc& layer, int thread) override {
+    EXPECT_EQ(layer.kind, LayerKind::kGlobal);
+    EXPECT_GE(thread, 0);
+    std::lock_guard<std::mutex> lk(mu);
+    ++calls[{s, il}];
+    return fail;
+  }
+  void logits(std::span<const int> r, const float* l) override {
+    max_block = std::max(max_block, static_cast<int>(r.size()));
+    for (size_t i = 0; i < r.size(); ++i) {
+      ascending = ascending && r[i] > last_row;
+      last_row = r[i];
+      rows[r[i]].assign(l + i * n_vocab, l + (i + 1) * n_vocab);
+    }
+  }
+};
+
+void expect_close(const std::vector<float>& got, const Vec& want, const char* what) {
+  double max_err = 0, max_ref = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    max_err = std::max(max_err, std::fabs(got[i] - want[i]));
+    max_ref = std::max(max_ref, std::fabs(want[i]));
+  }
+  EXPECT_LE(max_err, 1e-4 * max_ref) << what;
+}
+
+TEST(ModelForward, MicroBatchesOfSeveralSequencesMatchANaiveForwardPass) {
+  for (const auto& c : {gqa_llama_config(), test::random_qwen2_config()}) {
+    auto l = load(c);
+    ASSERT_TRUE(l);
+    const Model& m = *l->model;
+    const Naive naive{*l->file, c};
+    // Three sequences: prompts of 40, 5 and 1 tokens (40 logits rows: two logits blocks), then
+    // three decode steps of one token each, all in the same micro-batches.
+    const std::vector<int> prompt_len = {40, 5, 1};
+    constexpr int kSteps = 3;
+    std::vector<std::vector<int32_t>> toks;
+    for (size_t s = 0; s < prompt_len.size(); ++s) {
+      toks.push_back(
+          test::random_model_tokens(prompt_len[s] + kSteps + 11 * static_cast<int>(s), c.n_vocab));
+      toks.back().erase(toks.back().begin(), toks.back().begin() + 11 * static_cast<long>(s));
+    }
+    std::vector<std::vector<Vec>> want;
+    for (const auto& t : toks) want.push_back(naive.logits(t));
+
+    for (AttnSplit split :
+         {AttnSplit::kAuto, AttnSplit::kWithinSequence, AttnSplit::kAcrossSequences}) {
+      SCOPED_TRACE(attn_split_name(split));
+      ThreadPool pool(2);
+      auto fwd = ModelForward::create(m, pool, ForwardOptions{64, split});
+      std::vector<std::unique_ptr<KvCache>> caches;
+      for (size_t s = 0; s < toks.size(); ++s)
+        caches.push_back(std::make_unique<KvCache>(kv_cache_config(m.hparams(), KvType::kF32)));
+      for (int step = 0; step <= kSteps; ++step) {
+        std::vector<int32_t> tokens, pos;
+        std::vector<SeqRows> seqs;
+        std::vector<int> logit_rows;
+        for (size_t s = 0; s < toks.size(); ++s) {
+          const int from = step == 0 ? 0 : prompt_len[s] + step - 1;
+          const int to = prompt_len[s] + step;
+          SeqRows sr;
+          sr.cache = caches[s].get();
+          sr.r0 = static_cast<int>(tokens.size());
+          for (int t = from; t < to; ++t) {
+            logit_rows.push_back(static_cast<int>(tokens.size()));
+            tokens.push_back(toks[s][static_cast<size_t>(t)]);
+            pos.push_back(t);
+          }
+          sr.r1 = static_cast<int>(tokens.size());
+          sr.layer_hook = to - from == 1 && s != 1;  // the second sequence never asks
+          seqs.push_back(sr);
+        }
+        Hooks hooks;
+        hooks.n_vocab = c.n_vocab;
+        ForwardTimings ft;
+        const UbatchInput in{tokens, pos, seqs, logit_rows};
+        ASSERT_TRUE(fwd->run(in, hooks, ft).ok());
+        EXPECT_TRUE(hooks.ascending);
+        EXPECT_LE(hooks.max_block, ForwardHooks::kLogitRows);
+        ASSERT_EQ(hooks.rows.size(), logit_rows.size());
+        for (size_t s = 0; s < seqs.size(); ++s) {
+          for (int r = seqs[s].r0; r < seqs[s].r1; ++r) {
+            expect_close(hooks.rows[r], want[s][static_cast<size_t>(pos[static_cast<size_t>(r)])],
+                         c.arch.c_str());
+          }
+          for (int il = 0; il < c.n_layer; ++il)
+            EXPECT_EQ(caches[s]->layer(il).n_slot, prompt_len[s] + step);
+          // Called back exactly for the decode rows that asked and ran one sequence per task:
+          // each of the sequence's layers once.
+          const bool across =
+              split == AttnSplit::kAcrossSequences || (split == AttnSplit::kAuto && step > 0);
+          const bool called = seqs[s].layer_hook && across;
+          for (int il = 0; il < c.n_layer; ++il) {
+            const int n_calls = hooks.calls[std::make_pair(static_cast<int>(s), il)];
+            EXPECT_EQ(n_calls, called ? 1 : 0)
+                << "step " << step << " sequence " << s << " layer " << il;
+          }
+        }
+        EXPECT_GE(ft.matmul_s, 0.0);
+        EXPECT_GE(ft.attention_s, 0.0);
+      }
+    }
+  }
+}
+
+TEST(ModelForward, AnAfterAttentionErrorFailsThePass) {
+  auto l = load(gqa_llama_config());
+  ASSERT_TRUE(l);
+  ThreadPool pool(2);
+  auto fwd = ModelForward::create(*l->model, pool, ForwardOptions{8, AttnSplit::kAuto});
+  KvCache a(kv_cache_config(l->model->hparams(), KvType::kF16));
+  KvCache b(kv_cache_config(l->model->hparams(), KvType::kF16));
+  const std::vector<int32_t> tokens = {5, 6}, pos = {0, 0};
+  std::vector<SeqRows> seqs(2);
+  seqs[0].cache = &a;
+  seqs[0].r0 = 0;
+  seqs[0].r1 = 1;
+  seqs[0].layer_hook = true;
+  seqs[1].cache = &b;
+  seqs[1].r0 = 1;
+  seqs[1].r1 = 2;
+  Hooks hooks;
+  hooks.n_vocab = l->model->hparams().n_vocab;
+  hooks.fail = invalid_argument("refused");
+  ForwardTimings ft;
+  const Status st = fwd->run(UbatchInput{tokens, pos, seqs, {}}, hooks, ft);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.to_string().find("refused"), std::string::npos);
+  EXPECT_EQ(hooks.calls.size(), 1u);  // layer 0 of sequence 0, then the pass stops
+  EXPECT_TRUE(hooks.rows.empty());
+}
+
+}  // namespace
+}  // namespace d2o
