@@ -253,23 +253,34 @@ if [ "$want_test_data" -eq 1 ]; then
   # `gguf` PyPI package (scripts/gen_quant_fixtures.py, fixed seed), for tests/unit/test_quant.cpp.
   # The package and its dependencies go to $cache/pylib; the files are made again when the
   # generator changes (its SHA-256 is kept next to them).
-  # refs_stale DIR GENERATOR COUNT: true when DIR lacks COUNT files or they were made by another
-  # version of GENERATOR (its SHA-256 is kept in DIR/.generator.sha256).
+  # refs_stale DIR GENERATOR COUNT [INPUT...]: true when DIR lacks COUNT files (subfolders do not
+  # count) or they were made by another version of GENERATOR or of the INPUT files it reads; the
+  # stamp (the SHA-256 of GENERATOR, or with INPUTs, of all their SHA-256s) is kept in
+  # DIR/.generator.sha256. Sets refs_stamp for refs_make.
   refs_stale() {
-    local files=("$1"/*)
-    [ -e "${files[0]}" ] || files=()
-    [ "$(cat "$1/.generator.sha256" 2>/dev/null || true)" != "$(sha256sum "$2" | cut -d' ' -f1)" ] \
-      || [ "${#files[@]}" -ne "$3" ]
+    local dir=$1 gen=$2 count=$3 n=0 f
+    shift 3
+    if [ $# -eq 0 ]; then
+      refs_stamp=$(sha256sum "$gen" | cut -d' ' -f1)
+    else
+      refs_stamp=$(for f in "$gen" "$@"; do sha256sum < "$f"; done | sha256sum | cut -d' ' -f1)
+    fi
+    for f in "$dir"/*; do [ -f "$f" ] && n=$((n + 1)); done
+    [ "$(cat "$dir/.generator.sha256" 2>/dev/null || true)" != "$refs_stamp" ] || [ "$n" -ne "$count" ]
   }
   # refs_make DIR GENERATOR WHAT [ENV...]: runs GENERATOR into a temporary folder (with the
-  # environment assignments ENV), then replaces DIR with what it wrote plus the stamp.
+  # environment assignments ENV), then replaces DIR's files with what it wrote plus the stamp of
+  # the refs_stale call before. Subfolders of DIR (other generators' output) are kept.
   refs_make() {
-    local dir=$1 gen=$2 what=$3 tmp
+    local dir=$1 gen=$2 what=$3 tmp sub
     shift 3
     tmp_dirs+=("$(mktemp -d "${cache}/.tmp.XXXXXX")")
     tmp=${tmp_dirs[-1]}
     env "$@" python3 "$gen" "$tmp" >/dev/null || die "scripts/$(basename "$gen") failed (see above)"
-    sha256sum "$gen" | cut -d' ' -f1 > "$tmp/.generator.sha256"
+    echo "$refs_stamp" > "$tmp/.generator.sha256"
+    for sub in "$dir"/*/; do
+      [ -d "$sub" ] && [ ! -e "$tmp/$(basename "$sub")" ] && mv "$sub" "$tmp/"
+    done
     rm -rf "$dir"
     mkdir -p "$(dirname "$dir")"
     mv "$tmp" "$dir"
@@ -343,6 +354,33 @@ if [ "$want_test_data" -eq 1 ]; then
     ensure_pylib
     say "computing llama.cpp's reference logits and perplexity"
     refs_make "$ref_dir" "$gen" llama.cpp "PYTHONPATH=$pylib" "D2O_CACHE_DIR=$cache"
+  fi
+
+  # Gemma 3 (fetched above), vocabulary only: llama.cpp's token ids and detokenized text for the
+  # tokenizer corpus (scripts/gen_gemma3_tokens.py, seconds), for
+  # tests/unit/test_tokenizer_gemma3.cpp; made again when the corpus changes.
+  gemma3_tok_dir="$cache/test-data/tokenizer/gemma3"
+  gen="$repo/scripts/gen_gemma3_tokens.py"
+  if refs_stale "$gemma3_tok_dir" "$gen" 25 "$repo"/tests/data/tokenizer/corpus_*.txt \
+       "$repo/tests/data/tokenizer/gemma3_extra.txt" "$repo/tests/data/tokenizer/bytes_invalid_utf8.txt"; then
+    ensure_pylib
+    refs_make "$gemma3_tok_dir" "$gen" "Gemma 3 tokenizer" "PYTHONPATH=$pylib" "D2O_CACHE_DIR=$cache" \
+      "D2O_GEMMA_MODEL=$gemma3_file"
+  fi
+
+  # Gemma 3 forward-pass references (scripts/gen_gemma3_reference.py): llama.cpp's top-k
+  # log-probabilities on the four prompts of SmolLM2's references (in Gemma's turn format for the
+  # chat) in four settings, and its perplexity of the same KJV passage at context 4096, in
+  # $ref_dir/gemma3 (about 15 minutes on 2 cores).
+  gemma3_ref_dir="$ref_dir/gemma3"
+  gen="$repo/scripts/gen_gemma3_reference.py"
+  if refs_stale "$gemma3_ref_dir" "$gen" 5 "$repo/scripts/gen_reference_fixtures.py" \
+       "$repo/tests/data/tokenizer/corpus_austen.txt" "$repo/tests/data/tokenizer/corpus_code.txt" \
+       "$cache/texts/kjv.txt"; then
+    ensure_pylib
+    say "computing llama.cpp's Gemma 3 reference logits and perplexity"
+    refs_make "$gemma3_ref_dir" "$gen" "Gemma 3 llama.cpp" "PYTHONPATH=$pylib" "D2O_CACHE_DIR=$cache" \
+      "D2O_GEMMA_MODEL=$gemma3_file"
   fi
 fi
 say "ready (cache: $cache)"
