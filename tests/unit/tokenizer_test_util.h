@@ -48,10 +48,14 @@ inline std::string smollm_path() {
   return "";
 }
 
-// Gemma 3 270M (optional): $D2O_GEMMA_MODEL, else cache/models/gemma-3-270m-q4_k_m.gguf.
+// Gemma 3 270M (scripts/setup.sh --gemma3): $D2O_GEMMA_MODEL, else
+// $D2O_CACHE_DIR/models/gemma-3-270m-q4_k_m.gguf, else the same in <source>/cache.
 inline std::string gemma_path() {
   std::vector<std::string> candidates;
   if (const char* e = std::getenv("D2O_GEMMA_MODEL"); e && *e) candidates.emplace_back(e);
+  if (const char* e = std::getenv("D2O_CACHE_DIR"); e && *e) {
+    candidates.push_back(std::string(e) + "/models/gemma-3-270m-q4_k_m.gguf");
+  }
   candidates.push_back(std::string(D2O_TEST_DATA_DIR) +
                        "/../../cache/models/gemma-3-270m-q4_k_m.gguf");
   for (const std::string& c : candidates) {

@@ -149,7 +149,7 @@ Result<EvalSetup> eval_setup(const EvalCommonOptions& o, const std::string& text
   const ModelHParams& hp = s.loaded.model->hparams();
   eval::RunMeta& m = s.meta;
   m.command = command;
-  m.model_path = o.model.model.empty() ? default_model_path() : o.model.model;
+  m.model_path = s.loaded.model->path();
   m.model_name = std::filesystem::path(m.model_path).filename().string();
   m.n_layer = hp.n_layer;
   m.n_head = hp.n_head;

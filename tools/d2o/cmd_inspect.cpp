@@ -6,6 +6,8 @@
 #include "commands.h"
 #include "core/mem.h"
 #include "gguf/gguf.h"
+#include "model/hparams.h"
+#include "runtime/tokenizer.h"
 
 namespace d2o::cli {
 
@@ -89,6 +91,21 @@ int run_inspect(const InspectOptions& o) {
     std::printf("%-13s (none)\n", "tokenizer");
   }
   std::printf("chat template %s\n", f.find("tokenizer.chat_template") ? "yes" : "no");
+  // What d2o can do with the file: the hyper-parameters its model code reads, and the tokenizer.
+  if (auto hp = ModelHParams::from_gguf(f); hp.ok()) {
+    std::printf("%-13s %s\n", "d2o model", "supported");
+  } else {
+    std::printf("%-13s not supported by this build: %s\n", "d2o model",
+                hp.status().message().c_str());
+  }
+  if (!f.find("tokenizer.ggml.model")) {
+    // no tokenizer: nothing to say beyond "(none)" above
+  } else if (auto tok = Tokenizer::from_gguf(f); tok.ok()) {
+    std::printf("%-13s supported (%d tokens, BOS %d, EOS %d)\n", "d2o tokenizer", (*tok)->n_vocab(),
+                (*tok)->bos(), (*tok)->eos());
+  } else {
+    std::printf("%-13s not supported: %s\n", "d2o tokenizer", tok.status().message().c_str());
+  }
 
   if (o.all_metadata) {
     std::printf("\nmetadata:\n");
@@ -127,12 +144,15 @@ int run_inspect(const InspectOptions& o) {
 Action add_inspect_command(CLI::App& app) {
   auto o = std::make_shared<InspectOptions>();
   CLI::App* sub = app.add_subcommand("inspect", "Print a GGUF model's architecture, hyper-parameters and tensors");
-  sub->add_option("model", o->model, "GGUF file (default: the model fetched by setup)");
-  sub->add_option("-m,--model", o->model, "GGUF file");
+  sub->add_option("model", o->model,
+                  "GGUF file or model name (smollm2, gemma3; default: $D2O_MODEL, else smollm2)");
+  sub->add_option("-m,--model", o->model, "GGUF file or model name");
   sub->add_flag("--metadata", o->all_metadata, "Also list every metadata key");
   sub->add_flag("--no-tensors", o->no_tensors, "Omit the per-tensor table");
   return [o] {
-    if (o->model.empty()) o->model = default_model_path();
+    auto path = resolve_model_path(o->model);
+    if (!path.ok()) return fail(path.status());
+    o->model = *path;
     return run_inspect(*o);
   };
 }

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "d2o/status.h"
 
@@ -27,9 +28,24 @@ Action add_bench_throughput_command(CLI::App& bench);
 // Prints "d2o: error: <status>" to stderr and returns 1.
 int fail(const Status& status);
 
-// The model used when -m is not given: $D2O_MODEL, else the file the setup step fetched
+// Models the setup step fetches, by name: -m smollm2, -m gemma3 (also as $D2O_MODEL).
+struct KnownModel {
+  const char* name;   // "smollm2"
+  const char* file;   // its file in $D2O_CACHE_DIR/models
+  const char* setup;  // the command that fetches it
+};
+const std::vector<KnownModel>& known_models();
+
+// The model used when -m is not given: $D2O_MODEL, else the default model the setup step fetched
 // ($D2O_CACHE_DIR/models/..., default <source>/cache/models/...).
 std::string default_model_path();
+
+// A model given by -m (empty: the default) as a file path: an existing path as is, a model name
+// as its file in the cache, anything else that looks like a path (has a '/' or ends in .gguf)
+// as is, so that opening it reports the error. Errors: kNotFound for a named model that is not
+// fetched (the message says how to fetch it) and for a word that is neither a file nor a model
+// name (the message lists the names).
+Result<std::string> resolve_model_path(const std::string& spec);
 
 // The text used when -f is not given: $D2O_CACHE_DIR/texts/kjv.txt (default <source>/cache/...).
 std::string default_text_path();

@@ -10,7 +10,9 @@
 namespace d2o::cli {
 
 void add_model_options(CLI::App* app, ModelOptions& o, bool with_kv) {
-  app->add_option("-m,--model", o.model, "GGUF model file (default: the model fetched by setup)");
+  app->add_option(
+      "-m,--model", o.model,
+      "GGUF model file or model name (smollm2, gemma3; default: $D2O_MODEL, else smollm2)");
   app->add_option("-t,--threads", o.threads, "Threads (default: all cores)")->check(CLI::Range(0, 1024));
   app->add_option("-c,--ctx-size", o.n_ctx, "Context size in tokens (default: the model's trained context)")
       ->check(CLI::Range(0, 1 << 24));
@@ -69,7 +71,7 @@ Result<Loaded> load_all(const ModelOptions& o) {
   auto pol = parse_kv_policy(o.kv_spec);
   if (!pol.ok()) return pol.status().with_context("--kv");
   l.policy = std::shared_ptr<const KvPolicy>(std::move(pol).value());
-  const std::string path = o.model.empty() ? default_model_path() : o.model;
+  D2O_ASSIGN_OR_RETURN(const std::string path, resolve_model_path(o.model));
   D2O_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::open(path));
   ModelLoadOptions mo;
   mo.dequantize_to_f32 = o.dequantize;

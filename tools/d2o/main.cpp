@@ -1,6 +1,8 @@
 // d2o: entry point; dispatches to the subcommands declared in commands.h.
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <string>
 #include <vector>
 
 #include "commands.h"
@@ -16,17 +18,54 @@ int fail(const Status& status) {
   return 1;
 }
 
+namespace {
+
+std::string cache_dir() {
+  if (const char* c = std::getenv("D2O_CACHE_DIR"); c && *c) return c;
+  return D2O_DEFAULT_CACHE_DIR;
+}
+
+}  // namespace
+
+const std::vector<KnownModel>& known_models() {
+  static const std::vector<KnownModel> models = {
+      {"smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/setup.sh"},
+      {"gemma3", "gemma-3-270m-q4_k_m.gguf", "scripts/setup.sh --gemma3"},
+  };
+  return models;
+}
+
 std::string default_model_path() {
   if (const char* m = std::getenv("D2O_MODEL"); m && *m) return m;
-  std::string cache = D2O_DEFAULT_CACHE_DIR;
-  if (const char* c = std::getenv("D2O_CACHE_DIR"); c && *c) cache = c;
-  return cache + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  return cache_dir() + "/models/" + known_models().front().file;
+}
+
+Result<std::string> resolve_model_path(const std::string& spec) {
+  const std::string s = spec.empty() ? default_model_path() : spec;
+  std::error_code ec;
+  if (std::filesystem::exists(s, ec)) return s;  // a file (or anything else) by that path
+  std::string names;
+  for (const KnownModel& m : known_models()) {
+    const std::string path = cache_dir() + "/models/" + m.file;
+    if (s == m.name) {
+      if (!std::filesystem::exists(path, ec)) {
+        return not_found("model '" + s + "' is not in the cache (" + path + "): run " + m.setup +
+                         " to fetch it");
+      }
+      return path;
+    }
+    names += std::string(names.empty() ? "" : ", ") + m.name + " (" + path + ")";
+  }
+  // A path (it names a folder or a .gguf file): GgufFile::open reports it.
+  if (s.find('/') != std::string::npos ||
+      (s.size() > 5 && s.compare(s.size() - 5, 5, ".gguf") == 0)) {
+    return s;
+  }
+  return not_found("'" + s + "' is neither a file nor a model name; model names: " + names);
 }
 
 std::string default_text_path() {
-  std::string cache = D2O_DEFAULT_CACHE_DIR;
-  if (const char* c = std::getenv("D2O_CACHE_DIR"); c && *c) cache = c;
-  return cache + "/texts/kjv.txt";
+  return cache_dir() + "/texts/kjv.txt";
 }
 
 }  // namespace d2o::cli
