@@ -7,6 +7,10 @@
 #                                 dequantisation references of the `gguf` PyPI package, and
 #                                 llama.cpp built from its source archive with what it computes
 #                                 for the tests (matmul products, logits, perplexity, token ids)
+#   scripts/setup.sh --gemma3-refs  also llama.cpp's Gemma 3 forward-pass references (logits and
+#                                 perplexity, about 18 minutes on 2 cores; implies --test-data).
+#                                 Kept out of --test-data until a test reads them (the Gemma 3
+#                                 forward pass), so the test command stays within its time.
 #
 # Idempotent: what is already present and verified is not fetched again. Downloads go to a
 # temporary folder and are moved into the cache only after their SHA-256 checks out, so an
@@ -20,11 +24,13 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${D2O_CACHE_DIR:-$repo/cache}
 want_test_data=0
 want_gemma3=0
+want_gemma3_refs=0
 for arg in "$@"; do
   case "$arg" in
     --test-data) want_test_data=1; want_gemma3=1 ;;
     --gemma3) want_gemma3=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --gemma3-refs) want_test_data=1; want_gemma3=1; want_gemma3_refs=1 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "setup: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -374,7 +380,7 @@ if [ "$want_test_data" -eq 1 ]; then
   # $ref_dir/gemma3 (about 15 minutes on 2 cores).
   gemma3_ref_dir="$ref_dir/gemma3"
   gen="$repo/scripts/gen_gemma3_reference.py"
-  if refs_stale "$gemma3_ref_dir" "$gen" 5 "$repo/scripts/gen_reference_fixtures.py" \
+  if [ "$want_gemma3_refs" -eq 1 ] && refs_stale "$gemma3_ref_dir" "$gen" 5 "$repo/scripts/gen_reference_fixtures.py" \
        "$repo/tests/data/tokenizer/corpus_austen.txt" "$repo/tests/data/tokenizer/corpus_code.txt" \
        "$cache/texts/kjv.txt"; then
     ensure_pylib
