@@ -119,6 +119,8 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
   std::vector<std::vector<std::string>> rows;
   if (rep.count("ppl")) {
     for (const json& c : rep["ppl"].value("comparisons", json::array())) {
+      // The paper's D2O (the `d2o` row); its variants are rows of the tables, not this verdict.
+      if (c.value("a", std::string()) != "d2o") continue;
       const double d = c["delta_nll"], se = c["se"];
       rows.push_back({"ppl, capacity " + std::to_string(c["capacity"].get<int>()),
                       c["b"].get<std::string>(), "tail NLL (nats), D2O − other = " + pm(d, se, 4),
