@@ -232,14 +232,28 @@ TEST(CliEval, AblateQuickRuns) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json j = check_outputs(dir, "ablate", 1);
   ASSERT_TRUE(j.contains("variants"));
-  EXPECT_EQ(j["variants"].size(), 20u);
+  // 20 ablations, 27 diagnosis rows (6 groups, 3 baselines at the same ratio, combinations).
+  EXPECT_EQ(j["variants"].size(), 47u);
+  int n_h2o = 0;
   for (const auto& v : j["variants"]) {
-    EXPECT_TRUE(has(v["spec"].get<std::string>(), "d2o:ratio=0.2")) << v["spec"];
+    const std::string spec = v["spec"].get<std::string>();
+    if (v["group"] == "baselines" && v["value"] != "d2o (paper)") {
+      EXPECT_TRUE(has(spec, ":ratio=0.2") && !has(spec, "d2o:")) << spec;
+    } else {
+      EXPECT_TRUE(has(spec, "d2o:ratio=0.2")) << spec;
+    }
+    // Every row carries its paired difference to H2O; H2O's own is 0.
+    ASSERT_TRUE(v.contains("delta_kl_vs_h2o")) << spec;
+    if (v["value"] == "h2o") {
+      ++n_h2o;
+      EXPECT_EQ(v["delta_kl_vs_h2o"].get<double>(), 0.0);
+    }
     // The default appears in several groups: the same numbers each time.
     if (v["value"].get<std::string>().find("(paper)") != std::string::npos) {
       EXPECT_EQ(v["delta_kl_vs_default"].get<double>(), 0.0) << v["value"];
     }
   }
+  EXPECT_EQ(n_h2o, 1);
   EXPECT_TRUE(j.contains("verdicts"));
 }
 

@@ -57,7 +57,8 @@ TEST(MakeResults, QuickRunsEndToEndAndKeepsItsInvariants) {
   }
   EXPECT_GE(n_svg, 2 + 2 * 6 + 1);  // ppl charts, niah heatmaps (2 tasks x 6 policies), ablation
 
-  // ppl: all eight policies; the full cache once; capacity 100000 (> the text) identical to it.
+  // ppl: all eleven policies (eight presets, KeyDiff and two D2O combinations); the full cache
+  // once; capacity 100000 (> the text) identical to it.
   const nlohmann::json ppl = parse_json(out + "/ppl.json");
   int n_identical = 0;
   for (const auto& run : ppl["runs"]) {
@@ -66,7 +67,7 @@ TEST(MakeResults, QuickRunsEndToEndAndKeepsItsInvariants) {
       ++n_identical;
     }
   }
-  EXPECT_EQ(n_identical, 1 + 7);
+  EXPECT_EQ(n_identical, 1 + 10);
   // fidelity: the full cache and a budget above the prompt have KL 0, top-1 agreement 1.
   const nlohmann::json fid = parse_json(out + "/fidelity.json");
   int n_zero = 0;
