@@ -54,6 +54,19 @@ TaskText longest_text(NiahTask task) {
 
 }  // namespace
 
+Status chat_turn_parts(const Tokenizer& tok, const ChatTemplate& chat, std::string* prefix,
+                       std::string* suffix) {
+  ChatApplyOptions opts;
+  opts.add_generation_prompt = true;
+  opts.skip_bos = tok.add_bos();  // the tokenizer adds the BOS token itself
+  const std::string rendered = chat.apply({{"user", kMarker}}, opts);
+  const size_t at = rendered.find(kMarker);
+  if (at == std::string::npos) return internal_error("the chat template dropped the user message");
+  *prefix = rendered.substr(0, at);
+  *suffix = rendered.substr(at + std::string(kMarker).size());
+  return {};
+}
+
 const char* niah_task_name(NiahTask t) {
   return t == NiahTask::kNeedle ? "needle" : "passkey";
 }
@@ -61,17 +74,7 @@ const char* niah_task_name(NiahTask t) {
 Result<NiahBuilder> NiahBuilder::create(const Tokenizer& tok, const ChatTemplate* chat,
                                         std::string_view haystack) {
   NiahBuilder b(tok);
-  if (chat) {
-    ChatApplyOptions opts;
-    opts.add_generation_prompt = true;
-    opts.skip_bos = tok.add_bos();  // the tokenizer adds the BOS token itself
-    const std::string rendered = chat->apply({{"user", kMarker}}, opts);
-    const size_t at = rendered.find(kMarker);
-    if (at == std::string::npos)
-      return internal_error("the chat template dropped the user message");
-    b.chat_prefix_ = rendered.substr(0, at);
-    b.chat_suffix_ = rendered.substr(at + std::string(kMarker).size());
-  }
+  if (chat) D2O_RETURN_IF_ERROR(chat_turn_parts(tok, *chat, &b.chat_prefix_, &b.chat_suffix_));
   D2O_ASSIGN_OR_RETURN(b.haystack_, b.encode(std::string(haystack), false));
   D2O_ASSIGN_OR_RETURN(b.filler_unit_, b.encode(kFillerUnit, false));
   if (b.filler_unit_.empty()) return internal_error("the passkey filler produced no tokens");

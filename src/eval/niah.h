@@ -33,6 +33,12 @@
 
 namespace d2o::eval {
 
+// The text a chat template puts before and after one user message when it opens the assistant's
+// turn (the tokenizer adds BOS itself), so a prompt can be written as prefix + message + suffix.
+// Shared by the niah and ruler builders.
+Status chat_turn_parts(const Tokenizer& tok, const ChatTemplate& chat, std::string* prefix,
+                       std::string* suffix);
+
 enum class NiahTask { kNeedle, kPasskey };
 const char* niah_task_name(NiahTask t);
 

@@ -6,13 +6,13 @@
 #include <numbers>
 #include <unordered_set>
 
+#include "eval/niah.h"
 #include "eval/stats.h"
 
 namespace d2o::eval {
 
 namespace {
 
-constexpr const char* kMarker = "@@D2O_RULER_USER_MESSAGE@@";
 constexpr const char* kFiller =
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n";
 constexpr const char* kVtInstruction =
@@ -138,17 +138,7 @@ double ruler_score(std::string_view answer, std::span<const std::string> expecte
 Result<RulerBuilder> RulerBuilder::create(const Tokenizer& tok, const ChatTemplate* chat,
                                           std::string_view haystack) {
   RulerBuilder b(tok);
-  if (chat) {
-    ChatApplyOptions opts;
-    opts.add_generation_prompt = true;
-    opts.skip_bos = tok.add_bos();
-    const std::string rendered = chat->apply({{"user", kMarker}}, opts);
-    const size_t at = rendered.find(kMarker);
-    if (at == std::string::npos)
-      return internal_error("the chat template dropped the user message");
-    b.chat_prefix_ = rendered.substr(0, at);
-    b.chat_suffix_ = rendered.substr(at + std::string(kMarker).size());
-  }
+  if (chat) D2O_RETURN_IF_ERROR(chat_turn_parts(tok, *chat, &b.chat_prefix_, &b.chat_suffix_));
   D2O_ASSIGN_OR_RETURN(b.haystack_, b.encode(std::string(haystack), false));
   D2O_ASSIGN_OR_RETURN(b.filler_, b.encode(kFiller, false));
   // Lowercase words of 4-12 letters, as they first occur (capitalised words are left out: names).
@@ -193,6 +183,25 @@ Result<std::vector<TokenId>> RulerBuilder::encode(const std::string& text, bool 
   o.add_special = add_special;
   o.parse_special = true;
   return tok_->encode(text, o);
+}
+
+// Binary search for list sizes: raises lo to the largest n in [lo, hi] whose context(n) encodes
+// to at most `budget` tokens, leaving those ids in *best (lo and *best unchanged when no n > lo
+// fits). context(n) grows with n.
+template <class Int, class Context>
+Status RulerBuilder::largest_within(Int& lo, Int hi, int64_t budget, const Context& context,
+                                    std::vector<TokenId>* best) const {
+  while (lo < hi) {
+    const Int mid = lo + (hi - lo + 1) / 2;
+    D2O_ASSIGN_OR_RETURN(std::vector<TokenId> ids, encode(context(mid), false));
+    if (static_cast<int64_t>(ids.size()) <= budget) {
+      lo = mid;
+      *best = std::move(ids);
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return {};
 }
 
 int64_t RulerBuilder::sentence_start(std::span<const TokenId> ctx, int64_t at) const {
@@ -469,16 +478,7 @@ Result<RulerBuilder::Trial> RulerBuilder::build_cwe(Trial t, SplitMix64& rng) co
     if (static_cast<int64_t>(best.size()) > budget)
       return too_short(t, fixed + static_cast<int64_t>(best.size()));
   }
-  while (lo < hi) {
-    const size_t mid = lo + (hi - lo + 1) / 2;
-    D2O_ASSIGN_OR_RETURN(std::vector<TokenId> ids, encode(context(mid), false));
-    if (static_cast<int64_t>(ids.size()) <= budget) {
-      lo = mid;
-      best = std::move(ids);
-    } else {
-      hi = mid - 1;
-    }
-  }
+  D2O_RETURN_IF_ERROR(largest_within(lo, hi, budget, context, &best));
   for (size_t i = 0; i < kCommonWords; ++i) t.expected.push_back(words_[order[ex_words + i]]);
   t.n_items = static_cast<int>(kCommonWords * cw + (lo - kCommonWords) * ucw);
   D2O_RETURN_IF_ERROR(assemble(t, head, best, tail));
@@ -520,16 +520,7 @@ Result<RulerBuilder::Trial> RulerBuilder::build_fwe(Trial t, SplitMix64& rng) co
   const int64_t budget = t.length - t.max_new - fixed;
   int64_t lo = 0, hi = std::max<int64_t>(budget, 0);
   std::vector<TokenId> best;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo + 1) / 2;
-    D2O_ASSIGN_OR_RETURN(std::vector<TokenId> ids, encode(context(mid), false));
-    if (static_cast<int64_t>(ids.size()) <= budget) {
-      lo = mid;
-      best = std::move(ids);
-    } else {
-      hi = mid - 1;
-    }
-  }
+  D2O_RETURN_IF_ERROR(largest_within(lo, hi, budget, context, &best));
   // The three answers must be strictly the 2nd-4th most frequent.
   const std::vector<int64_t> c = counts(lo);
   if (lo < 1 || !(c[1] > c[2] && c[2] > c[3] && c[3] > c[4] && c[3] > 0))

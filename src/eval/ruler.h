@@ -95,6 +95,9 @@ class RulerBuilder {
  private:
   explicit RulerBuilder(const Tokenizer& tok) : tok_(&tok) {}
   Result<std::vector<TokenId>> encode(const std::string& text, bool add_special) const;
+  template <class Int, class Context>
+  Status largest_within(Int& lo, Int hi, int64_t budget, const Context& context,
+                        std::vector<TokenId>* best) const;
   int64_t sentence_start(std::span<const TokenId> ctx, int64_t at) const;
   // The prompt around a context: head (chat prefix, instruction) + ctx + tail (question, answer
   // prefix). Fills t.prompt; errors when it exceeds the length.

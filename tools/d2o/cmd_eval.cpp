@@ -178,6 +178,15 @@ Result<EvalSetup> eval_setup(const EvalCommonOptions& o, const std::string& text
   return s;
 }
 
+void note_haystack(const HaystackChoice& hay, eval::RunMeta& meta) {
+  meta.text_path = hay.path;
+  meta.text_name = hay.name;
+  meta.text_bytes = hay.text.size();
+  meta.text_hash = eval::fnv1a64_hex(hay.text);
+  if (!hay.note.empty())
+    std::fprintf(stderr, "haystack: %s, %s\n", hay.name.c_str(), hay.note.c_str());
+}
+
 Result<HaystackChoice> load_haystack(const std::string& given) {
   namespace fs = std::filesystem;
   HaystackChoice h;

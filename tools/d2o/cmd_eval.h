@@ -100,6 +100,8 @@ struct HaystackChoice {
   std::string path, name, note, text;
 };
 Result<HaystackChoice> load_haystack(const std::string& given);
+// Records the haystack in a report's metadata (path, name, size, hash) and prints its note.
+void note_haystack(const HaystackChoice& hay, eval::RunMeta& meta);
 
 // Sub-subcommands (cmd_eval.cpp: ppl, fidelity; cmd_eval_niah.cpp; cmd_eval_ruler.cpp;
 // cmd_eval_ablate.cpp; cmd_eval_summary.cpp).

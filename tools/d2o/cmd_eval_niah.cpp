@@ -76,12 +76,7 @@ int run_niah_cmd(NiahOptions& o) {
   for (int len : lengths) {
     if (len < 1) return fail(invalid_argument("--lengths must be positive"));
   }
-  s.meta.text_path = hay->path;
-  s.meta.text_name = hay->name;
-  s.meta.text_bytes = hay->text.size();
-  s.meta.text_hash = eval::fnv1a64_hex(hay->text);
-  if (!hay->note.empty())
-    std::fprintf(stderr, "haystack: %s, %s\n", hay->name.c_str(), hay->note.c_str());
+  note_haystack(*hay, s.meta);
   const ChatTemplate* chat =
       (!o.no_chat && s.loaded.chat_template) ? &*s.loaded.chat_template : nullptr;
   auto builder = eval::NiahBuilder::create(*s.loaded.tokenizer, chat, hay->text);

@@ -57,12 +57,7 @@ int run_ruler_cmd(RulerOptions& o) {
   auto setup = eval_setup(o.common, "", "d2o eval ruler");
   if (!setup.ok()) return fail(setup.status());
   EvalSetup& s = *setup;
-  s.meta.text_path = hay->path;
-  s.meta.text_name = hay->name;
-  s.meta.text_bytes = hay->text.size();
-  s.meta.text_hash = eval::fnv1a64_hex(hay->text);
-  if (!hay->note.empty())
-    std::fprintf(stderr, "haystack: %s, %s\n", hay->name.c_str(), hay->note.c_str());
+  note_haystack(*hay, s.meta);
   const ChatTemplate* chat =
       (!o.no_chat && s.loaded.chat_template) ? &*s.loaded.chat_template : nullptr;
   auto builder = eval::RulerBuilder::create(*s.loaded.tokenizer, chat, hay->text);
