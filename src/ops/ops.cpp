@@ -19,6 +19,13 @@ void swiglu_scalar(const float* gate, const float* up, int64_t n, float* y) {
   }
 }
 
+void geglu_tanh_scalar(const float* gate, const float* up, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    y[i] = g / (1.0f + std::exp(std::min(g * (kGeluA + kGeluB * g * g), 88.0f))) * up[i];
+  }
+}
+
 double sum_squares_scalar(const float* x, int64_t n) {
   double ss = 0.0;
   for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
@@ -36,7 +43,7 @@ void add_scalar(float* y, const float* x, int64_t n) {
 }  // namespace
 
 const Kernels& scalar_kernels() {
-  static const Kernels k{swiglu_scalar, sum_squares_scalar, scale_mul_scalar, add_scalar};
+  static const Kernels k{swiglu_scalar, geglu_tanh_scalar, sum_squares_scalar, scale_mul_scalar, add_scalar};
   return k;
 }
 
@@ -128,6 +135,14 @@ void swiglu(const float* gate, const float* up, int64_t n, float* y) {
 
 void swiglu_isa(KernelIsa isa, const float* gate, const float* up, int64_t n, float* y) {
   ops::kernels_for(isa).swiglu(gate, up, n, y);
+}
+
+void geglu_tanh(const float* gate, const float* up, int64_t n, float* y) {
+  best_ops().geglu_tanh(gate, up, n, y);
+}
+
+void geglu_tanh_isa(KernelIsa isa, const float* gate, const float* up, int64_t n, float* y) {
+  ops::kernels_for(isa).geglu_tanh(gate, up, n, y);
 }
 
 void softmax_inplace(float* x, int64_t n) {

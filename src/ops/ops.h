@@ -45,6 +45,9 @@ void rope_apply_tables(const RopeParams& p, const float* cos_t, const float* sin
 // y[i] = silu(gate[i]) * up[i]
 void swiglu(const float* gate, const float* up, int64_t n, float* y);
 void swiglu_isa(KernelIsa isa, const float* gate, const float* up, int64_t n, float* y);
+// y[i] = gelu(gate[i]) * up[i], GELU in its tanh approximation (Gemma's GeGLU)
+void geglu_tanh(const float* gate, const float* up, int64_t n, float* y);
+void geglu_tanh_isa(KernelIsa isa, const float* gate, const float* up, int64_t n, float* y);
 
 // In-place softmax over n values.
 void softmax_inplace(float* x, int64_t n);

@@ -28,6 +28,23 @@ void swiglu(const float* gate, const float* up, int64_t n, float* y) {
   }
 }
 
+void geglu_tanh(const float* gate, const float* up, int64_t n, float* y) {
+  const __m256 one = _mm256_set1_ps(1.0f), hi = _mm256_set1_ps(88.0f);
+  const __m256 a = _mm256_set1_ps(kGeluA), b = _mm256_set1_ps(kGeluB);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 t = _mm256_mul_ps(g, _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(b, g), g)));
+    const __m256 e = simd::exp256(_mm256_min_ps(t, hi));
+    _mm256_storeu_ps(
+        y + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) {
+    const float g = gate[i];
+    y[i] = g / (1.0f + std::exp(std::min(g * (kGeluA + kGeluB * g * g), 88.0f))) * up[i];
+  }
+}
+
 double sum_squares(const float* x, int64_t n) {
   __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
   int64_t i = 0;
@@ -63,7 +80,7 @@ void add(float* y, const float* x, int64_t n) {
 }  // namespace
 
 const Kernels& avx2_kernels() {
-  static const Kernels k{swiglu, sum_squares, scale_mul, add};
+  static const Kernels k{swiglu, geglu_tanh, sum_squares, scale_mul, add};
   return k;
 }
 

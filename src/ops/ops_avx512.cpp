@@ -34,6 +34,24 @@ void swiglu(const float* gate, const float* up, int64_t n, float* y) {
   }
 }
 
+__m512 geglu16(__m512 g, __m512 u) {
+  const __m512 t = _mm512_mul_ps(
+      g, _mm512_add_ps(_mm512_set1_ps(kGeluA), _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(kGeluB), g), g)));
+  const __m512 e = simd::exp512(_mm512_min_ps(t, _mm512_set1_ps(88.0f)));
+  return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
+}
+
+void geglu_tanh(const float* gate, const float* up, int64_t n, float* y) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(y + i, geglu16(_mm512_loadu_ps(gate + i), _mm512_loadu_ps(up + i)));
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(
+        y + i, m, geglu16(_mm512_maskz_loadu_ps(m, gate + i), _mm512_maskz_loadu_ps(m, up + i)));
+  }
+}
+
 double sum_squares(const float* x, int64_t n) {
   __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
   int64_t i = 0;
@@ -67,7 +85,7 @@ void add(float* y, const float* x, int64_t n) {
 }  // namespace
 
 const Kernels& avx512_kernels() {
-  static const Kernels k{swiglu, sum_squares, scale_mul, add};
+  static const Kernels k{swiglu, geglu_tanh, sum_squares, scale_mul, add};
   return k;
 }
 

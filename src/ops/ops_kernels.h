@@ -10,6 +10,10 @@ namespace d2o::ops {
 struct Kernels {
   // y[i] = gate[i] / (1 + exp(-gate[i])) * up[i]; y may alias gate or up.
   void (*swiglu)(const float* gate, const float* up, int64_t n, float* y);
+  // y[i] = gelu_tanh(gate[i]) * up[i], gelu_tanh(g) = g / (1 + exp(g * (kGeluA + kGeluB g^2)))
+  // (the tanh form 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) rewritten with one exp; the
+  // exponent clamped at 88); y may alias gate or up.
+  void (*geglu_tanh)(const float* gate, const float* up, int64_t n, float* y);
   // sum of x[i]^2, accumulated in double.
   double (*sum_squares)(const float* x, int64_t n);
   // y[i] = x[i] * s * w[i] (in this order); y may alias x.
@@ -17,6 +21,10 @@ struct Kernels {
   // y[i] += x[i]
   void (*add)(float* y, const float* x, int64_t n);
 };
+
+// -2 sqrt(2 / pi) and -2 sqrt(2 / pi) * 0.044715.
+inline constexpr float kGeluA = -1.5957691216057308f;
+inline constexpr float kGeluB = -0.07135481627159271f;
 
 const Kernels& scalar_kernels();
 const Kernels& avx2_kernels();

@@ -61,6 +61,47 @@ TEST(Ops, SwigluEveryLevelNearDoubleReference) {
   }
 }
 
+TEST(Ops, GegluTanhEveryLevelNearDoubleReference) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (const int n : {1, 7, 8, 15, 16, 17, 33, 2048}) {
+    std::vector<float> g(static_cast<size_t>(n)), u(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      g[static_cast<size_t>(i)] = nd(rng);
+      u[static_cast<size_t>(i)] = nd(rng);
+    }
+    // Extremes: the exponent clamps (g very negative) or the exp vanishes (g very positive).
+    const float extremes[] = {-300.0f, -12.0f, -10.0f, -5.0f, 0.0f, -0.0f, 10.0f, 100.0f, 300.0f};
+    for (int i = 0; i < n && i < 9; ++i) g[static_cast<size_t>(i * n / 9)] = extremes[i];
+    for (KernelIsa isa : levels()) {
+      std::vector<float> y(static_cast<size_t>(n));
+      geglu_tanh_isa(isa, g.data(), u.data(), n, y.data());
+      for (int i = 0; i < n; ++i) {
+        // GELU's tanh form in double, 0.5 g (1 + tanh(t)) = g sigmoid(2t) (the sigmoid form, so
+        // that 1 + tanh(t) does not cancel for very negative g).
+        const double gd = g[static_cast<size_t>(i)];
+        const double t = std::sqrt(2.0 / M_PI) * (gd + 0.044715 * gd * gd * gd);
+        const double gelu = gd / (1.0 + std::exp(-2.0 * t));
+        const double ref = gelu * u[static_cast<size_t>(i)];
+        const float got = y[static_cast<size_t>(i)];
+        ASSERT_TRUE(std::isfinite(got)) << kernel_isa_name(isa) << " n=" << n << " g=" << gd;
+        if (std::abs(ref) < 1e-30) {
+          EXPECT_LT(std::abs(got), 1e-30) << kernel_isa_name(isa) << " g=" << gd;
+        } else {
+          // The exponent -2t is formed in float with four roundings (g^2, two products, a sum),
+          // each up to 2^-24 of it: exp turns that into a relative error of up to |2t| 2^-22,
+          // i.e. |2t| * 4 ulps, on top of the rest (tiny values: g / e^|2t|).
+          EXPECT_LE(ulp_distance(got, static_cast<float>(ref)), 16.0 + 8.0 * std::fabs(t))
+              << kernel_isa_name(isa) << " n=" << n << " i=" << i << " g=" << gd;
+        }
+      }
+      std::vector<float> inplace = g;
+      geglu_tanh_isa(isa, inplace.data(), u.data(), n, inplace.data());
+      EXPECT_EQ(inplace, y) << kernel_isa_name(isa);
+    }
+  }
+}
+
 TEST(Ops, RmsnormEveryLevelNearDoubleReference) {
   std::mt19937 rng(4);
   std::normal_distribution<float> nd(0.0f, 1.0f);
