@@ -99,6 +99,10 @@ struct Call {
   bool want_score, want_window, mass;
   int window_first;
   ScoreAgg agg;
+  int window;  // > 0: sliding window of this many positions (AttnInput::window)
+
+  // First slot query t sees (the chunk's slots hold consecutive positions: see AttnInput).
+  int lo(int t) const { return window > 0 ? std::max(0, n_old + t + 1 - window) : 0; }
 
   int t0(int blk) const { return blk * QB; }
   int nb(int blk) const { return std::min(n_tok, (blk + 1) * QB) - blk * QB; }
@@ -152,18 +156,29 @@ void chunk_partials(const Call& C, int blk, int g, int c, float* const* e, float
   }
   for (int r = 0; r < rows; ++r) {
     const int n_valid = std::clamp(C.n_old + t0 + r / C.grp + 1 - j0, 0, n_keys);
-    cm[r] = C.kern->max(e[r], n_valid);
-    cl[r] = C.kern->exp_sum(e[r], n_valid, n_keys, cm[r]);
+    // Sliding window: the row sees slots [lo, ...) only; the chunk's keys below lo are masked
+    // (the sum runs over the visible part alone, so masked keys are exact zeros).
+    const int n_lo = C.window > 0 ? std::clamp(C.lo(t0 + r / C.grp) - j0, 0, n_valid) : 0;
+    cm[r] = C.kern->max(e[r] + n_lo, n_valid - n_lo);
+    cl[r] = C.kern->exp_sum(e[r] + n_lo, n_valid - n_lo, n_keys - n_lo, cm[r]);
+    std::fill_n(e[r], n_lo, 0.0f);
   }
   C.kern->pv(e, rows, v, n_keys, C.hd, acc);
 }
 
 // Merges chunk c's partials (cm, cl, acc) into a row's running max m, sum l and output o, in
-// chunk order; chunk 0 (always holding slot 0, visible to every query) initialises them. A chunk
-// the row sees nothing of (cm = -inf) leaves them unchanged.
+// chunk order; chunk 0 initialises them. A chunk the row sees nothing of (cm = -inf: past the
+// causal limit, or before a sliding window) leaves them unchanged.
 inline void merge_chunk(const attn::Kernels& kern, int c, float cm, float cl, const float* acc,
                         float& m, float& l, float* o, int hd) {
   if (c == 0) {
+    m = cm;
+    l = cl;
+    std::memcpy(o, acc, sizeof(float) * static_cast<size_t>(hd));
+    return;
+  }
+  if (cm == -INFINITY) return;  // the row sees nothing of this chunk (o * 1 + acc * 0 == o)
+  if (m == -INFINITY) {         // nor of any earlier one (a sliding window's first chunks)
     m = cm;
     l = cl;
     std::memcpy(o, acc, sizeof(float) * static_cast<size_t>(hd));
@@ -392,6 +407,7 @@ void attention_forward_isa(const AttnInput& in, KvLayer& L, const AttnStatsReque
   C.window_first = stats.window_first;
   C.mass = stats.mass;
   C.agg = stats.agg;
+  C.window = in.window;
   // Per-block tasks keep every thread busy once there are enough of them; otherwise (decoding)
   // chunks of one block are shared out. Both give the same results.
   AttnScratch::Shape shape;
@@ -424,11 +440,13 @@ void attention_reference(const AttnInput& in, KvLayer& L, const AttnStatsRequest
   std::vector<std::vector<double>> probs(static_cast<size_t>(H));
   for (int t = 0; t < in.n_tok; ++t) {
     const int n_vis = n_old + t + 1;
+    const int lo = in.window > 0 ? std::max(0, n_vis - in.window) : 0;
     for (int h = 0; h < H; ++h) {
       const int g = h / grp;
       const float* q = in.q + (static_cast<size_t>(t) * H + h) * hd;
       double m = -INFINITY;
-      for (int j = 0; j < n_vis; ++j) {
+      std::fill(p.begin(), p.begin() + lo, 0.0);
+      for (int j = lo; j < n_vis; ++j) {
         L.load_key(g, j, k.data());
         double s = 0.0;
         for (int d = 0; d < hd; ++d) s += static_cast<double>(q[d]) * k[static_cast<size_t>(d)];
@@ -437,10 +455,10 @@ void attention_reference(const AttnInput& in, KvLayer& L, const AttnStatsRequest
         m = std::max(m, p[static_cast<size_t>(j)]);
       }
       double sum = 0.0;
-      for (int j = 0; j < n_vis; ++j)
+      for (int j = lo; j < n_vis; ++j)
         sum += (p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - m));
       std::vector<double> o(static_cast<size_t>(hd), 0.0);
-      for (int j = 0; j < n_vis; ++j) {
+      for (int j = lo; j < n_vis; ++j) {
         p[static_cast<size_t>(j)] /= sum;
         L.load_value(g, j, v.data());
         for (int d = 0; d < hd; ++d)

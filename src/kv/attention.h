@@ -57,6 +57,10 @@ struct AttnInput {
   int n_tok = 0;
   int n_head = 0;
   float scale = 1.0f;  // usually 1 / sqrt(head_dim)
+  // > 0: sliding-window attention: query t sees only the last `window` slots up to its own
+  // (slots [n_old + t + 1 - window, n_old + t]). For a layer whose slots hold consecutive
+  // positions (a sliding-window layer is never compacted), that is the last `window` positions.
+  int window = 0;
 };
 
 // Reusable scratch (grows to the largest call seen, then no allocation).

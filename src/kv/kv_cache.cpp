@@ -13,6 +13,18 @@ namespace d2o {
 
 const char* kv_type_name(KvType t) { return t == KvType::kF16 ? "f16" : "f32"; }
 
+bool KvCacheConfig::has_sliding() const {
+  for (int w : layer_window)
+    if (w > 0) return true;
+  return false;
+}
+
+int KvCacheConfig::n_compressible() const {
+  int n = 0;
+  for (int il = 0; il < n_layer; ++il) n += layer_compressible(il) ? 1 : 0;
+  return n;
+}
+
 void KvLayer::load_key(int h, int j, float* out) const {
   if (type == KvType::kF32) std::memcpy(out, key_row(h, j), row_bytes());
   else fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(key_row(h, j)), out, head_dim);
@@ -32,6 +44,8 @@ void KvLayer::store_value(int h, int j, const float* in) {
 
 KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
   D2O_ASSERT(cfg.n_layer > 0 && cfg.n_head_kv > 0 && cfg.head_dim > 0);
+  D2O_ASSERT(cfg.layer_window.empty() ||
+             cfg.layer_window.size() == static_cast<size_t>(cfg.n_layer));
   layers_.resize(static_cast<size_t>(cfg.n_layer));
   for (KvLayer& L : layers_) {
     L.n_head_kv = cfg.n_head_kv;
@@ -85,7 +99,9 @@ Status KvCache::reserve(int il, int n_slots, bool exact) {
   KvLayer& L = layers_[static_cast<size_t>(il)];
   if (n_slots <= L.capacity && !exact) return {};
   if (exact && n_slots == L.capacity) return {};
-  if (slot_limit_ > 0 && n_slots > slot_limit_) {
+  // Sliding-window layers bound themselves (drop_oldest); the limit is for the others.
+  const int limit = cfg_.window(il) > 0 ? 0 : slot_limit_;
+  if (limit > 0 && n_slots > limit) {
     return resource_exhausted("KV cache layer " + std::to_string(il) + " needs " +
                               std::to_string(n_slots) + " slots per head, above its limit of " +
                               std::to_string(slot_limit_) +
@@ -96,16 +112,26 @@ Status KvCache::reserve(int il, int n_slots, bool exact) {
     // Grow by at least a quarter (and 256 slots) so that appending token by token copies each
     // slot O(1) times overall; never past the limit.
     cap = std::max(n_slots, L.capacity + std::max(256, L.capacity / 4));
-    if (slot_limit_ > 0) cap = std::min(cap, slot_limit_);
+    if (limit > 0) cap = std::min(cap, limit);
+    if (cfg_.window(il) > 0) cap = std::min(cap, std::max(n_slots, sliding_capacity(cfg_.window(il), 1)));
   }
   return reallocate(il, std::max(cap, L.n_slot));
+}
+
+// A sliding-window layer keeps the capacity a one-token pass needs (it is refilled every step);
+// only what a long pass added above that is handed back.
+Status KvCache::shrink_sliding(int il) {
+  const KvLayer& L = layers_[static_cast<size_t>(il)];
+  const int steady = sliding_capacity(cfg_.window(il), 1);
+  if (L.capacity > steady && L.n_slot <= steady) return reallocate(il, steady);
+  return {};
 }
 
 Status KvCache::set_slot_limit(int max_slots) {
   if (max_slots < 0) return invalid_argument("KV slot limit must be >= 0 (0: none)");
   if (max_slots > 0) {
     for (int il = 0; il < cfg_.n_layer; ++il) {
-      if (layers_[static_cast<size_t>(il)].capacity > max_slots) {
+      if (cfg_.window(il) == 0 && layers_[static_cast<size_t>(il)].capacity > max_slots) {
         return invalid_argument("KV cache layer " + std::to_string(il) + " already holds " +
                                 std::to_string(layers_[static_cast<size_t>(il)].capacity) +
                                 " slots per head, above the requested limit of " +
@@ -120,7 +146,11 @@ Status KvCache::set_slot_limit(int max_slots) {
 Status KvCache::shrink_to_fit(int slack) {
   for (int il = 0; il < cfg_.n_layer; ++il) {
     const KvLayer& L = layers_[static_cast<size_t>(il)];
-    if (L.capacity > L.n_slot + slack) D2O_RETURN_IF_ERROR(reallocate(il, L.n_slot + slack));
+    if (cfg_.window(il) > 0) {
+      D2O_RETURN_IF_ERROR(shrink_sliding(il));
+    } else if (L.capacity > L.n_slot + slack) {
+      D2O_RETURN_IF_ERROR(reallocate(il, L.n_slot + slack));
+    }
   }
   return {};
 }
@@ -129,7 +159,11 @@ Status KvCache::trim(int slack) {
   constexpr int kHysteresis = 16;
   for (int il = 0; il < cfg_.n_layer; ++il) {
     const KvLayer& L = layers_[static_cast<size_t>(il)];
-    if (L.capacity > L.n_slot + slack + kHysteresis) D2O_RETURN_IF_ERROR(reallocate(il, L.n_slot + slack));
+    if (cfg_.window(il) > 0) {
+      D2O_RETURN_IF_ERROR(shrink_sliding(il));
+    } else if (L.capacity > L.n_slot + slack + kHysteresis) {
+      D2O_RETURN_IF_ERROR(reallocate(il, L.n_slot + slack));
+    }
   }
   return {};
 }
@@ -300,18 +334,50 @@ size_t KvCache::meta_bytes_allocated() const {
 }
 
 size_t KvCache::full_kv_bytes(int64_t n_tokens) const {
+  // A full cache keeps every token in a global layer and the last W in a sliding-window one.
   const size_t eb = cfg_.type == KvType::kF16 ? 2 : 4;
-  return 2 * static_cast<size_t>(cfg_.n_layer) * static_cast<size_t>(cfg_.n_head_kv) *
-         static_cast<size_t>(cfg_.head_dim) * eb * static_cast<size_t>(n_tokens);
+  size_t slots = 0;
+  for (int il = 0; il < cfg_.n_layer; ++il) {
+    const int w = cfg_.window(il);
+    slots += static_cast<size_t>(w > 0 ? std::min<int64_t>(n_tokens, w) : n_tokens);
+  }
+  return 2 * slots * static_cast<size_t>(cfg_.n_head_kv) * static_cast<size_t>(cfg_.head_dim) * eb;
 }
 
-size_t KvCache::bytes_for_slots(const KvCacheConfig& cfg, int64_t slots) {
+size_t KvCache::bytes_for_slots(const KvCacheConfig& cfg, int64_t slots, int max_chunk,
+                                int64_t n_tokens) {
+  if (n_tokens < 0) n_tokens = slots;
   const size_t eb = cfg.type == KvType::kF16 ? 2 : 4;
   // Per slot and KV head: a key and a value row, and pos, score, window, merged (4 bytes each).
   const size_t per_slot =
       2 * static_cast<size_t>(cfg.head_dim) * eb + 2 * sizeof(int32_t) + 2 * sizeof(float);
-  return static_cast<size_t>(cfg.n_layer) * static_cast<size_t>(cfg.n_head_kv) *
-         static_cast<size_t>(slots) * per_slot;
+  size_t n = 0;
+  for (int il = 0; il < cfg.n_layer; ++il) {
+    const int w = cfg.window(il);
+    n += static_cast<size_t>(w > 0 ? std::min<int64_t>(n_tokens, sliding_capacity(w, max_chunk))
+                                   : slots);
+  }
+  return n * static_cast<size_t>(cfg.n_head_kv) * per_slot;
+}
+
+int KvCache::drop_oldest(int il, int n_tok) {
+  const int w = cfg_.window(il);
+  KvLayer& L = layers_[static_cast<size_t>(il)];
+  D2O_ASSERT(w > 0);
+  if (L.n_slot + n_tok <= sliding_capacity(w, n_tok) || L.n_slot <= w - 1) return 0;
+  const int drop = L.n_slot - (w - 1);
+  const size_t keep = static_cast<size_t>(w - 1), rb = L.row_bytes();
+  for (int h = 0; h < L.n_head_kv; ++h) {
+    std::memmove(L.key_row(h, 0), L.key_row(h, drop), keep * rb);
+    std::memmove(L.value_row(h, 0), L.value_row(h, drop), keep * rb);
+    const size_t a = L.meta_index(h, 0), b = L.meta_index(h, drop);
+    std::memmove(&L.pos[a], &L.pos[b], keep * sizeof(int32_t));
+    std::memmove(&L.score[a], &L.score[b], keep * sizeof(float));
+    std::memmove(&L.window[a], &L.window[b], keep * sizeof(float));
+    std::memmove(&L.merged[a], &L.merged[b], keep * sizeof(int32_t));
+  }
+  L.n_slot = w - 1;
+  return drop;
 }
 
 }  // namespace d2o

@@ -13,11 +13,20 @@
 // All heads of a layer hold the same number of slots (n_slot); which tokens they hold may differ.
 // Layers may hold different numbers of slots (D2O's per-layer budgets).
 //
-// The only mutators are append() (new tokens) and apply() (a CompactionPlan from a policy).
+// The only mutators are append() (new tokens), apply() (a CompactionPlan from a policy) and, for
+// sliding-window layers, drop_oldest().
+//
+// Sliding-window layers (KvCacheConfig::layer_window[il] = W > 0; Gemma 3's local layers): a
+// query sees only the last W positions, so the layer keeps a ring of the last W - 1 slots plus
+// the pass being appended; slots older than that are dropped in batches (drop_oldest, at most
+// every kSlidingSlack tokens while decoding, so dropping moves O(W / kSlidingSlack) slots per
+// token). Such a layer never exceeds sliding_capacity(W, chunk) slots, is not subject to the slot
+// limit, and is never compacted by a KV policy (layer_compressible()).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/mem.h"
@@ -104,11 +113,36 @@ struct KvLayer {
 };
 
 struct KvCacheConfig {
+  KvCacheConfig() = default;
+  KvCacheConfig(int n_layer_, int n_head_kv_, int head_dim_, KvType type_,
+                std::vector<int> layer_window_ = {})
+      : n_layer(n_layer_),
+        n_head_kv(n_head_kv_),
+        head_dim(head_dim_),
+        type(type_),
+        layer_window(std::move(layer_window_)) {}
+
   int n_layer = 0;
   int n_head_kv = 0;
   int head_dim = 0;
   KvType type = KvType::kF16;
+  // Per layer: > 0 marks a sliding-window layer of that window; empty: every layer is global.
+  std::vector<int> layer_window;
+
+  int window(int il) const {
+    return layer_window.empty() ? 0 : layer_window[static_cast<size_t>(il)];
+  }
+  bool layer_compressible(int il) const { return window(il) == 0; }
+  bool has_sliding() const;
+  int n_compressible() const;
 };
+
+// Slots a sliding-window layer of window W holds before a pass drops them (see above), and the
+// most it holds while a pass of `chunk` tokens is appended.
+constexpr int kSlidingSlack = 64;
+inline int sliding_capacity(int window, int chunk) {
+  return window - 1 + (chunk > kSlidingSlack ? chunk : kSlidingSlack);
+}
 
 class KvCache {
  public:
@@ -144,6 +178,11 @@ class KvCache {
   // Applies a plan to layer il (merges first, then the gather of kept slots).
   void apply(int il, const CompactionPlan& plan);
 
+  // Sliding-window layer il, before a pass of n_tok tokens is appended: drops the oldest slots
+  // if the layer would otherwise exceed sliding_capacity(W, n_tok), keeping the last W - 1 (all
+  // the pass's first query can see). Returns the slots dropped.
+  int drop_oldest(int il, int n_tok);
+
   // Drops everything (a new conversation).
   void clear();
 
@@ -160,11 +199,15 @@ class KvCache {
   size_t full_kv_bytes(int64_t n_tokens) const;
   // Bytes a cache of configuration `cfg` allocates when every layer has a capacity of `slots`
   // per KV head: keys, values and slot metadata (what kv_bytes_allocated() +
-  // meta_bytes_allocated() report for that capacity).
-  static size_t bytes_for_slots(const KvCacheConfig& cfg, int64_t slots);
+  // meta_bytes_allocated() report for that capacity). A sliding-window layer, which no policy
+  // compacts, holds min(n_tokens, sliding_capacity(W, max_chunk)) for a sequence of n_tokens fed
+  // in passes of at most max_chunk (n_tokens < 0: `slots`).
+  static size_t bytes_for_slots(const KvCacheConfig& cfg, int64_t slots, int max_chunk = 512,
+                                int64_t n_tokens = -1);
 
  private:
   Status reallocate(int il, int new_capacity);
+  Status shrink_sliding(int il);
   KvCacheConfig cfg_;
   int slot_limit_ = 0;  // 0: none
   std::vector<KvLayer> layers_;

@@ -18,6 +18,7 @@ struct Case {
   ScoreAgg agg;
   int window_first;
   bool mass = false;  // proportional attention over random merged counts
+  int sliding = 0;    // AttnInput::window (sliding-window attention)
 };
 
 // Fills a cache layer with n_old + n_tok random slots; returns the queries.
@@ -48,7 +49,7 @@ std::vector<float> fill(KvCache& cache, const Case& c, uint32_t seed) {
 void run_case(const Case& c) {
   SCOPED_TRACE("H=" + std::to_string(c.n_head) + " G=" + std::to_string(c.n_head_kv) +
                " old=" + std::to_string(c.n_old) + " tok=" + std::to_string(c.n_tok) +
-               " agg=" + score_agg_name(c.agg));
+               " agg=" + score_agg_name(c.agg) + " sliding=" + std::to_string(c.sliding));
   KvCacheConfig cfg{1, c.n_head_kv, c.head_dim, c.type};
   KvCache ref_cache(cfg), cache(cfg);
   auto q = fill(ref_cache, c, 7);
@@ -62,6 +63,7 @@ void run_case(const Case& c) {
   std::vector<float> out_ref(out_n), out(out_n);
   AttnInput in{q.data(), out_ref.data(), c.n_tok, c.n_head,
                1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+  in.window = c.sliding;
   attention_reference(in, ref_cache.layer(0), req);
 
   for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
@@ -128,6 +130,67 @@ TEST(Attention, MassBiasMatchesReference) {
       {2, 2, 24, 5, 7, KvType::kF32, ScoreAgg::kMean, 0, true},    // odd head_dim
   };
   for (const Case& c : cases) run_case(c);
+}
+
+// Sliding-window attention (Gemma 3's local layers): each query sees its last `window` slots. Some
+// rows see nothing of the first chunks of slots (1000 old slots, window 8: three whole tiles
+// masked), others a part of a tile; statistics of masked slots stay untouched.
+TEST(Attention, SlidingWindowMatchesReference) {
+  const std::vector<Case> cases = {
+      {4, 2, 32, 300, 40, KvType::kF32, ScoreAgg::kSum, 30, false, 50},   // window inside a tile
+      {4, 1, 256, 575, 1, KvType::kF16, ScoreAgg::kSum, 0, false, 512},  // Gemma decode
+      {4, 1, 256, 511, 512, KvType::kF16, ScoreAgg::kSum, 500, false, 512},  // Gemma prefill
+      {6, 2, 32, 0, 700, KvType::kF32, ScoreAgg::kMean, 1 << 30, false, 300},  // masked tiles
+      {4, 4, 16, 1000, 20, KvType::kF32, ScoreAgg::kMax, 3, false, 8},      // 3 tiles masked
+      {2, 2, 24, 5, 7, KvType::kF16, ScoreAgg::kSum, 0, false, 3},          // odd head_dim
+  };
+  for (const Case& c : cases) run_case(c);
+}
+
+// Dropping the slots no query can see any more (KvCache::drop_oldest) changes nothing: attention
+// over the dropped layer equals attention over the whole one, and the kept slots keep their
+// positions and statistics.
+TEST(Attention, SlidingWindowDropOldestKeepsResults) {
+  const int W = 16, H = 4, G = 2, hd = 32;
+  KvCacheConfig cfg{1, G, hd, KvType::kF32, {W}};
+  const Case c{H, G, hd, 200, 1, KvType::kF32, ScoreAgg::kSum, 0, false, W};
+  KvCache whole(cfg), dropped(cfg);
+  const auto q = fill(whole, c, 11);  // 201 slots: positions 0..200, the query's own last
+  const KvLayer& Wl = whole.layer(0);
+  auto row = [&](int j, std::vector<float>* k, std::vector<float>* v) {
+    k->resize(static_cast<size_t>(G) * hd);
+    v->resize(k->size());
+    for (int g = 0; g < G; ++g) {
+      Wl.load_key(g, j, k->data() + g * hd);
+      Wl.load_value(g, j, v->data() + g * hd);
+    }
+  };
+  std::vector<float> k, v;
+  ASSERT_TRUE(dropped.reserve(0, 200, true).ok());
+  for (int32_t j = 0; j < 200; ++j) {
+    row(j, &k, &v);
+    dropped.append(0, k.data(), v.data(), &j, 1);
+  }
+  // Before the one-token pass of position 200: keep the W - 1 newest slots.
+  const KvLayer& D = dropped.layer(0);
+  EXPECT_EQ(dropped.drop_oldest(0, 1), 200 - (W - 1));
+  ASSERT_EQ(D.n_slot, W - 1);
+  for (int j = 0; j < W - 1; ++j) EXPECT_EQ(D.pos[D.meta_index(1, j)], 200 - (W - 1) + j);
+  EXPECT_EQ(dropped.drop_oldest(0, 1), 0) << "within its capacity: nothing to drop";
+  row(200, &k, &v);
+  const int32_t p = 200;
+  ASSERT_TRUE(dropped.reserve(0, W, false).ok());
+  dropped.append(0, k.data(), v.data(), &p, 1);
+  std::vector<float> out_whole(static_cast<size_t>(H) * hd), out_drop(out_whole.size());
+  ThreadPool pool(1);
+  AttnScratch sc;
+  AttnInput in{q.data(), out_whole.data(), 1, H, 1.0f / std::sqrt(static_cast<float>(hd))};
+  in.window = W;
+  attention_forward(in, whole.layer(0), AttnStatsRequest{}, pool, sc);
+  in.out = out_drop.data();
+  attention_forward(in, dropped.layer(0), AttnStatsRequest{}, pool, sc);
+  for (size_t i = 0; i < out_whole.size(); ++i)
+    EXPECT_NEAR(out_drop[i], out_whole[i], 1e-6f * (1.0f + std::fabs(out_whole[i]))) << i;
 }
 
 // The bias must matter: with many merged tokens behind a slot, its probability rises.
