@@ -116,9 +116,10 @@ double head_score_variance(const KvLayer& layer, int g) {
   return ss / (n - 1);
 }
 
-void layer_density(const KvCache& cache, bool research, double* v) {
-  for (int il = 0; il < cache.n_layer(); ++il) {
-    const KvLayer& L = cache.layer(il);
+void layer_density(const KvCache& cache, std::span<const int> layers, bool research, double* v) {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const KvLayer& L = cache.layer(layers[i]);
+    double* out = v + i;
     const int G = L.n_head_kv;
     double sum = 0.0, mn = 0.0, mx = 0.0;
     for (int g = 0; g < G; ++g) {
@@ -128,13 +129,13 @@ void layer_density(const KvCache& cache, bool research, double* v) {
       mx = g == 0 ? var : std::max(mx, var);
     }
     if (!research) {
-      v[il] = sum / G;
+      *out = sum / G;
       continue;
     }
     // Research code: (var - min) / (max - min + 1e-6) over the layer's heads, then the mean.
     double nsum = 0.0;
     for (int g = 0; g < G; ++g) nsum += (head_score_variance(L, g) - mn) / (mx - mn + 1e-6);
-    v[il] = nsum / G;
+    *out = nsum / G;
   }
 }
 
@@ -175,9 +176,10 @@ void rule_weights(LayerRule rule, const double* v, int n_layer, double pbeta, do
 
 namespace {
 
-void decide_rule_budgets(const PolicyConfig& cfg, const KvCache& cache, int64_t n,
-                         PolicyState& state) {
-  const int L = cache.n_layer();
+// Budgets of the compressible layers `layers`, written to state.budgets[0, layers.size()).
+void decide_rule_budgets(const PolicyConfig& cfg, const KvCache& cache, std::span<const int> layers,
+                         int64_t n, PolicyState& state) {
+  const int L = static_cast<int>(layers.size());
   state.budgets.assign(static_cast<size_t>(L), 0);
   state.layer_variance.clear();
   const int64_t lo = std::min<int64_t>(cfg.min_budget(), n);
@@ -201,7 +203,7 @@ void decide_rule_budgets(const PolicyConfig& cfg, const KvCache& cache, int64_t 
                              cfg.layers == LayerRule::kResearch;
   if (cfg.needs_accumulate()) {
     // Recorded for reports whenever scores exist; only some rules use it.
-    layer_density(cache, cfg.layers == LayerRule::kResearch, v);
+    layer_density(cache, layers, cfg.layers == LayerRule::kResearch, v);
     state.layer_variance.assign(v, v + L);
   } else {
     D2O_ASSERT(!uses_variance);
@@ -287,9 +289,29 @@ void protect_edges(const PolicyConfig& cfg, int L, int64_t n, PolicyState& state
 }  // namespace
 
 void decide_budgets(const PolicyConfig& cfg, const KvCache& cache, int64_t n, PolicyState& state) {
-  decide_rule_budgets(cfg, cache, n, state);
+  // The rules share the total out over the compressible layers only (sliding-window layers keep
+  // their window and are never compacted), as if the model had only those.
+  const KvCacheConfig& cc = cache.config();
+  std::vector<int> layers;
+  for (int il = 0; il < cc.n_layer; ++il)
+    if (cc.layer_compressible(il)) layers.push_back(il);
+  if (layers.empty()) {
+    state.budgets.assign(static_cast<size_t>(cc.n_layer), PolicyState::kNoBudget);
+    state.layer_variance.clear();
+    return;
+  }
+  decide_rule_budgets(cfg, cache, layers, n, state);
   if (cfg.protect == ProtectRule::kEdges && cfg.layers != LayerRule::kResearch)
-    protect_edges(cfg, cache.n_layer(), n, state);
+    protect_edges(cfg, static_cast<int>(layers.size()), n, state);
+  if (layers.size() == static_cast<size_t>(cc.n_layer)) return;
+  std::vector<int> budgets(static_cast<size_t>(cc.n_layer), PolicyState::kNoBudget);
+  std::vector<double> variance(state.layer_variance.empty() ? 0 : budgets.size(), 0.0);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    budgets[static_cast<size_t>(layers[i])] = state.budgets[i];
+    if (!variance.empty()) variance[static_cast<size_t>(layers[i])] = state.layer_variance[i];
+  }
+  state.budgets = std::move(budgets);
+  state.layer_variance = std::move(variance);
 }
 
 }  // namespace d2o

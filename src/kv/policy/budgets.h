@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "kv/kv_cache.h"
 #include "kv/policy.h"
@@ -38,14 +39,15 @@ void allocate_proportional(const BudgetSplit& split, int* out, double* scratch, 
 // layer's n_slot slots, accumulated in double.
 double head_score_variance(const KvLayer& layer, int g);
 
-// The per-layer density statistic v_l, written to v[0..n_layer):
+// The per-layer density statistic v_l of layers[i], written to v[i]:
 //   paper reading     mean over KV heads of head_score_variance;
 //   research reading  per-head variances min-max normalised within the layer
 //                     ((var - min) / (max - min + 1e-6)), then averaged over the heads.
-void layer_density(const KvCache& cache, bool research, double* v);
+void layer_density(const KvCache& cache, std::span<const int> layers, bool research, double* v);
 
 // Sets state.budgets (and state.layer_variance for the variance-based rules) for a cache whose
-// layers all hold n slots. Scratch comes from state.scratch[0].
+// compressible layers all hold n slots; sliding-window layers get kNoBudget (and variance 0), the
+// rules share the total over the others. Scratch comes from state.scratch[0].
 void decide_budgets(const PolicyConfig& cfg, const KvCache& cache, int64_t n, PolicyState& state);
 
 }  // namespace d2o

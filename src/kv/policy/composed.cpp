@@ -60,6 +60,13 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
                             std::to_string(state.budgets.size()) + " layers but the cache has " +
                             std::to_string(L) + " (a state belongs to one sequence)");
   }
+  if (cfg_.pos == PosMode::kShift && cache.config().has_sliding()) {
+    // Shifting positions would have to re-rotate the sliding-window layers' keys too, with their
+    // own RoPE; not supported.
+    return unsupported("KV policy '" + cfg_.name +
+                       "' with pos=shift cannot run on a model with sliding-window layers (use "
+                       "pos=original)");
+  }
   if (cfg_.pos == PosMode::kShift && !pass.rope) {
     return invalid_argument("KV policy '" + cfg_.name +
                             "' with pos=shift needs the model's RoPE parameters (PassInfo::rope)");
@@ -84,15 +91,19 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
     // Prompt-then-compress compresses the whole prompt: when it is prefilled in chunks, the first
     // compaction waits for the pass that ends it (PassInfo::prompt_rest).
     if (cfg_.mode == BudgetMode::kRatio && pass.prompt_rest > 0) return {};
-    const int n = cache.layer(0).n_slot;
-    for (int il = 1; il < L; ++il) {
+    // The compressible layers (sliding-window ones keep their window) all hold the prompt.
+    const KvCacheConfig& cc = cache.config();
+    int n = -1;
+    for (int il = 0; il < L; ++il) {
+      if (!cc.layer_compressible(il)) continue;
+      if (n < 0) n = cache.layer(il).n_slot;
       if (cache.layer(il).n_slot != n) {
         return invalid_argument("KV cache layers hold different slot counts (" + std::to_string(n) +
                                 " and " + std::to_string(cache.layer(il).n_slot) +
                                 ") before the first compaction");
       }
     }
-    if (n == 0) return {};
+    if (n <= 0) return {};
     if (cfg_.mode == BudgetMode::kBudget && n <= cfg_.budget) return {};
     decide_budgets(cfg_, cache, n, state);
     state.budgets_set = true;
