@@ -53,7 +53,7 @@ class LlamaForward final : public ModelForward {
       b.attn_output(L.wo);
       // Feed-forward block (SwiGLU).
       b.norm(L.ffn_norm);
-      b.ffn_swiglu(L);
+      b.ffn(L, FfnKind::kSwiGlu);
     }
     b.add_residual();
     b.logits(model_.output_norm(), model_.output(), in.logit_rows, hooks);

@@ -11,5 +11,8 @@ namespace d2o {
 // llama, mistral, qwen2 (arch_llama.cpp).
 std::unique_ptr<ModelForward> make_llama_forward(const Model& model, ThreadPool& pool,
                                                  const ForwardOptions& opts);
+// gemma3 (arch_gemma3.cpp).
+std::unique_ptr<ModelForward> make_gemma3_forward(const Model& model, ThreadPool& pool,
+                                                  const ForwardOptions& opts);
 
 }  // namespace d2o

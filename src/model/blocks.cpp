@@ -1,6 +1,7 @@
 #include "model/blocks.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/timer.h"
 #include "ops/ops.h"
@@ -40,11 +41,25 @@ void BlockPass::mm_many(std::initializer_list<MatmulCall> calls) {
   t_.matmul_s += s.seconds();
 }
 
-void BlockPass::embed(const QMatrix& table, std::span<const int32_t> tokens) {
+void BlockPass::embed(const QMatrix& table, std::span<const int32_t> tokens, float scale) {
   const int n_embd = h_.n_embd;
   float* x = a_.x.data();
   pool_.parallel_for(n_, 16, [&](int64_t b, int64_t end, int) {
-    for (int64_t r = b; r < end; ++r) table.get_row(tokens[static_cast<size_t>(r)], x + r * n_embd);
+    for (int64_t r = b; r < end; ++r) {
+      float* row = x + r * n_embd;
+      table.get_row(tokens[static_cast<size_t>(r)], row);
+      if (scale != 1.0f)
+        for (int i = 0; i < n_embd; ++i) row[i] *= scale;
+    }
+  });
+}
+
+void BlockPass::post_norm(const std::vector<float>& w) {
+  const int n_embd = h_.n_embd;
+  float* xn = a_.xn.data();
+  pool_.parallel_for(n_, 16, [&](int64_t b, int64_t end, int) {
+    for (int64_t r = b; r < end; ++r)
+      rmsnorm(xn + r * n_embd, w.data(), h_.rms_eps, n_embd, xn + r * n_embd);
   });
 }
 
@@ -91,6 +106,13 @@ void BlockPass::qkv_rope(const LayerWeights& L, const LayerDesc& d, std::span<co
         add_inplace(k, L.bk.data(), kv_dim);
         add_inplace(a_.v.data() + r * kv_dim, L.bv.data(), kv_dim);
       }
+      if (d.norms.qk) {
+        const int hd = h_.head_dim;
+        for (int h = 0; h < h_.n_head; ++h)
+          rmsnorm(q + h * hd, L.attn_q_norm.data(), h_.rms_eps, hd, q + h * hd);
+        for (int h = 0; h < h_.n_head_kv; ++h)
+          rmsnorm(k + h * hd, L.attn_k_norm.data(), h_.rms_eps, hd, k + h * hd);
+      }
       float cos_t[kRopeMaxPairs], sin_t[kRopeMaxPairs];
       rope_tables(rope, static_cast<float>(pos[static_cast<size_t>(r)]), cos_t, sin_t);
       rope_apply_tables(rope, cos_t, sin_t, h_.n_head, q);
@@ -112,20 +134,21 @@ void BlockPass::attn_output(const QMatrix& wo) {
   residual_pending_ = true;
 }
 
-void BlockPass::ffn_swiglu(const LayerWeights& L) {
+void BlockPass::ffn(const LayerWeights& L, FfnKind kind) {
   const int n_ff = h_.n_ff;
   mm_many({{&L.w_gate, a_.xn.data(), a_.gate.data()}, {&L.w_up, a_.xn.data(), a_.up.data()}});
   float* gate = a_.gate.data();
   const float* up = a_.up.data();
+  const auto act = kind == FfnKind::kGeGluTanh ? geglu_tanh : swiglu;
   pool_.parallel_for(n_, 16, [&](int64_t b, int64_t end, int) {
-    for (int64_t r = b; r < end; ++r) swiglu(gate + r * n_ff, up + r * n_ff, n_ff, gate + r * n_ff);
+    for (int64_t r = b; r < end; ++r) act(gate + r * n_ff, up + r * n_ff, n_ff, gate + r * n_ff);
   });
   mm(L.w_down, a_.gate.data(), a_.xn.data());
   residual_pending_ = true;
 }
 
 void BlockPass::logits(const std::vector<float>& norm_w, const QMatrix& output,
-                       std::span<const int> rows, ForwardHooks& hooks) {
+                       std::span<const int> rows, ForwardHooks& hooks, float softcap) {
   if (rows.empty()) return;
   const int n_embd = h_.n_embd;
   constexpr int kRows = ForwardHooks::kLogitRows;
@@ -142,6 +165,13 @@ void BlockPass::logits(const std::vector<float>& norm_w, const QMatrix& output,
     Stopwatch s;
     matmul(output, a_.xn.data(), static_cast<int64_t>(cnt), a_.logits.data(), pool_);
     t_.matmul_s += s.seconds();
+    if (softcap > 0.0f) {
+      float* l = a_.logits.data();
+      const int64_t n = static_cast<int64_t>(cnt) * h_.n_vocab;
+      pool_.parallel_for(n, 4096, [&](int64_t b, int64_t end, int) {
+        for (int64_t i = b; i < end; ++i) l[i] = softcap * std::tanh(l[i] / softcap);
+      });
+    }
     hooks.logits(rows.subspan(w0, cnt), a_.logits.data());
   }
 }

@@ -50,25 +50,30 @@ class BlockPass {
  public:
   BlockPass(const ModelHParams& h, ThreadPool& pool, Activations& a, int n_rows, ForwardTimings& t);
 
-  // x = rows of `table` for the tokens.
-  void embed(const QMatrix& table, std::span<const int32_t> tokens);
+  // x = rows of `table` for the tokens, times `scale` (ModelDesc::embd_scale) unless 1.
+  void embed(const QMatrix& table, std::span<const int32_t> tokens, float scale = 1.0f);
   // x += the pending block output; xn = rmsnorm(x) * w.
   void norm(const std::vector<float>& w);
+  // A sandwich norm on the pending block output (still pending): xn = rmsnorm(xn) * w.
+  void post_norm(const std::vector<float>& w);
   // x += the pending block output (after the last layer).
   void add_residual();
-  // q, k, v = xn Wq, xn Wk, xn Wv (+ biases if d.qkv_bias); RoPE of d at the rows' positions on
-  // q and k.
+  // q, k, v = xn Wq, xn Wk, xn Wv (+ biases if d.qkv_bias); with d.norms.qk, each head of q and
+  // k RMS-normalised (weights attn_q_norm, attn_k_norm); RoPE of d at the rows' positions on q
+  // and k.
   void qkv_rope(const LayerWeights& L, const LayerDesc& d, std::span<const int32_t> pos);
   // Appends k, v to every sequence's cache and runs attention into attn_out.
   Status attention(KvAttention& attn, int il, const LayerDesc& d, const UbatchInput& in,
                    ForwardHooks& hooks);
   // xn = attn_out Wo; the residual is pending.
   void attn_output(const QMatrix& wo);
-  // xn = Wdown (silu(Wgate xn) * Wup xn); the residual is pending.
-  void ffn_swiglu(const LayerWeights& L);
-  // For the rows, kLogitRows at a time: rmsnorm(x) * norm_w, times `output`, to hooks.logits.
+  // xn = Wdown (act(Wgate xn) * Wup xn), act = silu (kSwiGlu) or tanh GELU (kGeGluTanh); the
+  // residual is pending.
+  void ffn(const LayerWeights& L, FfnKind kind);
+  // For the rows, kLogitRows at a time: rmsnorm(x) * norm_w, times `output` (soft-capped when
+  // softcap > 0), to hooks.logits.
   void logits(const std::vector<float>& norm_w, const QMatrix& output, std::span<const int> rows,
-              ForwardHooks& hooks);
+              ForwardHooks& hooks, float softcap = 0.0f);
 
  private:
   void mm(const QMatrix& w, const float* in, float* out);

@@ -6,6 +6,7 @@ const char* model_arch_name(ModelArch arch) {
   switch (arch) {
     case ModelArch::kLlama: return "llama";
     case ModelArch::kQwen2: return "qwen2";
+    case ModelArch::kGemma3: return "gemma3";
   }
   return "unknown";
 }
@@ -30,9 +31,12 @@ Result<ModelHParams> ModelHParams::from_gguf(const GgufFile& f) {
     hp.arch = ModelArch::kQwen2;
     hp.rope_type = RopeType::kNeox;
     hp.qkv_bias = true;
+  } else if (hp.arch_name == "gemma3") {
+    hp.arch = ModelArch::kGemma3;
+    hp.rope_type = RopeType::kNeox;
   } else {
     return unsupported("model architecture '" + hp.arch_name +
-                       "' is not supported (supported: llama, mistral, qwen2)");
+                       "' is not supported (supported: llama, mistral, qwen2, gemma3)");
   }
   const std::string p = hp.arch_name + ".";
   D2O_ASSIGN_OR_RETURN(int64_t n_layer, f.get_int(p + "block_count"));
@@ -89,6 +93,31 @@ Result<ModelHParams> ModelHParams::from_gguf(const GgufFile& f) {
     n_vocab = te->dims[1];
   }
   D2O_RETURN_IF_ERROR(require_positive("vocab size", n_vocab, 1 << 22));
+
+  if (hp.arch == ModelArch::kGemma3) {
+    // Five sliding-window layers, then a global one (the pattern is not written in the file; it
+    // is Gemma 3's design). The local layers' RoPE base is fixed at 10000, unscaled.
+    // Without a window every layer is global. A pattern of 0 makes every layer local.
+    D2O_ASSIGN_OR_RETURN(int64_t window, f.get_int_or(p + "attention.sliding_window", 0));
+    if (window < 0 || window > (1 << 24)) {
+      return format_error("attention.sliding_window = " + std::to_string(window) +
+                          " is out of range (0.." + std::to_string(1 << 24) + ")");
+    }
+    D2O_ASSIGN_OR_RETURN(int64_t pattern, f.get_int_or(p + "attention.sliding_window_pattern", 6));
+    if (pattern < 0 || pattern > 1024) {
+      return format_error("attention.sliding_window_pattern = " + std::to_string(pattern) +
+                          " is out of range (0..1024)");
+    }
+    D2O_ASSIGN_OR_RETURN(double base_swa, f.get_float_or(p + "rope.freq_base_swa", 10000.0));
+    D2O_ASSIGN_OR_RETURN(double softcap, f.get_float_or(p + "final_logit_softcapping", 0.0));
+    if (!(base_swa > 0.0) || !(softcap >= 0.0)) {
+      return format_error("rope.freq_base_swa must be positive and final_logit_softcapping >= 0");
+    }
+    hp.sliding_window = static_cast<int>(window);
+    hp.swa_pattern = static_cast<int>(pattern);
+    hp.rope_freq_base_swa = static_cast<float>(base_swa);
+    hp.final_logit_softcap = static_cast<float>(softcap);
+  }
 
   hp.n_layer = static_cast<int>(n_layer);
   hp.n_embd = static_cast<int>(n_embd);

@@ -14,6 +14,7 @@ namespace d2o {
 enum class ModelArch {
   kLlama,   // llama, mistral (SmolLM2, Llama 2/3, Mistral): RMSNorm, SwiGLU, RoPE norm
   kQwen2,   // like llama with biases on Q, K, V and NeoX RoPE
+  kGemma3,  // Gemma 3: sliding-window and global layers, QK-norm, sandwich norms, GeGLU
 };
 const char* model_arch_name(ModelArch arch);
 
@@ -34,8 +35,18 @@ struct ModelHParams {
   float rope_freq_base = 10000.0f;
   float rope_freq_scale = 1.0f;
   bool qkv_bias = false;
+  // Sliding-window attention (gemma3): layers il with il % swa_pattern < swa_pattern - 1 (every
+  // layer when swa_pattern is 0) see only the last sliding_window positions and use their own
+  // RoPE base, unscaled; sliding_window 0: none.
+  int sliding_window = 0;
+  int swa_pattern = 0;
+  float rope_freq_base_swa = 10000.0f;
+  float final_logit_softcap = 0.0f;  // > 0: logits = cap * tanh(logits / cap)
 
   int n_group() const { return n_head / n_head_kv; }  // query heads per KV head
+  bool is_sliding(int il) const {
+    return sliding_window > 0 && (swa_pattern == 0 || il % swa_pattern < swa_pattern - 1);
+  }
   // Reads and validates; errors name the missing or bad key.
   static Result<ModelHParams> from_gguf(const GgufFile& file);
 };

@@ -16,6 +16,8 @@ Status KvAttention::append(int il, const UbatchInput& in, const SeqRows& sr, con
                            const float* v) {
   KvCache& cache = *sr.cache;
   const int cnt = sr.r1 - sr.r0;
+  // A sliding-window layer first lets go of the slots no query of this pass can see.
+  if (cache.config().window(il) > 0) cache.drop_oldest(il, cnt);
   D2O_RETURN_IF_ERROR(cache.reserve(il, cache.layer(il).n_slot + cnt, /*exact=*/false));
   cache.append(il, k + static_cast<size_t>(sr.r0) * kv_dim_,
                v + static_cast<size_t>(sr.r0) * kv_dim_, in.pos.data() + sr.r0, cnt);
@@ -30,15 +32,22 @@ void KvAttention::attend(int il, const LayerDesc& d, const SeqRows& sr, const fl
   ai.n_tok = sr.r1 - sr.r0;
   ai.n_head = n_head_;
   ai.scale = d.attn_scale;
+  if (d.kind == LayerKind::kSliding) {
+    // Never compacted: no KV policy reads its statistics (and no slot of it is merged).
+    ai.window = d.window;
+    attention_forward(ai, sr.cache->layer(il), AttnStatsRequest{}, pool, scratch);
+    return;
+  }
   attention_forward(ai, sr.cache->layer(il), sr.stats, pool, scratch);
 }
 
 Status KvAttention::run(int il, const LayerDesc& d, const UbatchInput& in, const float* q,
                         const float* k, const float* v, float* out, ForwardHooks& hooks) {
-  // Sliding-window layers need a cache that keeps the window and a masked kernel; no architecture
-  // d2o loads describes one yet (describe_model).
-  D2O_ASSERT_MSG(d.kind == LayerKind::kGlobal, "sliding-window attention is not implemented");
   const std::span<const SeqRows> seqs = in.seqs;
+  for (const SeqRows& sr : seqs) {
+    D2O_ASSERT_MSG(sr.cache->config().window(il) == (d.kind == LayerKind::kSliding ? d.window : 0),
+                   "the KV cache's sliding windows do not match the model's layers");
+  }
 
   // Sequences run one per task (single-threaded attention, sequences in parallel): short chunks
   // under kAuto, all under kAcrossSequences; only worth it for two or more of them.

@@ -49,13 +49,41 @@ Result<ModelDesc> describe_model(const ModelHParams& hp, const float* rope_freq_
       d.ffn = FfnKind::kSwiGlu;
       md.layers.assign(static_cast<size_t>(hp.n_layer), d);
       return md;
+    case ModelArch::kGemma3: {
+      // Sandwich norms around both blocks, QK-norm, GeGLU (tanh GELU); embeddings scaled by
+      // sqrt(n_embd). Five sliding-window layers (RoPE base 10000, unscaled) to one global layer
+      // (the file's RoPE base and scaling). A KV policy re-rotates only global layers' keys (it
+      // never compacts the others).
+      md.embd_scale = std::sqrt(static_cast<float>(hp.n_embd));
+      md.logit_softcap = hp.final_logit_softcap;
+      d.norms = LayerNorms{true, true, true, true, true};
+      d.ffn = FfnKind::kGeGluTanh;
+      RopeParams local = rope;
+      local.freq_base = hp.rope_freq_base_swa;
+      local.freq_scale = 1.0f;
+      for (int il = 0; il < hp.n_layer; ++il) {
+        LayerDesc l = d;
+        if (hp.is_sliding(il)) {
+          l.kind = LayerKind::kSliding;
+          l.window = hp.sliding_window;
+          l.rope = local;
+        }
+        md.layers.push_back(l);
+      }
+      return md;
+    }
   }
   return unsupported(std::string("no layer description for architecture ") +
                      model_arch_name(hp.arch));
 }
 
 KvCacheConfig kv_cache_config(const ModelHParams& hp, KvType type) {
-  return KvCacheConfig{hp.n_layer, hp.n_head_kv, hp.head_dim, type};
+  KvCacheConfig c{hp.n_layer, hp.n_head_kv, hp.head_dim, type};
+  if (hp.sliding_window > 0) {
+    for (int il = 0; il < hp.n_layer; ++il)
+      c.layer_window.push_back(hp.is_sliding(il) ? hp.sliding_window : 0);
+  }
+  return c;
 }
 
 }  // namespace d2o

@@ -55,6 +55,8 @@ struct ModelDesc {
   // Token embeddings are multiplied by this before the first layer (Gemma: sqrt(n_embd)); the
   // architecture's block file applies it (the llama family has none: 1).
   float embd_scale = 1.0f;
+  // > 0: the logits are soft-capped, cap * tanh(logits / cap) (ModelHParams::final_logit_softcap).
+  float logit_softcap = 0.0f;
   // The RoPE a KV policy re-rotates kept keys with when it shifts positions (PassInfo::rope):
   // the global layers' RoPE. One for all layers: see docs/ADDING_A_MODEL.md on per-layer bases.
   RopeParams policy_rope;
@@ -65,7 +67,8 @@ struct ModelDesc {
 // values, or null) must outlive the description: the RoPE parameters point into it.
 Result<ModelDesc> describe_model(const ModelHParams& hp, const float* rope_freq_factors);
 
-// The KV cache shape a sequence of this model needs (every layer: n_head_kv heads of head_dim).
+// The KV cache shape a sequence of this model needs (every layer: n_head_kv heads of head_dim;
+// sliding-window layers marked with their window).
 KvCacheConfig kv_cache_config(const ModelHParams& hp, KvType type);
 
 }  // namespace d2o

@@ -115,11 +115,28 @@ Result<std::unique_ptr<Model>> Model::load(const GgufFile& f, const ModelLoadOpt
     if (ld.has("rope_freqs.weight")) {
       D2O_RETURN_IF_ERROR(ld.vector("rope_freqs.weight", h.n_rot / 2, &m->rope_freqs_));
     }
+    // What each layer holds follows from its description (the RoPE tables point into the
+    // model's own rope_freqs_, which no longer moves).
+    auto desc = describe_model(h, m->rope_freqs_.empty() ? nullptr : m->rope_freqs_.data());
+    if (!desc.ok()) return desc.status();
+    m->desc_ = std::move(desc).value();
     m->layers_.resize(static_cast<size_t>(h.n_layer));
     for (int il = 0; il < h.n_layer; ++il) {
       LayerWeights& L = m->layers_[static_cast<size_t>(il)];
+      const LayerNorms& nd = m->desc_.layers[static_cast<size_t>(il)].norms;
       const std::string b = "blk." + std::to_string(il) + ".";
       D2O_RETURN_IF_ERROR(ld.vector(b + "attn_norm.weight", h.n_embd, &L.attn_norm));
+      if (nd.qk) {
+        D2O_RETURN_IF_ERROR(ld.vector(b + "attn_q_norm.weight", h.head_dim, &L.attn_q_norm));
+        D2O_RETURN_IF_ERROR(ld.vector(b + "attn_k_norm.weight", h.head_dim, &L.attn_k_norm));
+      }
+      if (nd.attn_post) {
+        D2O_RETURN_IF_ERROR(
+            ld.vector(b + "post_attention_norm.weight", h.n_embd, &L.attn_post_norm));
+      }
+      if (nd.ffn_post) {
+        D2O_RETURN_IF_ERROR(ld.vector(b + "post_ffw_norm.weight", h.n_embd, &L.ffn_post_norm));
+      }
       D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_q.weight", q_dim, h.n_embd, &L.wq));
       D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_k.weight", kv_dim, h.n_embd, &L.wk));
       D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_v.weight", kv_dim, h.n_embd, &L.wv));
@@ -139,9 +156,6 @@ Result<std::unique_ptr<Model>> Model::load(const GgufFile& f, const ModelLoadOpt
   Status s = load_all();
   if (!s.ok()) return s.with_context(f.path());
   m->weight_bytes_ = ld.bytes();
-  auto desc = describe_model(h, m->rope_freqs_.empty() ? nullptr : m->rope_freqs_.data());
-  if (!desc.ok()) return desc.status().with_context(f.path());
-  m->desc_ = std::move(desc).value();
   return m;
 }
 

@@ -27,6 +27,9 @@ struct LayerWeights {
   QMatrix wo;                    // [n_embd, n_head * head_dim]
   std::vector<float> bq, bk, bv;  // empty unless hparams.qkv_bias
   std::vector<float> ffn_norm;   // [n_embd]
+  // Present when the layer's LayerNorms say so (Gemma 3), else empty.
+  std::vector<float> attn_q_norm, attn_k_norm;     // [head_dim] QK-norm
+  std::vector<float> attn_post_norm, ffn_post_norm;  // [n_embd] sandwich norms
   QMatrix w_gate;                // [n_ff, n_embd]
   QMatrix w_up;                  // [n_ff, n_embd]
   QMatrix w_down;                // [n_embd, n_ff]

@@ -98,7 +98,7 @@ Scheduler::Footprint Scheduler::footprint(const KvCacheConfig& cfg, const KvPoli
   plan.prompt_chunk = std::max(1, max_chunk);
   plan.decode_chunk = 1;  // one token per step after the prompt
   f.slots = std::max<int64_t>(1, policy.peak_slots_for(plan));
-  f.bytes = KvCache::bytes_for_slots(cfg, f.slots);
+  f.bytes = KvCache::bytes_for_slots(cfg, f.slots, plan.prompt_chunk, plan.n_total);
   return f;
 }
 

@@ -15,7 +15,7 @@
 namespace d2o::test {
 
 struct RandomModelConfig {
-  std::string arch = "llama";  // "llama" or "qwen2"
+  std::string arch = "llama";  // "llama", "qwen2" or "gemma3"
   int n_layer = 2;
   int n_embd = 64;
   int n_head = 4;
@@ -26,6 +26,8 @@ struct RandomModelConfig {
   bool tied = true;          // no output.weight: logits use token_embd
   bool f16_matrices = false; // store the matrices as F16 instead of F32
   uint32_t seed = 1;
+  int head_dim = 0;        // 0: n_embd / n_head (written as key_length when set)
+  int sliding_window = 0;  // gemma3: attention.sliding_window (0: not written)
 };
 
 // The two fixtures the reference logits exist for.
@@ -38,6 +40,22 @@ inline RandomModelConfig random_qwen2_config() {
   c.qkv_bias = true;
   c.tied = false;
   c.seed = 2;
+  return c;
+}
+// Gemma 3's pieces: QK-norm, sandwich norms, GeGLU, embedding scaling, five sliding-window layers
+// (window 8, shorter than the 64 test tokens) then a global one and one more local layer, a head
+// size that is not n_embd / n_head, GQA.
+inline RandomModelConfig random_gemma3_config() {
+  RandomModelConfig c;
+  c.arch = "gemma3";
+  c.n_layer = 7;
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  c.head_dim = 32;
+  c.n_ff = 96;
+  c.sliding_window = 8;
+  c.tied = true;
+  c.seed = 4;
   return c;
 }
 inline RandomModelConfig random_llama_mha_config() {
@@ -87,7 +105,8 @@ inline std::vector<uint8_t> f16_bytes(const std::vector<float>& v) {
 inline GgufWriter make_random_model(const RandomModelConfig& c) {
   GgufWriter w;
   const std::string a = c.arch;
-  const int hd = c.n_embd / c.n_head;
+  const int hd = c.head_dim > 0 ? c.head_dim : c.n_embd / c.n_head;
+  const bool gemma = a == "gemma3";
   w.add_string("general.architecture", a);
   w.add_string("general.name", "d2o random " + a);
   w.add_u32(a + ".block_count", static_cast<uint32_t>(c.n_layer));
@@ -99,6 +118,11 @@ inline GgufWriter make_random_model(const RandomModelConfig& c) {
   w.add_f32(a + ".rope.freq_base", 10000.0f);
   w.add_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
   w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(hd));
+  if (c.head_dim > 0) {
+    w.add_u32(a + ".attention.key_length", static_cast<uint32_t>(hd));
+    w.add_u32(a + ".attention.value_length", static_cast<uint32_t>(hd));
+  }
+  if (c.sliding_window > 0) w.add_u32(a + ".attention.sliding_window", static_cast<uint32_t>(c.sliding_window));
   w.add_u32("general.file_type", c.f16_matrices ? 1 : 0);
   // A SentencePiece-style vocabulary: <unk>, <s>, </s>, then plain pieces.
   std::vector<std::string> tokens;
@@ -154,6 +178,12 @@ inline GgufWriter make_random_model(const RandomModelConfig& c) {
       w.add_tensor(b + "attn_v.bias", GgmlType::kF32, {kv_dim}, f32_bytes(rand_vec(static_cast<size_t>(kv_dim), 0.5f)));
     }
     matrix(b + "attn_output.weight", c.n_embd, q_dim, 0.2f);
+    if (gemma) {
+      w.add_tensor(b + "attn_q_norm.weight", GgmlType::kF32, {hd}, f32_bytes(norm_vec(static_cast<size_t>(hd))));
+      w.add_tensor(b + "attn_k_norm.weight", GgmlType::kF32, {hd}, f32_bytes(norm_vec(static_cast<size_t>(hd))));
+      w.add_tensor(b + "post_attention_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
+      w.add_tensor(b + "post_ffw_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
+    }
     w.add_tensor(b + "ffn_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
     matrix(b + "ffn_gate.weight", c.n_ff, c.n_embd, 0.3f);
     matrix(b + "ffn_up.weight", c.n_ff, c.n_embd, 0.3f);

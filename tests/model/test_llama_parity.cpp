@@ -8,6 +8,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/logit_parity.h"
 #include "common/random_model.h"
 #include "common/reference.h"
 #include "common/test_util.h"
@@ -18,6 +19,12 @@
 namespace d2o {
 namespace {
 
+using test::all_logits;
+using test::all_logits_chunked;
+using test::compare;
+using test::json_number;
+using test::ParityStats;
+
 std::string ref_path(const std::string& name) {
   return test::test_data_dir("D2O_REFERENCE_DIR", "reference") + "/" + name;
 }
@@ -27,86 +34,6 @@ std::string ref_path(const std::string& name) {
     GTEST_SKIP() << "no llama.cpp reference " << ref_path(file)                         \
                  << ": run scripts/setup.sh --test-data (or set D2O_REFERENCE_DIR)";    \
   }
-
-// Runs `tokens` as one chunk on a fresh full-cache sequence and returns all logits.
-std::vector<float> all_logits(Engine& engine, const std::vector<int32_t>& tokens) {
-  const int n_vocab = engine.model().hparams().n_vocab;
-  std::vector<float> out(tokens.size() * static_cast<size_t>(n_vocab));
-  // F32 cache, as the references were computed (scripts/gen_reference_fixtures.py).
-  Sequence seq(engine.model().hparams(), KvType::kF32, nullptr);
-  BatchEntry be;
-  be.seq = &seq;
-  be.tokens = tokens;
-  be.logits_from = 0;
-  Status s = engine.forward({&be, 1}, [&](int, int t, const float* l) {
-    std::copy(l, l + n_vocab, out.begin() + static_cast<ptrdiff_t>(t) * n_vocab);
-  });
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  return out;
-}
-
-void log_softmax(const float* x, int n, std::vector<double>* out) {
-  out->resize(static_cast<size_t>(n));
-  const double m = *std::max_element(x, x + n);
-  double s = 0;
-  for (int i = 0; i < n; ++i) s += std::exp(x[i] - m);
-  const double lse = m + std::log(s);
-  for (int i = 0; i < n; ++i) (*out)[static_cast<size_t>(i)] = x[i] - lse;
-}
-
-struct ParityStats {
-  double kl = 0;      // mean bucketed KL(reference || d2o)
-  double top1 = 0;    // top-1 agreement
-};
-
-// Runs every reference prompt through d2o and compares with the reference's top-k log-probs.
-// KL(reference || d2o) is summed over the reference's top-k tokens plus one bucket for the rest
-// (a slightly coarser measure than the full sum, never larger than it); the generating script
-// computes llama.cpp's own spreads with exactly this formula.
-ParityStats compare(Engine& engine, const test::ReferenceLogits& ref, const char* label) {
-  const int n_vocab = static_cast<int>(ref.n_vocab);
-  int64_t agree = 0, total = 0;
-  double kl_sum = 0;
-  std::vector<double> lq;
-  for (uint32_t p = 0; p < ref.n_prompts; ++p) {
-    const auto logits = all_logits(engine, ref.tokens[p]);
-    int64_t agree_p = 0;
-    double kl_p = 0;
-    for (uint32_t t = 0; t < ref.n_pos; ++t) {
-      const float* row = logits.data() + static_cast<size_t>(t) * n_vocab;
-      log_softmax(row, n_vocab, &lq);
-      const test::TopK& top = ref.top[p][t];
-      const int argmax = static_cast<int>(std::max_element(row, row + n_vocab) - row);
-      agree_p += argmax == top.id[0];
-      double kl = 0, p_top = 0, q_top = 0;
-      for (uint32_t i = 0; i < ref.k; ++i) {
-        const double lp = top.logp[i];
-        const double lqi = lq[top.id[i]];
-        kl += std::exp(lp) * (lp - lqi);
-        p_top += std::exp(lp);
-        q_top += std::exp(lqi);
-      }
-      const double p_rest = std::max(1e-12, 1.0 - p_top), q_rest = std::max(1e-12, 1.0 - q_top);
-      kl += p_rest * std::log(p_rest / q_rest);
-      kl_p += kl;
-    }
-    std::printf("%s, prompt %u: top-1 agreement %.2f%%, mean KL %.3e\n", label, p, 100.0 * agree_p / ref.n_pos,
-                kl_p / ref.n_pos);
-    agree += agree_p;
-    kl_sum += kl_p;
-    total += ref.n_pos;
-  }
-  ParityStats st{kl_sum / static_cast<double>(total), static_cast<double>(agree) / static_cast<double>(total)};
-  std::printf("%s: top-1 agreement %.2f%%, mean KL %.3e over %lld positions\n", label, 100 * st.top1, st.kl,
-              static_cast<long long>(total));
-  return st;
-}
-
-double json_number(const std::string& json, const std::string& object, const std::string& key) {
-  const size_t at = json.find("\"" + object + "\"");
-  const size_t k = json.find("\"" + key + "\":", at);
-  return std::stod(json.substr(k + key.size() + 3));
-}
 
 // The engine computes exactly what the model computes: with the weights dequantised to F32 (no
 // activation quantisation on either side) d2o and llama.cpp agree to rounding.
@@ -159,7 +86,8 @@ TEST(LlamaParity, SmolLM2Q41WithinLlamaCppsOwnSpread) {
 
 // llama.cpp's logits of the random model `cfg` (written to a scratch file) for the fixed tokens
 // test::random_model_tokens, computed now by the llama.cpp build that setup made.
-void check_random_model(const test::RandomModelConfig& cfg, const std::string& name) {
+void check_random_model(const test::RandomModelConfig& cfg, const std::string& name,
+                        std::vector<size_t> chunks = {}) {
   const std::string cache = test::cache_dir();
   const std::string lib = cache + "/llama.cpp/build/bin/libllama.so";
   if (!test::file_exists(lib)) {
@@ -179,10 +107,13 @@ void check_random_model(const test::RandomModelConfig& cfg, const std::string& n
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   ASSERT_EQ(static_cast<uint32_t>((*model)->hparams().n_vocab), ref.n_vocab);
   EXPECT_EQ(ref.tokens, test::random_model_tokens(static_cast<int>(ref.tokens.size()), cfg.n_vocab));
+  chunks.insert(chunks.begin(), 0);  // 0: the whole sequence in one pass
+  for (const size_t chunk : chunks)
   for (int threads : {1, 2}) {
     ThreadPool pool(threads);
     Engine engine(**model, pool, EngineOptions{});
-    const auto logits = all_logits(engine, ref.tokens);
+    const auto logits =
+        chunk == 0 ? all_logits(engine, ref.tokens) : all_logits_chunked(engine, ref.tokens, chunk);
     double max_err = 0, max_ref = 0;
     int agree = 0;
     const size_t nv = ref.n_vocab;
@@ -195,8 +126,10 @@ void check_random_model(const test::RandomModelConfig& cfg, const std::string& n
       }
       agree += std::max_element(a, a + nv) - a == std::max_element(b, b + nv) - b;
     }
-    std::printf("%s (%d threads): max |logit diff| %.3g (max |logit| %.3g), argmax agreement %d/%zu\n",
-                name.c_str(), threads, max_err, max_ref, agree, ref.tokens.size());
+    std::printf("%s (%d threads, passes of %zu): max |logit diff| %.3g (max |logit| %.3g), argmax "
+                "agreement %d/%zu\n",
+                name.c_str(), threads, chunk == 0 ? ref.tokens.size() : chunk, max_err, max_ref,
+                agree, ref.tokens.size());
     EXPECT_LE(max_err, 2e-3 * max_ref);
     EXPECT_GE(agree, static_cast<int>(ref.tokens.size()) - 1);
   }
@@ -204,6 +137,13 @@ void check_random_model(const test::RandomModelConfig& cfg, const std::string& n
 
 TEST(LlamaParity, RandomQwen2WithQkvBiasMatchesLlamaCpp) {
   check_random_model(test::random_qwen2_config(), "random_qwen2");
+}
+
+// Gemma 3's layer: sliding windows shorter than the sequence (in one pass, in passes of 5 tokens,
+// and token by token, so the windowed layers drop slots between passes), QK-norm, sandwich norms,
+// GeGLU, scaled embeddings.
+TEST(LlamaParity, RandomGemma3MatchesLlamaCpp) {
+  check_random_model(test::random_gemma3_config(), "random_gemma3", {5, 1});
 }
 
 TEST(LlamaParity, RandomMhaLlamaMatchesLlamaCpp) {

@@ -234,6 +234,41 @@ void expect_close(const std::vector<float>& got, const Vec& want, const char* wh
   EXPECT_LE(max_err, 1e-4 * max_ref) << what;
 }
 
+// Gemma 3: five sliding-window layers (window 8, RoPE base 1e4) then a global one (the file's
+// base), sandwich norms, QK-norm, GeGLU, scaled embeddings; the cache marks the windows and the
+// policies' RoPE is the global layers'.
+TEST(ModelDesc, Gemma3AlternatesSlidingAndGlobalLayers) {
+  const test::RandomModelConfig c = test::random_gemma3_config();
+  auto l = load(c);
+  ASSERT_TRUE(l);
+  const Model& m = *l->model;
+  const ModelDesc& md = m.desc();
+  EXPECT_EQ(md.embd_scale, std::sqrt(static_cast<float>(c.n_embd)));
+  EXPECT_EQ(md.logit_softcap, 0.0f);
+  ASSERT_EQ(md.layers.size(), static_cast<size_t>(c.n_layer));
+  const KvCacheConfig kc = kv_cache_config(m.hparams(), KvType::kF16);
+  ASSERT_EQ(kc.layer_window.size(), static_cast<size_t>(c.n_layer));
+  for (int il = 0; il < c.n_layer; ++il) {
+    const LayerDesc& d = md.layers[static_cast<size_t>(il)];
+    const bool global = il == 5;
+    EXPECT_EQ(d.kind, global ? LayerKind::kGlobal : LayerKind::kSliding) << il;
+    EXPECT_EQ(d.window, global ? 0 : c.sliding_window) << il;
+    EXPECT_EQ(kc.window(il), d.window) << il;
+    EXPECT_EQ(kc.layer_compressible(il), global) << il;
+    EXPECT_EQ(d.rope.type, RopeType::kNeox);
+    EXPECT_EQ(d.rope.head_dim, c.head_dim);
+    EXPECT_EQ(d.rope.freq_base, 10000.0f);  // the random file's global base is 1e4 too
+    EXPECT_EQ(d.attn_scale, 1.0f / std::sqrt(static_cast<float>(c.head_dim)));
+    EXPECT_TRUE(d.norms.attn_pre && d.norms.attn_post && d.norms.ffn_pre && d.norms.ffn_post &&
+                d.norms.qk);
+    EXPECT_EQ(d.ffn, FfnKind::kGeGluTanh);
+    EXPECT_FALSE(d.qkv_bias);
+    EXPECT_EQ(m.layer(il).attn_q_norm.size(), static_cast<size_t>(c.head_dim));
+    EXPECT_EQ(m.layer(il).ffn_post_norm.size(), static_cast<size_t>(c.n_embd));
+  }
+  EXPECT_EQ(kc.n_compressible(), 1);
+}
+
 TEST(ModelForward, MicroBatchesOfSeveralSequencesMatchANaiveForwardPass) {
   for (const auto& c : {gqa_llama_config(), test::random_qwen2_config()}) {
     auto l = load(c);

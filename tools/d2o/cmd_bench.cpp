@@ -210,7 +210,7 @@ int run_bench_cmd(BenchOptions& o) {
       doc["head_dim"] = hp.head_dim;
       // K and V bytes one token adds to a full cache of this storage type (all layers).
       doc["kv_bytes_per_token"] =
-          KvCache(KvCacheConfig{hp.n_layer, hp.n_head_kv, hp.head_dim, cfg.kv_type})
+          KvCache(kv_cache_config(hp, cfg.kv_type))
               .full_kv_bytes(1);
     }
     doc["threads"] = l.pool->n_threads();

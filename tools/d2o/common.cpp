@@ -1,6 +1,8 @@
 #include "common.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <string>
 #include <sstream>
 
 #include "commands.h"
@@ -120,12 +122,16 @@ void print_kv_report(std::FILE* out, const Sequence& seq) {
   const PolicyState& st = seq.policy_state();
   std::fprintf(out, "KV report (%s, %s storage, %lld tokens seen)\n", seq.policy().spec().c_str(),
                kv_type_name(c.config().type), static_cast<long long>(seq.n_past()));
-  std::fprintf(out, "%5s %8s %8s %9s %9s %8s %10s\n", "layer", "budget", "slots", "evicted", "merged",
-               "tau", "variance");
-  int64_t tot_slots = 0;
+  std::fprintf(out, "%5s %-10s %8s %8s %9s %9s %8s %10s\n", "layer", "kind", "budget", "slots",
+               "evicted", "merged", "tau", "variance");
+  int64_t tot_slots = 0, full_slots = 0;
   for (int il = 0; il < c.n_layer(); ++il) {
     const KvLayer& L = c.layer(il);
     tot_slots += L.n_slot;
+    const int w = c.config().window(il);
+    full_slots += w > 0 ? std::min<int64_t>(seq.n_past(), w) : seq.n_past();
+    char kind_s[32] = "global";
+    if (w > 0) std::snprintf(kind_s, sizeof kind_s, "window %d", w);
     const bool has_budget = st.budgets_set && static_cast<size_t>(il) < st.budgets.size();
     double tau = 0;
     int n_tau = 0;
@@ -140,14 +146,19 @@ void print_kv_report(std::FILE* out, const Sequence& seq) {
     char tau_s[32] = "-", var_s[32] = "-", bud_s[32] = "-";
     if (n_tau) std::snprintf(tau_s, sizeof tau_s, "%.4f", tau / n_tau);
     if (static_cast<size_t>(il) < st.layer_variance.size()) std::snprintf(var_s, sizeof var_s, "%.3g", st.layer_variance[static_cast<size_t>(il)]);
-    if (has_budget) std::snprintf(bud_s, sizeof bud_s, "%d", st.budgets[static_cast<size_t>(il)]);
-    std::fprintf(out, "%5d %8s %8d %9lld %9lld %8s %10s\n", il, bud_s, L.n_slot, static_cast<long long>(at(st.evicted)),
+    if (has_budget) {
+      const int b = st.budgets[static_cast<size_t>(il)];
+      std::snprintf(bud_s, sizeof bud_s, "%s",
+                    b != PolicyState::kNoBudget ? std::to_string(b).c_str() : w > 0 ? "window" : "all");
+    }
+    if (w > 0) std::snprintf(var_s, sizeof var_s, "-");
+    std::fprintf(out, "%5d %-10s %8s %8d %9lld %9lld %8s %10s\n", il, kind_s, bud_s, L.n_slot, static_cast<long long>(at(st.evicted)),
                  static_cast<long long>(at(st.merged)), tau_s, var_s);
   }
   const double kv = static_cast<double>(c.kv_bytes_allocated());
   const double full = static_cast<double>(c.full_kv_bytes(seq.n_past()));
   std::fprintf(out, "total: %lld slots per KV head over %d layers (full cache: %lld); KV bytes %s vs full %s (%.1f%%)\n",
-               static_cast<long long>(tot_slots), c.n_layer(), static_cast<long long>(seq.n_past()) * c.n_layer(),
+               static_cast<long long>(tot_slots), c.n_layer(), static_cast<long long>(full_slots),
                format_bytes(kv).c_str(), format_bytes(full).c_str(), full > 0 ? 100.0 * kv / full : 0.0);
 }
 
