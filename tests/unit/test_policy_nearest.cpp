@@ -1,12 +1,17 @@
 // nearest_rows (D2O's prefill neighbour search): every variant against a brute-force argmax in
 // double precision, on odd sizes, exact ties (the lowest index wins) and all-negative similarities
-// (the packing's zero padding must never win).
+// (the packing's zero padding must never win). scaled_argmax (the decode step's neighbour): every
+// variant gives the index and bits of a plain running maximum.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "kv/policy/nearest.h"
+#include "kv/policy/similarity.h"
 
 namespace d2o {
 namespace {
@@ -97,6 +102,76 @@ TEST(PolicyNearest, VariantsAgreeWithTheScalarKernel) {
       EXPECT_NEAR(dot[i], ref_dot[i], 1e-4) << kernel_isa_name(isa);
     }
   }
+}
+
+// The definition, written out: s_i = 0 + (f * dot_i) * inv_i, the first i of the running maximum
+// (a later s_i replaces it only when strictly greater).
+int running_max(const std::vector<float>& dot, const std::vector<float>& inv, float f,
+                float* best) {
+  int b = 0;
+  float bs = 0.0f + f * dot[0] * inv[0];
+  for (size_t i = 1; i < dot.size(); ++i) {
+    const float s = 0.0f + f * dot[i] * inv[i];
+    if (s > bs) {
+      bs = s;
+      b = static_cast<int>(i);
+    }
+  }
+  *best = bs;
+  return b;
+}
+
+TEST(PolicyNearest, ScaledArgmaxVariantsGiveTheRunningMaximum) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  int checked = 0;
+  for (int n : {1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 102, 1638}) {
+    // 0: random; 1: ties of the maximum at several places; 2: all zero (+0 and -0, zero inverse
+    // norms); 3: NaN at index 0; 4: NaN and -inf later; 5: every value equal.
+    for (int pattern = 0; pattern < 6; ++pattern) {
+      std::vector<float> dot(static_cast<size_t>(n)), inv(static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i) {
+        dot[static_cast<size_t>(i)] = u(rng);
+        inv[static_cast<size_t>(i)] = std::abs(u(rng));
+      }
+      if (pattern == 1) {
+        for (int i : {n / 3, n - 1, n / 2, 5, 17}) {
+          if (i < n) dot[static_cast<size_t>(i)] = 2.0f, inv[static_cast<size_t>(i)] = 1.0f;
+        }
+      } else if (pattern == 2) {
+        for (int i = 0; i < n; ++i) {
+          dot[static_cast<size_t>(i)] = i % 3 == 0 ? -0.0f : 0.0f;
+          if (i % 2) inv[static_cast<size_t>(i)] = 0.0f;
+        }
+      } else if (pattern == 3) {
+        dot[0] = nan;
+      } else if (pattern == 4) {
+        for (int i = 1; i < n; i += 3) dot[static_cast<size_t>(i)] = i % 2 ? nan : -inf;
+      } else if (pattern == 5) {
+        std::fill(dot.begin(), dot.end(), 0.5f);
+        std::fill(inv.begin(), inv.end(), 0.25f);
+      }
+      const float f = 0.7f;
+      float want_s;
+      const int want = running_max(dot, inv, f, &want_s);
+      if (pattern == 1 && n > 5) {
+        EXPECT_EQ(want, std::min(5, n / 3));  // the first of the tied maxima
+      }
+      for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+        if (!kernel_isa_available(isa)) continue;
+        SCOPED_TRACE(std::string(kernel_isa_name(isa)) + " n " + std::to_string(n) +
+                     " pattern " + std::to_string(pattern));
+        float got_s = 1.0f;
+        const int got = scaled_argmax_isa(isa, dot.data(), inv.data(), n, f, &got_s);
+        EXPECT_EQ(got, want);
+        EXPECT_EQ(std::memcmp(&got_s, &want_s, sizeof(float)), 0) << got_s << " vs " << want_s;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
 }
 
 }  // namespace

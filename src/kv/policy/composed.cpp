@@ -235,12 +235,19 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state, Poli
       // Evicted = the complement of keep, ascending.
       int32_t* evicted =
           by_token ? sc.merge_ev.data() + static_cast<size_t>(g) * E : sc.i.data();
-      int ne = 0, k = 0;
-      for (int j = 0; j < n; ++j) {
-        if (k < S && keep[k] == j)
-          ++k;
-        else
-          evicted[ne++] = j;
+      int ne = 0;
+      if (E == 1) {
+        // A decode step: the evicted slot is the first gap in keep (or the last slot).
+        int j = 0;
+        while (j < S && keep[j] == j) ++j;
+        evicted[ne++] = j;
+      } else {
+        for (int j = 0, k = 0; j < n; ++j) {
+          if (k < S && keep[k] == j)
+            ++k;
+          else
+            evicted[ne++] = j;
+        }
       }
       const D2oHeadMerge h = head_merge(g, evicted, ne);
       if (by_token) {

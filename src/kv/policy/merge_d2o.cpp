@@ -33,6 +33,8 @@ struct ModalityPass {
 
 // With `best` (the last modality of the sum), also returns the first kept index of the largest
 // similarity and that similarity in *best_sim, in the same pass (ties: the older kept slot).
+// sim == nullptr (one modality: the sum is 0 + its cosines): only the argmax, vectorised
+// (scaled_argmax), nothing stored.
 int add_cosines(const ModalityPass& p, int e, bool first, float scale, float* __restrict sim,
                 float* best_sim = nullptr) {
   const KvLayer& L = *p.layer;
@@ -58,6 +60,7 @@ int add_cosines(const ModalityPass& p, int e, bool first, float scale, float* __
   const float* __restrict dots = p.dots;
   const float* __restrict inv = p.kept_inv;
   const float f = scale * inv_e;
+  if (sim == nullptr) return scaled_argmax(p.dots, p.kept_inv, p.n_keep, f, best_sim);
   if (best_sim == nullptr) {
     for (int i = 0; i < p.n_keep; ++i) sim[i] += f * dots[i] * inv[i];
     return 0;
@@ -144,12 +147,12 @@ void d2o_nearest(const D2oHeadMerge& h, PolicyScratch& scratch, int32_t* cstar, 
   const ModalityPass pv{&L, h.head, true, h.keep, S, vinv, dots, row};
   // sim = 0 + (key cosine) [+ value cosine], the argmax taken in the last pass.
   for (int i = 0; i < E; ++i) {
-    std::fill(sim, sim + S, 0.0f);
     if (use_k && use_v) {
+      std::fill(sim, sim + S, 0.0f);
       add_cosines(pk, h.evicted[i], i == 0, scale, sim);
       cstar[i] = add_cosines(pv, h.evicted[i], i == 0, scale, sim, &m_e[i]);
     } else {
-      cstar[i] = add_cosines(use_k ? pk : pv, h.evicted[i], i == 0, scale, sim, &m_e[i]);
+      cstar[i] = add_cosines(use_k ? pk : pv, h.evicted[i], i == 0, scale, nullptr, &m_e[i]);
     }
   }
 }

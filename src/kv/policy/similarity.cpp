@@ -35,6 +35,42 @@ void row_dots_scalar(const RowDots& a) {
 
 }  // namespace
 
+namespace {
+
+int scaled_argmax_scalar(const float* dot, const float* inv, int n, float f, float* best) {
+  int b = 0;
+  float bs = 0.0f + f * dot[0] * inv[0];
+  for (int i = 1; i < n; ++i) {
+    const float s = 0.0f + f * dot[i] * inv[i];
+    if (s > bs) {
+      bs = s;
+      b = i;
+    }
+  }
+  *best = bs;
+  return b;
+}
+
+}  // namespace
+
+int scaled_argmax_isa(KernelIsa isa, const float* dot, const float* inv, int n, float f,
+                      float* best) {
+  D2O_ASSERT(kernel_isa_available(isa) && n >= 1);
+  switch (isa) {
+    case KernelIsa::kAvx512:
+      return simd::scaled_argmax_avx512(dot, inv, n, f, best);
+    case KernelIsa::kAvx2:
+      return simd::scaled_argmax_avx2(dot, inv, n, f, best);
+    case KernelIsa::kScalar:
+      break;
+  }
+  return scaled_argmax_scalar(dot, inv, n, f, best);
+}
+
+int scaled_argmax(const float* dot, const float* inv, int n, float f, float* best) {
+  return scaled_argmax_isa(best_kernel_isa(), dot, inv, n, f, best);
+}
+
 void row_dots_isa(KernelIsa isa, const RowDots& a) {
   D2O_ASSERT(kernel_isa_available(isa));
   switch (isa) {

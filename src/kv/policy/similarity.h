@@ -29,9 +29,19 @@ struct RowDots {
 void row_dots(const RowDots& a);                     // best available variant
 void row_dots_isa(KernelIsa isa, const RowDots& a);  // a given variant (must be available)
 
+// The nearest row of one query from row_dots' output: s_i = 0 + (f * dot[i]) * inv[i] (f: the
+// query's inverse norm times a scale), evaluated in that order. Returns the first index of the
+// largest s_i (NaN never wins; a NaN s_0 stays the answer, as in a running maximum started at
+// s_0) and that s_i in *best. Every variant gives the same index and bits. n >= 1.
+int scaled_argmax(const float* dot, const float* inv, int n, float f, float* best);
+int scaled_argmax_isa(KernelIsa isa, const float* dot, const float* inv, int n, float f,
+                      float* best);
+
 namespace simd {
 void row_dots_avx2(const RowDots& a);
 void row_dots_avx512(const RowDots& a);
+int scaled_argmax_avx2(const float* dot, const float* inv, int n, float f, float* best);
+int scaled_argmax_avx512(const float* dot, const float* inv, int n, float f, float* best);
 }  // namespace simd
 
 }  // namespace d2o

@@ -123,6 +123,63 @@ void row_dots_impl(const RowDots& a) {
 
 }  // namespace
 
+// Eight lanes each keep the first index of their own largest s (strictly greater replaces, so
+// NaN never enters); the answer is the smallest index among the lanes holding the overall
+// largest value, then the tail rows in order. s_0 seeds the running answer as in the scalar loop.
+int scaled_argmax_avx2(const float* dot, const float* inv, int n, float f, float* best) {
+  int b = 0;
+  float bs = 0.0f + f * dot[0] * inv[0];
+  if (bs != bs) {  // NaN s_0: nothing is greater
+    *best = bs;
+    return 0;
+  }
+  int i = 0;
+  const int n8 = n & ~7;
+  if (n8 > 0) {
+    const __m256 fv = _mm256_set1_ps(f), zero = _mm256_setzero_ps();
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    __m256i vidx = _mm256_set1_epi32(-1);
+    __m256i cur = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i step = _mm256_set1_epi32(8);
+    for (; i < n8; i += 8) {
+      const __m256 fd = _mm256_mul_ps(fv, _mm256_loadu_ps(dot + i));
+      const __m256 s = _mm256_add_ps(zero, _mm256_mul_ps(fd, _mm256_loadu_ps(inv + i)));
+      const __m256 gt = _mm256_cmp_ps(s, vmax, _CMP_GT_OQ);
+      vmax = _mm256_blendv_ps(vmax, s, gt);
+      vidx = _mm256_castps_si256(
+          _mm256_blendv_ps(_mm256_castsi256_ps(vidx), _mm256_castsi256_ps(cur), gt));
+      cur = _mm256_add_epi32(cur, step);
+    }
+    alignas(32) float lv[8];
+    alignas(32) int32_t li[8];
+    _mm256_store_ps(lv, vmax);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(li), vidx);
+    int lb = -1;
+    float lbs = 0.0f;
+    for (int k = 0; k < 8; ++k) {
+      if (li[k] < 0) continue;
+      if (lb < 0 || lv[k] > lbs || (lv[k] == lbs && li[k] < lb)) {
+        lb = li[k];
+        lbs = lv[k];
+      }
+    }
+    // Index 0 is the scalar seed: it wins ties, so a lane replaces it only when strictly greater.
+    if (lb > 0 && lbs > bs) {
+      b = lb;
+      bs = lbs;
+    }
+  }
+  for (; i < n; ++i) {
+    const float s = 0.0f + f * dot[i] * inv[i];
+    if (s > bs) {
+      bs = s;
+      b = i;
+    }
+  }
+  *best = bs;
+  return b;
+}
+
 void row_dots_avx2(const RowDots& a) {
   if (a.f16)
     row_dots_impl<true>(a);

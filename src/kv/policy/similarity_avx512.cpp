@@ -127,6 +127,60 @@ void row_dots_impl(const RowDots& a) {
 
 }  // namespace
 
+// As scaled_argmax_avx2, sixteen lanes.
+int scaled_argmax_avx512(const float* dot, const float* inv, int n, float f, float* best) {
+  int b = 0;
+  float bs = 0.0f + f * dot[0] * inv[0];
+  if (bs != bs) {  // NaN s_0: nothing is greater
+    *best = bs;
+    return 0;
+  }
+  int i = 0;
+  const int n16 = n & ~15;
+  if (n16 > 0) {
+    const __m512 fv = _mm512_set1_ps(f), zero = _mm512_setzero_ps();
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    __m512i vidx = _mm512_set1_epi32(-1);
+    __m512i cur = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i step = _mm512_set1_epi32(16);
+    for (; i < n16; i += 16) {
+      const __m512 fd = _mm512_mul_ps(fv, _mm512_loadu_ps(dot + i));
+      const __m512 s = _mm512_add_ps(zero, _mm512_mul_ps(fd, _mm512_loadu_ps(inv + i)));
+      const __mmask16 gt = _mm512_cmp_ps_mask(s, vmax, _CMP_GT_OQ);
+      vmax = _mm512_mask_blend_ps(gt, vmax, s);
+      vidx = _mm512_mask_blend_epi32(gt, vidx, cur);
+      cur = _mm512_add_epi32(cur, step);
+    }
+    alignas(64) float lv[16];
+    alignas(64) int32_t li[16];
+    _mm512_store_ps(lv, vmax);
+    _mm512_store_si512(li, vidx);
+    int lb = -1;
+    float lbs = 0.0f;
+    for (int k = 0; k < 16; ++k) {
+      if (li[k] < 0) continue;
+      if (lb < 0 || lv[k] > lbs || (lv[k] == lbs && li[k] < lb)) {
+        lb = li[k];
+        lbs = lv[k];
+      }
+    }
+    // Index 0 is the scalar seed: it wins ties, so a lane replaces it only when strictly greater.
+    if (lb > 0 && lbs > bs) {
+      b = lb;
+      bs = lbs;
+    }
+  }
+  for (; i < n; ++i) {
+    const float s = 0.0f + f * dot[i] * inv[i];
+    if (s > bs) {
+      bs = s;
+      b = i;
+    }
+  }
+  *best = bs;
+  return b;
+}
+
 void row_dots_avx512(const RowDots& a) {
   if (a.f16)
     row_dots_impl<true>(a);

@@ -1,0 +1,176 @@
+// Policy cost of one decode step on the SmolLM2-135M cache shape (30 layers, 3 KV heads of 64,
+// F16), with about 1638 slots per KV head and layer kept (rho = 0.2 of 8192 tokens), as the engine
+// runs it: append one token to every layer, then per layer a stand-in for attention (untimed: it
+// reads the layer's keys and values, so they are in the CPU's caches as after real attention, and
+// adds one query's attention to the accumulated scores) and KvPolicy::compact_layer (timed:
+// selection, D2O's nearest-neighbour merge planning, KvCache::apply), then KvPolicy::compact.
+//
+// Synthetic statistics: each slot has a fixed attention weight w (log-normal, drawn when its
+// token arrives, kept in the slot's otherwise unused `window` entry so that it moves with the
+// slot); a step adds w / n to every slot's score, so old heavy slots keep winning and a new slot
+// with a small weight is evicted soon after it leaves the recent window, as in a real cache.
+//
+//   build/bench/bench_policy --benchmark_repetitions=3 --benchmark_enable_random_interleaving=true
+// Compare policies only as ratios from one interleaved run (the machine may be loaded).
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kv/kv_cache.h"
+#include "kv/policy.h"
+#include "kv/policy/similarity.h"
+
+namespace d2o {
+namespace {
+
+constexpr int kLayers = 30, kHeadsKv = 3, kHeadDim = 64;
+
+struct Sim {
+  KvCache cache{KvCacheConfig{kLayers, kHeadsKv, kHeadDim, KvType::kF16}};
+  std::unique_ptr<KvPolicy> policy;
+  PolicyState state;
+  std::mt19937 rng{7};
+  std::normal_distribution<float> nd{0.0f, 1.0f};
+  std::vector<float> k, v;
+  std::vector<int32_t> pos;
+  int64_t n_past = 0;
+
+  explicit Sim(const std::string& spec) {
+    auto p = parse_kv_policy(spec);
+    if (!p.ok()) std::abort();
+    policy = std::move(p).value();
+  }
+  // Appends n tokens to every layer, with a fresh weight per slot and head.
+  void append(int n) {
+    const size_t kv_dim = static_cast<size_t>(kHeadsKv) * kHeadDim;
+    k.resize(static_cast<size_t>(n) * kv_dim);
+    v.resize(k.size());
+    pos.resize(static_cast<size_t>(n));
+    for (int t = 0; t < n; ++t) pos[static_cast<size_t>(t)] = static_cast<int32_t>(n_past + t);
+    for (int il = 0; il < kLayers; ++il) {
+      for (auto& x : k) x = nd(rng);
+      for (auto& x : v) x = nd(rng);
+      KvLayer& L = cache.layer(il);
+      if (!cache.reserve(il, L.n_slot + n, /*exact=*/false).ok()) std::abort();
+      const int first = L.n_slot;
+      cache.append(il, k.data(), v.data(), pos.data(), n);
+      for (int g = 0; g < kHeadsKv; ++g) {
+        for (int j = first; j < L.n_slot; ++j) L.window[L.meta_index(g, j)] = std::exp(2 * nd(rng));
+      }
+    }
+    n_past += n;
+  }
+  // One query's attention per token of the pass: score += w / n_slot; reads every key and value.
+  void attend(int il, int n_tok) {
+    KvLayer& L = cache.layer(il);
+    const float f = static_cast<float>(n_tok) / static_cast<float>(L.n_slot);
+    uint64_t sum = 0;
+    for (int g = 0; g < kHeadsKv; ++g) {
+      for (int j = 0; j < L.n_slot; ++j) {
+        const size_t m = L.meta_index(g, j);
+        L.score[m] += f * L.window[m];
+      }
+      const size_t words = L.row_bytes() * static_cast<size_t>(L.n_slot) / 8;
+      for (const uint8_t* base : {L.key_row(g, 0), L.value_row(g, 0)}) {
+        const auto* w = reinterpret_cast<const uint64_t*>(base);
+        for (size_t i = 0; i < words; ++i) sum += w[i];
+      }
+    }
+    benchmark::DoNotOptimize(sum);
+  }
+  void attend(int n_tok) {
+    for (int il = 0; il < kLayers; ++il) attend(il, n_tok);
+  }
+  PassInfo pass_info(int n_tok) const {
+    PassInfo pass;
+    pass.n_tokens = n_tok;
+    pass.n_past = n_past;
+    pass.first_pass = n_past == n_tok;
+    return pass;
+  }
+  void compact(int n_tok) {
+    if (!policy->compact(cache, state, pass_info(n_tok)).ok()) std::abort();
+  }
+};
+
+// A prompt of n_prompt tokens compacted to the policy's budget, then decode steps.
+void BM_DecodeStep(benchmark::State& st, const std::string& spec, int n_prompt) {
+  Sim sim(spec);
+  sim.append(n_prompt);
+  sim.attend(n_prompt);
+  sim.compact(n_prompt);
+  // A few hundred steps first, so the recent window and the thresholds are in a steady state.
+  for (int i = 0; i < 300; ++i) {
+    sim.append(1);
+    sim.attend(1);
+    sim.compact(1);
+  }
+  if (!sim.policy->compacts_per_layer(sim.state)) std::abort();
+  // Manual timing: only the policy calls are timed (steady clock, cheap to read), not the
+  // stand-in attention between them.
+  using Clock = std::chrono::steady_clock;
+  for (auto _ : st) {
+    sim.append(1);
+    const PassInfo pass = sim.pass_info(1);
+    Clock::duration t{};
+    for (int il = 0; il < kLayers; ++il) {
+      sim.attend(il, 1);
+      const auto t0 = Clock::now();
+      if (!sim.policy->compact_layer(sim.cache, sim.state, pass, il).ok()) std::abort();
+      t += Clock::now() - t0;
+    }
+    const auto t0 = Clock::now();
+    sim.compact(1);
+    t += Clock::now() - t0;
+    st.SetIterationTime(std::chrono::duration<double>(t).count());
+  }
+  st.counters["slots/layer"] = static_cast<double>(sim.cache.total_slots()) / kLayers;
+}
+
+// 1638 slots per head: rho = 0.2 of 8192 tokens (tg128 at depth 8192); 102: rho = 0.2 of 512
+// (bench throughput's default prompt).
+BENCHMARK_CAPTURE(BM_DecodeStep, h2o_1638, std::string("h2o:budget=1638"), 2048)
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_DecodeStep, d2o_1638, std::string("d2o:budget=1638"), 2048)
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_DecodeStep, h2o_102, std::string("h2o:budget=102"), 512)
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_DecodeStep, d2o_102, std::string("d2o:budget=102"), 512)
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// row_dots alone on 1638 F16 rows of 64 that stay in the CPU's caches (the similarity pass of a
+// decode step without the cache misses). args: inverse norms computed (0/1), rows through an
+// index list skipping one row (0/1; a decode step's kept slots) or rows 0..n-1.
+void BM_RowDotsHot(benchmark::State& st) {
+  const int n = 1638;
+  std::vector<uint16_t> rows(static_cast<size_t>(n + 1) * kHeadDim, 0x3c00);
+  std::vector<int32_t> idx(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = i < 800 ? i : i + 1;
+  std::vector<float> q(kHeadDim, 0.5f), dot(static_cast<size_t>(n)), inv(static_cast<size_t>(n));
+  RowDots a;
+  a.base = reinterpret_cast<const uint8_t*>(rows.data());
+  a.row_bytes = 2 * kHeadDim;
+  a.f16 = true;
+  a.dim = kHeadDim;
+  a.rows = st.range(1) ? idx.data() : nullptr;
+  a.n = n;
+  a.q = q.data();
+  a.dot = dot.data();
+  a.inv_norm = st.range(0) ? inv.data() : nullptr;
+  for (auto _ : st) {
+    row_dots(a);
+    benchmark::DoNotOptimize(dot.data());
+  }
+}
+BENCHMARK(BM_RowDotsHot)->Args({1, 1})->Args({0, 1})->Args({0, 0})->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace d2o
+
+BENCHMARK_MAIN();
