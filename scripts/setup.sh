@@ -7,6 +7,8 @@
 #                                 dequantisation references of the `gguf` PyPI package, and
 #                                 llama.cpp built from its source archive with what it computes
 #                                 for the tests (matmul products, logits, perplexity, token ids)
+#   scripts/setup.sh --fuzz       also clang 14 with its runtime libraries (libFuzzer, for
+#                                 scripts/fuzz.sh; the ThreadSanitizer build uses g++)
 #   scripts/setup.sh --gemma3-refs  also llama.cpp's Gemma 3 forward-pass references (logits and
 #                                 perplexity, about 18 minutes on 2 cores; implies --test-data).
 #                                 Kept out of --test-data until a test reads them (the Gemma 3
@@ -25,12 +27,14 @@ cache=${D2O_CACHE_DIR:-$repo/cache}
 want_test_data=0
 want_gemma3=0
 want_gemma3_refs=0
+want_fuzz=0
 for arg in "$@"; do
   case "$arg" in
     --test-data) want_test_data=1; want_gemma3=1 ;;
     --gemma3) want_gemma3=1 ;;
+    --fuzz) want_fuzz=1 ;;
     --gemma3-refs) want_test_data=1; want_gemma3=1; want_gemma3_refs=1 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "setup: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -42,6 +46,7 @@ die() { echo "setup: error: $*" >&2; exit 1; }
 packages=(build-essential cmake pkg-config git ca-certificates unzip python3 python3-pip
           googletest libgtest-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libpcre2-dev
           bible-kjv bible-kjv-text)
+[ "$want_fuzz" = 1 ] && packages+=(clang-14 libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -44,28 +44,6 @@ Result<KvType> parse_kv_type(const std::string& s) {
   return invalid_argument("--kv-type '" + s + "' is not supported (use f16 or f32)");
 }
 
-Result<std::vector<TokenId>> parse_token_list(const std::string& s, int n_vocab) {
-  std::vector<TokenId> ids;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size()) return invalid_argument("'" + item + "' is not a token id");
-    if (v < 0 || v >= n_vocab) {
-      return invalid_argument("token id " + item + " is out of range (vocabulary size " + std::to_string(n_vocab) + ")");
-    }
-    ids.push_back(static_cast<TokenId>(v));
-  }
-  if (ids.empty()) return invalid_argument("no token ids given");
-  return ids;
-}
-
 Result<Loaded> load_all(const ModelOptions& o) {
   Loaded l;
   Stopwatch sw;
