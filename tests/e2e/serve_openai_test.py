@@ -8,7 +8,8 @@ Needs $D2O_MODEL (SmolLM2-135M-Instruct) and the `openai` package on the path (s
 Checks: greedy chat answers equal `d2o run --chat` for the same message and policy, one at a
 time and with 16 requests in flight; streaming gives the same text and ends with [DONE]; stop
 strings; seeds; errors surface as the package's exception types (400, 401, 413, invalid UTF-8);
-sessions prefill only the new turn and answer as a fresh request would; a client that goes away
+sessions prefill only the new turn and answer as a fresh request would, and keep their KV
+bytes flat under a budget policy; a client that goes away
 mid-stream frees its sequence; SIGTERM lets a request in flight finish.
 """
 import concurrent.futures
@@ -294,6 +295,25 @@ def run_checks(srv, want):
                                    extra_body={"session": "conv-1"})
     check(r3.model_extra["session"]["rebuilt"] is True, "a diverging conversation is rebuilt")
     check(srv.metric("d2o_sessions") >= 1, "sessions gauge")
+
+    # A session under d2o:budget=B keeps its KV bytes flat once the budget is reached, and each
+    # turn prefills only itself.
+    conv, seen = [], []
+    for turn in range(5):
+        conv.append({"role": "user", "content": "Say something about number %d." % turn})
+        r = c.chat.completions.create(model="m", messages=conv, max_tokens=16, temperature=0,
+                                      extra_body={"session": "budget", "kv": "d2o:budget=32"})
+        info = r.model_extra["session"]
+        check(not info["rebuilt"], "budget session continues")
+        if seen:
+            check(r.usage.prompt_tokens_details.cached_tokens == seen[-1]["n_past"],
+                  "turn %d prefills only itself" % turn)
+        seen.append(info)
+        conv.append({"role": "assistant", "content": r.choices[0].message.content})
+    check(seen[-1]["n_past"] > 3 * 32, "the conversation outgrew the budget")
+    check(seen[-1]["kv_bytes"] == seen[-2]["kv_bytes"] == seen[-3]["kv_bytes"],
+          "KV bytes flat past the budget: %s" % [x["kv_bytes"] for x in seen])
+    check(seen[-1]["kv_bytes"] < seen[-1]["full_kv_bytes"] / 2, "compressed against full")
 
     # A client that goes away mid-stream frees its sequence.
     before = srv.metric('d2o_requests_total{outcome="cancelled"}')
