@@ -1,6 +1,7 @@
 #include "serve/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <ctime>
@@ -50,6 +51,12 @@ HttpServer::HttpServer(Service& service, const Tokenizer& tok, const ChatTemplat
   const size_t n_threads = static_cast<size_t>(std::max(4, opts_.http_threads));
   svr_->new_task_queue = [n_threads] { return new httplib::ThreadPool(n_threads); };
   svr_->set_payload_max_length(opts_.max_body);
+  // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which lets a second server bind a
+  // port that is in use and silently take half of its connections.
+  svr_->set_socket_options([](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   routes();
 }
 

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <malloc.h>
 #include <thread>
 
 #include "commands.h"
@@ -37,6 +38,9 @@ int run_serve(ServeOptions& o) {
   // thread (all started below, so they inherit the mask). SIGPIPE from a vanished client is
   // ignored.
   std::signal(SIGPIPE, SIG_IGN);
+  // Cache buffers go back to the system when a sequence or session ends (glibc would otherwise
+  // raise its mmap threshold and keep freed caches on the heap): RSS follows the load.
+  mallopt(M_MMAP_THRESHOLD, 64 * 1024);
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
