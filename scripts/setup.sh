@@ -45,7 +45,7 @@ die() { echo "setup: error: $*" >&2; exit 1; }
 # ---- Debian packages -----------------------------------------------------------------------
 packages=(build-essential cmake pkg-config git ca-certificates unzip python3 python3-pip
           googletest libgtest-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libpcre2-dev
-          bible-kjv bible-kjv-text)
+          libcpp-httplib-dev bible-kjv bible-kjv-text)
 [ "$want_fuzz" = 1 ] && packages+=(clang-14 libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
@@ -235,6 +235,15 @@ if [ "$want_test_data" -eq 1 ]; then
     python3 -m pip install --quiet --disable-pip-version-check --upgrade --target "$pylib" "${py_packages[@]}" \
       || die "installing the PyPI packages ${py_packages[*]} failed; check the network and rerun scripts/setup.sh --test-data"
   }
+
+  # The `openai` client package for the server's end-to-end test, in its own folder (its
+  # dependencies must not change the generators' packages above).
+  openai_lib="$cache/pylib-openai"
+  if ! PYTHONPATH="$openai_lib" python3 -c "import openai; assert openai.__version__ == '1.55.3'" 2>/dev/null; then
+    say "installing openai==1.55.3 from PyPI into $openai_lib for the server test"
+    python3 -m pip install --quiet --disable-pip-version-check --upgrade --target "$openai_lib" "openai==1.55.3" \
+      || die "installing the PyPI package openai==1.55.3 failed; check the network and rerun scripts/setup.sh --test-data"
+  fi
 
   need=0
   for v in "${!vocab_sha[@]}"; do

@@ -6,10 +6,7 @@
 
 namespace d2o {
 
-namespace {
-
-// Longest suffix of `text` that is a proper prefix of some stop string: it must be held back.
-size_t held_back(std::string_view text, const std::vector<std::string>& stops) {
+size_t stop_string_holdback(std::string_view text, const std::vector<std::string>& stops) {
   size_t hold = 0;
   for (const std::string& s : stops) {
     for (size_t len = std::min(s.size() - 1, text.size()); len > hold; --len) {
@@ -21,8 +18,6 @@ size_t held_back(std::string_view text, const std::vector<std::string>& stops) {
   }
   return hold;
 }
-
-}  // namespace
 
 Result<GenerateResult> generate(Engine& engine, const Tokenizer& tok, Sequence& seq,
                                 std::span<const TokenId> prompt, const GenerateParams& params,
@@ -77,7 +72,7 @@ Result<GenerateResult> generate(Engine& engine, const Tokenizer& tok, Sequence& 
         stopped = true;
       }
     }
-    const size_t hold = stopped ? 0 : held_back(pending, params.stop);
+    const size_t hold = stopped ? 0 : stop_string_holdback(pending, params.stop);
     if (pending.size() > hold) {
       const std::string_view out(pending.data(), pending.size() - hold);
       res.text += out;

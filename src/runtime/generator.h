@@ -34,6 +34,10 @@ struct GenerateResult {
   int n_decoded = 0;            // forward passes after the prompt (one token each)
 };
 
+// Length of the longest suffix of `text` that is a proper prefix of some stop string: output
+// that must be held back until the next tokens show whether a stop string follows.
+size_t stop_string_holdback(std::string_view text, const std::vector<std::string>& stops);
+
 // on_text receives output text as it becomes final (never a partial UTF-8 character, never a
 // piece that may still turn out to start a stop string).
 Result<GenerateResult> generate(Engine& engine, const Tokenizer& tok, Sequence& seq,

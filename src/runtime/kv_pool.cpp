@@ -23,7 +23,8 @@ void KvMemoryPool::release(size_t bytes) {
   reserved_ -= bytes;
 }
 
-Status AdmissionQueue::push(uint64_t id, size_t bytes) {
+Status AdmissionQueue::push(uint64_t id, size_t bytes, size_t held) {
+  D2O_ASSERT(held <= bytes);
   if (bytes > pool_.cap()) {
     return resource_exhausted(
         "needs " + format_bytes(static_cast<double>(bytes)) +
@@ -32,13 +33,14 @@ Status AdmissionQueue::push(uint64_t id, size_t bytes) {
         "; it can never run (raise --kv-mem, or shorten the request, or use a "
         "compressing KV policy)");
   }
-  waiting_.push_back({id, bytes});
+  waiting_.push_back({id, bytes, held});
   return {};
 }
 
 void AdmissionQueue::admit(int max_admit, std::vector<uint64_t>& out) {
   int n = 0;
-  while (!waiting_.empty() && n < max_admit && pool_.try_reserve(waiting_.front().bytes)) {
+  while (!waiting_.empty() && n < max_admit &&
+         pool_.try_reserve(waiting_.front().bytes - waiting_.front().held)) {
     admitted_.push_back(waiting_.front());
     out.push_back(waiting_.front().id);
     waiting_.pop_front();
@@ -52,6 +54,15 @@ void AdmissionQueue::release(uint64_t id) {
   D2O_ASSERT(it != admitted_.end());
   pool_.release(it->bytes);
   admitted_.erase(it);
+}
+
+bool AdmissionQueue::remove(uint64_t id) {
+  auto it =
+      std::find_if(waiting_.begin(), waiting_.end(), [&](const Entry& e) { return e.id == id; });
+  if (it == waiting_.end()) return false;
+  if (it->held > 0) pool_.release(it->held);
+  waiting_.erase(it);
+  return true;
 }
 
 size_t AdmissionQueue::reserved_for(uint64_t id) const {

@@ -52,7 +52,10 @@ class AdmissionQueue {
 
   // Queues request `id` needing `bytes` at its peak. Refused (resource_exhausted, the message
   // gives both sizes) when bytes exceed the cap: it could never be admitted. Ids must be unique.
-  Status push(uint64_t id, size_t bytes);
+  // `held` (<= bytes): part of the reservation the caller already holds in the pool (a kept
+  // conversation's cache that the request continues); admission takes only the rest, and the
+  // whole `bytes` are returned by release(). A refused push leaves `held` with the caller.
+  Status push(uint64_t id, size_t bytes, size_t held = 0);
   // Admits requests from the head of the queue while the head's reservation fits and fewer than
   // `max_admit` were admitted by this call; appends their ids to `out`. Never skips the head.
   void admit(int max_admit, std::vector<uint64_t>& out);
@@ -60,6 +63,13 @@ class AdmissionQueue {
   void release(uint64_t id);
   // The reservation of an admitted request (0 if unknown).
   size_t reserved_for(uint64_t id) const;
+  // Takes waiting request `id` out of the queue and returns its held bytes to the pool; false
+  // when it is not waiting.
+  bool remove(uint64_t id);
+  // Bytes the head of the queue still needs from the pool to be admitted (0: none waits).
+  size_t head_needs() const {
+    return waiting_.empty() ? 0 : waiting_.front().bytes - waiting_.front().held;
+  }
 
   size_t n_waiting() const { return waiting_.size(); }
   size_t n_admitted() const { return admitted_.size(); }
@@ -69,6 +79,7 @@ class AdmissionQueue {
   struct Entry {
     uint64_t id;
     size_t bytes;
+    size_t held;  // of `bytes`, already reserved before admission
   };
   KvMemoryPool& pool_;
   std::deque<Entry> waiting_;

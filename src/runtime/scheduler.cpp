@@ -17,7 +17,7 @@ struct Scheduler::Active {
   std::vector<int> chunks;  // how the prompt is cut into passes
   size_t next_chunk = 0;
   int64_t prefilled = 0;          // prompt tokens fed so far
-  std::unique_ptr<Sequence> seq;  // created at admission, destroyed at the end
+  std::shared_ptr<Sequence> seq;  // created (or taken from Request::resume) at admission
   std::vector<TokenId> history;   // prompt + generated (repetition penalty; the token to feed)
   uint64_t rng = 0;
   bool has_next = false;  // history.back() is a generated token still to be fed
@@ -125,11 +125,16 @@ Result<RequestId> Scheduler::submit(Request req) {
   }
   D2O_RETURN_IF_ERROR(req.sampling.validate());
   const int64_t n_prompt = static_cast<int64_t>(req.prompt.size());
-  const int64_t n_total = n_prompt + req.max_new_tokens;
+  // A continued conversation: its tokens so far come first (positions, and the footprint, which
+  // is bounded as if the whole conversation were the prompt).
+  const int64_t n_prior = req.resume ? req.resume->n_past() : 0;
+  const int64_t n_total = n_prior + n_prompt + req.max_new_tokens;
   if (params_.max_positions > 0 && n_total > params_.max_positions) {
-    return invalid_argument("prompt (" + std::to_string(n_prompt) + " tokens) + max new tokens (" +
-                            std::to_string(req.max_new_tokens) + ") exceed the context of " +
-                            std::to_string(params_.max_positions) + " tokens");
+    return invalid_argument(
+        (n_prior > 0 ? std::to_string(n_prior) + " tokens already in the conversation + " : "") +
+        "prompt (" + std::to_string(n_prompt) + " tokens) + max new tokens (" +
+        std::to_string(req.max_new_tokens) + ") exceed the context of " +
+        std::to_string(params_.max_positions) + " tokens");
   }
   if (n_total > std::numeric_limits<int32_t>::max() / 2)
     return invalid_argument("the request is too long");
@@ -137,6 +142,10 @@ Result<RequestId> Scheduler::submit(Request req) {
   if (!pol.ok()) return pol.status().with_context("KV policy of the request");
   auto a = std::make_unique<Active>();
   a->policy = *pol;
+  if (req.resume && &req.resume->policy() != a->policy.get()) {
+    return invalid_argument("the conversation to continue uses KV policy " +
+                            req.resume->policy().spec() + ", the request " + a->policy->spec());
+  }
   const int window = a->policy->is_full() ? 0 : a->policy->needs().window;
   if (window > params_.prefill_chunk) {
     return invalid_argument("the KV policy's observation window of " + std::to_string(window) +
@@ -145,7 +154,17 @@ Result<RequestId> Scheduler::submit(Request req) {
   }
   a->chunks = split_prompt(n_prompt, params_.prefill_chunk, window);
   const int max_chunk = *std::max_element(a->chunks.begin(), a->chunks.end());
-  a->fp = footprint(cache_cfg_, *a->policy, n_prompt, req.max_new_tokens, max_chunk);
+  a->fp = footprint(cache_cfg_, *a->policy, n_prior + n_prompt, req.max_new_tokens, max_chunk);
+  if (req.resume) {
+    int held_slots = 0;
+    for (int il = 0; il < cache_cfg_.n_layer; ++il)
+      held_slots = std::max(held_slots, req.resume->cache().layer(il).n_slot);
+    if (held_slots > a->fp.slots) {
+      a->fp.slots = held_slots;
+      a->fp.bytes = KvCache::bytes_for_slots(cache_cfg_, held_slots);
+    }
+  }
+  const size_t held = std::min(req.resume_held, a->fp.bytes);
   if (a->fp.slots > std::numeric_limits<int>::max())
     return invalid_argument("the request is too long");
 
@@ -157,7 +176,9 @@ Result<RequestId> Scheduler::submit(Request req) {
   r.kv_slot_limit = a->fp.slots;
   r.t_submit = now();
   a->req = std::move(req);
-  if (Status s = queue_.push(a->id, a->fp.bytes); !s.ok()) {
+  if (a->req.resume_held > held) pool_.release(a->req.resume_held - held);  // more than it needs
+  if (Status s = queue_.push(a->id, a->fp.bytes, held); !s.ok()) {
+    if (held > 0) pool_.release(held);
     r.status = s.with_context("request " + std::to_string(a->id) + " (" + std::to_string(n_prompt) +
                               " + " + std::to_string(a->req.max_new_tokens) +
                               " tokens, KV policy " + r.kv_spec + ") refused");
@@ -187,8 +208,13 @@ Status Scheduler::admit() {
     // past it, so decode steps never reallocate it.
     Status s;
     try {
-      r.seq = std::make_unique<Sequence>(engine_.model().hparams(), params_.kv_type, r.policy);
-      s = r.seq->cache().set_slot_limit(static_cast<int>(r.fp.slots));
+      if (r.req.resume) {
+        r.seq = std::move(r.req.resume);
+        s = r.seq->cache().shrink_to_fit(0);  // under the new limit before it is set
+      } else {
+        r.seq = std::make_shared<Sequence>(engine_.model().hparams(), params_.kv_type, r.policy);
+      }
+      if (s.ok()) s = r.seq->cache().set_slot_limit(static_cast<int>(r.fp.slots));
       for (int il = 0; s.ok() && il < cache_cfg_.n_layer; ++il) {
         s = r.seq->cache().reserve(il, static_cast<int>(r.fp.slots), /*exact=*/true);
       }
@@ -220,7 +246,10 @@ void Scheduler::finish(size_t index, std::string reason, Status status) {
   a.result.stop_reason = std::move(reason);
   a.result.status = std::move(status);
   a.result.t_end = now();
-  a.seq.reset();  // frees the cache
+  const bool keep = a.req.keep_sequence && a.result.status.ok() &&
+                    a.next_chunk == a.chunks.size() && a.result.stop_reason != "cancelled";
+  if (keep) a.result.sequence = std::move(a.seq);
+  a.seq.reset();  // frees the cache (unless it is kept)
   queue_.release(a.id);
   finished_.push_back(std::move(a.result));
 }
@@ -319,6 +348,10 @@ Status Scheduler::step() {
     a.result.token_times.push_back(t);
     a.history.push_back(a.sample);
     a.has_next = true;
+    if (a.req.on_token && !a.req.on_token(a.sample)) {
+      finish(i, "stopped", {});
+      continue;
+    }
     if (static_cast<int>(a.result.tokens.size()) >= a.req.max_new_tokens) finish(i, "length", {});
   }
   const size_t before = running_.size();
@@ -331,6 +364,25 @@ Status Scheduler::step() {
 Status Scheduler::run() {
   while (!idle()) D2O_RETURN_IF_ERROR(step());
   return {};
+}
+
+bool Scheduler::cancel(RequestId id) {
+  if (auto it = waiting_.find(id); it != waiting_.end()) {
+    queue_.remove(id);
+    RequestResult& r = it->second->result;
+    r.stop_reason = "cancelled";
+    r.t_end = now();
+    finished_.push_back(std::move(r));
+    waiting_.erase(it);
+    return true;
+  }
+  for (size_t i = 0; i < running_.size(); ++i) {
+    if (running_[i]->id != id || running_[i]->done) continue;
+    finish(i, "cancelled", {});
+    running_.erase(running_.begin() + static_cast<ptrdiff_t>(i));
+    return true;
+  }
+  return false;
 }
 
 std::vector<RequestResult> Scheduler::take_finished() {

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -46,12 +47,26 @@ struct Request {
   SamplerParams sampling;    // greedy by default
   std::string kv_spec = "full";
   bool stop_at_eog = true;  // false: always generate max_new_tokens (benchmarks)
+  // Called on the scheduler's thread, inside step(), with every generated token once it is part
+  // of the result; returning false ends the request there ("stopped": a stop string, a client
+  // that went away).
+  std::function<bool(TokenId)> on_token;
+  // A kept conversation to continue (a RequestResult::sequence of an earlier request with the
+  // same policy): `prompt` holds only the new tokens, positions go on from its n_past, and its
+  // compressed cache is the context. The request owns it while it runs.
+  std::shared_ptr<Sequence> resume;
+  // Bytes the caller holds in the pool for `resume` (hold()): part of the request's reservation
+  // from submission on; returned to the caller's hold only if submit() fails.
+  size_t resume_held = 0;
+  // Hand the sequence back in RequestResult::sequence when the request ends with its prompt fed
+  // and no error, instead of freeing it (a conversation kept for its next turn).
+  bool keep_sequence = false;
 };
 
 struct RequestResult {
   RequestId id = 0;
   Status status;            // OK, or why the request was refused / failed
-  std::string stop_reason;  // "eog", "length", "refused" or "error"
+  std::string stop_reason;  // "eog", "length", "stopped", "cancelled", "refused" or "error"
   std::string kv_spec;      // canonical spec of its policy
   int n_prompt = 0;
   std::vector<TokenId> tokens;   // generated (an EOG token that stopped it excluded)
@@ -62,6 +77,9 @@ struct RequestResult {
   // token, end. token_times[i]: when tokens[i] was produced (the end of its step).
   double t_submit = 0, t_admit = 0, t_first = 0, t_end = 0;
   std::vector<double> token_times;
+  // Request::keep_sequence: the sequence, holding everything fed so far (the last generated
+  // token is fed only when the request ended at an end-of-generation token); null otherwise.
+  std::shared_ptr<Sequence> sequence;
 };
 
 struct SchedulerParams {
@@ -108,6 +126,18 @@ class Scheduler {
   // Steps until idle.
   Status run();
   bool idle() const { return running_.empty() && queue_.n_waiting() == 0; }
+
+  // Ends a waiting or running request at once ("cancelled"; its reservation is returned and its
+  // result comes with take_finished()). False when the id is not waiting or running.
+  bool cancel(RequestId id);
+
+  // Memory kept outside running requests (idle conversations' caches) counts against the cap
+  // too: hold() takes `bytes` if they fit (false: nothing taken), release_held() returns them.
+  bool hold(size_t bytes) { return pool_.try_reserve(bytes); }
+  void release_held(size_t bytes) { pool_.release(bytes); }
+  // Bytes the first waiting request still needs from the pool before it can be admitted (0 when
+  // none waits): what a caller holding memory would have to give back.
+  size_t head_needs() const { return queue_.head_needs(); }
 
   // Results of the requests that ended since the last call, in the order they ended.
   std::vector<RequestResult> take_finished();

@@ -368,6 +368,112 @@ TEST_F(SchedulerTest, EndOfGenerationStopsARequestAndFreesIt) {
   EXPECT_EQ((*s)->pool().reserved(), 0u);
 }
 
+TEST_F(SchedulerTest, CancelFreesWaitingAndRunningRequests) {
+  ThreadPool pool(1);
+  EngineOptions eo;
+  eo.n_ubatch = 64;
+  Engine engine(*model_, pool, eo);
+  const KvCacheConfig cfg = kv_cache_config(model_->hparams(), KvType::kF16);
+  const size_t one = KvCache::bytes_for_slots(cfg, 20 + 8);
+  auto s = Scheduler::create(engine, params(one + one / 2));  // room for one at a time
+  ASSERT_TRUE(s.ok());
+  Scheduler& sched = **s;
+  auto a = sched.submit(request(prompt(20, 1), 8));
+  auto b = sched.submit(request(prompt(20, 2), 8));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(sched.step().ok());
+  EXPECT_EQ(sched.n_running(), 1u);
+  EXPECT_EQ(sched.n_waiting(), 1u);
+  EXPECT_EQ(sched.head_needs(), one);
+  EXPECT_TRUE(sched.cancel(*b));
+  EXPECT_EQ(sched.n_waiting(), 0u);
+  EXPECT_EQ(sched.pool().reserved(), one);
+  EXPECT_TRUE(sched.cancel(*a));
+  EXPECT_FALSE(sched.cancel(*a));
+  EXPECT_TRUE(sched.idle());
+  EXPECT_EQ(sched.pool().reserved(), 0u);
+  auto res = sched.take_finished();
+  ASSERT_EQ(res.size(), 2u);
+  for (const auto& r : res) EXPECT_EQ(r.stop_reason, "cancelled");
+}
+
+TEST_F(SchedulerTest, OnTokenCanEndARequest) {
+  ThreadPool pool(1);
+  EngineOptions eo;
+  eo.n_ubatch = 64;
+  Engine engine(*model_, pool, eo);
+  const std::vector<TokenId> p = prompt(12, 5);
+  const std::vector<TokenId> ref = decode_alone(engine, p, 10);
+  auto s = Scheduler::create(engine, params(size_t{16} << 20));
+  ASSERT_TRUE(s.ok());
+  Request r = request(p, 10);
+  std::vector<TokenId> seen;
+  r.on_token = [&](TokenId t) {
+    seen.push_back(t);
+    return seen.size() < 4;
+  };
+  ASSERT_TRUE((*s)->submit(std::move(r)).ok());
+  ASSERT_TRUE((*s)->run().ok());
+  auto res = (*s)->take_finished();
+  ASSERT_EQ(res.size(), 1u);
+  EXPECT_EQ(res[0].stop_reason, "stopped");
+  EXPECT_EQ(res[0].tokens, std::vector<TokenId>(ref.begin(), ref.begin() + 4));
+  EXPECT_EQ(seen, res[0].tokens);
+  EXPECT_EQ((*s)->pool().reserved(), 0u);
+}
+
+// A kept sequence continued with only the new tokens generates what one pass over the whole
+// conversation generates (full cache), and its held bytes move into the request's reservation.
+TEST_F(SchedulerTest, ContinuingAKeptSequenceEqualsTheWholeConversation) {
+  ThreadPool pool(1);
+  EngineOptions eo;
+  eo.n_ubatch = 64;
+  Engine engine(*model_, pool, eo);
+  auto s = Scheduler::create(engine, params(size_t{16} << 20));
+  ASSERT_TRUE(s.ok());
+  Scheduler& sched = **s;
+  const std::vector<TokenId> p1 = prompt(21, 9);
+  Request r1 = request(p1, 5);
+  r1.keep_sequence = true;
+  ASSERT_TRUE(sched.submit(std::move(r1)).ok());
+  ASSERT_TRUE(sched.run().ok());
+  auto res1 = sched.take_finished();
+  ASSERT_EQ(res1.size(), 1u);
+  ASSERT_TRUE(res1[0].sequence);
+  std::shared_ptr<Sequence> seq = res1[0].sequence;
+  // "length": the last generated token was sampled but not fed.
+  EXPECT_EQ(seq->n_past(), 21 + 5 - 1);
+  EXPECT_EQ(sched.pool().reserved(), 0u);
+  std::vector<TokenId> conv = p1;
+  conv.insert(conv.end(), res1[0].tokens.begin(), res1[0].tokens.end());
+  const std::vector<TokenId> extra = prompt(19, 10);
+  conv.insert(conv.end(), extra.begin(), extra.end());
+  const std::vector<TokenId> want = decode_alone(engine, conv, 6);
+
+  ASSERT_TRUE(seq->cache().shrink_to_fit(0).ok());
+  ASSERT_TRUE(seq->cache().set_slot_limit(0).ok());
+  const size_t held = seq->cache().kv_bytes_allocated() + seq->cache().meta_bytes_allocated();
+  ASSERT_TRUE(sched.hold(held));
+  Request r2 = request(std::vector<TokenId>(conv.begin() + seq->n_past(), conv.end()), 6);
+  r2.resume = seq;
+  r2.resume_held = held;
+  seq.reset();
+  ASSERT_TRUE(sched.submit(std::move(r2)).ok());
+  EXPECT_GE(sched.pool().reserved(), held);
+  ASSERT_TRUE(sched.run().ok());
+  auto res2 = sched.take_finished();
+  ASSERT_EQ(res2.size(), 1u);
+  EXPECT_EQ(res2[0].tokens, want);
+  EXPECT_FALSE(res2[0].sequence);
+  EXPECT_EQ(sched.pool().reserved(), 0u);  // held bytes went with the request's reservation
+
+  // A different policy cannot continue it; the caller keeps its hold then.
+  Request r3 = request(prompt(4, 3), 2);
+  r3.resume = std::make_shared<Sequence>(model_->hparams(), KvType::kF16, nullptr);
+  r3.kv_spec = "h2o:budget=8";
+  EXPECT_FALSE(sched.submit(std::move(r3)).ok());
+}
+
 TEST_F(SchedulerTest, BadRequestsAndParametersAreErrors) {
   ThreadPool pool(1);
   EngineOptions eo;

@@ -22,6 +22,7 @@ Action add_chat_command(CLI::App& app);
 Action add_perplexity_command(CLI::App& app);
 Action add_eval_command(CLI::App& app);
 Action add_bench_command(CLI::App& app);
+Action add_serve_command(CLI::App& app);  // built with D2O_BUILD_SERVER
 // `throughput`, a subcommand of `bench` (registered by add_bench_command).
 Action add_bench_throughput_command(CLI::App& bench);
 

@@ -86,6 +86,9 @@ int main(int argc, char** argv) {
   add(d2o::cli::add_perplexity_command(app));
   add(d2o::cli::add_eval_command(app));
   add(d2o::cli::add_bench_command(app));
+#ifdef D2O_HAVE_SERVER
+  add(d2o::cli::add_serve_command(app));
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

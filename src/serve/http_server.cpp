@@ -1,0 +1,243 @@
+#include "serve/http_server.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <ctime>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+namespace d2o::serve {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kJson = "application/json";
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.http_status;
+  if (e.http_status == 503) res.set_header("Retry-After", "1");
+  res.set_content(error_body(e), kJson);
+}
+
+ApiError plain_error(int status, std::string message, std::string code) {
+  ApiError e;
+  e.http_status = status;
+  e.message = std::move(message);
+  e.code = std::move(code);
+  if (status >= 500) e.type = "server_error";
+  if (status == 401) e.type = "authentication_error";
+  return e;
+}
+
+}  // namespace
+
+// Counts a generation request in flight for the drain on stop().
+struct HttpServer::InFlight {
+  std::atomic<int>& n;
+  explicit InFlight(std::atomic<int>& c) : n(c) { ++n; }
+  ~InFlight() { --n; }
+};
+
+HttpServer::HttpServer(Service& service, const Tokenizer& tok, const ChatTemplate* tmpl,
+                       const HttpOptions& opts)
+    : service_(service),
+      tok_(tok),
+      tmpl_(tmpl),
+      opts_(opts),
+      svr_(std::make_unique<httplib::Server>()) {
+  const size_t n_threads = static_cast<size_t>(std::max(4, opts_.http_threads));
+  svr_->new_task_queue = [n_threads] { return new httplib::ThreadPool(n_threads); };
+  svr_->set_payload_max_length(opts_.max_body);
+  // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which lets a second server bind a
+  // port that is in use and silently take half of its connections.
+  svr_->set_socket_options([](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
+  routes();
+}
+
+HttpServer::~HttpServer() = default;
+
+Status HttpServer::bind() {
+  if (opts_.port == 0) {
+    port_ = svr_->bind_to_any_port(opts_.host);
+    if (port_ < 0) return io_error("cannot bind to " + opts_.host + " (any port)");
+    return {};
+  }
+  if (!svr_->bind_to_port(opts_.host, opts_.port)) {
+    return io_error("cannot bind to " + opts_.host + ":" + std::to_string(opts_.port) +
+                    " (in use, or not an address of this machine)");
+  }
+  port_ = opts_.port;
+  return {};
+}
+
+void HttpServer::run() {
+  svr_->listen_after_bind();
+}
+
+void HttpServer::stop(double grace_s) {
+  draining_ = true;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
+  while (in_flight_.load() > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  svr_->stop();
+}
+
+std::optional<ApiError> HttpServer::prepare(const GenerationRequest& g, Job& job) const {
+  PrepareOptions po;
+  po.n_ctx = opts_.n_ctx;
+  po.default_max_tokens = opts_.default_max_tokens;
+  po.default_kv = opts_.default_kv;
+  po.model_name = opts_.model_name;
+  return prepare_job(g, tok_, tmpl_, po, job);
+}
+
+void HttpServer::answer(Job& job, httplib::Response& res) {
+  std::string text, piece;
+  while (!Service::wait_events(job, piece, 1000)) text += piece;
+  text += piece;
+  std::lock_guard<std::mutex> lock(job.mu);
+  if (job.error) return send_error(res, *job.error);
+  job.completion.text = std::move(text);
+  res.set_content(completion_body(job.completion), kJson);
+}
+
+void HttpServer::stream(const std::shared_ptr<Job>& job, bool include_usage,
+                        std::shared_ptr<InFlight> in_flight, httplib::Response& res) {
+  auto first = std::make_shared<bool>(true);
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [job, first, include_usage](size_t, httplib::DataSink& sink) {
+        std::string piece;
+        const bool done = Service::wait_events(*job, piece, 100);
+        std::string out;
+        if (!piece.empty()) {
+          out = chunk_event(job->completion, piece, *first);
+          *first = false;
+        }
+        if (done) {
+          std::lock_guard<std::mutex> lock(job->mu);
+          if (job->error) {
+            out += error_event(*job->error);
+          } else {
+            out += final_chunk_event(job->completion, false);
+            if (include_usage) out += usage_chunk_event(job->completion);
+          }
+          out += done_event();
+        }
+        if (!out.empty() && !sink.write(out.data(), out.size())) {
+          job->cancel = true;  // the client is gone: the engine frees its sequence
+          return false;
+        }
+        if (done) sink.done();
+        return true;
+      },
+      [job, in_flight](bool) {
+        // The response ended (written, failed or the server stopping): nobody reads further.
+        std::lock_guard<std::mutex> lock(job->mu);
+        if (!job->done) job->cancel = true;
+      });
+}
+
+void HttpServer::routes() {
+  httplib::Server& s = *svr_;
+  // The API key, before any route (so also unknown paths); /health stays open for probes.
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (opts_.api_key.empty() || req.path == "/health")
+      return httplib::Server::HandlerResponse::Unhandled;
+    const std::string want = "Bearer " + opts_.api_key;
+    if (req.get_header_value("Authorization") == want)
+      return httplib::Server::HandlerResponse::Unhandled;
+    const bool given = req.has_header("Authorization");
+    send_error(res, plain_error(401,
+                                given ? "the API key is wrong"
+                                      : "an API key is required: send "
+                                        "'Authorization: Bearer KEY'",
+                                given ? "invalid_api_key" : "missing_api_key"));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // Errors httplib answers itself (404, 413 over --max-body, 400 on a bad request line) get
+  // OpenAI's JSON shape too; our own error responses already have a body.
+  s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 413) {
+      send_error(res, plain_error(413,
+                                  "the request body is larger than the limit of " +
+                                      std::to_string(opts_.max_body) + " bytes (--max-body)",
+                                  "body_too_large"));
+    } else if (res.status == 404) {
+      send_error(res, plain_error(404, "no endpoint " + req.method + " " + req.path, "not_found"));
+    } else {
+      send_error(res, plain_error(res.status, "bad request", "bad_request"));
+    }
+  });
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (draining_) {
+      send_error(res, plain_error(503, "the server is shutting down", "shutting_down"));
+      return;
+    }
+    res.set_content(R"({"status":"ok"})", kJson);
+  });
+  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(models_body(opts_.model_name, 0), kJson);
+  });
+  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(prometheus_text(service_.metrics()), "text/plain; version=0.0.4");
+  });
+  s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    TokenizeRequest t;
+    if (auto e = parse_tokenize_request(req.body, t)) return send_error(res, *e);
+    EncodeOptions enc;
+    enc.add_special = t.add_special;
+    enc.parse_special = t.parse_special;
+    auto ids = tok_.encode(t.content, enc);
+    if (!ids.ok()) return send_error(res, bad_field("content", ids.status().message()));
+    res.set_content(json{{"tokens", *ids}}.dump(), kJson);
+  });
+  s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    std::vector<int32_t> ids;
+    if (auto e = parse_detokenize_request(req.body, tok_.n_vocab(), ids))
+      return send_error(res, *e);
+    auto text = tok_.decode(ids, /*render_special=*/false);
+    if (!text.ok()) return send_error(res, bad_field("tokens", text.status().message()));
+    res.set_content(json{{"content", *text}}.dump(-1, ' ', false, json::error_handler_t::replace),
+                    kJson);
+  });
+  auto generation = [this](Endpoint ep) {
+    return [this, ep](const httplib::Request& req, httplib::Response& res) {
+      // Held until the response is written (for a stream: until its last event).
+      auto guard = std::make_shared<InFlight>(in_flight_);
+      GenerationRequest g;
+      if (auto e = parse_generation_request(req.body, ep, g)) {
+        service_.count_outcome("invalid");
+        return send_error(res, *e);
+      }
+      auto job = std::make_shared<Job>();
+      if (auto e = prepare(g, *job)) {
+        service_.count_outcome(e->http_status == 503 ? "rejected" : "invalid");
+        return send_error(res, *e);
+      }
+      if (draining_) {
+        service_.count_outcome("rejected");
+        return send_error(res, plain_error(503, "the server is shutting down", "shutting_down"));
+      }
+      if (auto e = service_.submit(job)) {
+        service_.count_outcome("rejected");
+        return send_error(res, *e);
+      }
+      if (!g.stream) return answer(*job, res);
+      stream(job, g.include_usage, guard, res);
+    };
+  };
+  s.Post("/v1/chat/completions", generation(Endpoint::kChat));
+  s.Post("/v1/completions", generation(Endpoint::kCompletion));
+}
+
+}  // namespace d2o::serve

@@ -1,0 +1,80 @@
+// The HTTP front of `d2o serve` (Debian's cpp-httplib): routes, the API key, body limits, and
+// the conversion of requests into Jobs for the Service and of Jobs into responses (JSON, or
+// Server-Sent Events when streaming).
+//
+// Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
+// GET /metrics, POST /tokenize, POST /detokenize. Every error is OpenAI's JSON error shape with
+// a 4xx/5xx status; 503s carry Retry-After. With an API key set, every endpoint but /health
+// needs "Authorization: Bearer KEY" (401 otherwise).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "d2o/status.h"
+#include "runtime/chat_template.h"
+#include "runtime/tokenizer.h"
+#include "serve/prepare.h"
+#include "serve/service.h"
+
+namespace httplib {
+class Server;
+struct Response;
+}  // namespace httplib
+
+namespace d2o::serve {
+
+struct HttpOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;  // 0: any free port (port() tells which)
+  std::string api_key;
+  size_t max_body = size_t{4} << 20;  // bytes; larger bodies get 413
+  int http_threads = 16;              // handler threads (each waiting request holds one)
+  std::string model_name;             // what /v1/models lists and responses carry
+  int default_max_tokens = 512;       // when a request gives no max_tokens
+  int64_t n_ctx = 0;                  // the context: prompt + max_tokens may not exceed it
+  std::string default_kv = "full";    // the policy of requests that name none
+};
+
+class HttpServer {
+ public:
+  // tmpl may be null (the model has no chat template: chat requests get a 400).
+  HttpServer(Service& service, const Tokenizer& tok, const ChatTemplate* tmpl,
+             const HttpOptions& opts);
+  ~HttpServer();
+
+  // Binds the socket. Errors: the address cannot be bound (in use, no such host).
+  Status bind();
+  int port() const { return port_; }
+  // Serves until stop(); returns when every handler has finished.
+  void run();
+  // Graceful end: new requests get 503 while jobs in flight finish (at most `grace_s` seconds),
+  // then the listener closes. Safe from another thread.
+  void stop(double grace_s);
+
+ private:
+  void routes();
+  std::optional<ApiError> prepare(const GenerationRequest& g, Job& job) const;
+  // Waits for the job and writes the whole response.
+  void answer(Job& job, httplib::Response& res);
+  // Streams the job as Server-Sent Events; a failed write cancels it. `in_flight` is kept until
+  // the stream ends.
+  struct InFlight;
+  void stream(const std::shared_ptr<Job>& job, bool include_usage,
+              std::shared_ptr<InFlight> in_flight, httplib::Response& res);
+
+  Service& service_;
+  const Tokenizer& tok_;
+  const ChatTemplate* tmpl_;
+  HttpOptions opts_;
+  std::unique_ptr<httplib::Server> svr_;
+  int port_ = 0;
+  std::atomic<bool> draining_{false};
+  std::atomic<int> in_flight_{0};  // generation requests being answered
+  std::atomic<uint64_t> next_id_{1};
+};
+
+}  // namespace d2o::serve

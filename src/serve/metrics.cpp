@@ -1,0 +1,82 @@
+#include "serve/metrics.h"
+
+#include <algorithm>
+
+namespace d2o::serve {
+
+namespace {
+
+void metric(std::string& out, const char* name, const char* type, const char* help) {
+  out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+void value(std::string& out, const std::string& name, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, " %.17g\n", v);
+  out += name + buf;
+}
+
+// Prometheus label values escape backslash, quote and newline.
+std::string label(const std::string& v) {
+  std::string o;
+  for (char c : v) {
+    if (c == '\\' || c == '"') o += '\\';
+    if (c == '\n') {
+      o += "\\n";
+      continue;
+    }
+    o += c;
+  }
+  return o;
+}
+
+}  // namespace
+
+std::string prometheus_text(const Metrics& m) {
+  std::string o;
+  metric(o, "d2o_requests_total", "counter", "Requests by outcome.");
+  for (const char* k : {"ok", "cancelled", "invalid", "rejected", "error"}) {
+    auto it = m.requests.find(k);
+    value(o, std::string("d2o_requests_total{outcome=\"") + k + "\"}",
+          it == m.requests.end() ? 0.0 : static_cast<double>(it->second));
+  }
+  metric(o, "d2o_policy_requests_total", "counter", "Generation requests by KV policy.");
+  for (const auto& [spec, n] : m.by_policy) {
+    value(o, "d2o_policy_requests_total{policy=\"" + label(spec) + "\"}", static_cast<double>(n));
+  }
+  metric(o, "d2o_prompt_tokens_total", "counter", "Prompt tokens of generation requests.");
+  value(o, "d2o_prompt_tokens_total", static_cast<double>(m.prompt_tokens));
+  metric(o, "d2o_prefilled_tokens_total", "counter",
+         "Prompt tokens fed to the model (the rest were in a kept session cache).");
+  value(o, "d2o_prefilled_tokens_total", static_cast<double>(m.prefilled_tokens));
+  metric(o, "d2o_generated_tokens_total", "counter", "Generated tokens.");
+  value(o, "d2o_generated_tokens_total", static_cast<double>(m.generated_tokens));
+  metric(o, "d2o_engine_steps_total", "counter", "Batched engine steps.");
+  value(o, "d2o_engine_steps_total", static_cast<double>(m.steps));
+  metric(o, "d2o_sessions_evicted_total", "counter", "Idle sessions dropped to make room.");
+  value(o, "d2o_sessions_evicted_total", static_cast<double>(m.sessions_evicted));
+  metric(o, "d2o_sequences_running", "gauge", "Sequences admitted and running.");
+  value(o, "d2o_sequences_running", static_cast<double>(m.running));
+  metric(o, "d2o_sequences_queued", "gauge", "Requests waiting for admission.");
+  value(o, "d2o_sequences_queued", static_cast<double>(m.queued));
+  metric(o, "d2o_sessions", "gauge", "Kept conversations.");
+  value(o, "d2o_sessions", static_cast<double>(m.sessions));
+  metric(o, "d2o_kv_cap_bytes", "gauge", "KV memory cap (--kv-mem).");
+  value(o, "d2o_kv_cap_bytes", static_cast<double>(m.kv_cap));
+  metric(o, "d2o_kv_reserved_bytes", "gauge",
+         "KV bytes reserved: running requests' peak footprints and idle sessions' caches.");
+  value(o, "d2o_kv_reserved_bytes", static_cast<double>(m.kv_reserved));
+  metric(o, "d2o_kv_allocated_bytes", "gauge",
+         "KV bytes allocated: running caches and idle sessions' caches.");
+  value(o, "d2o_kv_allocated_bytes", static_cast<double>(m.kv_allocated + m.session_bytes));
+  metric(o, "d2o_kv_session_bytes", "gauge", "KV bytes held by idle sessions.");
+  value(o, "d2o_kv_session_bytes", static_cast<double>(m.session_bytes));
+  const size_t used = m.kv_allocated + m.session_bytes;
+  metric(o, "d2o_kv_saved_bytes", "gauge",
+         "KV bytes saved against full caches of the same tokens (running and idle).");
+  value(o, "d2o_kv_saved_bytes",
+        static_cast<double>(m.full_equivalent > used ? m.full_equivalent - used : 0));
+  return o;
+}
+
+}  // namespace d2o::serve

@@ -1,0 +1,32 @@
+// What the server measures, and its Prometheus text exposition (GET /metrics).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace d2o::serve {
+
+struct Metrics {
+  // Counters since start.
+  std::map<std::string, int64_t> requests;   // by outcome: ok, cancelled, invalid, rejected, error
+  std::map<std::string, int64_t> by_policy;  // generation requests by canonical KV policy spec
+  int64_t prompt_tokens = 0;                 // rendered prompt tokens of generation requests
+  int64_t prefilled_tokens = 0;              // of those, fed to the model (not in a kept cache)
+  int64_t generated_tokens = 0;
+  int64_t steps = 0;  // engine steps
+  int64_t sessions_evicted = 0;
+  // Gauges (the engine thread's view after its last step).
+  int64_t running = 0;
+  int64_t queued = 0;
+  int64_t sessions = 0;        // kept conversations (idle or in use)
+  size_t kv_cap = 0;           // --kv-mem
+  size_t kv_reserved = 0;      // pool reservations: running requests + idle sessions
+  size_t kv_allocated = 0;     // bytes the running caches have allocated
+  size_t session_bytes = 0;    // bytes idle sessions hold
+  size_t full_equivalent = 0;  // what the same tokens would take in full caches
+};
+
+std::string prometheus_text(const Metrics& m);
+
+}  // namespace d2o::serve

@@ -1,0 +1,309 @@
+#include "serve/service.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace d2o::serve {
+
+namespace {
+
+ApiError engine_error(const Status& s) {
+  ApiError e;
+  e.message = s.message();
+  if (s.code() == StatusCode::kInvalidArgument) {
+    e.code = s.message().find("context") != std::string::npos ? "context_length_exceeded"
+                                                              : "invalid_value";
+    return e;
+  }
+  if (s.code() == StatusCode::kResourceExhausted) {  // can never fit under the cap
+    e.code = "kv_memory_exceeded";
+    return e;
+  }
+  e.http_status = 500;
+  e.type = "server_error";
+  e.code = "internal_error";
+  return e;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Service>> Service::create(Engine& engine, const Tokenizer& tok,
+                                                 const ServiceParams& params) {
+  if (params.max_queue < 1) return invalid_argument("the request queue must hold at least 1");
+  auto pol = parse_kv_policy(params.default_kv);
+  if (!pol.ok()) return pol.status().with_context("--kv");
+  D2O_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> sched,
+                       Scheduler::create(engine, params.scheduler));
+  return std::unique_ptr<Service>(new Service(engine, tok, params, std::move(sched)));
+}
+
+Service::Service(Engine& engine, const Tokenizer& tok, const ServiceParams& params,
+                 std::unique_ptr<Scheduler> sched)
+    : engine_(engine), tok_(tok), params_(params), sched_(std::move(sched)), sessions_(*sched_) {
+  metrics_.kv_cap = params.scheduler.kv_mem_bytes;
+  counters_.kv_cap = params.scheduler.kv_mem_bytes;
+  thread_ = std::thread([this] { loop(); });
+}
+
+Service::~Service() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::optional<ApiError> Service::submit(std::shared_ptr<Job> job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ApiError busy;
+  busy.http_status = 503;
+  busy.type = "server_error";
+  if (stop_) {
+    busy.message = "the server is shutting down";
+    busy.code = "shutting_down";
+    return busy;
+  }
+  if (inbox_.size() + waiting_ >= params_.max_queue) {
+    busy.message = "the server is busy: " + std::to_string(params_.max_queue) +
+                   " requests are already waiting; retry later";
+    busy.code = "queue_full";
+    return busy;
+  }
+  inbox_.push_back(std::move(job));
+  cv_.notify_all();
+  return std::nullopt;
+}
+
+bool Service::wait_events(Job& job, std::string& text, int timeout_ms) {
+  std::unique_lock<std::mutex> lock(job.mu);
+  job.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                  [&] { return job.done || !job.text.empty(); });
+  text = std::move(job.text);
+  job.text.clear();
+  return job.done && job.text.empty();
+}
+
+void Service::fail_job(Job& job, ApiError e) {
+  {
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.error = std::move(e);
+    job.done = true;
+  }
+  job.cv.notify_all();
+  if (!job.session.empty()) {
+    if (Session* s = sessions_.find(job.session); s && s->busy) sessions_.drop(job.session);
+  }
+  ++counters_.requests[job.error->http_status >= 500 ? "error" : "invalid"];
+}
+
+void Service::start_job(const std::shared_ptr<Job>& job) {
+  Request req;
+  req.max_new_tokens = job->max_tokens;
+  req.sampling = job->sampling;
+  req.kv_spec = job->kv_spec;
+  req.stop_at_eog = true;
+  job->out.emplace(tok_, job->stops);
+  job->completion.usage.prompt_tokens = static_cast<int>(job->prompt.size());
+  size_t skip = 0;
+  if (!job->session.empty()) {
+    Session* existing = sessions_.find(job->session);
+    if (existing && existing->busy) {
+      ApiError e;
+      e.http_status = 409;
+      e.code = "session_busy";
+      e.param = "session";
+      e.message = "session '" + job->session + "' is answering another request; wait for it";
+      ApiError copy = e;
+      {
+        std::lock_guard<std::mutex> lock(job->mu);
+        job->error = std::move(copy);
+        job->done = true;
+      }
+      job->cv.notify_all();
+      ++counters_.requests["invalid"];
+      return;
+    }
+    Session& s = sessions_.begin(job->session);
+    SessionInfo info;
+    info.id = job->session;
+    // Continue when the kept tokens are a strict prefix of the new prompt under the same policy.
+    auto canonical = parse_kv_policy(job->kv_spec);
+    const std::string spec = canonical.ok() ? (*canonical)->spec() : job->kv_spec;
+    const bool extends = s.seq && s.kv_spec == spec && s.tokens.size() < job->prompt.size() &&
+                         std::equal(s.tokens.begin(), s.tokens.end(), job->prompt.begin());
+    if (extends) {
+      skip = s.tokens.size();
+      req.resume = sessions_.take(s, req.resume_held);
+    } else {
+      info.rebuilt = s.seq != nullptr;
+      sessions_.clear(s);
+    }
+    req.keep_sequence = true;
+    job->completion.session = info;
+  }
+  job->n_cached = static_cast<int>(skip);
+  job->completion.usage.cached_tokens = job->n_cached;
+  req.prompt.assign(job->prompt.begin() + static_cast<ptrdiff_t>(skip), job->prompt.end());
+  Job* raw = job.get();
+  req.on_token = [this, raw](TokenId t) { return on_token(*raw, t); };
+  const size_t held = req.resume_held;
+  auto id = sched_->submit(std::move(req));
+  if (!id.ok()) {
+    if (held > 0) sched_->release_held(held);  // a failed submit leaves them with us
+    fail_job(*job, engine_error(id.status()));
+    return;
+  }
+  job->id = *id;
+  job->submitted = true;
+  active_[job->id] = job;
+  counters_.prompt_tokens += static_cast<int64_t>(job->prompt.size());
+  counters_.prefilled_tokens += static_cast<int64_t>(job->prompt.size() - skip);
+}
+
+bool Service::on_token(Job& job, TokenId t) {
+  ++counters_.generated_tokens;
+  ++job.n_generated;
+  std::string delta = job.out->push(t);
+  if (!delta.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(job.mu);
+      job.text += delta;
+    }
+    job.cv.notify_all();
+  }
+  return !job.out->stopped() && !job.cancel.load();
+}
+
+void Service::finish_job(Job& job, RequestResult& r) {
+  // Filled here, published under job.mu (the handler reads them once the job is done).
+  std::optional<SessionInfo> session = job.completion.session;
+  std::string finish_reason;
+  ++counters_.by_policy[r.kv_spec];
+  std::string tail;
+  std::optional<ApiError> error;
+  if (r.stop_reason == "eog" || r.stop_reason == "length") {
+    tail = job.out->flush();
+    finish_reason = r.stop_reason == "eog" ? "stop" : "length";
+  } else if (r.stop_reason == "stopped" && job.out->stopped()) {
+    finish_reason = "stop";
+  } else if (r.stop_reason == "stopped" || r.stop_reason == "cancelled") {
+    ApiError e;
+    e.http_status = 499;
+    e.code = "cancelled";
+    e.message = "the request was cancelled (the client went away)";
+    error = e;
+  } else {  // refused or error
+    error = engine_error(r.status);
+  }
+  if (!job.session.empty()) {
+    if (r.sequence && !error) {
+      const int64_t n_past = r.sequence->n_past();
+      std::vector<TokenId> seen = job.prompt;
+      seen.insert(seen.end(), r.tokens.begin(), r.tokens.end());
+      seen.resize(static_cast<size_t>(std::min<int64_t>(n_past, std::ssize(seen))));
+      SessionInfo& info = *session;
+      info.n_past = n_past;
+      const KvCache& kv = r.sequence->cache();
+      info.full_kv_bytes = kv.full_kv_bytes(n_past);
+      sessions_.end(job.session, std::move(r.sequence), std::move(seen), r.kv_spec);
+      const Session* s = sessions_.find(job.session);
+      info.kv_bytes = s && s->seq ? s->seq->cache().kv_bytes_allocated() : 0;
+    } else {
+      sessions_.drop(job.session);
+    }
+  }
+  if (error) {
+    const char* outcome = error->code == "cancelled"  ? "cancelled"
+                          : error->http_status >= 500 ? "error"
+                                                      : "invalid";
+    ++counters_.requests[outcome];
+    {
+      std::lock_guard<std::mutex> lock(job.mu);
+      job.error = std::move(error);
+      job.done = true;
+    }
+    job.cv.notify_all();
+    return;
+  }
+  ++counters_.requests["ok"];
+  {
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.text += tail;
+    job.completion.finish_reason = std::move(finish_reason);
+    job.completion.usage.completion_tokens = static_cast<int>(r.tokens.size());
+    job.completion.session = std::move(session);
+    job.done = true;
+  }
+  job.cv.notify_all();
+}
+
+void Service::publish_metrics() {
+  counters_.running = static_cast<int64_t>(sched_->n_running());
+  counters_.queued = static_cast<int64_t>(sched_->n_waiting());
+  counters_.sessions = static_cast<int64_t>(sessions_.n_sessions());
+  counters_.sessions_evicted = sessions_.n_evicted();
+  counters_.kv_reserved = sched_->pool().reserved();
+  counters_.kv_allocated = sched_->kv_allocated();
+  counters_.session_bytes = sessions_.held_bytes();
+  // Full caches of the same tokens: idle sessions, and each running job's tokens so far.
+  size_t full = sessions_.full_equivalent_bytes();
+  const KvCacheConfig cfg = kv_cache_config(engine_.model().hparams(), params_.scheduler.kv_type);
+  for (const auto& [id, job] : active_) {
+    full += KvCache::bytes_for_slots(cfg, std::ssize(job->prompt) + job->n_generated);
+  }
+  counters_.full_equivalent = full;
+  std::lock_guard<std::mutex> lock(metrics_mu_);
+  Metrics m = counters_;
+  for (auto& [k, v] : extern_requests_) m.requests[k] += v;
+  metrics_ = std::move(m);
+}
+
+Metrics Service::metrics() const {
+  std::lock_guard<std::mutex> lock(metrics_mu_);
+  return metrics_;
+}
+
+void Service::count_outcome(const std::string& outcome) {
+  std::lock_guard<std::mutex> lock(metrics_mu_);
+  ++extern_requests_[outcome];
+  ++metrics_.requests[outcome];
+}
+
+void Service::loop() {
+  std::vector<std::shared_ptr<Job>> fresh;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !inbox_.empty() || !sched_->idle(); });
+      if (stop_ && active_.empty() && inbox_.empty()) break;
+      fresh.assign(inbox_.begin(), inbox_.end());
+      inbox_.clear();
+    }
+    for (const auto& job : fresh) start_job(job);
+    fresh.clear();
+    for (const auto& [id, job] : active_) {
+      if (job->cancel.load()) sched_->cancel(id);
+    }
+    // Idle sessions give way to the request at the head of the queue.
+    if (const size_t need = sched_->head_needs(); need > 0) sessions_.make_room(need);
+    if (!sched_->idle()) {
+      (void)sched_->step();  // an engine error ends the batch's requests with it (below)
+      ++counters_.steps;
+    }
+    for (RequestResult& r : sched_->take_finished()) {
+      auto it = active_.find(r.id);
+      if (it == active_.end()) continue;
+      std::shared_ptr<Job> job = std::move(it->second);
+      active_.erase(it);
+      finish_job(*job, r);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      waiting_ = sched_->n_waiting();
+    }
+    publish_metrics();
+  }
+}
+
+}  // namespace d2o::serve

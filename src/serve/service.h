@@ -1,0 +1,123 @@
+// The serving core: one engine thread runs the Scheduler (continuous batching under the KV cap)
+// for every HTTP handler thread. A handler renders and tokenizes its request into a Job, hands it
+// over with submit(), and waits on the Job for text (wait_events()); the engine thread admits
+// jobs, steps all running sequences together, appends each new token's text to its Job, and
+// finishes it with a Completion or an ApiError.
+//
+//   handler threads --submit(Job)--> inbox --engine thread--> Scheduler::submit / step
+//          ^                                        |  on_token: TextOutput -> Job::text
+//          +-------- Job (mutex + condvar) <--------+  take_finished: Job::done
+//
+// Bounded: more than max_queue jobs waiting (inbox + scheduler queue) is refused (503). A job
+// whose client went away (Job::cancel) is cancelled at the start of the next step, freeing its
+// sequence and reservation. Sessions (serve/sessions.h) live on the engine thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/scheduler.h"
+#include "runtime/tokenizer.h"
+#include "serve/api.h"
+#include "serve/format.h"
+#include "serve/metrics.h"
+#include "serve/sessions.h"
+#include "serve/text_output.h"
+
+namespace d2o::serve {
+
+struct Job {
+  // Set by the handler before submit().
+  std::vector<TokenId> prompt;  // the whole rendered prompt (with a session: the conversation)
+  int max_tokens = 1;
+  SamplerParams sampling;
+  std::string kv_spec;  // the policy (the server's --kv when the request names none)
+  std::vector<std::string> stops;
+  std::string session;
+  Completion completion;  // id, created, model, endpoint; the rest is filled at the end
+
+  // Set by the handler: the client is gone (checked before every step).
+  std::atomic<bool> cancel{false};
+
+  // Shared, under mu: text not yet taken by the handler; the end.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string text;
+  bool done = false;
+  std::optional<ApiError> error;
+
+  // Engine thread only.
+  RequestId id = 0;
+  std::optional<TextOutput> out;
+  int n_cached = 0;     // prompt tokens taken from the session
+  int n_generated = 0;  // tokens generated so far
+  bool submitted = false;
+};
+
+struct ServiceParams {
+  SchedulerParams scheduler;  // cap, max running, context (max_positions), EOG tokens
+  size_t max_queue = 64;      // jobs waiting for admission before 503
+  std::string default_kv;     // policy when a request names none
+};
+
+class Service {
+ public:
+  static Result<std::unique_ptr<Service>> create(Engine& engine, const Tokenizer& tok,
+                                                 const ServiceParams& params);
+  ~Service();  // stops the engine thread (jobs still waiting end with an error)
+  Service(const Service&) = delete;
+  Service& operator=(const Service&) = delete;
+
+  // Hands a job to the engine thread. Errors: the queue is full (503, the caller adds
+  // Retry-After) or the service is stopping (503).
+  std::optional<ApiError> submit(std::shared_ptr<Job> job);
+
+  // Waits until the job has new text or is done (or `timeout_ms` passed); moves the new text
+  // into `text`. Returns true when the job is done (its error or completion final).
+  static bool wait_events(Job& job, std::string& text, int timeout_ms);
+
+  Metrics metrics() const;
+  // Counts a request that never reached the engine (invalid, rejected) for /metrics.
+  void count_outcome(const std::string& outcome);
+
+  const SchedulerParams& scheduler_params() const { return params_.scheduler; }
+
+ private:
+  Service(Engine& engine, const Tokenizer& tok, const ServiceParams& params,
+          std::unique_ptr<Scheduler> sched);
+  void loop();
+  void start_job(const std::shared_ptr<Job>& job);
+  void finish_job(Job& job, RequestResult& r);
+  void fail_job(Job& job, ApiError e);
+  bool on_token(Job& job, TokenId t);
+  void publish_metrics();
+
+  Engine& engine_;
+  const Tokenizer& tok_;
+  ServiceParams params_;
+  std::unique_ptr<Scheduler> sched_;
+  SessionStore sessions_;
+  std::map<RequestId, std::shared_ptr<Job>> active_;  // submitted to the scheduler
+
+  std::mutex mu_;  // inbox_, stop_, waiting_
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> inbox_;
+  bool stop_ = false;
+  size_t waiting_ = 0;  // scheduler queue length after the last step
+
+  mutable std::mutex metrics_mu_;
+  Metrics metrics_;
+  Metrics counters_;  // engine thread's running counters (copied into metrics_)
+  std::map<std::string, int64_t> extern_requests_;  // handler-side outcomes (under metrics_mu_)
+  std::thread thread_;
+};
+
+}  // namespace d2o::serve

@@ -1,0 +1,273 @@
+// The server's request parsing and validation (serve/api.h) and response formatting
+// (serve/format.h): every rejection names its field, OpenAI's shapes hold.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "kv/policy.h"
+#include "serve/api.h"
+#include "serve/format.h"
+#include "serve/metrics.h"
+
+namespace d2o::serve {
+namespace {
+
+using json = nlohmann::json;
+
+std::optional<ApiError> chat(const std::string& body, GenerationRequest* out = nullptr) {
+  GenerationRequest g;
+  auto e = parse_generation_request(body, Endpoint::kChat, g);
+  if (out) *out = g;
+  return e;
+}
+
+constexpr const char* kMsg = R"("messages":[{"role":"user","content":"hi"}])";
+
+std::string with(const std::string& extra) {
+  return std::string("{") + kMsg + extra + "}";
+}
+
+TEST(ServeApi, ParsesAChatRequestWithOpenAiDefaults) {
+  GenerationRequest g;
+  ASSERT_FALSE(chat(with(R"(,"model":"x","unknown_field":{"a":1})"), &g));
+  ASSERT_EQ(g.messages.size(), 1u);
+  EXPECT_EQ(g.messages[0].role, "user");
+  EXPECT_EQ(g.messages[0].content, "hi");
+  EXPECT_FLOAT_EQ(g.sampling.temperature, 1.0f);
+  EXPECT_FLOAT_EQ(g.sampling.top_p, 1.0f);
+  EXPECT_EQ(g.sampling.top_k, 0);
+  EXPECT_FALSE(g.max_tokens.has_value());
+  EXPECT_FALSE(g.stream);
+  EXPECT_FALSE(g.seed_given);
+}
+
+TEST(ServeApi, ParsesEveryField) {
+  GenerationRequest g;
+  ASSERT_FALSE(
+      chat(std::string("{") + kMsg +
+               R"(,"max_tokens":7,"temperature":0,"top_p":0.5,"seed":42,)"
+               R"("stop":["a","bc"],"stream":true,"stream_options":{"include_usage":true},)"
+               R"("kv":"d2o:ratio=0.2","session":"conv-1.a:b_c","n":1,"user":"u"})",
+           &g));
+  EXPECT_EQ(g.max_tokens.value_or(0), 7);
+  EXPECT_FLOAT_EQ(g.sampling.temperature, 0.0f);
+  EXPECT_FLOAT_EQ(g.sampling.top_p, 0.5f);
+  EXPECT_EQ(g.sampling.seed, 42u);
+  EXPECT_TRUE(g.seed_given);
+  EXPECT_EQ(g.stop, (std::vector<std::string>{"a", "bc"}));
+  EXPECT_TRUE(g.stream);
+  EXPECT_TRUE(g.include_usage);
+  EXPECT_EQ(g.kv_spec, "d2o:ratio=0.2");
+  EXPECT_EQ(g.session, "conv-1.a:b_c");
+}
+
+TEST(ServeApi, ContentPartsAndRoles) {
+  GenerationRequest g;
+  ASSERT_FALSE(chat(R"({"messages":[{"role":"developer","content":[{"type":"text","text":"a"},)"
+                    R"({"type":"text","text":"b"}]},{"role":"assistant","content":null}]})",
+                    &g));
+  ASSERT_EQ(g.messages.size(), 2u);
+  EXPECT_EQ(g.messages[0].role, "system");
+  EXPECT_EQ(g.messages[0].content, "ab");
+  auto e = chat(R"({"messages":[{"role":"tool","content":"x"}]})");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "messages[0].role");
+}
+
+struct BadCase {
+  const char* body;
+  const char* param;  // expected field ("" = none)
+  const char* code;
+};
+
+TEST(ServeApi, RejectsBadInputNamingTheField) {
+  const BadCase cases[] = {
+      {"", "", "empty_body"},
+      {"{", "", "invalid_json"},
+      {"[1,2]", "", "invalid_json"},
+      {"{\"messages\": \"\xff\"}", "", "invalid_utf8"},
+      {"{}", "messages", "missing_field"},
+      {R"({"messages":5})", "messages", "invalid_type"},
+      {R"({"messages":[]})", "messages", "invalid_value"},
+      {R"({"messages":[{"content":"x"}]})", "messages[0].role", "missing_field"},
+      {R"({"messages":[{"role":"user","content":5}]})", "messages[0].content", "invalid_type"},
+      {R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})",
+       "messages[0].content[0].type", "unsupported_content"},
+  };
+  for (const BadCase& c : cases) {
+    auto e = chat(c.body);
+    ASSERT_TRUE(e) << c.body;
+    EXPECT_EQ(e->http_status, 400) << c.body;
+    EXPECT_EQ(e->param, c.param) << c.body;
+    EXPECT_EQ(e->code, c.code) << c.body;
+    EXPECT_FALSE(e->message.empty());
+  }
+  const BadCase fields[] = {
+      {R"(,"max_tokens":"7")", "max_tokens", "invalid_type"},
+      {R"(,"max_tokens":1.5)", "max_tokens", "invalid_type"},
+      {R"(,"max_tokens":0)", "max_tokens", "invalid_value"},
+      {R"(,"max_tokens":-3)", "max_tokens", "invalid_value"},
+      {R"(,"max_completion_tokens":0)", "max_completion_tokens", "invalid_value"},
+      {R"(,"temperature":"hot")", "temperature", "invalid_type"},
+      {R"(,"temperature":2.5)", "temperature", "invalid_value"},
+      {R"(,"top_p":0)", "top_p", "invalid_value"},
+      {R"(,"seed":"1")", "seed", "invalid_type"},
+      {R"(,"stop":5)", "stop", "invalid_type"},
+      {R"(,"stop":[""])", "stop", "invalid_value"},
+      {R"(,"stream":"yes")", "stream", "invalid_type"},
+      {R"(,"stream_options":{"include_usage":1})", "stream_options.include_usage", "invalid_type"},
+      {R"(,"n":2)", "n", "unsupported_value"},
+      {R"(,"model":3)", "model", "invalid_type"},
+      {R"(,"kv":5)", "kv", "invalid_type"},
+      {R"(,"kv":"d2o:ratio=7")", "kv", "invalid_kv_spec"},
+      {R"(,"kv":"nosuchpolicy")", "kv", "invalid_kv_spec"},
+      {R"(,"session":"has space")", "session", "invalid_session_id"},
+      {R"(,"session":"")", "session", "invalid_session_id"},
+      {R"(,"session":7)", "session", "invalid_type"},
+  };
+  for (const BadCase& c : fields) {
+    auto e = chat(with(c.body));
+    ASSERT_TRUE(e) << c.body;
+    EXPECT_EQ(e->http_status, 400) << c.body;
+    EXPECT_EQ(e->param, c.param) << c.body;
+    EXPECT_EQ(e->code, c.code) << c.body;
+  }
+  // A null is an absent field.
+  EXPECT_FALSE(chat(with(R"(,"max_tokens":null,"stop":null,"kv":null)")));
+}
+
+TEST(ServeApi, KvErrorsAreTheParsersMessages) {
+  auto e = chat(with(R"(,"kv":"d2o:ratio=7")"));
+  ASSERT_TRUE(e);
+  auto direct = parse_kv_policy("d2o:ratio=7");
+  ASSERT_FALSE(direct.ok());
+  EXPECT_EQ(e->message, "kv: " + direct.status().message());
+}
+
+TEST(ServeApi, CompletionPrompt) {
+  GenerationRequest g;
+  ASSERT_FALSE(parse_generation_request(R"({"prompt":["once"]})", Endpoint::kCompletion, g));
+  EXPECT_EQ(g.prompt, "once");
+  auto e = parse_generation_request(R"({"prompt":["a","b"]})", Endpoint::kCompletion, g);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "prompt");
+  e = parse_generation_request(R"({"prompt":5})", Endpoint::kCompletion, g);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, "invalid_type");
+}
+
+TEST(ServeApi, TokenizeAndDetokenizeRequests) {
+  TokenizeRequest t;
+  ASSERT_FALSE(parse_tokenize_request(R"({"content":"x","add_special":true})", t));
+  EXPECT_EQ(t.content, "x");
+  EXPECT_TRUE(t.add_special);
+  EXPECT_TRUE(parse_tokenize_request(R"({"content":1})", t));
+  std::vector<int32_t> ids;
+  ASSERT_FALSE(parse_detokenize_request(R"({"tokens":[1,2,3]})", 10, ids));
+  EXPECT_EQ(ids, (std::vector<int32_t>{1, 2, 3}));
+  auto e = parse_detokenize_request(R"({"tokens":[1,10]})", 10, ids);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "tokens");
+}
+
+TEST(ServeApi, Utf8AndSessionIds) {
+  EXPECT_TRUE(valid_utf8("plain ascii"));
+  EXPECT_TRUE(valid_utf8("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"));
+  EXPECT_FALSE(valid_utf8("\xc3"));              // truncated
+  EXPECT_FALSE(valid_utf8("\xc0\xaf"));          // overlong
+  EXPECT_FALSE(valid_utf8("\xed\xa0\x80"));      // surrogate
+  EXPECT_FALSE(valid_utf8("\xf4\x90\x80\x80"));  // above U+10FFFF
+  EXPECT_TRUE(valid_session_id("a"));
+  EXPECT_TRUE(valid_session_id(std::string(128, 'x')));
+  EXPECT_FALSE(valid_session_id(std::string(129, 'x')));
+  EXPECT_FALSE(valid_session_id("a/b"));
+}
+
+Completion sample(Endpoint ep) {
+  Completion c;
+  c.endpoint = ep;
+  c.id = "chatcmpl-1";
+  c.created = 123;
+  c.model = "m";
+  c.kv_spec = "full";
+  c.text = "Hello \xc3\xa9";
+  c.finish_reason = "stop";
+  c.usage = {10, 4, 3};
+  return c;
+}
+
+TEST(ServeFormat, ChatCompletionShape) {
+  Completion c = sample(Endpoint::kChat);
+  const json j = json::parse(completion_body(c));
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["id"], "chatcmpl-1");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "Hello \xc3\xa9");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 10);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(j["usage"]["total_tokens"], 13);
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+  EXPECT_FALSE(j.contains("session"));
+  c.session = SessionInfo{"s", true, 20, 100, 400};
+  const json k = json::parse(completion_body(c));
+  EXPECT_EQ(k["session_rebuilt"], true);
+  EXPECT_EQ(k["session"]["kv_bytes"], 100);
+  EXPECT_EQ(k["session"]["full_kv_bytes"], 400);
+}
+
+TEST(ServeFormat, CompletionAndStreamEvents) {
+  Completion c = sample(Endpoint::kCompletion);
+  EXPECT_EQ(json::parse(completion_body(c))["choices"][0]["text"], "Hello \xc3\xa9");
+  EXPECT_EQ(json::parse(completion_body(c))["object"], "text_completion");
+  Completion chat = sample(Endpoint::kChat);
+  const std::string ev = chunk_event(chat, "Hi", true);
+  ASSERT_EQ(ev.rfind("data: ", 0), 0u);
+  ASSERT_EQ(ev.substr(ev.size() - 2), "\n\n");
+  const json j = json::parse(ev.substr(6));
+  EXPECT_EQ(j["object"], "chat.completion.chunk");
+  EXPECT_EQ(j["choices"][0]["delta"]["content"], "Hi");
+  EXPECT_EQ(j["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(j["choices"][0]["finish_reason"].is_null());
+  EXPECT_FALSE(
+      json::parse(chunk_event(chat, "x", false).substr(6))["choices"][0]["delta"].contains("role"));
+  const json f = json::parse(final_chunk_event(chat, true).substr(6));
+  EXPECT_EQ(f["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(f["usage"]["total_tokens"], 13);
+  const json u = json::parse(usage_chunk_event(chat).substr(6));
+  EXPECT_TRUE(u["choices"].empty());
+  EXPECT_EQ(done_event(), "data: [DONE]\n\n");
+}
+
+TEST(ServeFormat, ErrorShape) {
+  ApiError e = bad_field("max_tokens", "too big", "context_length_exceeded");
+  const json j = json::parse(error_body(e));
+  EXPECT_EQ(j["error"]["message"], "too big");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
+  EXPECT_EQ(j["error"]["param"], "max_tokens");
+  ApiError plain;
+  plain.message = "m";
+  EXPECT_TRUE(json::parse(error_body(plain))["error"]["param"].is_null());
+}
+
+TEST(ServeMetrics, PrometheusText) {
+  Metrics m;
+  m.requests["ok"] = 3;
+  m.by_policy["d2o:ratio=0.2"] = 2;
+  m.kv_cap = 1024;
+  m.kv_allocated = 100;
+  m.session_bytes = 50;
+  m.full_equivalent = 400;
+  const std::string t = prometheus_text(m);
+  EXPECT_NE(t.find("d2o_requests_total{outcome=\"ok\"} 3\n"), std::string::npos);
+  EXPECT_NE(t.find("d2o_requests_total{outcome=\"error\"} 0\n"), std::string::npos);
+  EXPECT_NE(t.find("d2o_policy_requests_total{policy=\"d2o:ratio=0.2\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("d2o_kv_cap_bytes 1024\n"), std::string::npos);
+  EXPECT_NE(t.find("d2o_kv_allocated_bytes 150\n"), std::string::npos);
+  EXPECT_NE(t.find("d2o_kv_saved_bytes 250\n"), std::string::npos);
+  EXPECT_NE(t.find("# TYPE d2o_sequences_running gauge\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace d2o::serve

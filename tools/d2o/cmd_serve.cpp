@@ -1,0 +1,142 @@
+// d2o serve: the OpenAI-compatible HTTP server (src/serve/). This file reads the options, loads
+// the model, starts the service and the listener, and turns SIGTERM / SIGINT into a drain:
+// requests in flight finish, new ones get 503, then the process exits.
+#include <pthread.h>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <malloc.h>
+#include <thread>
+
+#include "commands.h"
+#include "common.h"
+#include "runtime/kv_pool.h"
+#include "serve/http_server.h"
+#include "serve/service.h"
+
+namespace d2o::cli {
+
+namespace {
+
+struct ServeOptions {
+  ModelOptions model;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string kv_mem = "1G";
+  int parallel = 16;
+  int queue = 64;
+  int chunk = 256;
+  int n_predict = 512;
+  std::string api_key;
+  std::string max_body = "4M";
+  double drain_s = 30;
+};
+
+int run_serve(ServeOptions& o) {
+  // SIGTERM / SIGINT go to one thread that drains the server; they are blocked in every other
+  // thread (all started below, so they inherit the mask). SIGPIPE from a vanished client is
+  // ignored.
+  std::signal(SIGPIPE, SIG_IGN);
+  // Cache buffers go back to the system when a sequence or session ends (glibc would otherwise
+  // raise its mmap threshold and keep freed caches on the heap): RSS follows the load.
+  mallopt(M_MMAP_THRESHOLD, 64 * 1024);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  auto cap = parse_byte_size(o.kv_mem);
+  if (!cap.ok()) return fail(cap.status().with_context("--kv-mem"));
+  auto max_body = parse_byte_size(o.max_body);
+  if (!max_body.ok()) return fail(max_body.status().with_context("--max-body"));
+  // The engine's micro-batch must hold a whole step (every decode row and one prompt chunk).
+  o.model.n_ubatch = std::max(o.model.n_ubatch, o.parallel + o.chunk);
+  auto loaded = load_all(o.model);
+  if (!loaded.ok()) return fail(loaded.status());
+  Loaded& l = *loaded;
+
+  serve::ServiceParams sp;
+  sp.scheduler.kv_mem_bytes = *cap;
+  sp.scheduler.max_running = o.parallel;
+  sp.scheduler.prefill_chunk = o.chunk;
+  sp.scheduler.kv_type = l.kv_type;
+  sp.scheduler.max_positions = l.n_ctx;
+  sp.scheduler.eog_tokens = l.tokenizer->eog_tokens();
+  sp.max_queue = static_cast<size_t>(o.queue);
+  sp.default_kv = l.policy->spec();
+  auto service = serve::Service::create(*l.engine, *l.tokenizer, sp);
+  if (!service.ok()) return fail(service.status());
+
+  serve::HttpOptions ho;
+  ho.host = o.host;
+  ho.port = o.port;
+  ho.api_key = o.api_key;
+  ho.max_body = *max_body;
+  // Every running or queued request holds a handler thread while it waits; a few more answer
+  // the quick endpoints (and the 503s) meanwhile.
+  ho.http_threads = o.parallel + o.queue + 8;
+  ho.model_name =
+      std::filesystem::path(o.model.model.empty() ? default_model_path() : o.model.model)
+          .stem()
+          .string();
+  ho.default_max_tokens = o.n_predict;
+  ho.n_ctx = l.n_ctx;
+  ho.default_kv = l.policy->spec();
+  const ChatTemplate* tmpl = l.chat_template ? &*l.chat_template : nullptr;
+  serve::HttpServer http(**service, *l.tokenizer, tmpl, ho);
+
+  if (Status s = http.bind(); !s.ok()) return fail(s);
+  std::atomic<bool> ended{false};
+  std::thread signals([&] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    if (ended) return;  // woken below: the listener ended by itself
+    std::fprintf(stderr, "d2o serve: %s, finishing requests in flight\n",
+                 sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    http.stop(o.drain_s);
+  });
+  std::fprintf(stderr,
+               "d2o serve: %s on http://%s:%d (kv %s, kv-mem %s, parallel %d, context %d)\n",
+               ho.model_name.c_str(), o.host.c_str(), http.port(), l.policy->spec().c_str(),
+               format_bytes(static_cast<double>(*cap)).c_str(), o.parallel, l.n_ctx);
+  std::fflush(stderr);
+  http.run();
+  ended = true;
+  pthread_kill(signals.native_handle(), SIGTERM);  // wakes it if the listener ended first
+  signals.join();
+  service->reset();
+  std::fprintf(stderr, "d2o serve: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+Action add_serve_command(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* sub = app.add_subcommand("serve",
+                                     "OpenAI-compatible HTTP server with kept, "
+                                     "compressed conversations");
+  add_model_options(sub, o->model, /*with_kv=*/true);
+  sub->add_option("--host", o->host, "Address to listen on (default 127.0.0.1)");
+  sub->add_option("--port", o->port, "Port (0: any free port, printed at start)")
+      ->check(CLI::Range(0, 65535));
+  sub->add_option("--kv-mem", o->kv_mem,
+                  "KV memory cap shared by running requests and kept sessions (e.g. 512M, 1G)");
+  sub->add_option("--parallel", o->parallel, "Sequences decoded together at most")
+      ->check(CLI::Range(1, 256));
+  sub->add_option("--queue", o->queue, "Requests that may wait for admission before 503")
+      ->check(CLI::Range(1, 4096));
+  sub->add_option("--chunk", o->chunk, "Prompt tokens per prefill pass")
+      ->check(CLI::Range(1, 8192));
+  sub->add_option("-n,--n-predict", o->n_predict,
+                  "max_tokens of requests that give none (bounded by the context)")
+      ->check(CLI::Range(1, 1 << 24));
+  sub->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY'");
+  sub->add_option("--max-body", o->max_body, "Largest request body (e.g. 4M); larger gets 413");
+  sub->add_option("--drain", o->drain_s, "Seconds requests in flight may take after SIGTERM")
+      ->check(CLI::Range(0.0, 3600.0));
+  return [o] { return run_serve(*o); };
+}
+
+}  // namespace d2o::cli
