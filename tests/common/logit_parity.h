@@ -86,7 +86,7 @@ inline ParityStats compare(Engine& engine, const ReferenceLogits& ref, const cha
       log_softmax(row, n_vocab, &lq);
       const TopK& top = ref.top[p][t];
       const int argmax = static_cast<int>(std::max_element(row, row + n_vocab) - row);
-      agree_p += argmax == top.id[0];
+      agree_p += static_cast<uint32_t>(argmax) == top.id[0];
       double kl = 0, p_top = 0, q_top = 0;
       for (uint32_t i = 0; i < ref.k; ++i) {
         const double lp = top.logp[i];

@@ -12,7 +12,7 @@
 namespace d2o::test {
 
 struct TopK {
-  std::vector<uint16_t> id;  // [k], most probable first
+  std::vector<uint32_t> id;  // [k], most probable first
   std::vector<float> logp;   // [k]
 };
 
@@ -36,7 +36,10 @@ inline bool read_reference_logits(const std::string& path, ReferenceLogits* r) {
   r->n_pos = u32();
   r->k = u32();
   r->n_vocab = u32();
-  const size_t need = at + size_t{r->n_prompts} * r->n_pos * 4 + size_t{r->n_prompts} * r->n_pos * r->k * 6;
+  // Top-k ids are uint16, or uint32 when the vocabulary has more than 65536 tokens (Gemma 3).
+  const size_t id_bytes = r->n_vocab > 65536 ? 4 : 2;
+  const size_t need = at + size_t{r->n_prompts} * r->n_pos * 4 +
+                      size_t{r->n_prompts} * r->n_pos * r->k * (id_bytes + 4);
   if (b.size() != need) return false;
   r->tokens.assign(r->n_prompts, std::vector<int32_t>(r->n_pos));
   for (auto& t : r->tokens) {
@@ -48,8 +51,16 @@ inline bool read_reference_logits(const std::string& path, ReferenceLogits* r) {
     for (TopK& t : prompt) {
       t.id.resize(r->k);
       t.logp.resize(r->k);
-      std::memcpy(t.id.data(), b.data() + at, 2 * r->k);
-      at += 2 * r->k;
+      for (uint32_t i = 0; i < r->k; ++i) {
+        if (id_bytes == 4) {
+          std::memcpy(&t.id[i], b.data() + at + 4 * i, 4);
+        } else {
+          uint16_t v;
+          std::memcpy(&v, b.data() + at + 2 * i, 2);
+          t.id[i] = v;
+        }
+      }
+      at += id_bytes * r->k;
       std::memcpy(t.logp.data(), b.data() + at, 4 * r->k);
       at += 4 * r->k;
     }
