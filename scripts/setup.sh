@@ -39,7 +39,7 @@ for arg in "$@"; do
   esac
 done
 
-say() { echo "setup: $*"; }
+say() { echo "setup: [${SECONDS}s] $*"; }
 die() { echo "setup: error: $*" >&2; exit 1; }
 
 # ---- Debian packages -----------------------------------------------------------------------
@@ -314,37 +314,10 @@ if [ "$want_test_data" -eq 1 ]; then
     refs_make "$quant_dir" "$gen" dequantisation "PYTHONPATH=$pylib"
   fi
 
-  # Matmul references: llama.cpp's own product (ggml_mul_mat) of small random quantised matrices
-  # (scripts/gen_matmul_fixtures.py, fixed seed), for tests/unit/test_matmul.cpp. ggml alone is
-  # built from the source archive's vendored llama.cpp into $cache/ggml (half a minute on 2
-  # cores); the files are made again when the generator changes.
-  matmul_dir="$cache/test-data/matmul"
-  gen="$repo/scripts/gen_matmul_fixtures.py"
-  if refs_stale "$matmul_dir" "$gen" 7; then
-    ggml_lib="$cache/ggml/build/src"
-    if [ ! -f "$ggml_lib/libggml-cpu.so" ]; then
-      get_sdist
-      rm -rf "$cache/ggml"
-      mkdir -p "$cache/ggml"
-      say "building ggml from $sdist into $cache/ggml"
-      tar -xzf "$sdist_archive" -C "$cache/ggml" --strip-components=3 \
-        llama_cpp_python-0.3.36/vendor/llama.cpp/ggml || die "$sdist: ggml sources missing from the archive"
-      touch "$cache/ggml/ggml/ggml.pc.in"  # a template the archive leaves out; only pkg-config reads it
-      cmake -S "$cache/ggml/ggml" -B "$cache/ggml/build" -DCMAKE_BUILD_TYPE=Release \
-        -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF \
-        -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF >"$cache/ggml/cmake.log" 2>&1 \
-        || die "configuring ggml failed (see $cache/ggml/cmake.log)"
-      cmake --build "$cache/ggml/build" -j"$(nproc 2>/dev/null || echo 2)" >"$cache/ggml/build.log" 2>&1 \
-        || die "building ggml failed (see $cache/ggml/build.log)"
-    fi
-    ensure_pylib
-    refs_make "$matmul_dir" "$gen" matmul "LLAMA_CPP_LIB_PATH=$ggml_lib" "PYTHONPATH=$pylib"
-  fi
-
   # llama.cpp itself, built from the same archive into $cache/llama.cpp (about 5 minutes on 2
-  # cores): build/bin holds libllama and llama-perplexity, py the archive's Python bindings. Built
-  # for this machine's CPU, as users build it. The real-model tests compare with what it computes
-  # here (below); the random-model parity tests ask it at test time.
+  # cores): build/bin holds libllama, its ggml libraries and llama-perplexity, py the archive's
+  # Python bindings. Built for this machine's CPU, as users build it. The real-model tests compare with
+  # what it computes here (below); the random-model parity tests ask it at test time.
   llama_dir="$cache/llama.cpp"
   llama_flags=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF
                -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
@@ -363,6 +336,17 @@ if [ "$want_test_data" -eq 1 ]; then
     cmake --build "$llama_dir/build" -j"$(nproc 2>/dev/null || echo 2)" --target llama llama-perplexity \
       >"$llama_dir/build.log" 2>&1 || die "building llama.cpp failed (see $llama_dir/build.log)"
     echo "$llama_stamp" > "$llama_dir/.built"
+  fi
+
+  # Matmul references: llama.cpp's own product (ggml_mul_mat) of small random quantised matrices
+  # (scripts/gen_matmul_fixtures.py, fixed seed), for tests/unit/test_matmul.cpp, computed by the
+  # ggml libraries of the llama.cpp build above; the files are made again when the generator
+  # changes.
+  matmul_dir="$cache/test-data/matmul"
+  gen="$repo/scripts/gen_matmul_fixtures.py"
+  if refs_stale "$matmul_dir" "$gen" 7; then
+    ensure_pylib
+    refs_make "$matmul_dir" "$gen" matmul "LLAMA_CPP_LIB_PATH=$llama_dir/build/bin" "PYTHONPATH=$pylib"
   fi
 
   # Real-model references (scripts/gen_reference_fixtures.py): llama.cpp's log-probabilities on

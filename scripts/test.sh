@@ -19,6 +19,17 @@ if [ "${1:-}" = "--tsan" ]; then
   tsan=1
   shift
 fi
+# stage NAME: prints the time the previous stage took, so that a CI log shows where time goes.
+stage_name="" stage_start=$SECONDS
+stage() {
+  [ -n "$stage_name" ] && echo "== $stage_name took $((SECONDS - stage_start)) s"
+  stage_name=$1 stage_start=$SECONDS
+  [ -n "$1" ] && echo "== $1"
+  return 0
+}
+trap 'stage ""' EXIT
+
+stage "set-up"
 "$repo/scripts/setup.sh" --test-data
 
 cache=${D2O_CACHE_DIR:-$repo/cache}
@@ -31,7 +42,7 @@ export D2O_REFERENCE_DIR=${D2O_REFERENCE_DIR:-$cache/test-data/reference}
 jobs=$(nproc 2>/dev/null || echo 2)
 
 if [ "$tsan" = 1 ]; then
-  echo "== ThreadSanitizer build (thread-pool, scheduler, batched-decode and attention tests)"
+  stage "ThreadSanitizer build (thread-pool, scheduler, batched-decode and attention tests)"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DD2O_TSAN=ON -DD2O_WERROR=ON >/dev/null
   cmake --build build-tsan -j"$jobs" --target d2o_tsan_tests
   # halt_on_error: the first race fails the test that ran into it. Suppressions: see
@@ -41,18 +52,20 @@ if [ "$tsan" = 1 ]; then
   exit 0
 fi
 
-echo "== release build"
+stage "release build"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DD2O_WERROR=ON >/dev/null
 cmake --build build -j"$jobs"
+stage "release tests"
 ctest --test-dir build --output-on-failure -j"$jobs" "$@"
 
-echo "== sanitizer build (ASan + UBSan)"
+stage "sanitizer build (ASan + UBSan)"
 # -O2 with -g1 (line tables) rather than RelWithDebInfo's full -g: reports show the same frames
 # and file:line, inlined calls included, for about a sixth less compile time and objects a third
 # the size.
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS=-g1 -DD2O_SANITIZE=ON \
   -DD2O_WERROR=ON >/dev/null
 cmake --build build-asan -j"$jobs"
+stage "sanitizer tests"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs" \
   -E "Parity|ServeOpenAi|MakeResults\.QuickRuns|CliEval\.(PplQuickRuns|NiahQuickRuns|RulerQuickRuns|SameSeedSameNumbers)" "$@"

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -118,6 +119,19 @@ inline std::string text_dir() {
 #else
   return env_or("D2O_TEXT_DIR", "");
 #endif
+}
+
+// Whether `needle` occurs in `s`.
+inline bool has(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
+
+// The number that follows `key` in `text` (e.g. "Final estimate: PPL =" in a tool's output, or
+// "\"ppl\":" in a JSON file); NaN when `key` is absent.
+inline double number_after(const std::string& text, const std::string& key) {
+  const size_t at = text.find(key);
+  if (at == std::string::npos) return std::nan("");
+  return std::strtod(text.c_str() + at + key.size(), nullptr);
 }
 
 }  // namespace d2o::test

@@ -13,9 +13,7 @@ namespace {
 
 using test::run_d2o;
 
-bool has(const std::string& s, const std::string& needle) {
-  return s.find(needle) != std::string::npos;
-}
+using test::has;
 
 TEST(CliBenchPpTg, BadListsAndTestsThatDoNotFit) {
   struct Case {

@@ -6,7 +6,7 @@
 namespace d2o {
 namespace {
 
-bool has(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
+using test::has;
 
 int count(const std::string& s, const std::string& needle) {
   int n = 0;

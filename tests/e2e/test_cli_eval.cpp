@@ -17,9 +17,7 @@ namespace {
 
 using test::run_d2o;
 
-bool has(const std::string& s, const std::string& needle) {
-  return s.find(needle) != std::string::npos;
-}
+using test::has;
 
 // The default text of ppl / fidelity / ablate (fetched by scripts/setup.sh).
 #define REQUIRE_DEFAULT_TEXT()                                                    \

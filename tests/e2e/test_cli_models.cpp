@@ -12,9 +12,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool has(const std::string& s, const std::string& needle) {
-  return s.find(needle) != std::string::npos;
-}
+using test::has;
 
 // A cache folder holding only the default model (linked), so that gemma3 is certainly absent.
 std::string smollm_only_cache(const std::string& model) {

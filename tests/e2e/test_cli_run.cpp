@@ -11,7 +11,7 @@ namespace {
 
 using test::run_d2o;
 
-bool has(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
+using test::has;
 
 TEST(CliRun, GeneratesAndReportsSpeedAndMemory) {
   D2O_REQUIRE_MODEL(model);

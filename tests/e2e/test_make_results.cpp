@@ -13,9 +13,7 @@
 namespace d2o {
 namespace {
 
-bool has(const std::string& s, const std::string& needle) {
-  return s.find(needle) != std::string::npos;
-}
+using test::has;
 
 nlohmann::json parse_json(const std::string& path) {
   const std::string text = test::read_file(path);

@@ -82,23 +82,17 @@ TEST(Gemma3Parity, QuantizedWithinLlamaCppsOwnSpread) {
   EXPECT_LE(qe.kl, 1.1 * q_kl);
 }
 
-double number_after(const std::string& text, const std::string& key) {
-  const size_t at = text.find(key);
-  if (at == std::string::npos) return std::nan("");
-  return std::strtod(text.c_str() + at + key.size(), nullptr);
-}
-
 TEST(Gemma3Parity, KjvPerplexityWithinOnePercentOfLlamaCpp) {
   D2O_REQUIRE_GEMMA3_REFERENCE("gemma3_ppl.json");
   const std::string json = test::read_file(gemma_ref("gemma3_ppl.json"));
-  const double ref = number_after(json, "\"ppl\":");
-  const double n_ctx = number_after(json, "\"n_ctx\":");
+  const double ref = test::number_after(json, "\"ppl\":");
+  const double n_ctx = test::number_after(json, "\"n_ctx\":");
   ASSERT_FALSE(std::isnan(ref));
   ASSERT_EQ(n_ctx, 4096.0) << json;
   auto r = test::run_d2o("perplexity -m " + gemma_model + " -f " + gemma_ref("kjv_ppl.txt") +
                          " -c 4096 -t 2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const double ppl = number_after(r.output, "Final estimate: PPL =");
+  const double ppl = test::number_after(r.output, "Final estimate: PPL =");
   ASSERT_FALSE(std::isnan(ppl)) << r.output;
   std::printf("Gemma 3: d2o perplexity %.4f, llama.cpp %.4f (%+.3f%%)\n", ppl, ref,
               100.0 * (ppl / ref - 1.0));

@@ -140,10 +140,10 @@ TEST(LlamaParity, RandomQwen2WithQkvBiasMatchesLlamaCpp) {
 }
 
 // Gemma 3's layer: sliding windows shorter than the sequence (in one pass, in passes of 5 tokens,
-// and token by token, so the windowed layers drop slots between passes), QK-norm, sandwich norms,
-// GeGLU, scaled embeddings.
+// of 11 and 19 (longer than the window of 8) and token by token, so the windowed layers drop
+// slots between passes), QK-norm, sandwich norms, GeGLU, scaled embeddings.
 TEST(LlamaParity, RandomGemma3MatchesLlamaCpp) {
-  check_random_model(test::random_gemma3_config(), "random_gemma3", {5, 1});
+  check_random_model(test::random_gemma3_config(), "random_gemma3", {5, 1, 11, 19});
 }
 
 TEST(LlamaParity, RandomMhaLlamaMatchesLlamaCpp) {

@@ -12,23 +12,17 @@ namespace d2o {
 namespace {
 
 // The number that follows `key` in `text`, or NaN.
-double number_after(const std::string& text, const std::string& key) {
-  const size_t at = text.find(key);
-  if (at == std::string::npos) return std::nan("");
-  return std::strtod(text.c_str() + at + key.size(), nullptr);
-}
-
 TEST(PerplexityParity, KjvWithinOnePercentOfLlamaCpp) {
   D2O_REQUIRE_MODEL(model);
   const std::string dir = test::test_data_dir("D2O_REFERENCE_DIR", "reference") + "/";
   if (!test::file_exists(dir + "smollm2_ppl.json")) {
     GTEST_SKIP() << "no llama.cpp perplexity in " << dir << ": run scripts/setup.sh --test-data";
   }
-  const double ref = number_after(test::read_file(dir + "smollm2_ppl.json"), "\"ppl\":");
+  const double ref = test::number_after(test::read_file(dir + "smollm2_ppl.json"), "\"ppl\":");
   ASSERT_FALSE(std::isnan(ref));
   auto r = test::run_d2o("perplexity -m " + model + " -f " + dir + "kjv_ppl.txt -c 2048 -t 2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const double ppl = number_after(r.output, "Final estimate: PPL =");
+  const double ppl = test::number_after(r.output, "Final estimate: PPL =");
   ASSERT_FALSE(std::isnan(ppl)) << r.output;
   std::printf("d2o perplexity %.4f, llama.cpp %.4f (%+.3f%%)\n", ppl, ref, 100.0 * (ppl / ref - 1.0));
   EXPECT_LE(std::fabs(ppl / ref - 1.0), 0.01);
