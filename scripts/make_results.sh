@@ -98,6 +98,11 @@ if [ $summary_only -eq 0 ] && [ "$model" = gemma3 ]; then
     --chunk 1
   # ablate: D2O's ablations and the diagnosis groups with the fidelity protocol at rho = 0.2.
   run eval ablate "${gemma[@]}" "${text[@]}" --ratio 0.2 --prompt 2048 --samples 5 --continue 48
+  # niah: needle and passkey at 4096 tokens, 512 slots in each global layer (12.5%; as many as a
+  # sliding layer holds). The base model has no chat template: the prompts are plain text.
+  # 16K and 32K contexts did not fit the time on 2 busy cores.
+  run eval niah "${gemma[@]}" "${hay[@]}" --policies "$gpol" --tasks needle,passkey \
+    --lengths 4096 --depths 10,50,90 --trials 2 --budget 512
 elif [ $summary_only -eq 0 ]; then
   if [ $quick -eq 1 ]; then
     # The smoke subset: every protocol end to end on a small grid.
