@@ -10,7 +10,7 @@
 #                                           writes to build/results-quick unless --out is given
 #   scripts/make_results.sh --out DIR       reports into DIR, the page into DIR/../results.md
 #   scripts/make_results.sh --summary-only  only rebuild the page from the reports already there
-#   scripts/make_results.sh --model gemma3  only the Gemma 3 270M runs (about 50 minutes on 2 busy
+#   scripts/make_results.sh --model gemma3  only the Gemma 3 270M runs (about 100 minutes on 2 busy
 #                                           cores), into <out>/gemma3; then the whole page, whose
 #                                           "Gemma 3 270M" section is built from <out>/gemma3
 #   (--model smollm2, the default, runs the SmolLM2 protocols; the page always gets both sections
@@ -82,7 +82,8 @@ if [ $summary_only -eq 0 ] && [ "$model" = gemma3 ]; then
   # compacted); the policies compress only the 3 global layers, so rho and the capacities below
   # are shares and slot counts of those layers. Policies: the baselines that carry the verdicts,
   # the paper's D2O and the two corrected combinations (A and B of the SmolLM2 section); RoCo,
-  # CaM and KeyDiff are left out to fit the time. Sized for about 50 minutes on 2 busy cores.
+  # CaM and KeyDiff are left out to fit the time. About 100 minutes on 2 busy cores (fidelity 18,
+  # ppl 33, ablate 22, niah 24).
   mkdir -p "$gout"
   gemma=(-t "$threads" --seed "$seed" -o "$gout" -m "${MODEL:-gemma3}")
   gpol="full;streaming;h2o;snapkv;pyramidkv;d2o"
