@@ -162,6 +162,7 @@ Status write_ablation_report(const FidelityResult& r, const FidelityParams& p,
                  {"prompt_len", p.prompt_len},
                  {"n_samples", p.n_samples},
                  {"n_continue", p.n_continue}};
+  if (p.bos >= 0) j["params"]["bos"] = p.bos;
   j["seconds"] = r.seconds;
   j["offsets"] = r.offsets;
   auto case_of = [&](const std::string& group, const std::string& value) -> int {
@@ -175,7 +176,8 @@ Status write_ablation_report(const FidelityResult& r, const FidelityParams& p,
   md += "Fidelity protocol at ρ = " + plan.ratio + ": model `" + meta.model_name + "`, text `" +
         meta.text_name + "`, " + std::to_string(p.n_samples) + " samples × (prompt " +
         std::to_string(p.prompt_len) + " + " + std::to_string(p.n_continue) +
-        " teacher-forced tokens). Every variant is D2O with one setting changed from "
+        " teacher-forced tokens" + (p.bos >= 0 ? "; each window starts with BOS" : "") +
+        "). Every variant is D2O with one setting changed from "
         "the paper defaults, except in the groups *baselines* (other policies at the same ratio) "
         "and *combinations* (several settings changed). KL and top-1 are against the full cache (mean ± SE over samples); *Δ "
         "KL vs default* "

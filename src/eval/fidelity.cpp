@@ -85,7 +85,8 @@ Result<FidelityResult> run_fidelity(Engine& engine, std::span<const TokenId> tok
   Stopwatch sw;
   for (int s = 0; s < p.n_samples; ++s) {
     const int64_t off = res.offsets[static_cast<size_t>(s)];
-    const std::span<const TokenId> prompt(tokens.data() + off, static_cast<size_t>(p.prompt_len));
+    std::vector<TokenId> prompt(tokens.begin() + off, tokens.begin() + off + p.prompt_len);
+    if (p.bos >= 0) prompt[0] = p.bos;
     D2O_ASSIGN_OR_RETURN(ForkedPrefill fork, prefill_forked(engine, prompt, policies, p.kv_type));
     res.n_prefills = fork.n_prefills;
     std::vector<double> sum_kl(n_cases, 0), sum_top1(n_cases, 0), sum_nll(n_cases, 0);
@@ -186,6 +187,7 @@ Status write_fidelity_report(const FidelityResult& r, const FidelityParams& p, c
   j["meta"] = to_json(meta);
   j["params"] = {
       {"prompt_len", p.prompt_len}, {"n_samples", p.n_samples}, {"n_continue", p.n_continue}};
+  if (p.bos >= 0) j["params"]["bos"] = p.bos;
   j["offsets"] = r.offsets;
   j["prefills_per_sample"] = r.n_prefills;
   j["seconds"] = r.seconds;
@@ -229,7 +231,10 @@ Status write_fidelity_report(const FidelityResult& r, const FidelityParams& p, c
   md += "Model `" + meta.model_name + "`, text `" + meta.text_name + "`, " +
         std::to_string(p.n_samples) + " samples × (prompt " + std::to_string(p.prompt_len) + " + " +
         std::to_string(p.n_continue) + " teacher-forced tokens), KV storage " + meta.kv_type +
-        ". Each cell: mean over samples ± standard error over samples.\n\n";
+        ". Each cell: mean over samples ± standard error over samples." +
+        (p.bos >= 0 ? " Each window's first token is replaced by BOS, as the tokenizer adds it."
+                    : "") +
+        "\n\n";
   struct Metric {
     const char* title;
     int which;  // 0 kl, 1 top1, 2 dnll

@@ -43,6 +43,10 @@ struct FidelityParams {
   int n_continue = 128;
   KvType kv_type = KvType::kF16;
   int n_ctx_train = 0;
+  // When >= 0, each window's first token is replaced by this one (the BOS of a tokenizer that
+  // adds it): a window cut from the middle of the text then starts as the model's inputs always
+  // do. Gemma 3 puts its attention sink on BOS; without it every prompt is out of distribution.
+  TokenId bos = -1;
 };
 
 struct FidelityCaseResult {

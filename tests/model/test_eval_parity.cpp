@@ -164,6 +164,40 @@ TEST(EvalParity, FidelityFullCacheHasZeroKlAgainstItself) {
   EXPECT_GT(res->cases[2].kl[0], 0.0);
 }
 
+// With bos set, every window starts with that token: the same as the text with the window's
+// first token overwritten, and (another token there) not the same as the text as it is.
+TEST(EvalParity, FidelityWindowsStartWithBosWhenAsked) {
+  D2O_REQUIRE_MODEL(path);
+  REQUIRE_KJV();
+  Real r = load_real(path);
+  const auto tokens = kjv_tokens(*r.tok, 200);
+  auto full = eval::make_policy("full", "full");
+  auto small = eval::make_policy("h2o:ratio=0.3", "h2o");
+  ASSERT_TRUE(full.ok() && small.ok());
+  eval::FidelityParams p;
+  p.cases = {{"full", "-", *full}, {"h2o", "0.3", *small}};
+  p.prompt_len = 48;
+  p.n_samples = 2;
+  p.n_continue = 4;
+  p.n_ctx_train = r.model->hparams().n_ctx_train;
+  const TokenId bos = r.tok->bos() >= 0 && r.tok->bos() != tokens[0] ? r.tok->bos() : 1;
+  p.bos = bos;
+  auto with_bos = eval::run_fidelity(*r.engine, tokens, p, nullptr);
+  ASSERT_TRUE(with_bos.ok()) << with_bos.status().to_string();
+  std::vector<TokenId> edited = tokens;
+  for (int64_t off : with_bos->offsets) edited[static_cast<size_t>(off)] = bos;
+  p.bos = -1;
+  auto by_hand = eval::run_fidelity(*r.engine, edited, p, nullptr);
+  auto as_is = eval::run_fidelity(*r.engine, tokens, p, nullptr);
+  ASSERT_TRUE(by_hand.ok() && as_is.ok());
+  ASSERT_EQ(with_bos->offsets, by_hand->offsets);
+  for (size_t c = 0; c < 2; ++c) {
+    EXPECT_EQ(with_bos->cases[c].nll_full, by_hand->cases[c].nll_full);
+    EXPECT_EQ(with_bos->cases[c].kl, by_hand->cases[c].kl);
+  }
+  EXPECT_NE(with_bos->cases[0].nll_full, as_is->cases[0].nll_full);
+}
+
 TEST(EvalParity, NiahPromptHasTheAskedLengthAndNeedle) {
   D2O_REQUIRE_MODEL(path);
   REQUIRE_KJV();

@@ -344,6 +344,7 @@ int run_fidelity_cmd(FidelityOptions& o) {
   p.n_continue = o.tf.cont;
   p.kv_type = s.loaded.kv_type;
   p.n_ctx_train = s.loaded.model->hparams().n_ctx_train;
+  if (s.loaded.tokenizer->add_bos()) p.bos = s.loaded.tokenizer->bos();
   s.meta.command += " --ratios " + o.ratios + teacher_forced_args(o.tf);
   Stopwatch sw;
   auto bar =
