@@ -19,7 +19,9 @@ void add_model_options(CLI::App* app, ModelOptions& o, bool with_kv) {
   app->add_option("-c,--ctx-size", o.n_ctx, "Context size in tokens (default: the model's trained context)")
       ->check(CLI::Range(0, 1 << 24));
   app->add_option("--ubatch", o.n_ubatch, "Rows per micro-batch")->check(CLI::Range(1, 1 << 16));
-  app->add_option("--kv-type", o.kv_type, "KV cache storage type: f16 or f32");
+  app->add_option("--kv-type", o.kv_type,
+                  "KV cache storage type of keys and values: f16 (default), f32, q8_0 or q4_0; "
+                  "or k:TYPE,v:TYPE for different ones");
   app->add_flag("--dequantize", o.dequantize,
                 "Compute with the weights dequantised to F32 (exact reference arithmetic, more memory)");
   if (with_kv) {
@@ -39,9 +41,9 @@ void add_sampling_options(CLI::App* app, SamplerParams& p) {
 }
 
 Result<KvType> parse_kv_type(const std::string& s) {
-  if (s == "f16") return KvType::kF16;
-  if (s == "f32") return KvType::kF32;
-  return invalid_argument("--kv-type '" + s + "' is not supported (use f16 or f32)");
+  auto t = d2o::parse_kv_type(s);
+  if (!t.ok()) return t.status().with_context("--kv-type");
+  return *t;
 }
 
 Result<Loaded> load_all(const ModelOptions& o) {
@@ -56,6 +58,9 @@ Result<Loaded> load_all(const ModelOptions& o) {
   ModelLoadOptions mo;
   mo.dequantize_to_f32 = o.dequantize;
   D2O_ASSIGN_OR_RETURN(l.model, Model::load(*file, mo));
+  if (Status st = check_kv_type(l.kv_type, l.model->hparams().head_dim); !st.ok()) {
+    return st.with_context("--kv-type");
+  }
   auto tok = Tokenizer::from_gguf(*file);
   if (!tok.ok()) return tok.status().with_context(path);
   l.tokenizer = std::move(tok).value();
