@@ -332,7 +332,7 @@ TEST(KvQuant, EveryPolicyRunsOnQuantisedStorage) {
   const KvElemType q8 = KvElemType::kQ8_0, q4 = KvElemType::kQ4_0;
   for (KvType type : {KvType::kQ8_0, KvType::kQ4_0, KvType{q8, q4}}) {
     for (const char* spec :
-         {"full", "d2o:ratio=0.3", "h2o:ratio=0.25", "roco:budget=12",
+         {"d2o:ratio=0.3", "h2o:ratio=0.25", "roco:budget=12",
           "streaming:budget=10,pos=shift", "cam:ratio=0.3", "snapkv:budget=12,window=4",
           "pyramidkv:budget=12,window=4", "keydiff:ratio=0.3", "d2o:ratio=0.3,mrope=pre"}) {
       for (int heads : {2, 1}) {
