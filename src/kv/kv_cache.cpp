@@ -140,11 +140,15 @@ void store_row(KvElemType t, const float* in, int n, uint8_t* p) {
 
 }  // namespace
 
-void KvLayer::load_key(int h, int j, float* out) const { load_row(type.k, key_row(h, j), head_dim, out); }
+void KvLayer::load_key(int h, int j, float* out) const {
+  load_row(type.k, key_row(h, j), head_dim, out);
+}
 void KvLayer::load_value(int h, int j, float* out) const {
   load_row(type.v, value_row(h, j), head_dim, out);
 }
-void KvLayer::store_key(int h, int j, const float* in) { store_row(type.k, in, head_dim, key_row(h, j)); }
+void KvLayer::store_key(int h, int j, const float* in) {
+  store_row(type.k, in, head_dim, key_row(h, j));
+}
 void KvLayer::store_value(int h, int j, const float* in) {
   store_row(type.v, in, head_dim, value_row(h, j));
 }

@@ -126,7 +126,9 @@ struct KvLayer {
   size_t value_row_bytes() const { return kv_row_bytes(type.v, head_dim); }
   // Row pointers: head h, slot j. The rows of a head are contiguous.
   uint8_t* key_row(int h, int j) { return k.data() + row_offset(h, j, key_row_bytes()); }
-  const uint8_t* key_row(int h, int j) const { return k.data() + row_offset(h, j, key_row_bytes()); }
+  const uint8_t* key_row(int h, int j) const {
+    return k.data() + row_offset(h, j, key_row_bytes());
+  }
   uint8_t* value_row(int h, int j) { return v.data() + row_offset(h, j, value_row_bytes()); }
   const uint8_t* value_row(int h, int j) const {
     return v.data() + row_offset(h, j, value_row_bytes());

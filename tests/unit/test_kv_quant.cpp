@@ -108,7 +108,8 @@ TEST(KvQuant, RoundTripWithinTheStep) {
   for (float& v : x) v = 3.0f * nd(rng);
   std::fill_n(x.begin(), kQK, 0.0f);
   for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0}) {
-    std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(type, static_cast<int64_t>(x.size()))));
+    const int64_t n = static_cast<int64_t>(x.size());
+    std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(type, n)));
     quantize_row(type, x.data(), q.data(), static_cast<int64_t>(x.size()));
     dequantize_row(type, q.data(), y.data(), static_cast<int64_t>(x.size()));
     for (size_t b = 0; b < x.size() / kQK; ++b) {
@@ -196,12 +197,17 @@ struct AttnCase {
 // and thread count; and both are close to the double-precision reference.
 TEST(KvQuant, AttentionEqualsDequantizeThenAttend) {
   const KvElemType f16 = KvElemType::kF16, q8 = KvElemType::kQ8_0, q4 = KvElemType::kQ4_0;
+  // Up to 4 query rows per KV head read the quantised rows directly; more share a dequantised
+  // copy of each tile.
   const std::vector<AttnCase> cases = {
-      {4, 4, 32, 300, 1},   // MHA decode over 2 tiles
-      {9, 3, 64, 700, 3},   // GQA (SmolLM2 shape), 3 tiles, last one partial
-      {4, 1, 128, 513, 20}, // MQA, 2 query blocks
-      {6, 2, 64, 0, 37},    // GQA prefill, 3 query blocks
-      {8, 2, 256, 257, 2},  // head_dim 256
+      {4, 4, 32, 300, 1},    // MHA decode over 2 tiles (direct)
+      {9, 3, 64, 700, 1},    // GQA decode, SmolLM2 shape, 3 tiles, last one partial (direct)
+      {8, 2, 128, 300, 1},   // GQA decode, head_dim 128 (direct)
+      {4, 1, 256, 257, 1},   // MQA decode, head_dim 256 (direct)
+      {9, 3, 64, 700, 3},    // GQA, 9 rows per KV head (tile copies)
+      {4, 1, 128, 513, 20},  // MQA, 2 query blocks
+      {6, 2, 64, 0, 37},     // GQA prefill, 3 query blocks
+      {8, 2, 256, 257, 2},   // head_dim 256
   };
   for (KvType type : {KvType::kQ8_0, KvType::kQ4_0, KvType{q8, q4}, KvType{f16, q4}}) {
     for (const AttnCase& c : cases) {

@@ -567,8 +567,9 @@ TEST(PolicyInvariants, LayerwiseCompactionEqualsWholePass) {
         const KvLayer& y = b.cache.layer(il);
         ASSERT_EQ(x.n_slot, y.n_slot) << "step " << step << " layer " << il;
         for (int g = 0; g < x.n_head_kv; ++g) {
-          ASSERT_EQ(0, std::memcmp(x.key_row(g, 0), y.key_row(g, 0), x.key_row_bytes() * x.n_slot));
-          ASSERT_EQ(0, std::memcmp(x.value_row(g, 0), y.value_row(g, 0), x.value_row_bytes() * x.n_slot));
+          const size_t n = static_cast<size_t>(x.n_slot);
+          ASSERT_EQ(0, std::memcmp(x.key_row(g, 0), y.key_row(g, 0), x.key_row_bytes() * n));
+          ASSERT_EQ(0, std::memcmp(x.value_row(g, 0), y.value_row(g, 0), x.value_row_bytes() * n));
           for (int j = 0; j < x.n_slot; ++j) {
             const size_t m = x.meta_index(g, j);
             ASSERT_EQ(x.pos[m], y.pos[m]);

@@ -64,8 +64,8 @@ Result<std::string> spec_for_kv_mem(const std::string& spec, const std::string& 
   }
   if (lo < 1) {
     return invalid_argument("--kv-mem-per-seq " + bytes + " holds no slot: one takes " +
-                            std::to_string(KvCache::bytes_for_slots(cfg, 1)) + " bytes with --kv-type " +
-                            kv_type_name(cfg.type));
+                            std::to_string(KvCache::bytes_for_slots(cfg, 1)) +
+                            " bytes with --kv-type " + kv_type_name(cfg.type));
   }
   *slots = static_cast<int>(lo);
   const size_t colon = spec.find(':');

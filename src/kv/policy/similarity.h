@@ -2,9 +2,10 @@
 // neighbour search (cosine similarity of an evicted key to every kept key of its head).
 //
 // Rows are read straight from KV storage (F32 or F16, converted on the fly; Q8_0 / Q4_0,
-// dequantised a few rows at a time) or from a float matrix. Variants: scalar (portable), AVX2 + FMA + F16C (similarity_avx2.cpp) and AVX-512
-// (similarity_avx512.cpp), chosen once from cpu_features() like the ops/ kernels. Results of
-// the variants differ only by float summation order.
+// dequantised a few rows at a time) or from a float matrix. Variants: scalar (portable), AVX2 +
+// FMA + F16C (similarity_avx2.cpp) and AVX-512 (similarity_avx512.cpp), chosen once from
+// cpu_features() like the ops/ kernels. Results of the variants differ only by float summation
+// order.
 #pragma once
 
 #include <cstddef>
