@@ -76,7 +76,7 @@ struct Sim {
         const size_t m = L.meta_index(g, j);
         L.score[m] += f * L.window[m];
       }
-      const size_t words = L.row_bytes() * static_cast<size_t>(L.n_slot) / 8;
+      const size_t words = L.key_row_bytes() * static_cast<size_t>(L.n_slot) / 8;
       for (const uint8_t* base : {L.key_row(g, 0), L.value_row(g, 0)}) {
         const auto* w = reinterpret_cast<const uint64_t*>(base);
         for (size_t i = 0; i < words; ++i) sum += w[i];

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Writes dequant_<TYPE>.bin: random blocks of each GGUF type and their dequantisation
 by the `gguf` PyPI package (gguf.quants.dequantize), the independent reference that
-tests/unit/test_quant.cpp checks d2o's dequantisers against bit for bit.
+tests/unit/test_quant.cpp checks d2o's dequantisers against bit for bit; and quantize_<TYPE>.bin
+for Q8_0 and Q4_0 (the KV cache's quantised storage types): float rows and their quantisation by
+gguf.quants.quantize, which tests/unit/test_kv_quant.cpp checks d2o's quantisers against.
 
 Blocks are random bytes except for the fp16 scale fields, which are redrawn until finite (a NaN
 or Inf scale would make the comparison meaningless). F16/BF16/F32 rows hold random finite values.
@@ -9,6 +11,8 @@ or Inf scale would make the comparison meaningless). F16/BF16/F32 rows hold rand
 File layout (little-endian):
   char[4] "D2OQ", u32 version (1), u32 ggml type, u32 n_elements, u32 n_bytes,
   u8[n_bytes] raw GGUF row bytes, f32[n_elements] expected values.
+quantize_<TYPE>.bin: the same header, then f32[n_elements] input values, u8[n_bytes] expected
+  blocks.
 
 Usage: python3 scripts/gen_quant_fixtures.py [out_dir]   (needs: pip install gguf numpy)
 
@@ -22,7 +26,7 @@ import sys
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
-from gguf.quants import dequantize
+from gguf.quants import dequantize, quantize
 
 # Byte offsets of the fp16 scale fields inside one block of each type.
 SCALE_FIELDS = {
@@ -66,6 +70,35 @@ def make(qtype, rng):
     return raw, expected
 
 
+def quantize_rows(rng):
+    """Rows of 32-element blocks: random values at many scales, and blocks that hit the rounding
+    rules' edges (ties, a negative extreme, equal extremes of both signs, zeros, tiny values)."""
+    blocks = [(rng.standard_normal(32) * 10.0 ** rng.integers(-6, 4)) for _ in range(60)]
+    blocks.append(np.zeros(32))
+    blocks.append(np.arange(-16, 16) + 0.5)                  # Q8_0 ties after scaling
+    blocks.append(np.concatenate([[127.0], np.arange(31) - 15.5]))  # d = 1: exact .5 ties
+    blocks.append(np.concatenate([[-8.0], np.arange(31) / 4 - 4]))  # Q4_0: d = 1, x + 8.5 edges
+    blocks.append(np.concatenate([[3.0, -3.0], rng.standard_normal(30)]))  # equal |extremes|
+    blocks.append(np.concatenate([[-3.0, 3.0], rng.standard_normal(30)]))
+    blocks.append(rng.standard_normal(32) * 1e-9)              # scale below fp16's range
+    blocks.append(np.full(32, -2.25))
+    return np.concatenate(blocks).astype(np.float32)
+
+
+def write_quantize(out, rng):
+    x = quantize_rows(rng)
+    for qtype in (T.Q8_0, T.Q4_0):
+        raw = np.asarray(quantize(x.reshape(-1, 64), qtype), dtype=np.uint8).reshape(-1)
+        assert raw.size == x.size // 32 * GGML_QUANT_SIZES[qtype][1], qtype.name
+        path = os.path.join(out, f"quantize_{qtype.name}.bin")
+        with open(path, "wb") as f:
+            f.write(b"D2OQ")
+            f.write(struct.pack("<IIII", 1, int(qtype), x.size, raw.size))
+            f.write(x.astype("<f4").tobytes())
+            f.write(raw.tobytes())
+        print(f"{os.path.normpath(path)}: {x.size} floats -> {raw.size} bytes")
+
+
 def main():
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "cache", "test-data", "quant")
@@ -82,6 +115,7 @@ def main():
             f.write(raw.tobytes())
             f.write(expected.astype("<f4").tobytes())
         print(f"{os.path.normpath(path)}: {raw.size} bytes -> {expected.size} floats")
+    write_quantize(out, np.random.default_rng(20261202))
 
 
 if __name__ == "__main__":

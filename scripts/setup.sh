@@ -270,7 +270,8 @@ if [ "$want_test_data" -eq 1 ]; then
   fi
 
   # Dequantisation references: random blocks of every GGUF type and their dequantisation by the
-  # `gguf` PyPI package (scripts/gen_quant_fixtures.py, fixed seed), for tests/unit/test_quant.cpp.
+  # `gguf` PyPI package (scripts/gen_quant_fixtures.py, fixed seed), for tests/unit/test_quant.cpp;
+  # and its quantisation of float rows to Q8_0 / Q4_0, for tests/unit/test_kv_quant.cpp.
   # The package and its dependencies go to $cache/pylib; the files are made again when the
   # generator changes (its SHA-256 is kept next to them).
   # refs_stale DIR GENERATOR COUNT [INPUT...]: true when DIR lacks COUNT files (subfolders do not
@@ -309,7 +310,7 @@ if [ "$want_test_data" -eq 1 ]; then
 
   quant_dir="$cache/test-data/quant"
   gen="$repo/scripts/gen_quant_fixtures.py"
-  if refs_stale "$quant_dir" "$gen" 13; then
+  if refs_stale "$quant_dir" "$gen" 15; then
     ensure_pylib
     refs_make "$quant_dir" "$gen" dequantisation "PYTHONPATH=$pylib"
   fi

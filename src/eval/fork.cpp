@@ -55,8 +55,8 @@ Status copy_cache(const KvCache& src, KvCache& dst) {
     KvLayer& D = dst.layer(il);
     const size_t n = static_cast<size_t>(S.n_slot);
     for (int h = 0; h < S.n_head_kv && n > 0; ++h) {
-      std::memcpy(D.key_row(h, 0), S.key_row(h, 0), n * S.row_bytes());
-      std::memcpy(D.value_row(h, 0), S.value_row(h, 0), n * S.row_bytes());
+      std::memcpy(D.key_row(h, 0), S.key_row(h, 0), n * S.key_row_bytes());
+      std::memcpy(D.value_row(h, 0), S.value_row(h, 0), n * S.value_row_bytes());
       std::memcpy(&D.pos[D.meta_index(h, 0)], &S.pos[S.meta_index(h, 0)], n * sizeof(int32_t));
       std::memcpy(&D.score[D.meta_index(h, 0)], &S.score[S.meta_index(h, 0)], n * sizeof(float));
       std::memcpy(&D.window[D.meta_index(h, 0)], &S.window[S.meta_index(h, 0)], n * sizeof(float));

@@ -117,9 +117,28 @@ struct Call {
   }
 };
 
+// The kernels read every storage type directly, converting as they load (few rows: decoding
+// reads each key once per query head of the group). When many rows share a chunk, its F16 or
+// Q8_0 / Q4_0 rows are first converted into `buf` (one chunk, never the whole cache) with the
+// call's instruction-set level. The copies hold the values the kernels would compute on the fly,
+// so results do not depend on it.
+void to_f32_tile(const Call& C, int rows, int n_keys, attn::KvRows& r, float* buf) {
+  const bool quant = kv_quantized(r.type);
+  if (r.type == KvElemType::kF32 || rows <= 4) return;
+  const int64_t n = int64_t{n_keys} * C.hd;
+  if (quant) {
+    dequantize_row_isa(C.isa, kv_ggml_type(r.type), r.base, buf, n);
+  } else {
+    fp16_to_fp32_row_isa(C.isa, reinterpret_cast<const uint16_t*>(r.base), buf, n);
+  }
+  // (No prefetch hint: the values are converted before the keys are scored.)
+  r = {reinterpret_cast<const uint8_t*>(buf), sizeof(float) * static_cast<size_t>(C.hd),
+       KvElemType::kF32};
+}
+
 // One chunk of the rows of (block, KV head g): e = exp(s - m_chunk) (scores first), per-row chunk
-// maxima cm and sums cl, and partial outputs acc = sum e v. `conv` holds F32 copies of an F16
-// chunk when many rows share it (the copies hold the same values, so results do not change).
+// maxima cm and sums cl, and partial outputs acc = sum e v. `conv` holds F32 copies of the chunk
+// (to_f32_tile).
 void chunk_partials(const Call& C, int blk, int g, int c, float* const* e, float* cm, float* cl,
                     float* const* acc, AttnScratch::Thread& conv) {
   const KvLayer& L = *C.L;
@@ -129,21 +148,13 @@ void chunk_partials(const Call& C, int blk, int g, int c, float* const* e, float
   const float* q[QB * AttnScratch::kMaxGroup];
   for (int r = 0; r < rows; ++r)
     q[r] = C.in->q + C.row_index(blk, g, r) * static_cast<size_t>(C.hd);
-  attn::KvRows k{L.key_row(g, j0), L.row_bytes(), L.type};
-  attn::KvRows v{L.value_row(g, j0), L.row_bytes(), L.type};
+  attn::KvRows k{L.key_row(g, j0), L.key_row_bytes(), L.type.k};
+  attn::KvRows v{L.value_row(g, j0), L.value_row_bytes(), L.type.v};
   // A head that fits in one chunk is a short stream: fetch its values while scoring its keys
   // (long heads are streamed well by the hardware; prefetching them costs more than it saves).
-  if (C.n_vis(blk) <= TC) k.prefetch = v.base;
-  if (L.type == KvType::kF16 && rows > 4) {
-    const size_t n = static_cast<size_t>(n_keys) * static_cast<size_t>(C.hd);
-    fp16_to_fp32_row_isa(C.isa, reinterpret_cast<const uint16_t*>(k.base), conv.kf.data(),
-                         static_cast<int64_t>(n));
-    fp16_to_fp32_row_isa(C.isa, reinterpret_cast<const uint16_t*>(v.base), conv.vf.data(),
-                         static_cast<int64_t>(n));
-    const size_t rb = sizeof(float) * static_cast<size_t>(C.hd);
-    k = {reinterpret_cast<const uint8_t*>(conv.kf.data()), rb, KvType::kF32};
-    v = {reinterpret_cast<const uint8_t*>(conv.vf.data()), rb, KvType::kF32};
-  }
+  if (C.n_vis(blk) <= TC && k.row_bytes == v.row_bytes) k.prefetch = v.base;
+  to_f32_tile(C, rows, n_keys, k, conv.kf.data());
+  to_f32_tile(C, rows, n_keys, v, conv.vf.data());
   C.kern->scores(q, rows, k, n_keys, C.hd, C.in->scale, e);
   if (C.mass) {
     // Proportional attention: slots that merged tokens count once per token they stand for.

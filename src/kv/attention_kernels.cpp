@@ -6,6 +6,7 @@
 #include "core/assert.h"
 #include "core/fp16.h"
 #include "kv/attention_stats_impl.h"
+#include "ops/quant.h"
 
 namespace d2o::attn {
 
@@ -13,8 +14,10 @@ namespace {
 
 inline void load_row(const KvRows& r, int j, int hd, float* out) {
   const uint8_t* p = r.base + static_cast<size_t>(j) * r.row_bytes;
-  if (r.type == KvType::kF32) {
+  if (r.type == KvElemType::kF32) {
     std::memcpy(out, p, static_cast<size_t>(hd) * sizeof(float));
+  } else if (kv_quantized(r.type)) {
+    dequantize_row_isa(KernelIsa::kScalar, kv_ggml_type(r.type), p, out, hd);
   } else {
     const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
     for (int d = 0; d < hd; ++d) out[d] = fp16_to_fp32(h[d]);

@@ -1,7 +1,8 @@
 // Inner loops of the attention kernel (src/kv/attention.cpp), one table per instruction-set level:
 // portable scalar code (attention_kernels.cpp), AVX2 + FMA + F16C (attention_kernels_avx2.cpp) and
 // AVX-512 (attention_kernels_avx512.cpp). Keys and values are read straight from the cache rows
-// (F16 converted on load) or from an F32 copy of a chunk; both give the same values.
+// (F16 converted, Q8_0 / Q4_0 dequantised on load) or from an F32 copy of a chunk; both give the
+// same values.
 //
 // Each level is deterministic and computes every row on its own: a query row's results never
 // depend on which other rows, or how many keys past its own, are processed in the same call. The
@@ -30,7 +31,7 @@ namespace attn {
 struct KvRows {
   const uint8_t* base = nullptr;
   size_t row_bytes = 0;
-  KvType type = KvType::kF16;
+  KvElemType type = KvElemType::kF16;  // any; Q8_0 / Q4_0 rows: head_dim a multiple of 32
   const uint8_t* prefetch = nullptr;
 };
 

@@ -11,17 +11,37 @@
 
 #include "kv/attention_kernels.h"
 #include "kv/attention_stats_impl.h"
+#include "ops/quant.h"
 #include "ops/vmath_avx2.h"
 
 namespace d2o::attn {
 
 namespace {
 
-inline __m256 load8(const uint8_t* row, KvType type, int c) {
-  if (type == KvType::kF16) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * c)));
+// Elements [8c, 8c + 8) of a row as floats. Q8_0 / Q4_0: q * d (Q4_0: (q - 8) * d), the
+// products of the reference dequantisation, so the values equal dequantize_row's.
+inline __m256 load8(const uint8_t* row, KvElemType type, int c) {
+  switch (type) {
+    case KvElemType::kF16:
+      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * c)));
+    case KvElemType::kQ8_0: {
+      const auto* b = reinterpret_cast<const BlockQ8_0*>(row) + c / 4;
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b->qs + 8 * (c % 4)));
+      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
+                           _mm256_set1_ps(_cvtsh_ss(b->d)));
+    }
+    case KvElemType::kQ4_0: {
+      // Elements 0-15 of a block are the low nibbles of qs[0..15], 16-31 the high ones.
+      const auto* b = reinterpret_cast<const BlockQ4_0*>(row) + c / 4;
+      __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b->qs + 8 * (c % 2)));
+      if (c % 4 >= 2) q = _mm_srli_epi16(q, 4);
+      q = _mm_and_si128(q, _mm_set1_epi8(0x0F));
+      const __m256i w = _mm256_sub_epi32(_mm256_cvtepu8_epi32(q), _mm256_set1_epi32(8));
+      return _mm256_mul_ps(_mm256_cvtepi32_ps(w), _mm256_set1_ps(_cvtsh_ss(b->d)));
+    }
+    default:
+      return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + 8 * c);
   }
-  return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + 8 * c);
 }
 
 // The lane-sum tree above for 4 accumulators at once: lane i holds the sum of a_i.

@@ -23,17 +23,37 @@
 
 #include "kv/attention_kernels.h"
 #include "kv/attention_stats_impl.h"
+#include "ops/quant.h"
 #include "ops/vmath_avx512.h"
 
 namespace d2o::attn {
 
 namespace {
 
-inline __m512 load16(const uint8_t* row, KvType type, int c) {
-  if (type == KvType::kF16) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * c)));
+// Elements [16c, 16c + 16) of a row as floats. Q8_0 / Q4_0: q * d (Q4_0: (q - 8) * d), the
+// products of the reference dequantisation, so the values equal dequantize_row's.
+inline __m512 load16(const uint8_t* row, KvElemType type, int c) {
+  switch (type) {
+    case KvElemType::kF16:
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * c)));
+    case KvElemType::kQ8_0: {
+      const auto* b = reinterpret_cast<const BlockQ8_0*>(row) + c / 2;
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs + 16 * (c % 2)));
+      return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)),
+                           _mm512_set1_ps(_cvtsh_ss(b->d)));
+    }
+    case KvElemType::kQ4_0: {
+      // Elements 0-15 of a block are the low nibbles of qs[0..15], 16-31 the high ones.
+      const auto* b = reinterpret_cast<const BlockQ4_0*>(row) + c / 2;
+      __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs));
+      if (c % 2) q = _mm_srli_epi16(q, 4);
+      q = _mm_and_si128(q, _mm_set1_epi8(0x0F));
+      const __m512i w = _mm512_sub_epi32(_mm512_cvtepu8_epi32(q), _mm512_set1_epi32(8));
+      return _mm512_mul_ps(_mm512_cvtepi32_ps(w), _mm512_set1_ps(_cvtsh_ss(b->d)));
+    }
+    default:
+      return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + 16 * c);
   }
-  return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + 16 * c);
 }
 
 using simd::exp512;
@@ -163,7 +183,7 @@ void scores_nc(const float* const* q, int n_rows, KvRows k, int n_keys, float sc
                float* const* s) {
   // NC = 4 (head_dim 64): 4 rows x 4 keys = 16 accumulators + 4 key registers.
   constexpr int kRows = NC <= 4 ? 4 : NC <= 8 ? 2 : 1;
-  if (k.type == KvType::kF32 && n_rows > kRows && NC <= 8) {
+  if (k.type == KvElemType::kF32 && n_rows > kRows && NC <= 8) {
     return scores_many<NC>(q, n_rows, k, n_keys, scale, s);
   }
   int r = 0;

@@ -1,6 +1,7 @@
 #include "kv/kv_cache.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <new>
 
@@ -11,7 +12,101 @@
 
 namespace d2o {
 
-const char* kv_type_name(KvType t) { return t == KvType::kF16 ? "f16" : "f32"; }
+const char* kv_elem_type_name(KvElemType t) {
+  switch (t) {
+    case KvElemType::kF32: return "f32";
+    case KvElemType::kF16: return "f16";
+    case KvElemType::kQ8_0: return "q8_0";
+    case KvElemType::kQ4_0: return "q4_0";
+  }
+  return "?";
+}
+
+size_t kv_row_bytes(KvElemType t, int head_dim) {
+  const size_t n = static_cast<size_t>(head_dim);
+  switch (t) {
+    case KvElemType::kF32: return 4 * n;
+    case KvElemType::kF16: return 2 * n;
+    case KvElemType::kQ8_0: return n / kQK * sizeof(BlockQ8_0);
+    case KvElemType::kQ4_0: return n / kQK * sizeof(BlockQ4_0);
+  }
+  return 0;
+}
+
+GgmlType kv_ggml_type(KvElemType t) {
+  switch (t) {
+    case KvElemType::kF32: return GgmlType::kF32;
+    case KvElemType::kF16: return GgmlType::kF16;
+    case KvElemType::kQ8_0: return GgmlType::kQ8_0;
+    case KvElemType::kQ4_0: return GgmlType::kQ4_0;
+  }
+  return GgmlType::kF32;
+}
+
+const char* kv_type_name(KvType t) {
+  constexpr int kN = 4;  // KvElemType values
+  static const std::array<std::string, kN * kN> names = [] {
+    std::array<std::string, kN * kN> n;
+    for (int k = 0; k < kN; ++k) {
+      for (int v = 0; v < kN; ++v) {
+        const char* a = kv_elem_type_name(static_cast<KvElemType>(k));
+        const char* b = kv_elem_type_name(static_cast<KvElemType>(v));
+        n[static_cast<size_t>(k * kN + v)] =
+            k == v ? std::string(a) : std::string("k:") + a + ",v:" + b;
+      }
+    }
+    return n;
+  }();
+  return names[static_cast<size_t>(static_cast<int>(t.k) * kN + static_cast<int>(t.v))].c_str();
+}
+
+namespace {
+
+Result<KvElemType> parse_elem(const std::string& s, const std::string& whole) {
+  for (KvElemType t : {KvElemType::kF32, KvElemType::kF16, KvElemType::kQ8_0, KvElemType::kQ4_0}) {
+    if (s == kv_elem_type_name(t)) return t;
+  }
+  return invalid_argument("unknown KV storage type '" + s + "' in '" + whole +
+                          "' (expected f32, f16, q8_0 or q4_0, or k:TYPE,v:TYPE)");
+}
+
+}  // namespace
+
+Result<KvType> parse_kv_type(const std::string& s) {
+  if (s.find(':') == std::string::npos) {
+    D2O_ASSIGN_OR_RETURN(KvElemType t, parse_elem(s, s));
+    return KvType{t, t};
+  }
+  KvType out;
+  bool seen_k = false, seen_v = false;
+  size_t i = 0;
+  while (i <= s.size()) {
+    const size_t comma = std::min(s.find(',', i), s.size());
+    const std::string part = s.substr(i, comma - i);
+    const bool is_k = part.rfind("k:", 0) == 0, is_v = part.rfind("v:", 0) == 0;
+    if ((!is_k && !is_v) || (is_k && seen_k) || (is_v && seen_v)) {
+      return invalid_argument("bad KV storage type '" + s +
+                              "' (expected TYPE or k:TYPE,v:TYPE, each part at most once)");
+    }
+    D2O_ASSIGN_OR_RETURN(KvElemType t, parse_elem(part.substr(2), s));
+    (is_k ? out.k : out.v) = t;
+    (is_k ? seen_k : seen_v) = true;
+    i = comma + 1;
+  }
+  return out;
+}
+
+Status check_kv_type(KvType t, int head_dim) {
+  for (KvElemType e : {t.k, t.v}) {
+    if (kv_quantized(e) && (head_dim <= 0 || head_dim % kQK != 0)) {
+      return invalid_argument(std::string("KV storage type ") + kv_elem_type_name(e) +
+                              " stores rows in blocks of " + std::to_string(kQK) +
+                              " elements, but this model's head dimension is " +
+                              std::to_string(head_dim) + " (use f16 or f32)");
+    }
+  }
+  return {};
+}
 
 bool KvCacheConfig::has_sliding() const {
   for (int w : layer_window)
@@ -25,25 +120,42 @@ int KvCacheConfig::n_compressible() const {
   return n;
 }
 
+namespace {
+
+void load_row(KvElemType t, const uint8_t* p, int n, float* out) {
+  switch (t) {
+    case KvElemType::kF32: std::memcpy(out, p, sizeof(float) * static_cast<size_t>(n)); break;
+    case KvElemType::kF16: fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(p), out, n); break;
+    default: dequantize_row(kv_ggml_type(t), p, out, n); break;
+  }
+}
+
+void store_row(KvElemType t, const float* in, int n, uint8_t* p) {
+  switch (t) {
+    case KvElemType::kF32: std::memcpy(p, in, sizeof(float) * static_cast<size_t>(n)); break;
+    case KvElemType::kF16: fp32_to_fp16_row(in, reinterpret_cast<uint16_t*>(p), n); break;
+    default: quantize_row(kv_ggml_type(t), in, p, n); break;
+  }
+}
+
+}  // namespace
+
 void KvLayer::load_key(int h, int j, float* out) const {
-  if (type == KvType::kF32) std::memcpy(out, key_row(h, j), row_bytes());
-  else fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(key_row(h, j)), out, head_dim);
+  load_row(type.k, key_row(h, j), head_dim, out);
 }
 void KvLayer::load_value(int h, int j, float* out) const {
-  if (type == KvType::kF32) std::memcpy(out, value_row(h, j), row_bytes());
-  else fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(value_row(h, j)), out, head_dim);
+  load_row(type.v, value_row(h, j), head_dim, out);
 }
 void KvLayer::store_key(int h, int j, const float* in) {
-  if (type == KvType::kF32) std::memcpy(key_row(h, j), in, row_bytes());
-  else fp32_to_fp16_row(in, reinterpret_cast<uint16_t*>(key_row(h, j)), head_dim);
+  store_row(type.k, in, head_dim, key_row(h, j));
 }
 void KvLayer::store_value(int h, int j, const float* in) {
-  if (type == KvType::kF32) std::memcpy(value_row(h, j), in, row_bytes());
-  else fp32_to_fp16_row(in, reinterpret_cast<uint16_t*>(value_row(h, j)), head_dim);
+  store_row(type.v, in, head_dim, value_row(h, j));
 }
 
 KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
   D2O_ASSERT(cfg.n_layer > 0 && cfg.n_head_kv > 0 && cfg.head_dim > 0);
+  D2O_ASSERT(check_kv_type(cfg.type, cfg.head_dim).ok());
   D2O_ASSERT(cfg.layer_window.empty() ||
              cfg.layer_window.size() == static_cast<size_t>(cfg.n_layer));
   layers_.resize(static_cast<size_t>(cfg.n_layer));
@@ -62,7 +174,7 @@ Status KvCache::reallocate(int il, int new_capacity) {
   KvLayer& L = layers_[static_cast<size_t>(il)];
   D2O_ASSERT(new_capacity >= L.n_slot);
   const size_t heads = static_cast<size_t>(L.n_head_kv);
-  const size_t rb = L.row_bytes();
+  const size_t kb = L.key_row_bytes(), vb = L.value_row_bytes();
   try {
     KvLayer N;
     N.n_head_kv = L.n_head_kv;
@@ -71,8 +183,8 @@ Status KvCache::reallocate(int il, int new_capacity) {
     N.capacity = new_capacity;
     N.n_slot = L.n_slot;
     const size_t cap = static_cast<size_t>(new_capacity);
-    N.k.resize(heads * cap * rb);
-    N.v.resize(heads * cap * rb);
+    N.k.resize(heads * cap * kb);
+    N.v.resize(heads * cap * vb);
     N.pos.resize(heads * cap);
     N.score.resize(heads * cap);
     N.window.resize(heads * cap);
@@ -80,8 +192,8 @@ Status KvCache::reallocate(int il, int new_capacity) {
     const size_t n = static_cast<size_t>(L.n_slot);
     for (int h = 0; h < L.n_head_kv; ++h) {
       if (n == 0) break;
-      std::memcpy(N.key_row(h, 0), L.key_row(h, 0), n * rb);
-      std::memcpy(N.value_row(h, 0), L.value_row(h, 0), n * rb);
+      std::memcpy(N.key_row(h, 0), L.key_row(h, 0), n * kb);
+      std::memcpy(N.value_row(h, 0), L.value_row(h, 0), n * vb);
       std::memcpy(&N.pos[N.meta_index(h, 0)], &L.pos[L.meta_index(h, 0)], n * sizeof(int32_t));
       std::memcpy(&N.score[N.meta_index(h, 0)], &L.score[L.meta_index(h, 0)], n * sizeof(float));
       std::memcpy(&N.window[N.meta_index(h, 0)], &L.window[L.meta_index(h, 0)], n * sizeof(float));
@@ -248,7 +360,7 @@ void KvCache::apply(int il, const CompactionPlan& plan) {
   // 2. Gather kept slots to the front, in order (keep is ascending, so moving forward in place is
   //    safe). Runs of consecutive kept slots move with one memmove each: a decode step evicts one
   //    slot per head, so this is usually one long run.
-  const size_t rb = L.row_bytes();
+  const size_t kb = L.key_row_bytes(), vb = L.value_row_bytes();
   for (int h = 0; h < L.n_head_kv; ++h) {
     const int32_t* keep = plan.keep_of(h);
     int i = 0;
@@ -259,8 +371,8 @@ void KvCache::apply(int il, const CompactionPlan& plan) {
       while (i + run < plan.n_keep && keep[i + run] == j + run) ++run;
       if (j != i) {
         const size_t n = static_cast<size_t>(run);
-        std::memmove(L.key_row(h, i), L.key_row(h, j), n * rb);
-        std::memmove(L.value_row(h, i), L.value_row(h, j), n * rb);
+        std::memmove(L.key_row(h, i), L.key_row(h, j), n * kb);
+        std::memmove(L.value_row(h, i), L.value_row(h, j), n * vb);
         const size_t a = L.meta_index(h, i), b = L.meta_index(h, j);
         std::memmove(&L.pos[a], &L.pos[b], n * sizeof(int32_t));
         std::memmove(&L.score[a], &L.score[b], n * sizeof(float));
@@ -322,7 +434,8 @@ size_t KvCache::kv_bytes_allocated() const {
 size_t KvCache::kv_bytes_used() const {
   size_t b = 0;
   for (const KvLayer& L : layers_) {
-    b += 2 * static_cast<size_t>(L.n_head_kv) * static_cast<size_t>(L.n_slot) * L.row_bytes();
+    b += static_cast<size_t>(L.n_head_kv) * static_cast<size_t>(L.n_slot) *
+         (L.key_row_bytes() + L.value_row_bytes());
   }
   return b;
 }
@@ -335,22 +448,22 @@ size_t KvCache::meta_bytes_allocated() const {
 
 size_t KvCache::full_kv_bytes(int64_t n_tokens) const {
   // A full cache keeps every token in a global layer and the last W in a sliding-window one.
-  const size_t eb = cfg_.type == KvType::kF16 ? 2 : 4;
   size_t slots = 0;
   for (int il = 0; il < cfg_.n_layer; ++il) {
     const int w = cfg_.window(il);
     slots += static_cast<size_t>(w > 0 ? std::min<int64_t>(n_tokens, w) : n_tokens);
   }
-  return 2 * slots * static_cast<size_t>(cfg_.n_head_kv) * static_cast<size_t>(cfg_.head_dim) * eb;
+  return slots * static_cast<size_t>(cfg_.n_head_kv) *
+         (kv_row_bytes(cfg_.type.k, cfg_.head_dim) + kv_row_bytes(cfg_.type.v, cfg_.head_dim));
 }
 
 size_t KvCache::bytes_for_slots(const KvCacheConfig& cfg, int64_t slots, int max_chunk,
                                 int64_t n_tokens) {
   if (n_tokens < 0) n_tokens = slots;
-  const size_t eb = cfg.type == KvType::kF16 ? 2 : 4;
   // Per slot and KV head: a key and a value row, and pos, score, window, merged (4 bytes each).
-  const size_t per_slot =
-      2 * static_cast<size_t>(cfg.head_dim) * eb + 2 * sizeof(int32_t) + 2 * sizeof(float);
+  const size_t per_slot = kv_row_bytes(cfg.type.k, cfg.head_dim) +
+                          kv_row_bytes(cfg.type.v, cfg.head_dim) + 2 * sizeof(int32_t) +
+                          2 * sizeof(float);
   size_t n = 0;
   for (int il = 0; il < cfg.n_layer; ++il) {
     const int w = cfg.window(il);
@@ -366,10 +479,11 @@ int KvCache::drop_oldest(int il, int n_tok) {
   D2O_ASSERT(w > 0);
   if (L.n_slot + n_tok <= sliding_capacity(w, n_tok) || L.n_slot <= w - 1) return 0;
   const int drop = L.n_slot - (w - 1);
-  const size_t keep = static_cast<size_t>(w - 1), rb = L.row_bytes();
+  const size_t keep = static_cast<size_t>(w - 1);
+  const size_t kb = L.key_row_bytes(), vb = L.value_row_bytes();
   for (int h = 0; h < L.n_head_kv; ++h) {
-    std::memmove(L.key_row(h, 0), L.key_row(h, drop), keep * rb);
-    std::memmove(L.value_row(h, 0), L.value_row(h, drop), keep * rb);
+    std::memmove(L.key_row(h, 0), L.key_row(h, drop), keep * kb);
+    std::memmove(L.value_row(h, 0), L.value_row(h, drop), keep * vb);
     const size_t a = L.meta_index(h, 0), b = L.meta_index(h, drop);
     std::memmove(&L.pos[a], &L.pos[b], keep * sizeof(int32_t));
     std::memmove(&L.score[a], &L.score[b], keep * sizeof(float));

@@ -1,7 +1,8 @@
 // KvCache: the per-sequence key/value store, one block per layer, with per-slot metadata.
 //
 // Layout of a layer (one KvLayer):
-//   k, v   [n_head_kv, capacity, head_dim]  keys after RoPE / values, in F32 or F16
+//   k, v   [n_head_kv, capacity, head_dim]  keys after RoPE / values, in F32, F16, Q8_0 or Q4_0
+//                                           (KvType: keys and values may differ)
 //   pos    [n_head_kv, capacity]            absolute token position of the slot (the position
 //                                           its key was rotated for)
 //   score  [n_head_kv, capacity]            accumulated attention (H2O/D2O statistics)
@@ -26,18 +27,46 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "core/mem.h"
 #include "d2o/status.h"
+#include "ops/ggml_type.h"
 
 namespace d2o {
 
 struct RopeParams;  // ops/ops.h
 
-enum class KvType { kF32, kF16 };
+// Storage of one key or value row of head_dim elements: F32, F16, or GGUF's Q8_0 / Q4_0 blocks
+// (32 elements per block, ops/quant.h; head_dim must then be a multiple of 32).
+enum class KvElemType { kF32, kF16, kQ8_0, kQ4_0 };
+const char* kv_elem_type_name(KvElemType t);
+// Bytes of one row of `head_dim` elements.
+size_t kv_row_bytes(KvElemType t, int head_dim);
+// The GGUF type of a quantised storage type (Q8_0 / Q4_0); F32 / F16 for the others.
+GgmlType kv_ggml_type(KvElemType t);
+inline bool kv_quantized(KvElemType t) { return t == KvElemType::kQ8_0 || t == KvElemType::kQ4_0; }
+
+// Storage types of keys and of values.
+struct KvType {
+  KvElemType k = KvElemType::kF16;
+  KvElemType v = KvElemType::kF16;
+  static const KvType kF32, kF16, kQ8_0, kQ4_0;  // one type for both
+  bool operator==(const KvType&) const = default;
+};
+inline constexpr KvType KvType::kF32{KvElemType::kF32, KvElemType::kF32};
+inline constexpr KvType KvType::kF16{KvElemType::kF16, KvElemType::kF16};
+inline constexpr KvType KvType::kQ8_0{KvElemType::kQ8_0, KvElemType::kQ8_0};
+inline constexpr KvType KvType::kQ4_0{KvElemType::kQ4_0, KvElemType::kQ4_0};
+// "f16" when both are the same, else "k:q8_0,v:f16" (a static string).
 const char* kv_type_name(KvType t);
+// Parses "TYPE" (both) or "k:TYPE,v:TYPE" (either part may be left out: F16), TYPE one of f32,
+// f16, q8_0, q4_0.
+Result<KvType> parse_kv_type(const std::string& s);
+// An error unless every quantised part of `t` can store rows of `head_dim` elements.
+Status check_kv_type(KvType t, int head_dim);
 
 // One term of a merge: slot `dst` of `head` becomes sum over its terms of w * row(src).
 // The terms of one (head, dst) are contiguous in a plan, and include the dst itself (src == dst).
@@ -92,23 +121,28 @@ struct KvLayer {
   AlignedBuffer<float> window;
   AlignedBuffer<int32_t> merged;
 
-  size_t elem_bytes() const { return type == KvType::kF16 ? 2 : 4; }
-  size_t row_bytes() const { return elem_bytes() * static_cast<size_t>(head_dim); }
-  // Row pointers: head h, slot j.
-  uint8_t* key_row(int h, int j) { return k.data() + row_offset(h, j); }
-  const uint8_t* key_row(int h, int j) const { return k.data() + row_offset(h, j); }
-  uint8_t* value_row(int h, int j) { return v.data() + row_offset(h, j); }
-  const uint8_t* value_row(int h, int j) const { return v.data() + row_offset(h, j); }
+  // Bytes of one key / value row (they differ when keys and values have different types).
+  size_t key_row_bytes() const { return kv_row_bytes(type.k, head_dim); }
+  size_t value_row_bytes() const { return kv_row_bytes(type.v, head_dim); }
+  // Row pointers: head h, slot j. The rows of a head are contiguous.
+  uint8_t* key_row(int h, int j) { return k.data() + row_offset(h, j, key_row_bytes()); }
+  const uint8_t* key_row(int h, int j) const {
+    return k.data() + row_offset(h, j, key_row_bytes());
+  }
+  uint8_t* value_row(int h, int j) { return v.data() + row_offset(h, j, value_row_bytes()); }
+  const uint8_t* value_row(int h, int j) const {
+    return v.data() + row_offset(h, j, value_row_bytes());
+  }
   size_t meta_index(int h, int j) const { return static_cast<size_t>(h) * capacity + j; }
-  // Reads a key/value row as floats.
+  // Reads a key/value row as floats (dequantised); stores one (rounded / re-quantised).
   void load_key(int h, int j, float* out) const;
   void load_value(int h, int j, float* out) const;
   void store_key(int h, int j, const float* in);
   void store_value(int h, int j, const float* in);
 
  private:
-  size_t row_offset(int h, int j) const {
-    return (static_cast<size_t>(h) * capacity + static_cast<size_t>(j)) * row_bytes();
+  size_t row_offset(int h, int j, size_t rb) const {
+    return (static_cast<size_t>(h) * capacity + static_cast<size_t>(j)) * rb;
   }
 };
 

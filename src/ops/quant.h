@@ -115,6 +115,18 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
 void dequantize_row_ref(GgmlType type, const void* src, float* dst, int64_t n);  // scalar
 bool dequantize_supported(GgmlType type);
 
+// Quantises n floats (n a multiple of 32) into Q8_0 / Q4_0 blocks with the float operations of
+// the reference quantisers (ggml's quantize_row_q8_0_ref / q4_0_ref and the `gguf` PyPI
+// package's gguf.quants.quantize), so the blocks are bit-identical to theirs:
+//   Q8_0  d = max|x| / 127, q = round-half-away(x * (1 / d))                  (1 / d = 0 if d = 0)
+//   Q4_0  m = the x of largest |x| (the first of equals), d = m / -8,
+//         q = min(15, trunc(x * (1 / d) + 8.5)), the product and the sum each rounded to float
+//         (no fused multiply-add: the build has -ffp-contract=off).
+void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n);
+void quantize_row_q4_0(const float* x, BlockQ4_0* y, int64_t n);
+// The same for `type` (Q8_0 or Q4_0 only).
+void quantize_row(GgmlType type, const float* x, void* y, int64_t n);
+
 // F32 <-> F16 bulk conversion (F16C where available), used by the KV cache. Rounding is to
 // nearest-even; results equal fp32_to_fp16 / fp16_to_fp32 of src/core/fp16.h for every non-NaN
 // value (NaNs stay NaN).

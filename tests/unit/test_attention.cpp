@@ -282,7 +282,7 @@ TEST(Attention, ScoreLayoutsAgreeBitForBit) {
       for (auto& x : keys) x = nd(rng);
       for (auto& x : q) x = nd(rng);
       attn::KvRows rows{reinterpret_cast<const uint8_t*>(keys.data()), sizeof(float) * hd,
-                        KvType::kF32};
+                        KvElemType::kF32};
       std::vector<float> all(static_cast<size_t>(n_rows) * n_keys), one(all.size());
       std::vector<const float*> qp(n_rows);
       std::vector<float*> sp(n_rows), op(n_rows);

@@ -160,10 +160,10 @@ bool same_cache(const KvCache& a, const KvCache& b) {
     const KvLayer& y = b.layer(il);
     if (x.n_slot != y.n_slot) return false;
     for (int g = 0; g < x.n_head_kv; ++g) {
-      const size_t rows = static_cast<size_t>(x.n_slot) * x.row_bytes();
-      const size_t m = static_cast<size_t>(x.n_slot);
-      if (std::memcmp(x.key_row(g, 0), y.key_row(g, 0), rows) != 0) return false;
-      if (std::memcmp(x.value_row(g, 0), y.value_row(g, 0), rows) != 0) return false;
+      const size_t n = static_cast<size_t>(x.n_slot), m = n;
+      if (std::memcmp(x.key_row(g, 0), y.key_row(g, 0), n * x.key_row_bytes()) != 0) return false;
+      if (std::memcmp(x.value_row(g, 0), y.value_row(g, 0), n * x.value_row_bytes()) != 0)
+        return false;
       if (std::memcmp(&x.pos[x.meta_index(g, 0)], &y.pos[y.meta_index(g, 0)], m * 4) != 0)
         return false;
       if (std::memcmp(&x.score[x.meta_index(g, 0)], &y.score[y.meta_index(g, 0)], m * 4) != 0)

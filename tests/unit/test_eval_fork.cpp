@@ -51,9 +51,9 @@ void expect_same_cache(const KvCache& a, const KvCache& b, const std::string& wh
     ASSERT_EQ(A.n_slot, B.n_slot) << what << " layer " << il;
     for (int h = 0; h < A.n_head_kv; ++h) {
       const size_t n = static_cast<size_t>(A.n_slot);
-      EXPECT_EQ(0, std::memcmp(A.key_row(h, 0), B.key_row(h, 0), n * A.row_bytes()))
+      EXPECT_EQ(0, std::memcmp(A.key_row(h, 0), B.key_row(h, 0), n * A.key_row_bytes()))
           << what << " keys " << il;
-      EXPECT_EQ(0, std::memcmp(A.value_row(h, 0), B.value_row(h, 0), n * A.row_bytes()))
+      EXPECT_EQ(0, std::memcmp(A.value_row(h, 0), B.value_row(h, 0), n * A.value_row_bytes()))
           << what << " values " << il;
       EXPECT_EQ(0, std::memcmp(&A.pos[A.meta_index(h, 0)], &B.pos[B.meta_index(h, 0)], n * 4))
           << what;

@@ -221,8 +221,8 @@ TEST(PolicyInvariants, LargeBudgetLeavesCacheUntouched) {
         ASSERT_EQ(a.n_slot, 80);
         ASSERT_EQ(a.n_slot, b.n_slot);
         for (int g = 0; g < s.n_head_kv; ++g) {
-          EXPECT_EQ(std::memcmp(a.key_row(g, 0), b.key_row(g, 0), a.row_bytes() * 80), 0);
-          EXPECT_EQ(std::memcmp(a.value_row(g, 0), b.value_row(g, 0), a.row_bytes() * 80), 0);
+          EXPECT_EQ(std::memcmp(a.key_row(g, 0), b.key_row(g, 0), a.key_row_bytes() * 80), 0);
+          EXPECT_EQ(std::memcmp(a.value_row(g, 0), b.value_row(g, 0), a.value_row_bytes() * 80), 0);
           EXPECT_EQ(std::memcmp(&a.pos[a.meta_index(g, 0)], &b.pos[b.meta_index(g, 0)],
                                 80 * sizeof(int32_t)),
                     0);
@@ -567,8 +567,9 @@ TEST(PolicyInvariants, LayerwiseCompactionEqualsWholePass) {
         const KvLayer& y = b.cache.layer(il);
         ASSERT_EQ(x.n_slot, y.n_slot) << "step " << step << " layer " << il;
         for (int g = 0; g < x.n_head_kv; ++g) {
-          ASSERT_EQ(0, std::memcmp(x.key_row(g, 0), y.key_row(g, 0), x.row_bytes() * x.n_slot));
-          ASSERT_EQ(0, std::memcmp(x.value_row(g, 0), y.value_row(g, 0), x.row_bytes() * x.n_slot));
+          const size_t n = static_cast<size_t>(x.n_slot);
+          ASSERT_EQ(0, std::memcmp(x.key_row(g, 0), y.key_row(g, 0), x.key_row_bytes() * n));
+          ASSERT_EQ(0, std::memcmp(x.value_row(g, 0), y.value_row(g, 0), x.value_row_bytes() * n));
           for (int j = 0; j < x.n_slot; ++j) {
             const size_t m = x.meta_index(g, j);
             ASSERT_EQ(x.pos[m], y.pos[m]);

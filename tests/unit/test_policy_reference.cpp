@@ -163,8 +163,9 @@ TEST(PolicyReference, ThreadPoolGivesIdenticalResults) {
         const KvLayer& b = pooled.cache.layer(il);
         ASSERT_EQ(a.n_slot, b.n_slot);
         for (int g = 0; g < s.n_head_kv; ++g) {
-          EXPECT_EQ(std::memcmp(a.key_row(g, 0), b.key_row(g, 0), a.row_bytes() * a.n_slot), 0);
-          EXPECT_EQ(std::memcmp(a.value_row(g, 0), b.value_row(g, 0), a.row_bytes() * a.n_slot), 0);
+          const size_t n = static_cast<size_t>(a.n_slot);
+          EXPECT_EQ(std::memcmp(a.key_row(g, 0), b.key_row(g, 0), a.key_row_bytes() * n), 0);
+          EXPECT_EQ(std::memcmp(a.value_row(g, 0), b.value_row(g, 0), a.value_row_bytes() * n), 0);
           EXPECT_EQ(std::memcmp(&a.score[a.meta_index(g, 0)], &b.score[b.meta_index(g, 0)],
                                 sizeof(float) * a.n_slot),
                     0);

@@ -20,6 +20,7 @@
 #include "common.h"
 #include "core/mem.h"
 #include "core/timer.h"
+#include "model/layer_desc.h"
 #include "runtime/scheduler.h"
 
 namespace d2o::cli {
@@ -33,6 +34,7 @@ struct ThroughputOptions {
   int gen = 128;
   int requests = 8;
   std::string kv_mem = "1G";
+  std::string kv_mem_per_seq;  // "": the --kv specs as given
   std::vector<std::string> kv;
   int chunk = 256;
   int max_batch = 64;
@@ -221,7 +223,9 @@ int run_throughput(ThroughputOptions& o) {
     split = AttnSplit::kAcrossSequences;
   else if (o.attn_split != "auto")
     return fail(invalid_argument("--attn-split must be auto, within or across"));
-  if (o.kv.empty()) {
+  if (o.kv.empty() && !o.kv_mem_per_seq.empty()) {
+    o.kv = {"full", "h2o", "streaming", "d2o"};  // each at the budget --kv-mem-per-seq gives
+  } else if (o.kv.empty()) {
     const long budget = std::lround(0.2 * o.prompt);
     o.kv = {"full", "h2o:ratio=0.2", "streaming:budget=" + std::to_string(std::max(1L, budget)),
             "d2o:ratio=0.2"};
@@ -274,7 +278,15 @@ int run_throughput(ThroughputOptions& o) {
   std::fflush(stdout);
 
   std::vector<PolicyRun> runs;
-  for (const std::string& spec : o.kv) {
+  for (const std::string& given : o.kv) {
+    std::string spec = given;
+    if (!o.kv_mem_per_seq.empty()) {
+      int slots = 0;
+      auto s = spec_for_kv_mem(given, o.kv_mem_per_seq,
+                               kv_cache_config(l.model->hparams(), l.kv_type), &slots);
+      if (!s.ok()) return fail(s.status());
+      spec = *s;
+    }
     auto r = run_policy(l, o, spec, *prompts, *cap);
     if (!r.ok()) return fail(r.status().with_context("--kv " + spec));
     runs.push_back(std::move(r).value());
@@ -356,6 +368,9 @@ Action add_bench_throughput_command(CLI::App& bench) {
   sub->add_option("--gen", o->gen, "Tokens generated per request");
   sub->add_option("--requests", o->requests, "Number of requests");
   sub->add_option("--kv-mem", o->kv_mem, "KV memory cap, e.g. 512M, 2G (powers of 1024)");
+  sub->add_option("--kv-mem-per-seq", o->kv_mem_per_seq,
+                  "KV memory per sequence, e.g. 4M: each --kv policy's budget is the slots that "
+                  "fit with --kv-type (its spec must not set ratio= or budget=)");
   sub->add_option(
       "--kv", o->kv,
       "KV policy spec (repeatable; default: full, h2o:ratio=0.2, streaming at the same budget, "

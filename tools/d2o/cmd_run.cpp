@@ -89,8 +89,9 @@ int run_run(RunOptions& o) {
   Sequence seq(l.model->hparams(), l.kv_type, l.policy);
   // No layer ever holds more slots than the run has tokens (nor than the context): the cache's
   // geometric growth stops there instead of over-allocating by up to a quarter.
-  const int64_t most_tokens =
-      std::min<int64_t>(l.n_ctx, static_cast<int64_t>(ids->size()) + o.n_predict);
+  int64_t most_tokens = std::min<int64_t>(l.n_ctx, static_cast<int64_t>(ids->size()) + o.n_predict);
+  // --kv-mem-per-seq with a full cache: the memory is a hard cap (a longer run fails, saying so).
+  if (l.kv_full_slots > 0) most_tokens = std::min<int64_t>(most_tokens, l.kv_full_slots);
   if (Status s = seq.cache().set_slot_limit(static_cast<int>(most_tokens)); !s.ok()) return fail(s);
   GenerateParams gp;
   gp.n_predict = o.n_predict;

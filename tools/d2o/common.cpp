@@ -8,6 +8,8 @@
 #include "commands.h"
 #include "core/mem.h"
 #include "core/timer.h"
+#include "model/layer_desc.h"
+#include "runtime/kv_pool.h"
 
 namespace d2o::cli {
 
@@ -19,10 +21,15 @@ void add_model_options(CLI::App* app, ModelOptions& o, bool with_kv) {
   app->add_option("-c,--ctx-size", o.n_ctx, "Context size in tokens (default: the model's trained context)")
       ->check(CLI::Range(0, 1 << 24));
   app->add_option("--ubatch", o.n_ubatch, "Rows per micro-batch")->check(CLI::Range(1, 1 << 16));
-  app->add_option("--kv-type", o.kv_type, "KV cache storage type: f16 or f32");
+  app->add_option("--kv-type", o.kv_type,
+                  "KV cache storage type of keys and values: f16 (default), f32, q8_0 or q4_0; "
+                  "or k:TYPE,v:TYPE for different ones");
   app->add_flag("--dequantize", o.dequantize,
                 "Compute with the weights dequantised to F32 (exact reference arithmetic, more memory)");
   if (with_kv) {
+    app->add_option("--kv-mem-per-seq", o.kv_mem_per_seq,
+                    "KV memory of the sequence, e.g. 20M (powers of 1024): the --kv policy's "
+                    "budget is the slots that fit with --kv-type (a full cache stops there)");
     app->add_option("--kv", o.kv_spec,
                     "KV cache policy spec, e.g. full, d2o:ratio=0.2, h2o:budget=512, streaming:budget=256");
   }
@@ -39,9 +46,39 @@ void add_sampling_options(CLI::App* app, SamplerParams& p) {
 }
 
 Result<KvType> parse_kv_type(const std::string& s) {
-  if (s == "f16") return KvType::kF16;
-  if (s == "f32") return KvType::kF32;
-  return invalid_argument("--kv-type '" + s + "' is not supported (use f16 or f32)");
+  auto t = d2o::parse_kv_type(s);
+  if (!t.ok()) return t.status().with_context("--kv-type");
+  return *t;
+}
+
+Result<std::string> spec_for_kv_mem(const std::string& spec, const std::string& bytes,
+                                    const KvCacheConfig& cfg, int* slots) {
+  auto cap = parse_byte_size(bytes);
+  if (!cap.ok()) return cap.status().with_context("--kv-mem-per-seq");
+  // bytes_for_slots grows with the slot count: the largest count that fits, by bisection.
+  int64_t lo = 0, hi = int64_t{1} << 30;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (KvCache::bytes_for_slots(cfg, mid) <= *cap) lo = mid;
+    else hi = mid - 1;
+  }
+  if (lo < 1) {
+    return invalid_argument("--kv-mem-per-seq " + bytes + " holds no slot: one takes " +
+                            std::to_string(KvCache::bytes_for_slots(cfg, 1)) +
+                            " bytes with --kv-type " + kv_type_name(cfg.type));
+  }
+  *slots = static_cast<int>(lo);
+  const size_t colon = spec.find(':');
+  const std::string name = spec.substr(0, colon);
+  if (name == "full") return spec;
+  if (colon != std::string::npos) {
+    const std::string args = "," + spec.substr(colon + 1);
+    if (args.find(",ratio=") != std::string::npos || args.find(",budget=") != std::string::npos) {
+      return invalid_argument("--kv-mem-per-seq sets the budget of --kv '" + spec +
+                              "': leave out its ratio= / budget=");
+    }
+  }
+  return spec + (colon == std::string::npos ? ":" : ",") + "budget=" + std::to_string(lo);
 }
 
 Result<Loaded> load_all(const ModelOptions& o) {
@@ -56,6 +93,19 @@ Result<Loaded> load_all(const ModelOptions& o) {
   ModelLoadOptions mo;
   mo.dequantize_to_f32 = o.dequantize;
   D2O_ASSIGN_OR_RETURN(l.model, Model::load(*file, mo));
+  if (Status st = check_kv_type(l.kv_type, l.model->hparams().head_dim); !st.ok()) {
+    return st.with_context("--kv-type");
+  }
+  if (!o.kv_mem_per_seq.empty()) {
+    int slots = 0;
+    D2O_ASSIGN_OR_RETURN(const std::string spec,
+                         spec_for_kv_mem(o.kv_spec, o.kv_mem_per_seq,
+                                         kv_cache_config(l.model->hparams(), l.kv_type), &slots));
+    auto p = parse_kv_policy(spec);
+    if (!p.ok()) return p.status().with_context("--kv");
+    l.policy = std::shared_ptr<const KvPolicy>(std::move(p).value());
+    if (l.policy->spec() == "full") l.kv_full_slots = slots;
+  }
   auto tok = Tokenizer::from_gguf(*file);
   if (!tok.ok()) return tok.status().with_context(path);
   l.tokenizer = std::move(tok).value();

@@ -23,7 +23,8 @@ struct ModelOptions {
   int n_ubatch = 512;
   std::string kv_spec = "full";
   std::string kv_type = "f16";
-  bool dequantize = false;  // compute with weights dequantised to F32
+  std::string kv_mem_per_seq;  // --kv-mem-per-seq ("": not given)
+  bool dequantize = false;     // compute with weights dequantised to F32
 };
 
 // Registers -m, -t, -c, --ubatch, --kv, --kv-type on a subcommand.
@@ -42,6 +43,7 @@ struct Loaded {
   std::string chat_template_error;
   std::shared_ptr<const KvPolicy> policy;
   KvType kv_type = KvType::kF16;
+  int kv_full_slots = 0;  // > 0: --kv-mem-per-seq with a full cache: the most slots it may hold
   int n_ctx = 0;
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<Engine> engine;
@@ -52,6 +54,13 @@ struct Loaded {
 Result<Loaded> load_all(const ModelOptions& o);
 
 Result<KvType> parse_kv_type(const std::string& s);
+
+// --kv-mem-per-seq BYTES: the most slots per KV head and layer whose keys, values and slot
+// metadata fit in `bytes` for cache configuration `cfg` (KvCache::bytes_for_slots, so the storage
+// type decides), in *slots; returns `spec` with that budget (a spec that sets ratio= or budget=
+// is an error; "full" stays "full": the caller caps its slots instead).
+Result<std::string> spec_for_kv_mem(const std::string& spec, const std::string& bytes,
+                                    const KvCacheConfig& cfg, int* slots);
 
 // "1,2,3" -> ids, each checked against the vocabulary size.
 Result<std::vector<TokenId>> parse_token_list(const std::string& s, int n_vocab);

@@ -53,8 +53,10 @@ int add_cosines(const ModalityPass& p, int e, bool first, float scale, float* __
   rd.dot = p.dots;
   rd.inv_norm = first ? p.kept_inv : nullptr;
   rd.base = p.values ? L.value_row(p.head, 0) : L.key_row(p.head, 0);
-  rd.row_bytes = L.row_bytes();
-  rd.f16 = L.type == KvType::kF16;
+  const KvElemType t = p.values ? L.type.v : L.type.k;
+  rd.row_bytes = p.values ? L.value_row_bytes() : L.key_row_bytes();
+  rd.f16 = t == KvElemType::kF16;
+  if (kv_quantized(t)) rd.quant = kv_ggml_type(t);
   rd.rows = p.keep;
   row_dots(rd);
   const float* __restrict dots = p.dots;

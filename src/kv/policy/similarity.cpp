@@ -1,10 +1,12 @@
 #include "kv/policy/similarity.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "core/assert.h"
 #include "core/fp16.h"
+#include "ops/quant.h"
 
 namespace d2o {
 
@@ -71,8 +73,42 @@ int scaled_argmax(const float* dot, const float* inv, int n, float f, float* bes
   return scaled_argmax_isa(best_kernel_isa(), dot, inv, n, f, best);
 }
 
+namespace {
+
+// Quantised rows (Q8_0 / Q4_0 KV storage): a few rows at a time are dequantised at the given level
+// and handed to that level's float loop.
+void row_dots_quantized(KernelIsa isa, const RowDots& a) {
+  constexpr int kRows = 8, kMaxDim = 1024;
+  D2O_ASSERT(a.dim <= kMaxDim);
+  alignas(64) float buf[kRows * kMaxDim];
+  for (int r0 = 0; r0 < a.n; r0 += kRows) {
+    const int nr = std::min(kRows, a.n - r0);
+    for (int i = 0; i < nr; ++i) {
+      const size_t row = static_cast<size_t>(a.rows ? a.rows[r0 + i] : r0 + i);
+      dequantize_row_isa(isa, a.quant, a.base + row * a.row_bytes,
+                         buf + static_cast<size_t>(i) * a.dim, a.dim);
+    }
+    RowDots f = a;
+    f.base = reinterpret_cast<const uint8_t*>(buf);
+    f.row_bytes = sizeof(float) * static_cast<size_t>(a.dim);
+    f.f16 = false;
+    f.quant = GgmlType::kF32;
+    f.rows = nullptr;
+    f.n = nr;
+    f.dot = a.dot + r0;
+    f.inv_norm = a.inv_norm ? a.inv_norm + r0 : nullptr;
+    row_dots_isa(isa, f);
+  }
+}
+
+}  // namespace
+
 void row_dots_isa(KernelIsa isa, const RowDots& a) {
   D2O_ASSERT(kernel_isa_available(isa));
+  if (a.quant != GgmlType::kF32) {
+    row_dots_quantized(isa, a);
+    return;
+  }
   switch (isa) {
     case KernelIsa::kAvx512:
       simd::row_dots_avx512(a);

@@ -1,15 +1,17 @@
 // Dot products of one query vector with many stored rows: the inner loop of D2O's nearest-
 // neighbour search (cosine similarity of an evicted key to every kept key of its head).
 //
-// Rows are read straight from KV storage (F32 or F16, converted on the fly) or from a float
-// matrix. Variants: scalar (portable), AVX2 + FMA + F16C (similarity_avx2.cpp) and AVX-512
-// (similarity_avx512.cpp), chosen once from cpu_features() like the ops/ kernels. Results of
-// the variants differ only by float summation order.
+// Rows are read straight from KV storage (F32 or F16, converted on the fly; Q8_0 / Q4_0,
+// dequantised a few rows at a time) or from a float matrix. Variants: scalar (portable), AVX2 +
+// FMA + F16C (similarity_avx2.cpp) and AVX-512 (similarity_avx512.cpp), chosen once from
+// cpu_features() like the ops/ kernels. Results of the variants differ only by float summation
+// order.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "ops/ggml_type.h"
 #include "ops/kernel_isa.h"
 
 namespace d2o {
@@ -18,6 +20,7 @@ struct RowDots {
   const uint8_t* base = nullptr;  // row r starts at base + (rows ? rows[r] : r) * row_bytes
   size_t row_bytes = 0;
   bool f16 = false;               // rows hold IEEE halves (else floats)
+  GgmlType quant = GgmlType::kF32;  // Q8_0 / Q4_0: rows hold such blocks (dim a multiple of 32)
   int dim = 0;                    // elements per row
   const int32_t* rows = nullptr;  // [n] row indices, or null for rows 0..n-1
   int n = 0;

@@ -1,0 +1,58 @@
+// Reference quantisation of rows into Q8_0 / Q4_0 blocks (see ops/quant.h): the KV cache stores
+// slots in these formats. Scalar only: a SIMD variant would have to reproduce the reference's
+// rounding bit for bit, and quantising a new slot is a small part of a decoding step.
+#include <cmath>
+#include <algorithm>
+
+#include "core/assert.h"
+#include "core/fp16.h"
+#include "ops/quant.h"
+
+namespace d2o {
+
+void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
+  D2O_ASSERT(n % kQK == 0);
+  for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
+    float amax = 0.0f;
+    for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = fp32_to_fp16(d);
+    for (int j = 0; j < kQK; ++j) y[i].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+  }
+}
+
+void quantize_row_q4_0(const float* x, BlockQ4_0* y, int64_t n) {
+  D2O_ASSERT(n % kQK == 0);
+  for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < kQK; ++j) {
+      if (amax < std::fabs(x[j])) {
+        amax = std::fabs(x[j]);
+        max = x[j];
+      }
+    }
+    const float d = max / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = fp32_to_fp16(d);
+    // x * id lies in [-8, 8]: the sum is in [0.5, 16.5], so the truncation fits a nibble after
+    // the clamp.
+    auto q = [&](float v) {
+      const float x0 = v * id;
+      return std::min(15, static_cast<int>(x0 + 8.5f));
+    };
+    for (int j = 0; j < kQK / 2; ++j) {
+      y[i].qs[j] = static_cast<uint8_t>(q(x[j]) | (q(x[j + kQK / 2]) << 4));
+    }
+  }
+}
+
+void quantize_row(GgmlType type, const float* x, void* y, int64_t n) {
+  switch (type) {
+    case GgmlType::kQ8_0: return quantize_row_q8_0(x, static_cast<BlockQ8_0*>(y), n);
+    case GgmlType::kQ4_0: return quantize_row_q4_0(x, static_cast<BlockQ4_0*>(y), n);
+    default: D2O_ASSERT(false && "quantize_row: Q8_0 or Q4_0 only");
+  }
+}
+
+}  // namespace d2o
