@@ -31,9 +31,7 @@ every prompt starts with it (position 0), as llama.cpp's tools tokenize by defau
 """
 import json
 import os
-import re
 import struct
-import subprocess
 import sys
 import tempfile
 
@@ -209,21 +207,10 @@ def perplexity(out_dir):
     path = os.path.join(out_dir, "kjv_ppl.txt")
     with open(path, "w", encoding="utf-8") as f:
         f.write(passage)
-    args = ["-m", MODEL, "-f", path, "-c", str(PPL_CTX), "-b", str(PPL_CTX), "-t", str(THREADS),
-            "-lm", "none"]
-    out = subprocess.run([os.path.join(ref.LLAMA_BIN, "llama-perplexity")] + args,
-                         capture_output=True, text=True,
-                         env=dict(os.environ, LD_LIBRARY_PATH=ref.LLAMA_BIN))
-    log = out.stdout + out.stderr
-    m = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", log)
-    chunks = re.search(r"calculating perplexity over (\d+) chunks", log)
-    if not m:
-        sys.exit("llama.cpp perplexity failed:\n" + log[-3000:])
-    res = {"ppl": float(m.group(1)), "ppl_err": float(m.group(2)), "n_ctx": PPL_CTX,
-           "chunks": int(chunks.group(1)) if chunks else None, "text": "kjv_ppl.txt",
+    ppl, err, chunks = ref.llama_perplexity(MODEL, path, PPL_CTX, THREADS)
+    res = {"ppl": ppl, "ppl_err": err, "n_ctx": PPL_CTX, "chunks": chunks, "text": "kjv_ppl.txt",
            "model": os.path.basename(MODEL),
-           "tool": "llama.cpp perplexity (llama-cpp-python 0.3.36 sources), "
-                   "args: " + " ".join(a if a != MODEL and a != path else os.path.basename(a) for a in args),
+           "tool": ref.PPL_TOOL + ", -c %d -t %d" % (PPL_CTX, THREADS),
            "protocol": "chunks of n_ctx tokens, each starting with BOS; the NLL of the second half "
                        "of each chunk; default K/V cache type and attention path"}
     with open(os.path.join(out_dir, "gemma3_ppl.json"), "w") as f:

@@ -8,9 +8,9 @@ d2o's tests compare against these outputs; they never compare d2o with its own e
                                                fixed token sequence (the parity tests call this)
 
 scripts/setup.sh --test-data builds llama.cpp from the llama-cpp-python source archive into
-$D2O_CACHE_DIR/llama.cpp (build/bin: libllama and llama-perplexity; py: the archive's Python
-bindings) and runs the first form into $D2O_CACHE_DIR/test-data/reference. Python packages:
-numpy, gguf, and the bindings' jinja2, diskcache and typing_extensions (setup installs them into
+$D2O_CACHE_DIR/llama.cpp (build/bin: libllama; llama_ppl: scripts/ref/llama_ppl.cpp built against
+it; py: the archive's Python bindings) and runs the first form into
+$D2O_CACHE_DIR/test-data/reference. Python packages: numpy, gguf, and the bindings' jinja2, diskcache and typing_extensions (setup installs them into
 $D2O_CACHE_DIR/pylib; put that on PYTHONPATH).
 
 Outputs of the first form:
@@ -36,6 +36,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.environ.get("D2O_CACHE_DIR", os.path.join(REPO, "cache"))
 MODEL = os.environ.get("D2O_MODEL", os.path.join(CACHE, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
 LLAMA_BIN = os.path.join(CACHE, "llama.cpp", "build", "bin")
+LLAMA_PPL = os.path.join(CACHE, "llama.cpp", "llama_ppl")  # scripts/ref/llama_ppl.cpp, built by set-up
 TOPK = 40
 N_POS = 512
 
@@ -203,24 +204,34 @@ def real_model_logits(out_dir):
     print(json.dumps({k: (v["kl_mean"], v["top1_mean"]) for k, v in noise.items() if isinstance(v, dict)}))
 
 
+def llama_perplexity(model, text_path, n_ctx, threads=2):
+    """llama.cpp's perplexity of a text file by llama-perplexity's protocol and defaults, computed
+    by scripts/ref/llama_ppl.cpp over libllama (set-up compiles it next to the llama.cpp build).
+    Returns (ppl, ppl_err, chunks)."""
+    out = subprocess.run([LLAMA_PPL, model, text_path, str(n_ctx), str(threads)],
+                         capture_output=True, text=True, env=dict(os.environ, LD_LIBRARY_PATH=LLAMA_BIN))
+    log = out.stdout + out.stderr
+    m = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", log)
+    chunks = re.search(r"calculating perplexity over (\d+) chunks", log)
+    if out.returncode != 0 or not m or not chunks:
+        sys.exit("llama.cpp perplexity failed:\n" + log[-3000:])
+    return float(m.group(1)), float(m.group(2)), int(chunks.group(1))
+
+
+PPL_TOOL = ("llama.cpp (llama-cpp-python 0.3.36 sources): libllama driven by scripts/ref/llama_ppl.cpp "
+            "with llama-perplexity's protocol and defaults (batch = context, micro-batches of 512, "
+            "F16 K/V cache, flash attention auto)")
+
+
 def perplexity(out_dir):
     kjv = open(os.path.join(CACHE, "texts", "kjv.txt"), encoding="utf-8").read()
     passage = kjv[:80000]
     path = os.path.join(out_dir, "kjv_ppl.txt")
     with open(path, "w", encoding="utf-8") as f:
         f.write(passage)
-    out = subprocess.run([os.path.join(LLAMA_BIN, "llama-perplexity"), "-m", MODEL, "-f", path, "-c", "2048",
-                          "-b", "2048", "-t", "2", "-lm", "none"], capture_output=True, text=True,
-                         env=dict(os.environ, LD_LIBRARY_PATH=LLAMA_BIN))
-    log = out.stdout + out.stderr
-    m = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", log)
-    n = re.search(r"tokenizing the input .*?\n.*?(\d+) tokens", log, re.S)
-    chunks = re.search(r"calculating perplexity over (\d+) chunks", log)
-    if not m:
-        sys.exit("llama.cpp perplexity failed:\n" + log[-3000:])
-    res = {"ppl": float(m.group(1)), "ppl_err": float(m.group(2)), "n_ctx": 2048,
-           "chunks": int(chunks.group(1)) if chunks else None, "text": "kjv_ppl.txt",
-           "tool": "llama.cpp perplexity (llama-cpp-python 0.3.36 sources), -c 2048 -t 2"}
+    ppl, err, chunks = llama_perplexity(MODEL, path, 2048)
+    res = {"ppl": ppl, "ppl_err": err, "n_ctx": 2048, "chunks": chunks, "text": "kjv_ppl.txt",
+           "tool": PPL_TOOL + ", -c 2048 -t 2"}
     with open(os.path.join(out_dir, "smollm2_ppl.json"), "w") as f:
         json.dump(res, f, indent=2)
     print("perplexity:", res)

@@ -315,15 +315,17 @@ if [ "$want_test_data" -eq 1 ]; then
     refs_make "$quant_dir" "$gen" dequantisation "PYTHONPATH=$pylib"
   fi
 
-  # llama.cpp itself, built from the same archive into $cache/llama.cpp (about 5 minutes on 2
-  # cores): build/bin holds libllama, its ggml libraries and llama-perplexity, py the archive's
-  # Python bindings. Built for this machine's CPU, as users build it. The real-model tests compare with
+  # llama.cpp itself, built from the same archive into $cache/llama.cpp (a few minutes on 2
+  # cores): build/bin holds libllama and its ggml libraries, llama_ppl our perplexity driver over
+  # libllama (scripts/ref/llama_ppl.cpp: llama-perplexity's protocol and defaults, without the
+  # tool's shared libraries, which take longer to build than libllama and ggml together), py the
+  # archive's Python bindings. Built for this machine's CPU, as users build it. The real-model tests compare with
   # what it computes here (below); the random-model parity tests ask it at test time.
   llama_dir="$cache/llama.cpp"
   llama_flags=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF
                -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
                -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF)
-  llama_stamp="$sdist_sha ${llama_flags[*]}"
+  llama_stamp="$sdist_sha ${llama_flags[*]} targets: llama"
   if [ "$(cat "$llama_dir/.built" 2>/dev/null || true)" != "$llama_stamp" ]; then
     get_sdist
     rm -rf "$llama_dir"
@@ -334,9 +336,17 @@ if [ "$want_test_data" -eq 1 ]; then
       || die "$sdist: llama.cpp sources or bindings missing from the archive"
     cmake -S "$llama_dir/source" -B "$llama_dir/build" "${llama_flags[@]}" >"$llama_dir/cmake.log" 2>&1 \
       || die "configuring llama.cpp failed (see $llama_dir/cmake.log)"
-    cmake --build "$llama_dir/build" -j"$(nproc 2>/dev/null || echo 2)" --target llama llama-perplexity \
+    cmake --build "$llama_dir/build" -j"$(nproc 2>/dev/null || echo 2)" --target llama \
       >"$llama_dir/build.log" 2>&1 || die "building llama.cpp failed (see $llama_dir/build.log)"
     echo "$llama_stamp" > "$llama_dir/.built"
+  fi
+  ppl_src="$repo/scripts/ref/llama_ppl.cpp"
+  ppl_stamp="$llama_stamp $(sha256sum "$ppl_src" | cut -d' ' -f1)"
+  if [ "$(cat "$llama_dir/.llama_ppl" 2>/dev/null || true)" != "$ppl_stamp" ] || [ ! -x "$llama_dir/llama_ppl" ]; then
+    c++ -O2 -std=c++17 -I"$llama_dir/source/include" -I"$llama_dir/source/ggml/include" "$ppl_src" \
+      -L"$llama_dir/build/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$llama_dir/build/bin" \
+      -o "$llama_dir/llama_ppl" || die "building scripts/ref/llama_ppl.cpp against llama.cpp failed"
+    echo "$ppl_stamp" > "$llama_dir/.llama_ppl"
   fi
 
   # Matmul references: llama.cpp's own product (ggml_mul_mat) of small random quantised matrices
@@ -355,7 +365,7 @@ if [ "$want_test_data" -eq 1 ]; then
   # tests/model/test_llama_parity.cpp and test_perplexity_parity.cpp (about 5 minutes on 2 cores).
   ref_dir="$cache/test-data/reference"
   gen="$repo/scripts/gen_reference_fixtures.py"
-  if refs_stale "$ref_dir" "$gen" 5; then
+  if refs_stale "$ref_dir" "$gen" 5 "$repo/scripts/ref/llama_ppl.cpp"; then
     ensure_pylib
     say "computing llama.cpp's reference logits and perplexity"
     refs_make "$ref_dir" "$gen" llama.cpp "PYTHONPATH=$pylib" "D2O_CACHE_DIR=$cache"
@@ -380,7 +390,7 @@ if [ "$want_test_data" -eq 1 ]; then
   gemma3_ref_dir="$ref_dir/gemma3"
   gen="$repo/scripts/gen_gemma3_reference.py"
   if [ "$want_gemma3_refs" -eq 1 ] && refs_stale "$gemma3_ref_dir" "$gen" 5 "$repo/scripts/gen_reference_fixtures.py" \
-       "$repo/tests/data/tokenizer/corpus_austen.txt" "$repo/tests/data/tokenizer/corpus_code.txt" \
+       "$repo/scripts/ref/llama_ppl.cpp" "$repo/tests/data/tokenizer/corpus_austen.txt" "$repo/tests/data/tokenizer/corpus_code.txt" \
        "$cache/texts/kjv.txt"; then
     ensure_pylib
     say "computing llama.cpp's Gemma 3 reference logits and perplexity"
