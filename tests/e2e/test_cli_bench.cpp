@@ -29,7 +29,7 @@ TEST(CliBenchPpTg, BadListsAndTestsThatDoNotFit) {
       {"-r 0", "repetitions must be at least 1", 1},
       {"-c 4096 -d 4096 -p 0 -n 128", "tg128 @ d4096 needs 4224 tokens of context", 1},
       {"--kv nonsense", "unknown KV policy", 1},
-      {"--kv-type q4", "f16 or f32", 1},
+      {"--kv-type q4", "expected f32, f16, q8_0 or q4_0", 1},
       {"--no-such-flag", "no-such-flag", 2},
   };
   for (const Case& c : cases) {
