@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/quant_fixture.h"
 #include "common/test_util.h"
 #include "core/thread_pool.h"
 #include "kv/attention.h"
@@ -25,7 +26,7 @@
 namespace d2o {
 namespace {
 
-std::string quant_dir() { return test::test_data_dir("D2O_QUANT_DIR", "quant"); }
+using test::quant_dir;
 
 struct QuantizeFixture {
   GgmlType type = GgmlType::kF32;
@@ -36,22 +37,12 @@ struct QuantizeFixture {
 // Reads <quant_dir>/quantize_<name>.bin (layout documented in the generator script).
 bool load_quantize_fixture(const std::string& name, QuantizeFixture* f, std::string* error) {
   const std::string path = quant_dir() + "/quantize_" + name + ".bin";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    *error = "cannot open " + path + " (run scripts/setup.sh --test-data)";
-    return false;
-  }
-  char magic[4];
-  uint32_t header[4];
-  in.read(magic, 4);
-  in.read(reinterpret_cast<char*>(header), sizeof(header));
-  if (!in || std::memcmp(magic, "D2OQ", 4) != 0 || header[0] != 1) {
-    *error = path + ": bad header";
-    return false;
-  }
-  f->type = static_cast<GgmlType>(header[1]);
-  f->x.resize(header[2]);
-  f->expected.resize(header[3]);
+  std::ifstream in;
+  uint32_t type = 0, n_a = 0, n_b = 0;
+  if (!test::open_quant_fixture(path, &in, &type, &n_a, &n_b, error)) return false;
+  f->type = static_cast<GgmlType>(type);
+  f->x.resize(n_a);
+  f->expected.resize(n_b);
   in.read(reinterpret_cast<char*>(f->x.data()), static_cast<std::streamsize>(f->x.size() * 4));
   in.read(reinterpret_cast<char*>(f->expected.data()),
           static_cast<std::streamsize>(f->expected.size()));

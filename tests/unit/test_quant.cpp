@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/quant_fixture.h"
 #include "common/test_util.h"
 #include "core/fp16.h"
 #include "ops/quant.h"
@@ -25,28 +26,17 @@ struct Fixture {
   std::vector<float> expected;
 };
 
-// Folder of the fixtures: $D2O_QUANT_DIR, else the setup step's cache.
-std::string quant_dir() { return test::test_data_dir("D2O_QUANT_DIR", "quant"); }
+using test::quant_dir;
 
 // Reads <quant_dir>/dequant_<name>.bin (layout documented in the generator script).
 bool load_fixture(const std::string& name, Fixture* f, std::string* error) {
   const std::string path = quant_dir() + "/dequant_" + name + ".bin";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    *error = "cannot open " + path + " (run scripts/setup.sh --test-data)";
-    return false;
-  }
-  char magic[4];
-  uint32_t header[4];
-  in.read(magic, 4);
-  in.read(reinterpret_cast<char*>(header), sizeof(header));
-  if (!in || std::memcmp(magic, "D2OQ", 4) != 0 || header[0] != 1) {
-    *error = path + ": bad header";
-    return false;
-  }
-  f->type = static_cast<GgmlType>(header[1]);
-  f->expected.resize(header[2]);
-  f->raw.resize(header[3]);
+  std::ifstream in;
+  uint32_t type = 0, n_a = 0, n_b = 0;
+  if (!test::open_quant_fixture(path, &in, &type, &n_a, &n_b, error)) return false;
+  f->type = static_cast<GgmlType>(type);
+  f->expected.resize(n_a);
+  f->raw.resize(n_b);
   in.read(reinterpret_cast<char*>(f->raw.data()), static_cast<std::streamsize>(f->raw.size()));
   in.read(reinterpret_cast<char*>(f->expected.data()),
           static_cast<std::streamsize>(f->expected.size() * sizeof(float)));
