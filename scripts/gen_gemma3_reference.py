@@ -21,7 +21,8 @@ Outputs:
                           the reference, and the quantised model vs its F32 dequantisation; also
                           the settings every file was made with
   gemma3_ppl.json         llama.cpp's perplexity of kjv_ppl.txt at context 4096
-  kjv_ppl.txt             the KJV passage (public domain) used for it (the one SmolLM2's uses)
+  kjv_ppl.txt             the KJV passage (public domain) used for it (80,000 characters;
+                          SmolLM2's passage is its first half)
 
 The prompts are SmolLM2's (gen_reference_fixtures.py): the KJV, Pride and Prejudice, C++ source,
 and the same three-turn conversation, written in Gemma's turn format (<start_of_turn>user ...
@@ -203,7 +204,7 @@ def real_model_logits(out_dir):
 
 def perplexity(out_dir):
     kjv = open(os.path.join(ref.CACHE, "texts", "kjv.txt"), encoding="utf-8").read()
-    passage = kjv[:80000]  # the passage of smollm2_ppl.json
+    passage = kjv[:80000]  # about 20K tokens of the KJV text (SmolLM2's passage is its first half)
     path = os.path.join(out_dir, "kjv_ppl.txt")
     with open(path, "w", encoding="utf-8") as f:
         f.write(passage)

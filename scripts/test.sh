@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # d2o tests: set-up (packages, model, test data), build, then every test suite.
-#   1. Release build with warnings as errors: unit, model (real weights) and end-to-end tests.
-#   2. AddressSanitizer + UndefinedBehaviorSanitizer build: the same suites except the long
-#      reference-parity runs and the four whole-pipeline evaluation runs (make_results --quick,
-#      eval ppl/niah --quick, the same-seed rerun): same code paths as the release run and as the
-#      shorter eval tests that do run, but 3-10 minutes each under ASan on a 2-core machine;
-#      and the server driven by the `openai` package (the same binary's requests and responses
-#      are unit-tested under ASan; the model run takes minutes there).
+#   1. Release build with warnings as errors: the model suite (real weights, reference parity
+#      against llama.cpp) and the end-to-end suite (the d2o binary driven as a user would).
+#   2. AddressSanitizer + UndefinedBehaviorSanitizer build: the unit suite, and the end-to-end
+#      suite except its four whole-pipeline evaluation runs (make_results --quick, eval ppl/niah
+#      --quick, the same-seed rerun: same code paths as the shorter eval tests that do run, but
+#      3-10 minutes each under ASan on a 2-core machine) and the server driven by the `openai`
+#      package (the same binary's requests and responses are unit-tested under ASan; the model
+#      run takes minutes there). Each test thus runs once, except the shorter end-to-end ones.
 #   scripts/test.sh --tsan: instead, a ThreadSanitizer build of only the tests that run code on
 #      several threads (thread pool, scheduler and batched decoding, attention split across
 #      threads, micro-batched forward pass; see tests/CMakeLists.txt), run under TSan.
@@ -54,9 +55,10 @@ fi
 
 stage "release build"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DD2O_WERROR=ON >/dev/null
-cmake --build build -j"$jobs"
+# The unit suite runs under the sanitizers (below), not here.
+cmake --build build -j"$jobs" --target d2o_cli d2o_model_tests d2o_e2e_tests
 stage "release tests"
-ctest --test-dir build --output-on-failure -j"$jobs" "$@"
+ctest --test-dir build --output-on-failure -j"$jobs" -L "^(model|e2e)$" "$@"
 
 stage "sanitizer build (ASan + UBSan)"
 # -O2 with -g1 (line tables) rather than RelWithDebInfo's full -g: reports show the same frames
@@ -64,8 +66,10 @@ stage "sanitizer build (ASan + UBSan)"
 # the size.
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS=-g1 -DD2O_SANITIZE=ON \
   -DD2O_WERROR=ON >/dev/null
-cmake --build build-asan -j"$jobs"
+# The real-weight model suite is not built here: everything in it but its generator checks is a
+# reference-parity run (excluded below), and those run in the release build.
+cmake --build build-asan -j"$jobs" --target d2o_cli d2o_unit_tests d2o_e2e_tests
 stage "sanitizer tests"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure -j"$jobs" \
+  ctest --test-dir build-asan --output-on-failure -j"$jobs" -L "^(unit|e2e)$" \
   -E "Parity|ServeOpenAi|MakeResults\.QuickRuns|CliEval\.(PplQuickRuns|NiahQuickRuns|RulerQuickRuns|SameSeedSameNumbers)" "$@"
