@@ -4,7 +4,8 @@
 #
 #   LLAMA_BENCH=/path/to/llama-bench LLAMA_LIB=/path/to/its/libs scripts/compare_llama_bench.sh \
 #       [-m MODEL] [-t THREADS] [-d DEPTHS] [-p N_PROMPT] [-n N_GEN] [-r REPS] [--kv SPEC]... \
-#       [--fa 0,1] [--prefill N] [--llama-extra "ARGS"] [--nice N] [-o docs/performance.md]
+#       [--fa 0,1] [--prefill N] [--llama-extra "ARGS"] [--d2o-extra "ARGS"] [--nice N]
+#       [-o docs/performance.md]
 #       [--raw DIR] [--d2o build/d2o]
 #
 # Defaults: the setup step's SmolLM2-135M-Instruct Q4_1, 2 threads, depths 0,2048,4096,8192,
@@ -20,7 +21,9 @@
 # none in versions with --load-mode) like d2o, and both prefill the depth untimed.
 #
 # --llama-extra passes further llama-bench options to every llama-bench run (e.g. "--poll 0", so
-# its threads sleep instead of spinning when the machine is oversubscribed). --nice N runs both
+# its threads sleep instead of spinning when the machine is oversubscribed); --d2o-extra passes
+# further options to every `d2o bench` run: the two together compare quantized KV storage, e.g.
+# --llama-extra "-ctk q8_0 -ctv q8_0" --d2o-extra "--kv-type q8_0" --fa 1. --nice N runs both
 # programs (and the bandwidth probe) under `nice -n N` (negative needs root): on a shared machine
 # other jobs then take less of the CPU from both alike.
 #
@@ -42,6 +45,7 @@ raw=$repo/build/perf-compare
 d2o=$repo/build/d2o
 prefill_n=8192
 llama_extra=""
+d2o_extra=""
 nice_level=""
 
 die() { echo "compare_llama_bench: error: $*" >&2; exit 1; }
@@ -62,8 +66,9 @@ while [ $# -gt 0 ]; do
     --d2o) d2o=$2; shift 2 ;;
     --prefill) prefill_n=$2; shift 2 ;;
     --llama-extra) llama_extra=$2; shift 2 ;;
+    --d2o-extra) d2o_extra=$2; shift 2 ;;
     --nice) nice_level=$2; shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) die "unknown option '$1' (try --help)" ;;
   esac
 done
@@ -97,6 +102,7 @@ rm -f "$raw"/*.json
 IFS=, read -r -a depth_arr <<<"$depths"
 IFS=, read -r -a fa_arr <<<"$fa_list"
 read -r -a llama_extra_arr <<<"$llama_extra"
+read -r -a d2o_extra_arr <<<"$d2o_extra"
 meta=$raw/meta.txt
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -111,6 +117,7 @@ meta=$raw/meta.txt
   echo "reps: $reps"
   echo "no_mmap: ${no_mmap[*]:-none}"
   echo "llama_extra: ${llama_extra:-none}"
+  echo "d2o_extra: ${d2o_extra:-none}"
   echo "nice: ${nice_level:-0}"
 } >"$meta"
 
@@ -133,8 +140,8 @@ run_d2o() {  # run_d2o SPEC_INDEX TESTKIND N DEPTH
   local pn=(-p 0 -n "$n")
   [ "$kind" = pp ] && pn=(-p "$n" -n 0)
   say "d2o --kv ${kv_specs[$i]}: $kind$n @ d$d"
-  "${run_nice[@]}" "$d2o" bench -m "$model" -t "$threads" "${pn[@]}" -d "$d" -r "$reps" --kv "${kv_specs[$i]}" --json "$f" \
-    >"$f.log" 2>&1 || { say "d2o bench failed (see $f.log)"; rm -f "$f"; }
+  "${run_nice[@]}" "$d2o" bench -m "$model" -t "$threads" "${pn[@]}" -d "$d" -r "$reps" --kv "${kv_specs[$i]}" \
+    "${d2o_extra_arr[@]}" --json "$f" >"$f.log" 2>&1 || { say "d2o bench failed (see $f.log)"; rm -f "$f"; }
 }
 
 tests=()
@@ -158,7 +165,7 @@ if [ "$prefill_n" -gt 0 ]; then
     for ((i = 0; i < ${#kv_specs[@]}; i++)); do
       f=$raw/d2o_prefill_kv${i}_${r}.json
       say "d2o --kv ${kv_specs[$i]}: prefill of $prefill_n tokens ($((r + 1))/$reps)"
-      "${run_nice[@]}" "$d2o" bench -m "$model" -t "$threads" -p "$prefill_n" -n 0 -d 0 -r 1 --kv "${kv_specs[$i]}" --json "$f" \
+      "${run_nice[@]}" "$d2o" bench -m "$model" -t "$threads" -p "$prefill_n" -n 0 -d 0 -r 1 --kv "${kv_specs[$i]}" "${d2o_extra_arr[@]}" --json "$f" \
         >"$f.log" 2>&1 || { say "d2o bench failed (see $f.log)"; rm -f "$f"; }
     done
   done
@@ -169,5 +176,5 @@ printf '%s\n' "${kv_specs[@]}" >"$raw/kv_specs.txt"
 notes=()
 if [ -f "$repo/docs/performance_notes.md" ]; then notes=(--notes "$repo/docs/performance_notes.md"); fi
 python3 "$repo/scripts/perf_report.py" --raw "$raw" --out "$out" "${notes[@]}" \
-  --cmd "scripts/compare_llama_bench.sh -t $threads -d $depths -p $n_prompt -n $n_gen -r $reps$(printf ' --kv %q' "${kv_specs[@]}") --fa $fa_list --prefill $prefill_n${llama_extra:+ --llama-extra \"$llama_extra\"}${nice_level:+ --nice $nice_level}"
+  --cmd "scripts/compare_llama_bench.sh -t $threads -d $depths -p $n_prompt -n $n_gen -r $reps$(printf ' --kv %q' "${kv_specs[@]}") --fa $fa_list --prefill $prefill_n${llama_extra:+ --llama-extra \"$llama_extra\"}${d2o_extra:+ --d2o-extra \"$d2o_extra\"}${nice_level:+ --nice $nice_level}"
 say "wrote $out (raw results in $raw)"
