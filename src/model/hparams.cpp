@@ -1,6 +1,7 @@
 #include "model/hparams.h"
 
 #include <cmath>
+#include <limits>
 
 namespace d2o {
 
@@ -39,7 +40,9 @@ Status read_rope_scaling(const GgufFile& f, const std::string& p, ModelHParams* 
   }
   D2O_ASSIGN_OR_RETURN(double factor, f.get_float_or(p + "rope.scale_linear", 0.0));
   D2O_ASSIGN_OR_RETURN(factor, f.get_float_or(p + "rope.scaling.factor", factor));
-  if (!(factor >= 0.0) || !std::isfinite(factor)) {
+  // (A factor so small that 1 / factor overflows a float is as malformed as a negative one.)
+  if (!(factor >= 0.0) || !std::isfinite(factor) ||
+      (factor > 0.0 && 1.0 / factor > std::numeric_limits<float>::max())) {
     return format_error("rope.scaling.factor = " + std::to_string(factor) +
                         " must be positive (or 0: no scaling)");
   }

@@ -1,7 +1,8 @@
 // The model seam on writer-made random models: the layer description the llama family gets, and
 // ModelForward::run against a naive forward pass written here (plain loops in double, full causal
 // attention per sequence, RoPE from its formula, no code shared with src/model or src/ops), with
-// several sequences in one micro-batch, decode steps, every attention split, and the
+// several sequences in one micro-batch, decode steps, every attention split (llama with GQA,
+// qwen2's biases, qwen3's QK-norm, Llama 3.1's RoPE frequency factors), and the
 // ForwardHooks contract (which sequences and layers are called back, logits in ascending blocks of
 // at most kLogitRows rows, a hook's error failing the pass).
 #include <gtest/gtest.h>

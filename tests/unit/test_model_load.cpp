@@ -146,10 +146,12 @@ TEST(ModelLoad, RopeScalingThatD2oCannotHonourIsRefused) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
   EXPECT_NE(r.status().message().find("rope.scaling.attn_factor"), std::string::npos);
-  r = rope_with({{"llama.rope.scaling.factor", -2.0f}}, "linear");
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kFormatError);
-  EXPECT_NE(r.status().message().find("rope.scaling.factor"), std::string::npos);
+  for (float bad : {-2.0f, 1e-40f, std::numeric_limits<float>::infinity()}) {
+    r = rope_with({{"llama.rope.scaling.factor", bad}}, "linear");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kFormatError);
+    EXPECT_NE(r.status().message().find("rope.scaling.factor"), std::string::npos);
+  }
 }
 
 }  // namespace
