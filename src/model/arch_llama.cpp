@@ -1,9 +1,14 @@
-// The llama family's forward pass: llama, mistral (SmolLM2, Llama 2/3, Mistral) and qwen2 (the
-// same with biases on Q, K and V and NeoX RoPE, both carried by the LayerDesc).
+// The llama family's forward pass: llama, mistral (SmolLM2, Llama 2/3, Mistral), qwen2 (the same
+// with biases on Q, K and V and NeoX RoPE) and qwen3 (no biases; NeoX RoPE and QK-norm: each head
+// of Q and K RMS-normalised before RoPE). The differences are LayerDesc fields (qkv_bias,
+// norms.qk, rope) that BlockPass::qkv_rope reads, so one block serves all four. Llama 3.1's
+// long-context scaling is in the RoPE too (per-pair frequency factors, RopeParams::freq_factors).
 //
 //   x = token_embd[token]
 //   every layer:  h = rmsnorm(x) * attn_norm
-//                 q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv);  q, k = RoPE(q, k, position)
+//                 q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv)
+//                 q, k = rmsnorm per head * attn_q_norm, attn_k_norm     (qwen3: QK-norm)
+//                 q, k = RoPE(q, k, position)
 //                 append k, v to the cache;  x += attention(q, cache) Wo
 //                 h = rmsnorm(x) * ffn_norm;  x += (silu(h Wgate) * h Wup) Wdown
 //   logits = (rmsnorm(x) * output_norm) Wout   (Wout = token_embd when tied)
@@ -29,8 +34,7 @@ class LlamaForward final : public ModelForward {
     // What this file computes; describe_model gives the llama family nothing else.
     for (const LayerDesc& d : model.desc().layers) {
       D2O_ASSERT(d.kind == LayerKind::kGlobal && d.ffn == FfnKind::kSwiGlu);
-      D2O_ASSERT(d.norms.attn_pre && d.norms.ffn_pre && !d.norms.attn_post && !d.norms.ffn_post &&
-                 !d.norms.qk);
+      D2O_ASSERT(d.norms.attn_pre && d.norms.ffn_pre && !d.norms.attn_post && !d.norms.ffn_post);
     }
     D2O_ASSERT(model.desc().embd_scale == 1.0f);
   }
@@ -48,7 +52,7 @@ class LlamaForward final : public ModelForward {
       const LayerDesc& d = model_.desc().layers[static_cast<size_t>(il)];
       // Attention block.
       b.norm(L.attn_norm);
-      b.qkv_rope(L, d, in.pos);
+      b.qkv_rope(L, d, in.pos);  // biases and QK-norm as d says
       D2O_RETURN_IF_ERROR(b.attention(attn_, il, d, in, hooks));
       b.attn_output(L.wo);
       // Feed-forward block (SwiGLU).

@@ -22,6 +22,7 @@ std::unique_ptr<ModelForward> ModelForward::create(const Model& model, ThreadPoo
   switch (model.hparams().arch) {
     case ModelArch::kLlama:
     case ModelArch::kQwen2:
+    case ModelArch::kQwen3:
       return make_llama_forward(model, pool, opts);
     case ModelArch::kGemma3:
       return make_gemma3_forward(model, pool, opts);

@@ -1,11 +1,15 @@
 #include "model/hparams.h"
 
+#include <cmath>
+#include <limits>
+
 namespace d2o {
 
 const char* model_arch_name(ModelArch arch) {
   switch (arch) {
     case ModelArch::kLlama: return "llama";
     case ModelArch::kQwen2: return "qwen2";
+    case ModelArch::kQwen3: return "qwen3";
     case ModelArch::kGemma3: return "gemma3";
   }
   return "unknown";
@@ -19,6 +23,38 @@ Status require_positive(const char* what, int64_t v, int64_t max) {
   }
   return {};
 }
+
+// RoPE scaling as llama.cpp reads it: rope.scaling.type defaults to linear, and the factor
+// (rope.scaling.factor, or the older rope.scale_linear; 0 or absent: none) divides positions
+// unless the type is none. YaRN and LongRoPE change the rotation itself and are refused, as is an
+// attention factor other than 1 (it would scale every cos/sin). Llama 3's long-context scaling
+// has no key: it is the rope_freqs.weight tensor of per-pair frequency factors (model.cpp).
+Status read_rope_scaling(const GgufFile& f, const std::string& p, ModelHParams* hp) {
+  std::string type = "linear";
+  if (f.find(p + "rope.scaling.type")) {
+    D2O_ASSIGN_OR_RETURN(type, f.get_string(p + "rope.scaling.type"));
+  }
+  if (type != "none" && type != "linear") {
+    return unsupported("rope.scaling.type '" + type +
+                       "' is not supported (supported: none, linear)");
+  }
+  D2O_ASSIGN_OR_RETURN(double factor, f.get_float_or(p + "rope.scale_linear", 0.0));
+  D2O_ASSIGN_OR_RETURN(factor, f.get_float_or(p + "rope.scaling.factor", factor));
+  // (A factor so small that 1 / factor overflows a float is as malformed as a negative one.)
+  if (!(factor >= 0.0) || !std::isfinite(factor) ||
+      (factor > 0.0 && 1.0 / factor > std::numeric_limits<float>::max())) {
+    return format_error("rope.scaling.factor = " + std::to_string(factor) +
+                        " must be positive (or 0: no scaling)");
+  }
+  if (type == "linear" && factor > 0.0) hp->rope_freq_scale = static_cast<float>(1.0 / factor);
+  D2O_ASSIGN_OR_RETURN(double attn_factor, f.get_float_or(p + "rope.scaling.attn_factor", 1.0));
+  if (attn_factor != 1.0) {
+    return unsupported("rope.scaling.attn_factor = " + std::to_string(attn_factor) +
+                       " is not supported (only 1)");
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<ModelHParams> ModelHParams::from_gguf(const GgufFile& f) {
@@ -31,12 +67,15 @@ Result<ModelHParams> ModelHParams::from_gguf(const GgufFile& f) {
     hp.arch = ModelArch::kQwen2;
     hp.rope_type = RopeType::kNeox;
     hp.qkv_bias = true;
+  } else if (hp.arch_name == "qwen3") {
+    hp.arch = ModelArch::kQwen3;
+    hp.rope_type = RopeType::kNeox;
   } else if (hp.arch_name == "gemma3") {
     hp.arch = ModelArch::kGemma3;
     hp.rope_type = RopeType::kNeox;
   } else {
     return unsupported("model architecture '" + hp.arch_name +
-                       "' is not supported (supported: llama, mistral, qwen2, gemma3)");
+                       "' is not supported (supported: llama, mistral, qwen2, qwen3, gemma3)");
   }
   const std::string p = hp.arch_name + ".";
   D2O_ASSIGN_OR_RETURN(int64_t n_layer, f.get_int(p + "block_count"));
@@ -76,14 +115,7 @@ Result<ModelHParams> ModelHParams::from_gguf(const GgufFile& f) {
   if (!(base > 0.0) || !(eps > 0.0) || eps > 1.0) {
     return format_error("rope.freq_base and layer_norm_rms_epsilon must be positive");
   }
-  if (auto st = f.get_string(p + "rope.scaling.type"); st.ok() && *st != "none") {
-    if (*st != "linear") {
-      return unsupported("rope.scaling.type '" + *st + "' is not supported (supported: none, linear)");
-    }
-    D2O_ASSIGN_OR_RETURN(double factor, f.get_float_or(p + "rope.scaling.factor", 1.0));
-    if (!(factor > 0.0)) return format_error("rope.scaling.factor must be positive");
-    hp.rope_freq_scale = static_cast<float>(1.0 / factor);
-  }
+  D2O_RETURN_IF_ERROR(read_rope_scaling(f, p, &hp));
   int64_t n_vocab = 0;
   if (auto vs = f.get_int(p + "vocab_size"); vs.ok()) {
     n_vocab = *vs;

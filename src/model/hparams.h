@@ -14,6 +14,7 @@ namespace d2o {
 enum class ModelArch {
   kLlama,   // llama, mistral (SmolLM2, Llama 2/3, Mistral): RMSNorm, SwiGLU, RoPE norm
   kQwen2,   // like llama with biases on Q, K, V and NeoX RoPE
+  kQwen3,   // like llama with per-head RMSNorm of Q and K (QK-norm) and NeoX RoPE
   kGemma3,  // Gemma 3: sliding-window and global layers, QK-norm, sandwich norms, GeGLU
 };
 const char* model_arch_name(ModelArch arch);
@@ -33,7 +34,7 @@ struct ModelHParams {
   RopeType rope_type = RopeType::kNorm;
   int n_rot = 0;
   float rope_freq_base = 10000.0f;
-  float rope_freq_scale = 1.0f;
+  float rope_freq_scale = 1.0f;  // linear scaling: positions times this (1 / rope.scaling.factor)
   bool qkv_bias = false;
   // Sliding-window attention (gemma3): layers il with il % swa_pattern < swa_pattern - 1 (every
   // layer when swa_pattern is 0) see only the last sliding_window positions and use their own

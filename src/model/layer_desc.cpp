@@ -42,9 +42,11 @@ Result<ModelDesc> describe_model(const ModelHParams& hp, const float* rope_freq_
   switch (hp.arch) {
     case ModelArch::kLlama:
     case ModelArch::kQwen2:
-      // Pre-norm layers, all alike: attn_norm, Q/K/V (qwen2: with biases), RoPE, attention, O,
-      // residual; ffn_norm, SwiGLU, residual.
+    case ModelArch::kQwen3:
+      // Pre-norm layers, all alike: attn_norm, Q/K/V (qwen2: with biases; qwen3: each head of Q
+      // and K RMS-normalised), RoPE, attention, O, residual; ffn_norm, SwiGLU, residual.
       d.norms = LayerNorms{};
+      d.norms.qk = hp.arch == ModelArch::kQwen3;
       d.qkv_bias = hp.qkv_bias;
       d.ffn = FfnKind::kSwiGlu;
       md.layers.assign(static_cast<size_t>(hp.n_layer), d);

@@ -1,5 +1,7 @@
 #include "model/model.h"
 
+#include <cmath>
+
 #include "ops/quant.h"
 
 namespace d2o {
@@ -87,6 +89,38 @@ class TensorLoader {
   AlignedBuffer<uint8_t> scratch_;
 };
 
+// rope_freqs.weight: Llama 3's long-context RoPE scaling, one factor per rotated pair (n_rot / 2)
+// that divides the pair's angle (the converter computes them from rope_scaling type llama3).
+// Optional, and only in the llama architecture, as in llama.cpp, whose other architectures would
+// ignore or refuse the tensor: a file that carries it elsewhere is refused rather than run with
+// different positions.
+Status load_rope_freqs(const GgufFile& f, TensorLoader& ld, const ModelHParams& h,
+                       std::vector<float>* out) {
+  const char* name = "rope_freqs.weight";
+  const GgufTensorInfo* t = f.find_tensor(name);
+  if (!t) return {};
+  if (h.arch != ModelArch::kLlama) {
+    return unsupported(std::string("tensor '") + name +
+                       "' (RoPE frequency factors) is not part of the " + model_arch_name(h.arch) +
+                       " architecture");
+  }
+  if (t->dims.size() != 1) {
+    return format_error(std::string("tensor '") + name + "' has shape " + t->shape_string() +
+                        ", expected [" + std::to_string(h.n_rot / 2) +
+                        "] (rope.dimension_count / 2)");
+  }
+  D2O_RETURN_IF_ERROR(ld.vector(name, h.n_rot / 2, out));
+  for (size_t i = 0; i < out->size(); ++i) {
+    const float v = (*out)[i];
+    if (!(v > 0.0f) || !std::isfinite(v)) {
+      return format_error(std::string("tensor '") + name + "' holds " + std::to_string(v) +
+                          " at " + std::to_string(i) +
+                          ": frequency factors must be positive and finite");
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Model>> Model::load(const std::string& path, const ModelLoadOptions& opts) {
@@ -112,9 +146,7 @@ Result<std::unique_ptr<Model>> Model::load(const GgufFile& f, const ModelLoadOpt
       m->output_.emplace();
       D2O_RETURN_IF_ERROR(ld.matrix("output.weight", h.n_vocab, h.n_embd, &*m->output_));
     }
-    if (ld.has("rope_freqs.weight")) {
-      D2O_RETURN_IF_ERROR(ld.vector("rope_freqs.weight", h.n_rot / 2, &m->rope_freqs_));
-    }
+    D2O_RETURN_IF_ERROR(load_rope_freqs(f, ld, h, &m->rope_freqs_));
     // What each layer holds follows from its description (the RoPE tables point into the
     // model's own rope_freqs_, which no longer moves).
     auto desc = describe_model(h, m->rope_freqs_.empty() ? nullptr : m->rope_freqs_.data());

@@ -89,13 +89,16 @@ void rmsnorm(const float* x, const float* w, float eps, int64_t n, float* y) {
 
 void rope_tables(const RopeParams& p, float pos, float* cos_t, float* sin_t) {
   const int half = p.n_rot / 2;
-  // theta_i = pos * freq_scale * base^(-2i/n_rot), computed by repeated multiplication in float,
-  // which is how the reference implementation builds its table (keeps results closest to it).
+  // theta_i = freq_scale * (pos * base^(-2i/n_rot) / ff_i): pos * base^(-2i/n_rot) by repeated
+  // multiplication in float, divided by pair i's frequency factor (Llama 3's long-context
+  // scaling; 1 without), then the linear scaling; in this order because it is how the reference
+  // implementation builds its table (same float roundings). With freq_scale 1 and no factors
+  // both steps are exact.
   const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(p.n_rot));
-  float theta = pos * p.freq_scale;
+  float theta = pos;
   for (int i = 0; i < half; ++i) {
     const float ff = p.freq_factors ? p.freq_factors[i] : 1.0f;
-    const float t = theta / ff;
+    const float t = p.freq_scale * (theta / ff);
     cos_t[i] = std::cos(t);
     sin_t[i] = std::sin(t);
     theta *= theta_scale;

@@ -29,8 +29,12 @@ struct RopeParams {
   int n_rot = 0;  // rotated dims per head (== head_dim for most models)
   float freq_base = 10000.0f;
   float freq_scale = 1.0f;              // linear position scaling (1 = none)
-  const float* freq_factors = nullptr;  // optional per-pair divisors [n_rot / 2] (Llama 3.1 style)
+  // Optional per-pair divisors of the angle [n_rot / 2], positive (Llama 3.1's rope_freqs: 1 for
+  // the high frequencies, the scaling factor for the low ones, a blend between); null: all 1.
+  const float* freq_factors = nullptr;
 };
+// Pair i (i < n_rot / 2) of a head at position pos turns by
+//   freq_scale * pos * freq_base^(-2i / n_rot) / freq_factors[i].
 
 // Rotates `n_head` heads of `x` ([n_head, head_dim], in place) for position `pos`. Fractional
 // positions are allowed (re-rotating keys by a position delta).

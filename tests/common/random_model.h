@@ -4,6 +4,7 @@
 // logits.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -15,7 +16,7 @@
 namespace d2o::test {
 
 struct RandomModelConfig {
-  std::string arch = "llama";  // "llama", "qwen2" or "gemma3"
+  std::string arch = "llama";  // "llama", "qwen2", "qwen3" or "gemma3"
   int n_layer = 2;
   int n_embd = 64;
   int n_head = 4;
@@ -28,7 +29,35 @@ struct RandomModelConfig {
   uint32_t seed = 1;
   int head_dim = 0;        // 0: n_embd / n_head (written as key_length when set)
   int sliding_window = 0;  // gemma3: attention.sliding_window (0: not written)
+  // Written as rope_freqs.weight (n_rot / 2 values) when not empty: Llama 3.1's RoPE scaling.
+  std::vector<float> rope_freqs;
+  std::string omit_tensor;  // a tensor left out (malformed files for load tests)
 };
+
+// The frequency factors llama.cpp's converter writes for rope_scaling type llama3 (Llama 3.1):
+// pair i with wavelength 2 pi / base^(-2i/n_rot) keeps its frequency (1) below
+// old_ctx / high_freq_factor, is slowed down by `factor` above old_ctx / low_freq_factor, and by
+// a blend in between.
+inline std::vector<float> llama3_rope_freqs(int n_rot, double base, double factor,
+                                            double low_freq_factor, double high_freq_factor,
+                                            double old_ctx) {
+  const double kPi = 3.14159265358979323846;
+  std::vector<float> ff;
+  for (int i = 0; i < n_rot / 2; ++i) {
+    const double freq = 1.0 / std::pow(base, 2.0 * i / n_rot);
+    const double wavelen = 2 * kPi / freq;
+    if (wavelen < old_ctx / high_freq_factor) {
+      ff.push_back(1.0f);
+    } else if (wavelen > old_ctx / low_freq_factor) {
+      ff.push_back(static_cast<float>(factor));
+    } else {
+      const double smooth =
+          (old_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+      ff.push_back(static_cast<float>(1.0 / ((1 - smooth) / factor + smooth)));
+    }
+  }
+  return ff;
+}
 
 // The two fixtures the reference logits exist for.
 inline RandomModelConfig random_qwen2_config() {
@@ -56,6 +85,37 @@ inline RandomModelConfig random_gemma3_config() {
   c.sliding_window = 8;
   c.tied = true;
   c.seed = 4;
+  return c;
+}
+// Qwen 3's layer: the llama block with QK-norm (per-head RMSNorm of Q and K before RoPE), NeoX
+// RoPE, no biases, a head size (32) that is not n_embd / n_head, GQA, tied output.
+inline RandomModelConfig random_qwen3_config() {
+  RandomModelConfig c;
+  c.arch = "qwen3";
+  c.n_layer = 3;
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  c.head_dim = 32;
+  c.n_ff = 96;
+  c.tied = true;
+  c.seed = 5;
+  return c;
+}
+// Llama 3.1's RoPE scaling on a llama with GQA: frequency factors as the converter computes them
+// for factor 8, low/high frequency factors 1 and 4, and an "original context" of 32 positions, so
+// that over the 64 test tokens the pairs span all three cases: 16 pairs (head size 32) of
+// wavelengths 6.3 to ~4e4 positions, the first unscaled (< 8), two blended, the rest slowed 8x.
+inline RandomModelConfig random_llama31_config() {
+  RandomModelConfig c;
+  c.arch = "llama";
+  c.n_layer = 2;
+  c.n_embd = 128;
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  c.n_ff = 192;
+  c.tied = false;
+  c.seed = 6;
+  c.rope_freqs = llama3_rope_freqs(32, 10000.0, 8.0, 1.0, 4.0, 32.0);
   return c;
 }
 inline RandomModelConfig random_llama_mha_config() {
@@ -104,9 +164,15 @@ inline std::vector<uint8_t> f16_bytes(const std::vector<float>& v) {
 
 inline GgufWriter make_random_model(const RandomModelConfig& c) {
   GgufWriter w;
+  // Every tensor goes through here, so that c.omit_tensor can leave one out.
+  auto add_tensor = [&](const std::string& name, GgmlType type, std::vector<int64_t> dims,
+                        std::vector<uint8_t> data) {
+    if (name != c.omit_tensor) w.add_tensor(name, type, dims, std::move(data));
+  };
   const std::string a = c.arch;
   const int hd = c.head_dim > 0 ? c.head_dim : c.n_embd / c.n_head;
   const bool gemma = a == "gemma3";
+  const bool qk_norm = gemma || a == "qwen3";
   w.add_string("general.architecture", a);
   w.add_string("general.name", "d2o random " + a);
   w.add_u32(a + ".block_count", static_cast<uint32_t>(c.n_layer));
@@ -156,35 +222,41 @@ inline GgufWriter make_random_model(const RandomModelConfig& c) {
   auto matrix = [&](const std::string& name, int rows, int cols, float scale) {
     auto v = rand_vec(static_cast<size_t>(rows) * cols, scale);
     if (c.f16_matrices) {
-      w.add_tensor(name, GgmlType::kF16, {cols, rows}, f16_bytes(v));
+      add_tensor(name, GgmlType::kF16, {cols, rows}, f16_bytes(v));
     } else {
-      w.add_tensor(name, GgmlType::kF32, {cols, rows}, f32_bytes(v));
+      add_tensor(name, GgmlType::kF32, {cols, rows}, f32_bytes(v));
     }
   };
   const int q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
-  w.add_tensor("token_embd.weight", GgmlType::kF32, {c.n_embd, c.n_vocab},
-               f32_bytes(rand_vec(static_cast<size_t>(c.n_embd) * c.n_vocab, 1.0f)));
-  w.add_tensor("output_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
+  add_tensor("token_embd.weight", GgmlType::kF32, {c.n_embd, c.n_vocab},
+             f32_bytes(rand_vec(static_cast<size_t>(c.n_embd) * c.n_vocab, 1.0f)));
+  add_tensor("output_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
   if (!c.tied) matrix("output.weight", c.n_vocab, c.n_embd, 0.25f);
+  if (!c.rope_freqs.empty()) {
+    add_tensor("rope_freqs.weight", GgmlType::kF32, {static_cast<int64_t>(c.rope_freqs.size())},
+               f32_bytes(c.rope_freqs));
+  }
   for (int il = 0; il < c.n_layer; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
-    w.add_tensor(b + "attn_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
+    add_tensor(b + "attn_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
     matrix(b + "attn_q.weight", q_dim, c.n_embd, 0.3f);
     matrix(b + "attn_k.weight", kv_dim, c.n_embd, 0.3f);
     matrix(b + "attn_v.weight", kv_dim, c.n_embd, 0.3f);
     if (c.qkv_bias) {
-      w.add_tensor(b + "attn_q.bias", GgmlType::kF32, {q_dim}, f32_bytes(rand_vec(static_cast<size_t>(q_dim), 0.5f)));
-      w.add_tensor(b + "attn_k.bias", GgmlType::kF32, {kv_dim}, f32_bytes(rand_vec(static_cast<size_t>(kv_dim), 0.5f)));
-      w.add_tensor(b + "attn_v.bias", GgmlType::kF32, {kv_dim}, f32_bytes(rand_vec(static_cast<size_t>(kv_dim), 0.5f)));
+      add_tensor(b + "attn_q.bias", GgmlType::kF32, {q_dim}, f32_bytes(rand_vec(static_cast<size_t>(q_dim), 0.5f)));
+      add_tensor(b + "attn_k.bias", GgmlType::kF32, {kv_dim}, f32_bytes(rand_vec(static_cast<size_t>(kv_dim), 0.5f)));
+      add_tensor(b + "attn_v.bias", GgmlType::kF32, {kv_dim}, f32_bytes(rand_vec(static_cast<size_t>(kv_dim), 0.5f)));
     }
     matrix(b + "attn_output.weight", c.n_embd, q_dim, 0.2f);
-    if (gemma) {
-      w.add_tensor(b + "attn_q_norm.weight", GgmlType::kF32, {hd}, f32_bytes(norm_vec(static_cast<size_t>(hd))));
-      w.add_tensor(b + "attn_k_norm.weight", GgmlType::kF32, {hd}, f32_bytes(norm_vec(static_cast<size_t>(hd))));
-      w.add_tensor(b + "post_attention_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
-      w.add_tensor(b + "post_ffw_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
+    if (qk_norm) {
+      add_tensor(b + "attn_q_norm.weight", GgmlType::kF32, {hd}, f32_bytes(norm_vec(static_cast<size_t>(hd))));
+      add_tensor(b + "attn_k_norm.weight", GgmlType::kF32, {hd}, f32_bytes(norm_vec(static_cast<size_t>(hd))));
     }
-    w.add_tensor(b + "ffn_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
+    if (gemma) {
+      add_tensor(b + "post_attention_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
+      add_tensor(b + "post_ffw_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
+    }
+    add_tensor(b + "ffn_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
     matrix(b + "ffn_gate.weight", c.n_ff, c.n_embd, 0.3f);
     matrix(b + "ffn_up.weight", c.n_ff, c.n_embd, 0.3f);
     matrix(b + "ffn_down.weight", c.n_embd, c.n_ff, 0.2f);

@@ -1,8 +1,9 @@
 // Exact inference: d2o's logits on the real SmolLM2-135M-Instruct against llama.cpp's, and on
-// random-weight qwen2 / MHA llama models. llama.cpp is built from the llama-cpp-python source
-// archive by scripts/setup.sh --test-data, which also stores its real-model outputs in
-// <cache>/test-data/reference ($D2O_REFERENCE_DIR); the random models' logits are asked of it here,
-// through scripts/gen_reference_fixtures.py. Without that build the tests skip with a message.
+// random-weight qwen2, qwen3, gemma3, MHA llama and RoPE-scaled (Llama 3.1) llama models.
+// llama.cpp is built from the llama-cpp-python source archive by scripts/setup.sh --test-data,
+// which also stores its real-model outputs in <cache>/test-data/reference ($D2O_REFERENCE_DIR);
+// the random models' logits are asked of it here, through scripts/gen_reference_fixtures.py.
+// Without that build the tests skip with a message.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -84,10 +85,11 @@ TEST(LlamaParity, SmolLM2Q41WithinLlamaCppsOwnSpread) {
   EXPECT_LE(qe.kl, 1.1 * q_kl);
 }
 
-// llama.cpp's logits of the random model `cfg` (written to a scratch file) for the fixed tokens
-// test::random_model_tokens, computed now by the llama.cpp build that setup made.
-void check_random_model(const test::RandomModelConfig& cfg, const std::string& name,
-                        std::vector<size_t> chunks = {}) {
+// llama.cpp's logits of the random model `cfg` (written to a scratch file as `name`.gguf) for
+// the fixed tokens test::random_model_tokens, computed now by the llama.cpp build that setup
+// made. Skips the test without that build; callers stop on a skip or a fatal failure.
+void random_model_reference(const test::RandomModelConfig& cfg, const std::string& name,
+                            test::ReferenceFullLogits* ref) {
   const std::string cache = test::cache_dir();
   const std::string lib = cache + "/llama.cpp/build/bin/libllama.so";
   if (!test::file_exists(lib)) {
@@ -101,12 +103,43 @@ void check_random_model(const test::RandomModelConfig& cfg, const std::string& n
       std::string(D2O_SOURCE_DIR) + "/scripts/gen_reference_fixtures.py' full-logits '" + path +
       "' '" + out + "'");
   ASSERT_EQ(gen.exit_code, 0) << gen.output;
+  ASSERT_TRUE(test::read_reference_full_logits(out, ref)) << gen.output;
+  ASSERT_EQ(ref->tokens,
+            test::random_model_tokens(static_cast<int>(ref->tokens.size()), cfg.n_vocab));
+}
+
+// Largest |logit difference| over all positions and the largest |logit| of the reference, and on
+// how many positions the argmax agrees.
+struct LogitDiff {
+  double max_err = 0, max_ref = 0;
+  int agree = 0;
+};
+LogitDiff diff_logits(const std::vector<float>& logits, const test::ReferenceFullLogits& ref) {
+  LogitDiff d;
+  const size_t nv = ref.n_vocab;
+  for (size_t t = 0; t < ref.tokens.size(); ++t) {
+    const float* a = logits.data() + t * nv;
+    const float* b = ref.logits.data() + t * nv;
+    for (size_t i = 0; i < nv; ++i) {
+      d.max_err = std::max(d.max_err, static_cast<double>(std::fabs(a[i] - b[i])));
+      d.max_ref = std::max(d.max_ref, static_cast<double>(std::fabs(b[i])));
+    }
+    d.agree += std::max_element(a, a + nv) - a == std::max_element(b, b + nv) - b;
+  }
+  return d;
+}
+
+// d2o's logits of the random model `cfg` must agree with llama.cpp's (max error at most 2e-3 of
+// the largest logit, argmax on all but one position) with 1 and 2 threads, the tokens in one pass
+// and in passes of each length in `chunks`.
+void check_random_model(const test::RandomModelConfig& cfg, const std::string& name,
+                        std::vector<size_t> chunks = {}) {
   test::ReferenceFullLogits ref;
-  ASSERT_TRUE(test::read_reference_full_logits(out, &ref)) << gen.output;
-  auto model = Model::load(path);
+  random_model_reference(cfg, name, &ref);
+  if (::testing::Test::HasFatalFailure() || ::testing::Test::IsSkipped()) return;
+  auto model = Model::load(test::scratch_path(name + ".gguf"));
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   ASSERT_EQ(static_cast<uint32_t>((*model)->hparams().n_vocab), ref.n_vocab);
-  EXPECT_EQ(ref.tokens, test::random_model_tokens(static_cast<int>(ref.tokens.size()), cfg.n_vocab));
   chunks.insert(chunks.begin(), 0);  // 0: the whole sequence in one pass
   for (const size_t chunk : chunks)
   for (int threads : {1, 2}) {
@@ -114,24 +147,13 @@ void check_random_model(const test::RandomModelConfig& cfg, const std::string& n
     Engine engine(**model, pool, EngineOptions{});
     const auto logits =
         chunk == 0 ? all_logits(engine, ref.tokens) : all_logits_chunked(engine, ref.tokens, chunk);
-    double max_err = 0, max_ref = 0;
-    int agree = 0;
-    const size_t nv = ref.n_vocab;
-    for (size_t t = 0; t < ref.tokens.size(); ++t) {
-      const float* a = logits.data() + t * nv;
-      const float* b = ref.logits.data() + t * nv;
-      for (size_t i = 0; i < nv; ++i) {
-        max_err = std::max(max_err, static_cast<double>(std::fabs(a[i] - b[i])));
-        max_ref = std::max(max_ref, static_cast<double>(std::fabs(b[i])));
-      }
-      agree += std::max_element(a, a + nv) - a == std::max_element(b, b + nv) - b;
-    }
+    const LogitDiff d = diff_logits(logits, ref);
     std::printf("%s (%d threads, passes of %zu): max |logit diff| %.3g (max |logit| %.3g), argmax "
                 "agreement %d/%zu\n",
-                name.c_str(), threads, chunk == 0 ? ref.tokens.size() : chunk, max_err, max_ref,
-                agree, ref.tokens.size());
-    EXPECT_LE(max_err, 2e-3 * max_ref);
-    EXPECT_GE(agree, static_cast<int>(ref.tokens.size()) - 1);
+                name.c_str(), threads, chunk == 0 ? ref.tokens.size() : chunk, d.max_err,
+                d.max_ref, d.agree, ref.tokens.size());
+    EXPECT_LE(d.max_err, 2e-3 * d.max_ref);
+    EXPECT_GE(d.agree, static_cast<int>(ref.tokens.size()) - 1);
   }
 }
 
@@ -144,6 +166,37 @@ TEST(LlamaParity, RandomQwen2WithQkvBiasMatchesLlamaCpp) {
 // slots between passes), QK-norm, sandwich norms, GeGLU, scaled embeddings.
 TEST(LlamaParity, RandomGemma3MatchesLlamaCpp) {
   check_random_model(test::random_gemma3_config(), "random_gemma3", {5, 1, 11, 19});
+}
+
+// Qwen 3's layer (QK-norm, NeoX RoPE, no biases, head size 32 with n_embd / n_head 16), in one
+// pass, in passes of 5 and token by token.
+TEST(LlamaParity, RandomQwen3MatchesLlamaCpp) {
+  check_random_model(test::random_qwen3_config(), "random_qwen3", {5, 1});
+}
+
+// Llama 3.1's RoPE scaling: the rope_freqs.weight factors (1, two blends, then 8) over 64 tokens,
+// twice the "original context" the factors were computed for, in one pass, in passes of 5 and
+// token by token. Then the same weights without the factors: d2o's logits must then be far from
+// llama.cpp's, or the fixture would not show that they are applied.
+TEST(LlamaParity, RandomLlama31RopeScalingMatchesLlamaCpp) {
+  const test::RandomModelConfig cfg = test::random_llama31_config();
+  check_random_model(cfg, "random_llama31", {5, 1});
+  if (HasFailure() || IsSkipped()) return;
+  test::ReferenceFullLogits ref;
+  ASSERT_TRUE(test::read_reference_full_logits(test::scratch_path("random_llama31.logits"), &ref));
+  test::RandomModelConfig plain = cfg;
+  plain.rope_freqs.clear();
+  const std::string path = test::scratch_path("random_llama31_plain.gguf");
+  ASSERT_TRUE(test::make_random_model(plain).write(path).ok());
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  ThreadPool pool(2);
+  Engine engine(**model, pool, EngineOptions{});
+  const LogitDiff d = diff_logits(all_logits(engine, ref.tokens), ref);
+  std::printf("without the frequency factors: max |logit diff| %.3g (max |logit| %.3g), argmax "
+              "agreement %d/%zu\n",
+              d.max_err, d.max_ref, d.agree, ref.tokens.size());
+  EXPECT_GT(d.max_err, 50 * 2e-3 * d.max_ref);
 }
 
 TEST(LlamaParity, RandomMhaLlamaMatchesLlamaCpp) {

@@ -1,7 +1,8 @@
 // The model seam on writer-made random models: the layer description the llama family gets, and
 // ModelForward::run against a naive forward pass written here (plain loops in double, full causal
 // attention per sequence, RoPE from its formula, no code shared with src/model or src/ops), with
-// several sequences in one micro-batch, decode steps, every attention split, and the
+// several sequences in one micro-batch, decode steps, every attention split (llama with GQA,
+// qwen2's biases, qwen3's QK-norm, Llama 3.1's RoPE frequency factors), and the
 // ForwardHooks contract (which sequences and layers are called back, logits in ascending blocks of
 // at most kLogitRows rows, a hook's error failing the pass).
 #include <gtest/gtest.h>
@@ -84,6 +85,56 @@ TEST(ModelDesc, LlamaFamilyLayersAreUniformPreNormGlobalSwiGlu) {
   }
 }
 
+// Qwen 3: the llama family's layer with QK-norm and NeoX RoPE, no biases; its head size (32) is
+// not n_embd / n_head.
+TEST(ModelDesc, Qwen3IsTheLlamaLayerWithQkNorm) {
+  const test::RandomModelConfig c = test::random_qwen3_config();
+  auto l = load(c);
+  ASSERT_TRUE(l);
+  const Model& m = *l->model;
+  EXPECT_EQ(m.hparams().arch, ModelArch::kQwen3);
+  EXPECT_EQ(m.desc().embd_scale, 1.0f);
+  EXPECT_EQ(m.desc().logit_softcap, 0.0f);
+  ASSERT_EQ(m.desc().layers.size(), static_cast<size_t>(c.n_layer));
+  for (int il = 0; il < c.n_layer; ++il) {
+    const LayerDesc& d = m.desc().layers[static_cast<size_t>(il)];
+    EXPECT_EQ(d.kind, LayerKind::kGlobal);
+    EXPECT_EQ(d.rope.type, RopeType::kNeox);
+    EXPECT_EQ(d.rope.head_dim, c.head_dim);
+    EXPECT_EQ(d.rope.n_rot, c.head_dim);
+    EXPECT_EQ(d.rope.freq_factors, nullptr);
+    EXPECT_EQ(d.attn_scale, 1.0f / std::sqrt(static_cast<float>(c.head_dim)));
+    EXPECT_TRUE(d.norms.attn_pre && d.norms.ffn_pre && d.norms.qk);
+    EXPECT_FALSE(d.norms.attn_post || d.norms.ffn_post);
+    EXPECT_FALSE(d.qkv_bias);
+    EXPECT_EQ(d.ffn, FfnKind::kSwiGlu);
+    EXPECT_EQ(m.layer(il).attn_q_norm.size(), static_cast<size_t>(c.head_dim));
+    EXPECT_EQ(m.layer(il).attn_k_norm.size(), static_cast<size_t>(c.head_dim));
+  }
+}
+
+// Llama 3.1: the rope_freqs tensor is every layer's (and the policies') RoPE frequency factors.
+TEST(ModelDesc, Llama31RopeFrequencyFactorsReachEveryLayer) {
+  const test::RandomModelConfig c = test::random_llama31_config();
+  ASSERT_EQ(c.rope_freqs.size(), 16u);
+  // The fixture spans the three cases of the converter's formula.
+  EXPECT_EQ(c.rope_freqs.front(), 1.0f);
+  EXPECT_GT(c.rope_freqs[1], 1.0f);
+  EXPECT_LT(c.rope_freqs[2], 8.0f);
+  EXPECT_EQ(c.rope_freqs.back(), 8.0f);
+  auto l = load(c);
+  ASSERT_TRUE(l);
+  const Model& m = *l->model;
+  EXPECT_EQ(m.rope_freq_factors(), c.rope_freqs);
+  EXPECT_EQ(m.desc().policy_rope.freq_factors, m.rope_freq_factors().data());
+  for (const LayerDesc& d : m.desc().layers) {
+    EXPECT_EQ(d.rope.freq_factors, m.rope_freq_factors().data());
+    EXPECT_EQ(d.rope.type, RopeType::kNorm);
+    EXPECT_EQ(d.rope.freq_scale, 1.0f);
+    EXPECT_FALSE(d.norms.qk);
+  }
+}
+
 // ---- naive reference --------------------------------------------------------------------------
 
 using Vec = std::vector<double>;
@@ -91,7 +142,8 @@ using Vec = std::vector<double>;
 struct Naive {
   const GgufFile& f;
   test::RandomModelConfig c;
-  int hd() const { return c.n_embd / c.n_head; }
+  bool qk_norm = true;  // false: a wrong variant that skips QK-norm (tests the comparison)
+  int hd() const { return c.head_dim > 0 ? c.head_dim : c.n_embd / c.n_head; }
 
   Vec tensor(const std::string& name) const {
     const GgufTensorInfo* t = f.find_tensor(name);
@@ -117,14 +169,26 @@ struct Naive {
     for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * s * w[i];
     return y;
   }
-  // Rotates every head of x for position p: pairs (2i, 2i+1) (llama) or (i, i + d/2) (qwen2).
+  // Every head of x (size hd()) RMS-normalised with w.
+  Vec head_rmsnorm(const Vec& x, const Vec& w) const {
+    const size_t d = static_cast<size_t>(hd());
+    Vec y;
+    for (size_t h = 0; h < x.size() / d; ++h) {
+      const Vec yh = rmsnorm(Vec(x.begin() + h * d, x.begin() + (h + 1) * d), w);
+      y.insert(y.end(), yh.begin(), yh.end());
+    }
+    return y;
+  }
+  // Rotates every head of x for position p: pairs (2i, 2i+1) (llama) or (i, i + d/2) (qwen2,
+  // qwen3), angle p * 10000^(-2i/d) divided by the config's frequency factor i (Llama 3.1).
   void rope(Vec& x, int p) const {
     const int d = hd();
-    const bool neox = c.arch == "qwen2";
+    const bool neox = c.arch == "qwen2" || c.arch == "qwen3";
     for (size_t h = 0; h < x.size() / static_cast<size_t>(d); ++h) {
       double* v = x.data() + h * static_cast<size_t>(d);
       for (int i = 0; i < d / 2; ++i) {
-        const double th = p * std::pow(10000.0, -2.0 * i / d);
+        const double ff = c.rope_freqs.empty() ? 1.0 : c.rope_freqs[static_cast<size_t>(i)];
+        const double th = p * std::pow(10000.0, -2.0 * i / d) / ff;
         const int a = neox ? i : 2 * i, b = neox ? i + d / 2 : 2 * i + 1;
         const double x0 = v[a], x1 = v[b];
         v[a] = x0 * std::cos(th) - x1 * std::sin(th);
@@ -158,6 +222,10 @@ struct Naive {
                     bv = tensor(b + "attn_v.bias");
           for (size_t i = 0; i < q[t].size(); ++i) q[t][i] += bq[i];
           for (size_t i = 0; i < k[t].size(); ++i) k[t][i] += bk[i], v[t][i] += bv[i];
+        }
+        if (qk_norm && has(b + "attn_q_norm.weight")) {
+          q[t] = head_rmsnorm(q[t], tensor(b + "attn_q_norm.weight"));
+          k[t] = head_rmsnorm(k[t], tensor(b + "attn_k_norm.weight"));
         }
         rope(q[t], static_cast<int>(t));
         rope(k[t], static_cast<int>(t));
@@ -195,6 +263,35 @@ struct Naive {
     return res;
   }
 };
+
+// The comparison below (1e-4 of the largest logit) can fail: the naive pass without QK-norm, or
+// without the frequency factors, is far from the right one.
+TEST(ModelForward, NaiveVariantsWithoutQkNormOrFrequencyFactorsDiffer) {
+  auto max_rel_diff = [](const std::vector<Vec>& a, const std::vector<Vec>& b) {
+    double err = 0, ref = 0;
+    for (size_t t = 0; t < a.size(); ++t)
+      for (size_t i = 0; i < a[t].size(); ++i) {
+        err = std::max(err, std::fabs(a[t][i] - b[t][i]));
+        ref = std::max(ref, std::fabs(a[t][i]));
+      }
+    return err / ref;
+  };
+  const test::RandomModelConfig q3 = test::random_qwen3_config();
+  auto lq = load(q3);
+  ASSERT_TRUE(lq);
+  const auto tq = test::random_model_tokens(48, q3.n_vocab);
+  EXPECT_GT(max_rel_diff(Naive{*lq->file, q3}.logits(tq), Naive{*lq->file, q3, false}.logits(tq)),
+            1e-2);
+
+  const test::RandomModelConfig l31 = test::random_llama31_config();
+  test::RandomModelConfig no_ff = l31;
+  no_ff.rope_freqs.clear();
+  auto ll = load(l31);
+  ASSERT_TRUE(ll);
+  const auto tl = test::random_model_tokens(48, l31.n_vocab);
+  EXPECT_GT(max_rel_diff(Naive{*ll->file, l31}.logits(tl), Naive{*ll->file, no_ff}.logits(tl)),
+            1e-2);
+}
 
 // ---- ModelForward::run ------------------------------------------------------------------------
 
@@ -270,7 +367,9 @@ TEST(ModelDesc, Gemma3AlternatesSlidingAndGlobalLayers) {
 }
 
 TEST(ModelForward, MicroBatchesOfSeveralSequencesMatchANaiveForwardPass) {
-  for (const auto& c : {gqa_llama_config(), test::random_qwen2_config()}) {
+  for (const auto& c : {gqa_llama_config(), test::random_qwen2_config(),
+                        test::random_qwen3_config(), test::random_llama31_config()}) {
+    SCOPED_TRACE(c.arch + (c.rope_freqs.empty() ? "" : " with RoPE frequency factors"));
     auto l = load(c);
     ASSERT_TRUE(l);
     const Model& m = *l->model;
