@@ -103,7 +103,7 @@ class AttnScratch {
   int n_blocks_cap = 0;
   int rows_cap = 0;  // n_tok * n_head
 };
-
+// `layer`: KvCache::layer_for_attention(il), the door through which statistics are accumulated.
 void attention_forward(const AttnInput& in, KvLayer& layer, const AttnStatsRequest& stats,
                        ThreadPool& pool, AttnScratch& scratch);
 // The same with the inner loops of a given (available) instruction-set level; for tests.

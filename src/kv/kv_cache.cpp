@@ -505,7 +505,8 @@ size_t KvCache::kv_bytes_used() const {
 
 size_t KvCache::meta_bytes_allocated() const {
   size_t b = 0;
-  for (const KvLayer& L : layers_) b += L.pos_.bytes() + L.score_.bytes() + L.window_.bytes() + L.merged_.bytes();
+  for (const KvLayer& L : layers_)
+    b += L.pos_.bytes() + L.score_.bytes() + L.window_.bytes() + L.merged_.bytes();
   return b;
 }
 

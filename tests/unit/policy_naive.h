@@ -83,8 +83,8 @@ inline std::string compare(const KvCache& real, const Cache& ref, double tol) {
     for (int g = 0; g < ref.G; ++g) {
       const Head& h = ref.h[static_cast<size_t>(il)][static_cast<size_t>(g)];
       if (L.n_slot() != static_cast<int>(h.size())) {
-        std::snprintf(buf, sizeof buf, "layer %d head %d: %d slots, expected %zu", il, g, L.n_slot(),
-                      h.size());
+        std::snprintf(buf, sizeof buf, "layer %d head %d: %d slots, expected %zu", il, g,
+                      L.n_slot(), h.size());
         return buf;
       }
       for (int j = 0; j < L.n_slot(); ++j) {

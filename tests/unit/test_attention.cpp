@@ -38,10 +38,12 @@ std::vector<float> fill(KvCache& cache, const Case& c, uint32_t seed) {
   // Some prior statistics, so accumulation (not assignment) is checked.
   KvLayer& L = KvTestAccess::layer(cache, 0);
   for (int g = 0; g < c.n_head_kv; ++g)
-    for (int j = 0; j < total; ++j) KvTestAccess::score(L, g)[j] = 0.25f * static_cast<float>(j % 3);
+    for (int j = 0; j < total; ++j)
+      KvTestAccess::score(L, g)[j] = 0.25f * static_cast<float>(j % 3);
   // Merged counts (read only with mass=on): most slots plain, some standing for many tokens.
   for (int g = 0; g < c.n_head_kv; ++g)
-    for (int j = 0; j < total; ++j) KvTestAccess::merged(L, g)[j] = (j * 7 + g) % 5 == 0 ? j % 40 : 0;
+    for (int j = 0; j < total; ++j)
+      KvTestAccess::merged(L, g)[j] = (j * 7 + g) % 5 == 0 ? j % 40 : 0;
   std::vector<float> q(static_cast<size_t>(c.n_tok) * c.n_head * c.head_dim);
   for (auto& x : q) x = 2.0f * nd(rng);  // sharper distributions
   return q;
@@ -231,7 +233,8 @@ TEST(Attention, ColumnSumsOfACausalPrefillAddUpToTheQueryCount) {
   Case c{H, G, hd, 0, n, KvType::kF32, ScoreAgg::kSum, 1 << 30};
   auto q = fill(cache, c, 3);
   KvLayer& L = KvTestAccess::layer(cache, 0);
-  for (int g = 0; g < L.n_head_kv(); ++g) std::fill_n(KvTestAccess::score(L, g), L.capacity(), 0.0f);
+  for (int g = 0; g < L.n_head_kv(); ++g)
+    std::fill_n(KvTestAccess::score(L, g), L.capacity(), 0.0f);
   std::vector<float> out(static_cast<size_t>(n) * H * hd);
   ThreadPool pool(2);
   AttnScratch scratch;

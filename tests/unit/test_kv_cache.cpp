@@ -95,7 +95,7 @@ TEST(KvCache, ApplyGathersAndMergesLikePlainLoops) {
   for (int d = 0; d < kDim; ++d) EXPECT_NEAR(row[d], 0.5f * key(0, 3, d) + 0.3f * key(0, 4, d) + 0.2f * key(0, 5, d), 1e-3f);
   L.load_value(0, 1, row.data());
   EXPECT_NEAR(row[2], -(0.5f * key(0, 3, 2) + 0.3f * key(0, 4, 2) + 0.2f * key(0, 5, 2)), 1e-3f);
-  EXPECT_EQ(L.pos(0)[1], 3);                 // position of the retained slot
+  EXPECT_EQ(L.pos(0)[1], 3);                  // position of the retained slot
   EXPECT_FLOAT_EQ(L.score(0)[1], 4 + 5 + 6);  // mass conserved
   EXPECT_EQ(L.merged(0)[1], 2);
   // Unmerged kept slots are moved intact.

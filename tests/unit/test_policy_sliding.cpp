@@ -33,7 +33,8 @@ void fill(KvCache& cache, int n, uint32_t seed) {
     KvLayer& L = KvTestAccess::layer(cache, il);
     // Layer-dependent spread, so the variance rule gives the layers different budgets.
     for (int g = 0; g < c.n_head_kv; ++g)
-      for (int j = 0; j < n; ++j) KvTestAccess::score(L, g)[j] = ex(rng) * static_cast<float>(1 + il);
+      for (int j = 0; j < n; ++j)
+        KvTestAccess::score(L, g)[j] = ex(rng) * static_cast<float>(1 + il);
   }
 }
 

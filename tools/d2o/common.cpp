@@ -178,7 +178,8 @@ void print_kv_report(std::FILE* out, const Sequence& seq) {
     auto at = [&](const std::vector<int64_t>& v) { return static_cast<size_t>(il) < v.size() ? v[static_cast<size_t>(il)] : 0; };
     char tau_s[32] = "-", var_s[32] = "-", bud_s[32] = "-";
     if (n_tau) std::snprintf(tau_s, sizeof tau_s, "%.4f", tau / n_tau);
-    if (static_cast<size_t>(il) < cs.layer_variance.size()) std::snprintf(var_s, sizeof var_s, "%.3g", cs.layer_variance[static_cast<size_t>(il)]);
+    if (static_cast<size_t>(il) < cs.layer_variance.size())
+      std::snprintf(var_s, sizeof var_s, "%.3g", cs.layer_variance[static_cast<size_t>(il)]);
     if (has_budget) {
       const int b = st.budgets[static_cast<size_t>(il)];
       std::snprintf(bud_s, sizeof bud_s, "%s",

@@ -298,7 +298,8 @@ void d2o_emit(const D2oHeadMerge& h, D2oScratch& scratch, const int32_t* cstar,
 int plan_d2o_merges(const D2oHeadMerge& h, D2oScratch& scratch, CompactionPlan& plan) {
   const int S = h.n_keep, E = h.n_evicted;
   if (E == 0 || S == 0 || h.cfg->merge == MergeRule::kOff) return 0;
-  if (scratch.best_sim.size() < static_cast<size_t>(E)) scratch.best_sim.resize(static_cast<size_t>(E));
+  if (scratch.best_sim.size() < static_cast<size_t>(E))
+    scratch.best_sim.resize(static_cast<size_t>(E));
   if (scratch.best.size() < static_cast<size_t>(E)) scratch.best.resize(static_cast<size_t>(E));
   if (scratch.merge.size() < static_cast<size_t>(E))
     scratch.merge.resize(static_cast<size_t>(E));
