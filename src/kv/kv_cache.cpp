@@ -334,14 +334,6 @@ void KvCache::apply(int il, const CompactionPlan& plan) {
   D2O_ASSERT(plan.n_keep >= 0 && plan.n_keep <= L.n_slot_);
   const int hd = L.head_dim_;
 
-  // 0. Value rows the policy replaced (CaM), on the old slot indices.
-  D2O_ASSERT(plan.rows.size() == plan.value_writes.size() * static_cast<size_t>(hd));
-  for (size_t i = 0; i < plan.value_writes.size(); ++i) {
-    const ValueWrite& w = plan.value_writes[i];
-    D2O_ASSERT(w.head >= 0 && w.head < L.n_head_kv_ && w.slot >= 0 && w.slot < L.n_slot_);
-    L.store_value(w.head, w.slot, plan.rows.data() + i * static_cast<size_t>(hd));
-  }
-
   // 1. Merges, on the old slot indices (sources are evicted slots, so no source is overwritten
   //    before it is read). Accumulate in fp32, store once.
   size_t t = 0;
@@ -418,6 +410,12 @@ void KvCache::apply(int il, const CompactionPlan& plan) {
       }
     }
   }
+}
+
+void KvCache::replace_value(int il, int h, int j, const float* row) {
+  KvLayer& L = layers_[static_cast<size_t>(il)];
+  D2O_ASSERT(h >= 0 && h < L.n_head_kv_ && j >= 0 && j < L.n_slot_);
+  L.store_value(h, j, row);
 }
 
 void KvCache::reset_score_stats(int il) {

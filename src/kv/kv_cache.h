@@ -14,9 +14,9 @@
 // All heads of a layer hold the same number of slots (n_slot); which tokens they hold may differ.
 // Layers may hold different numbers of slots (D2O's per-layer budgets).
 //
-// The only mutators are append() (new tokens), apply() (a CompactionPlan from a policy), for
-// sliding-window layers drop_oldest(), the allocation calls (reserve, trim, ...), statistics
-// resets and copies; KvLayer is read-only outside KvCache, except that the attention kernel
+// The only mutators are append() (new tokens), apply() (a CompactionPlan from a policy),
+// replace_value() (CaM's merged values), for sliding-window layers drop_oldest(), the allocation
+// calls (reserve, trim, ...), statistics resets and copies; KvLayer is read-only outside KvCache, except that the attention kernel
 // accumulates statistics through KvCache::layer_for_attention().
 //
 // Sliding-window layers (KvCacheConfig::layer_window[il] = W > 0; Gemma 3's local layers): a
@@ -87,12 +87,6 @@ enum class MergedScore {
   kMax,   // the largest of the merged slots' scores
 };
 
-// A value row a plan replaces (CaM): head, old slot index (kept), row in CompactionPlan::rows.
-struct ValueWrite {
-  int32_t head;
-  int32_t slot;
-};
-
 // Positions a plan moves down after the gather (StreamingLLM with re-rotated keys): slots from
 // `first_slot` (new index) on get position - by, their keys re-rotated by -by with `rope` (RoPE
 // rotations compose: R(p) R(-r) = R(p - r)).
@@ -103,14 +97,11 @@ struct PositionShift {
 };
 
 // What a policy decides for one layer. Slot indices refer to the layer before the plan.
-// KvCache::apply() runs it in this order: value writes, merges, the gather of kept slots, the
-// position shift.
+// KvCache::apply() runs it in this order: merges, the gather of kept slots, the position shift.
 struct CompactionPlan {
   int n_head_kv = 0;
   int n_keep = 0;                 // slots each head keeps
   std::vector<int32_t> keep;      // [n_head_kv, n_keep], strictly ascending per head
-  std::vector<ValueWrite> value_writes;
-  std::vector<float> rows;        // [value_writes.size(), head_dim] the values written
   std::vector<MergeTerm> merges;  // see MergeTerm
   MergedScore merged_score = MergedScore::kSum;
   // Non-null: keys are merged un-rotated. A source key cached for position p_src is rotated by
@@ -123,8 +114,6 @@ struct CompactionPlan {
     n_head_kv = n_head_kv_;
     n_keep = n_keep_;
     keep.resize(static_cast<size_t>(n_head_kv_) * static_cast<size_t>(n_keep_));
-    value_writes.clear();
-    rows.clear();
     merges.clear();
     merged_score = MergedScore::kSum;
     rope = nullptr;
@@ -135,7 +124,7 @@ struct CompactionPlan {
 };
 
 // One layer's slots. Read-only for everything but KvCache: the buffers change only through
-// KvCache::append(), apply() (a CompactionPlan), drop_oldest() (sliding-window layers), the
+// KvCache::append(), apply() (a CompactionPlan), replace_value() (CaM), drop_oldest(), the
 // allocation calls (reserve, trim, ...) and the narrow operations KvCache names (statistics
 // resets, copies). The attention kernel accumulates statistics through score_accum /
 // window_accum, reachable only from KvCache::layer_for_attention().
@@ -269,6 +258,12 @@ class KvCache {
 
   // Applies a plan to layer il (merges first, then the gather of kept slots).
   void apply(int il, const CompactionPlan& plan);
+
+  // CaM (kv/policy/merge_cam.h), while planning layer il: slot j of head h, a slot the plan
+  // keeps, gets the value `row` (head_dim floats) that evicted slots were merged into. Done in
+  // place rather than through the plan, which would have to hold a copy of the recent window's
+  // values of every layer. Layers are independent: different layers may be written in parallel.
+  void replace_value(int il, int h, int j, const float* row);
 
   // Sliding-window layer il, before a pass of n_tok tokens is appended: drops the oldest slots
   // if the layer would otherwise exceed sliding_capacity(W, n_tok), keeping the last W - 1 (all

@@ -132,7 +132,8 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
   }
 
   // Plan every layer that overflows (in parallel when a pool is given: layers are independent,
-  // each writes only its own plan, thresholds and counters), then apply the plans in layer order.
+  // each writes only its own plan, thresholds, counters and, for CaM, its own values), then apply
+  // the plans in layer order.
   state.todo.clear();
   for (int il = 0; il < L; ++il) {
     const int budget = state.budgets[static_cast<size_t>(il)];
@@ -175,7 +176,7 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
   return {};
 }
 
-void ComposedPolicy::plan_layer(const KvCache& cache, int il, PolicyState& state,
+void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
                                 ComposedPolicyState& own, ComposedScratch& sc,
                                 const PassInfo& pass) const {
   const KvLayer& L = cache.layer(il);
@@ -207,13 +208,6 @@ void ComposedPolicy::plan_layer(const KvCache& cache, int il, PolicyState& state
     if (dsc.merge.size() < static_cast<size_t>(E)) dsc.merge.resize(static_cast<size_t>(E));
   } else if (d2o && dsc.evicted.size() < static_cast<size_t>(n)) {
     dsc.evicted.resize(static_cast<size_t>(n));
-  }
-  if (cfg_.merger == Merger::kCam) {
-    // CaM writes values only to the recent slots that survive: room for all of them, so the
-    // plan's buffers stop growing after the first compaction (a decode step allocates nothing).
-    const size_t writes = static_cast<size_t>(G) * static_cast<size_t>(S - std::min(cfg_.sinks, S));
-    plan.value_writes.reserve(writes);
-    plan.rows.reserve(writes * static_cast<size_t>(L.head_dim()));
   }
   if (ssc.order.size() < static_cast<size_t>(n)) ssc.order.resize(static_cast<size_t>(n));
   if (ssc.score.size() < static_cast<size_t>(n)) ssc.score.resize(static_cast<size_t>(n));
@@ -294,12 +288,12 @@ void ComposedPolicy::plan_layer(const KvCache& cache, int il, PolicyState& state
       const int t = std::min(cfg_.sinks, S);
       CamHeadMerge h;
       h.cfg = &cfg_;
-      h.layer = &L;
+      h.cache = &cache;
       h.il = il;
       h.head = g;
       h.first_evicted = t;
       h.end_evicted = n - (S - t);
-      merged += cam_merge_values(h, sc.cam, plan);
+      merged += cam_merge_values(h, sc.cam);
     }
   }
   if (by_token && E > 0 && S > 0) {

@@ -7,7 +7,7 @@
 //      decided once from the n slots every layer holds (budgets.h) and kept for the sequence.
 //   2. Every layer holding more than its budget S_l is compacted back to S_l: the selector picks
 //      S_l slots per KV head, the merger folds evicted slots into kept ones (D2O: the
-//      CompactionPlan's merge terms; CaM: the plan's value writes), KvCache::apply gathers.
+//      CompactionPlan's merge terms; CaM: KvCache::replace_value), KvCache::apply gathers.
 //      SnapKV / PyramidKV in ratio mode compact only at the first compaction.
 //   3. StreamingLLM with pos=shift: the plan also moves the kept recent slots' positions down by
 //      r (r = slots removed), keys re-rotated (CompactionPlan::shift), and compact() raises
@@ -74,8 +74,9 @@ class ComposedPolicy final : public KvPolicy {
   int64_t peak_slots_for(const FeedPlan& plan) const override;
 
  private:
-  // Selection and merge planning of one layer into state.plans[il] (thresholds in `own`).
-  void plan_layer(const KvCache& cache, int il, PolicyState& state, ComposedPolicyState& own,
+  // Selection and merge planning of one layer into state.plans[il] (thresholds in `own`; CaM
+  // also replaces values of the layer's kept slots).
+  void plan_layer(KvCache& cache, int il, PolicyState& state, ComposedPolicyState& own,
                   ComposedScratch& scratch, const PassInfo& pass) const;
   // Sizes `own` for the cache (D2O thresholds) and returns it.
   ComposedPolicyState& own_state(const KvCache& cache, PolicyState& state) const;

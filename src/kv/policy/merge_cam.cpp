@@ -23,8 +23,8 @@ double cam_uniform(uint64_t seed, int il, int head, int32_t pos) {
   return static_cast<double>(splitmix64(seed ^ key) >> 11) * 0x1p-53;
 }
 
-int cam_merge_values(const CamHeadMerge& h, CamScratch& scratch, CompactionPlan& plan) {
-  const KvLayer& L = *h.layer;
+int cam_merge_values(const CamHeadMerge& h, CamScratch& scratch) {
+  const KvLayer& L = h.cache->layer(h.il);
   const int n = L.n_slot(), hd = L.head_dim();
   const int first = h.first_evicted, end = h.end_evicted;
   if (end <= first) return 0;
@@ -69,13 +69,8 @@ int cam_merge_values(const CamHeadMerge& h, CamScratch& scratch, CompactionPlan&
     L.load_value(h.head, t, row);
     for (int d = 0; d < hd; ++d) cur[d] = row[d] + (receives ? acc[d] * inv_m : 0.0);
     if (receives && t >= end) {
-      // A kept slot's new value (each slot is read above before it is written, so deferring the
-      // store to KvCache::apply changes nothing).
-      plan.value_writes.push_back({h.head, t});
-      const size_t o = plan.rows.size();
-      plan.rows.resize(o + static_cast<size_t>(hd));
-      float* out = plan.rows.data() + o;
-      for (int d = 0; d < hd; ++d) out[d] = static_cast<float>(cur[d]);
+      for (int d = 0; d < hd; ++d) row[d] = static_cast<float>(cur[d]);
+      h.cache->replace_value(h.il, h.head, t, row);
     }
     // Slide the window: source t - m leaves (target t + 1 sees [t+1-m, t]) and t may enter.
     const int slot = t % m;

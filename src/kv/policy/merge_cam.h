@@ -45,17 +45,16 @@ struct CamScratch {
 
 struct CamHeadMerge {
   const PolicyConfig* cfg = nullptr;
-  const KvLayer* layer = nullptr;
+  KvCache* cache = nullptr;  // layer il of it
   int il = 0;
   int head = 0;
   int first_evicted = 0;  // evicted slots are [first_evicted, end_evicted)
   int end_evicted = 0;    // == n - recent window
 };
 
-// Appends the new values of the head's kept slots that received merges to plan.value_writes /
-// plan.rows (KvCache::apply stores them before it drops the evicted slots); returns how many
-// evicted slots were merged.
-int cam_merge_values(const CamHeadMerge& h, CamScratch& scratch, CompactionPlan& plan);
+// Replaces the values of the head's kept slots that received merges (KvCache::replace_value,
+// before KvCache::apply drops the evicted slots); returns how many evicted slots were merged.
+int cam_merge_values(const CamHeadMerge& h, CamScratch& scratch);
 
 // The deterministic uniform draw in [0, 1) for a slot (exposed for tests and docs).
 double cam_uniform(uint64_t seed, int il, int head, int32_t pos);
