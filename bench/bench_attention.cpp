@@ -67,7 +67,7 @@ void BM_Attention(benchmark::State& state) {
   AttnStatsRequest req;
   req.accumulate = stats;
   for (auto _ : state) {
-    attention_forward_isa(in, f.cache.layer(0), req, pool, f.scratch, isa);
+    attention_forward_isa(in, f.cache.layer_for_attention(0), req, pool, f.scratch, isa);
     benchmark::DoNotOptimize(f.out.data());
   }
   const double elem = type == KvType::kF16 ? 2.0 : 4.0;

@@ -56,27 +56,28 @@ struct Sim {
     for (int il = 0; il < kLayers; ++il) {
       for (auto& x : k) x = nd(rng);
       for (auto& x : v) x = nd(rng);
-      KvLayer& L = cache.layer(il);
-      if (!cache.reserve(il, L.n_slot + n, /*exact=*/false).ok()) std::abort();
-      const int first = L.n_slot;
+      // The benchmark stands in for the attention kernel: its per-slot weights are window
+      // statistics, written through the kernel's door.
+      KvLayer& L = cache.layer_for_attention(il);
+      if (!cache.reserve(il, L.n_slot() + n, /*exact=*/false).ok()) std::abort();
+      const int first = L.n_slot();
       cache.append(il, k.data(), v.data(), pos.data(), n);
       for (int g = 0; g < kHeadsKv; ++g) {
-        for (int j = first; j < L.n_slot; ++j) L.window[L.meta_index(g, j)] = std::exp(2 * nd(rng));
+        for (int j = first; j < L.n_slot(); ++j) L.window_accum(g)[j] = std::exp(2 * nd(rng));
       }
     }
     n_past += n;
   }
   // One query's attention per token of the pass: score += w / n_slot; reads every key and value.
   void attend(int il, int n_tok) {
-    KvLayer& L = cache.layer(il);
-    const float f = static_cast<float>(n_tok) / static_cast<float>(L.n_slot);
+    KvLayer& L = cache.layer_for_attention(il);
+    const float f = static_cast<float>(n_tok) / static_cast<float>(L.n_slot());
     uint64_t sum = 0;
     for (int g = 0; g < kHeadsKv; ++g) {
-      for (int j = 0; j < L.n_slot; ++j) {
-        const size_t m = L.meta_index(g, j);
-        L.score[m] += f * L.window[m];
-      }
-      const size_t words = L.key_row_bytes() * static_cast<size_t>(L.n_slot) / 8;
+      float* score = L.score_accum(g);
+      const float* window = L.window(g);
+      for (int j = 0; j < L.n_slot(); ++j) score[j] += f * window[j];
+      const size_t words = L.key_row_bytes() * static_cast<size_t>(L.n_slot()) / 8;
       for (const uint8_t* base : {L.key_row(g, 0), L.value_row(g, 0)}) {
         const auto* w = reinterpret_cast<const uint64_t*>(base);
         for (size_t i = 0; i < words; ++i) sum += w[i];

@@ -266,7 +266,7 @@ Status run_bench(Engine& engine, std::span<const TokenId> text, std::span<const 
       // otherwise over-allocate by up to a quarter and report it as KV bytes).
       int limit = static_cast<int>(int64_t{t.depth} + t.n);
       for (int il = 0; il < seq.cache().n_layer(); ++il)
-        limit = std::max(limit, seq.cache().layer(il).capacity);
+        limit = std::max(limit, seq.cache().layer(il).capacity());
       D2O_RETURN_IF_ERROR(seq.cache().set_slot_limit(limit));
       engine.reset_timings();
       double secs = 0;

@@ -31,11 +31,8 @@ class RecordingPolicy final : public KvPolicy {
 void clear_unused_stats(const KvPolicy& p, KvCache& cache) {
   const StatsNeeds n = p.is_full() ? StatsNeeds{} : p.needs();
   for (int il = 0; il < cache.n_layer(); ++il) {
-    KvLayer& L = cache.layer(il);
-    for (int h = 0; h < L.n_head_kv; ++h) {
-      if (!n.accumulate) std::fill_n(&L.score[L.meta_index(h, 0)], L.n_slot, 0.0f);
-      if (n.window == 0) std::fill_n(&L.window[L.meta_index(h, 0)], L.n_slot, 0.0f);
-    }
+    if (!n.accumulate) cache.reset_score_stats(il);
+    if (n.window == 0) cache.reset_window_stats(il);
   }
 }
 
@@ -47,25 +44,8 @@ Status copy_cache(const KvCache& src, KvCache& dst) {
       a.type != b.type) {
     return invalid_argument("copy_cache: the caches have different shapes or storage types");
   }
-  dst.clear();
-  for (int il = 0; il < src.n_layer(); ++il) {
-    const KvLayer& S = src.layer(il);
-    // Exact capacity: the copy starts as compact as possible; appends grow it as usual.
-    D2O_RETURN_IF_ERROR(dst.reserve(il, std::max(S.n_slot, 1), /*exact=*/true));
-    KvLayer& D = dst.layer(il);
-    const size_t n = static_cast<size_t>(S.n_slot);
-    for (int h = 0; h < S.n_head_kv && n > 0; ++h) {
-      std::memcpy(D.key_row(h, 0), S.key_row(h, 0), n * S.key_row_bytes());
-      std::memcpy(D.value_row(h, 0), S.value_row(h, 0), n * S.value_row_bytes());
-      std::memcpy(&D.pos[D.meta_index(h, 0)], &S.pos[S.meta_index(h, 0)], n * sizeof(int32_t));
-      std::memcpy(&D.score[D.meta_index(h, 0)], &S.score[S.meta_index(h, 0)], n * sizeof(float));
-      std::memcpy(&D.window[D.meta_index(h, 0)], &S.window[S.meta_index(h, 0)], n * sizeof(float));
-      std::memcpy(&D.merged[D.meta_index(h, 0)], &S.merged[S.meta_index(h, 0)],
-                  n * sizeof(int32_t));
-    }
-    D.n_slot = S.n_slot;
-  }
-  return {};
+  // Exact capacity: the copy starts as compact as possible; appends grow it as usual.
+  return dst.copy_slots_from(src);
 }
 
 PrefillGroups group_by_stats(std::span<const std::shared_ptr<const KvPolicy>> policies) {

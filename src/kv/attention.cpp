@@ -148,8 +148,8 @@ void chunk_partials(const Call& C, int blk, int g, int c, float* const* e, float
   const float* q[QB * AttnScratch::kMaxGroup];
   for (int r = 0; r < rows; ++r)
     q[r] = C.in->q + C.row_index(blk, g, r) * static_cast<size_t>(C.hd);
-  attn::KvRows k{L.key_row(g, j0), L.key_row_bytes(), L.type.k};
-  attn::KvRows v{L.value_row(g, j0), L.value_row_bytes(), L.type.v};
+  attn::KvRows k{L.key_row(g, j0), L.key_row_bytes(), L.type().k};
+  attn::KvRows v{L.value_row(g, j0), L.value_row_bytes(), L.type().v};
   // A head that fits in one chunk is a short stream: fetch its values while scoring its keys
   // (long heads are streamed well by the hardware; prefetching them costs more than it saves).
   if (C.n_vis(blk) <= TC && k.row_bytes == v.row_bytes) k.prefetch = v.base;
@@ -158,7 +158,7 @@ void chunk_partials(const Call& C, int blk, int g, int c, float* const* e, float
   C.kern->scores(q, rows, k, n_keys, C.hd, C.in->scale, e);
   if (C.mass) {
     // Proportional attention: slots that merged tokens count once per token they stand for.
-    const int32_t* merged = &L.merged[L.meta_index(g, j0)];
+    const int32_t* merged = L.merged(g) + j0;
     for (int j = 0; j < n_keys; ++j) {
       if (merged[j] <= 0) continue;
       const float b = std::log1p(static_cast<float>(merged[j]));
@@ -250,8 +250,8 @@ void run_blocks(const Call& C, ThreadPool& pool) {
     float* col_s = nullptr;
     float* col_w = nullptr;
     if (C.n_blocks == 1) {
-      col_s = &C.L->score[C.L->meta_index(g, 0)];
-      col_w = &C.L->window[C.L->meta_index(g, 0)];
+      col_s = C.L->score_accum(g);
+      col_w = C.L->window_accum(g);
     } else {
       col_s = sc.col_score.data() + (static_cast<size_t>(blk) * C.G + g) * cap;
       col_w = sc.col_window.data() + (static_cast<size_t>(blk) * C.G + g) * cap;
@@ -281,7 +281,7 @@ void run_blocks(const Call& C, ThreadPool& pool) {
   if (!stats || C.n_blocks == 1) return;
   // Add the blocks' column sums in block order, each slot tile owned by one task.
   KvLayer& L = *C.L;
-  const int n_tiles = (L.n_slot + TC - 1) / TC;
+  const int n_tiles = (L.n_slot() + TC - 1) / TC;
   pool.run(int64_t{C.G} * n_tiles, [&](int64_t task, int) {
     const int g = static_cast<int>(task / n_tiles);
     const int j0 = static_cast<int>(task % n_tiles) * TC;
@@ -289,12 +289,12 @@ void run_blocks(const Call& C, ThreadPool& pool) {
       const int j1 = std::min(j0 + TC, C.n_vis(blk));
       const size_t base = (static_cast<size_t>(blk) * C.G + g) * cap;
       if (C.want_score) {
-        float* s = &L.score[L.meta_index(g, 0)];
+        float* s = L.score_accum(g);
         const float* col = sc.col_score.data() + base;
         for (int j = j0; j < j1; ++j) s[j] += col[j];
       }
       if (C.block_in_window(blk)) {
-        float* w = &L.window[L.meta_index(g, 0)];
+        float* w = L.window_accum(g);
         const float* col = sc.col_window.data() + base;
         for (int j = j0; j < j1; ++j) w[j] += col[j];
       }
@@ -381,8 +381,8 @@ void run_split(const Call& C, ThreadPool& pool) {
       a.grp = C.grp;
       a.agg = static_cast<int>(C.agg);
       a.n_cols = std::min(TC, C.n_vis(blk) - j0);
-      a.score = C.want_score ? &L.score[L.meta_index(g, j0)] : nullptr;
-      a.window = C.block_in_window(blk) ? &L.window[L.meta_index(g, j0)] : nullptr;
+      a.score = C.want_score ? L.score_accum(g) + j0 : nullptr;
+      a.window = C.block_in_window(blk) ? L.window_accum(g) + j0 : nullptr;
       a.window_from = C.window_from(blk);
       C.kern->stats(a);
     }
@@ -397,8 +397,8 @@ void attention_forward_isa(const AttnInput& in, KvLayer& L, const AttnStatsReque
                            ThreadPool& pool, AttnScratch& sc, KernelIsa isa) {
   const int n_tok = in.n_tok;
   const int H = in.n_head;
-  const int G = L.n_head_kv;
-  D2O_ASSERT(n_tok >= 1 && H % G == 0 && n_tok <= L.n_slot);
+  const int G = L.n_head_kv();
+  D2O_ASSERT(n_tok >= 1 && H % G == 0 && n_tok <= L.n_slot());
   D2O_ASSERT(H / G <= AttnScratch::kMaxGroup);
   Call C;
   C.in = &in;
@@ -409,9 +409,9 @@ void attention_forward_isa(const AttnInput& in, KvLayer& L, const AttnStatsReque
   C.H = H;
   C.G = G;
   C.grp = H / G;
-  C.hd = L.head_dim;
+  C.hd = L.head_dim();
   C.n_tok = n_tok;
-  C.n_old = L.n_slot - n_tok;
+  C.n_old = L.n_slot() - n_tok;
   C.n_blocks = (n_tok + QB - 1) / QB;
   C.want_score = stats.accumulate;
   C.want_window = stats.window_first < n_tok;
@@ -426,7 +426,7 @@ void attention_forward_isa(const AttnInput& in, KvLayer& L, const AttnStatsReque
   shape.n_head = H;
   shape.n_head_kv = G;
   shape.head_dim = C.hd;
-  shape.n_slot = L.n_slot;
+  shape.n_slot = L.n_slot();
   shape.n_tok = n_tok;
   shape.split_chunks =
       pool.n_threads() > 1 && int64_t{C.n_blocks} * G < 2 * int64_t{pool.n_threads()};
@@ -441,12 +441,12 @@ void attention_forward_isa(const AttnInput& in, KvLayer& L, const AttnStatsReque
 
 void attention_reference(const AttnInput& in, KvLayer& L, const AttnStatsRequest& stats) {
   const int H = in.n_head;
-  const int G = L.n_head_kv;
+  const int G = L.n_head_kv();
   const int grp = H / G;
-  const int hd = L.head_dim;
-  const int n_old = L.n_slot - in.n_tok;
+  const int hd = L.head_dim();
+  const int n_old = L.n_slot() - in.n_tok;
   std::vector<float> k(static_cast<size_t>(hd)), v(static_cast<size_t>(hd));
-  std::vector<double> p(static_cast<size_t>(L.n_slot));
+  std::vector<double> p(static_cast<size_t>(L.n_slot()));
   // probs[t][h][j] kept to aggregate per group afterwards.
   std::vector<std::vector<double>> probs(static_cast<size_t>(H));
   for (int t = 0; t < in.n_tok; ++t) {
@@ -462,7 +462,7 @@ void attention_reference(const AttnInput& in, KvLayer& L, const AttnStatsRequest
         double s = 0.0;
         for (int d = 0; d < hd; ++d) s += static_cast<double>(q[d]) * k[static_cast<size_t>(d)];
         p[static_cast<size_t>(j)] = s * in.scale;
-        if (stats.mass) p[static_cast<size_t>(j)] += std::log1p(L.merged[L.meta_index(g, j)]);
+        if (stats.mass) p[static_cast<size_t>(j)] += std::log1p(L.merged(g)[j]);
         m = std::max(m, p[static_cast<size_t>(j)]);
       }
       double sum = 0.0;
@@ -487,9 +487,8 @@ void attention_reference(const AttnInput& in, KvLayer& L, const AttnStatsRequest
           a = stats.agg == ScoreAgg::kMax ? (hh == 0 ? x : std::max(a, x)) : a + x;
         }
         if (stats.agg == ScoreAgg::kMean) a /= grp;
-        const size_t mi = L.meta_index(g, j);
-        if (stats.accumulate) L.score[mi] += static_cast<float>(a);
-        if (t >= stats.window_first) L.window[mi] += static_cast<float>(a);
+        if (stats.accumulate) L.score_accum(g)[j] += static_cast<float>(a);
+        if (t >= stats.window_first) L.window_accum(g)[j] += static_cast<float>(a);
       }
     }
   }

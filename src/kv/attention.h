@@ -5,9 +5,9 @@
 // (causal). Each query head h reads KV head h / group (GQA/MQA; MHA when group == 1).
 //
 // Statistics (only what is requested is computed):
-//   accumulate  layer.score[g, j] += sum over the chunk's queries of agg over the group's heads of
+//   accumulate  layer.score(g)[j] += sum over the chunk's queries of agg over the group's heads of
 //               softmax(q k^T / sqrt(d))[j]   (agg: sum, mean or max; H2O / D2O column sums)
-//   window      layer.window[g, j] += the same, but only for queries t >= window_first (SnapKV)
+//   window      layer.window(g)[j] += the same, but only for queries t >= window_first (SnapKV)
 //
 // How it runs: slots are cut into chunks of kTile slots at fixed positions (0, kTile, ...). For
 // every query row and chunk the kernel forms the chunk's scores, their maximum m_c, e = exp(s -
@@ -103,7 +103,7 @@ class AttnScratch {
   int n_blocks_cap = 0;
   int rows_cap = 0;  // n_tok * n_head
 };
-
+// `layer`: KvCache::layer_for_attention(il), the door through which statistics are accumulated.
 void attention_forward(const AttnInput& in, KvLayer& layer, const AttnStatsRequest& stats,
                        ThreadPool& pool, AttnScratch& scratch);
 // The same with the inner loops of a given (available) instruction-set level; for tests.

@@ -141,16 +141,27 @@ void store_row(KvElemType t, const float* in, int n, uint8_t* p) {
 }  // namespace
 
 void KvLayer::load_key(int h, int j, float* out) const {
-  load_row(type.k, key_row(h, j), head_dim, out);
+  load_row(type_.k, key_row(h, j), head_dim_, out);
 }
 void KvLayer::load_value(int h, int j, float* out) const {
-  load_row(type.v, value_row(h, j), head_dim, out);
+  load_row(type_.v, value_row(h, j), head_dim_, out);
 }
 void KvLayer::store_key(int h, int j, const float* in) {
-  store_row(type.k, in, head_dim, key_row(h, j));
+  store_row(type_.k, in, head_dim_, mutable_key_row(h, j));
 }
 void KvLayer::store_value(int h, int j, const float* in) {
-  store_row(type.v, in, head_dim, value_row(h, j));
+  store_row(type_.v, in, head_dim_, mutable_value_row(h, j));
+}
+
+void KvLayer::move_slots(int h, int to, int from, int n) {
+  const size_t c = static_cast<size_t>(n);
+  std::memmove(mutable_key_row(h, to), key_row(h, from), c * key_row_bytes());
+  std::memmove(mutable_value_row(h, to), value_row(h, from), c * value_row_bytes());
+  const size_t a = meta_index(h, to), b = meta_index(h, from);
+  std::memmove(&pos_[a], &pos_[b], c * sizeof(int32_t));
+  std::memmove(&score_[a], &score_[b], c * sizeof(float));
+  std::memmove(&window_[a], &window_[b], c * sizeof(float));
+  std::memmove(&merged_[a], &merged_[b], c * sizeof(int32_t));
 }
 
 KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
@@ -160,9 +171,9 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
              cfg.layer_window.size() == static_cast<size_t>(cfg.n_layer));
   layers_.resize(static_cast<size_t>(cfg.n_layer));
   for (KvLayer& L : layers_) {
-    L.n_head_kv = cfg.n_head_kv;
-    L.head_dim = cfg.head_dim;
-    L.type = cfg.type;
+    L.n_head_kv_ = cfg.n_head_kv;
+    L.head_dim_ = cfg.head_dim;
+    L.type_ = cfg.type;
   }
   tmp_k_.resize(static_cast<size_t>(cfg.head_dim));
   tmp_v_.resize(static_cast<size_t>(cfg.head_dim));
@@ -170,35 +181,46 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
   acc_v_.resize(static_cast<size_t>(cfg.head_dim));
 }
 
+void KvCache::copy_layer_slots(const KvLayer& L, int capacity, KvLayer& N) {
+  const size_t heads = static_cast<size_t>(L.n_head_kv_);
+  const size_t kb = L.key_row_bytes(), vb = L.value_row_bytes();
+  N.n_head_kv_ = L.n_head_kv_;
+  N.head_dim_ = L.head_dim_;
+  N.type_ = L.type_;
+  N.capacity_ = capacity;
+  N.n_slot_ = L.n_slot_;
+  const size_t cap = static_cast<size_t>(capacity);
+  N.k_.resize(heads * cap * kb);
+  N.v_.resize(heads * cap * vb);
+  N.pos_.resize(heads * cap);
+  N.score_.resize(heads * cap);
+  N.window_.resize(heads * cap);
+  N.merged_.resize(heads * cap);
+  copy_rows(L, N);
+}
+
+void KvCache::copy_rows(const KvLayer& L, KvLayer& N) {
+  D2O_ASSERT(N.capacity_ >= L.n_slot_ && N.n_head_kv_ == L.n_head_kv_ && N.type_ == L.type_);
+  const size_t kb = L.key_row_bytes(), vb = L.value_row_bytes();
+  const size_t n = static_cast<size_t>(L.n_slot_);
+  N.n_slot_ = L.n_slot_;
+  for (int h = 0; h < L.n_head_kv_; ++h) {
+    if (n == 0) break;
+    std::memcpy(N.mutable_key_row(h, 0), L.key_row(h, 0), n * kb);
+    std::memcpy(N.mutable_value_row(h, 0), L.value_row(h, 0), n * vb);
+    std::memcpy(&N.pos_[N.meta_index(h, 0)], L.pos(h), n * sizeof(int32_t));
+    std::memcpy(&N.score_[N.meta_index(h, 0)], L.score(h), n * sizeof(float));
+    std::memcpy(&N.window_[N.meta_index(h, 0)], L.window(h), n * sizeof(float));
+    std::memcpy(&N.merged_[N.meta_index(h, 0)], L.merged(h), n * sizeof(int32_t));
+  }
+}
+
 Status KvCache::reallocate(int il, int new_capacity) {
   KvLayer& L = layers_[static_cast<size_t>(il)];
-  D2O_ASSERT(new_capacity >= L.n_slot);
-  const size_t heads = static_cast<size_t>(L.n_head_kv);
-  const size_t kb = L.key_row_bytes(), vb = L.value_row_bytes();
+  D2O_ASSERT(new_capacity >= L.n_slot_);
   try {
     KvLayer N;
-    N.n_head_kv = L.n_head_kv;
-    N.head_dim = L.head_dim;
-    N.type = L.type;
-    N.capacity = new_capacity;
-    N.n_slot = L.n_slot;
-    const size_t cap = static_cast<size_t>(new_capacity);
-    N.k.resize(heads * cap * kb);
-    N.v.resize(heads * cap * vb);
-    N.pos.resize(heads * cap);
-    N.score.resize(heads * cap);
-    N.window.resize(heads * cap);
-    N.merged.resize(heads * cap);
-    const size_t n = static_cast<size_t>(L.n_slot);
-    for (int h = 0; h < L.n_head_kv; ++h) {
-      if (n == 0) break;
-      std::memcpy(N.key_row(h, 0), L.key_row(h, 0), n * kb);
-      std::memcpy(N.value_row(h, 0), L.value_row(h, 0), n * vb);
-      std::memcpy(&N.pos[N.meta_index(h, 0)], &L.pos[L.meta_index(h, 0)], n * sizeof(int32_t));
-      std::memcpy(&N.score[N.meta_index(h, 0)], &L.score[L.meta_index(h, 0)], n * sizeof(float));
-      std::memcpy(&N.window[N.meta_index(h, 0)], &L.window[L.meta_index(h, 0)], n * sizeof(float));
-      std::memcpy(&N.merged[N.meta_index(h, 0)], &L.merged[L.meta_index(h, 0)], n * sizeof(int32_t));
-    }
+    copy_layer_slots(L, new_capacity, N);
     L = std::move(N);
   } catch (const std::bad_alloc&) {
     return resource_exhausted("out of memory growing the KV cache of layer " + std::to_string(il) +
@@ -209,8 +231,8 @@ Status KvCache::reallocate(int il, int new_capacity) {
 
 Status KvCache::reserve(int il, int n_slots, bool exact) {
   KvLayer& L = layers_[static_cast<size_t>(il)];
-  if (n_slots <= L.capacity && !exact) return {};
-  if (exact && n_slots == L.capacity) return {};
+  if (n_slots <= L.capacity_ && !exact) return {};
+  if (exact && n_slots == L.capacity_) return {};
   // Sliding-window layers bound themselves (drop_oldest); the limit is for the others.
   const int limit = cfg_.window(il) > 0 ? 0 : slot_limit_;
   if (limit > 0 && n_slots > limit) {
@@ -223,11 +245,11 @@ Status KvCache::reserve(int il, int n_slots, bool exact) {
   if (!exact) {
     // Grow by at least a quarter (and 256 slots) so that appending token by token copies each
     // slot O(1) times overall; never past the limit.
-    cap = std::max(n_slots, L.capacity + std::max(256, L.capacity / 4));
+    cap = std::max(n_slots, L.capacity_ + std::max(256, L.capacity_ / 4));
     if (limit > 0) cap = std::min(cap, limit);
     if (cfg_.window(il) > 0) cap = std::min(cap, std::max(n_slots, sliding_capacity(cfg_.window(il), 1)));
   }
-  return reallocate(il, std::max(cap, L.n_slot));
+  return reallocate(il, std::max(cap, L.n_slot_));
 }
 
 // A sliding-window layer keeps the capacity a one-token pass needs (it is refilled every step);
@@ -235,7 +257,7 @@ Status KvCache::reserve(int il, int n_slots, bool exact) {
 Status KvCache::shrink_sliding(int il) {
   const KvLayer& L = layers_[static_cast<size_t>(il)];
   const int steady = sliding_capacity(cfg_.window(il), 1);
-  if (L.capacity > steady && L.n_slot <= steady) return reallocate(il, steady);
+  if (L.capacity_ > steady && L.n_slot_ <= steady) return reallocate(il, steady);
   return {};
 }
 
@@ -243,9 +265,9 @@ Status KvCache::set_slot_limit(int max_slots) {
   if (max_slots < 0) return invalid_argument("KV slot limit must be >= 0 (0: none)");
   if (max_slots > 0) {
     for (int il = 0; il < cfg_.n_layer; ++il) {
-      if (cfg_.window(il) == 0 && layers_[static_cast<size_t>(il)].capacity > max_slots) {
+      if (cfg_.window(il) == 0 && layers_[static_cast<size_t>(il)].capacity_ > max_slots) {
         return invalid_argument("KV cache layer " + std::to_string(il) + " already holds " +
-                                std::to_string(layers_[static_cast<size_t>(il)].capacity) +
+                                std::to_string(layers_[static_cast<size_t>(il)].capacity_) +
                                 " slots per head, above the requested limit of " +
                                 std::to_string(max_slots));
       }
@@ -260,8 +282,8 @@ Status KvCache::shrink_to_fit(int slack) {
     const KvLayer& L = layers_[static_cast<size_t>(il)];
     if (cfg_.window(il) > 0) {
       D2O_RETURN_IF_ERROR(shrink_sliding(il));
-    } else if (L.capacity > L.n_slot + slack) {
-      D2O_RETURN_IF_ERROR(reallocate(il, L.n_slot + slack));
+    } else if (L.capacity_ > L.n_slot_ + slack) {
+      D2O_RETURN_IF_ERROR(reallocate(il, L.n_slot_ + slack));
     }
   }
   return {};
@@ -273,8 +295,8 @@ Status KvCache::trim(int slack) {
     const KvLayer& L = layers_[static_cast<size_t>(il)];
     if (cfg_.window(il) > 0) {
       D2O_RETURN_IF_ERROR(shrink_sliding(il));
-    } else if (L.capacity > L.n_slot + slack + kHysteresis) {
-      D2O_RETURN_IF_ERROR(reallocate(il, L.n_slot + slack));
+    } else if (L.capacity_ > L.n_slot_ + slack + kHysteresis) {
+      D2O_RETURN_IF_ERROR(reallocate(il, L.n_slot_ + slack));
     }
   }
   return {};
@@ -282,35 +304,35 @@ Status KvCache::trim(int slack) {
 
 int64_t KvCache::total_slots() const {
   int64_t n = 0;
-  for (const KvLayer& L : layers_) n += L.n_slot;
+  for (const KvLayer& L : layers_) n += L.n_slot_;
   return n;
 }
 
 void KvCache::append(int il, const float* k, const float* v, const int32_t* pos, int n_tok) {
   KvLayer& L = layers_[static_cast<size_t>(il)];
-  D2O_ASSERT(L.n_slot + n_tok <= L.capacity);
-  const int hd = L.head_dim;
-  const int kv_dim = L.n_head_kv * hd;
+  D2O_ASSERT(L.n_slot_ + n_tok <= L.capacity_);
+  const int hd = L.head_dim_;
+  const int kv_dim = L.n_head_kv_ * hd;
   for (int t = 0; t < n_tok; ++t) {
-    const int j = L.n_slot + t;
-    for (int h = 0; h < L.n_head_kv; ++h) {
+    const int j = L.n_slot_ + t;
+    for (int h = 0; h < L.n_head_kv_; ++h) {
       L.store_key(h, j, k + static_cast<size_t>(t) * kv_dim + static_cast<size_t>(h) * hd);
       L.store_value(h, j, v + static_cast<size_t>(t) * kv_dim + static_cast<size_t>(h) * hd);
       const size_t m = L.meta_index(h, j);
-      L.pos[m] = pos[t];
-      L.score[m] = 0.0f;
-      L.window[m] = 0.0f;
-      L.merged[m] = 0;
+      L.pos_[m] = pos[t];
+      L.score_[m] = 0.0f;
+      L.window_[m] = 0.0f;
+      L.merged_[m] = 0;
     }
   }
-  L.n_slot += n_tok;
+  L.n_slot_ += n_tok;
 }
 
 void KvCache::apply(int il, const CompactionPlan& plan) {
   KvLayer& L = layers_[static_cast<size_t>(il)];
-  D2O_ASSERT(plan.n_head_kv == L.n_head_kv);
-  D2O_ASSERT(plan.n_keep >= 0 && plan.n_keep <= L.n_slot);
-  const int hd = L.head_dim;
+  D2O_ASSERT(plan.n_head_kv == L.n_head_kv_);
+  D2O_ASSERT(plan.n_keep >= 0 && plan.n_keep <= L.n_slot_);
+  const int hd = L.head_dim_;
 
   // 1. Merges, on the old slot indices (sources are evicted slots, so no source is overwritten
   //    before it is read). Accumulate in fp32, store once.
@@ -322,16 +344,16 @@ void KvCache::apply(int il, const CompactionPlan& plan) {
     std::fill(acc_v_.begin(), acc_v_.end(), 0.0f);
     float score_sum = 0.0f, score_max = 0.0f;
     int32_t merged = 0, n_terms = 0;
-    D2O_ASSERT(dst >= 0 && dst < L.n_slot);
-    const int32_t dst_pos = L.pos[L.meta_index(head, dst)];
+    D2O_ASSERT(dst >= 0 && dst < L.n_slot_);
+    const int32_t dst_pos = L.pos_[L.meta_index(head, dst)];
     size_t e = t;
     for (; e < plan.merges.size() && plan.merges[e].head == head && plan.merges[e].dst == dst; ++e) {
       const MergeTerm& m = plan.merges[e];
-      D2O_ASSERT(m.src >= 0 && m.src < L.n_slot);
+      D2O_ASSERT(m.src >= 0 && m.src < L.n_slot_);
       L.load_key(head, m.src, tmp_k_.data());
       L.load_value(head, m.src, tmp_v_.data());
       if (plan.rope && m.src != dst) {
-        const int32_t src_pos = L.pos[L.meta_index(head, m.src)];
+        const int32_t src_pos = L.pos_[L.meta_index(head, m.src)];
         rope_apply(*plan.rope, static_cast<float>(dst_pos - src_pos), 1, tmp_k_.data());
       }
       for (int d = 0; d < hd; ++d) {
@@ -339,58 +361,81 @@ void KvCache::apply(int il, const CompactionPlan& plan) {
         acc_v_[static_cast<size_t>(d)] += m.w * tmp_v_[static_cast<size_t>(d)];
       }
       const size_t mi = L.meta_index(head, m.src);
-      score_sum += L.score[mi];
-      score_max = n_terms == 0 ? L.score[mi] : std::max(score_max, L.score[mi]);
+      score_sum += L.score_[mi];
+      score_max = n_terms == 0 ? L.score_[mi] : std::max(score_max, L.score_[mi]);
       ++n_terms;
-      merged += m.src == dst ? L.merged[mi] : 1 + L.merged[mi];
+      merged += m.src == dst ? L.merged_[mi] : 1 + L.merged_[mi];
     }
     L.store_key(head, dst, acc_k_.data());
     L.store_value(head, dst, acc_v_.data());
     const size_t di = L.meta_index(head, dst);
     switch (plan.merged_score) {
-      case MergedScore::kSum: L.score[di] = score_sum; break;
+      case MergedScore::kSum: L.score_[di] = score_sum; break;
       case MergedScore::kKeep: break;
-      case MergedScore::kMean: L.score[di] = score_sum / static_cast<float>(n_terms); break;
-      case MergedScore::kMax: L.score[di] = score_max; break;
+      case MergedScore::kMean: L.score_[di] = score_sum / static_cast<float>(n_terms); break;
+      case MergedScore::kMax: L.score_[di] = score_max; break;
     }
-    L.merged[di] = merged;
+    L.merged_[di] = merged;
     t = e;
   }
 
   // 2. Gather kept slots to the front, in order (keep is ascending, so moving forward in place is
   //    safe). Runs of consecutive kept slots move with one memmove each: a decode step evicts one
   //    slot per head, so this is usually one long run.
-  const size_t kb = L.key_row_bytes(), vb = L.value_row_bytes();
-  for (int h = 0; h < L.n_head_kv; ++h) {
+  for (int h = 0; h < L.n_head_kv_; ++h) {
     const int32_t* keep = plan.keep_of(h);
     int i = 0;
     while (i < plan.n_keep) {
       const int j = keep[i];
-      D2O_ASSERT(j >= i && j < L.n_slot && (i == 0 || j > keep[i - 1]));
+      D2O_ASSERT(j >= i && j < L.n_slot_ && (i == 0 || j > keep[i - 1]));
       int run = 1;
       while (i + run < plan.n_keep && keep[i + run] == j + run) ++run;
-      if (j != i) {
-        const size_t n = static_cast<size_t>(run);
-        std::memmove(L.key_row(h, i), L.key_row(h, j), n * kb);
-        std::memmove(L.value_row(h, i), L.value_row(h, j), n * vb);
-        const size_t a = L.meta_index(h, i), b = L.meta_index(h, j);
-        std::memmove(&L.pos[a], &L.pos[b], n * sizeof(int32_t));
-        std::memmove(&L.score[a], &L.score[b], n * sizeof(float));
-        std::memmove(&L.window[a], &L.window[b], n * sizeof(float));
-        std::memmove(&L.merged[a], &L.merged[b], n * sizeof(int32_t));
-      }
+      if (j != i) L.move_slots(h, i, j, run);
       i += run;
     }
   }
-  L.n_slot = plan.n_keep;
+  L.n_slot_ = plan.n_keep;
+
+  // 3. Position shift: keys re-rotated for their new positions.
+  const PositionShift& sh = plan.shift;
+  if (sh.by > 0) {
+    D2O_ASSERT(sh.rope && sh.rope->head_dim == hd && sh.first_slot >= 0);
+    float* row = tmp_k_.data();
+    for (int h = 0; h < L.n_head_kv_; ++h) {
+      for (int j = sh.first_slot; j < L.n_slot_; ++j) {
+        L.load_key(h, j, row);
+        rope_apply(*sh.rope, -static_cast<float>(sh.by), 1, row);
+        L.store_key(h, j, row);
+        L.pos_[L.meta_index(h, j)] -= sh.by;
+      }
+    }
+  }
+}
+
+void KvCache::replace_value(int il, int h, int j, const float* row) {
+  KvLayer& L = layers_[static_cast<size_t>(il)];
+  D2O_ASSERT(h >= 0 && h < L.n_head_kv_ && j >= 0 && j < L.n_slot_);
+  L.store_value(h, j, row);
+}
+
+void KvCache::reset_score_stats(int il) {
+  KvLayer& L = layers_[static_cast<size_t>(il)];
+  if (L.n_slot_ == 0) return;  // nothing stored yet (maybe not even allocated)
+  for (int h = 0; h < L.n_head_kv_; ++h) std::fill_n(L.score_accum(h), L.n_slot_, 0.0f);
+}
+
+void KvCache::reset_window_stats(int il) {
+  KvLayer& L = layers_[static_cast<size_t>(il)];
+  if (L.n_slot_ == 0) return;  // nothing stored yet (maybe not even allocated)
+  for (int h = 0; h < L.n_head_kv_; ++h) std::fill_n(L.window_accum(h), L.n_slot_, 0.0f);
 }
 
 void KvCache::clear() {
   for (KvLayer& L : layers_) {
     KvLayer empty;
-    empty.n_head_kv = L.n_head_kv;
-    empty.head_dim = L.head_dim;
-    empty.type = L.type;
+    empty.n_head_kv_ = L.n_head_kv_;
+    empty.head_dim_ = L.head_dim_;
+    empty.type_ = L.type_;
     L = std::move(empty);
   }
 }
@@ -409,14 +454,14 @@ Status KvCache::copy_from(const KvCache& o) {
         dst.resize(src.size());
         if (src.size()) std::memcpy(dst.data(), src.data(), src.bytes());
       };
-      copy(D.k, S.k);
-      copy(D.v, S.v);
-      copy(D.pos, S.pos);
-      copy(D.score, S.score);
-      copy(D.window, S.window);
-      copy(D.merged, S.merged);
-      D.capacity = S.capacity;
-      D.n_slot = S.n_slot;
+      copy(D.k_, S.k_);
+      copy(D.v_, S.v_);
+      copy(D.pos_, S.pos_);
+      copy(D.score_, S.score_);
+      copy(D.window_, S.window_);
+      copy(D.merged_, S.merged_);
+      D.capacity_ = S.capacity_;
+      D.n_slot_ = S.n_slot_;
     }
   } catch (const std::bad_alloc&) {
     clear();
@@ -425,16 +470,32 @@ Status KvCache::copy_from(const KvCache& o) {
   return {};
 }
 
+Status KvCache::copy_slots_from(const KvCache& o) {
+  if (o.cfg_.n_layer != cfg_.n_layer || o.cfg_.n_head_kv != cfg_.n_head_kv ||
+      o.cfg_.head_dim != cfg_.head_dim || o.cfg_.type != cfg_.type) {
+    return invalid_argument("KV cache copy: the caches have different shapes or storage types");
+  }
+  if (&o == this) return {};
+  clear();
+  for (int il = 0; il < cfg_.n_layer; ++il) {
+    const KvLayer& S = o.layers_[static_cast<size_t>(il)];
+    // Exact capacity (within the slot limit): the copy starts as compact as possible.
+    D2O_RETURN_IF_ERROR(reserve(il, std::max(S.n_slot_, 1), /*exact=*/true));
+    copy_rows(S, layers_[static_cast<size_t>(il)]);
+  }
+  return {};
+}
+
 size_t KvCache::kv_bytes_allocated() const {
   size_t b = 0;
-  for (const KvLayer& L : layers_) b += L.k.bytes() + L.v.bytes();
+  for (const KvLayer& L : layers_) b += L.k_.bytes() + L.v_.bytes();
   return b;
 }
 
 size_t KvCache::kv_bytes_used() const {
   size_t b = 0;
   for (const KvLayer& L : layers_) {
-    b += static_cast<size_t>(L.n_head_kv) * static_cast<size_t>(L.n_slot) *
+    b += static_cast<size_t>(L.n_head_kv_) * static_cast<size_t>(L.n_slot_) *
          (L.key_row_bytes() + L.value_row_bytes());
   }
   return b;
@@ -442,7 +503,8 @@ size_t KvCache::kv_bytes_used() const {
 
 size_t KvCache::meta_bytes_allocated() const {
   size_t b = 0;
-  for (const KvLayer& L : layers_) b += L.pos.bytes() + L.score.bytes() + L.window.bytes() + L.merged.bytes();
+  for (const KvLayer& L : layers_)
+    b += L.pos_.bytes() + L.score_.bytes() + L.window_.bytes() + L.merged_.bytes();
   return b;
 }
 
@@ -477,20 +539,10 @@ int KvCache::drop_oldest(int il, int n_tok) {
   const int w = cfg_.window(il);
   KvLayer& L = layers_[static_cast<size_t>(il)];
   D2O_ASSERT(w > 0);
-  if (L.n_slot + n_tok <= sliding_capacity(w, n_tok) || L.n_slot <= w - 1) return 0;
-  const int drop = L.n_slot - (w - 1);
-  const size_t keep = static_cast<size_t>(w - 1);
-  const size_t kb = L.key_row_bytes(), vb = L.value_row_bytes();
-  for (int h = 0; h < L.n_head_kv; ++h) {
-    std::memmove(L.key_row(h, 0), L.key_row(h, drop), keep * kb);
-    std::memmove(L.value_row(h, 0), L.value_row(h, drop), keep * vb);
-    const size_t a = L.meta_index(h, 0), b = L.meta_index(h, drop);
-    std::memmove(&L.pos[a], &L.pos[b], keep * sizeof(int32_t));
-    std::memmove(&L.score[a], &L.score[b], keep * sizeof(float));
-    std::memmove(&L.window[a], &L.window[b], keep * sizeof(float));
-    std::memmove(&L.merged[a], &L.merged[b], keep * sizeof(int32_t));
-  }
-  L.n_slot = w - 1;
+  if (L.n_slot_ + n_tok <= sliding_capacity(w, n_tok) || L.n_slot_ <= w - 1) return 0;
+  const int drop = L.n_slot_ - (w - 1);
+  for (int h = 0; h < L.n_head_kv_; ++h) L.move_slots(h, 0, drop, w - 1);
+  L.n_slot_ = w - 1;
   return drop;
 }
 

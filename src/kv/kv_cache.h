@@ -14,8 +14,10 @@
 // All heads of a layer hold the same number of slots (n_slot); which tokens they hold may differ.
 // Layers may hold different numbers of slots (D2O's per-layer budgets).
 //
-// The only mutators are append() (new tokens), apply() (a CompactionPlan from a policy) and, for
-// sliding-window layers, drop_oldest().
+// The only mutators are append() (new tokens), apply() (a CompactionPlan from a policy),
+// replace_value() (CaM's merged values), for sliding-window layers drop_oldest(), the allocation
+// calls (reserve, trim, ...), statistics resets and copies; KvLayer is read-only outside KvCache, except that the attention kernel
+// accumulates statistics through KvCache::layer_for_attention().
 //
 // Sliding-window layers (KvCacheConfig::layer_window[il] = W > 0; Gemma 3's local layers): a
 // query sees only the last W positions, so the layer keeps a ring of the last W - 1 slots plus
@@ -85,7 +87,17 @@ enum class MergedScore {
   kMax,   // the largest of the merged slots' scores
 };
 
+// Positions a plan moves down after the gather (StreamingLLM with re-rotated keys): slots from
+// `first_slot` (new index) on get position - by, their keys re-rotated by -by with `rope` (RoPE
+// rotations compose: R(p) R(-r) = R(p - r)).
+struct PositionShift {
+  int first_slot = 0;
+  int by = 0;  // 0: no shift
+  const RopeParams* rope = nullptr;
+};
+
 // What a policy decides for one layer. Slot indices refer to the layer before the plan.
+// KvCache::apply() runs it in this order: merges, the gather of kept slots, the position shift.
 struct CompactionPlan {
   int n_head_kv = 0;
   int n_keep = 0;                 // slots each head keeps
@@ -96,6 +108,7 @@ struct CompactionPlan {
   // p_dst - p_src before it is weighted, so the merged key is the weighted sum of the un-rotated
   // keys, rotated for the retained slot's position p_dst (RoPE rotations compose).
   const RopeParams* rope = nullptr;
+  PositionShift shift;
 
   void reset(int n_head_kv_, int n_keep_) {
     n_head_kv = n_head_kv_;
@@ -104,46 +117,78 @@ struct CompactionPlan {
     merges.clear();
     merged_score = MergedScore::kSum;
     rope = nullptr;
+    shift = PositionShift();
   }
   int32_t* keep_of(int head) { return keep.data() + static_cast<size_t>(head) * n_keep; }
   const int32_t* keep_of(int head) const { return keep.data() + static_cast<size_t>(head) * n_keep; }
 };
 
-struct KvLayer {
-  int n_head_kv = 0;
-  int head_dim = 0;
-  KvType type = KvType::kF16;
-  int capacity = 0;  // slots allocated per head
-  int n_slot = 0;    // slots in use per head
-  AlignedBuffer<uint8_t> k, v;
-  AlignedBuffer<int32_t> pos;
-  AlignedBuffer<float> score;
-  AlignedBuffer<float> window;
-  AlignedBuffer<int32_t> merged;
+// One layer's slots. Read-only for everything but KvCache: the buffers change only through
+// KvCache::append(), apply() (a CompactionPlan), replace_value() (CaM), drop_oldest(), the
+// allocation calls (reserve, trim, ...) and the narrow operations KvCache names (statistics
+// resets, copies). The attention kernel accumulates statistics through score_accum /
+// window_accum, reachable only from KvCache::layer_for_attention().
+class KvLayer {
+ public:
+  int n_head_kv() const { return n_head_kv_; }
+  int head_dim() const { return head_dim_; }
+  KvType type() const { return type_; }
+  int capacity() const { return capacity_; }  // slots allocated per head
+  int n_slot() const { return n_slot_; }      // slots in use per head
 
   // Bytes of one key / value row (they differ when keys and values have different types).
-  size_t key_row_bytes() const { return kv_row_bytes(type.k, head_dim); }
-  size_t value_row_bytes() const { return kv_row_bytes(type.v, head_dim); }
+  size_t key_row_bytes() const { return kv_row_bytes(type_.k, head_dim_); }
+  size_t value_row_bytes() const { return kv_row_bytes(type_.v, head_dim_); }
   // Row pointers: head h, slot j. The rows of a head are contiguous.
-  uint8_t* key_row(int h, int j) { return k.data() + row_offset(h, j, key_row_bytes()); }
   const uint8_t* key_row(int h, int j) const {
-    return k.data() + row_offset(h, j, key_row_bytes());
+    return k_.data() + row_offset(h, j, key_row_bytes());
   }
-  uint8_t* value_row(int h, int j) { return v.data() + row_offset(h, j, value_row_bytes()); }
   const uint8_t* value_row(int h, int j) const {
-    return v.data() + row_offset(h, j, value_row_bytes());
+    return v_.data() + row_offset(h, j, value_row_bytes());
   }
-  size_t meta_index(int h, int j) const { return static_cast<size_t>(h) * capacity + j; }
-  // Reads a key/value row as floats (dequantised); stores one (rounded / re-quantised).
+  // Slot metadata of head h: [n_slot] entries, slot j at index j.
+  const int32_t* pos(int h) const { return pos_.data() + meta_index(h, 0); }
+  const float* score(int h) const { return score_.data() + meta_index(h, 0); }
+  const float* window(int h) const { return window_.data() + meta_index(h, 0); }
+  const int32_t* merged(int h) const { return merged_.data() + meta_index(h, 0); }
+  // Reads a key/value row as floats (dequantised).
   void load_key(int h, int j, float* out) const;
   void load_value(int h, int j, float* out) const;
-  void store_key(int h, int j, const float* in);
-  void store_value(int h, int j, const float* in);
+
+  // The attention kernel's door: head h's statistics [capacity] as raw pointers to accumulate
+  // into (its inner loops must not pay a call per element). A non-const KvLayer exists only
+  // through KvCache::layer_for_attention().
+  float* score_accum(int h) { return score_.data() + meta_index(h, 0); }
+  float* window_accum(int h) { return window_.data() + meta_index(h, 0); }
 
  private:
+  friend class KvCache;
+  friend struct KvTestAccess;  // tests/unit/kv_test_access.h: tests set up states directly
+
+  size_t meta_index(int h, int j) const { return static_cast<size_t>(h) * capacity_ + j; }
   size_t row_offset(int h, int j, size_t rb) const {
-    return (static_cast<size_t>(h) * capacity + static_cast<size_t>(j)) * rb;
+    return (static_cast<size_t>(h) * capacity_ + static_cast<size_t>(j)) * rb;
   }
+  uint8_t* mutable_key_row(int h, int j) { return k_.data() + row_offset(h, j, key_row_bytes()); }
+  uint8_t* mutable_value_row(int h, int j) {
+    return v_.data() + row_offset(h, j, value_row_bytes());
+  }
+  // Stores one row (rounded / re-quantised).
+  void store_key(int h, int j, const float* in);
+  void store_value(int h, int j, const float* in);
+  // Moves slots [from, from + n) of head h to [to, to + n): rows and metadata (memmove).
+  void move_slots(int h, int to, int from, int n);
+
+  int n_head_kv_ = 0;
+  int head_dim_ = 0;
+  KvType type_ = KvType::kF16;
+  int capacity_ = 0;
+  int n_slot_ = 0;
+  AlignedBuffer<uint8_t> k_, v_;   // [n_head_kv, capacity, row bytes]
+  AlignedBuffer<int32_t> pos_;     // [n_head_kv, capacity]
+  AlignedBuffer<float> score_;     // [n_head_kv, capacity]
+  AlignedBuffer<float> window_;    // [n_head_kv, capacity]
+  AlignedBuffer<int32_t> merged_;  // [n_head_kv, capacity]
 };
 
 struct KvCacheConfig {
@@ -184,8 +229,10 @@ class KvCache {
 
   const KvCacheConfig& config() const { return cfg_; }
   int n_layer() const { return cfg_.n_layer; }
-  KvLayer& layer(int il) { return layers_[static_cast<size_t>(il)]; }
   const KvLayer& layer(int il) const { return layers_[static_cast<size_t>(il)]; }
+  // Layer il for the attention kernel (attention_forward), which accumulates its statistics
+  // (KvLayer::score_accum / window_accum); nothing else may use it.
+  KvLayer& layer_for_attention(int il) { return layers_[static_cast<size_t>(il)]; }
 
   // Makes room for `n_slots` slots per head in layer il, keeping the contents. Growth is
   // geometric (amortised O(1) copies per appended token) up to the slot limit; `exact` asks for
@@ -212,10 +259,21 @@ class KvCache {
   // Applies a plan to layer il (merges first, then the gather of kept slots).
   void apply(int il, const CompactionPlan& plan);
 
+  // CaM (kv/policy/merge_cam.h), while planning layer il: slot j of head h, a slot the plan
+  // keeps, gets the value `row` (head_dim floats) that evicted slots were merged into. Done in
+  // place rather than through the plan, which would have to hold a copy of the recent window's
+  // values of every layer. Layers are independent: different layers may be written in parallel.
+  void replace_value(int il, int h, int j, const float* row);
+
   // Sliding-window layer il, before a pass of n_tok tokens is appended: drops the oldest slots
   // if the layer would otherwise exceed sliding_capacity(W, n_tok), keeping the last W - 1 (all
   // the pass's first query can see). Returns the slots dropped.
   int drop_oldest(int il, int n_tok);
+
+  // Zeroes layer il's accumulated scores / window statistics (the window statistics cover one
+  // pass; a forked cache drops statistics its policy does not ask for).
+  void reset_score_stats(int il);
+  void reset_window_stats(int il);
 
   // Drops everything (a new conversation).
   void clear();
@@ -223,6 +281,9 @@ class KvCache {
   // Makes this cache an exact copy of `other` (same configuration required): slots, metadata and
   // capacities. Used to save and restore a prefilled state (benchmarks, forks).
   Status copy_from(const KvCache& other);
+  // Copies the slots and metadata of `other` (same configuration required), each layer
+  // allocated for exactly its slot count (at least 1): a compact copy that appends grow as usual.
+  Status copy_slots_from(const KvCache& other);
 
   // Bytes of key and value storage allocated (capacity) / in use (n_slot), over all layers.
   size_t kv_bytes_allocated() const;
@@ -240,12 +301,17 @@ class KvCache {
                                 int64_t n_tokens = -1);
 
  private:
+  // N = L's slots in a fresh allocation of `capacity` slots per head (capacity >= L's n_slot).
+  static void copy_layer_slots(const KvLayer& L, int capacity, KvLayer& N);
+  // N's first slots = L's slots (N allocated for at least as many).
+  static void copy_rows(const KvLayer& L, KvLayer& N);
   Status reallocate(int il, int new_capacity);
   Status shrink_sliding(int il);
   KvCacheConfig cfg_;
   int slot_limit_ = 0;  // 0: none
   std::vector<KvLayer> layers_;
   std::vector<float> tmp_k_, tmp_v_, acc_k_, acc_v_;  // merge scratch [head_dim]
+  friend struct KvTestAccess;  // tests/unit/kv_test_access.h: tests set up states directly
 };
 
 }  // namespace d2o

@@ -10,7 +10,8 @@
 // (compacts_per_layer / compact_layer), while the layer's slots are still in the CPU's caches;
 // the result is the same as compacting it after the pass. Policies are const
 // and stateless; everything that evolves per sequence (budgets once decided, EMA thresholds,
-// counters) lives in the PolicyState the sequence owns.
+// counters) lives in the PolicyState the sequence owns: a common part, and the policy's own
+// PolicyExtState.
 #pragma once
 
 #include <algorithm>
@@ -24,7 +25,6 @@
 #include "d2o/status.h"
 #include "kv/attention.h"
 #include "kv/kv_cache.h"
-#include "kv/policy/nearest.h"
 #include "ops/ops.h"
 
 namespace d2o {
@@ -52,23 +52,6 @@ struct PassInfo {
   ThreadPool* pool = nullptr;
 };
 
-// Scratch buffers of one thread of a compaction. They only ever grow, so a steady-state decode
-// step allocates nothing.
-struct PolicyScratch {
-  std::vector<float> f;     // per-slot selection scores, similarities, rows
-  std::vector<float> f2;    // kept rows as floats [n_keep, head_dim]
-  std::vector<int32_t> i;   // slot index lists
-  std::vector<int32_t> i2;  // evicted lists, nearest neighbours, merge groups
-  std::vector<double> d;    // double accumulators (budgets, CaM running sums)
-  PackedRows packed;        // normalised kept rows, packed for nearest_rows (prefill merges)
-  // D2O merge decisions: best similarity, nearest kept index, merge flag per evicted slot (of one
-  // head, or [n_head_kv, n_evicted] of a layer for decide=token), and the evicted lists.
-  std::vector<float> merge_m;
-  std::vector<int32_t> merge_c;
-  std::vector<uint8_t> merge_on;
-  std::vector<int32_t> merge_ev;
-};
-
 // How a sequence will be fed (KvPolicy::peak_slots_for).
 struct FeedPlan {
   int64_t n_prompt = 0;  // prompt tokens
@@ -77,17 +60,43 @@ struct FeedPlan {
   int decode_chunk = 1;  // longest pass after the prompt
 };
 
-// Per-sequence mutable policy state.
+// A policy's own per-sequence state, beside the common part of PolicyState: what only that
+// policy reads (D2O's merge thresholds, how budgets were derived) and its per-thread scratch.
+// The policy creates it on first use (PolicyState::ext_as) and is the only one to interpret it.
+class PolicyExtState {
+ public:
+  virtual ~PolicyExtState() = default;
+  // A copy for another sequence (Sequence::copy_from): the state; scratch may start empty.
+  virtual std::unique_ptr<PolicyExtState> clone() const = 0;
+};
+
+// Owns a PolicyExtState; copying clones it, so PolicyState stays a copyable value.
+class PolicyExtPtr {
+ public:
+  PolicyExtPtr() = default;
+  PolicyExtPtr(const PolicyExtPtr& o) : p_(o.p_ ? o.p_->clone() : nullptr) {}
+  PolicyExtPtr& operator=(const PolicyExtPtr& o) {
+    if (this != &o) p_ = o.p_ ? o.p_->clone() : nullptr;
+    return *this;
+  }
+  PolicyExtPtr(PolicyExtPtr&&) noexcept = default;
+  PolicyExtPtr& operator=(PolicyExtPtr&&) noexcept = default;
+  PolicyExtState* get() const { return p_.get(); }
+  void reset(std::unique_ptr<PolicyExtState> p) { p_ = std::move(p); }
+
+ private:
+  std::unique_ptr<PolicyExtState> p_;
+};
+
+// Per-sequence mutable policy state: the part every policy and the engine share. A policy's own
+// fields live in `ext`.
 struct PolicyState {
   // budgets[il] == kNoBudget: the layer is never compacted (D2O research reading: layers 0, 1
   // and L-1 keep everything).
   static constexpr int kNoBudget = -1;
 
-  bool budgets_set = false;            // set at the sequence's first compaction, then kept
-  std::vector<int> budgets;            // [n_layer] slots per KV head each layer may keep
-  std::vector<double> layer_variance;  // [n_layer] D2O density statistic when budgets were set
-  std::vector<float> tau;              // [n_layer * n_head_kv] D2O EMA similarity thresholds
-  std::vector<uint8_t> tau_ready;      // [n_layer * n_head_kv] whether tau was initialised
+  bool budgets_set = false;  // set at the sequence's first compaction, then kept
+  std::vector<int> budgets;  // [n_layer] slots per KV head each layer may keep
   // Counters are slots summed over the layer's KV heads (every head evicts the same number of
   // slots per compaction; how many of them merge differs per head).
   std::vector<int64_t> evicted;  // [n_layer] slots evicted so far (merged or dropped)
@@ -95,14 +104,38 @@ struct PolicyState {
   int64_t n_compactions = 0;     // passes whose compaction removed at least one slot
   // A layer of the current pass was compacted by compact_layer(); compact() counts the pass.
   bool layer_compacted = false;
-  // RoPE position of the next token = n_past - pos_shift. Policies that compact positions
-  // (StreamingLLM with re-rotated keys) raise it by the number of positions they remove.
+  // RoPE position of the next token = n_past - pos_shift. Common, not one policy's: the engine
+  // reads it for every sequence to position new tokens (StreamingLLM with re-rotated keys raises
+  // it by the positions it removes; any policy that renumbers positions would do the same).
   int64_t pos_shift = 0;
   // Reusable memory: the plans of the layers compacted by the last pass ([n_layer]; a layer's
-  // plan is valid when it was compacted), the layers to compact, per-thread scratch.
+  // plan is valid when it was compacted) and the layers to compact.
   std::vector<CompactionPlan> plans;
   std::vector<int32_t> todo;
-  std::vector<PolicyScratch> scratch;  // [threads]
+  // The policy's own state (null until the policy creates it).
+  PolicyExtPtr ext;
+
+  // The policy's state as T, created (replacing any other kind) on first use. One dynamic_cast:
+  // call it once per compaction, not per slot.
+  template <class T>
+  T& ext_as() {
+    T* p = dynamic_cast<T*>(ext.get());
+    if (!p) {
+      auto made = std::make_unique<T>();
+      p = made.get();
+      ext.reset(std::move(made));
+    }
+    return *p;
+  }
+  // The policy's state as T, or null when there is none of that kind.
+  template <class T>
+  const T* ext_if() const {
+    return dynamic_cast<const T*>(ext.get());
+  }
+  template <class T>
+  T* ext_if() {
+    return dynamic_cast<T*>(ext.get());
+  }
 
   void reset() { *this = PolicyState(); }
 };

@@ -18,7 +18,7 @@ Status KvAttention::append(int il, const UbatchInput& in, const SeqRows& sr, con
   const int cnt = sr.r1 - sr.r0;
   // A sliding-window layer first lets go of the slots no query of this pass can see.
   if (cache.config().window(il) > 0) cache.drop_oldest(il, cnt);
-  D2O_RETURN_IF_ERROR(cache.reserve(il, cache.layer(il).n_slot + cnt, /*exact=*/false));
+  D2O_RETURN_IF_ERROR(cache.reserve(il, cache.layer(il).n_slot() + cnt, /*exact=*/false));
   cache.append(il, k + static_cast<size_t>(sr.r0) * kv_dim_,
                v + static_cast<size_t>(sr.r0) * kv_dim_, in.pos.data() + sr.r0, cnt);
   return {};
@@ -35,10 +35,10 @@ void KvAttention::attend(int il, const LayerDesc& d, const SeqRows& sr, const fl
   if (d.kind == LayerKind::kSliding) {
     // Never compacted: no KV policy reads its statistics (and no slot of it is merged).
     ai.window = d.window;
-    attention_forward(ai, sr.cache->layer(il), AttnStatsRequest{}, pool, scratch);
+    attention_forward(ai, sr.cache->layer_for_attention(il), AttnStatsRequest{}, pool, scratch);
     return;
   }
-  attention_forward(ai, sr.cache->layer(il), sr.stats, pool, scratch);
+  attention_forward(ai, sr.cache->layer_for_attention(il), sr.stats, pool, scratch);
 }
 
 Status KvAttention::run(int il, const LayerDesc& d, const UbatchInput& in, const float* q,

@@ -75,11 +75,7 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
     if (be.seq->policy().needs().window <= 0) continue;
     KvCache& c = be.seq->cache();
     for (int il = 0; il < c.n_layer(); ++il) {
-      KvLayer& L = c.layer(il);
-      if (L.n_slot == 0) continue;  // nothing stored yet (maybe not even allocated)
-      for (int g = 0; g < L.n_head_kv; ++g) {
-        std::fill_n(&L.window[L.meta_index(g, 0)], L.n_slot, 0.0f);
-      }
+      c.reset_window_stats(il);
     }
   }
 

@@ -158,7 +158,7 @@ Result<RequestId> Scheduler::submit(Request req) {
   if (req.resume) {
     int held_slots = 0;
     for (int il = 0; il < cache_cfg_.n_layer; ++il)
-      held_slots = std::max(held_slots, req.resume->cache().layer(il).n_slot);
+      held_slots = std::max(held_slots, req.resume->cache().layer(il).n_slot());
     if (held_slots > a->fp.slots) {
       a->fp.slots = held_slots;
       a->fp.bytes = KvCache::bytes_for_slots(cache_cfg_, held_slots);

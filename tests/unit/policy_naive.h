@@ -56,13 +56,12 @@ inline Cache snapshot(const KvCache& c) {
   for (int il = 0; il < n.L; ++il) {
     const KvLayer& L = c.layer(il);
     for (int g = 0; g < n.G; ++g) {
-      for (int j = 0; j < L.n_slot; ++j) {
+      for (int j = 0; j < L.n_slot(); ++j) {
         Tok t;
-        const size_t m = L.meta_index(g, j);
-        t.pos = L.pos[m];
-        t.score = L.score[m];
-        t.window = L.window[m];
-        t.merged = L.merged[m];
+        t.pos = L.pos(g)[j];
+        t.score = L.score(g)[j];
+        t.window = L.window(g)[j];
+        t.merged = L.merged(g)[j];
         L.load_key(g, j, row.data());
         t.k.assign(row.begin(), row.end());
         L.load_value(g, j, row.data());
@@ -83,30 +82,29 @@ inline std::string compare(const KvCache& real, const Cache& ref, double tol) {
     const KvLayer& L = real.layer(il);
     for (int g = 0; g < ref.G; ++g) {
       const Head& h = ref.h[static_cast<size_t>(il)][static_cast<size_t>(g)];
-      if (L.n_slot != static_cast<int>(h.size())) {
-        std::snprintf(buf, sizeof buf, "layer %d head %d: %d slots, expected %zu", il, g, L.n_slot,
-                      h.size());
+      if (L.n_slot() != static_cast<int>(h.size())) {
+        std::snprintf(buf, sizeof buf, "layer %d head %d: %d slots, expected %zu", il, g,
+                      L.n_slot(), h.size());
         return buf;
       }
-      for (int j = 0; j < L.n_slot; ++j) {
+      for (int j = 0; j < L.n_slot(); ++j) {
         const Tok& t = h[static_cast<size_t>(j)];
-        const size_t m = L.meta_index(g, j);
-        if (L.pos[m] != t.pos) {
+        if (L.pos(g)[j] != t.pos) {
           std::snprintf(buf, sizeof buf, "layer %d head %d slot %d: position %d, expected %d", il,
-                        g, j, L.pos[m], t.pos);
+                        g, j, L.pos(g)[j], t.pos);
           return buf;
         }
-        if (L.merged[m] != t.merged) {
+        if (L.merged(g)[j] != t.merged) {
           std::snprintf(buf, sizeof buf, "layer %d head %d slot %d: merged count %d, expected %d",
-                        il, g, j, L.merged[m], t.merged);
+                        il, g, j, L.merged(g)[j], t.merged);
           return buf;
         }
         auto close = [tol](double a, double b) {
           return std::fabs(a - b) <= tol * std::max(1.0, std::fabs(b));
         };
-        if (!close(L.score[m], t.score)) {
+        if (!close(L.score(g)[j], t.score)) {
           std::snprintf(buf, sizeof buf, "layer %d head %d slot %d: score %.9g, expected %.9g", il,
-                        g, j, L.score[m], t.score);
+                        g, j, L.score(g)[j], t.score);
           return buf;
         }
         for (int pass = 0; pass < 2; ++pass) {

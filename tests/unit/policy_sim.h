@@ -21,6 +21,7 @@
 #include "kv/policy.h"
 #include "kv/policy/composed.h"
 #include "ops/ops.h"
+#include "unit/kv_test_access.h"
 #include "unit/policy_naive.h"
 
 namespace d2o::test {
@@ -67,19 +68,18 @@ class PolicySim {
     for (int t = 0; t < n_tok; ++t)
       pos[static_cast<size_t>(t)] = static_cast<int32_t>(n_past - state.pos_shift + t);
     for (int il = 0; il < setup.n_layer; ++il) {
-      ASSERT_TRUE(cache.reserve(il, cache.layer(il).n_slot + n_tok, false).ok());
+      ASSERT_TRUE(cache.reserve(il, cache.layer(il).n_slot() + n_tok, false).ok());
       cache.append(il, k.data(), v.data(), pos.data(), n_tok);
-      KvLayer& L = cache.layer(il);
+      KvLayer& L = KvTestAccess::layer(cache, il);
       if (setup.n_head > 0) {
         attend(L, n_tok, nd);
         continue;
       }
       const float tail = 1.0f + 0.4f * static_cast<float>(il);
-      for (int g = 0; g < L.n_head_kv; ++g) {
-        for (int j = 0; j < L.n_slot; ++j) {
-          const size_t m = L.meta_index(g, j);
-          L.score[m] += std::pow(ex(rng), tail) * static_cast<float>(n_tok);
-          L.window[m] = un(rng);
+      for (int g = 0; g < L.n_head_kv(); ++g) {
+        for (int j = 0; j < L.n_slot(); ++j) {
+          KvTestAccess::score(L, g)[j] += std::pow(ex(rng), tail) * static_cast<float>(n_tok);
+          KvTestAccess::window(L, g)[j] = un(rng);
         }
       }
     }
@@ -112,11 +112,14 @@ class PolicySim {
     if (!ref.evicted.empty() && (state.evicted != ref.evicted || state.merged != ref.merged)) {
       return "eviction/merge counters differ";
     }
+    // D2O thresholds (only a D2O merger keeps them: none means none initialised).
+    const ComposedPolicyState* own = composed_state(state);
+    const size_t n_tau = own ? own->tau_ready.size() : 0;
     for (size_t i = 0; i < ref.tau_ready.size(); ++i) {
-      if (static_cast<bool>(state.tau_ready[i]) != ref.tau_ready[i])
-        return "tau_ready differs at " + std::to_string(i);
-      if (ref.tau_ready[i] && std::fabs(state.tau[i] - ref.tau[i]) > 1e-6) {
-        return "tau differs at " + std::to_string(i) + ": " + std::to_string(state.tau[i]) +
+      const bool ready = i < n_tau && own->tau_ready[i];
+      if (ready != ref.tau_ready[i]) return "tau_ready differs at " + std::to_string(i);
+      if (ready && std::fabs(own->tau[i] - ref.tau[i]) > 1e-6) {
+        return "tau differs at " + std::to_string(i) + ": " + std::to_string(own->tau[i]) +
                " vs " + std::to_string(ref.tau[i]);
       }
     }
@@ -130,8 +133,8 @@ class PolicySim {
     req.accumulate = needs.accumulate;
     req.agg = needs.agg;
     if (needs.window > 0) {
-      for (int g = 0; g < L.n_head_kv; ++g)
-        std::fill_n(&L.window[L.meta_index(g, 0)], L.n_slot, 0.0f);
+      for (int g = 0; g < L.n_head_kv(); ++g)
+        std::fill_n(KvTestAccess::window(L, g), L.n_slot(), 0.0f);
       req.window_first = std::max(0, n_tok - needs.window);
     }
     std::vector<float> q(static_cast<size_t>(n_tok) * setup.n_head * setup.head_dim), out(q.size());

@@ -8,6 +8,7 @@
 #include "kv/attention.h"
 #include "kv/attention_kernels.h"
 #include "kv/kv_cache.h"
+#include "unit/kv_test_access.h"
 
 namespace d2o {
 namespace {
@@ -35,12 +36,14 @@ std::vector<float> fill(KvCache& cache, const Case& c, uint32_t seed) {
   EXPECT_TRUE(cache.reserve(0, total, true).ok());
   cache.append(0, k.data(), v.data(), pos.data(), total);
   // Some prior statistics, so accumulation (not assignment) is checked.
-  KvLayer& L = cache.layer(0);
+  KvLayer& L = KvTestAccess::layer(cache, 0);
   for (int g = 0; g < c.n_head_kv; ++g)
-    for (int j = 0; j < total; ++j) L.score[L.meta_index(g, j)] = 0.25f * static_cast<float>(j % 3);
+    for (int j = 0; j < total; ++j)
+      KvTestAccess::score(L, g)[j] = 0.25f * static_cast<float>(j % 3);
   // Merged counts (read only with mass=on): most slots plain, some standing for many tokens.
   for (int g = 0; g < c.n_head_kv; ++g)
-    for (int j = 0; j < total; ++j) L.merged[L.meta_index(g, j)] = (j * 7 + g) % 5 == 0 ? j % 40 : 0;
+    for (int j = 0; j < total; ++j)
+      KvTestAccess::merged(L, g)[j] = (j * 7 + g) % 5 == 0 ? j % 40 : 0;
   std::vector<float> q(static_cast<size_t>(c.n_tok) * c.n_head * c.head_dim);
   for (auto& x : q) x = 2.0f * nd(rng);  // sharper distributions
   return q;
@@ -64,7 +67,7 @@ void run_case(const Case& c) {
   AttnInput in{q.data(), out_ref.data(), c.n_tok, c.n_head,
                1.0f / std::sqrt(static_cast<float>(c.head_dim))};
   in.window = c.sliding;
-  attention_reference(in, ref_cache.layer(0), req);
+  attention_reference(in, ref_cache.layer_for_attention(0), req);
 
   for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
     if (!kernel_isa_available(isa)) continue;
@@ -76,21 +79,19 @@ void run_case(const Case& c) {
       ThreadPool pool(threads);
       AttnScratch scratch;
       in.out = out.data();
-      attention_forward_isa(in, run_cache.layer(0), req, pool, scratch, isa);
+      attention_forward_isa(in, run_cache.layer_for_attention(0), req, pool, scratch, isa);
       const KvLayer& L = run_cache.layer(0);
       const KvLayer& R = ref_cache.layer(0);
       for (size_t i = 0; i < out_n; ++i)
         ASSERT_NEAR(out[i], out_ref[i], 2e-5f * (1.0f + std::fabs(out_ref[i]))) << i;
       std::vector<float> score, window;
       for (int g = 0; g < c.n_head_kv; ++g) {
-        for (int j = 0; j < L.n_slot; ++j) {
-          const size_t m = L.meta_index(g, j);
-          ASSERT_NEAR(L.score[m], R.score[R.meta_index(g, j)],
-                      1e-5f * (1.0f + R.score[R.meta_index(g, j)]))
+        for (int j = 0; j < L.n_slot(); ++j) {
+          ASSERT_NEAR(L.score(g)[j], R.score(g)[j], 1e-5f * (1.0f + R.score(g)[j]))
               << g << "," << j;
-          ASSERT_NEAR(L.window[m], R.window[R.meta_index(g, j)], 1e-5f) << g << "," << j;
-          score.push_back(L.score[m]);
-          window.push_back(L.window[m]);
+          ASSERT_NEAR(L.window(g)[j], R.window(g)[j], 1e-5f) << g << "," << j;
+          score.push_back(L.score(g)[j]);
+          window.push_back(L.window(g)[j]);
         }
       }
       if (threads == 1) {
@@ -180,8 +181,8 @@ TEST(Attention, SlidingWindowDropOldestKeepsResults) {
   // Before the one-token pass of position 200: keep the W - 1 newest slots.
   const KvLayer& D = dropped.layer(0);
   EXPECT_EQ(dropped.drop_oldest(0, 1), 200 - (W - 1));
-  ASSERT_EQ(D.n_slot, W - 1);
-  for (int j = 0; j < W - 1; ++j) EXPECT_EQ(D.pos[D.meta_index(1, j)], 200 - (W - 1) + j);
+  ASSERT_EQ(D.n_slot(), W - 1);
+  for (int j = 0; j < W - 1; ++j) EXPECT_EQ(D.pos(1)[j], 200 - (W - 1) + j);
   EXPECT_EQ(dropped.drop_oldest(0, 1), 0) << "within its capacity: nothing to drop";
   row(200, &k, &v);
   const int32_t p = 200;
@@ -192,9 +193,9 @@ TEST(Attention, SlidingWindowDropOldestKeepsResults) {
   AttnScratch sc;
   AttnInput in{q.data(), out_whole.data(), 1, H, 1.0f / std::sqrt(static_cast<float>(hd))};
   in.window = W;
-  attention_forward(in, whole.layer(0), AttnStatsRequest{}, pool, sc);
+  attention_forward(in, whole.layer_for_attention(0), AttnStatsRequest{}, pool, sc);
   in.out = out_drop.data();
-  attention_forward(in, dropped.layer(0), AttnStatsRequest{}, pool, sc);
+  attention_forward(in, dropped.layer_for_attention(0), AttnStatsRequest{}, pool, sc);
   for (size_t i = 0; i < out_whole.size(); ++i)
     EXPECT_NEAR(out_drop[i], out_whole[i], 1e-6f * (1.0f + std::fabs(out_whole[i]))) << i;
 }
@@ -207,19 +208,19 @@ TEST(Attention, MassBiasRaisesMergedSlots) {
   auto q = fill(a, c, 3);
   fill(b, c, 3);
   for (KvCache* k : {&a, &b}) {
-    KvLayer& L = k->layer(0);
-    std::fill_n(&L.merged[0], L.n_slot, 0);
-    std::fill_n(&L.score[0], L.n_slot, 0.0f);
-    L.merged[L.meta_index(0, 5)] = 63;  // slot 5 stands for 64 tokens
+    KvLayer& L = KvTestAccess::layer(*k, 0);
+    std::fill_n(KvTestAccess::merged(L, 0), L.n_slot(), 0);
+    std::fill_n(KvTestAccess::score(L, 0), L.n_slot(), 0.0f);
+    KvTestAccess::merged(L, 0)[5] = 63;  // slot 5 stands for 64 tokens
   }
   AttnStatsRequest off, on;
   off.accumulate = on.accumulate = true;
   on.mass = true;
   std::vector<float> out(static_cast<size_t>(c.n_head) * c.head_dim);
   AttnInput in{q.data(), out.data(), 1, c.n_head, 0.25f};
-  attention_reference(in, a.layer(0), off);
-  attention_reference(in, b.layer(0), on);
-  const float pa = a.layer(0).score[5], pb = b.layer(0).score[5];
+  attention_reference(in, a.layer_for_attention(0), off);
+  attention_reference(in, b.layer_for_attention(0), on);
+  const float pa = a.layer(0).score(0)[5], pb = b.layer(0).score(0)[5];
   // p' = 64 p / (1 + 63 p) for each query head: strictly larger unless p is 0 or 1.
   EXPECT_GT(pb, pa * 1.5f);
 }
@@ -232,8 +233,9 @@ TEST(Attention, ColumnSumsOfACausalPrefillAddUpToTheQueryCount) {
   KvCache cache(cfg);
   Case c{H, G, hd, 0, n, KvType::kF32, ScoreAgg::kSum, 1 << 30};
   auto q = fill(cache, c, 3);
-  KvLayer& L = cache.layer(0);
-  std::fill(L.score.data(), L.score.data() + L.score.size(), 0.0f);
+  KvLayer& L = KvTestAccess::layer(cache, 0);
+  for (int g = 0; g < L.n_head_kv(); ++g)
+    std::fill_n(KvTestAccess::score(L, g), L.capacity(), 0.0f);
   std::vector<float> out(static_cast<size_t>(n) * H * hd);
   ThreadPool pool(2);
   AttnScratch scratch;
@@ -242,10 +244,10 @@ TEST(Attention, ColumnSumsOfACausalPrefillAddUpToTheQueryCount) {
   attention_forward({q.data(), out.data(), n, H, 0.25f}, L, req, pool, scratch);
   for (int g = 0; g < G; ++g) {
     double s = 0;
-    for (int j = 0; j < n; ++j) s += L.score[L.meta_index(g, j)];
+    for (int j = 0; j < n; ++j) s += L.score(g)[j];
     EXPECT_NEAR(s, n * (H / G), 1e-2);
     // The first slot is seen by every query, the last only by itself.
-    EXPECT_GT(L.score[L.meta_index(g, 0)], 0.0f);
+    EXPECT_GT(L.score(g)[0], 0.0f);
   }
 }
 
@@ -261,8 +263,8 @@ TEST(Attention, StatisticsDoNotChangeTheOutput) {
   AttnStatsRequest none, all;
   all.accumulate = true;
   all.window_first = 3;
-  attention_forward({q.data(), oa.data(), 9, 6, 0.17f}, a.layer(0), none, pool, s1);
-  attention_forward({q.data(), ob.data(), 9, 6, 0.17f}, b.layer(0), all, pool, s2);
+  attention_forward({q.data(), oa.data(), 9, 6, 0.17f}, a.layer_for_attention(0), none, pool, s1);
+  attention_forward({q.data(), ob.data(), 9, 6, 0.17f}, b.layer_for_attention(0), all, pool, s2);
   EXPECT_EQ(oa, ob);
 }
 
@@ -331,7 +333,7 @@ TEST(Attention, ResultsDoNotDependOnPassesOrThreads) {
     for (const Run& run : runs) {
       KvCache cache(cfg);
       auto q = fill(cache, c, 9);
-      KvLayer& L = cache.layer(0);
+      KvLayer& L = KvTestAccess::layer(cache, 0);
       std::vector<float> out(static_cast<size_t>(n_new) * H * hd);
       ThreadPool pool(run.threads);
       AttnScratch scratch;
@@ -339,13 +341,14 @@ TEST(Attention, ResultsDoNotDependOnPassesOrThreads) {
       req.accumulate = true;
       int done = 0;
       for (int n : run.passes) {
-        L.n_slot = n_old + done + n;  // the pass's keys are the last n slots
+        KvTestAccess::set_n_slot(L, n_old + done + n);  // the pass's keys are the last n slots
         AttnInput in{q.data() + static_cast<size_t>(done) * H * hd,
                      out.data() + static_cast<size_t>(done) * H * hd, n, H, 0.125f};
         attention_forward(in, L, req, pool, scratch);
         done += n;
       }
-      std::vector<float> score(L.score.data(), L.score.data() + L.score.size());
+      const float* s0 = KvTestAccess::score(L, 0);  // [n_head_kv, capacity]
+      std::vector<float> score(s0, s0 + static_cast<size_t>(L.n_head_kv()) * L.capacity());
       if (out0.empty()) {
         out0 = out;
         score0 = score;

@@ -30,7 +30,7 @@ int64_t feed_announced(PolicySim& sim, const PeakCase& c) {
   auto pass = [&](int n, int64_t rest) {
     sim.feed(n);
     for (int il = 0; il < sim.setup.n_layer; ++il)
-      peak = std::max<int64_t>(peak, sim.cache.layer(il).n_slot);
+      peak = std::max<int64_t>(peak, sim.cache.layer(il).n_slot());
     PassInfo pi;
     pi.n_tokens = n;
     pi.n_past = sim.n_past;
@@ -158,15 +158,15 @@ bool same_cache(const KvCache& a, const KvCache& b) {
   for (int il = 0; il < a.n_layer(); ++il) {
     const KvLayer& x = a.layer(il);
     const KvLayer& y = b.layer(il);
-    if (x.n_slot != y.n_slot) return false;
-    for (int g = 0; g < x.n_head_kv; ++g) {
-      const size_t n = static_cast<size_t>(x.n_slot), m = n;
+    if (x.n_slot() != y.n_slot()) return false;
+    for (int g = 0; g < x.n_head_kv(); ++g) {
+      const size_t n = static_cast<size_t>(x.n_slot()), m = n;
       if (std::memcmp(x.key_row(g, 0), y.key_row(g, 0), n * x.key_row_bytes()) != 0) return false;
       if (std::memcmp(x.value_row(g, 0), y.value_row(g, 0), n * x.value_row_bytes()) != 0)
         return false;
-      if (std::memcmp(&x.pos[x.meta_index(g, 0)], &y.pos[y.meta_index(g, 0)], m * 4) != 0)
+      if (std::memcmp(x.pos(g), y.pos(g), m * 4) != 0)
         return false;
-      if (std::memcmp(&x.score[x.meta_index(g, 0)], &y.score[y.meta_index(g, 0)], m * 4) != 0)
+      if (std::memcmp(x.score(g), y.score(g), m * 4) != 0)
         return false;
     }
   }
@@ -219,11 +219,11 @@ TEST_F(ChunkedPrefillModel, LastChunkShorterThanTheObservationWindowIsAnError) {
   be.tokens = std::span<const TokenId>(prompt.data(), 12);
   be.prompt_rest = 8;
   EXPECT_TRUE(engine.forward({&be, 1}, nullptr).ok());
-  EXPECT_EQ(seq.cache().layer(0).n_slot, 12);  // not compressed yet
+  EXPECT_EQ(seq.cache().layer(0).n_slot(), 12);  // not compressed yet
   be.tokens = std::span<const TokenId>(prompt.data() + 12, 8);
   be.prompt_rest = 0;
   EXPECT_TRUE(engine.forward({&be, 1}, nullptr).ok());
-  EXPECT_EQ(seq.cache().layer(0).n_slot, 8);  // 0.3 x 20 = 6, raised to the window of 8
+  EXPECT_EQ(seq.cache().layer(0).n_slot(), 8);  // 0.3 x 20 = 6, raised to the window of 8
 }
 
 }  // namespace

@@ -158,9 +158,9 @@ TEST(KvCacheLimit, GrowthStopsAtTheLimitAndBytesMatchTheFormula) {
     ASSERT_TRUE(c.set_slot_limit(300).ok());
     // Geometric growth would take 256 slots then more; the limit caps it.
     ASSERT_TRUE(c.reserve(0, 1, false).ok());
-    EXPECT_EQ(c.layer(0).capacity, 256);
+    EXPECT_EQ(c.layer(0).capacity(), 256);
     ASSERT_TRUE(c.reserve(0, 257, false).ok());
-    EXPECT_EQ(c.layer(0).capacity, 300);
+    EXPECT_EQ(c.layer(0).capacity(), 300);
     const Status over = c.reserve(0, 301, false);
     EXPECT_EQ(over.code(), StatusCode::kResourceExhausted);
     EXPECT_NE(over.message().find("above its limit of 300"), std::string::npos) << over.message();

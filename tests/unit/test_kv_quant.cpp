@@ -240,7 +240,7 @@ TEST(KvQuant, AttentionEqualsDequantizeThenAttend) {
       {
         KvCache ref(fc.config());
         ASSERT_TRUE(ref.copy_from(fc).ok());
-        attention_reference(in, ref.layer(0), req);
+        attention_reference(in, ref.layer_for_attention(0), req);
       }
       for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
         if (!kernel_isa_available(isa)) continue;
@@ -253,9 +253,9 @@ TEST(KvQuant, AttentionEqualsDequantizeThenAttend) {
           ThreadPool pool(threads);
           AttnScratch sa, sb;
           in.out = out_q.data();
-          attention_forward_isa(in, a.layer(0), req, pool, sa, isa);
+          attention_forward_isa(in, a.layer_for_attention(0), req, pool, sa, isa);
           in.out = out_f.data();
-          attention_forward_isa(in, b.layer(0), req, pool, sb, isa);
+          attention_forward_isa(in, b.layer_for_attention(0), req, pool, sb, isa);
           ASSERT_EQ(out_q, out_f);
           for (size_t i = 0; i < out_n; ++i) {
             ASSERT_NEAR(out_q[i], out_ref[i], 2e-5f * (1.0f + std::fabs(out_ref[i]))) << i;
@@ -263,9 +263,8 @@ TEST(KvQuant, AttentionEqualsDequantizeThenAttend) {
           const KvLayer &A = a.layer(0), &B = b.layer(0);
           for (int g = 0; g < c.n_head_kv; ++g) {
             for (int j = 0; j < total; ++j) {
-              const size_t m = A.meta_index(g, j);
-              ASSERT_EQ(A.score[m], B.score[m]) << g << "," << j;
-              ASSERT_EQ(A.window[m], B.window[m]) << g << "," << j;
+              ASSERT_EQ(A.score(g)[j], B.score(g)[j]) << g << "," << j;
+              ASSERT_EQ(A.window(g)[j], B.window(g)[j]) << g << "," << j;
             }
           }
         }
@@ -287,7 +286,7 @@ TEST(KvQuant, MergeWritesQuantisedMergeOfDequantisedRows) {
   std::vector<int32_t> pos = {0, 1, 2, 3, 4, 5};
   ASSERT_TRUE(cache.reserve(0, n, true).ok());
   cache.append(0, k.data(), v.data(), pos.data(), n);
-  KvLayer& L = cache.layer(0);
+  const KvLayer& L = cache.layer(0);
   std::vector<std::vector<uint8_t>> kraw(n), vraw(n);
   for (int j = 0; j < n; ++j) {
     kraw[static_cast<size_t>(j)].assign(L.key_row(0, j), L.key_row(0, j) + L.key_row_bytes());
@@ -310,15 +309,15 @@ TEST(KvQuant, MergeWritesQuantisedMergeOfDequantisedRows) {
   quantize_row(GgmlType::kQ8_0, acc_k.data(), want_k.data(), hd);
   quantize_row(GgmlType::kQ8_0, acc_v.data(), want_v.data(), hd);
   cache.apply(0, plan);
-  ASSERT_EQ(L.n_slot, 3);
+  ASSERT_EQ(L.n_slot(), 3);
   EXPECT_EQ(0, std::memcmp(L.key_row(0, 1), want_k.data(), want_k.size()));
   EXPECT_EQ(0, std::memcmp(L.value_row(0, 1), want_v.data(), want_v.size()));
-  EXPECT_EQ(L.merged[L.meta_index(0, 1)], 2);
+  EXPECT_EQ(L.merged(0)[1], 2);
   for (int i : {0, 2}) {
     const size_t src = static_cast<size_t>(keep[i]);
     EXPECT_EQ(0, std::memcmp(L.key_row(0, i), kraw[src].data(), kraw[src].size())) << i;
     EXPECT_EQ(0, std::memcmp(L.value_row(0, i), vraw[src].data(), vraw[src].size())) << i;
-    EXPECT_EQ(L.pos[L.meta_index(0, i)], keep[i]);
+    EXPECT_EQ(L.pos(0)[i], keep[i]);
   }
 }
 
@@ -347,16 +346,16 @@ TEST(KvQuant, EveryPolicyRunsOnQuantisedStorage) {
         for (int step = 0; step < 12; ++step) ASSERT_EQ(sim.pass(1), "") << "step " << step;
         for (int il = 0; il < s.n_layer; ++il) {
           const KvLayer& L = sim.cache.layer(il);
-          ASSERT_GT(L.n_slot, 0);
+          ASSERT_GT(L.n_slot(), 0);
           std::vector<float> row(static_cast<size_t>(s.head_dim));
           for (int g = 0; g < heads; ++g) {
-            for (int j = 0; j < L.n_slot; ++j) {
+            for (int j = 0; j < L.n_slot(); ++j) {
               L.load_key(g, j, row.data());
               for (float x : row) ASSERT_TRUE(std::isfinite(x));
               L.load_value(g, j, row.data());
               for (float x : row) ASSERT_TRUE(std::isfinite(x));
               if (j > 0) {
-                ASSERT_LT(L.pos[L.meta_index(g, j - 1)], L.pos[L.meta_index(g, j)]);
+                ASSERT_LT(L.pos(g)[j - 1], L.pos(g)[j]);
               }
             }
           }

@@ -428,7 +428,7 @@ TEST(ModelForward, MicroBatchesOfSeveralSequencesMatchANaiveForwardPass) {
                          c.arch.c_str());
           }
           for (int il = 0; il < c.n_layer; ++il)
-            EXPECT_EQ(caches[s]->layer(il).n_slot, prompt_len[s] + step);
+            EXPECT_EQ(caches[s]->layer(il).n_slot(), prompt_len[s] + step);
           // Called back exactly for the decode rows that asked and ran one sequence per task:
           // each of the sequence's layers once.
           const bool across =

@@ -15,6 +15,7 @@
 #include "kv/kv_cache.h"
 #include "kv/policy.h"
 #include "kv/policy/composed.h"
+#include "unit/kv_test_access.h"
 
 namespace d2o {
 namespace {
@@ -51,17 +52,17 @@ double cam_stream_growth(const std::string& spec, int steps, float sink_share) {
       fed = std::max(fed, std::sqrt(nn));
     }
     const int32_t pos = t;
-    EXPECT_TRUE(cache.reserve(0, cache.layer(0).n_slot + 1, false).ok());
+    EXPECT_TRUE(cache.reserve(0, cache.layer(0).n_slot() + 1, false).ok());
     cache.append(0, k.data(), v.data(), &pos, 1);
-    KvLayer& L = cache.layer(0);
+    KvLayer& L = KvTestAccess::layer(cache, 0);
     for (int g = 0; g < G; ++g) {
-      float* s = &L.score[L.meta_index(g, 0)];
-      std::vector<float> w(static_cast<size_t>(L.n_slot));
+      float* s = KvTestAccess::score(L, g);
+      std::vector<float> w(static_cast<size_t>(L.n_slot()));
       float sum = 0;
-      for (int j = 1; j < L.n_slot; ++j) sum += (w[static_cast<size_t>(j)] = ex(rng));
-      const float rest = L.n_slot > 1 ? 1.0f - sink_share : 0.0f;
-      s[0] += L.n_slot > 1 ? sink_share : 1.0f;
-      for (int j = 1; j < L.n_slot; ++j) s[j] += rest * w[static_cast<size_t>(j)] / sum;
+      for (int j = 1; j < L.n_slot(); ++j) sum += (w[static_cast<size_t>(j)] = ex(rng));
+      const float rest = L.n_slot() > 1 ? 1.0f - sink_share : 0.0f;
+      s[0] += L.n_slot() > 1 ? sink_share : 1.0f;
+      for (int j = 1; j < L.n_slot(); ++j) s[j] += rest * w[static_cast<size_t>(j)] / sum;
     }
     PassInfo pi;
     pi.n_tokens = 1;
@@ -69,7 +70,7 @@ double cam_stream_growth(const std::string& spec, int steps, float sink_share) {
     pi.first_pass = t == 0;
     EXPECT_TRUE(p->compact(cache, state, pi).ok());
     for (int g = 0; g < G; ++g) {
-      for (int j = 0; j < L.n_slot; ++j) {
+      for (int j = 0; j < L.n_slot(); ++j) {
         L.load_value(g, j, row.data());
         double nn = 0;
         for (float x : row) nn += static_cast<double>(x) * x;
@@ -164,8 +165,8 @@ TEST(PolicyCam, MergeProbabilityIsAtMostOne) {
     for (int j = 0; j < n; ++j) pos[static_cast<size_t>(j)] = j;
     ASSERT_TRUE(cache.reserve(0, n, false).ok());
     cache.append(0, k.data(), v.data(), pos.data(), n);
-    KvLayer& L = cache.layer(0);
-    for (int j = 0; j < n; ++j) L.score[L.meta_index(0, j)] = j == 0 ? sink : 1.0f;
+    KvLayer& L = KvTestAccess::layer(cache, 0);
+    for (int j = 0; j < n; ++j) KvTestAccess::score(L, 0)[j] = j == 0 ? sink : 1.0f;
     PolicyState state;
     PassInfo pi;
     pi.n_past = n;

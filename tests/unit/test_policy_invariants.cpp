@@ -62,10 +62,10 @@ TEST(PolicyInvariants, SlotsEqualBudgetAfterEveryDecodeStep) {
           const KvLayer& L = sim.cache.layer(il);
           const int b = sim.state.budgets[static_cast<size_t>(il)];
           if (b == PolicyState::kNoBudget) {
-            EXPECT_EQ(L.n_slot, sim.n_past);  // never compressed
+            EXPECT_EQ(L.n_slot(), sim.n_past);  // never compressed
             continue;
           }
-          ASSERT_EQ(L.n_slot, b) << "layer " << il;
+          ASSERT_EQ(L.n_slot(), b) << "layer " << il;
           // Sinks and the recent window survive in every head.
           int heavy = 0, recent = b - std::min(c.sinks, b);
           if (c.selector == Selector::kHeavyRecent)
@@ -75,9 +75,9 @@ TEST(PolicyInvariants, SlotsEqualBudgetAfterEveryDecodeStep) {
             recent = std::min(c.recent, b - std::min(c.sinks, b));
           const int64_t next = sim.n_past - sim.state.pos_shift;
           for (int g = 0; g < heads; ++g) {
-            for (int j = 0; j < std::min(c.sinks, b); ++j) EXPECT_EQ(L.pos[L.meta_index(g, j)], j);
+            for (int j = 0; j < std::min(c.sinks, b); ++j) EXPECT_EQ(L.pos(g)[j], j);
             for (int r = 0; r < recent; ++r) {
-              EXPECT_EQ(L.pos[L.meta_index(g, b - 1 - r)], next - 1 - r);
+              EXPECT_EQ(L.pos(g)[b - 1 - r], next - 1 - r);
             }
           }
         }
@@ -218,12 +218,12 @@ TEST(PolicyInvariants, LargeBudgetLeavesCacheUntouched) {
       for (int il = 0; il < s.n_layer; ++il) {
         const KvLayer& a = sim.cache.layer(il);
         const KvLayer& b = full.cache.layer(il);
-        ASSERT_EQ(a.n_slot, 80);
-        ASSERT_EQ(a.n_slot, b.n_slot);
+        ASSERT_EQ(a.n_slot(), 80);
+        ASSERT_EQ(a.n_slot(), b.n_slot());
         for (int g = 0; g < s.n_head_kv; ++g) {
           EXPECT_EQ(std::memcmp(a.key_row(g, 0), b.key_row(g, 0), a.key_row_bytes() * 80), 0);
           EXPECT_EQ(std::memcmp(a.value_row(g, 0), b.value_row(g, 0), a.value_row_bytes() * 80), 0);
-          EXPECT_EQ(std::memcmp(&a.pos[a.meta_index(g, 0)], &b.pos[b.meta_index(g, 0)],
+          EXPECT_EQ(std::memcmp(a.pos(g), b.pos(g),
                                 80 * sizeof(int32_t)),
                     0);
         }
@@ -266,7 +266,7 @@ TEST(PolicyInvariants, PeakSlotsBoundsWhatASequenceHolds) {
     auto feed = [&](int n) {
       sim.feed(n);
       for (int il = 0; il < s.n_layer; ++il)
-        peak = std::max<int64_t>(peak, sim.cache.layer(il).n_slot);
+        peak = std::max<int64_t>(peak, sim.cache.layer(il).n_slot());
       ASSERT_EQ(sim.compact(), "");
     };
     int64_t fed = 0;
@@ -297,7 +297,7 @@ TEST(PolicyInvariants, ShiftedPositionsStayContiguous) {
     for (int il = 0; il < s.n_layer; ++il) {
       const KvLayer& L = sim.cache.layer(il);
       for (int g = 0; g < s.n_head_kv; ++g) {
-        for (int j = 0; j < L.n_slot; ++j) EXPECT_EQ(L.pos[L.meta_index(g, j)], j);
+        for (int j = 0; j < L.n_slot(); ++j) EXPECT_EQ(L.pos(g)[j], j);
       }
     }
     EXPECT_EQ(sim.n_past - sim.state.pos_shift, 12);  // the next token's position
@@ -466,7 +466,7 @@ TEST(PolicyInvariants, D2oDecodeStepCost) {
     std::vector<double> book, compact_cpu, compact_wall, pooled_wall;
     std::vector<int32_t> keep(4096), scratch(4096), evicted(4096);
     // The bookkeeping alone runs on its own buffers and a copy of the thresholds.
-    PolicyScratch sc;
+    D2oScratch sc;
     CompactionPlan plan;
     std::vector<float> tau;
     std::vector<uint8_t> ready;
@@ -474,19 +474,19 @@ TEST(PolicyInvariants, D2oDecodeStepCost) {
       sim.feed(1);
       pi.n_past = sim.n_past;
       pi.pool = step < steps ? nullptr : &pool;
-      tau = sim.state.tau;
-      ready = sim.state.tau_ready;
+      tau = composed_state(sim.state)->tau;
+      ready = composed_state(sim.state)->tau_ready;
       double t0 = thread_seconds();
       for (int il = 0; il < s.n_layer && step < steps; ++il) {
         const KvLayer& L = sim.cache.layer(il);
         const int S = sim.state.budgets[static_cast<size_t>(il)];
-        if (L.n_slot <= S) continue;
+        if (L.n_slot() <= S) continue;
         plan.merges.clear();
-        for (int g = 0; g < L.n_head_kv; ++g) {
-          select_heavy_recent(&L.score[L.meta_index(g, 0)], L.n_slot, S, cfg, keep.data(),
+        for (int g = 0; g < L.n_head_kv(); ++g) {
+          select_heavy_recent(L.score(g), L.n_slot(), S, cfg, keep.data(),
                               scratch.data());
           int ne = 0;
-          for (int j = 0, k = 0; j < L.n_slot; ++j) {
+          for (int j = 0, k = 0; j < L.n_slot(); ++j) {
             if (k < S && keep[static_cast<size_t>(k)] == j) {
               ++k;
             } else {
@@ -501,8 +501,8 @@ TEST(PolicyInvariants, D2oDecodeStepCost) {
           h.n_keep = S;
           h.evicted = evicted.data();
           h.n_evicted = ne;
-          h.tau = &tau[static_cast<size_t>(il * L.n_head_kv + g)];
-          h.tau_ready = &ready[static_cast<size_t>(il * L.n_head_kv + g)];
+          h.tau = &tau[static_cast<size_t>(il * L.n_head_kv() + g)];
+          h.tau_ready = &ready[static_cast<size_t>(il * L.n_head_kv() + g)];
           plan_d2o_merges(h, sc, plan);
         }
       }
@@ -565,22 +565,21 @@ TEST(PolicyInvariants, LayerwiseCompactionEqualsWholePass) {
       for (int il = 0; il < s.n_layer; ++il) {
         const KvLayer& x = a.cache.layer(il);
         const KvLayer& y = b.cache.layer(il);
-        ASSERT_EQ(x.n_slot, y.n_slot) << "step " << step << " layer " << il;
-        for (int g = 0; g < x.n_head_kv; ++g) {
-          const size_t n = static_cast<size_t>(x.n_slot);
+        ASSERT_EQ(x.n_slot(), y.n_slot()) << "step " << step << " layer " << il;
+        for (int g = 0; g < x.n_head_kv(); ++g) {
+          const size_t n = static_cast<size_t>(x.n_slot());
           ASSERT_EQ(0, std::memcmp(x.key_row(g, 0), y.key_row(g, 0), x.key_row_bytes() * n));
           ASSERT_EQ(0, std::memcmp(x.value_row(g, 0), y.value_row(g, 0), x.value_row_bytes() * n));
-          for (int j = 0; j < x.n_slot; ++j) {
-            const size_t m = x.meta_index(g, j);
-            ASSERT_EQ(x.pos[m], y.pos[m]);
-            ASSERT_EQ(x.score[m], y.score[m]);
-            ASSERT_EQ(x.merged[m], y.merged[m]);
+          for (int j = 0; j < x.n_slot(); ++j) {
+            ASSERT_EQ(x.pos(g)[j], y.pos(g)[j]);
+            ASSERT_EQ(x.score(g)[j], y.score(g)[j]);
+            ASSERT_EQ(x.merged(g)[j], y.merged(g)[j]);
           }
         }
       }
       ASSERT_EQ(a.state.evicted, b.state.evicted);
       ASSERT_EQ(a.state.merged, b.state.merged);
-      ASSERT_EQ(a.state.tau, b.state.tau);
+      ASSERT_EQ(composed_state(a.state)->tau, composed_state(b.state)->tau);
       ASSERT_EQ(a.state.n_compactions, b.state.n_compactions);
     }
   }

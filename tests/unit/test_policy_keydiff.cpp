@@ -39,17 +39,17 @@ TEST(PolicyKeyDiff, KeepsTheKeysLeastLikeTheMeanOfTheUnitKeys) {
     pi.first_pass = true;
     ASSERT_TRUE(p->compact(cache, state, pi).ok());
     const KvLayer& L = cache.layer(0);
-    ASSERT_EQ(L.n_slot, 2);
-    EXPECT_EQ(L.pos[L.meta_index(0, 0)], 0);
-    EXPECT_EQ(L.pos[L.meta_index(0, 1)], 1);
+    ASSERT_EQ(L.n_slot(), 2);
+    EXPECT_EQ(L.pos(0)[0], 0);
+    EXPECT_EQ(L.pos(0)[1], 1);
     // recent=1 protects the newest slot: slot 0 (the best score) and slot 3.
     KvCache c2(KvCacheConfig{1, 1, 2, type});
     ASSERT_TRUE(c2.reserve(0, 4, false).ok());
     c2.append(0, k, v, pos, 4);
     PolicyState s2;
     ASSERT_TRUE(policy_of("keydiff:budget=2,recent=1")->compact(c2, s2, pi).ok());
-    EXPECT_EQ(c2.layer(0).pos[0], 0);
-    EXPECT_EQ(c2.layer(0).pos[1], 3);
+    EXPECT_EQ(c2.layer(0).pos(0)[0], 0);
+    EXPECT_EQ(c2.layer(0).pos(0)[1], 3);
   }
 }
 
@@ -66,8 +66,8 @@ TEST(PolicyKeyDiff, ZeroKeysScoreZero) {
   PassInfo pi;
   pi.n_past = 5;
   ASSERT_TRUE(policy_of("keydiff:budget=2")->compact(cache, state, pi).ok());
-  EXPECT_EQ(cache.layer(0).pos[0], 1);  // the zero key
-  EXPECT_EQ(cache.layer(0).pos[1], 3);  // the key against the anchor
+  EXPECT_EQ(cache.layer(0).pos(0)[0], 1);  // the zero key
+  EXPECT_EQ(cache.layer(0).pos(0)[1], 3);  // the key against the anchor
 }
 
 }  // namespace

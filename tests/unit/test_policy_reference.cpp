@@ -161,17 +161,17 @@ TEST(PolicyReference, ThreadPoolGivesIdenticalResults) {
       for (int il = 0; il < s.n_layer; ++il) {
         const KvLayer& a = serial.cache.layer(il);
         const KvLayer& b = pooled.cache.layer(il);
-        ASSERT_EQ(a.n_slot, b.n_slot);
+        ASSERT_EQ(a.n_slot(), b.n_slot());
         for (int g = 0; g < s.n_head_kv; ++g) {
-          const size_t n = static_cast<size_t>(a.n_slot);
+          const size_t n = static_cast<size_t>(a.n_slot());
           EXPECT_EQ(std::memcmp(a.key_row(g, 0), b.key_row(g, 0), a.key_row_bytes() * n), 0);
           EXPECT_EQ(std::memcmp(a.value_row(g, 0), b.value_row(g, 0), a.value_row_bytes() * n), 0);
-          EXPECT_EQ(std::memcmp(&a.score[a.meta_index(g, 0)], &b.score[b.meta_index(g, 0)],
-                                sizeof(float) * a.n_slot),
+          EXPECT_EQ(std::memcmp(a.score(g), b.score(g),
+                                sizeof(float) * a.n_slot()),
                     0);
         }
       }
-      EXPECT_EQ(serial.state.tau, pooled.state.tau);
+      EXPECT_EQ(composed_state(serial.state)->tau, composed_state(pooled.state)->tau);
       EXPECT_EQ(serial.state.merged, pooled.state.merged);
     }
   }

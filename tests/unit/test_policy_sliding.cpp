@@ -10,6 +10,7 @@
 
 #include "kv/kv_cache.h"
 #include "kv/policy.h"
+#include "unit/kv_test_access.h"
 
 namespace d2o {
 namespace {
@@ -29,10 +30,11 @@ void fill(KvCache& cache, int n, uint32_t seed) {
     for (int i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = i;
     ASSERT_TRUE(cache.reserve(il, n, true).ok());
     cache.append(il, k.data(), v.data(), pos.data(), n);
-    KvLayer& L = cache.layer(il);
+    KvLayer& L = KvTestAccess::layer(cache, il);
     // Layer-dependent spread, so the variance rule gives the layers different budgets.
     for (int g = 0; g < c.n_head_kv; ++g)
-      for (int j = 0; j < n; ++j) L.score[L.meta_index(g, j)] = ex(rng) * static_cast<float>(1 + il);
+      for (int j = 0; j < n; ++j)
+        KvTestAccess::score(L, g)[j] = ex(rng) * static_cast<float>(1 + il);
   }
 }
 
@@ -67,9 +69,9 @@ TEST(PolicySliding, SlidingLayersKeepEverythingAndGlobalOnesShareTheBudget) {
         }
       }
       alone.append(i, k.data(), v.data(), pos.data(), n);
-      KvLayer& A = alone.layer(i);
+      KvLayer& A = KvTestAccess::layer(alone, i);
       for (int g = 0; g < G; ++g)
-        for (int j = 0; j < n; ++j) A.score[A.meta_index(g, j)] = S.score[S.meta_index(g, j)];
+        for (int j = 0; j < n; ++j) KvTestAccess::score(A, g)[j] = S.score(g)[j];
     }
     PassInfo pi;
     pi.n_tokens = n;
@@ -82,18 +84,18 @@ TEST(PolicySliding, SlidingLayersKeepEverythingAndGlobalOnesShareTheBudget) {
     ASSERT_EQ(sa.budgets.size(), 2u);
     for (int il : {0, 1, 3, 4}) {
       EXPECT_EQ(sm.budgets[static_cast<size_t>(il)], PolicyState::kNoBudget) << il;
-      EXPECT_EQ(mixed.layer(il).n_slot, n) << il;
+      EXPECT_EQ(mixed.layer(il).n_slot(), n) << il;
     }
     EXPECT_EQ(sm.budgets[2], sa.budgets[0]);
     EXPECT_EQ(sm.budgets[5], sa.budgets[1]);
-    EXPECT_LT(mixed.layer(2).n_slot, n);
+    EXPECT_LT(mixed.layer(2).n_slot(), n);
     for (int i = 0; i < 2; ++i) {
       const KvLayer& M = mixed.layer(i == 0 ? 2 : 5);
       const KvLayer& A = alone.layer(i);
-      ASSERT_EQ(M.n_slot, A.n_slot);
+      ASSERT_EQ(M.n_slot(), A.n_slot());
       for (int g = 0; g < G; ++g)
-        for (int j = 0; j < M.n_slot; ++j)
-          EXPECT_EQ(M.pos[M.meta_index(g, j)], A.pos[A.meta_index(g, j)]) << i << "," << g << "," << j;
+        for (int j = 0; j < M.n_slot(); ++j)
+          EXPECT_EQ(M.pos(g)[j], A.pos(g)[j]) << i << "," << g << "," << j;
     }
   }
 }

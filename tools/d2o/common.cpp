@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "core/mem.h"
 #include "core/timer.h"
+#include "kv/policy/composed.h"
 #include "model/layer_desc.h"
 #include "runtime/kv_pool.h"
 
@@ -148,6 +149,10 @@ namespace d2o::cli {
 void print_kv_report(std::FILE* out, const Sequence& seq) {
   const KvCache& c = seq.cache();
   const PolicyState& st = seq.policy_state();
+  // D2O thresholds and layer statistics: the composed policies' own state (absent for others).
+  static const ComposedPolicyState kNone;
+  const ComposedPolicyState* own = composed_state(st);
+  const ComposedPolicyState& cs = own ? *own : kNone;
   std::fprintf(out, "KV report (%s, %s storage, %lld tokens seen)\n", seq.policy().spec().c_str(),
                kv_type_name(c.config().type), static_cast<long long>(seq.n_past()));
   std::fprintf(out, "%5s %-10s %8s %8s %9s %9s %8s %10s\n", "layer", "kind", "budget", "slots",
@@ -155,7 +160,7 @@ void print_kv_report(std::FILE* out, const Sequence& seq) {
   int64_t tot_slots = 0, full_slots = 0;
   for (int il = 0; il < c.n_layer(); ++il) {
     const KvLayer& L = c.layer(il);
-    tot_slots += L.n_slot;
+    tot_slots += L.n_slot();
     const int w = c.config().window(il);
     full_slots += w > 0 ? std::min<int64_t>(seq.n_past(), w) : seq.n_past();
     char kind_s[32] = "global";
@@ -163,24 +168,25 @@ void print_kv_report(std::FILE* out, const Sequence& seq) {
     const bool has_budget = st.budgets_set && static_cast<size_t>(il) < st.budgets.size();
     double tau = 0;
     int n_tau = 0;
-    for (int g = 0; g < L.n_head_kv; ++g) {
-      const size_t k = static_cast<size_t>(il) * L.n_head_kv + g;
-      if (k < st.tau_ready.size() && st.tau_ready[k]) {
-        tau += st.tau[k];
+    for (int g = 0; g < L.n_head_kv(); ++g) {
+      const size_t k = static_cast<size_t>(il) * L.n_head_kv() + g;
+      if (k < cs.tau_ready.size() && cs.tau_ready[k]) {
+        tau += cs.tau[k];
         ++n_tau;
       }
     }
     auto at = [&](const std::vector<int64_t>& v) { return static_cast<size_t>(il) < v.size() ? v[static_cast<size_t>(il)] : 0; };
     char tau_s[32] = "-", var_s[32] = "-", bud_s[32] = "-";
     if (n_tau) std::snprintf(tau_s, sizeof tau_s, "%.4f", tau / n_tau);
-    if (static_cast<size_t>(il) < st.layer_variance.size()) std::snprintf(var_s, sizeof var_s, "%.3g", st.layer_variance[static_cast<size_t>(il)]);
+    if (static_cast<size_t>(il) < cs.layer_variance.size())
+      std::snprintf(var_s, sizeof var_s, "%.3g", cs.layer_variance[static_cast<size_t>(il)]);
     if (has_budget) {
       const int b = st.budgets[static_cast<size_t>(il)];
       std::snprintf(bud_s, sizeof bud_s, "%s",
                     b != PolicyState::kNoBudget ? std::to_string(b).c_str() : w > 0 ? "window" : "all");
     }
     if (w > 0) std::snprintf(var_s, sizeof var_s, "-");
-    std::fprintf(out, "%5d %-10s %8s %8d %9lld %9lld %8s %10s\n", il, kind_s, bud_s, L.n_slot, static_cast<long long>(at(st.evicted)),
+    std::fprintf(out, "%5d %-10s %8s %8d %9lld %9lld %8s %10s\n", il, kind_s, bud_s, L.n_slot(), static_cast<long long>(at(st.evicted)),
                  static_cast<long long>(at(st.merged)), tau_s, var_s);
   }
   const double kv = static_cast<double>(c.kv_bytes_allocated());

@@ -102,9 +102,9 @@ void allocate_proportional(const BudgetSplit& split, int* out, double* scratch, 
 }
 
 double head_score_variance(const KvLayer& layer, int g) {
-  const int n = layer.n_slot;
+  const int n = layer.n_slot();
   if (n < 2) return 0.0;
-  const float* s = &layer.score[layer.meta_index(g, 0)];
+  const float* s = layer.score(g);
   double mean = 0.0;
   for (int j = 0; j < n; ++j) mean += s[j];
   mean /= n;
@@ -120,7 +120,7 @@ void layer_density(const KvCache& cache, std::span<const int> layers, bool resea
   for (size_t i = 0; i < layers.size(); ++i) {
     const KvLayer& L = cache.layer(layers[i]);
     double* out = v + i;
-    const int G = L.n_head_kv;
+    const int G = L.n_head_kv();
     double sum = 0.0, mn = 0.0, mx = 0.0;
     for (int g = 0; g < G; ++g) {
       const double var = head_score_variance(L, g);
@@ -176,12 +176,13 @@ void rule_weights(LayerRule rule, const double* v, int n_layer, double pbeta, do
 
 namespace {
 
-// Budgets of the compressible layers `layers`, written to state.budgets[0, layers.size()).
+// Budgets of the compressible layers `layers`, written to out.budgets[0, layers.size()).
+// Scratch: d (4 L doubles), i (2 L ints).
 void decide_rule_budgets(const PolicyConfig& cfg, const KvCache& cache, std::span<const int> layers,
-                         int64_t n, PolicyState& state) {
+                         int64_t n, LayerBudgets& out, double* d, int32_t* i) {
   const int L = static_cast<int>(layers.size());
-  state.budgets.assign(static_cast<size_t>(L), 0);
-  state.layer_variance.clear();
+  out.budgets.assign(static_cast<size_t>(L), 0);
+  out.variance.clear();
   const int64_t lo = std::min<int64_t>(cfg.min_budget(), n);
   // rho: the fraction of the n tokens kept on average.
   const double rho =
@@ -189,14 +190,10 @@ void decide_rule_budgets(const PolicyConfig& cfg, const KvCache& cache, std::spa
   const int64_t total = cfg.mode == BudgetMode::kRatio
                             ? std::llround(cfg.ratio * L * static_cast<double>(n))
                             : cfg.budget * L;
-  if (state.scratch.empty()) state.scratch.resize(1);
-  PolicyScratch& sc = state.scratch[0];
-  if (sc.d.size() < static_cast<size_t>(4 * L)) sc.d.resize(static_cast<size_t>(4 * L));
-  if (sc.i.size() < static_cast<size_t>(L)) sc.i.resize(static_cast<size_t>(L));
-  double* v = sc.d.data();       // [L]
-  double* w = v + L;             // [L]
-  double* scratch = w + L;       // [2L]
-  int32_t* order = sc.i.data();  // [L]
+  double* v = d;           // [L]
+  double* w = v + L;       // [L]
+  double* scratch = w + L;  // [2L]
+  int32_t* order = i;      // [L]
 
   const bool uses_variance = cfg.layers == LayerRule::kVariance ||
                              cfg.layers == LayerRule::kReciprocal ||
@@ -204,7 +201,7 @@ void decide_rule_budgets(const PolicyConfig& cfg, const KvCache& cache, std::spa
   if (cfg.needs_accumulate()) {
     // Recorded for reports whenever scores exist; only some rules use it.
     layer_density(cache, layers, cfg.layers == LayerRule::kResearch, v);
-    state.layer_variance.assign(v, v + L);
+    out.variance.assign(v, v + L);
   } else {
     D2O_ASSERT(!uses_variance);
   }
@@ -217,7 +214,7 @@ void decide_rule_budgets(const PolicyConfig& cfg, const KvCache& cache, std::spa
                               ? std::llround(cfg.ratio * static_cast<double>(n))
                               : cfg.budget;
         for (int l = 0; l < L; ++l)
-          state.budgets[static_cast<size_t>(l)] = static_cast<int>(clamp64(s, lo, n));
+          out.budgets[static_cast<size_t>(l)] = static_cast<int>(clamp64(s, lo, n));
         return;
       }
       [[fallthrough]];
@@ -225,20 +222,20 @@ void decide_rule_budgets(const PolicyConfig& cfg, const KvCache& cache, std::spa
     case LayerRule::kReciprocal:
     case LayerRule::kExpDecay:
       rule_weights(cfg.layers, v, L, cfg.pbeta, w);
-      allocate_proportional({w, L, total, lo, n}, state.budgets.data(), scratch, order);
+      allocate_proportional({w, L, total, lo, n}, out.budgets.data(), scratch, order);
       return;
     case LayerRule::kPyramid: {
       rule_weights(cfg.layers, v, L, cfg.pbeta, w);
       if (cfg.selector != Selector::kSnapWindow) {
-        allocate_proportional({w, L, total, lo, n}, state.budgets.data(), scratch, order);
+        allocate_proportional({w, L, total, lo, n}, out.budgets.data(), scratch, order);
         return;
       }
       // PyramidKV proper: the observation window is kept everywhere; the top-k part (total minus
       // L windows) decreases linearly over depth.
       const int64_t win = std::min<int64_t>(cfg.window, n);
       const int64_t k_total = std::max<int64_t>(0, total - L * win);
-      allocate_proportional({w, L, k_total, 0, n - win}, state.budgets.data(), scratch, order);
-      for (int l = 0; l < L; ++l) state.budgets[static_cast<size_t>(l)] += static_cast<int>(win);
+      allocate_proportional({w, L, k_total, 0, n - win}, out.budgets.data(), scratch, order);
+      for (int l = 0; l < L; ++l) out.budgets[static_cast<size_t>(l)] += static_cast<int>(win);
       return;
     }
     case LayerRule::kResearch: {
@@ -249,12 +246,12 @@ void decide_rule_budgets(const PolicyConfig& cfg, const KvCache& cache, std::spa
       for (int l = 0; l < L; ++l) z += std::exp(-(v[l] - mn));
       for (int l = 0; l < L; ++l) {
         if (l == 0 || l == 1 || l == L - 1) {
-          state.budgets[static_cast<size_t>(l)] = PolicyState::kNoBudget;
+          out.budgets[static_cast<size_t>(l)] = PolicyState::kNoBudget;
           continue;
         }
         const double r = clampd(std::exp(-(v[l] - mn)) / z * L * rho, 0.01, 1.0);
         const int64_t s = static_cast<int64_t>(std::floor(r * static_cast<double>(n)));
-        state.budgets[static_cast<size_t>(l)] = static_cast<int>(clamp64(s, lo, n));
+        out.budgets[static_cast<size_t>(l)] = static_cast<int>(clamp64(s, lo, n));
       }
       return;
     }
@@ -264,31 +261,29 @@ void decide_rule_budgets(const PolicyConfig& cfg, const KvCache& cache, std::spa
 
 // protect=edges: layers 0, 1 and L-1 keep all n slots; the other layers share what is left of the
 // total in proportion to the budgets the layer rule gave them, within [S_min, n].
-void protect_edges(const PolicyConfig& cfg, int L, int64_t n, PolicyState& state) {
+// Scratch: d (4 L doubles), i (2 L ints).
+void protect_edges(const PolicyConfig& cfg, int L, int64_t n, std::vector<int>& budgets,
+                   double* d, int32_t* i) {
   if (L < 4) return;  // no layer would be left to compress
   const int64_t lo = std::min<int64_t>(cfg.min_budget(), n);
   int64_t total = 0;
-  for (int l = 0; l < L; ++l) total += state.budgets[static_cast<size_t>(l)];
-  PolicyScratch& sc = state.scratch[0];
-  if (sc.d.size() < static_cast<size_t>(4 * L)) sc.d.resize(static_cast<size_t>(4 * L));
-  if (sc.i.size() < static_cast<size_t>(2 * L)) sc.i.resize(static_cast<size_t>(2 * L));
-  double* w = sc.d.data();
+  for (int l = 0; l < L; ++l) total += budgets[static_cast<size_t>(l)];
+  double* w = d;
   double* scratch = w + L;
-  int32_t* order = sc.i.data();
+  int32_t* order = i;
   int32_t* out = order + L;
   int m = 0;
   for (int l = 2; l < L - 1; ++l)
-    w[m++] = std::max(1.0, static_cast<double>(state.budgets[static_cast<size_t>(l)]));
+    w[m++] = std::max(1.0, static_cast<double>(budgets[static_cast<size_t>(l)]));
   const int64_t rest = std::max<int64_t>(0, total - 3 * n);
   allocate_proportional({w, m, rest, lo, n}, out, scratch, order);
-  state.budgets[0] = state.budgets[1] = state.budgets[static_cast<size_t>(L - 1)] =
-      static_cast<int>(n);
-  for (int l = 2; l < L - 1; ++l) state.budgets[static_cast<size_t>(l)] = out[l - 2];
+  budgets[0] = budgets[1] = budgets[static_cast<size_t>(L - 1)] = static_cast<int>(n);
+  for (int l = 2; l < L - 1; ++l) budgets[static_cast<size_t>(l)] = out[l - 2];
 }
 
 }  // namespace
 
-void decide_budgets(const PolicyConfig& cfg, const KvCache& cache, int64_t n, PolicyState& state) {
+void decide_budgets(const PolicyConfig& cfg, const KvCache& cache, int64_t n, LayerBudgets& out) {
   // The rules share the total out over the compressible layers only (sliding-window layers keep
   // their window and are never compacted), as if the model had only those.
   const KvCacheConfig& cc = cache.config();
@@ -296,22 +291,25 @@ void decide_budgets(const PolicyConfig& cfg, const KvCache& cache, int64_t n, Po
   for (int il = 0; il < cc.n_layer; ++il)
     if (cc.layer_compressible(il)) layers.push_back(il);
   if (layers.empty()) {
-    state.budgets.assign(static_cast<size_t>(cc.n_layer), PolicyState::kNoBudget);
-    state.layer_variance.clear();
+    out.budgets.assign(static_cast<size_t>(cc.n_layer), PolicyState::kNoBudget);
+    out.variance.clear();
     return;
   }
-  decide_rule_budgets(cfg, cache, layers, n, state);
+  // Scratch of the rules (budgets are decided once per sequence: no reuse needed).
+  std::vector<double> d(4 * layers.size());
+  std::vector<int32_t> i(2 * layers.size());
+  decide_rule_budgets(cfg, cache, layers, n, out, d.data(), i.data());
   if (cfg.protect == ProtectRule::kEdges && cfg.layers != LayerRule::kResearch)
-    protect_edges(cfg, static_cast<int>(layers.size()), n, state);
+    protect_edges(cfg, static_cast<int>(layers.size()), n, out.budgets, d.data(), i.data());
   if (layers.size() == static_cast<size_t>(cc.n_layer)) return;
   std::vector<int> budgets(static_cast<size_t>(cc.n_layer), PolicyState::kNoBudget);
-  std::vector<double> variance(state.layer_variance.empty() ? 0 : budgets.size(), 0.0);
-  for (size_t i = 0; i < layers.size(); ++i) {
-    budgets[static_cast<size_t>(layers[i])] = state.budgets[i];
-    if (!variance.empty()) variance[static_cast<size_t>(layers[i])] = state.layer_variance[i];
+  std::vector<double> variance(out.variance.empty() ? 0 : budgets.size(), 0.0);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    budgets[static_cast<size_t>(layers[l])] = out.budgets[l];
+    if (!variance.empty()) variance[static_cast<size_t>(layers[l])] = out.variance[l];
   }
-  state.budgets = std::move(budgets);
-  state.layer_variance = std::move(variance);
+  out.budgets = std::move(budgets);
+  out.variance = std::move(variance);
 }
 
 }  // namespace d2o

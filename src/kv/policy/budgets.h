@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "kv/kv_cache.h"
 #include "kv/policy.h"
@@ -45,9 +46,15 @@ double head_score_variance(const KvLayer& layer, int g);
 //                     ((var - min) / (max - min + 1e-6)), then averaged over the heads.
 void layer_density(const KvCache& cache, std::span<const int> layers, bool research, double* v);
 
-// Sets state.budgets (and state.layer_variance for the variance-based rules) for a cache whose
-// compressible layers all hold n slots; sliding-window layers get kNoBudget (and variance 0), the
-// rules share the total over the others. Scratch comes from state.scratch[0].
-void decide_budgets(const PolicyConfig& cfg, const KvCache& cache, int64_t n, PolicyState& state);
+// Per-layer budgets and, when the policy accumulates scores, the density statistic they were
+// decided from (D2O's variance rule; recorded for reports with every rule).
+struct LayerBudgets {
+  std::vector<int> budgets;      // [n_layer] (PolicyState::budgets)
+  std::vector<double> variance;  // [n_layer] or empty
+};
+
+// Decides the budgets for a cache whose compressible layers all hold n slots; sliding-window
+// layers get kNoBudget (and variance 0), the rules share the total over the others.
+void decide_budgets(const PolicyConfig& cfg, const KvCache& cache, int64_t n, LayerBudgets& out);
 
 }  // namespace d2o

@@ -6,12 +6,28 @@
 
 #include "core/assert.h"
 #include "kv/policy/budgets.h"
-#include "kv/policy/merge_cam.h"
-#include "kv/policy/merge_d2o.h"
-#include "kv/policy/select.h"
 #include "kv/policy/select_keydiff.h"
 
 namespace d2o {
+
+std::unique_ptr<PolicyExtState> ComposedPolicyState::clone() const {
+  auto c = std::make_unique<ComposedPolicyState>();
+  c->tau = tau;
+  c->tau_ready = tau_ready;
+  c->layer_variance = layer_variance;
+  return c;
+}
+
+ComposedPolicyState& ComposedPolicy::own_state(const KvCache& cache, PolicyState& state) const {
+  ComposedPolicyState& own = state.ext_as<ComposedPolicyState>();
+  if (cfg_.merger == Merger::kD2o) {
+    const size_t nlg = static_cast<size_t>(cache.n_layer()) *
+                       static_cast<size_t>(cache.config().n_head_kv);
+    if (own.tau.size() != nlg) own.tau.assign(nlg, 0.0f);
+    if (own.tau_ready.size() != nlg) own.tau_ready.assign(nlg, 0);
+  }
+  return own;
+}
 
 std::string ComposedPolicy::spec() const {
   return format_policy_spec(cfg_);
@@ -33,17 +49,20 @@ bool ComposedPolicy::compacts_per_layer(const PolicyState& state) const {
 Status ComposedPolicy::compact_layer(KvCache& cache, PolicyState& state, const PassInfo& pass,
                                      int il) const {
   const size_t nl = static_cast<size_t>(cache.n_layer());
+  ComposedPolicyState* own = state.ext_if<ComposedPolicyState>();
   if (!compacts_per_layer(state) || il < 0 || static_cast<size_t>(il) >= nl ||
       state.budgets.size() != nl || state.evicted.size() != nl || state.merged.size() != nl ||
-      state.tau.size() != nl * static_cast<size_t>(cache.config().n_head_kv)) {
+      !own ||
+      (cfg_.merger == Merger::kD2o &&
+       own->tau.size() != nl * static_cast<size_t>(cache.config().n_head_kv))) {
     return internal_error("KV policy '" + cfg_.name +
                           "': compact_layer called in a state that does not allow it");
   }
   const int budget = state.budgets[static_cast<size_t>(il)];
-  if (budget == PolicyState::kNoBudget || cache.layer(il).n_slot <= budget) return {};
+  if (budget == PolicyState::kNoBudget || cache.layer(il).n_slot() <= budget) return {};
   if (state.plans.size() != nl) state.plans.resize(nl);
-  if (state.scratch.empty()) state.scratch.resize(1);
-  plan_layer(cache, il, state, state.scratch[0], pass);
+  if (own->scratch.empty()) own->scratch.resize(1);
+  plan_layer(cache, il, state, *own, own->scratch[0], pass);
   cache.apply(il, state.plans[static_cast<size_t>(il)]);
   state.layer_compacted = true;
   return {};
@@ -53,8 +72,7 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
   // Layers compacted during the pass (compact_layer) count this pass as a compaction.
   const bool layered = std::exchange(state.layer_compacted, false);
   const int L = cache.n_layer();
-  const int G = cache.config().n_head_kv;
-  const size_t nl = static_cast<size_t>(L), nlg = nl * static_cast<size_t>(G);
+  const size_t nl = static_cast<size_t>(L);
   if (state.budgets_set && state.budgets.size() != nl) {
     return invalid_argument("KV policy state holds budgets for " +
                             std::to_string(state.budgets.size()) + " layers but the cache has " +
@@ -84,8 +102,7 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
   }
   if (state.evicted.size() != nl) state.evicted.assign(nl, 0);
   if (state.merged.size() != nl) state.merged.assign(nl, 0);
-  if (state.tau.size() != nlg) state.tau.assign(nlg, 0.0f);
-  if (state.tau_ready.size() != nlg) state.tau_ready.assign(nlg, 0);
+  ComposedPolicyState& own = own_state(cache, state);
 
   if (!state.budgets_set) {
     // Prompt-then-compress compresses the whole prompt: when it is prefilled in chunks, the first
@@ -96,16 +113,19 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
     int n = -1;
     for (int il = 0; il < L; ++il) {
       if (!cc.layer_compressible(il)) continue;
-      if (n < 0) n = cache.layer(il).n_slot;
-      if (cache.layer(il).n_slot != n) {
+      if (n < 0) n = cache.layer(il).n_slot();
+      if (cache.layer(il).n_slot() != n) {
         return invalid_argument("KV cache layers hold different slot counts (" + std::to_string(n) +
-                                " and " + std::to_string(cache.layer(il).n_slot) +
+                                " and " + std::to_string(cache.layer(il).n_slot()) +
                                 ") before the first compaction");
       }
     }
     if (n <= 0) return {};
     if (cfg_.mode == BudgetMode::kBudget && n <= cfg_.budget) return {};
-    decide_budgets(cfg_, cache, n, state);
+    LayerBudgets lb;
+    decide_budgets(cfg_, cache, n, lb);
+    state.budgets = std::move(lb.budgets);
+    own.layer_variance = std::move(lb.variance);
     state.budgets_set = true;
   } else if (!cfg_.compact_after_first) {
     return {};
@@ -117,7 +137,7 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
   state.todo.clear();
   for (int il = 0; il < L; ++il) {
     const int budget = state.budgets[static_cast<size_t>(il)];
-    if (budget != PolicyState::kNoBudget && cache.layer(il).n_slot > budget)
+    if (budget != PolicyState::kNoBudget && cache.layer(il).n_slot() > budget)
       state.todo.push_back(il);
   }
   if (state.todo.empty()) {
@@ -126,11 +146,11 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
   }
   if (state.plans.size() != nl) state.plans.resize(nl);
   const int threads = pass.pool && state.todo.size() > 1 ? pass.pool->n_threads() : 1;
-  if (state.scratch.size() < static_cast<size_t>(threads))
-    state.scratch.resize(static_cast<size_t>(threads));
+  if (own.scratch.size() < static_cast<size_t>(threads))
+    own.scratch.resize(static_cast<size_t>(threads));
   auto plan_one = [&](int64_t t, int thread) {
     const int il = state.todo[static_cast<size_t>(t)];
-    plan_layer(cache, il, state, state.scratch[static_cast<size_t>(thread)], pass);
+    plan_layer(cache, il, state, own, own.scratch[static_cast<size_t>(thread)], pass);
   };
   if (threads > 1) {
     pass.pool->run(static_cast<int64_t>(state.todo.size()), plan_one);
@@ -140,9 +160,7 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
 
   int removed_all = -1;
   for (const int il : state.todo) {
-    KvLayer& layer = cache.layer(il);
-    const int removed = layer.n_slot - state.budgets[static_cast<size_t>(il)];
-    cache.apply(il, state.plans[static_cast<size_t>(il)]);
+    const int removed = cache.layer(il).n_slot() - state.budgets[static_cast<size_t>(il)];
     if (cfg_.pos == PosMode::kShift) {
       // One position shift per sequence: every layer must have removed the same count (uniform
       // budgets and equal slot counts guarantee it).
@@ -150,18 +168,19 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
         return internal_error("pos=shift: layers removed different slot counts");
       }
       removed_all = removed;
-      shift_positions(layer, removed, state.scratch[0], *pass.rope);
     }
+    cache.apply(il, state.plans[static_cast<size_t>(il)]);
   }
   if (removed_all > 0) state.pos_shift += removed_all;
   ++state.n_compactions;
   return {};
 }
 
-void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state, PolicyScratch& sc,
+void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
+                                ComposedPolicyState& own, ComposedScratch& sc,
                                 const PassInfo& pass) const {
-  KvLayer& L = cache.layer(il);
-  const int n = L.n_slot, G = L.n_head_kv, S = state.budgets[static_cast<size_t>(il)];
+  const KvLayer& L = cache.layer(il);
+  const int n = L.n_slot(), G = L.n_head_kv(), S = state.budgets[static_cast<size_t>(il)];
   D2O_ASSERT(S >= 0 && S < n);
   CompactionPlan& plan = state.plans[static_cast<size_t>(il)];
   plan.reset(G, S);
@@ -169,19 +188,29 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state, Poli
   const bool d2o = cfg_.merger == Merger::kD2o;
   const RopeParams* unrotate = d2o && cfg_.mspace == MergeSpace::kUnrotated ? pass.rope : nullptr;
   plan.rope = unrotate;
+  if (cfg_.pos == PosMode::kShift) {
+    // Sinks keep their positions; the recent slots after them move down by the n - S removed.
+    plan.shift.first_slot = std::min(cfg_.sinks, S);
+    plan.shift.by = n - S;
+    plan.shift.rope = pass.rope;
+  }
   // decide=token: every head's nearest neighbours first, then one decision per evicted index.
   const bool by_token =
       d2o && cfg_.decide == MergeDecision::kToken && cfg_.merge != MergeRule::kOff;
   const int E = n - S;
+  D2oScratch& dsc = sc.d2o;
+  SelectScratch& ssc = sc.select;
   if (by_token) {
     const size_t ge = static_cast<size_t>(G) * static_cast<size_t>(E);
-    if (sc.merge_ev.size() < ge) sc.merge_ev.resize(ge);
-    if (sc.merge_c.size() < ge) sc.merge_c.resize(ge);
-    if (sc.merge_m.size() < ge + static_cast<size_t>(E)) sc.merge_m.resize(ge + E);
-    if (sc.merge_on.size() < static_cast<size_t>(E)) sc.merge_on.resize(static_cast<size_t>(E));
+    if (dsc.evicted.size() < ge) dsc.evicted.resize(ge);
+    if (dsc.best.size() < ge) dsc.best.resize(ge);
+    if (dsc.best_sim.size() < ge + static_cast<size_t>(E)) dsc.best_sim.resize(ge + E);
+    if (dsc.merge.size() < static_cast<size_t>(E)) dsc.merge.resize(static_cast<size_t>(E));
+  } else if (d2o && dsc.evicted.size() < static_cast<size_t>(n)) {
+    dsc.evicted.resize(static_cast<size_t>(n));
   }
-  if (sc.i.size() < static_cast<size_t>(n)) sc.i.resize(static_cast<size_t>(n));
-  if (sc.f.size() < static_cast<size_t>(n)) sc.f.resize(static_cast<size_t>(n));
+  if (ssc.order.size() < static_cast<size_t>(n)) ssc.order.resize(static_cast<size_t>(n));
+  if (ssc.score.size() < static_cast<size_t>(n)) ssc.score.resize(static_cast<size_t>(n));
   int64_t merged = 0;
   auto head_merge = [&](int g, const int32_t* evicted, int ne) {
     const size_t ti = static_cast<size_t>(il) * G + static_cast<size_t>(g);
@@ -193,48 +222,47 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state, Poli
     h.n_keep = S;
     h.evicted = evicted;
     h.n_evicted = ne;
-    h.tau = &state.tau[ti];
-    h.tau_ready = &state.tau_ready[ti];
+    h.tau = &own.tau[ti];
+    h.tau_ready = &own.tau_ready[ti];
     h.rope = unrotate;
     return h;
   };
 
   for (int g = 0; g < G; ++g) {
     int32_t* keep = plan.keep_of(g);
-    const size_t m0 = L.meta_index(g, 0);
     switch (cfg_.selector) {
       case Selector::kSinkRecent:
         select_sink_recent(n, S, cfg_.sinks, keep);
         break;
       case Selector::kHeavyRecent: {
-        const float* score = &L.score[m0];
+        const float* score = L.score(g);
         if (cfg_.norm == ScoreNorm::kQueries) {
           // Mean attention: the slot at position p was seen by the queries at p .. next - 1.
           const int64_t next = pass.n_past - state.pos_shift;
-          float* mean = sc.f.data();
+          float* mean = ssc.score.data();
+          const int32_t* pos = L.pos(g);
           for (int j = 0; j < n; ++j) {
-            const int64_t seen = std::max<int64_t>(1, next - L.pos[m0 + static_cast<size_t>(j)]);
+            const int64_t seen = std::max<int64_t>(1, next - pos[j]);
             mean[j] = score[j] / static_cast<float>(seen);
           }
           score = mean;
         }
-        select_heavy_recent(score, n, S, cfg_, keep, sc.i.data());
+        select_heavy_recent(score, n, S, cfg_, keep, ssc.order.data());
         break;
       }
       case Selector::kSnapWindow: {
         const int w = std::min(cfg_.window, S);
-        pool_window(&L.window[m0], n - w, cfg_.kernel, cfg_.pool, sc.f.data());
-        select_snap(sc.f.data(), n, S, cfg_.window, keep, sc.i.data());
+        pool_window(L.window(g), n - w, cfg_.kernel, cfg_.pool, ssc.score.data());
+        select_snap(ssc.score.data(), n, S, cfg_.window, keep, ssc.order.data());
         break;
       }
       case Selector::kKeyDiff:
-        select_keydiff(L, g, S, cfg_, keep, sc);
+        select_keydiff(L, g, S, cfg_, keep, ssc);
         break;
     }
     if (d2o) {
       // Evicted = the complement of keep, ascending.
-      int32_t* evicted =
-          by_token ? sc.merge_ev.data() + static_cast<size_t>(g) * E : sc.i.data();
+      int32_t* evicted = dsc.evicted.data() + (by_token ? static_cast<size_t>(g) * E : 0);
       int ne = 0;
       if (E == 1) {
         // A decode step: the evicted slot is the first gap in keep (or the last slot).
@@ -252,64 +280,45 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state, Poli
       const D2oHeadMerge h = head_merge(g, evicted, ne);
       if (by_token) {
         const size_t off = static_cast<size_t>(g) * E;
-        d2o_nearest(h, sc, sc.merge_c.data() + off, sc.merge_m.data() + off);
+        d2o_nearest(h, dsc, dsc.best.data() + off, dsc.best_sim.data() + off);
       } else {
-        merged += plan_d2o_merges(h, sc, plan);
+        merged += plan_d2o_merges(h, dsc, plan);
       }
     } else if (cfg_.merger == Merger::kCam) {
       const int t = std::min(cfg_.sinks, S);
       CamHeadMerge h;
       h.cfg = &cfg_;
-      h.layer = &L;
+      h.cache = &cache;
       h.il = il;
       h.head = g;
       h.first_evicted = t;
       h.end_evicted = n - (S - t);
-      merged += cam_merge_values(h, sc);
+      merged += cam_merge_values(h, sc.cam);
     }
   }
   if (by_token && E > 0 && S > 0) {
     // The research code's rule: the mean over the heads of the i-th evicted slot's similarity
     // against one threshold per layer (kept in head 0's entry).
-    float* mean = sc.merge_m.data() + static_cast<size_t>(G) * E;
+    float* mean = dsc.best_sim.data() + static_cast<size_t>(G) * E;
     for (int i = 0; i < E; ++i) {
       double a = 0.0;
-      for (int g = 0; g < G; ++g) a += sc.merge_m[static_cast<size_t>(g) * E + i];
+      for (int g = 0; g < G; ++g) a += dsc.best_sim[static_cast<size_t>(g) * E + i];
       mean[i] = static_cast<float>(a / G);
     }
     const size_t ti = static_cast<size_t>(il) * G;
-    const int n_merge = d2o_decide(cfg_, mean, E, &state.tau[ti], &state.tau_ready[ti],
-                                   sc.merge_on.data());
+    const int n_merge = d2o_decide(cfg_, mean, E, &own.tau[ti], &own.tau_ready[ti],
+                                   dsc.merge.data());
     if (n_merge > 0) {
       for (int g = 0; g < G; ++g) {
         const size_t off = static_cast<size_t>(g) * E;
-        d2o_emit(head_merge(g, sc.merge_ev.data() + off, E), sc, sc.merge_c.data() + off,
-                 sc.merge_m.data() + off, sc.merge_on.data(), plan);
+        d2o_emit(head_merge(g, dsc.evicted.data() + off, E), dsc, dsc.best.data() + off,
+                 dsc.best_sim.data() + off, dsc.merge.data(), plan);
       }
       merged += static_cast<int64_t>(n_merge) * G;
     }
   }
   state.evicted[static_cast<size_t>(il)] += static_cast<int64_t>(n - S) * G;
   state.merged[static_cast<size_t>(il)] += merged;
-}
-
-void ComposedPolicy::shift_positions(KvLayer& L, int removed, PolicyScratch& sc,
-                                     const RopeParams& rope) const {
-  // Sinks keep their positions; the recent slots after them move down by `removed`, their keys
-  // re-rotated by -removed (RoPE rotations compose: R(p) R(-r) = R(p - r)).
-  if (removed <= 0) return;
-  D2O_ASSERT(rope.head_dim == L.head_dim);
-  const int t = std::min(cfg_.sinks, L.n_slot);
-  if (sc.f.size() < static_cast<size_t>(L.head_dim)) sc.f.resize(static_cast<size_t>(L.head_dim));
-  float* row = sc.f.data();
-  for (int g = 0; g < L.n_head_kv; ++g) {
-    for (int j = t; j < L.n_slot; ++j) {
-      L.load_key(g, j, row);
-      rope_apply(rope, -static_cast<float>(removed), 1, row);
-      L.store_key(g, j, row);
-      L.pos[L.meta_index(g, j)] -= removed;
-    }
-  }
 }
 
 int64_t ComposedPolicy::peak_slots(int64_t n_prompt, int64_t n_total, int max_chunk) const {

@@ -6,20 +6,56 @@
 //      budget mode as soon as the layers hold more than B slots. The per-layer budgets are then
 //      decided once from the n slots every layer holds (budgets.h) and kept for the sequence.
 //   2. Every layer holding more than its budget S_l is compacted back to S_l: the selector picks
-//      S_l slots per KV head, the merger folds evicted slots into kept ones (D2O: through the
-//      CompactionPlan's merge terms; CaM: values updated in place), KvCache::apply gathers.
+//      S_l slots per KV head, the merger folds evicted slots into kept ones (D2O: the
+//      CompactionPlan's merge terms; CaM: KvCache::replace_value), KvCache::apply gathers.
 //      SnapKV / PyramidKV in ratio mode compact only at the first compaction.
-//   3. StreamingLLM with pos=shift re-rotates the kept recent keys by -r (r = slots removed) and
-//      raises PolicyState::pos_shift by r, so positions stay contiguous.
-// Everything mutable lives in PolicyState; the policy object is const and shareable.
+//   3. StreamingLLM with pos=shift: the plan also moves the kept recent slots' positions down by
+//      r (r = slots removed), keys re-rotated (CompactionPlan::shift), and compact() raises
+//      PolicyState::pos_shift by r, so positions stay contiguous.
+// Everything mutable lives in PolicyState (the common part, and ComposedPolicyState); the policy
+// object is const and shareable.
 #pragma once
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "kv/policy.h"
 #include "kv/policy/config.h"
+#include "kv/policy/merge_cam.h"
+#include "kv/policy/merge_d2o.h"
+#include "kv/policy/select.h"
 
 namespace d2o {
+
+// Scratch of one thread of a compaction, one part per component.
+struct ComposedScratch {
+  SelectScratch select;
+  D2oScratch d2o;
+  CamScratch cam;
+};
+
+// The composed policies' own per-sequence state (PolicyState::ext).
+class ComposedPolicyState final : public PolicyExtState {
+ public:
+  // D2O merging: EMA similarity thresholds and whether each was initialised,
+  // [n_layer * n_head_kv]; empty for the other mergers.
+  std::vector<float> tau;
+  std::vector<uint8_t> tau_ready;
+  // The density statistic of each layer when budgets were decided ([n_layer], empty when the
+  // policy accumulates no scores): what D2O's variance rule shares budgets by, kept for reports.
+  std::vector<double> layer_variance;
+  // [threads] per-thread scratch; only grows, so a steady-state decode step allocates nothing.
+  std::vector<ComposedScratch> scratch;
+
+  // The state without the scratch.
+  std::unique_ptr<PolicyExtState> clone() const override;
+};
+
+// The ComposedPolicyState of a sequence's state, or null (another policy, or none created yet).
+inline const ComposedPolicyState* composed_state(const PolicyState& s) {
+  return s.ext_if<ComposedPolicyState>();
+}
 
 class ComposedPolicy final : public KvPolicy {
  public:
@@ -38,11 +74,12 @@ class ComposedPolicy final : public KvPolicy {
   int64_t peak_slots_for(const FeedPlan& plan) const override;
 
  private:
-  // Selection and merge planning of one layer into state.plans[il] (CaM also updates values).
-  void plan_layer(KvCache& cache, int il, PolicyState& state, PolicyScratch& scratch,
-                  const PassInfo& pass) const;
-  void shift_positions(KvLayer& layer, int removed, PolicyScratch& scratch,
-                       const RopeParams& rope) const;
+  // Selection and merge planning of one layer into state.plans[il] (thresholds in `own`; CaM
+  // also replaces values of the layer's kept slots).
+  void plan_layer(KvCache& cache, int il, PolicyState& state, ComposedPolicyState& own,
+                  ComposedScratch& scratch, const PassInfo& pass) const;
+  // Sizes `own` for the cache (D2O thresholds) and returns it.
+  ComposedPolicyState& own_state(const KvCache& cache, PolicyState& state) const;
 
   PolicyConfig cfg_;
 };

@@ -23,30 +23,30 @@ double cam_uniform(uint64_t seed, int il, int head, int32_t pos) {
   return static_cast<double>(splitmix64(seed ^ key) >> 11) * 0x1p-53;
 }
 
-int cam_merge_values(const CamHeadMerge& h, PolicyScratch& scratch) {
-  KvLayer& L = *h.layer;
-  const int n = L.n_slot, hd = L.head_dim;
+int cam_merge_values(const CamHeadMerge& h, CamScratch& scratch) {
+  const KvLayer& L = h.cache->layer(h.il);
+  const int n = L.n_slot(), hd = L.head_dim();
   const int first = h.first_evicted, end = h.end_evicted;
   if (end <= first) return 0;
   const int recent = n - end;
   D2O_ASSERT(recent >= 1);
   const int m = h.cfg->cam_targets > 0 ? std::min(h.cfg->cam_targets, recent) : recent;
-  const float* score = &L.score[L.meta_index(h.head, 0)];
-  const int32_t* pos = &L.pos[L.meta_index(h.head, 0)];
+  const float* score = L.score(h.head);
+  const int32_t* pos = L.pos(h.head);
 
-  // Scratch: d = acc[hd] cur[hd] ring[m][hd] (merged sources of the sliding window, as updated
-  // values); i2 = ring_used[m] deque[n - first]; f = row[hd].
+  // Scratch: acc[hd] cur[hd] ring[m][hd] (merged sources of the sliding window, as updated
+  // values); ring_used[m] deque[n - first]; row[hd].
   const size_t nd = static_cast<size_t>(hd) * (2 + static_cast<size_t>(m));
   const size_t ni = static_cast<size_t>(m) + static_cast<size_t>(n - first);
-  if (scratch.d.size() < nd) scratch.d.resize(nd);
-  if (scratch.i2.size() < ni) scratch.i2.resize(ni);
-  if (scratch.f.size() < static_cast<size_t>(hd)) scratch.f.resize(static_cast<size_t>(hd));
-  double* acc = scratch.d.data();
+  if (scratch.acc.size() < nd) scratch.acc.resize(nd);
+  if (scratch.idx.size() < ni) scratch.idx.resize(ni);
+  if (scratch.row.size() < static_cast<size_t>(hd)) scratch.row.resize(static_cast<size_t>(hd));
+  double* acc = scratch.acc.data();
   double* cur = acc + hd;
   double* ring = cur + hd;
-  int32_t* used = scratch.i2.data();
+  int32_t* used = scratch.idx.data();
   int32_t* dq = used + m;  // slots of [e, e + recent] by decreasing score (sliding maximum)
-  float* row = scratch.f.data();
+  float* row = scratch.row.data();
   std::fill(acc, acc + hd, 0.0);
   std::fill(used, used + m, 0);
 
@@ -70,7 +70,7 @@ int cam_merge_values(const CamHeadMerge& h, PolicyScratch& scratch) {
     for (int d = 0; d < hd; ++d) cur[d] = row[d] + (receives ? acc[d] * inv_m : 0.0);
     if (receives && t >= end) {
       for (int d = 0; d < hd; ++d) row[d] = static_cast<float>(cur[d]);
-      L.store_value(h.head, t, row);
+      h.cache->replace_value(h.il, h.head, t, row);
     }
     // Slide the window: source t - m leaves (target t + 1 sees [t+1-m, t]) and t may enter.
     const int slot = t % m;

@@ -29,25 +29,32 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kv/kv_cache.h"
-#include "kv/policy.h"
 #include "kv/policy/config.h"
 
 namespace d2o {
 
+// Scratch of CaM merging for one thread of a compaction (only grows).
+struct CamScratch {
+  std::vector<double> acc;   // acc[hd] cur[hd] ring[m][hd]: merged sources of the sliding window
+  std::vector<int32_t> idx;  // ring_used[m] deque[n - first]
+  std::vector<float> row;    // [hd]
+};
+
 struct CamHeadMerge {
   const PolicyConfig* cfg = nullptr;
-  KvLayer* layer = nullptr;
+  KvCache* cache = nullptr;  // layer il of it
   int il = 0;
   int head = 0;
   int first_evicted = 0;  // evicted slots are [first_evicted, end_evicted)
   int end_evicted = 0;    // == n - recent window
 };
 
-// Updates the values of the head's slots in place (before KvCache::apply drops the evicted ones);
-// returns how many evicted slots were merged. Scratch: d, f, i2.
-int cam_merge_values(const CamHeadMerge& h, PolicyScratch& scratch);
+// Replaces the values of the head's kept slots that received merges (KvCache::replace_value,
+// before KvCache::apply drops the evicted slots); returns how many evicted slots were merged.
+int cam_merge_values(const CamHeadMerge& h, CamScratch& scratch);
 
 // The deterministic uniform draw in [0, 1) for a slot (exposed for tests and docs).
 double cam_uniform(uint64_t seed, int il, int head, int32_t pos);

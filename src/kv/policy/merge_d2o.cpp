@@ -43,17 +43,17 @@ int add_cosines(const ModalityPass& p, int e, bool first, float scale, float* __
   else
     L.load_key(p.head, e, p.row);
   double ne = 0.0;
-  for (int d = 0; d < L.head_dim; ++d) ne += static_cast<double>(p.row[d]) * p.row[d];
+  for (int d = 0; d < L.head_dim(); ++d) ne += static_cast<double>(p.row[d]) * p.row[d];
   // Zero vectors have cosine 0 with everything.
   const float inv_e = ne > 0.0 ? static_cast<float>(1.0 / std::sqrt(ne)) : 0.0f;
   RowDots rd;
-  rd.dim = L.head_dim;
+  rd.dim = L.head_dim();
   rd.n = p.n_keep;
   rd.q = p.row;
   rd.dot = p.dots;
   rd.inv_norm = first ? p.kept_inv : nullptr;
   rd.base = p.values ? L.value_row(p.head, 0) : L.key_row(p.head, 0);
-  const KvElemType t = p.values ? L.type.v : L.type.k;
+  const KvElemType t = p.values ? L.type().v : L.type().k;
   rd.row_bytes = p.values ? L.value_row_bytes() : L.key_row_bytes();
   rd.f16 = t == KvElemType::kF16;
   if (kv_quantized(t)) rd.quant = kv_ggml_type(t);
@@ -88,25 +88,25 @@ void load_unit(const KvLayer& L, int head, bool values, int slot, float scale, f
     L.load_value(head, slot, out);
   } else {
     L.load_key(head, slot, out);
-    if (rope) rope_apply(*rope, -static_cast<float>(L.pos[L.meta_index(head, slot)]), 1, out);
+    if (rope) rope_apply(*rope, -static_cast<float>(L.pos(head)[slot]), 1, out);
   }
   double n2 = 0.0;
-  for (int d = 0; d < L.head_dim; ++d) n2 += static_cast<double>(out[d]) * out[d];
+  for (int d = 0; d < L.head_dim(); ++d) n2 += static_cast<double>(out[d]) * out[d];
   const float f = n2 > 0.0 ? static_cast<float>(scale / std::sqrt(n2)) : 0.0f;
-  for (int d = 0; d < L.head_dim; ++d) out[d] *= f;
+  for (int d = 0; d < L.head_dim(); ++d) out[d] *= f;
 }
 
 // Step 1 for many evicted slots: cosine similarity = dot product of unit rows (keys, values or
 // both concatenated, each half scaled by `scale`), nearest kept row four evicted rows at a time.
 void nearest_many(const D2oHeadMerge& h, bool use_k, bool use_v, float scale,
-                  PolicyScratch& scratch, int32_t* cstar, float* m_e) {
+                  D2oScratch& scratch, int32_t* cstar, float* m_e) {
   const KvLayer& L = *h.layer;
-  const int S = h.n_keep, E = h.n_evicted, hd = L.head_dim;
+  const int S = h.n_keep, E = h.n_evicted, hd = L.head_dim();
   const int dim = hd * ((use_k ? 1 : 0) + (use_v ? 1 : 0));
   const size_t kept_floats = static_cast<size_t>(S) * dim;
-  if (scratch.f2.size() < kept_floats + 4 * static_cast<size_t>(dim))
-    scratch.f2.resize(kept_floats + 4 * static_cast<size_t>(dim));
-  float* kept = scratch.f2.data();
+  if (scratch.kept.size() < kept_floats + 4 * static_cast<size_t>(dim))
+    scratch.kept.resize(kept_floats + 4 * static_cast<size_t>(dim));
+  float* kept = scratch.kept.data();
   float* q = kept + kept_floats;
   auto unit_row = [&](int slot, float s, float* out) {
     if (use_k) load_unit(L, h.head, false, slot, s, out, h.rope);
@@ -124,10 +124,10 @@ void nearest_many(const D2oHeadMerge& h, bool use_k, bool use_v, float scale,
 
 }  // namespace
 
-void d2o_nearest(const D2oHeadMerge& h, PolicyScratch& scratch, int32_t* cstar, float* m_e) {
+void d2o_nearest(const D2oHeadMerge& h, D2oScratch& scratch, int32_t* cstar, float* m_e) {
   const PolicyConfig& cfg = *h.cfg;
   const KvLayer& L = *h.layer;
-  const int S = h.n_keep, E = h.n_evicted, hd = L.head_dim;
+  const int S = h.n_keep, E = h.n_evicted, hd = L.head_dim();
   if (E == 0 || S == 0) return;
   const bool use_k = cfg.sim != SimOn::kValue, use_v = cfg.sim != SimOn::kKey;
   const int n_mod = (use_k ? 1 : 0) + (use_v ? 1 : 0);
@@ -137,10 +137,10 @@ void d2o_nearest(const D2oHeadMerge& h, PolicyScratch& scratch, int32_t* cstar, 
     nearest_many(h, use_k, use_v, scale, scratch, cstar, m_e);
     return;
   }
-  // Scratch layout. f: sim[S] dots[S] kinv[S] vinv[S] row[hd].
+  // Scratch layout: sim[S] dots[S] kinv[S] vinv[S] row[hd].
   const size_t nf = 4 * static_cast<size_t>(S) + hd;
-  if (scratch.f.size() < nf) scratch.f.resize(nf);
-  float* sim = scratch.f.data();
+  if (scratch.sim.size() < nf) scratch.sim.resize(nf);
+  float* sim = scratch.sim.data();
   float* dots = sim + S;
   float* kinv = dots + S;
   float* vinv = kinv + S;
@@ -189,7 +189,7 @@ int d2o_decide(const PolicyConfig& cfg, const float* m, int E, float* tau, uint8
   return n_merged;
 }
 
-void d2o_emit(const D2oHeadMerge& h, PolicyScratch& scratch, const int32_t* cstar,
+void d2o_emit(const D2oHeadMerge& h, D2oScratch& scratch, const int32_t* cstar,
               const float* m_e, const uint8_t* merge, CompactionPlan& plan) {
   const PolicyConfig& cfg = *h.cfg;
   const int S = h.n_keep, E = h.n_evicted;
@@ -198,7 +198,7 @@ void d2o_emit(const D2oHeadMerge& h, PolicyScratch& scratch, const int32_t* csta
   const KvLayer& L = *h.layer;
   // merge=sized: tokens a slot stands for.
   auto size_of = [&](int32_t slot) {
-    return 1.0 + static_cast<double>(L.merged[L.meta_index(h.head, slot)]);
+    return 1.0 + static_cast<double>(L.merged(h.head)[slot]);
   };
   if (E == 1) {  // a decode step: one group of one source, no grouping pass over the kept slots
     if (!merge[0]) return;
@@ -235,9 +235,9 @@ void d2o_emit(const D2oHeadMerge& h, PolicyScratch& scratch, const int32_t* csta
 
   // Group the merged slots by their kept neighbour (counting sort keeps them ascending).
   // Scratch i2: count[S + 1] members[E].
-  if (scratch.i2.size() < static_cast<size_t>(E) + S + 1)
-    scratch.i2.resize(static_cast<size_t>(E) + S + 1);
-  int32_t* count = scratch.i2.data();
+  if (scratch.group.size() < static_cast<size_t>(E) + S + 1)
+    scratch.group.resize(static_cast<size_t>(E) + S + 1);
+  int32_t* count = scratch.group.data();
   int32_t* members = count + S + 1;
   std::fill(count, count + S + 1, 0);
   for (int i = 0; i < E; ++i) {
@@ -295,16 +295,17 @@ void d2o_emit(const D2oHeadMerge& h, PolicyScratch& scratch, const int32_t* csta
   }
 }
 
-int plan_d2o_merges(const D2oHeadMerge& h, PolicyScratch& scratch, CompactionPlan& plan) {
+int plan_d2o_merges(const D2oHeadMerge& h, D2oScratch& scratch, CompactionPlan& plan) {
   const int S = h.n_keep, E = h.n_evicted;
   if (E == 0 || S == 0 || h.cfg->merge == MergeRule::kOff) return 0;
-  if (scratch.merge_m.size() < static_cast<size_t>(E)) scratch.merge_m.resize(static_cast<size_t>(E));
-  if (scratch.merge_c.size() < static_cast<size_t>(E)) scratch.merge_c.resize(static_cast<size_t>(E));
-  if (scratch.merge_on.size() < static_cast<size_t>(E))
-    scratch.merge_on.resize(static_cast<size_t>(E));
-  float* m_e = scratch.merge_m.data();
-  int32_t* cstar = scratch.merge_c.data();
-  uint8_t* merge = scratch.merge_on.data();
+  if (scratch.best_sim.size() < static_cast<size_t>(E))
+    scratch.best_sim.resize(static_cast<size_t>(E));
+  if (scratch.best.size() < static_cast<size_t>(E)) scratch.best.resize(static_cast<size_t>(E));
+  if (scratch.merge.size() < static_cast<size_t>(E))
+    scratch.merge.resize(static_cast<size_t>(E));
+  float* m_e = scratch.best_sim.data();
+  int32_t* cstar = scratch.best.data();
+  uint8_t* merge = scratch.merge.data();
   d2o_nearest(h, scratch, cstar, m_e);
   const int n_merged = d2o_decide(*h.cfg, m_e, E, h.tau, h.tau_ready, merge);
   if (n_merged > 0) d2o_emit(h, scratch, cstar, m_e, merge, plan);

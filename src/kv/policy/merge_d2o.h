@@ -19,12 +19,30 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kv/kv_cache.h"
-#include "kv/policy.h"
 #include "kv/policy/config.h"
+#include "kv/policy/nearest.h"
 
 namespace d2o {
+
+struct RopeParams;  // ops/ops.h
+
+// Scratch of D2O merging for one thread of a compaction. Buffers only grow, so a steady-state
+// decode step allocates nothing.
+struct D2oScratch {
+  std::vector<float> sim;      // per kept slot: summed similarities, dots, inverse norms; a row
+  std::vector<float> kept;     // unit kept rows [n_keep, dim] then four evicted rows
+  PackedRows packed;           // the unit kept rows, packed for nearest_rows (prefill merges)
+  std::vector<int32_t> group;  // merge groups per kept slot (d2o_emit)
+  // Per evicted slot (of one head, or [n_head_kv, n_evicted] of a layer for decide=token, plus
+  // the per-index means): best similarity, nearest kept index, merge flag, evicted slots.
+  std::vector<float> best_sim;
+  std::vector<int32_t> best;
+  std::vector<uint8_t> merge;
+  std::vector<int32_t> evicted;
+};
 
 struct D2oHeadMerge {
   const PolicyConfig* cfg = nullptr;
@@ -42,19 +60,20 @@ struct D2oHeadMerge {
 
 // The three steps, for callers that decide over several heads at once (decide=token):
 // 1. the nearest kept slot cstar[i] (an index into keep) of every evicted slot i and its
-//    similarity m_e[i]. Uses scratch.f, f2 and packed.
-void d2o_nearest(const D2oHeadMerge& h, PolicyScratch& scratch, int32_t* cstar, float* m_e);
+//    similarity m_e[i]. Uses scratch.sim, kept and packed.
+void d2o_nearest(const D2oHeadMerge& h, D2oScratch& scratch, int32_t* cstar, float* m_e);
 // 2. merge[i] = whether evicted slot i merges, from the similarities m[0..E) in slot order and
 //    the threshold *tau (initialised by this call when *tau_ready is 0); returns the count.
 int d2o_decide(const PolicyConfig& cfg, const float* m, int E, float* tau, uint8_t* tau_ready,
                uint8_t* merge);
 // 3. appends the head's merge groups (the slots with merge[i] set) to plan.merges. Uses
-//    scratch.i2.
-void d2o_emit(const D2oHeadMerge& h, PolicyScratch& scratch, const int32_t* cstar,
+//    scratch.group.
+void d2o_emit(const D2oHeadMerge& h, D2oScratch& scratch, const int32_t* cstar,
               const float* m_e, const uint8_t* merge, CompactionPlan& plan);
 
 // All three for one head with its own threshold (decide=head): appends the head's merge groups
 // to plan.merges; returns how many evicted slots merged.
-int plan_d2o_merges(const D2oHeadMerge& h, PolicyScratch& scratch, CompactionPlan& plan);
+// Uses scratch.best_sim, best and merge besides what the steps use.
+int plan_d2o_merges(const D2oHeadMerge& h, D2oScratch& scratch, CompactionPlan& plan);
 
 }  // namespace d2o

@@ -7,10 +7,19 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kv/policy/config.h"
 
 namespace d2o {
+
+// Scratch of the selectors for one thread of a compaction (only grows).
+struct SelectScratch {
+  std::vector<float> score;    // [n] per-slot selection scores (mean attention, pooled window, ...)
+  std::vector<int32_t> order;  // [n] index lists of select_top and friends
+  std::vector<float> row;      // [head_dim] one key (KeyDiff)
+  std::vector<double> anchor;  // [head_dim] (KeyDiff)
+};
 
 // Split of the S - T slots after the sinks into N heavy hitters and M recent slots, N:M = n:m.
 // M = round-half-up((S - T) * m / (n + m)), at least 1 when S > T; N = S - T - M.

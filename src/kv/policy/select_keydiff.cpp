@@ -19,7 +19,7 @@ double l2_norm(const float* row, int hd) {
 }  // namespace
 
 void keydiff_scores(const KvLayer& L, int head, float* score, float* row, double* anchor) {
-  const int n = L.n_slot, hd = L.head_dim;
+  const int n = L.n_slot(), hd = L.head_dim();
   // Pass 1: the anchor, the mean of the normalised keys.
   std::fill(anchor, anchor + hd, 0.0);
   for (int j = 0; j < n; ++j) {
@@ -46,15 +46,15 @@ void keydiff_scores(const KvLayer& L, int head, float* score, float* row, double
 }
 
 void select_keydiff(const KvLayer& L, int head, int S, const PolicyConfig& cfg, int32_t* keep,
-                    PolicyScratch& sc) {
-  const int n = L.n_slot;
+                    SelectScratch& sc) {
+  const int n = L.n_slot();
   D2O_ASSERT(S >= 0 && S <= n);
   const size_t un = static_cast<size_t>(n);
-  if (sc.f.size() < un) sc.f.resize(un);
-  if (sc.i.size() < un) sc.i.resize(un);
-  const size_t hd = static_cast<size_t>(L.head_dim);
-  if (sc.f2.size() < hd) sc.f2.resize(hd);
-  if (sc.d.size() < hd) sc.d.resize(hd);
+  if (sc.score.size() < un) sc.score.resize(un);
+  if (sc.order.size() < un) sc.order.resize(un);
+  const size_t hd = static_cast<size_t>(L.head_dim());
+  if (sc.row.size() < hd) sc.row.resize(hd);
+  if (sc.anchor.size() < hd) sc.anchor.resize(hd);
   const int t = std::min(cfg.sinks, S);
   const int r = std::min(cfg.recent, S - t);
   int o = 0;
@@ -62,8 +62,8 @@ void select_keydiff(const KvLayer& L, int head, int S, const PolicyConfig& cfg, 
   const int mid = n - t - r, k = S - t - r;
   if (k > 0) {
     // Only the candidates' ranking matters, but the anchor averages every slot of the head.
-    keydiff_scores(L, head, sc.f.data(), sc.f2.data(), sc.d.data());
-    select_top(sc.f.data(), t, mid, k, keep + o, sc.i.data());
+    keydiff_scores(L, head, sc.score.data(), sc.row.data(), sc.anchor.data());
+    select_top(sc.score.data(), t, mid, k, keep + o, sc.order.data());
     o += k;
   }
   for (int j = n - r; j < n; ++j) keep[o++] = j;

@@ -16,8 +16,8 @@
 #include <cstdint>
 
 #include "kv/kv_cache.h"
-#include "kv/policy.h"
 #include "kv/policy/config.h"
+#include "kv/policy/select.h"
 
 namespace d2o {
 
@@ -26,9 +26,8 @@ namespace d2o {
 void keydiff_scores(const KvLayer& L, int head, float* score, float* row, double* anchor);
 
 // Writes the S kept slots of the head, ascending: the first min(T, S) sinks, the best-scored slots
-// in between, the last min(R, S - T) slots. Scratch: f (n scores), f2 (a row), d (the anchor),
-// i (n indices).
+// in between, the last min(R, S - T) slots.
 void select_keydiff(const KvLayer& L, int head, int S, const PolicyConfig& cfg, int32_t* keep,
-                    PolicyScratch& scratch);
+                    SelectScratch& scratch);
 
 }  // namespace d2o
