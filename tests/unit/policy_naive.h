@@ -573,6 +573,7 @@ inline uint64_t splitmix(uint64_t x) {
 inline int cam_merge(const PolicyConfig& c, Head& h, int S, int il, int g) {
   const int n = static_cast<int>(h.size());
   const int t0 = std::min(c.sinks, S), recent = S - t0;
+  if (recent <= 0) return 0;  // no recent window to merge into: evicted slots are dropped
   const int m = c.cam_targets == 0 ? recent : std::min(c.cam_targets, recent);
   int merged = 0;
   for (int e = t0; e < n - recent; ++e) {

@@ -179,5 +179,31 @@ TEST(PolicyCam, MergeProbabilityIsAtMostOne) {
   }
 }
 
+TEST(PolicyCam, BudgetNoLargerThanTheSinksDropsWithoutMerging) {
+  // Generation from an empty context (`d2o bench` tg at depth 0): the budget is a ratio of the
+  // first pass's one token, no larger than the 4 sinks (`budget=` refuses such budgets, a ratio
+  // cannot). Nothing is left to merge into, so the evicted slots are dropped and the first
+  // slots kept.
+  KvCache cache(KvCacheConfig{1, 1, 4, KvType::kF32});
+  const std::vector<float> k(4, 1.0f), v(4, 1.0f);
+  auto policy = policy_of("cam:ratio=0.2,sinks=4");
+  PolicyState state;
+  for (int32_t t = 0; t < 40; ++t) {
+    ASSERT_TRUE(cache.reserve(0, cache.layer(0).n_slot() + 1, false).ok());
+    cache.append(0, k.data(), v.data(), &t, 1);
+    PassInfo pi;
+    pi.n_past = t + 1;
+    pi.first_pass = t == 0;
+    ASSERT_TRUE(policy->compact(cache, state, pi).ok()) << "step " << t;
+  }
+  ASSERT_EQ(state.budgets.size(), 1u);
+  ASSERT_LE(state.budgets[0], 4) << "the budget this test is about";
+  const KvLayer& L = cache.layer(0);
+  ASSERT_EQ(L.n_slot(), state.budgets[0]);
+  for (int j = 0; j < L.n_slot(); ++j) EXPECT_EQ(L.pos(0)[j], j);
+  EXPECT_EQ(state.merged[0], 0);
+  EXPECT_EQ(state.evicted[0], 40 - L.n_slot());
+}
+
 }  // namespace
 }  // namespace d2o

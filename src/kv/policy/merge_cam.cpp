@@ -27,9 +27,10 @@ int cam_merge_values(const CamHeadMerge& h, CamScratch& scratch) {
   const KvLayer& L = h.cache->layer(h.il);
   const int n = L.n_slot(), hd = L.head_dim();
   const int first = h.first_evicted, end = h.end_evicted;
-  if (end <= first) return 0;
   const int recent = n - end;
-  D2O_ASSERT(recent >= 1);
+  // A budget no larger than the sinks leaves no recent window to merge into: the evicted slots
+  // are dropped, as StreamingLLM drops them.
+  if (end <= first || recent < 1) return 0;
   const int m = h.cfg->cam_targets > 0 ? std::min(h.cfg->cam_targets, recent) : recent;
   const float* score = L.score(h.head);
   const int32_t* pos = L.pos(h.head);
