@@ -7,7 +7,8 @@
 #      --quick, the same-seed rerun: same code paths as the shorter eval tests that do run, but
 #      3-10 minutes each under ASan on a 2-core machine) and the server driven by the `openai`
 #      package (the same binary's requests and responses are unit-tested under ASan; the model
-#      run takes minutes there). Each test thus runs once, except the shorter end-to-end ones.
+#      run takes minutes there), and the set-up script's own tests (no C++ code runs in them).
+#      Each test thus runs once, except the shorter end-to-end ones.
 #   scripts/test.sh --tsan: instead, a ThreadSanitizer build of only the tests that run code on
 #      several threads (thread pool, scheduler and batched decoding, attention split across
 #      threads, micro-batched forward pass; see tests/CMakeLists.txt), run under TSan.
@@ -72,4 +73,4 @@ cmake --build build-asan -j"$jobs" --target d2o_cli d2o_unit_tests d2o_e2e_tests
 stage "sanitizer tests"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs" -L "^(unit|e2e)$" \
-  -E "Parity|ServeOpenAi|MakeResults\.QuickRuns|CliEval\.(PplQuickRuns|NiahQuickRuns|RulerQuickRuns|SameSeedSameNumbers)" "$@"
+  -E "Parity|ServeOpenAi|Setup\.|MakeResults\.QuickRuns|CliEval\.(PplQuickRuns|NiahQuickRuns|RulerQuickRuns|SameSeedSameNumbers)" "$@"
