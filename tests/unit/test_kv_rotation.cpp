@@ -49,7 +49,8 @@ TEST(KvRotation, TransformIsTheNormalisedHadamardMatrixAndItsOwnInverse) {
       double nx = 0, ny = 0;
       for (int i = 0; i < n; ++i) {
         double want = 0;
-        for (int j = 0; j < n; ++j) want += hadamard_entry(i, j, n) * x[static_cast<size_t>(b * n + j)];
+        for (int j = 0; j < n; ++j)
+          want += hadamard_entry(i, j, n) * x[static_cast<size_t>(b * n + j)];
         EXPECT_NEAR(y[static_cast<size_t>(b * n + i)], want, 1e-5);
         nx += double(x[static_cast<size_t>(b * n + i)]) * x[static_cast<size_t>(b * n + i)];
         ny += double(y[static_cast<size_t>(b * n + i)]) * y[static_cast<size_t>(b * n + i)];
@@ -110,9 +111,8 @@ TEST(KvRotation, ParsesNamesAndChecksRotatedTypes) {
 TEST(KvRotation, ByteCountsAndReportUnchanged) {
   for (const char* s : {"f32", "f16", "q8_0", "q4_0", "k:q8_0,v:q4_0"}) {
     const KvType plain = *parse_kv_type(s);
-    const KvType rot = *parse_kv_type(std::string(s).find(':') == std::string::npos
-                                          ? std::string(s) + "r"
-                                          : "k:q8_0r,v:q4_0r");
+    const KvType rot = *parse_kv_type(
+        std::string(s).find(':') == std::string::npos ? std::string(s) + "r" : "k:q8_0r,v:q4_0r");
     SCOPED_TRACE(kv_type_name(rot));
     EXPECT_EQ(plain.k, rot.k);
     EXPECT_EQ(plain.v, rot.v);
@@ -290,10 +290,9 @@ TEST(KvRotation, EveryPolicyOnARandomModelMatchesPlainStorage) {
   Engine engine(*model, pool, EngineOptions{});
   const std::vector<TokenId> toks = test::random_model_tokens(58, c.n_vocab);
   const KvType f32r = *parse_kv_type("f32r");
-  for (const char* spec :
-       {"full", "h2o:ratio=0.3", "roco:ratio=0.3", "streaming:ratio=0.3", "snapkv:ratio=0.3",
-        "pyramidkv:ratio=0.3", "cam:ratio=0.3", "d2o:ratio=0.3", "keydiff:ratio=0.3",
-        "d2o:budget=20,sim=kv"}) {
+  for (const char* spec : {"full", "h2o:ratio=0.3", "roco:ratio=0.3", "streaming:ratio=0.3",
+                           "snapkv:ratio=0.3", "pyramidkv:ratio=0.3", "cam:ratio=0.3",
+                           "d2o:ratio=0.3", "keydiff:ratio=0.3", "d2o:budget=20,sim=kv"}) {
     SCOPED_TRACE(spec);
     auto parsed = parse_kv_policy(spec);
     ASSERT_TRUE(parsed.ok()) << parsed.status().message();
