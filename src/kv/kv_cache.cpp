@@ -7,6 +7,7 @@
 
 #include "core/assert.h"
 #include "core/fp16.h"
+#include "kv/kv_rotation.h"
 #include "ops/ops.h"
 #include "ops/quant.h"
 
@@ -44,38 +45,49 @@ GgmlType kv_ggml_type(KvElemType t) {
 }
 
 const char* kv_type_name(KvType t) {
-  constexpr int kN = 4;  // KvElemType values
+  constexpr int kN = 8;  // KvElemType values, each plain or rotated
   static const std::array<std::string, kN * kN> names = [] {
     std::array<std::string, kN * kN> n;
     for (int k = 0; k < kN; ++k) {
       for (int v = 0; v < kN; ++v) {
-        const char* a = kv_elem_type_name(static_cast<KvElemType>(k));
-        const char* b = kv_elem_type_name(static_cast<KvElemType>(v));
-        n[static_cast<size_t>(k * kN + v)] =
-            k == v ? std::string(a) : std::string("k:") + a + ",v:" + b;
+        const std::string a = std::string(kv_elem_type_name(static_cast<KvElemType>(k / 2))) +
+                              (k % 2 ? "r" : "");
+        const std::string b = std::string(kv_elem_type_name(static_cast<KvElemType>(v / 2))) +
+                              (v % 2 ? "r" : "");
+        n[static_cast<size_t>(k * kN + v)] = k == v ? a : "k:" + a + ",v:" + b;
       }
     }
     return n;
   }();
-  return names[static_cast<size_t>(static_cast<int>(t.k) * kN + static_cast<int>(t.v))].c_str();
+  const int k = static_cast<int>(t.k) * 2 + (t.rot_k ? 1 : 0);
+  const int v = static_cast<int>(t.v) * 2 + (t.rot_v ? 1 : 0);
+  return names[static_cast<size_t>(k * kN + v)].c_str();
 }
 
 namespace {
 
-Result<KvElemType> parse_elem(const std::string& s, const std::string& whole) {
+struct ElemSpec {
+  KvElemType t;
+  bool rot;
+};
+
+Result<ElemSpec> parse_elem(const std::string& s, const std::string& whole) {
+  const bool rot = !s.empty() && s.back() == 'r';
+  const std::string base = rot ? s.substr(0, s.size() - 1) : s;
   for (KvElemType t : {KvElemType::kF32, KvElemType::kF16, KvElemType::kQ8_0, KvElemType::kQ4_0}) {
-    if (s == kv_elem_type_name(t)) return t;
+    if (base == kv_elem_type_name(t)) return ElemSpec{t, rot};
   }
   return invalid_argument("unknown KV storage type '" + s + "' in '" + whole +
-                          "' (expected f32, f16, q8_0 or q4_0, or k:TYPE,v:TYPE)");
+                          "' (expected f32, f16, q8_0 or q4_0, each optionally followed by r for "
+                          "rotated storage, e.g. q4_0r, or k:TYPE,v:TYPE)");
 }
 
 }  // namespace
 
 Result<KvType> parse_kv_type(const std::string& s) {
   if (s.find(':') == std::string::npos) {
-    D2O_ASSIGN_OR_RETURN(KvElemType t, parse_elem(s, s));
-    return KvType{t, t};
+    D2O_ASSIGN_OR_RETURN(ElemSpec e, parse_elem(s, s));
+    return KvType{e.t, e.t, e.rot, e.rot};
   }
   KvType out;
   bool seen_k = false, seen_v = false;
@@ -88,8 +100,9 @@ Result<KvType> parse_kv_type(const std::string& s) {
       return invalid_argument("bad KV storage type '" + s +
                               "' (expected TYPE or k:TYPE,v:TYPE, each part at most once)");
     }
-    D2O_ASSIGN_OR_RETURN(KvElemType t, parse_elem(part.substr(2), s));
-    (is_k ? out.k : out.v) = t;
+    D2O_ASSIGN_OR_RETURN(ElemSpec e, parse_elem(part.substr(2), s));
+    (is_k ? out.k : out.v) = e.t;
+    (is_k ? out.rot_k : out.rot_v) = e.rot;
     (is_k ? seen_k : seen_v) = true;
     i = comma + 1;
   }
@@ -104,6 +117,13 @@ Status check_kv_type(KvType t, int head_dim) {
                               " elements, but this model's head dimension is " +
                               std::to_string(head_dim) + " (use f16 or f32)");
     }
+  }
+  if ((t.rot_k || t.rot_v) && (head_dim <= 0 || head_dim % kKvRotBlock != 0)) {
+    return invalid_argument(std::string("rotated KV storage (") + kv_type_name(t) +
+                            ") rotates rows in blocks of " + std::to_string(kKvRotBlock) +
+                            " elements or more, but this model's head dimension is " +
+                            std::to_string(head_dim) +
+                            " (use a type without the r suffix)");
   }
   return {};
 }

@@ -51,10 +51,16 @@ size_t kv_row_bytes(KvElemType t, int head_dim);
 GgmlType kv_ggml_type(KvElemType t);
 inline bool kv_quantized(KvElemType t) { return t == KvElemType::kQ8_0 || t == KvElemType::kQ4_0; }
 
-// Storage types of keys and of values.
+// Storage types of keys and of values. rot_k / rot_v: the rows are stored rotated by a
+// normalised Walsh-Hadamard transform (kv/kv_rotation.h; spelt with an "r" suffix, "q4_0r"),
+// which the model applies to keys and queries, and to values and the attention output, so that
+// an outlier channel is spread over its block before quantisation. The row layout and byte
+// counts are those of the element type; attention kernels and policies need not know.
 struct KvType {
   KvElemType k = KvElemType::kF16;
   KvElemType v = KvElemType::kF16;
+  bool rot_k = false;
+  bool rot_v = false;
   static const KvType kF32, kF16, kQ8_0, kQ4_0;  // one type for both
   bool operator==(const KvType&) const = default;
 };
@@ -62,12 +68,13 @@ inline constexpr KvType KvType::kF32{KvElemType::kF32, KvElemType::kF32};
 inline constexpr KvType KvType::kF16{KvElemType::kF16, KvElemType::kF16};
 inline constexpr KvType KvType::kQ8_0{KvElemType::kQ8_0, KvElemType::kQ8_0};
 inline constexpr KvType KvType::kQ4_0{KvElemType::kQ4_0, KvElemType::kQ4_0};
-// "f16" when both are the same, else "k:q8_0,v:f16" (a static string).
+// "f16" when both are the same, else "k:q8_0r,v:f16" (a static string).
 const char* kv_type_name(KvType t);
 // Parses "TYPE" (both) or "k:TYPE,v:TYPE" (either part may be left out: F16), TYPE one of f32,
-// f16, q8_0, q4_0.
+// f16, q8_0, q4_0, each optionally followed by "r" (rotated storage).
 Result<KvType> parse_kv_type(const std::string& s);
-// An error unless every quantised part of `t` can store rows of `head_dim` elements.
+// An error unless every quantised part of `t` can store rows of `head_dim` elements and every
+// rotated part's rotation fits the head (head_dim a multiple of 64).
 Status check_kv_type(KvType t, int head_dim);
 
 // One term of a merge: slot `dst` of `head` becomes sum over its terms of w * row(src).

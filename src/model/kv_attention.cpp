@@ -1,6 +1,11 @@
 #include "model/kv_attention.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "core/assert.h"
+#include "kv/kv_rotation.h"
+#include "ops/hadamard.h"
 
 namespace d2o {
 
@@ -8,6 +13,7 @@ KvAttention::KvAttention(ThreadPool& pool, AttnSplit split, int n_head, int n_he
     : pool_(pool),
       split_(split),
       n_head_(n_head),
+      head_dim_(head_dim),
       kv_dim_(n_head_kv * head_dim),
       q_dim_(n_head * head_dim) {}
 
@@ -41,12 +47,64 @@ void KvAttention::attend(int il, const LayerDesc& d, const SeqRows& sr, const fl
   attention_forward(ai, sr.cache->layer_for_attention(il), sr.stats, pool, scratch);
 }
 
+bool KvAttention::rotate_inputs(std::span<const SeqRows> seqs, const float* q, const float* k,
+                                const float* v) {
+  int n = 0;
+  bool any = false;
+  for (const SeqRows& sr : seqs) {
+    const KvType t = sr.cache->config().type;
+    any = any || t.rot_k || t.rot_v;
+    n = std::max(n, sr.r1);
+  }
+  if (!any) return false;
+  // log2(block) adds per element, serial: small next to the projections that made the rows.
+  const size_t nq = static_cast<size_t>(n) * q_dim_, nkv = static_cast<size_t>(n) * kv_dim_;
+  if (rot_q_.size() < nq) rot_q_.resize(nq);
+  if (rot_k_.size() < nkv) rot_k_.resize(nkv);
+  if (rot_v_.size() < nkv) rot_v_.resize(nkv);
+  for (const SeqRows& sr : seqs) {
+    const KvType t = sr.cache->config().type;
+    const size_t cnt = static_cast<size_t>(sr.r1 - sr.r0);
+    const size_t oq = static_cast<size_t>(sr.r0) * q_dim_;
+    const size_t okv = static_cast<size_t>(sr.r0) * kv_dim_;
+    float* rq = rot_q_.data() + oq;
+    float* rk = rot_k_.data() + okv;
+    float* rv = rot_v_.data() + okv;
+    std::memcpy(rq, q + oq, sizeof(float) * cnt * q_dim_);
+    std::memcpy(rk, k + okv, sizeof(float) * cnt * kv_dim_);
+    std::memcpy(rv, v + okv, sizeof(float) * cnt * kv_dim_);
+    // Blocks never straddle heads (the head size is a multiple of the block): rotating a whole
+    // row in blocks rotates each head.
+    if (t.rot_k) {
+      const int b = kv_rot_block_k(head_dim_);
+      hadamard_blocks(rq, static_cast<int64_t>(cnt * q_dim_), b);
+      hadamard_blocks(rk, static_cast<int64_t>(cnt * kv_dim_), b);
+    }
+    if (t.rot_v) {
+      hadamard_blocks(rv, static_cast<int64_t>(cnt * kv_dim_), kv_rot_block_v(head_dim_));
+    }
+  }
+  return true;
+}
+
+void KvAttention::unrotate_output(const SeqRows& sr, float* out) const {
+  if (!sr.cache->config().type.rot_v) return;
+  const size_t cnt = static_cast<size_t>(sr.r1 - sr.r0);
+  hadamard_blocks(out + static_cast<size_t>(sr.r0) * q_dim_, static_cast<int64_t>(cnt * q_dim_),
+                  kv_rot_block_v(head_dim_));
+}
+
 Status KvAttention::run(int il, const LayerDesc& d, const UbatchInput& in, const float* q,
                         const float* k, const float* v, float* out, ForwardHooks& hooks) {
   const std::span<const SeqRows> seqs = in.seqs;
   for (const SeqRows& sr : seqs) {
     D2O_ASSERT_MSG(sr.cache->config().window(il) == (d.kind == LayerKind::kSliding ? d.window : 0),
                    "the KV cache's sliding windows do not match the model's layers");
+  }
+  if (rotate_inputs(seqs, q, k, v)) {
+    q = rot_q_.data();
+    k = rot_k_.data();
+    v = rot_v_.data();
   }
 
   // Sequences run one per task (single-threaded attention, sequences in parallel): short chunks
@@ -70,6 +128,7 @@ Status KvAttention::run(int il, const LayerDesc& d, const UbatchInput& in, const
     }
     D2O_RETURN_IF_ERROR(append(il, in, seqs[i], k, v));
     attend(il, d, seqs[i], q, out, pool_, scratch_);
+    unrotate_output(seqs[i], out);
   }
   if (across_.empty()) return {};
 
@@ -89,6 +148,7 @@ Status KvAttention::run(int il, const LayerDesc& d, const UbatchInput& in, const
     }
     attend(il, d, sr, q, out, *solo_pools_[static_cast<size_t>(thread)],
            solo_scratch_[static_cast<size_t>(thread)]);
+    unrotate_output(sr, out);
     if (sr.layer_hook)
       task_status_[static_cast<size_t>(task)] = hooks.after_attention(s, il, d, thread);
   });

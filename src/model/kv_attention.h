@@ -8,9 +8,14 @@
 // with a single-thread pool and scratch of its own, and such a task calls
 // ForwardHooks::after_attention for its sequence when asked (SeqRows::layer_hook), so that a
 // policy can compact the layer while its slots are still in the core's caches.
+//
+// A cache with rotated storage (KvType::rot_k / rot_v, kv/kv_rotation.h) gets its sequence's
+// queries and keys, and values, rotated before the append and the attention, and the attention
+// output rotated back after it; the kernels are those of plain storage.
 #pragma once
 
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -33,10 +38,17 @@ class KvAttention {
   Status append(int il, const UbatchInput& in, const SeqRows& sr, const float* k, const float* v);
   void attend(int il, const LayerDesc& d, const SeqRows& sr, const float* q, float* out,
               ThreadPool& pool, AttnScratch& scratch);
+  // Rotated storage: copies of q, k, v whose rows of sequences with rotated caches are rotated;
+  // false (nothing copied) when no sequence's cache rotates.
+  bool rotate_inputs(std::span<const SeqRows> seqs, const float* q, const float* k,
+                     const float* v);
+  // Rotates a sequence's attention output back (when its cache rotates values).
+  void unrotate_output(const SeqRows& sr, float* out) const;
 
   ThreadPool& pool_;
   AttnSplit split_;
-  int n_head_, kv_dim_, q_dim_;
+  int n_head_, head_dim_, kv_dim_, q_dim_;
+  std::vector<float> rot_q_, rot_k_, rot_v_;  // rotate_inputs()
   AttnScratch scratch_;
   // Sequences in parallel: one single-thread pool and one scratch per thread of pool_.
   std::vector<std::unique_ptr<ThreadPool>> solo_pools_;

@@ -85,6 +85,16 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
                        "' with pos=shift cannot run on a model with sliding-window layers (use "
                        "pos=original)");
   }
+  if (cache.config().type.rot_k &&
+      (cfg_.pos == PosMode::kShift ||
+       (cfg_.merger == Merger::kD2o && cfg_.mspace == MergeSpace::kUnrotated))) {
+    // RoPE applied to a stored key does not commute with the rotation of rotated storage.
+    return unsupported("KV policy '" + cfg_.name + "' with " +
+                       (cfg_.pos == PosMode::kShift ? "pos=shift" : "mrope=pre") +
+                       " re-rotates stored keys by RoPE, which rotated key storage (" +
+                       kv_type_name(cache.config().type) +
+                       ") does not allow (use pos=original / mrope=post or a type without r)");
+  }
   if (cfg_.pos == PosMode::kShift && !pass.rope) {
     return invalid_argument("KV policy '" + cfg_.name +
                             "' with pos=shift needs the model's RoPE parameters (PassInfo::rope)");
