@@ -31,9 +31,12 @@ namespace d2o::attn {
 namespace {
 
 // Elements [16c, 16c + 16) of a row as floats. Q8_0 / Q4_0: q * d (Q4_0: (q - 8) * d), the
-// products of the reference dequantisation, so the values equal dequantize_row's.
-inline __m512 load16(const uint8_t* row, KvElemType type, int c) {
-  switch (type) {
+// products of the reference dequantisation, so the values equal dequantize_row's. The storage
+// type is a template parameter: the loops below are instantiated per type, so the inner loops
+// carry no branch on it.
+template <KvElemType T>
+inline __m512 load16(const uint8_t* row, int c) {
+  switch (T) {
     case KvElemType::kF16:
       return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * c)));
     case KvElemType::kQ8_0: {
@@ -113,9 +116,9 @@ inline void prefetch_rows(const KvRows& k, int j, int n) {
 
 // R rows x 4 keys per step, keys in registers; kPf: with k.prefetch (a separate instantiation, so
 // the loop without it is unchanged).
-template <int NC, int R, bool kPf = false>
+template <int NC, int R, KvElemType T, bool kPf = false>
 void scores_rows(const float* const* q, KvRows k, int n_keys, float scale, float* const* s) {
-  if (!kPf && k.prefetch != nullptr) return scores_rows<NC, R, true>(q, k, n_keys, scale, s);
+  if (!kPf && k.prefetch != nullptr) return scores_rows<NC, R, T, true>(q, k, n_keys, scale, s);
   const __m128 sc = _mm_set1_ps(scale);
   int j = 0;
   for (; j + 4 <= n_keys; j += 4) {
@@ -124,7 +127,7 @@ void scores_rows(const float* const* q, KvRows k, int n_keys, float scale, float
     for (int i = 0; i < 4; ++i) {
       const uint8_t* row = k.base + static_cast<size_t>(j + i) * k.row_bytes;
       __m512 kv[NC];
-      for (int c = 0; c < NC; ++c) kv[c] = load16(row, k.type, c);
+      for (int c = 0; c < NC; ++c) kv[c] = load16<T>(row, c);
       for (int r = 0; r < R; ++r) acc[r][i] = dot_acc<NC>(q[r], kv);
     }
     for (int r = 0; r < R; ++r) {
@@ -135,7 +138,7 @@ void scores_rows(const float* const* q, KvRows k, int n_keys, float scale, float
   for (; j < n_keys; ++j) {
     const uint8_t* row = k.base + static_cast<size_t>(j) * k.row_bytes;
     __m512 kv[NC];
-    for (int c = 0; c < NC; ++c) kv[c] = load16(row, k.type, c);
+    for (int c = 0; c < NC; ++c) kv[c] = load16<T>(row, c);
     for (int r = 0; r < R; ++r) s[r][j] = reduce16(dot_acc<NC>(q[r], kv)) * scale;
   }
 }
@@ -173,30 +176,46 @@ void scores_many(const float* const* q, int n_rows, KvRows k, int n_keys, float 
     float* st[1];
     for (int r = 0; r < n_rows; ++r) {
       st[0] = s[r] + n16;
-      scores_rows<NC, 1>(q + r, tail, n_keys - n16, scale, st);
+      scores_rows<NC, 1, KvElemType::kF32>(q + r, tail, n_keys - n16, scale, st);
     }
+  }
+}
+
+template <int NC, KvElemType T>
+void scores_nc(const float* const* q, int n_rows, KvRows k, int n_keys, float scale,
+               float* const* s) {
+  // NC = 4 (head_dim 64): 4 rows x 4 keys = 16 accumulators + 4 key registers.
+  constexpr int kRows = NC <= 4 ? 4 : NC <= 8 ? 2 : 1;
+  if (T == KvElemType::kF32 && n_rows > kRows && NC <= 8) {
+    return scores_many<NC>(q, n_rows, k, n_keys, scale, s);
+  }
+  int r = 0;
+  for (; r + kRows <= n_rows; r += kRows)
+    scores_rows<NC, kRows, T>(q + r, k, n_keys, scale, s + r);
+  switch (n_rows - r) {
+    case 3:
+      return scores_rows<NC, 3, T>(q + r, k, n_keys, scale, s + r);
+    case 2:
+      return scores_rows<NC, 2, T>(q + r, k, n_keys, scale, s + r);
+    case 1:
+      return scores_rows<NC, 1, T>(q + r, k, n_keys, scale, s + r);
+    default:
+      return;
   }
 }
 
 template <int NC>
 void scores_nc(const float* const* q, int n_rows, KvRows k, int n_keys, float scale,
                float* const* s) {
-  // NC = 4 (head_dim 64): 4 rows x 4 keys = 16 accumulators + 4 key registers.
-  constexpr int kRows = NC <= 4 ? 4 : NC <= 8 ? 2 : 1;
-  if (k.type == KvElemType::kF32 && n_rows > kRows && NC <= 8) {
-    return scores_many<NC>(q, n_rows, k, n_keys, scale, s);
-  }
-  int r = 0;
-  for (; r + kRows <= n_rows; r += kRows) scores_rows<NC, kRows>(q + r, k, n_keys, scale, s + r);
-  switch (n_rows - r) {
-    case 3:
-      return scores_rows<NC, 3>(q + r, k, n_keys, scale, s + r);
-    case 2:
-      return scores_rows<NC, 2>(q + r, k, n_keys, scale, s + r);
-    case 1:
-      return scores_rows<NC, 1>(q + r, k, n_keys, scale, s + r);
+  switch (k.type) {
+    case KvElemType::kF16:
+      return scores_nc<NC, KvElemType::kF16>(q, n_rows, k, n_keys, scale, s);
+    case KvElemType::kQ8_0:
+      return scores_nc<NC, KvElemType::kQ8_0>(q, n_rows, k, n_keys, scale, s);
+    case KvElemType::kQ4_0:
+      return scores_nc<NC, KvElemType::kQ4_0>(q, n_rows, k, n_keys, scale, s);
     default:
-      return;
+      return scores_nc<NC, KvElemType::kF32>(q, n_rows, k, n_keys, scale, s);
   }
 }
 
@@ -252,7 +271,7 @@ float exp_sum(float* s, int n_valid, int n, float m) {
 
 // ---- p v -------------------------------------------------------------------------------------
 
-template <int NC, int R>
+template <int NC, int R, KvElemType T>
 void pv_nc(const float* const* p, KvRows v, int n_keys, float* const* acc_out) {
   __m512 acc[R][NC];
   for (int r = 0; r < R; ++r)
@@ -260,7 +279,7 @@ void pv_nc(const float* const* p, KvRows v, int n_keys, float* const* acc_out) {
   for (int j = 0; j < n_keys; ++j) {
     const uint8_t* row = v.base + static_cast<size_t>(j) * v.row_bytes;
     __m512 vv[NC];
-    for (int c = 0; c < NC; ++c) vv[c] = load16(row, v.type, c);
+    for (int c = 0; c < NC; ++c) vv[c] = load16<T>(row, c);
     for (int r = 0; r < R; ++r) {
       const __m512 pj = _mm512_set1_ps(p[r][j]);
       for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_fmadd_ps(pj, vv[c], acc[r][c]);
@@ -270,21 +289,35 @@ void pv_nc(const float* const* p, KvRows v, int n_keys, float* const* acc_out) {
     for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc_out[r] + 16 * c, acc[r][c]);
 }
 
-template <int NC>
+template <int NC, KvElemType T>
 void pv_rows(const float* const* p, int n_rows, KvRows v, int n_keys, float* const* acc) {
   // At most 16 accumulators live in registers: 4 rows of 64, 2 of 128, 1 of 256.
   constexpr int kRows = NC <= 4 ? 4 : NC <= 8 ? 2 : 1;
   int r = 0;
-  for (; r + kRows <= n_rows; r += kRows) pv_nc<NC, kRows>(p + r, v, n_keys, acc + r);
+  for (; r + kRows <= n_rows; r += kRows) pv_nc<NC, kRows, T>(p + r, v, n_keys, acc + r);
   switch (n_rows - r) {
     case 3:
-      return pv_nc<NC, 3>(p + r, v, n_keys, acc + r);
+      return pv_nc<NC, 3, T>(p + r, v, n_keys, acc + r);
     case 2:
-      return pv_nc<NC, 2>(p + r, v, n_keys, acc + r);
+      return pv_nc<NC, 2, T>(p + r, v, n_keys, acc + r);
     case 1:
-      return pv_nc<NC, 1>(p + r, v, n_keys, acc + r);
+      return pv_nc<NC, 1, T>(p + r, v, n_keys, acc + r);
     default:
       return;
+  }
+}
+
+template <int NC>
+void pv_rows(const float* const* p, int n_rows, KvRows v, int n_keys, float* const* acc) {
+  switch (v.type) {
+    case KvElemType::kF16:
+      return pv_rows<NC, KvElemType::kF16>(p, n_rows, v, n_keys, acc);
+    case KvElemType::kQ8_0:
+      return pv_rows<NC, KvElemType::kQ8_0>(p, n_rows, v, n_keys, acc);
+    case KvElemType::kQ4_0:
+      return pv_rows<NC, KvElemType::kQ4_0>(p, n_rows, v, n_keys, acc);
+    default:
+      return pv_rows<NC, KvElemType::kF32>(p, n_rows, v, n_keys, acc);
   }
 }
 
