@@ -1,7 +1,8 @@
 // Fuzz target: --prompt-tokens lists (comma-separated token ids) as the d2o tool parses them.
 //
 // Input: 2 bytes of vocabulary size, then the list. A list is refused with a Status or parsed
-// into ids that are all inside the vocabulary.
+// into ids that are all inside the vocabulary, one per comma-separated item of nothing but
+// digits (no signs, spaces or empty items).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -16,6 +17,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto ids = d2o::cli::parse_token_list(list, n_vocab);
   if (!ids.ok()) return 0;
   if (ids->empty()) std::abort();
+  size_t items = 1;
+  for (char c : list) {
+    if (c == ',') ++items;
+    else if (c < '0' || c > '9') std::abort();
+  }
+  if (items != ids->size()) std::abort();
   for (d2o::TokenId id : *ids) {
     if (id < 0 || id >= n_vocab) std::abort();
   }

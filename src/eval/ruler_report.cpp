@@ -10,17 +10,6 @@ namespace d2o::eval {
 
 namespace {
 
-// Verdict for a paired difference where positive favours d2o (as `d2o eval summary` words it).
-std::string verdict(double favour, double se, int64_t n) {
-  if (std::isnan(favour)) return "-";
-  if (se > 0 && favour > 2 * se) return "**wins**";
-  if (se > 0 && favour < -2 * se) return "**loses**";
-  if (se == 0 && favour == 0) return "ties (identical)";
-  if (se == 0 && n < 2) return "not resolved (no standard error: one trial)";
-  if (se == 0) return "not resolved (the same difference in every trial: no standard error)";
-  return "ties";
-}
-
 std::string pct(double v) {
   return std::isfinite(v) ? fmt_num("%.1f", 100.0 * v) : "-";
 }
@@ -148,7 +137,7 @@ Status write_ruler_report(const RulerResult& r, const RulerParams& p, const RunM
       for (size_t b = 0; b < n_pol; ++b) {
         if (static_cast<int>(b) == d2o) continue;
         const MeanSe m = mean_se(paired(r, p, c, static_cast<size_t>(d2o), b));
-        const std::string v = verdict(m.mean, m.se, m.n);
+        const std::string v = paired_verdict(m.mean, m.se, m.n);
         comparisons.push_back(
             {{"task", c.task < 0 ? "all" : task_names[static_cast<size_t>(c.task)]},
              {"length", c.length},

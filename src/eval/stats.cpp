@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
 namespace d2o::eval {
@@ -110,6 +111,26 @@ Interval wilson_interval(int64_t k, int64_t n, double z) {
   const double centre = (p + z2 / (2.0 * nn)) / denom;
   const double half = z * std::sqrt(p * (1.0 - p) / nn + z2 / (4.0 * nn * nn)) / denom;
   return {std::max(0.0, centre - half), std::min(1.0, centre + half)};
+}
+
+std::string paired_verdict(double favour, double se, int64_t n) {
+  if (std::isnan(favour)) return "-";
+  if (se > 0 && favour > 2 * se) return "**wins**";
+  if (se > 0 && favour < -2 * se) return "**loses**";
+  if (se > 0) return "ties";
+  if (favour == 0) return "ties (identical)";
+  if (n < 2) return "not resolved (one pair: no standard error)";
+  const double p = 2.0 * std::pow(0.5, static_cast<double>(n));
+  char buf[96];
+  if (p < 0.0455) {
+    std::snprintf(buf, sizeof buf, " (all %lld pairs, sign test p = %.2g)",
+                  static_cast<long long>(n), p);
+    return std::string(favour > 0 ? "**wins**" : "**loses**") + buf;
+  }
+  std::snprintf(buf, sizeof buf,
+                "not resolved (all %lld pairs differ alike; sign test p = %.2g)",
+                static_cast<long long>(n), p);
+  return buf;
 }
 
 }  // namespace d2o::eval

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 
 namespace d2o::eval {
 
@@ -38,6 +39,14 @@ Interval bootstrap_mean_ci(std::span<const double> x, int n_resamples, double le
 
 // Wilson score interval for a proportion k/n at normal quantile z (1.96 for 95%). n = 0: [0, 1].
 Interval wilson_interval(int64_t k, int64_t n, double z);
+
+// The verdict on a paired difference `favour` (positive favours the method under test) with
+// standard error `se` over `n` pairs: "**wins**" / "**loses**" beyond two standard errors, "ties"
+// within, "ties (identical)" when every pair is equal. When every pair differs by the same
+// amount (se = 0, e.g. 6/6 retrievals against 0/6) there is no spread to scale by; then the
+// two-sided sign test decides: resolved when 2 * 0.5^n < 0.0455 (the two-standard-error level),
+// i.e. from 6 pairs on, with the p-value in the verdict.
+std::string paired_verdict(double favour, double se, int64_t n);
 
 // splitmix64: a small, fast, well-mixed generator; the harness's only source of randomness.
 class SplitMix64 {

@@ -15,16 +15,6 @@ namespace {
 
 using nlohmann::json;
 
-// Verdict for a paired difference where positive favours D2O.
-std::string verdict(double favour, double se) {
-  if (std::isnan(favour)) return "-";
-  if (se > 0 && favour > 2 * se) return "**wins**";
-  if (se > 0 && favour < -2 * se) return "**loses**";
-  if (se == 0 && favour == 0) return "ties (identical)";
-  if (se == 0) return "not resolved (no standard error: one sample)";
-  return "ties";
-}
-
 Result<json> load_json(const std::string& path) {
   auto text = read_text_file(path);
   if (!text.ok()) return text.status();
@@ -74,7 +64,7 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
   namespace fs = std::filesystem;
   std::map<std::string, json> rep;
   std::map<std::string, std::string> mds;
-  for (const char* name : {"ppl", "fidelity", "niah", "ruler", "ablate"}) {
+  for (const char* name : {"ppl", "fidelity", "niah", "niah_long", "ruler", "ablate"}) {
     const std::string base = o.dir + "/" + name;
     std::error_code ec;
     if (!fs::exists(base + ".json", ec)) continue;
@@ -124,7 +114,7 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
       const double d = c["delta_nll"], se = c["se"];
       rows.push_back({"ppl, capacity " + std::to_string(c["capacity"].get<int>()),
                       c["b"].get<std::string>(), "tail NLL (nats), D2O − other = " + pm(d, se, 4),
-                      verdict(-d, se)});
+                      paired_verdict(-d, se, c.value("n", int64_t{0}))});
     }
   }
   if (rep.count("fidelity")) {
@@ -147,12 +137,20 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
                         b["row"].get<std::string>(),
                         "KL, D2O − other = " + pm(k.mean, k.se, 4) +
                             "; top-1, D2O − other = " + pm(100 * t.mean, 100 * t.se, 1) + " pts",
-                        verdict(-k.mean, k.se)});
+                        paired_verdict(-k.mean, k.se, k.n)});
       }
     }
   }
-  if (rep.count("niah")) {
-    const json& n = rep["niah"];
+  // niah: the main run; niah_long: a second run at longer contexts (e.g. 16K and 32K).
+  for (const char* niah_name : {"niah", "niah_long"}) {
+    if (!rep.count(niah_name)) continue;
+    const json& n = rep[niah_name];
+    std::string lens;
+    for (const json& l : n["params"].value("lengths", json::array())) {
+      const int v = l.get<int>();
+      lens += (lens.empty() ? " at " : "/") +
+              (v % 1024 == 0 ? std::to_string(v / 1024) + "K" : std::to_string(v));
+    }
     const json& pols = n["policies"];
     int d2o = -1;
     for (size_t i = 0; i < pols.size(); ++i) {
@@ -170,11 +168,11 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
           }
           const MeanSe m = mean_se(d);
           rows.push_back({"niah " + task.get<std::string>() + ", " +
-                              n["params"]["compression"].get<std::string>(),
+                              n["params"]["compression"].get<std::string>() + lens,
                           pols[b]["label"].get<std::string>(),
                           "accuracy, D2O − other = " + pm(100 * m.mean, 100 * m.se, 1) + " pts (" +
                               std::to_string(m.n) + " paired trials)",
-                          verdict(m.mean, m.se)});
+                          paired_verdict(m.mean, m.se, m.n)});
         }
       }
     }
@@ -193,7 +191,7 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
            c["vs"].get<std::string>(),
            "score, D2O − other = " + pm(100 * d, 100 * se, 1) + " pts (" +
                std::to_string(c.value("trials", 0)) + " paired trials)",
-           c.value("verdict", verdict(d, se))});
+           c.value("verdict", paired_verdict(d, se, c.value("trials", int64_t{0})))});
     }
   }
   md += md_table({"experiment", "vs", "paired difference", "D2O"}, rows) + "\n";
@@ -241,8 +239,8 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
         if (row[1] != "streaming" && row[1] != "h2o" && row[1] != "roco" && row[1] != "cam")
           continue;
         ++n;
-        wins += row[3] == "**wins**";
-        losses += row[3] == "**loses**";
+        wins += row[3].starts_with("**wins**");
+        losses += row[3].starts_with("**loses**");
         detail += (detail.empty() ? "" : "; ") + row[1] + ": " + row[3];
       }
       if (n == 0) continue;
@@ -293,7 +291,7 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
   if (!o.notes.empty()) md += o.notes + "\n";
 
   // ---- The reports ---------------------------------------------------------------------------
-  for (const char* name : {"ppl", "fidelity", "niah", "ruler", "ablate"}) {
+  for (const char* name : {"ppl", "fidelity", "niah", "niah_long", "ruler", "ablate"}) {
     if (!mds.count(name) || mds[name].empty()) continue;
     md += embed(mds[name], o.image_prefix) + "\n";
   }

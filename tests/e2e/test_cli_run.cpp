@@ -51,6 +51,10 @@ TEST(CliRun, BadInputGivesClearErrors) {
       {"-p hi --kv nonsense", "unknown KV policy", 1},
       {"-p hi --kv-type q9", "kv-type", 1},
       {"-p hi --prompt-tokens 5,49152", "out of range", 1},
+      {"--prompt-tokens ' 5'", "' 5' is not a token id", 1},
+      {"--prompt-tokens +5", "'+5' is not a token id", 1},
+      {"--prompt-tokens 1,2,", "empty token id at character 5", 1},
+      {"--prompt-tokens 1,,2", "empty token id at character 3", 1},
       {"", "no prompt", 1},
   };
   for (const Case& c : cases) {

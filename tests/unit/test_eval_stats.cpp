@@ -222,4 +222,21 @@ TEST(EvalNiah, AnswerMatchesTheFirstNumberOnly) {
 }
 
 }  // namespace
+TEST(EvalStats, PairedVerdictUsesTheSpreadOrASignTest) {
+  EXPECT_EQ(paired_verdict(0.3, 0.1, 8), "**wins**");
+  EXPECT_EQ(paired_verdict(-0.3, 0.1, 8), "**loses**");
+  EXPECT_EQ(paired_verdict(0.1, 0.1, 8), "ties");
+  EXPECT_EQ(paired_verdict(0.0, 0.0, 8), "ties (identical)");
+  EXPECT_EQ(paired_verdict(std::nan(""), 0.1, 8), "-");
+  // 6/6 retrievals against 0/6: every pair differs by +1, no spread. 2 * 0.5^6 = 0.031.
+  std::vector<double> d(6, 1.0);
+  const MeanSe m = mean_se(d);
+  ASSERT_EQ(m.se, 0.0);
+  EXPECT_EQ(paired_verdict(m.mean, m.se, m.n), "**wins** (all 6 pairs, sign test p = 0.031)");
+  EXPECT_EQ(paired_verdict(-1.0, 0.0, 6), "**loses** (all 6 pairs, sign test p = 0.031)");
+  // Five alike pairs give p = 0.0625: not beyond the two-standard-error level.
+  EXPECT_EQ(paired_verdict(1.0, 0.0, 5), "not resolved (all 5 pairs differ alike; sign test p = 0.062)");
+  EXPECT_EQ(paired_verdict(1.0, 0.0, 1), "not resolved (one pair: no standard error)");
+}
+
 }  // namespace d2o::eval

@@ -63,8 +63,9 @@ Result<std::span<const TokenId>> tokens_after_skip(const std::vector<TokenId>& t
 }
 
 const std::vector<std::string>& all_policy_presets() {
-  static const std::vector<std::string> kAll = {"full",      "streaming", "h2o", "snapkv",
-                                                "pyramidkv", "roco",      "cam", "d2o"};
+  // Every preset once (the default of --policies), the paper's method last.
+  static const std::vector<std::string> kAll = {"full", "streaming", "h2o",     "snapkv", "pyramidkv",
+                                                "roco", "cam",       "keydiff", "d2o"};
   return kAll;
 }
 
