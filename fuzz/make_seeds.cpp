@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -187,6 +188,74 @@ void prompt_token_seeds() {
   }
 }
 
+// fuzz_serve_request: [endpoint and variant][context - 1][JSON body], the bodies written by
+// nlohmann-json as the server's own responses are. The variant byte: endpoint + 5 * (vocabulary
+// + 2 * template), template = the index in ChatTemplate::supported_names(), their count = none.
+void serve_request_seeds() {
+  using json = nlohmann::json;
+  const int n_templates = static_cast<int>(d2o::ChatTemplate::supported_names().size());
+  auto put_body = [](const std::string& name, int endpoint, int vocab, int tmpl, int n_ctx,
+                     const std::string& body) {
+    const int b0 = endpoint + 5 * (vocab + 2 * tmpl);
+    put("fuzz_serve_request", name,
+        std::string{static_cast<char>(b0), static_cast<char>(n_ctx - 1)} + body);
+  };
+  const json conversation = json::array({{{"role", "system"}, {"content", "Be brief."}},
+                                         {{"role", "user"}, {"content", "Hi there! caf\xC3\xA9"}},
+                                         {{"role", "assistant"}, {"content", "Hello."}},
+                                         {{"role", "user"}, {"content", "2+2?"}}});
+  put_body("chat", 0, 0, 0, 256, json{{"model", "d2o"}, {"messages", conversation}}.dump());
+  put_body("chat_stream", 0, 0, 0, 256,
+           json{{"messages", conversation},
+                {"stream", true},
+                {"stream_options", {{"include_usage", true}}},
+                {"max_tokens", 16},
+                {"temperature", 0.7},
+                {"top_p", 0.9},
+                {"seed", 42}}
+               .dump());
+  put_body("chat_stop_list", 0, 0, 0, 128,
+           json{{"messages", conversation}, {"stop", {"\n\n", "<|im_end|>"}}, {"n", 1}}.dump());
+  put_body("chat_kv_session", 0, 0, 0, 200,
+           json{{"messages", conversation},
+                {"kv", "d2o:ratio=0.2,nm=3:1,beta=0.7"},
+                {"session", "conv-1:a.b_c"},
+                {"max_completion_tokens", 8}}
+               .dump());
+  put_body("chat_parts", 0, 1, 2, 256,
+           json{{"messages",
+                 json::array({{{"role", "developer"}, {"content", "Answer in French."}},
+                              {{"role", "user"},
+                               {"content", json::array({{{"type", "text"}, {"text", "One "}},
+                                                        {{"type", "text"}, {"text", "two"}}})}},
+                              {{"role", "assistant"}, {"content", nullptr}}})},
+                {"temperature", nullptr}}
+               .dump());
+  put_body("chat_no_template", 0, 0, n_templates, 256, json{{"messages", conversation}}.dump());
+  put_body("chat_too_long", 0, 0, 0, 8, json{{"messages", conversation}}.dump());
+  put_body("chat_bad_role", 0, 0, 0, 256,
+           json{{"messages", json::array({{{"role", "tool"}, {"content", "x"}}})}}.dump());
+  put_body("completion", 1, 0, 0, 256,
+           json{{"model", "d2o"}, {"prompt", "Once upon a time"}, {"max_tokens", 32},
+                {"stop", "."}}.dump());
+  put_body("completion_array", 1, 1, 0, 64,
+           json{{"prompt", {"Hello world"}}, {"seed", -1}, {"temperature", 0},
+                {"max_tokens", 70}}.dump());
+  put_body("completion_big_numbers", 1, 0, 0, 256,
+           json{{"prompt", "x"}, {"max_tokens", 18446744073709551615ull},
+                {"seed", 9223372036854775807ll}, {"top_p", 1e-300}}.dump());
+  put_body("completion_not_object", 1, 0, 0, 256, "[\"prompt\"]");
+  put_body("completion_broken", 1, 0, 0, 256, "{\"prompt\": \"x\", ");
+  put_body("tokenize", 2, 0, 0, 256,
+           json{{"content", "Hello <|im_start|> world"}, {"add_special", true},
+                {"parse_special", true}}.dump());
+  put_body("tokenize_spm", 2, 1, 0, 256, json{{"content", texts()[2]}}.dump());
+  put_body("detokenize", 3, 0, 0, 256, json{{"tokens", {1, 2, 3, 300, 385}}}.dump());
+  put_body("detokenize_bad", 3, 1, 0, 256, json{{"tokens", {-1, 100000}}}.dump());
+  put_body("session_id", 4, 0, 0, 256, "conv-1:a.b_c");
+  put_body("session_id_bad", 4, 0, 0, 256, "bad id/..");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -200,5 +269,6 @@ int main(int argc, char** argv) {
   chat_seeds();
   kv_spec_seeds();
   prompt_token_seeds();
+  serve_request_seeds();
   return 0;
 }

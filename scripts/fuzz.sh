@@ -15,7 +15,7 @@ shift || true
 case "$seconds" in ''|*[!0-9]*) echo "fuzz: SECONDS must be a whole number, got '$seconds'" >&2; exit 2 ;; esac
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(fuzz_gguf fuzz_vocab fuzz_tokenizer fuzz_chat_template fuzz_kv_spec
-                                     fuzz_prompt_tokens)
+                                     fuzz_prompt_tokens fuzz_serve_request)
 cxx=${CXX:-clang++-14}
 command -v "$cxx" >/dev/null || { echo "fuzz: $cxx not found (scripts/setup.sh --fuzz installs it)" >&2; exit 1; }
 rss_mb=${FUZZ_RSS_MB:-2048}
@@ -31,7 +31,10 @@ cmake --build build-fuzz -j"$jobs" --target "${targets[@]}"
 # run_target TARGET SECONDS: 0 when the run ends without a finding.
 run_target() {
   local t=$1 secs=$2 dict=()
-  case "$t" in fuzz_gguf|fuzz_vocab) dict=(-dict=fuzz/gguf.dict) ;; esac
+  case "$t" in
+    fuzz_gguf|fuzz_vocab) dict=(-dict=fuzz/gguf.dict) ;;
+    fuzz_serve_request) dict=(-dict=fuzz/json.dict) ;;
+  esac
   # New inputs go to the first corpus folder (the build's), never into the checked-in seeds.
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     "build-fuzz/fuzz/$t" -max_total_time="$secs" -timeout=1 -rss_limit_mb="$rss_mb" \

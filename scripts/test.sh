@@ -9,9 +9,15 @@
 #      package (the same binary's requests and responses are unit-tested under ASan; the model
 #      run takes minutes there), and the set-up script's own tests (no C++ code runs in them).
 #      Each test thus runs once, except the shorter end-to-end ones.
+#   3. Fuzz smoke: every libFuzzer target of fuzz/ built with clang (libFuzzer + ASan + UBSan;
+#      scripts/setup.sh --fuzz installs clang 14 when it is missing) and run for 8 s from its
+#      seeds (scripts/fuzz.sh 8; the build from scratch and the runs take about 3 CPU-minutes);
+#      a crash, leak, timeout or memory blow-up fails the run and leaves its reproducer in
+#      fuzz/crashes/. The long runs are for people (fuzz/README.md).
 #   scripts/test.sh --tsan: instead, a ThreadSanitizer build of only the tests that run code on
 #      several threads (thread pool, scheduler and batched decoding, attention split across
-#      threads, micro-batched forward pass; see tests/CMakeLists.txt), run under TSan.
+#      threads, micro-batched forward pass, the server's engine thread with clients over HTTP;
+#      see tests/CMakeLists.txt), run under TSan.
 # Extra arguments are passed to ctest (e.g. -R Gguf).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -44,7 +50,7 @@ export D2O_REFERENCE_DIR=${D2O_REFERENCE_DIR:-$cache/test-data/reference}
 jobs=$(nproc 2>/dev/null || echo 2)
 
 if [ "$tsan" = 1 ]; then
-  stage "ThreadSanitizer build (thread-pool, scheduler, batched-decode and attention tests)"
+  stage "ThreadSanitizer build (thread-pool, scheduler, batched-decode, attention and server tests)"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DD2O_TSAN=ON -DD2O_WERROR=ON >/dev/null
   cmake --build build-tsan -j"$jobs" --target d2o_tsan_tests
   # halt_on_error: the first race fails the test that ran into it. Suppressions: see
@@ -74,3 +80,10 @@ stage "sanitizer tests"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs" -L "^(unit|e2e)$" \
   -E "Parity|ServeOpenAi|Setup\.|MakeResults\.QuickRuns|CliEval\.(PplQuickRuns|NiahQuickRuns|RulerQuickRuns|SameSeedSameNumbers)" "$@"
+
+stage "fuzz smoke (libFuzzer + ASan + UBSan, 8 s per target)"
+if ! command -v clang++-14 >/dev/null ||
+   ! dpkg-query -W -f='${Status}' libclang-rt-14-dev 2>/dev/null | grep -q "install ok installed"; then
+  "$repo/scripts/setup.sh" --fuzz
+fi
+"$repo/scripts/fuzz.sh" 8

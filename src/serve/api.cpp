@@ -1,5 +1,7 @@
 #include "serve/api.h"
 
+#include <algorithm>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "kv/policy.h"
@@ -249,7 +251,9 @@ std::optional<ApiError> parse_generation_request(std::string_view body, Endpoint
   if (auto e = get_number(obj, "top_p", top_p)) return e;
   if (top_p) {
     if (!(*top_p > 0 && *top_p <= 1)) return bad_field("top_p", "'top_p' must be in (0, 1]");
-    out.sampling.top_p = static_cast<float>(*top_p);
+    // A positive value too small for a float (1e-300) would round to 0, which the sampler
+    // refuses; the smallest float keeps its meaning (only the most likely token).
+    out.sampling.top_p = std::max(static_cast<float>(*top_p), std::numeric_limits<float>::min());
   }
   std::optional<int64_t> seed, n;
   if (auto e = get_int(obj, "seed", seed)) return e;

@@ -279,6 +279,9 @@ void Service::loop() {
       if (stop_ && active_.empty() && inbox_.empty()) break;
       fresh.assign(inbox_.begin(), inbox_.end());
       inbox_.clear();
+      // They wait in the scheduler's queue now: counted there until the step recounts, so that
+      // submit() never sees them in neither place and lets the queue grow past its bound.
+      waiting_ += fresh.size();
     }
     for (const auto& job : fresh) start_job(job);
     fresh.clear();

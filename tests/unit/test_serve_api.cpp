@@ -156,6 +156,22 @@ TEST(ServeApi, CompletionPrompt) {
   EXPECT_EQ(e->code, "invalid_type");
 }
 
+// Found by fuzz_serve_request: a top_p in range as a double but below the smallest float was
+// accepted, rounded to 0 and then refused by the scheduler ("top-p must be in (0, 1]").
+TEST(ServeApi, AcceptedSamplingParametersAreOnesTheSamplerAccepts) {
+  GenerationRequest g;
+  ASSERT_FALSE(parse_generation_request(
+      R"({"max_tokens":18446744073709551615,"prompt":"x","seed":9223372036854775807,)"
+      R"("top_p":1e-300})",
+      Endpoint::kCompletion, g));
+  EXPECT_GT(g.sampling.top_p, 0.0f);
+  EXPECT_TRUE(g.sampling.validate().ok()) << g.sampling.validate().to_string();
+  EXPECT_EQ(g.max_tokens, INT32_MAX);
+  ASSERT_FALSE(parse_generation_request(R"({"prompt":"x","temperature":1e-300,"top_p":1})",
+                                        Endpoint::kCompletion, g));
+  EXPECT_TRUE(g.sampling.validate().ok()) << g.sampling.validate().to_string();
+}
+
 TEST(ServeApi, TokenizeAndDetokenizeRequests) {
   TokenizeRequest t;
   ASSERT_FALSE(parse_tokenize_request(R"({"content":"x","add_special":true})", t));

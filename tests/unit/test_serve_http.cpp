@@ -1,0 +1,133 @@
+// The HTTP front (serve/http_server.h) with several clients at once on a tiny random-weight
+// model: every client's streamed answer joins to its plain answer, the quick endpoints answer
+// meanwhile, a client that goes away mid-stream gets its job cancelled, and stop() ends the
+// listener. Part of the ThreadSanitizer build (scripts/test.sh --tsan): handler threads, the
+// engine thread and the stream providers share the jobs.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/chat_template.h"
+#include "serve/http_server.h"
+#include "serve_fixture.h"
+
+namespace d2o::serve {
+namespace {
+
+using json = nlohmann::json;
+
+// The text of a Server-Sent Events answer: the deltas joined; `done` tells whether it ended
+// with "data: [DONE]".
+std::string streamed_text(const std::string& body, bool& done) {
+  std::string text;
+  done = false;
+  for (size_t p = 0; (p = body.find("data: ", p)) != std::string::npos;) {
+    const size_t end = body.find("\n\n", p);
+    const std::string data = body.substr(p + 6, end - p - 6);
+    p = end;
+    if (data == "[DONE]") {
+      done = true;
+      continue;
+    }
+    const json j = json::parse(data);
+    if (!j["choices"].empty() && j["choices"][0].contains("text")) {
+      text += j["choices"][0]["text"].get<std::string>();
+    }
+  }
+  return text;
+}
+
+TEST(ServeHttp, ConcurrentClientsStreamsAndADisconnect) {
+  test::ServeStack st;
+  ASSERT_NO_FATAL_FAILURE(st.start("serve_http", size_t{8} << 20, 4, 64));
+  auto tmpl = ChatTemplate::from_name("chatml");
+  ASSERT_TRUE(tmpl.ok());
+  HttpOptions ho;
+  ho.port = 0;
+  ho.http_threads = 8;
+  ho.model_name = "random";
+  ho.n_ctx = 8192;
+  HttpServer http(*st.service, *st.tok, &*tmpl, ho);
+  ASSERT_TRUE(http.bind().ok());
+  std::thread server([&] { http.run(); });
+  const int port = http.port();
+
+  constexpr int kClients = 4;
+  std::vector<std::string> plain(kClients), streamed(kClients), failures(kClients);
+  std::vector<int> done(kClients, 0);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      httplib::Client cli("127.0.0.1", port);
+      // Prompts of different lengths, of the random vocabulary's pieces "t<id>" (spelled so
+      // that the tokenizer finds them: "t3".."t9" and their extensions "t30".."t99").
+      std::string prompt = "t42t7t55t6";
+      for (int k = 0; k < 2 * i; ++k) prompt += "t" + std::to_string(33 + 11 * k);
+      json req{{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}, {"seed", 3}};
+      auto r = cli.Post("/v1/completions", req.dump(), "application/json");
+      if (!r || r->status != 200) {
+        failures[i] = "completion: " + (r ? r->body : httplib::to_string(r.error()));
+        return;
+      }
+      plain[i] = json::parse(r->body)["choices"][0]["text"].get<std::string>();
+      req["stream"] = true;
+      r = cli.Post("/v1/completions", req.dump(), "application/json");
+      if (!r || r->status != 200) {
+        failures[i] = "stream: " + (r ? r->body : httplib::to_string(r.error()));
+        return;
+      }
+      bool ended = false;
+      streamed[i] = streamed_text(r->body, ended);
+      done[i] = ended;
+      // The quick endpoints, while other clients' jobs run.
+      auto t = cli.Post("/tokenize", R"({"content": "t5t6"})", "application/json");
+      auto m = cli.Get("/metrics");
+      auto d = cli.Post("/detokenize", R"({"tokens": [5, 6]})", "application/json");
+      if (!t || t->status != 200 || !m || m->status != 200 || !d || d->status != 200 ||
+          json::parse(d->body)["content"] != "t5t6") {
+        failures[i] = "quick endpoints";
+      }
+    });
+  }
+  // A client that reads the first event of a long stream and goes away.
+  std::thread leaver([&] {
+    httplib::Client cli("127.0.0.1", port);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.set_header("Content-Type", "application/json");
+    req.body = json{{"prompt", "t9t9"}, {"max_tokens", 6000}, {"stream", true}}.dump();
+    req.content_receiver = [](const char*, size_t, uint64_t, uint64_t) { return false; };
+    (void)cli.send(req);
+  });
+  for (std::thread& t : clients) t.join();
+  leaver.join();
+
+  for (int i = 0; i < kClients; ++i) {
+    SCOPED_TRACE("client " + std::to_string(i));
+    EXPECT_EQ(failures[i], "");
+    EXPECT_FALSE(plain[i].empty());
+    EXPECT_EQ(streamed[i], plain[i]);
+    EXPECT_TRUE(done[i]) << "the stream did not end with data: [DONE]";
+  }
+  // The engine notices the vanished client at its next step (the stream's next write fails, or
+  // the response ends): the job ends as cancelled, long before its 6000 tokens.
+  // (Metrics are published after each step: they may lag the answers a little.)
+  Metrics m;
+  while ((m = st.service->metrics()).requests["cancelled"] < 1 || m.requests["ok"] < 2 * kClients) {
+    ASSERT_LE(m.requests["ok"], 2 * kClients) << "the abandoned stream ran to its end";
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  http.stop(1.0);
+  server.join();
+  EXPECT_EQ(st.service->metrics().requests["ok"], 2 * kClients);
+}
+
+}  // namespace
+}  // namespace d2o::serve

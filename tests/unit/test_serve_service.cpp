@@ -1,0 +1,240 @@
+// The serving core under concurrent clients (serve/service.h): handler threads submit jobs and
+// wait on them while the engine thread batches them. Every client gets what it gets alone, the
+// queue bound answers 503 exactly, a cancelled job ends as cancelled and frees its place,
+// sessions used from several threads continue their own conversations, and metrics read
+// meanwhile stay consistent. Part of the ThreadSanitizer build (scripts/test.sh --tsan).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "serve/metrics.h"
+#include "serve_fixture.h"
+
+namespace d2o::serve {
+namespace {
+
+using test::random_prompt;
+using test::ServeStack;
+
+struct Outcome {
+  std::string text;
+  std::string finish_reason;
+  int completion_tokens = 0;
+  int cached_tokens = 0;
+  std::optional<ApiError> error;
+  std::optional<SessionInfo> session;
+};
+
+std::shared_ptr<Job> make_job(std::vector<TokenId> prompt, int max_tokens,
+                              const std::string& session = "") {
+  auto job = std::make_shared<Job>();
+  job->prompt = std::move(prompt);
+  job->max_tokens = max_tokens;
+  job->sampling.temperature = 0;  // greedy
+  job->sampling.top_k = 0;
+  job->sampling.top_p = 1;
+  job->sampling.min_p = 0;
+  job->sampling.seed = 1;
+  job->kv_spec = "full";
+  job->session = session;
+  job->completion.endpoint = Endpoint::kCompletion;
+  return job;
+}
+
+// What a handler does: waits for the job, taking its text as it comes.
+Outcome wait_for(Job& job) {
+  Outcome o;
+  std::string piece;
+  while (!Service::wait_events(job, piece, 1000)) o.text += piece;
+  o.text += piece;
+  std::lock_guard<std::mutex> lock(job.mu);
+  o.error = job.error;
+  o.finish_reason = job.completion.finish_reason;
+  o.completion_tokens = job.completion.usage.completion_tokens;
+  o.cached_tokens = job.completion.usage.cached_tokens;
+  o.session = job.completion.session;
+  return o;
+}
+
+Outcome run_one(Service& s, std::vector<TokenId> prompt, int max_tokens,
+                const std::string& session = "") {
+  auto job = make_job(std::move(prompt), max_tokens, session);
+  if (auto e = s.submit(job)) {
+    Outcome o;
+    o.error = e;
+    return o;
+  }
+  return wait_for(*job);
+}
+
+// Published metrics lag the jobs' ends by the rest of an engine step: waits for a count.
+void wait_for_count(const Service& s, const char* outcome, int64_t n) {
+  while (true) {
+    Metrics m = s.metrics();
+    if (m.requests[outcome] >= n) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+// The random vocabulary's plain pieces are "t<id>" (control tokens render as ""): the ids back
+// from a text.
+std::vector<TokenId> ids_of(const std::string& text) {
+  std::vector<TokenId> ids;
+  for (size_t p = 0; (p = text.find('t', p)) != std::string::npos;) {
+    size_t end = p + 1;
+    while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+    ids.push_back(std::stoi(text.substr(p + 1, end - p - 1)));
+    p = end;
+  }
+  return ids;
+}
+
+TEST(ServeService, ConcurrentClientsGetWhatTheyGetAlone) {
+  ServeStack st;
+  ASSERT_NO_FATAL_FAILURE(st.start("serve_service", size_t{4} << 20, 3, 64));
+  Service& s = *st.service;
+  constexpr int kClients = 8;
+  constexpr int kNew = 10;
+  std::vector<std::vector<TokenId>> prompts;
+  for (int i = 0; i < kClients; ++i) prompts.push_back(random_prompt(5 + 7 * i, 100 + i));
+
+  std::vector<Outcome> alone;
+  for (const auto& p : prompts) alone.push_back(run_one(s, p, kNew));
+
+  std::vector<Outcome> together(kClients);
+  std::atomic<int> finished{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      together[i] = run_one(s, prompts[i], kNew);
+      ++finished;
+    });
+  }
+  // Metrics and their Prometheus text read while the engine thread publishes them.
+  int64_t reads = 0;
+  while (finished.load() < kClients) {
+    const Metrics m = s.metrics();
+    EXPECT_LE(m.kv_reserved, m.kv_cap);
+    EXPECT_LE(m.running, 3);
+    EXPECT_FALSE(prometheus_text(m).empty());
+    ++reads;
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_GT(reads, 0);
+
+  for (int i = 0; i < kClients; ++i) {
+    SCOPED_TRACE("client " + std::to_string(i));
+    ASSERT_FALSE(alone[i].error) << alone[i].error->message;
+    ASSERT_FALSE(together[i].error) << together[i].error->message;
+    EXPECT_EQ(alone[i].completion_tokens, kNew);  // no end-of-generation token: all of them
+    EXPECT_EQ(alone[i].finish_reason, "length");
+    EXPECT_FALSE(alone[i].text.empty());
+    EXPECT_EQ(together[i].text, alone[i].text);
+    EXPECT_EQ(together[i].completion_tokens, alone[i].completion_tokens);
+    EXPECT_EQ(together[i].finish_reason, alone[i].finish_reason);
+  }
+  wait_for_count(s, "ok", 2 * kClients);
+  const Metrics m = s.metrics();
+  EXPECT_EQ(m.generated_tokens, 2 * kClients * kNew);
+  EXPECT_EQ(m.kv_reserved, 0u);
+  EXPECT_EQ(m.running, 0);
+}
+
+TEST(ServeService, QueueBoundIsExactAndACancelledJobEndsAndFreesItsPlace) {
+  ServeStack st;
+  // One sequence at a time; two jobs may wait.
+  ASSERT_NO_FATAL_FAILURE(st.start("serve_service", size_t{8} << 20, 1, 2));
+  Service& s = *st.service;
+  // A long job: it is still running when the others arrive (it is cancelled below, or when the
+  // test ends early: the service finishes running jobs before it stops).
+  auto a = make_job(random_prompt(4, 7), 4000);
+  struct CancelAtExit {
+    Job& job;
+    ~CancelAtExit() { job.cancel = true; }
+  } cancel_a{*a};
+  ASSERT_FALSE(s.submit(a));
+  // Two of its tokens: the second comes from a step that began after the engine thread recounted
+  // the queue once a was running.
+  std::string piece, a_text;
+  while (std::count(a_text.begin(), a_text.end(), 't') < 2) {
+    ASSERT_FALSE(Service::wait_events(*a, piece, 1000)) << "the long job ended early";
+    a_text += piece;
+  }
+  // a is running, so nothing waits: two jobs fit in the queue, a third does not, whether or not
+  // the engine thread has taken the two from its inbox yet.
+  auto b = make_job(random_prompt(6, 8), 5);
+  auto c = make_job(random_prompt(6, 9), 5);
+  ASSERT_FALSE(s.submit(b));
+  ASSERT_FALSE(s.submit(c));
+  for (int i = 0; i < 3; ++i) {
+    auto d = make_job(random_prompt(6, 10), 5);
+    auto e = s.submit(d);
+    ASSERT_TRUE(e) << "a job beyond the queue bound was accepted";
+    EXPECT_EQ(e->http_status, 503);
+    EXPECT_EQ(e->code, "queue_full");
+  }
+
+  a->cancel = true;  // the client went away
+  const Outcome oa = wait_for(*a);
+  ASSERT_TRUE(oa.error);
+  EXPECT_EQ(oa.error->http_status, 499);
+  EXPECT_EQ(oa.error->code, "cancelled");
+  const Outcome ob = wait_for(*b), oc = wait_for(*c);
+  EXPECT_FALSE(ob.error);
+  EXPECT_FALSE(oc.error);
+  EXPECT_EQ(ob.completion_tokens, 5);
+  EXPECT_EQ(oc.completion_tokens, 5);
+  wait_for_count(s, "ok", 2);
+  const Metrics m = s.metrics();
+  EXPECT_EQ(m.requests.at("cancelled"), 1);
+  EXPECT_EQ(m.kv_reserved, 0u);
+}
+
+TEST(ServeService, SessionsFromSeveralThreadsContinueTheirOwnConversations) {
+  ServeStack st;
+  ASSERT_NO_FATAL_FAILURE(st.start("serve_service", size_t{4} << 20, 4, 64));
+  Service& s = *st.service;
+  constexpr int kSessions = 4;
+  std::vector<Outcome> first(kSessions), second(kSessions);
+  std::vector<std::vector<TokenId>> continued(kSessions);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kSessions; ++i) {
+    clients.emplace_back([&, i] {
+      const std::string id = "conv-" + std::to_string(i);
+      std::vector<TokenId> prompt = random_prompt(8 + 3 * i, 200 + i);
+      first[i] = run_one(s, prompt, 6, id);
+      // The next turn: the conversation so far (prompt and answer) and a new message.
+      for (TokenId t : ids_of(first[i].text)) prompt.push_back(t);
+      for (TokenId t : random_prompt(5, 300 + i)) prompt.push_back(t);
+      continued[i] = prompt;
+      second[i] = run_one(s, prompt, 6, id);
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  for (int i = 0; i < kSessions; ++i) {
+    SCOPED_TRACE("session " + std::to_string(i));
+    ASSERT_FALSE(first[i].error) << first[i].error->message;
+    ASSERT_FALSE(second[i].error) << second[i].error->message;
+    ASSERT_TRUE(first[i].session && second[i].session);
+    EXPECT_EQ(first[i].session->id, "conv-" + std::to_string(i));
+    EXPECT_EQ(second[i].session->id, first[i].session->id);
+    EXPECT_EQ(first[i].cached_tokens, 0);
+    // The first turn's prompt and answer but its last token (not fed yet) were in the cache.
+    EXPECT_FALSE(second[i].session->rebuilt);
+    EXPECT_EQ(second[i].cached_tokens, first[i].session->n_past);
+    EXPECT_EQ(first[i].session->n_past, 8 + 3 * i + 6 - 1);
+    EXPECT_EQ(second[i].session->n_past, std::ssize(continued[i]) + 6 - 1);
+  }
+  wait_for_count(s, "ok", 2 * kSessions);
+  EXPECT_EQ(s.metrics().sessions, kSessions);
+}
+
+}  // namespace
+}  // namespace d2o::serve
