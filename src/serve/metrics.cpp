@@ -64,6 +64,9 @@ std::string prometheus_text(const Metrics& m) {
   value(o, "d2o_session_file_errors_total", static_cast<double>(m.session_file_errors));
   metric(o, "d2o_session_save_seconds_total", "counter", "Seconds spent writing session files.");
   value(o, "d2o_session_save_seconds_total", m.session_save_seconds);
+  metric(o, "d2o_session_load_seconds_total", "counter",
+         "Seconds spent reading session files (read and checked).");
+  value(o, "d2o_session_load_seconds_total", m.session_load_seconds);
   metric(o, "d2o_sequences_running", "gauge", "Sequences admitted and running.");
   value(o, "d2o_sequences_running", static_cast<double>(m.running));
   metric(o, "d2o_sequences_queued", "gauge", "Requests waiting for admission.");

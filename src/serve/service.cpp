@@ -185,7 +185,10 @@ void Service::start_job(const std::shared_ptr<Job>& job) {
 
 bool Service::restore_session(const std::string& id, const std::string& kv_spec) {
   SessionFileStats& files = sessions_.file_stats();
+  const auto t0 = std::chrono::steady_clock::now();
   auto loaded = dir_->load(id);
+  files.load_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!loaded.ok()) {
     ++files.errors;
     std::fprintf(stderr, "d2o serve: session '%s': its file is refused (%s); rebuilding it\n",
@@ -299,6 +302,7 @@ void Service::publish_metrics() {
   counters_.sessions_loaded = files.loaded;
   counters_.session_file_errors = files.errors;
   counters_.session_save_seconds = files.save_seconds;
+  counters_.session_load_seconds = files.load_seconds;
   counters_.kv_reserved = sched_->pool().reserved();
   counters_.kv_allocated = sched_->kv_allocated();
   counters_.session_bytes = sessions_.held_bytes();

@@ -36,13 +36,14 @@ struct Session {
   bool saved = false;             // its file holds this state (--session-dir)
 };
 
-// Session files written, read and refused, and the time spent writing them.
+// Session files written, read and refused, and the time spent writing and reading them.
 struct SessionFileStats {
   int64_t saved = 0;
   int64_t loaded = 0;
   int64_t errors = 0;  // writes that failed, files refused
   size_t bytes_saved = 0;
   double save_seconds = 0;
+  double load_seconds = 0;
 };
 
 class SessionStore {
