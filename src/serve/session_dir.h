@@ -3,10 +3,12 @@
 //
 // One file per session, DIR/<id>.d2os (serve/session_file.h holds the format). The name is
 // derived from an id that passed valid_session_id() (letters, digits, '.', '_', ':', '-'; no
-// '/'), so it cannot leave DIR. A write goes to DIR/<id>.d2os.tmp, is flushed to the disk
-// (fdatasync) and renamed over the old file: a crash leaves the old file or the new one, never
-// half of one. A read refuses anything but a regular file no larger than the largest session
-// the context allows, then decodes it with every field checked.
+// '/'), so it cannot leave DIR. A write goes to DIR/<id>.d2os.tmp and is renamed over the old
+// file: a reader, or a crash of the process, sees the old file or the new one, never half of
+// one. Writes are not flushed to the disk (fdatasync): after a crash of the machine a file may
+// be damaged, which its checksum shows when it is read (the session is then rebuilt). A read
+// refuses anything but a regular file no larger than the largest session the context allows,
+// then decodes it with every field checked.
 #pragma once
 
 #include <optional>
@@ -41,6 +43,9 @@ class SessionDir {
   SessionDir(std::string dir, const SessionFileContext& ctx) : dir_(std::move(dir)), ctx_(ctx) {}
   std::string dir_;
   SessionFileContext ctx_;
+  // The bytes of the last session written, kept so that the next write reuses the pages (as
+  // large as the largest session written; SessionDir is used by one thread).
+  mutable std::string buf_;
 };
 
 }  // namespace d2o::serve

@@ -248,10 +248,14 @@ Status decode_layer(Reader& r, const SessionFileContext& ctx, int il, int64_t n_
 }  // namespace
 
 uint64_t fnv1a64(const uint8_t* data, size_t size, uint64_t h) {
-  for (size_t i = 0; i < size; ++i) {
-    h ^= data[i];
-    h *= 0x100000001b3ull;
+  constexpr uint64_t kPrime = 0x100000001b3ull;
+  size_t i = 0;
+  for (; i + 8 <= size; i += 8) {  // a word per step: a byte per step took 20-30 ms for 6 MB
+    uint64_t w;
+    std::memcpy(&w, data + i, 8);
+    h = (h ^ w) * kPrime;
   }
+  for (; i < size; ++i) h = (h ^ data[i]) * kPrime;
   return h;
 }
 
@@ -278,10 +282,10 @@ size_t max_session_file_bytes(const SessionFileContext& ctx) {
          nl * (4 + heads * np * row) + 8;
 }
 
-Result<std::string> encode_session(const SessionFileContext& ctx, const std::string& id,
-                                   const std::string& kv_spec, const std::vector<TokenId>& tokens,
-                                   int64_t n_past, const KvCache& cache,
-                                   const PolicyState& st) {
+Status encode_session(const SessionFileContext& ctx, const std::string& id,
+                      const std::string& kv_spec, const std::vector<TokenId>& tokens,
+                      int64_t n_past, const KvCache& cache, const PolicyState& st,
+                      std::string& out) {
   const KvCacheConfig& c = cache.config();
   D2O_RETURN_IF_ERROR(check_cache_layout(ctx, static_cast<uint32_t>(c.n_layer),
                                          static_cast<uint32_t>(c.n_head_kv),
@@ -292,7 +296,7 @@ Result<std::string> encode_session(const SessionFileContext& ctx, const std::str
     return invalid_argument("session id or policy spec too long to save");
   if (static_cast<int64_t>(tokens.size()) != n_past)
     return invalid_argument("the session's token history does not match its position");
-  std::string out;
+  out.clear();
   size_t size = kFixedHeader + 8 + id.size() + kv_spec.size() + 12 + 4 * tokens.size() + 64;
   for (int il = 0; il < cache.n_layer(); ++il) {
     const KvLayer& L = cache.layer(il);
@@ -342,7 +346,7 @@ Result<std::string> encode_session(const SessionFileContext& ctx, const std::str
     for (int h = 0; h < L.n_head_kv(); ++h) w.bytes(L.merged(h), n * 4);
   }
   w.put(fnv1a64(reinterpret_cast<const uint8_t*>(out.data()), out.size()));
-  return out;
+  return {};
 }
 
 Result<SessionData> decode_session(const SessionFileContext& ctx, const uint8_t* data,

@@ -13,7 +13,7 @@
 //     has_ext: u32 n + f32 tau[n] + u8 tau_ready[n]; u32 n + f64 layer_variance[n]
 //   per layer: u32 n_slot; key rows [n_head_kv][n_slot], value rows [n_head_kv][n_slot],
 //     i32 pos, f32 score, f32 window, i32 merged, each [n_head_kv][n_slot]
-//   u64 FNV-1a 64 of every byte before it
+//   u64 checksum of every byte before it (fnv1a64 below)
 //
 // Reading is reading outside input: decode_session() checks every field (magic, version, model,
 // cache layout, counts against the context, token ids, positions ascending and in range, finite
@@ -67,18 +67,21 @@ struct SessionData {
   PolicyState state;
 };
 
-// The file's bytes. Errors: a policy state of a kind this format does not know, a cache of
-// another layout than ctx's.
-Result<std::string> encode_session(const SessionFileContext& ctx, const std::string& id,
-                                   const std::string& kv_spec, const std::vector<TokenId>& tokens,
-                                   int64_t n_past, const KvCache& cache, const PolicyState& state);
+// The file's bytes, into `out` (replaced; its capacity is reused, so a caller writing many
+// sessions does not fault in fresh pages each time). Errors: a policy state of a kind this
+// format does not know, a cache of another layout than ctx's.
+Status encode_session(const SessionFileContext& ctx, const std::string& id,
+                      const std::string& kv_spec, const std::vector<TokenId>& tokens,
+                      int64_t n_past, const KvCache& cache, const PolicyState& state,
+                      std::string& out);
 
 // Reads bytes written by encode_session. Errors (format_error, or invalid_argument when the file
 // is well formed but for another model / cache layout / a longer context) say what is wrong.
 Result<SessionData> decode_session(const SessionFileContext& ctx, const uint8_t* data,
                                    size_t size);
 
-// FNV-1a 64 (the file's checksum and the model header's hash).
+// FNV-1a 64 over little-endian 64-bit words, then the remaining bytes one by one (the file's
+// checksum and the model header's hash).
 uint64_t fnv1a64(const uint8_t* data, size_t size, uint64_t h = 0xcbf29ce484222325ull);
 
 }  // namespace d2o::serve
