@@ -58,7 +58,7 @@ Result<size_t> SessionDir::save(const std::string& id, const std::string& kv_spe
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) return io_error("cannot create " + tmp + ": " + errno_text());
-  // Not flushed to the disk (fdatasync took 5-25 ms per 6 MB file here, on the engine thread):
+  // Not flushed to the disk (fdatasync took 4-23 ms per 6 MB file here, on the engine thread):
   // a crash of the process loses nothing, and a file damaged by a crash of the machine fails
   // its checksum when read, so its session is rebuilt, never continued wrongly.
   const bool ok = write_all(fd, bytes.data(), bytes.size());
