@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_session.h"
 #include "fuzz_vocabs.h"
 #include "gguf/gguf_writer.h"
 #include "kv/policy.h"
@@ -187,6 +188,36 @@ void prompt_token_seeds() {
   }
 }
 
+void session_seeds() {
+  // Conversations of 20 tokens under each kind of policy state (none, budgets, D2O thresholds
+  // and merges, shifted positions), as fuzz_session_file reads them.
+  const d2o::serve::SessionFileContext ctx = d2o::fuzz::session_context();
+  int i = 0;
+  for (const char* spec : {"full", "h2o:budget=8", "d2o:budget=8", "streaming:budget=8,pos=shift",
+                           "cam:budget=8"}) {
+    auto p = d2o::parse_kv_policy(spec);
+    if (!p.ok()) continue;
+    d2o::KvCache cache(ctx.cache);
+    d2o::PolicyState state;
+    int64_t n_past = 0;
+    std::vector<int32_t> tokens;
+    for (int t = 0; t < 20; ++t) {
+      tokens.push_back((t * 7) % 64);
+      if (!d2o::fuzz::feed_token(**p, cache, state, n_past, 0.1f * static_cast<float>(t % 5) - 0.2f)
+               .ok())
+        std::fprintf(stderr, "seed session '%s': the policy failed\n", spec);
+    }
+    std::string b;
+    const d2o::Status s = d2o::serve::encode_session(ctx, "seed-" + std::to_string(i),
+                                                     (*p)->spec(), tokens, n_past, cache, state, b);
+    if (!s.ok()) {
+      std::fprintf(stderr, "seed session '%s': %s\n", spec, s.to_string().c_str());
+      continue;
+    }
+    put("fuzz_session_file", "session" + std::to_string(i++), b);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -200,5 +231,6 @@ int main(int argc, char** argv) {
   chat_seeds();
   kv_spec_seeds();
   prompt_token_seeds();
+  session_seeds();
   return 0;
 }
