@@ -107,6 +107,8 @@ bool SessionStore::adopt(const std::string& id, std::shared_ptr<Sequence> seq,
   if (!seq || sessions_.count(id) || !seq->cache().shrink_to_fit(0).ok()) return false;
   const size_t bytes = seq->cache().kv_bytes_allocated() + seq->cache().meta_bytes_allocated();
   if (!sched_.hold(bytes)) {
+    // Idle sessions leave only when that makes enough room.
+    if (bytes > sched_.pool().available() + held_) return false;
     make_room(bytes);
     if (!sched_.hold(bytes)) return false;
   }

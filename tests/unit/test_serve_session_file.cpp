@@ -377,6 +377,17 @@ TEST_F(SessionFileTest, StoreWritesSessionsThatLeaveMemoryAndAdoptsThemBack) {
     (**sched).release_held(held);
     store.end("x", taken, history, "full");
     EXPECT_TRUE(std::filesystem::exists(dir + "/x.d2os"));
+
+    // A session that cannot fit even without the idle ones is not read back, and evicts none.
+    std::vector<TokenId> longer;
+    auto y = conversation(policy, KvType::kF16, longer);
+    feed(*y, std::vector<TokenId>(40, 7));  // larger than "x"
+    longer.resize(static_cast<size_t>(y->n_past()), 7);
+    const size_t rest = (**sched).pool().available();
+    ASSERT_TRUE((**sched).hold(rest - 100));
+    EXPECT_FALSE(store.adopt("y", y, longer, "full"));
+    EXPECT_NE(store.find("x"), nullptr);
+    (**sched).release_held(rest - 100);
   }
   EXPECT_EQ((**sched).pool().reserved(), 0u);
   std::filesystem::remove_all(dir);
