@@ -145,13 +145,15 @@ Action add_serve_command(CLI::App& app) {
   sub->add_option("--max-body", o->max_body, "Largest request body (e.g. 4M); larger gets 413");
   sub->add_option("--drain", o->drain_s, "Seconds requests in flight may take after SIGTERM")
       ->check(CLI::Range(0.0, 3600.0));
-  sub->add_option("--session-dir", o->session_dir,
-                  "Write kept sessions to this directory and read them back (also after a "
-                  "restart)");
+  CLI::Option* dir =
+      sub->add_option("--session-dir", o->session_dir,
+                      "Write kept sessions to this directory and read them back (also after a "
+                      "restart)");
   sub->add_option("--session-save", o->session_save,
                   "When sessions are written: 'turn' (when each request ends; default) or "
                   "'evict' (only when they leave memory and at shutdown)")
-      ->check(CLI::IsMember({"turn", "evict"}));
+      ->check(CLI::IsMember({"turn", "evict"}))
+      ->needs(dir);
   return [o] { return run_serve(*o); };
 }
 
