@@ -5,10 +5,12 @@
 // cannot leave the directory; the session store writes sessions that leave memory.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <ostream>
 
 #include "common/random_model.h"
 #include "common/test_util.h"
@@ -102,6 +104,9 @@ struct RoundTripCase {
   const char* spec;
   KvType type;
 };
+void PrintTo(const RoundTripCase& c, std::ostream* os) {
+  *os << c.spec << " " << kv_type_name(c.type);
+}
 
 class SessionFileRoundTrip : public SessionFileTest,
                              public ::testing::WithParamInterface<RoundTripCase> {};
@@ -203,7 +208,13 @@ INSTANTIATE_TEST_SUITE_P(
                       RoundTripCase{"h2o:budget=32", KvType::kF16},
                       RoundTripCase{"d2o:budget=32", KvType::kF16},
                       RoundTripCase{"d2o:budget=32", KvType::kQ8_0},
-                      RoundTripCase{"streaming:budget=32,pos=shift", KvType::kQ8_0}));
+                      RoundTripCase{"streaming:budget=32,pos=shift", KvType::kQ8_0}),
+    [](const ::testing::TestParamInfo<RoundTripCase>& info) {
+      std::string name = std::string(info.param.spec) + "_" + kv_type_name(info.param.type);
+      for (char& ch : name)
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return name;
+    });
 
 TEST_F(SessionFileTest, EveryKindOfDamageIsRefused) {
   auto policy = std::shared_ptr<const KvPolicy>(parse_kv_policy("d2o:budget=32").value());
