@@ -367,6 +367,7 @@ void Service::loop() {
       active_.erase(it);
       finish_job(*job, r);
     }
+    sessions_.save_pending();  // after the answers are out
     {
       std::lock_guard<std::mutex> lock(mu_);
       waiting_ = sched_->n_waiting();

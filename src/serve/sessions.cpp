@@ -81,7 +81,15 @@ void SessionStore::end(const std::string& id, std::shared_ptr<Sequence> seq,
   s.held = bytes;
   held_ += bytes;
   lru_.push_back(id);
-  if (save_every_turn_) save(s);
+  if (save_every_turn_ && dir_) pending_.push_back(id);
+}
+
+void SessionStore::save_pending() {
+  for (const std::string& id : pending_) {
+    Session* s = find(id);
+    if (s && !s->busy) save(*s);  // gone or busy again: written when it is next idle
+  }
+  pending_.clear();
 }
 
 void SessionStore::save(Session& s) {

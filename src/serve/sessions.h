@@ -8,8 +8,9 @@
 // dropped. A session in use belongs to its request (its bytes are part of that reservation).
 // With a session directory (set_dir, `--session-dir`), a session leaving memory is written to
 // its file first (serve/session_dir.h), and every idle session not yet written is written by
-// save_all() at shutdown; with save_every_turn each session is also written whenever a request
-// with it ends, so that a crash loses nothing either. A session's file is read back by the
+// save_all() at shutdown; with save_every_turn each session is also written after every request
+// with it (end() queues it, save_pending() writes it: the service calls that once the step's
+// answers are out, so no client waits for a write), so that a crash loses nothing either. A session's file is read back by the
 // service when a request names a session that is not in memory (adopt()).
 // Used by the service's engine thread only (no locking).
 #pragma once
@@ -79,6 +80,8 @@ class SessionStore {
              std::string kv_spec);
   // Writes every idle session whose file is not current; returns how many were written.
   int save_all();
+  // save_every_turn: writes the sessions whose requests ended since the last call.
+  void save_pending();
   // Drops least recently used idle sessions (writing them to their files first when there is a
   // session directory) until the pool has `bytes` available or none is left; returns how many
   // were dropped.
@@ -105,6 +108,7 @@ class SessionStore {
   int64_t n_evicted_ = 0;
   const SessionDir* dir_ = nullptr;
   bool save_every_turn_ = false;
+  std::vector<std::string> pending_;  // ended since the last save_pending()
   SessionFileStats files_;
 };
 

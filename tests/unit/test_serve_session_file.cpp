@@ -387,6 +387,8 @@ TEST_F(SessionFileTest, StoreWritesSessionsThatLeaveMemoryAndAdoptsThemBack) {
     auto taken = store.take(s, held);
     (**sched).release_held(held);
     store.end("x", taken, history, "full");
+    EXPECT_FALSE(std::filesystem::exists(dir + "/x.d2os"));  // queued
+    store.save_pending();
     EXPECT_TRUE(std::filesystem::exists(dir + "/x.d2os"));
 
     // A session that cannot fit even without the idle ones is not read back, and evicts none.
