@@ -1,6 +1,7 @@
 #include "serve/http_server.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -9,7 +10,6 @@
 #include <cerrno>
 #include <chrono>
 #include <ctime>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -57,10 +57,13 @@ bool address_of(const sockaddr_storage& a, std::string& addr, int& port) {
 // the descriptor whose local and peer addresses are the request's (a TCP connection is unique
 // by them while it is open, and it is open while its handler runs). -1 when none matches.
 int request_socket(const httplib::Request& req) {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.empty() || name.size() > 9 || name.find_first_not_of("0123456789") != std::string::npos)
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  int found = -1;
+  while (const dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.empty() || name.size() > 9 ||
+        name.find_first_not_of("0123456789") != std::string::npos)
       continue;
     const int fd = std::stoi(name);
     sockaddr_storage peer{}, local{};
@@ -72,10 +75,13 @@ int request_socket(const httplib::Request& req) {
     int peer_port = -1, local_port = -1;
     if (address_of(peer, peer_addr, peer_port) && address_of(local, local_addr, local_port) &&
         peer_port == req.remote_port && local_port == req.local_port &&
-        peer_addr == req.remote_addr)
-      return fd;
+        peer_addr == req.remote_addr) {
+      found = fd;
+      break;
+    }
   }
-  return -1;
+  closedir(dir);
+  return found;
 }
 
 // True when the peer of `fd` has closed the connection: readable, and at its end (or reset).

@@ -10,8 +10,9 @@
 // its file first (serve/session_dir.h), and every idle session not yet written is written by
 // save_all() at shutdown; with save_every_turn each session is also written after every request
 // with it (end() queues it, save_pending() writes it: the service calls that once the step's
-// answers are out, so no client waits for a write), so that a crash loses nothing either. A session's file is read back by the
-// service when a request names a session that is not in memory (adopt()).
+// answers are out, so no client waits for a write), so that a crash loses nothing either. A
+// session's file is read back by the service when a request names a session that is not in
+// memory (adopt()).
 // Used by the service's engine thread only (no locking).
 #pragma once
 
