@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_session.h"
 #include "fuzz_vocabs.h"
 #include "gguf/gguf_writer.h"
 #include "kv/policy.h"
@@ -254,6 +255,34 @@ void serve_request_seeds() {
   put_body("detokenize_bad", 3, 1, 0, 256, json{{"tokens", {-1, 100000}}}.dump());
   put_body("session_id", 4, 0, 0, 256, "conv-1:a.b_c");
   put_body("session_id_bad", 4, 0, 0, 256, "bad id/..");
+void session_seeds() {
+  // Conversations of 20 tokens under each kind of policy state (none, budgets, D2O thresholds
+  // and merges, shifted positions), as fuzz_session_file reads them.
+  const d2o::serve::SessionFileContext ctx = d2o::fuzz::session_context();
+  int i = 0;
+  for (const char* spec : {"full", "h2o:budget=8", "d2o:budget=8", "streaming:budget=8,pos=shift",
+                           "cam:budget=8"}) {
+    auto p = d2o::parse_kv_policy(spec);
+    if (!p.ok()) continue;
+    d2o::KvCache cache(ctx.cache);
+    d2o::PolicyState state;
+    int64_t n_past = 0;
+    std::vector<int32_t> tokens;
+    for (int t = 0; t < 20; ++t) {
+      tokens.push_back((t * 7) % 64);
+      if (!d2o::fuzz::feed_token(**p, cache, state, n_past, 0.1f * static_cast<float>(t % 5) - 0.2f)
+               .ok())
+        std::fprintf(stderr, "seed session '%s': the policy failed\n", spec);
+    }
+    std::string b;
+    const d2o::Status s = d2o::serve::encode_session(ctx, "seed-" + std::to_string(i),
+                                                     (*p)->spec(), tokens, n_past, cache, state, b);
+    if (!s.ok()) {
+      std::fprintf(stderr, "seed session '%s': %s\n", spec, s.to_string().c_str());
+      continue;
+    }
+    put("fuzz_session_file", "session" + std::to_string(i++), b);
+  }
 }
 
 }  // namespace
@@ -270,5 +299,6 @@ int main(int argc, char** argv) {
   kv_spec_seeds();
   prompt_token_seeds();
   serve_request_seeds();
+  session_seeds();
   return 0;
 }

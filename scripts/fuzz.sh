@@ -15,7 +15,7 @@ shift || true
 case "$seconds" in ''|*[!0-9]*) echo "fuzz: SECONDS must be a whole number, got '$seconds'" >&2; exit 2 ;; esac
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(fuzz_gguf fuzz_vocab fuzz_tokenizer fuzz_chat_template fuzz_kv_spec
-                                     fuzz_prompt_tokens fuzz_serve_request)
+                                     fuzz_prompt_tokens fuzz_serve_request fuzz_session_file)
 cxx=${CXX:-clang++-14}
 command -v "$cxx" >/dev/null || { echo "fuzz: $cxx not found (scripts/setup.sh --fuzz installs it)" >&2; exit 1; }
 rss_mb=${FUZZ_RSS_MB:-2048}

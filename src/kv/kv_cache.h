@@ -292,6 +292,12 @@ class KvCache {
   // allocated for exactly its slot count (at least 1): a compact copy that appends grow as usual.
   Status copy_slots_from(const KvCache& other);
 
+  // Layer il becomes n_slot slots per head, allocated exactly (at least 1), read from packed
+  // arrays [n_head_kv][n_slot] (rows of key_row_bytes() / value_row_bytes()): a saved
+  // conversation read back (serve/session_file.*), whose reader validated the contents.
+  Status restore_layer(int il, int n_slot, const uint8_t* k, const uint8_t* v, const int32_t* pos,
+                       const float* score, const float* window, const int32_t* merged);
+
   // Bytes of key and value storage allocated (capacity) / in use (n_slot), over all layers.
   size_t kv_bytes_allocated() const;
   size_t kv_bytes_used() const;

@@ -156,9 +156,13 @@ Result<RequestId> Scheduler::submit(Request req) {
   const int max_chunk = *std::max_element(a->chunks.begin(), a->chunks.end());
   a->fp = footprint(cache_cfg_, *a->policy, n_prior + n_prompt, req.max_new_tokens, max_chunk);
   if (req.resume) {
-    int held_slots = 0;
+    // Its layers hold up to their slots or their budget (decided by an earlier request, possibly
+    // above what this request's bound assumes), and take one more pass before a compaction.
+    int64_t held_slots = 0;
     for (int il = 0; il < cache_cfg_.n_layer; ++il)
-      held_slots = std::max(held_slots, req.resume->cache().layer(il).n_slot());
+      held_slots = std::max<int64_t>(held_slots, req.resume->cache().layer(il).n_slot());
+    for (int b : req.resume->policy_state().budgets) held_slots = std::max<int64_t>(held_slots, b);
+    held_slots = std::min(held_slots + max_chunk, n_total);
     if (held_slots > a->fp.slots) {
       a->fp.slots = held_slots;
       a->fp.bytes = KvCache::bytes_for_slots(cache_cfg_, held_slots);

@@ -139,6 +139,12 @@ class Scheduler {
   // none waits): what a caller holding memory would have to give back.
   size_t head_needs() const { return queue_.head_needs(); }
 
+  // The policy object requests with this spec (as given) run with: a sequence built outside
+  // (a conversation read back from a file) must use it to be a Request::resume.
+  Result<std::shared_ptr<const KvPolicy>> policy(const std::string& spec) {
+    return policy_for(spec);
+  }
+
   // Results of the requests that ended since the last call, in the order they ended.
   std::vector<RequestResult> take_finished();
 

@@ -1,8 +1,13 @@
 #include "serve/http_server.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <chrono>
 #include <ctime>
 #include <nlohmann/json.hpp>
@@ -30,6 +35,64 @@ ApiError plain_error(int status, std::string message, std::string code) {
   if (status >= 500) e.type = "server_error";
   if (status == 401) e.type = "authentication_error";
   return e;
+}
+
+// The address and port of a socket address (IPv4 or IPv6), as httplib writes them.
+bool address_of(const sockaddr_storage& a, std::string& addr, int& port) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET) {
+    const auto& in = reinterpret_cast<const sockaddr_in&>(a);
+    port = ntohs(in.sin_port);
+    return inet_ntop(AF_INET, &in.sin_addr, buf, sizeof buf) && (addr = buf, true);
+  }
+  if (a.ss_family == AF_INET6) {
+    const auto& in = reinterpret_cast<const sockaddr_in6&>(a);
+    port = ntohs(in.sin6_port);
+    return inet_ntop(AF_INET6, &in.sin6_addr, buf, sizeof buf) && (addr = buf, true);
+  }
+  return false;
+}
+
+// The socket of the connection `req` came on, which cpp-httplib 0.11 does not hand to handlers:
+// the descriptor whose local and peer addresses are the request's (a TCP connection is unique
+// by them while it is open, and it is open while its handler runs). -1 when none matches.
+int request_socket(const httplib::Request& req) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  int found = -1;
+  while (const dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.empty() || name.size() > 9 ||
+        name.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    const int fd = std::stoi(name);
+    sockaddr_storage peer{}, local{};
+    socklen_t np = sizeof peer, nl = sizeof local;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &np) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &nl) != 0)
+      continue;
+    std::string peer_addr, local_addr;
+    int peer_port = -1, local_port = -1;
+    if (address_of(peer, peer_addr, peer_port) && address_of(local, local_addr, local_port) &&
+        peer_port == req.remote_port && local_port == req.local_port &&
+        peer_addr == req.remote_addr) {
+      found = fd;
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+// True when the peer of `fd` has closed the connection: readable, and at its end (or reset).
+// A client that keeps the connection open, or sent its next request, is still there.
+bool peer_gone(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLHUP | POLLERR)) return true;
+  char c;
+  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 }  // namespace
@@ -98,9 +161,14 @@ std::optional<ApiError> HttpServer::prepare(const GenerationRequest& g, Job& job
   return prepare_job(g, tok_, tmpl_, po, job);
 }
 
-void HttpServer::answer(Job& job, httplib::Response& res) {
+void HttpServer::answer(Job& job, const httplib::Request& req, httplib::Response& res) {
   std::string text, piece;
-  while (!Service::wait_events(job, piece, 1000)) text += piece;
+  // A client that goes away while it waits: its job is cancelled (checked between waits).
+  const int fd = request_socket(req);
+  while (!Service::wait_events(job, piece, 200)) {
+    text += piece;
+    if (fd >= 0 && !job.cancel.load() && peer_gone(fd)) job.cancel = true;
+  }
   text += piece;
   std::lock_guard<std::mutex> lock(job.mu);
   if (job.error) return send_error(res, *job.error);
@@ -232,7 +300,7 @@ void HttpServer::routes() {
         service_.count_outcome("rejected");
         return send_error(res, *e);
       }
-      if (!g.stream) return answer(*job, res);
+      if (!g.stream) return answer(*job, req, res);
       stream(job, g.include_usage, guard, res);
     };
   };

@@ -22,6 +22,7 @@
 
 namespace httplib {
 class Server;
+struct Request;
 struct Response;
 }  // namespace httplib
 
@@ -58,8 +59,9 @@ class HttpServer {
  private:
   void routes();
   std::optional<ApiError> prepare(const GenerationRequest& g, Job& job) const;
-  // Waits for the job and writes the whole response.
-  void answer(Job& job, httplib::Response& res);
+  // Waits for the job and writes the whole response; cancels the job when the client closes
+  // its connection meanwhile.
+  void answer(Job& job, const httplib::Request& req, httplib::Response& res);
   // Streams the job as Server-Sent Events; a failed write cancels it. `in_flight` is kept until
   // the stream ends.
   struct InFlight;

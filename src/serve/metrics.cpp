@@ -55,6 +55,18 @@ std::string prometheus_text(const Metrics& m) {
   value(o, "d2o_engine_steps_total", static_cast<double>(m.steps));
   metric(o, "d2o_sessions_evicted_total", "counter", "Idle sessions dropped to make room.");
   value(o, "d2o_sessions_evicted_total", static_cast<double>(m.sessions_evicted));
+  metric(o, "d2o_sessions_saved_total", "counter", "Session files written (--session-dir).");
+  value(o, "d2o_sessions_saved_total", static_cast<double>(m.sessions_saved));
+  metric(o, "d2o_sessions_loaded_total", "counter", "Sessions read back from their files.");
+  value(o, "d2o_sessions_loaded_total", static_cast<double>(m.sessions_loaded));
+  metric(o, "d2o_session_file_errors_total", "counter",
+         "Session files that could not be written, or were refused when read.");
+  value(o, "d2o_session_file_errors_total", static_cast<double>(m.session_file_errors));
+  metric(o, "d2o_session_save_seconds_total", "counter", "Seconds spent writing session files.");
+  value(o, "d2o_session_save_seconds_total", m.session_save_seconds);
+  metric(o, "d2o_session_load_seconds_total", "counter",
+         "Seconds spent reading session files (read and checked).");
+  value(o, "d2o_session_load_seconds_total", m.session_load_seconds);
   metric(o, "d2o_sequences_running", "gauge", "Sequences admitted and running.");
   value(o, "d2o_sequences_running", static_cast<double>(m.running));
   metric(o, "d2o_sequences_queued", "gauge", "Requests waiting for admission.");

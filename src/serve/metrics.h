@@ -16,6 +16,13 @@ struct Metrics {
   int64_t generated_tokens = 0;
   int64_t steps = 0;  // engine steps
   int64_t sessions_evicted = 0;
+  // --session-dir: session files written and read back, failures (writes, refused files), and
+  // the seconds the engine thread spent writing and reading them.
+  int64_t sessions_saved = 0;
+  int64_t sessions_loaded = 0;
+  int64_t session_file_errors = 0;
+  double session_save_seconds = 0;
+  double session_load_seconds = 0;
   // Gauges (the engine thread's view after its last step).
   int64_t running = 0;
   int64_t queued = 0;

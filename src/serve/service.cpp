@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 namespace d2o::serve {
 
@@ -34,12 +35,31 @@ Result<std::unique_ptr<Service>> Service::create(Engine& engine, const Tokenizer
   if (!pol.ok()) return pol.status().with_context("--kv");
   D2O_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> sched,
                        Scheduler::create(engine, params.scheduler));
-  return std::unique_ptr<Service>(new Service(engine, tok, params, std::move(sched)));
+  std::optional<SessionDir> dir;
+  if (!params.session_dir.empty()) {
+    const ModelHParams& hp = engine.model().hparams();
+    SessionFileContext ctx;
+    ctx.model = params.model_identity;
+    ctx.cache = kv_cache_config(hp, params.scheduler.kv_type);
+    ctx.n_vocab = hp.n_vocab;
+    ctx.max_positions =
+        params.scheduler.max_positions > 0 ? params.scheduler.max_positions : hp.n_ctx_train;
+    D2O_ASSIGN_OR_RETURN(SessionDir d, SessionDir::open(params.session_dir, ctx));
+    dir.emplace(std::move(d));
+  }
+  return std::unique_ptr<Service>(
+      new Service(engine, tok, params, std::move(sched), std::move(dir)));
 }
 
 Service::Service(Engine& engine, const Tokenizer& tok, const ServiceParams& params,
-                 std::unique_ptr<Scheduler> sched)
-    : engine_(engine), tok_(tok), params_(params), sched_(std::move(sched)), sessions_(*sched_) {
+                 std::unique_ptr<Scheduler> sched, std::optional<SessionDir> dir)
+    : engine_(engine),
+      tok_(tok),
+      params_(params),
+      sched_(std::move(sched)),
+      dir_(std::move(dir)),
+      sessions_(*sched_) {
+  if (dir_) sessions_.set_dir(&*dir_, params.save_every_turn);
   metrics_.kv_cap = params.scheduler.kv_mem_bytes;
   counters_.kv_cap = params.scheduler.kv_mem_bytes;
   thread_ = std::thread([this] { loop(); });
@@ -124,6 +144,8 @@ void Service::start_job(const std::shared_ptr<Job>& job) {
       ++counters_.requests["invalid"];
       return;
     }
+    // Not in memory: its file, if it has one (read before begin(), which creates it).
+    const bool refused = !existing && dir_ && !restore_session(job->session, job->kv_spec);
     Session& s = sessions_.begin(job->session);
     SessionInfo info;
     info.id = job->session;
@@ -136,7 +158,7 @@ void Service::start_job(const std::shared_ptr<Job>& job) {
       skip = s.tokens.size();
       req.resume = sessions_.take(s, req.resume_held);
     } else {
-      info.rebuilt = s.seq != nullptr;
+      info.rebuilt = s.seq != nullptr || refused;
       sessions_.clear(s);
     }
     req.keep_sequence = true;
@@ -159,6 +181,38 @@ void Service::start_job(const std::shared_ptr<Job>& job) {
   active_[job->id] = job;
   counters_.prompt_tokens += static_cast<int64_t>(job->prompt.size());
   counters_.prefilled_tokens += static_cast<int64_t>(job->prompt.size() - skip);
+}
+
+bool Service::restore_session(const std::string& id, const std::string& kv_spec) {
+  SessionFileStats& files = sessions_.file_stats();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto loaded = dir_->load(id);
+  files.load_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!loaded.ok()) {
+    ++files.errors;
+    std::fprintf(stderr, "d2o serve: session '%s': its file is refused (%s); rebuilding it\n",
+                 id.c_str(), loaded.status().message().c_str());
+    return false;
+  }
+  if (!*loaded) return true;
+  SessionData& d = **loaded;
+  // The sequence must run with the policy object the scheduler gives this job's spec (as the
+  // job spells it); a session saved under another policy is rebuilt, as in memory.
+  auto pol = sched_->policy(kv_spec);
+  if (!pol.ok() || (*pol)->spec() != d.kv_spec) return false;
+  auto seq = std::make_shared<Sequence>(engine_.model().hparams(), params_.scheduler.kv_type,
+                                        *pol);
+  seq->cache() = std::move(*d.cache);
+  seq->policy_state() = std::move(d.state);
+  seq->advance(d.n_past);
+  if (!sessions_.adopt(id, std::move(seq), std::move(d.tokens), d.kv_spec)) {
+    std::fprintf(stderr, "d2o serve: session '%s': no room under --kv-mem to read it back; "
+                 "rebuilding it\n", id.c_str());
+    return false;
+  }
+  ++files.loaded;
+  return true;
 }
 
 bool Service::on_token(Job& job, TokenId t) {
@@ -243,6 +297,12 @@ void Service::publish_metrics() {
   counters_.queued = static_cast<int64_t>(sched_->n_waiting());
   counters_.sessions = static_cast<int64_t>(sessions_.n_sessions());
   counters_.sessions_evicted = sessions_.n_evicted();
+  const SessionFileStats& files = sessions_.file_stats();
+  counters_.sessions_saved = files.saved;
+  counters_.sessions_loaded = files.loaded;
+  counters_.session_file_errors = files.errors;
+  counters_.session_save_seconds = files.save_seconds;
+  counters_.session_load_seconds = files.load_seconds;
   counters_.kv_reserved = sched_->pool().reserved();
   counters_.kv_allocated = sched_->kv_allocated();
   counters_.session_bytes = sessions_.held_bytes();
@@ -273,15 +333,24 @@ void Service::count_outcome(const std::string& outcome) {
 void Service::loop() {
   std::vector<std::shared_ptr<Job>> fresh;
   while (true) {
+    bool exiting = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !inbox_.empty() || !sched_->idle(); });
-      if (stop_ && active_.empty() && inbox_.empty()) break;
+      exiting = stop_ && active_.empty() && inbox_.empty();
       fresh.assign(inbox_.begin(), inbox_.end());
       inbox_.clear();
       // They wait in the scheduler's queue now: counted there until the step recounts, so that
       // submit() never sees them in neither place and lets the queue grow past its bound.
       waiting_ += fresh.size();
+    }
+    if (exiting) {
+      if (dir_) {  // the idle sessions whose files are not current yet
+        const int n = sessions_.save_all();
+        std::fprintf(stderr, "d2o serve: sessions saved to %s (%d written at exit)\n",
+                     dir_->dir().c_str(), n);
+      }
+      break;
     }
     for (const auto& job : fresh) start_job(job);
     fresh.clear();
@@ -301,6 +370,7 @@ void Service::loop() {
       active_.erase(it);
       finish_job(*job, r);
     }
+    sessions_.save_pending();  // after the answers are out
     {
       std::lock_guard<std::mutex> lock(mu_);
       waiting_ = sched_->n_waiting();

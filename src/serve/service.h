@@ -10,7 +10,9 @@
 //
 // Bounded: more than max_queue jobs waiting (inbox + scheduler queue) is refused (503). A job
 // whose client went away (Job::cancel) is cancelled at the start of the next step, freeing its
-// sequence and reservation. Sessions (serve/sessions.h) live on the engine thread.
+// sequence and reservation. Sessions (serve/sessions.h) live on the engine thread; with a session
+// directory, a request naming a session that is not in memory reads it from its file, and the
+// engine thread writes the idle sessions when it stops.
 #pragma once
 
 #include <atomic>
@@ -66,6 +68,11 @@ struct ServiceParams {
   SchedulerParams scheduler;  // cap, max running, context (max_positions), EOG tokens
   size_t max_queue = 64;      // jobs waiting for admission before 503
   std::string default_kv;     // policy when a request names none
+  // Sessions written to files (serve/session_dir.h) in this directory; "": memory only.
+  std::string session_dir;
+  bool save_every_turn = true;  // write a session when each request ends (else: on eviction
+                                // and at shutdown only)
+  ModelIdentity model_identity;  // what session files are checked against
 };
 
 class Service {
@@ -92,18 +99,23 @@ class Service {
 
  private:
   Service(Engine& engine, const Tokenizer& tok, const ServiceParams& params,
-          std::unique_ptr<Scheduler> sched);
+          std::unique_ptr<Scheduler> sched, std::optional<SessionDir> dir);
   void loop();
   void start_job(const std::shared_ptr<Job>& job);
   void finish_job(Job& job, RequestResult& r);
   void fail_job(Job& job, ApiError e);
   bool on_token(Job& job, TokenId t);
+  // Reads session `id` from its file into the store for a job with policy `kv_spec`. False
+  // when a file exists but cannot be used (refused, another policy, no room): the job then
+  // rebuilds the session. True otherwise (read, or no file).
+  bool restore_session(const std::string& id, const std::string& kv_spec);
   void publish_metrics();
 
   Engine& engine_;
   const Tokenizer& tok_;
   ServiceParams params_;
   std::unique_ptr<Scheduler> sched_;
+  std::optional<SessionDir> dir_;
   SessionStore sessions_;
   std::map<RequestId, std::shared_ptr<Job>> active_;  // submitted to the scheduler
 

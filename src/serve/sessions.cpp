@@ -1,6 +1,8 @@
 #include "serve/sessions.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 
 namespace d2o::serve {
 
@@ -65,16 +67,80 @@ void SessionStore::end(const std::string& id, std::shared_ptr<Sequence> seq,
     bytes = seq->cache().kv_bytes_allocated() + seq->cache().meta_bytes_allocated();
     keep = keep && sched_.hold(bytes);
   }
+  if (seq) {
+    s.seq = std::move(seq);
+    s.tokens = std::move(tokens);
+    s.kv_spec = std::move(kv_spec);
+    s.saved = false;
+  }
   if (!keep) {
+    save(s);  // no room in memory: only its file keeps it (when there is a directory)
     sessions_.erase(it);
     return;
   }
+  s.held = bytes;
+  held_ += bytes;
+  lru_.push_back(id);
+  if (save_every_turn_ && dir_) pending_.push_back(id);
+}
+
+void SessionStore::save_pending() {
+  for (const std::string& id : pending_) {
+    Session* s = find(id);
+    if (s && !s->busy) save(*s);  // gone or busy again: written when it is next idle
+  }
+  pending_.clear();
+}
+
+void SessionStore::save(Session& s) {
+  if (!dir_ || !s.seq || s.saved) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = dir_->save(s.id, s.kv_spec, s.tokens, s.seq->n_past(), s.seq->cache(),
+                      s.seq->policy_state());
+  files_.save_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!r.ok()) {
+    ++files_.errors;
+    std::fprintf(stderr, "d2o serve: cannot save session '%s': %s\n", s.id.c_str(),
+                 r.status().message().c_str());
+    return;
+  }
+  ++files_.saved;
+  files_.bytes_saved += *r;
+  s.saved = true;
+}
+
+bool SessionStore::adopt(const std::string& id, std::shared_ptr<Sequence> seq,
+                         std::vector<TokenId> tokens, std::string kv_spec) {
+  if (!seq || sessions_.count(id) || !seq->cache().shrink_to_fit(0).ok()) return false;
+  const size_t bytes = seq->cache().kv_bytes_allocated() + seq->cache().meta_bytes_allocated();
+  if (!sched_.hold(bytes)) {
+    // Idle sessions leave only when that makes enough room.
+    if (bytes > sched_.pool().available() + held_) return false;
+    make_room(bytes);
+    if (!sched_.hold(bytes)) return false;
+  }
+  Session& s = sessions_[id];
+  s.id = id;
   s.seq = std::move(seq);
   s.tokens = std::move(tokens);
   s.kv_spec = std::move(kv_spec);
   s.held = bytes;
+  s.saved = true;
   held_ += bytes;
   lru_.push_back(id);
+  return true;
+}
+
+int SessionStore::save_all() {
+  int n = 0;
+  for (const std::string& id : lru_) {
+    Session& s = sessions_.at(id);
+    if (s.saved) continue;
+    save(s);
+    n += s.saved ? 1 : 0;
+  }
+  return n;
 }
 
 void SessionStore::drop(const std::string& id) {
@@ -92,6 +158,7 @@ int SessionStore::make_room(size_t bytes) {
   int n = 0;
   while (sched_.pool().available() < bytes && !lru_.empty()) {
     const std::string id = lru_.front();
+    save(sessions_.at(id));
     drop(id);
     ++n_evicted_;
     ++n;

@@ -6,6 +6,13 @@
 // scheduler's pool (Scheduler::hold), so kept conversations and running requests share the one
 // --kv-mem cap. When a waiting request needs room, the least recently used idle sessions are
 // dropped. A session in use belongs to its request (its bytes are part of that reservation).
+// With a session directory (set_dir, `--session-dir`), a session leaving memory is written to
+// its file first (serve/session_dir.h), and every idle session not yet written is written by
+// save_all() at shutdown; with save_every_turn each session is also written after every request
+// with it (end() queues it, save_pending() writes it: the service calls that once the step's
+// answers are out, so no client waits for a write), so that a crash loses nothing either. A
+// session's file is read back by the service when a request names a session that is not in
+// memory (adopt()).
 // Used by the service's engine thread only (no locking).
 #pragma once
 
@@ -17,6 +24,7 @@
 #include <vector>
 
 #include "runtime/scheduler.h"
+#include "serve/session_dir.h"
 
 namespace d2o::serve {
 
@@ -27,12 +35,30 @@ struct Session {
   std::vector<TokenId> tokens;    // what seq has seen (seq->n_past() of them)
   size_t held = 0;                // bytes held in the pool while idle
   bool busy = false;              // a request is running with it
+  bool saved = false;             // its file holds this state (--session-dir)
+};
+
+// Session files written, read and refused, and the time spent writing and reading them.
+struct SessionFileStats {
+  int64_t saved = 0;
+  int64_t loaded = 0;
+  int64_t errors = 0;  // writes that failed, files refused
+  size_t bytes_saved = 0;
+  double save_seconds = 0;
+  double load_seconds = 0;
 };
 
 class SessionStore {
  public:
   explicit SessionStore(Scheduler& sched) : sched_(sched) {}
   ~SessionStore();
+
+  // Writes sessions to `dir` (null: sessions live in memory only; dir must outlive the store).
+  void set_dir(const SessionDir* dir, bool save_every_turn) {
+    dir_ = dir;
+    save_every_turn_ = save_every_turn;
+  }
+  const SessionDir* dir() const { return dir_; }
 
   Session* find(const std::string& id);
   // Starts a request with session `id` (created when absent): marks it busy. The caller then
@@ -46,27 +72,45 @@ class SessionStore {
   // drops the session when seq is null or the pool has no room for it.
   void end(const std::string& id, std::shared_ptr<Sequence> seq, std::vector<TokenId> tokens,
            std::string kv_spec);
-  // Forgets a session (returns its held bytes).
+  // Forgets a session (returns its held bytes). Its file, if any, stays: it holds an earlier
+  // state of the same conversation, which a later request may still continue.
   void drop(const std::string& id);
-  // Drops least recently used idle sessions until the pool has `bytes` available or none is
-  // left; returns how many were dropped.
+  // Keeps a session read from its file, idle, as end() keeps a finished one (making room as
+  // make_room() does); false (nothing kept) when the pool cannot hold it.
+  bool adopt(const std::string& id, std::shared_ptr<Sequence> seq, std::vector<TokenId> tokens,
+             std::string kv_spec);
+  // Writes every idle session whose file is not current; returns how many were written.
+  int save_all();
+  // save_every_turn: writes the sessions whose requests ended since the last call.
+  void save_pending();
+  // Drops least recently used idle sessions (writing them to their files first when there is a
+  // session directory) until the pool has `bytes` available or none is left; returns how many
+  // were dropped.
   int make_room(size_t bytes);
 
   size_t n_sessions() const { return sessions_.size(); }
   size_t n_idle() const { return lru_.size(); }
   size_t held_bytes() const { return held_; }
   int64_t n_evicted() const { return n_evicted_; }
+  SessionFileStats& file_stats() { return files_; }
+  const SessionFileStats& file_stats() const { return files_; }
   // Full-cache bytes of the idle sessions' tokens (what they would hold uncompressed).
   size_t full_equivalent_bytes() const;
 
  private:
   void unlink_lru(const std::string& id);
+  // Writes an idle session to its file (errors are logged and counted, the session stays).
+  void save(Session& s);
 
   Scheduler& sched_;
   std::map<std::string, Session> sessions_;
   std::list<std::string> lru_;  // idle sessions, least recently used first
   size_t held_ = 0;
   int64_t n_evicted_ = 0;
+  const SessionDir* dir_ = nullptr;
+  bool save_every_turn_ = false;
+  std::vector<std::string> pending_;  // ended since the last save_pending()
+  SessionFileStats files_;
 };
 
 }  // namespace d2o::serve

@@ -474,6 +474,45 @@ TEST_F(SchedulerTest, ContinuingAKeptSequenceEqualsTheWholeConversation) {
   EXPECT_FALSE(sched.submit(std::move(r3)).ok());
 }
 
+// D2O's variable budgets are decided once, from the slots layers hold at the first compaction,
+// so a kept sequence may hold a layer budget above what a short next turn's own bound assumes:
+// the next turn's limit must cover that budget plus its pass.
+TEST_F(SchedulerTest, AKeptSequenceWithLargeLayerBudgetsContinuesWithinItsLimit) {
+  ThreadPool pool(1);
+  EngineOptions eo;
+  eo.n_ubatch = 64;
+  Engine engine(*model_, pool, eo);
+  auto s = Scheduler::create(engine, params(size_t{16} << 20));
+  ASSERT_TRUE(s.ok());
+  Scheduler& sched = **s;
+  Request r1 = request(prompt(48, 4), 3);
+  r1.kv_spec = "d2o:budget=16";
+  r1.keep_sequence = true;
+  ASSERT_TRUE(sched.submit(std::move(r1)).ok());
+  ASSERT_TRUE(sched.run().ok());
+  auto res1 = sched.take_finished();
+  ASSERT_EQ(res1.size(), 1u);
+  ASSERT_TRUE(res1[0].sequence);
+  std::shared_ptr<Sequence> seq = res1[0].sequence;
+  const std::vector<int>& budgets = seq->policy_state().budgets;
+  ASSERT_EQ(budgets.size(), 2u);
+  // The premise: one layer's budget is above the bound of a 2-token turn (budget + 2 + 2).
+  ASSERT_GT(std::max(budgets[0], budgets[1]), 20) << budgets[0] << ", " << budgets[1];
+  ASSERT_TRUE(seq->cache().shrink_to_fit(0).ok());
+  ASSERT_TRUE(seq->cache().set_slot_limit(0).ok());
+  Request r2 = request(prompt(2, 5), 3);
+  r2.kv_spec = "d2o:budget=16";
+  r2.resume = seq;
+  seq.reset();
+  ASSERT_TRUE(sched.submit(std::move(r2)).ok());
+  ASSERT_TRUE(sched.run().ok());
+  auto res2 = sched.take_finished();
+  ASSERT_EQ(res2.size(), 1u);
+  EXPECT_TRUE(res2[0].status.ok()) << res2[0].status.to_string();
+  EXPECT_EQ(res2[0].stop_reason, "length");
+  EXPECT_EQ(sched.pool().reserved(), 0u);
+}
+
 TEST_F(SchedulerTest, BadRequestsAndParametersAreErrors) {
   ThreadPool pool(1);
   EngineOptions eo;

@@ -31,6 +31,8 @@ struct ServeOptions {
   std::string api_key;
   std::string max_body = "4M";
   double drain_s = 30;
+  std::string session_dir;
+  std::string session_save = "turn";
 };
 
 int run_serve(ServeOptions& o) {
@@ -65,6 +67,13 @@ int run_serve(ServeOptions& o) {
   sp.scheduler.eog_tokens = l.tokenizer->eog_tokens();
   sp.max_queue = static_cast<size_t>(o.queue);
   sp.default_kv = l.policy->spec();
+  if (!o.session_dir.empty()) {
+    auto id = serve::model_identity(l.model->path());
+    if (!id.ok()) return fail(id.status().with_context("--session-dir"));
+    sp.session_dir = o.session_dir;
+    sp.model_identity = *id;
+    sp.save_every_turn = o.session_save == "turn";
+  }
   auto service = serve::Service::create(*l.engine, *l.tokenizer, sp);
   if (!service.ok()) return fail(service.status());
 
@@ -136,6 +145,15 @@ Action add_serve_command(CLI::App& app) {
   sub->add_option("--max-body", o->max_body, "Largest request body (e.g. 4M); larger gets 413");
   sub->add_option("--drain", o->drain_s, "Seconds requests in flight may take after SIGTERM")
       ->check(CLI::Range(0.0, 3600.0));
+  CLI::Option* dir =
+      sub->add_option("--session-dir", o->session_dir,
+                      "Write kept sessions to this directory and read them back (also after a "
+                      "restart)");
+  sub->add_option("--session-save", o->session_save,
+                  "When sessions are written: 'turn' (when each request ends; default) or "
+                  "'evict' (only when they leave memory and at shutdown)")
+      ->check(CLI::IsMember({"turn", "evict"}))
+      ->needs(dir);
   return [o] { return run_serve(*o); };
 }
 

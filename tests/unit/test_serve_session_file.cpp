@@ -1,0 +1,410 @@
+// Session files (serve/session_file.h, serve/session_dir.h): a conversation written and read
+// back holds the same cache bytes and policy state and goes on with bit-identical logits, for
+// the full cache and compressing policies (merges, position shifts) in F16 and Q8_0; every kind
+// of damage is refused with an error naming it; files are written atomically under names that
+// cannot leave the directory; the session store writes sessions that leave memory.
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+
+#include "common/random_model.h"
+#include "common/test_util.h"
+#include "kv/policy/composed.h"
+#include "model/model.h"
+#include "runtime/engine.h"
+#include "runtime/sequence.h"
+#include "serve/session_dir.h"
+#include "serve/sessions.h"
+
+namespace d2o::serve {
+namespace {
+
+class SessionFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    test::RandomModelConfig cfg;
+    cfg.n_layer = 3;
+    cfg.n_embd = 128;  // head_dim 32: Q8_0 rows
+    cfg.n_head = 4;
+    cfg.n_head_kv = 2;
+    cfg.n_vocab = 300;
+    cfg.seed = 9;
+    const std::string path = test::scratch_path("session_file_random.gguf");
+    ASSERT_TRUE(test::make_random_model(cfg).write(path).ok());
+    auto m = Model::load(path);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    model_ = std::move(m).value();
+    pool_ = std::make_unique<ThreadPool>(1);
+    engine_ = std::make_unique<Engine>(*model_, *pool_, EngineOptions{});
+    auto id = model_identity(path);
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    model_id_ = *id;
+  }
+
+  SessionFileContext context(KvType type) const {
+    SessionFileContext c;
+    c.model = model_id_;
+    c.cache = kv_cache_config(model_->hparams(), type);
+    c.n_vocab = model_->hparams().n_vocab;
+    c.max_positions = 512;
+    return c;
+  }
+
+  // Feeds `tokens` to seq in one pass; returns the last token's logits.
+  std::vector<float> feed(Sequence& seq, const std::vector<TokenId>& tokens) {
+    std::vector<float> last;
+    BatchEntry be;
+    be.seq = &seq;
+    be.tokens = tokens;
+    be.logits_from = -1;
+    Status s = engine_->forward({&be, 1}, [&](int, int, const float* l) {
+      last.assign(l, l + model_->hparams().n_vocab);
+    });
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    return last;
+  }
+
+  // A conversation of 90 prompt tokens and 12 one-token steps (each compacting once the budget
+  // is reached); history holds every token fed.
+  std::shared_ptr<Sequence> conversation(const std::shared_ptr<const KvPolicy>& policy,
+                                         KvType type, std::vector<TokenId>& history) {
+    auto seq = std::make_shared<Sequence>(model_->hparams(), type, policy);
+    history.clear();
+    for (int i = 0; i < 90; ++i) history.push_back(3 + (i * 37) % 290);
+    feed(*seq, history);
+    for (int i = 0; i < 12; ++i) {
+      history.push_back(5 + (i * 11) % 280);
+      feed(*seq, {history.back()});
+    }
+    return seq;
+  }
+
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Engine> engine_;
+  ModelIdentity model_id_;
+};
+
+// Rewrites the trailing checksum after a deliberate change, so that the checks behind it run.
+void fix_checksum(std::string& b) {
+  const uint64_t sum = fnv1a64(reinterpret_cast<const uint8_t*>(b.data()), b.size() - 8);
+  std::memcpy(b.data() + b.size() - 8, &sum, 8);
+}
+
+Result<SessionData> decode(const SessionFileContext& ctx, const std::string& b) {
+  return decode_session(ctx, reinterpret_cast<const uint8_t*>(b.data()), b.size());
+}
+
+struct RoundTripCase {
+  const char* spec;
+  KvType type;
+};
+void PrintTo(const RoundTripCase& c, std::ostream* os) {
+  *os << c.spec << " " << kv_type_name(c.type);
+}
+
+class SessionFileRoundTrip : public SessionFileTest,
+                             public ::testing::WithParamInterface<RoundTripCase> {};
+
+TEST_P(SessionFileRoundTrip, SameBytesSameStateSameLogitsAfterward) {
+  const RoundTripCase& c = GetParam();
+  auto parsed = parse_kv_policy(c.spec);
+  ASSERT_TRUE(parsed.ok());
+  std::shared_ptr<const KvPolicy> policy(std::move(parsed).value());
+  const std::string spec = policy->spec();
+  std::vector<TokenId> history;
+  auto a = conversation(policy, c.type, history);
+  const SessionFileContext ctx = context(c.type);
+  std::string bytes;
+  Status enc = encode_session(ctx, "chat-1", spec, history, a->n_past(), a->cache(),
+                              a->policy_state(), bytes);
+  ASSERT_TRUE(enc.ok()) << enc.to_string();
+
+  auto d = decode(ctx, bytes);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->id, "chat-1");
+  EXPECT_EQ(d->kv_spec, spec);
+  EXPECT_EQ(d->tokens, history);
+  EXPECT_EQ(d->n_past, a->n_past());
+  auto b = std::make_shared<Sequence>(model_->hparams(), c.type, policy);
+  b->cache() = std::move(*d->cache);
+  b->policy_state() = std::move(d->state);
+  b->advance(d->n_past);
+
+  // The same cache, slot by slot, and the same policy state.
+  for (int il = 0; il < a->cache().n_layer(); ++il) {
+    const KvLayer& la = a->cache().layer(il);
+    const KvLayer& lb = b->cache().layer(il);
+    ASSERT_EQ(la.n_slot(), lb.n_slot());
+    const size_t n = static_cast<size_t>(la.n_slot());
+    for (int h = 0; h < la.n_head_kv() && n > 0; ++h) {
+      EXPECT_EQ(std::memcmp(la.key_row(h, 0), lb.key_row(h, 0), n * la.key_row_bytes()), 0);
+      EXPECT_EQ(std::memcmp(la.value_row(h, 0), lb.value_row(h, 0), n * la.value_row_bytes()), 0);
+      EXPECT_EQ(std::memcmp(la.pos(h), lb.pos(h), n * 4), 0);
+      EXPECT_EQ(std::memcmp(la.score(h), lb.score(h), n * 4), 0);
+      EXPECT_EQ(std::memcmp(la.window(h), lb.window(h), n * 4), 0);
+      EXPECT_EQ(std::memcmp(la.merged(h), lb.merged(h), n * 4), 0);
+    }
+  }
+  const PolicyState &sa = a->policy_state(), &sb = b->policy_state();
+  EXPECT_EQ(sa.budgets_set, sb.budgets_set);
+  EXPECT_EQ(sa.budgets, sb.budgets);
+  EXPECT_EQ(sa.evicted, sb.evicted);
+  EXPECT_EQ(sa.merged, sb.merged);
+  EXPECT_EQ(sa.n_compactions, sb.n_compactions);
+  EXPECT_EQ(sa.pos_shift, sb.pos_shift);
+  const ComposedPolicyState *oa = composed_state(sa), *ob = composed_state(sb);
+  ASSERT_EQ(oa == nullptr, ob == nullptr);
+  if (oa) {
+    EXPECT_EQ(oa->tau, ob->tau);
+    EXPECT_EQ(oa->tau_ready, ob->tau_ready);
+    EXPECT_EQ(oa->layer_variance, ob->layer_variance);
+  }
+  std::string again = "stale bytes the encoder replaces";
+  ASSERT_TRUE(encode_session(ctx, "chat-1", spec, history, b->n_past(), b->cache(),
+                             b->policy_state(), again)
+                  .ok());
+  EXPECT_EQ(again, bytes);
+
+  // What the case is about actually happened.
+  if (!policy->is_full()) {
+    EXPECT_TRUE(sa.budgets_set);
+    EXPECT_LT(a->cache().layer(1).n_slot(), a->n_past());
+  }
+  if (std::string(c.spec).rfind("d2o", 0) == 0) {
+    int64_t merged = 0;
+    for (int64_t m : sa.merged) merged += m;
+    EXPECT_GT(merged, 0) << "no merges: the d2o case does not test merged slots";
+  }
+  if (std::string(c.spec).find("pos=shift") != std::string::npos) {
+    EXPECT_GT(sa.pos_shift, 0);
+  }
+
+  // Both go on identically: the restored sequence is the same conversation.
+  for (TokenId t : {17, 42, 99, 7, 250}) {
+    const std::vector<float> la = feed(*a, {t});
+    const std::vector<float> lb = feed(*b, {t});
+    ASSERT_EQ(la.size(), lb.size());
+    EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0) << "token " << t;
+  }
+  std::string ea, eb;
+  ASSERT_TRUE(encode_session(ctx, "chat-1", spec, std::vector<TokenId>(a->n_past(), 1),
+                             a->n_past(), a->cache(), a->policy_state(), ea)
+                  .ok());
+  ASSERT_TRUE(encode_session(ctx, "chat-1", spec, std::vector<TokenId>(b->n_past(), 1),
+                             b->n_past(), b->cache(), b->policy_state(), eb)
+                  .ok());
+  EXPECT_EQ(ea, eb);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Policies, SessionFileRoundTrip,
+    ::testing::Values(RoundTripCase{"full", KvType::kF16}, RoundTripCase{"full", KvType::kQ8_0},
+                      RoundTripCase{"h2o:budget=32", KvType::kF16},
+                      RoundTripCase{"d2o:budget=32", KvType::kF16},
+                      RoundTripCase{"d2o:budget=32", KvType::kQ8_0},
+                      RoundTripCase{"streaming:budget=32,pos=shift", KvType::kQ8_0}),
+    [](const ::testing::TestParamInfo<RoundTripCase>& info) {
+      std::string name = std::string(info.param.spec) + "_" + kv_type_name(info.param.type);
+      for (char& ch : name)
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return name;
+    });
+
+TEST_F(SessionFileTest, EveryKindOfDamageIsRefused) {
+  auto policy = std::shared_ptr<const KvPolicy>(parse_kv_policy("d2o:budget=32").value());
+  std::vector<TokenId> history;
+  auto seq = conversation(policy, KvType::kF16, history);
+  const SessionFileContext ctx = context(KvType::kF16);
+  std::string good;
+  ASSERT_TRUE(encode_session(ctx, "s", policy->spec(), history, seq->n_past(), seq->cache(),
+                             seq->policy_state(), good)
+                  .ok());
+  ASSERT_TRUE(decode(ctx, good).ok());
+  auto refused = [&](const std::string& b, const std::string& needle,
+                     const SessionFileContext& c) {
+    auto d = decode(c, b);
+    ASSERT_FALSE(d.ok()) << "accepted: " << needle;
+    EXPECT_NE(d.status().message().find(needle), std::string::npos) << d.status().message();
+  };
+  // Truncated anywhere.
+  for (size_t n : {size_t{0}, size_t{5}, size_t{8}, size_t{15}, size_t{23}, good.size() / 2,
+                   good.size() - 9, good.size() - 1}) {
+    EXPECT_FALSE(decode(ctx, good.substr(0, n)).ok()) << n << " bytes";
+  }
+  std::string b = good;
+  b[0] = 'X';
+  refused(b, "not a d2o session file", ctx);
+  b = good;
+  b[8] = 2;  // version
+  refused(b, "version 2", ctx);
+  b = good;
+  b[good.size() / 2] ^= 0x10;  // a flipped bit anywhere
+  refused(b, "checksum", ctx);
+  // Another model, another storage type, a shorter context.
+  SessionFileContext other = ctx;
+  other.model.header_hash ^= 1;
+  refused(good, "another model", other);
+  refused(good, "KV storage", context(KvType::kQ8_0));
+  other = ctx;
+  other.max_positions = 64;
+  refused(good, "context allows", other);
+
+  // Checks behind the checksum (the file re-summed after each change). Offsets of the layout in
+  // serve/session_file.h: the fixed header is 48 bytes, then the id "s" and the spec.
+  const size_t spec_at = 48 + 4 + 1;
+  const size_t n_past_at = spec_at + 4 + policy->spec().size();
+  const size_t tokens_at = n_past_at + 8 + 4;
+  b = good;
+  const int32_t big_token = 300;  // the vocabulary has 300
+  std::memcpy(b.data() + tokens_at, &big_token, 4);
+  fix_checksum(b);
+  refused(b, "token id 300 out of range", ctx);
+  b = good;
+  const int64_t n_past = 1000;
+  std::memcpy(b.data() + n_past_at, &n_past, 8);
+  fix_checksum(b);
+  refused(b, "context allows", ctx);
+  b = good;
+  b[spec_at + 4] = 'x';  // "x2o:..."
+  fix_checksum(b);
+  refused(b, "bad policy spec", ctx);
+  // The last layer's metadata ends the file: pos, score, window, merged [n_head_kv][n_slot].
+  const KvLayer& last = seq->cache().layer(seq->cache().n_layer() - 1);
+  const size_t rows = static_cast<size_t>(last.n_head_kv()) * last.n_slot();
+  const size_t merged_at = good.size() - 8 - rows * 4, window_at = merged_at - rows * 4,
+               score_at = window_at - rows * 4, pos_at = score_at - rows * 4;
+  b = good;
+  std::memcpy(b.data() + pos_at + 4, b.data() + pos_at, 4);  // two slots at one position
+  fix_checksum(b);
+  refused(b, "not ascending", ctx);
+  b = good;
+  const float nan = std::nanf("");
+  std::memcpy(b.data() + score_at, &nan, 4);
+  fix_checksum(b);
+  refused(b, "not a finite number", ctx);
+  b = good;
+  const int32_t minus = -1;
+  std::memcpy(b.data() + merged_at, &minus, 4);
+  fix_checksum(b);
+  refused(b, "merge count", ctx);
+  // Bytes after the last layer; a file larger than any session.
+  b = good;
+  b.insert(b.size() - 8, "abcd");
+  fix_checksum(b);
+  refused(b, "after the last layer", ctx);
+  other = ctx;
+  other.max_positions = 1;
+  refused(good, "larger", other);
+}
+
+TEST_F(SessionFileTest, DirectoryWritesAtomicallyUnderSafeNamesAndReadsBack) {
+  const std::string dir = test::scratch_path("session_dir_test");
+  std::filesystem::remove_all(dir);
+  const SessionFileContext ctx = context(KvType::kF16);
+  auto sd = SessionDir::open(dir, ctx);
+  ASSERT_TRUE(sd.ok()) << sd.status().to_string();
+  EXPECT_FALSE(sd->path_for("../evil").ok());
+  EXPECT_FALSE(sd->path_for("a/b").ok());
+  EXPECT_FALSE(sd->path_for("").ok());
+  EXPECT_EQ(sd->path_for("..").value(), dir + "/...d2os");  // a plain name inside dir
+
+  auto none = sd->load("nobody");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+
+  auto policy = std::shared_ptr<const KvPolicy>(parse_kv_policy("h2o:budget=32").value());
+  std::vector<TokenId> history;
+  auto seq = conversation(policy, KvType::kF16, history);
+  auto n = sd->save("a:1", policy->spec(), history, seq->n_past(), seq->cache(),
+                    seq->policy_state());
+  ASSERT_TRUE(n.ok()) << n.status().to_string();
+  EXPECT_EQ(std::filesystem::file_size(dir + "/a:1.d2os"), *n);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/a:1.d2os.tmp"));
+  auto back = sd->load("a:1");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  ASSERT_TRUE(back->has_value());
+  EXPECT_EQ((*back)->tokens, history);
+
+  // A file under another session's name, a truncated file, a directory: refused, no crash.
+  std::filesystem::copy_file(dir + "/a:1.d2os", dir + "/b.d2os");
+  auto wrong = sd->load("b");
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("holds session 'a:1'"), std::string::npos);
+  std::filesystem::resize_file(dir + "/b.d2os", 100);
+  EXPECT_FALSE(sd->load("b").ok());
+  std::filesystem::create_directory(dir + "/c.d2os");
+  EXPECT_FALSE(sd->load("c").ok());
+  sd->remove("a:1");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/a:1.d2os"));
+  // Not a directory.
+  EXPECT_FALSE(SessionDir::open(dir + "/b.d2os", ctx).ok());
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(SessionFileTest, StoreWritesSessionsThatLeaveMemoryAndAdoptsThemBack) {
+  const std::string dir = test::scratch_path("session_store_dir_test");
+  std::filesystem::remove_all(dir);
+  auto sd = SessionDir::open(dir, context(KvType::kF16));
+  ASSERT_TRUE(sd.ok());
+  SchedulerParams sp;
+  sp.kv_mem_bytes = size_t{8} << 20;
+  sp.prefill_chunk = 16;
+  sp.max_running = 4;
+  auto sched = Scheduler::create(*engine_, sp);
+  ASSERT_TRUE(sched.ok());
+  auto policy = (*sched)->policy("full").value();
+  std::vector<TokenId> history;
+  {
+    SessionStore store(**sched);
+    store.set_dir(&*sd, /*save_every_turn=*/false);
+    auto first = conversation(policy, KvType::kF16, history);
+    store.begin("x");
+    store.end("x", first, history, "full");
+    EXPECT_FALSE(std::filesystem::exists(dir + "/x.d2os"));  // written only when it leaves
+    EXPECT_EQ(store.make_room((**sched).pool().cap()), 1);
+    EXPECT_TRUE(std::filesystem::exists(dir + "/x.d2os"));
+    EXPECT_EQ(store.file_stats().saved, 1);
+
+    auto d = sd->load("x").value();
+    ASSERT_TRUE(d.has_value());
+    auto seq = std::make_shared<Sequence>(model_->hparams(), KvType::kF16, policy);
+    seq->cache() = std::move(*d->cache);
+    seq->advance(d->n_past);
+    ASSERT_TRUE(store.adopt("x", seq, d->tokens, d->kv_spec));
+    EXPECT_EQ((**sched).pool().reserved(), store.held_bytes());
+    EXPECT_EQ(store.save_all(), 0);  // its file is current
+    // Every turn: written as the request ends.
+    store.set_dir(&*sd, /*save_every_turn=*/true);
+    std::filesystem::remove(dir + "/x.d2os");
+    Session& s = store.begin("x");
+    size_t held = 0;
+    auto taken = store.take(s, held);
+    (**sched).release_held(held);
+    store.end("x", taken, history, "full");
+    EXPECT_FALSE(std::filesystem::exists(dir + "/x.d2os"));  // queued
+    store.save_pending();
+    EXPECT_TRUE(std::filesystem::exists(dir + "/x.d2os"));
+
+    // A session that cannot fit even without the idle ones is not read back, and evicts none.
+    std::vector<TokenId> longer;
+    auto y = conversation(policy, KvType::kF16, longer);
+    feed(*y, std::vector<TokenId>(40, 7));  // larger than "x"
+    longer.resize(static_cast<size_t>(y->n_past()), 7);
+    const size_t rest = (**sched).pool().available();
+    ASSERT_TRUE((**sched).hold(rest - 100));
+    EXPECT_FALSE(store.adopt("y", y, longer, "full"));
+    EXPECT_NE(store.find("x"), nullptr);
+    (**sched).release_held(rest - 100);
+  }
+  EXPECT_EQ((**sched).pool().reserved(), 0u);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace d2o::serve
