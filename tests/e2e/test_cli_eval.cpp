@@ -6,6 +6,7 @@
 // the model's context give clear errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -150,12 +151,15 @@ TEST(CliEval, FidelityQuickBytesSizesBudgetsByStorageType) {
       EXPECT_EQ(c["budget"].get<int64_t>(),
                 static_cast<int64_t>(share * f16_prompt / bytes_per_slot + 1e-9))
           << row << " " << share;
-      // Measured: the policy holds its budget in every layer, and one more slot would not fit.
+      // Measured: the policy holds its budget in every layer (the whole context of 256 + 16
+      // tokens when the budget is larger: q4_0 at 40% allows 364 slots), and one more slot would
+      // not fit.
       const double budget = c["budget"].get<double>();
-      EXPECT_DOUBLE_EQ(bytes, budget * bytes_per_slot) << row;
+      const double held = std::min(budget, 272.0);
+      EXPECT_DOUBLE_EQ(bytes, held * bytes_per_slot) << row;
       EXPECT_LE(bytes, share * f16_prompt) << row;
       EXPECT_GT((budget + 1) * bytes_per_slot, share * f16_prompt) << row;
-      EXPECT_GT(c["evicted"].get<int64_t>(), 0) << row;
+      EXPECT_EQ(c["evicted"].get<int64_t>() > 0, budget < 272) << row;
     }
     EXPECT_EQ(c["per_sample"]["kl"].size(), 2u) << row;
   }
@@ -164,6 +168,16 @@ TEST(CliEval, FidelityQuickBytesSizesBudgetsByStorageType) {
   // full q4_0r (28%) is compared at 40% only; h2o in both types and streaming in q4_0 at both.
   EXPECT_EQ(values[0]["methods"].size(), 3u);
   EXPECT_EQ(values[1]["methods"].size(), 4u);
+  // A budget that evicts nothing is no combination: in q4_0 / q4_0r at 40% both policies keep
+  // everything, so no combination runs there; at 20% one of the two q4 methods is the best.
+  for (const auto& m : values[1]["methods"]) {
+    if (m["row"] != "h2o [f16]") {
+      EXPECT_EQ(m["kind"], "no eviction (quantization only)") << m["row"];
+    }
+  }
+  EXPECT_EQ(values[1]["best_combination"], "");
+  const std::string best = values[0]["best_combination"];
+  EXPECT_TRUE(best == "h2o [q4_0r]" || best == "streaming [q4_0]") << best;
   const std::string md = test::read_file(dir + "/fidelity_bytes.md");
   EXPECT_TRUE(has(md, "At equal KV bytes")) << md;
   EXPECT_TRUE(has(md, "bytes = 0.2")) << md;
