@@ -129,7 +129,11 @@ Result<std::string> fidelity_bytes_section(const FidelityResult& r, const Fideli
     for (size_t i : members) {
       if (p.cases[i].share == s) label = p.cases[i].column;
     }
-    md += "### Bytes = " + pct(s) + " of the F16 full cache\n\n";
+    md += label.rfind("mem ", 0) == 0
+              ? "### KV memory " + label.substr(4) +
+                    " per sequence (keys, values and slot metadata; " + pct(s) +
+                    " of the F16 full cache's key and value bytes for the prompt)\n\n"
+              : "### Bytes = " + pct(s) + " of the F16 full cache\n\n";
     std::vector<std::vector<std::string>> rows;
     nlohmann::json jm = nlohmann::json::array();
     int singles = 0, beaten = 0;
@@ -201,9 +205,15 @@ Result<std::string> fidelity_bytes_section(const FidelityResult& r, const Fideli
     if (on_axis(p, i) && std::find(order.begin(), order.end(), p.cases[i].row) == order.end())
       order.push_back(p.cases[i].row);
   }
+  // One colour per policy, one dash per storage type: F16 / F32 solid, 8-bit dashed, 4-bit dotted.
+  std::vector<std::string> policies;
   for (const std::string& row : order) {
     LineSeries ls;
     ls.name = row;
+    const std::string policy = row.substr(0, row.rfind(" ["));
+    auto at = std::find(policies.begin(), policies.end(), policy);
+    if (at == policies.end()) at = policies.insert(policies.end(), policy);
+    ls.colour = static_cast<int>(at - policies.begin());
     std::vector<std::pair<double, size_t>> pts;
     for (size_t i = 0; i < n; ++i) {
       if (on_axis(p, i) && p.cases[i].row == row) pts.push_back({r.cases[i].kv_bytes_end / ctx, i});
@@ -215,16 +225,21 @@ Result<std::string> fidelity_bytes_section(const FidelityResult& r, const Fideli
       ls.y.push_back(m.mean);
       ls.lo.push_back(m.mean - m.se);
       ls.hi.push_back(m.mean + m.se);
-      ls.dashed = type_quantized(case_kv_type(p, i));
+      const KvType t = case_kv_type(p, i);
+      const bool q4 = t.k == KvElemType::kQ4_0 || t.v == KvElemType::kQ4_0;
+      ls.dash = q4 ? "2 3" : type_quantized(t) ? "7 4" : "";
     }
     chart.series.push_back(ls);
   }
   chart.height = std::max(420, 60 + 18 * static_cast<int>(chart.series.size()) + 60);
-  chart.width = 820;
+  chart.width = 860;
+  chart.log_x = true;  // the bytes values are shares; full caches sit far to the right
   const std::string svg = files.name + "_bytes.svg";
   D2O_RETURN_IF_ERROR(write_file(files.dir + "/" + svg, render_line_chart(chart)));
-  md += "![KL against KV bytes per token](" + svg +
-        ")\n\nDashed: quantized storage; bands: ± one standard error over samples.\n\n";
+  md +=
+      "![KL against KV bytes per token](" + svg +
+      ")\n\nOne colour per policy; solid: F16 (or F32), dashed: 8-bit (q8_0), dotted: 4-bit (q4_0, "
+      "q4_0r); logarithmic bytes axis; bands: ± one standard error over samples.\n\n";
   return md;
 }
 
