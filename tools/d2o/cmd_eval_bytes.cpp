@@ -48,7 +48,7 @@ Result<std::vector<KvType>> parse_kv_type_list(const std::string& s) {
   }
   std::vector<KvType> out;
   for (const std::string& it : items) {
-    auto t = parse_kv_type(it);
+    auto t = ::d2o::parse_kv_type(it);
     if (!t.ok()) return t.status().with_context("--kv-types");
     if (std::find(out.begin(), out.end(), *t) == out.end()) out.push_back(*t);
   }
@@ -92,7 +92,7 @@ Result<std::vector<eval::FidelityCase>> fidelity_bytes_cases(
     std::vector<KvType> mine = types;
     if (const size_t at = given.rfind('@'); at != std::string::npos) {
       base = given.substr(0, at);
-      auto t = parse_kv_type(given.substr(at + 1));
+      auto t = ::d2o::parse_kv_type(given.substr(at + 1));
       if (!t.ok()) return t.status().with_context("policy '" + given + "'");
       if (Status st = check_kv_type(*t, hp.head_dim); !st.ok())
         return st.with_context("policy '" + given + "'");

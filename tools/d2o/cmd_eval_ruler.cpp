@@ -31,7 +31,7 @@ Result<std::vector<eval::PolicyUnderTest>> bytes_policies(const std::vector<std:
     std::vector<KvType> mine = types;
     if (const size_t at = given.rfind('@'); at != std::string::npos) {
       base = given.substr(0, at);
-      auto t = parse_kv_type(given.substr(at + 1));
+      auto t = ::d2o::parse_kv_type(given.substr(at + 1));
       if (!t.ok()) return t.status().with_context("policy '" + given + "'");
       mine = {*t};
     }
