@@ -228,6 +228,35 @@ TEST(CliEval, NiahFallsBackToKjvAndSaysSo) {
   EXPECT_TRUE(has(j["haystack"]["note"].get<std::string>(), "fallback")) << j["haystack"];
 }
 
+// Ruler at equal KV bytes: each policy in each storage type keeps the share of the prompt its
+// rows allow (q4_0r rows are 18 / 64 of F16's: 0.2 of the bytes is 0.711 of the slots).
+TEST(CliEval, RulerQuickBytesKeepsWhatEachTypeAllows) {
+  D2O_REQUIRE_MODEL(model);
+  const std::string dir = out_dir("ruler_bytes");
+  auto r = run_d2o("eval ruler --quick -m " + model + " -t 1 -o " + dir +
+                   " --policies 'full;h2o' --bytes 0.2 --kv-types f16,q4_0r");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = check_outputs(dir, "ruler", 2);  // scores heatmap + bytes chart
+  ASSERT_EQ(j["policies"].size(), 4u);  // full (F16 reference), full [q4_0r], h2o x 2 types
+  ASSERT_TRUE(j.contains("bytes"));
+  for (const auto& m : j["bytes"]["methods"]) {
+    const std::string label = m["label"];
+    const double kept = m["kept"], share = m["share"];
+    if (label == "h2o [f16]") {
+      EXPECT_NEAR(kept, 0.2, 1.0 / 480) << label;  // to the nearest slot of a 480-token prompt
+      EXPECT_NEAR(share, 0.2, 1.0 / 480) << label;
+    } else if (label == "h2o [q4_0r]") {
+      EXPECT_NEAR(kept, 0.2 * 64 / 18, 1.0 / 480) << label;
+      EXPECT_NEAR(share, 0.2, 1.0 / 480) << label;
+      EXPECT_EQ(m["kind"], "eviction + quantization");
+    } else if (label == "full [q4_0r]") {
+      EXPECT_DOUBLE_EQ(share, 18.0 / 64.0);
+    }
+  }
+  EXPECT_EQ(j["bytes"]["best_combination"], "h2o [q4_0r]");
+  EXPECT_TRUE(has(test::read_file(dir + "/ruler.md"), "At equal KV bytes"));
+}
+
 TEST(CliEval, RulerQuickRunsIsDeterministicAndSummaryPicksItUp) {
   D2O_REQUIRE_MODEL(model);
   // The CI configuration: one task and length, two trials, the full cache and d2o.

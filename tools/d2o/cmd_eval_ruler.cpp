@@ -141,6 +141,7 @@ int run_ruler_cmd(RulerOptions& o) {
   p.seed = o.common.seed;
   p.n_ctx_train = s.loaded.model->hparams().n_ctx_train;
   p.kv_type = s.loaded.kv_type;
+  p.head_dim = s.loaded.model->hparams().head_dim;
   std::vector<std::string> bases = eval_policies(o.common, all_policy_presets());
   bool has_full = false;
   for (const std::string& b : bases) has_full = has_full || b == "full";
