@@ -291,19 +291,28 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
     }
   }
   md += md_table({"paper's claim", "this run", "direction"}, claims) + "\n";
-  if (rep.count("fidelity_bytes") && rep["fidelity_bytes"].contains("bytes")) {
+  const bool fid_bytes = rep.count("fidelity_bytes") && rep["fidelity_bytes"].contains("bytes");
+  const bool ruler_bytes = rep.count("ruler") && rep["ruler"].contains("bytes");
+  if (fid_bytes || ruler_bytes) {
     // Equal KV bytes: is the best combination of eviction and quantization better than every
     // single method (eviction alone, quantization alone)?
     md += "## At equal KV bytes: eviction and quantization together\n\n";
     std::vector<std::vector<std::string>> eq;
-    for (const json& v : rep["fidelity_bytes"]["bytes"].value("values", json::array())) {
+    auto row = [&](const std::string& what, const json& v) {
       const int singles = v.value("singles", 0), beaten = v.value("singles_beaten", 0);
-      eq.push_back({fmt_num("%.0f%%", 100 * v.value("share", 0.0)),
-                    "`" + v.value("best_combination", std::string()) + "`",
+      eq.push_back({what, "`" + v.value("best_combination", std::string()) + "`",
                     std::to_string(beaten) + " of " + std::to_string(singles),
                     v.value("better_than_every_single", false) ? "**yes**" : "no"});
+    };
+    if (fid_bytes) {
+      for (const json& v : rep["fidelity_bytes"]["bytes"].value("values", json::array()))
+        row("fidelity (KL), " + fmt_num("%.0f%%", 100 * v.value("share", 0.0)), v);
     }
-    md += md_table({"KV bytes (share of the F16 full cache)", "best combination (lowest KL)",
+    if (ruler_bytes) {
+      row("ruler (score), " + rep["ruler"]["params"].value("compression", std::string()),
+          rep["ruler"]["bytes"]);
+    }
+    md += md_table({"protocol, KV bytes (share of the F16 full cache)", "best combination",
                     "single methods it beats beyond 2 SE", "better than every single method"},
                    eq) +
           "\n";
