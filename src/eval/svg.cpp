@@ -108,7 +108,11 @@ std::string dash_attr(const LineSeries& s) {
 
 std::string render_line_chart(const LineChart& c) {
   const double W = c.width, H = c.height;
-  const double left = 70, right = 170, top = 36, bottom = 52;  // legend on the right
+  // Legend on the right, wide enough for the longest name (about 6.2 px per character at 11 px).
+  size_t longest = 0;
+  for (const LineSeries& s : c.series) longest = std::max(longest, s.name.size());
+  const double left = 70, top = 36, bottom = 52;
+  const double right = std::max(170.0, 48 + 6.2 * static_cast<double>(longest));
   const double pw = W - left - right, ph = H - top - bottom;
   auto xv = [&](double x) { return c.log_x ? std::log10(x) : x; };
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
