@@ -137,7 +137,7 @@ elif [ $summary_only -eq 0 ]; then
       --trials 8 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,fwe
     # Equal KV bytes (fidelity_bytes): every policy in F16, Q8_0 and rotated Q4_0 storage, each
     # at the largest budget that fits 10% / 20% of the F16 full cache's key and value bytes; the
-    # full caches in those types at their own bytes; H2O also in plain Q4_0. About 15 minutes on
+    # full caches in those types at their own bytes; H2O also in plain Q4_0. 8 to 16 minutes on
     # 2 busy cores.
     run eval fidelity "${common[@]}" "${text[@]}" --name fidelity_bytes --bytes 0.1,0.2 \
       --kv-types f16,q8_0,q4_0r --prompt 2048 --samples 6 --continue 64 \
