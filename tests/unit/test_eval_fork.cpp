@@ -202,11 +202,11 @@ TEST(EvalFork, MixedStorageTypesForkLikeDirectOnes) {
     std::vector<BatchEntry> batch;
     for (auto& s : forked->seqs) batch.push_back({s.get(), {&tokens[t], 1}, -1});
     std::vector<std::vector<float>> got(cases.size());
-    ASSERT_TRUE(engine
-                    .forward(batch, [&](int e, int, const float* l) {
-                      got[static_cast<size_t>(e)].assign(l, l + nv);
-                    })
-                    .ok());
+    ASSERT_TRUE(
+        engine
+            .forward(batch, [&](int e, int,
+                                const float* l) { got[static_cast<size_t>(e)].assign(l, l + nv); })
+            .ok());
     for (size_t i = 0; i < cases.size(); ++i) {
       std::vector<float> want;
       BatchEntry be{direct[i].get(), {&tokens[t], 1}, -1};
