@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates docs/results.md and its charts (docs/results/*.svg, *.json, *.md) with the d2o
-# evaluation harness: `d2o eval ppl`, `fidelity`, `niah`, `ruler`, `ablate` on the default model
+# evaluation harness: `d2o eval ppl`, `fidelity` (by ratio, and at equal KV bytes across storage
+# types), `niah`, `ruler`, `ablate` on the default model
 # (SmolLM2-135M-Instruct, fetched by scripts/setup.sh) with every KV policy, then
 # `d2o eval summary` for the page. Deterministic: the same model, texts and seed give the same
 # numbers (wall times aside).
@@ -117,6 +118,8 @@ elif [ $summary_only -eq 0 ]; then
       --lengths 256,384
     run eval ruler --quick "${common[@]}" "${hay[@]}" --policies "full;streaming;h2o;d2o"
     run eval ablate --quick "${common[@]}" "${text[@]}" --samples 1 --continue 8
+    run eval fidelity --quick "${common[@]}" "${text[@]}" --name fidelity_bytes --bytes 0.2,0.4 \
+      --kv-types f16,q4_0r --policies "full;h2o;d2o"
   else
     # Sized for about an hour on 2 busy cores (per-token costs measured first; see results.md).
     # ppl: the PG-19 protocol, token by token through 4096 tokens (half the trained context).
@@ -136,6 +139,13 @@ elif [ $summary_only -eq 0 ]; then
     # scores 2% on it at 2K, too little to compare policies.
     run eval ruler "${common[@]}" "${hay[@]}" --policies "$all" --ratio 0.2 --lengths 2048 \
       --trials 8 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,fwe
+    # Equal KV bytes (fidelity_bytes): every policy in F16, Q8_0 and rotated Q4_0 storage, each
+    # at the largest budget that fits 10% / 20% of the F16 full cache's key and value bytes; the
+    # full caches in those types at their own bytes; H2O also in plain Q4_0. 8 to 16 minutes on
+    # 2 busy cores.
+    run eval fidelity "${common[@]}" "${text[@]}" --name fidelity_bytes --bytes 0.1,0.2 \
+      --kv-types f16,q8_0,q4_0r --prompt 2048 --samples 6 --continue 64 \
+      --policies "full;h2o;snapkv;streaming;d2o;d2o:mass=on,nm=1:3;h2o@q4_0"
   fi
 fi
 

@@ -5,11 +5,17 @@
 
 #include "core/timer.h"
 #include "eval/fork.h"
+#include "eval/kv_bytes.h"
 #include "eval/perplexity.h"
 #include "eval/stats.h"
 #include "eval/svg.h"
+#include "model/layer_desc.h"
 
 namespace d2o::eval {
+
+KvType case_kv_type(const FidelityParams& p, size_t i) {
+  return p.cases[i].kv_type.value_or(p.kv_type);
+}
 
 void log_softmax(const float* logits, int n, std::vector<double>& out) {
   out.resize(static_cast<size_t>(n));
@@ -75,7 +81,16 @@ Result<FidelityResult> run_fidelity(Engine& engine, std::span<const TokenId> tok
   }
   // Sequence 0 is the full-cache reference, then the cases.
   std::vector<std::shared_ptr<const KvPolicy>> policies = {std::make_shared<FullPolicy>()};
-  for (const FidelityCase& c : p.cases) policies.push_back(c.policy.policy);
+  std::vector<KvType> types = {p.kv_type};
+  for (size_t i = 0; i < n_cases; ++i) {
+    policies.push_back(p.cases[i].policy.policy);
+    types.push_back(case_kv_type(p, i));
+  }
+  for (const KvType& t : types)
+    D2O_RETURN_IF_ERROR(check_kv_type(t, hp.head_dim).with_context("KV storage type"));
+  res.context_end = static_cast<int64_t>(p.prompt_len) + p.n_continue;
+  res.f16_full_bytes_end = static_cast<double>(
+      full_kv_bytes(f16_config(kv_cache_config(hp, p.kv_type)), res.context_end));
   const size_t n_seq = policies.size();
   std::vector<float> logits(n_seq * static_cast<size_t>(nv));
   std::vector<double> ref_logp;
@@ -87,7 +102,7 @@ Result<FidelityResult> run_fidelity(Engine& engine, std::span<const TokenId> tok
     const int64_t off = res.offsets[static_cast<size_t>(s)];
     std::vector<TokenId> prompt(tokens.begin() + off, tokens.begin() + off + p.prompt_len);
     if (p.bos >= 0) prompt[0] = p.bos;
-    D2O_ASSIGN_OR_RETURN(ForkedPrefill fork, prefill_forked(engine, prompt, policies, p.kv_type));
+    D2O_ASSIGN_OR_RETURN(ForkedPrefill fork, prefill_forked(engine, prompt, policies, types));
     res.n_prefills = fork.n_prefills;
     std::vector<double> sum_kl(n_cases, 0), sum_top1(n_cases, 0), sum_nll(n_cases, 0);
     double sum_nll_full = 0;
@@ -133,6 +148,7 @@ Result<FidelityResult> run_fidelity(Engine& engine, std::span<const TokenId> tok
       const Sequence& seq = *fork.seqs[c + 1];
       cr.slots_end +=
           static_cast<double>(seq.cache().total_slots()) / seq.cache().n_layer() / p.n_samples;
+      cr.kv_bytes_end += static_cast<double>(seq.cache().kv_bytes_used()) / p.n_samples;
       for (int64_t v : seq.policy_state().evicted) cr.evicted += v;
       for (int64_t v : seq.policy_state().merged) cr.merged += v;
     }
@@ -190,6 +206,8 @@ Status write_fidelity_report(const FidelityResult& r, const FidelityParams& p, c
   if (p.bos >= 0) j["params"]["bos"] = p.bos;
   j["offsets"] = r.offsets;
   j["prefills_per_sample"] = r.n_prefills;
+  j["f16_full_bytes_end"] = r.f16_full_bytes_end;
+  j["context_end"] = r.context_end;
   j["seconds"] = r.seconds;
   j["engine_seconds"] = {{"matmul", r.timings.matmul_s},
                          {"attention", r.timings.attention_s},
@@ -204,6 +222,10 @@ Status write_fidelity_report(const FidelityResult& r, const FidelityParams& p, c
     push_unique(cols, c.column);
     const CellStats s = cell_stats(cr);
     jc.push_back({{"row", c.row},
+                  {"kv_type", kv_type_name(case_kv_type(p, i))},
+                  {"share", c.share},
+                  {"budget", c.budget},
+                  {"kv_bytes_end", cr.kv_bytes_end},
                   {"column", c.column},
                   {"spec", c.policy.spec},
                   {"kl", s.kl.mean},
@@ -249,7 +271,7 @@ Status write_fidelity_report(const FidelityResult& r, const FidelityParams& p, c
     md += "## " + std::string(m.title) + "\n\n";
     std::vector<std::string> header = {text.protocol == "ablate" ? "variant" : "policy"};
     for (const std::string& c : cols)
-      header.push_back(c == "-" ? "-" : (text.protocol == "ablate" ? c : "ρ = " + c));
+      header.push_back(c == "-" ? "-" : (text.protocol == "ablate" ? c : text.column_prefix + c));
     std::vector<std::vector<std::string>> body;
     for (const std::string& row : rows) {
       std::vector<std::string> line = {row};
@@ -299,6 +321,8 @@ Status write_fidelity_report(const FidelityResult& r, const FidelityParams& p, c
     D2O_RETURN_IF_ERROR(write_file(files.dir + "/" + svg, render_line_chart(chart)));
     md += "![KL per step, " + col + "](" + svg + ")\n\n";
   }
+  D2O_ASSIGN_OR_RETURN(const std::string bytes_md, fidelity_bytes_section(r, p, files, j));
+  md += bytes_md;
   md += "Wall time " + format_duration(r.seconds) + " (" + std::to_string(r.n_prefills) +
         " shared prompt pass(es) per sample; engine: matmul " +
         format_duration(r.timings.matmul_s) + ", attention " +

@@ -18,8 +18,10 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "d2o/status.h"
@@ -31,9 +33,17 @@ namespace d2o::eval {
 
 // One policy at one compression: a cell of the result table.
 struct FidelityCase {
+  FidelityCase() = default;
+  FidelityCase(std::string row_, std::string column_, PolicyUnderTest policy_)
+      : row(std::move(row_)), column(std::move(column_)), policy(std::move(policy_)) {}
   std::string row;     // table row: the policy or ablation variant
   std::string column;  // table column: the ratio ("0.2"), or "-" for the full cache
   PolicyUnderTest policy;
+  // Equal-bytes comparisons (--bytes): the case's own storage type (none: FidelityParams::kv_type),
+  // and the share of the F16 full cache's bytes its budget was sized for (0: not sized by bytes).
+  std::optional<KvType> kv_type;
+  double share = 0;
+  int64_t budget = 0;  // the slots per KV head and layer that share gave
 };
 
 struct FidelityParams {
@@ -54,6 +64,7 @@ struct FidelityCaseResult {
   std::vector<double> kl, top1, nll, nll_full;
   std::vector<double> kl_by_step;   // [n_continue], mean over samples
   double slots_end = 0;             // slots per KV head and layer at the end (mean over samples)
+  double kv_bytes_end = 0;          // key and value bytes held at the end (mean over samples)
   int64_t evicted = 0, merged = 0;  // summed over layers and samples
 };
 
@@ -61,6 +72,10 @@ struct FidelityResult {
   std::vector<FidelityCaseResult> cases;  // as params.cases
   std::vector<int64_t> offsets;           // first token of each sample in the text
   int n_prefills = 0;                     // prompt passes per sample (policy groups)
+  // Key and value bytes of a full F16 cache holding the context at the end (prompt +
+  // continuation), and that context's length: the scale of the bytes axis.
+  double f16_full_bytes_end = 0;
+  int64_t context_end = 0;
   double seconds = 0;
   EngineTimings timings;
 };
@@ -76,14 +91,27 @@ double kl_from_logits(std::span<const double> ref_logp, const float* x);
 void log_softmax(const float* logits, int n, std::vector<double>& out);
 
 struct FidelityReportText {
-  std::string protocol = "fidelity";  // "fidelity" or "ablate"
-  std::string title;                  // Markdown title
-  std::string intro;                  // a paragraph under the title
+  std::string protocol = "fidelity";   // "fidelity" or "ablate"
+  std::string title;                   // Markdown title
+  std::string intro;                   // a paragraph under the title
+  std::string column_prefix = "ρ = ";  // table headers of the columns (fidelity)
 };
 
 // Writes <name>.json, <name>.md (KL, top-1 agreement and ΔNLL tables: rows x columns) and
 // <name>_kl_<column>.svg (mean KL against the continuation step, one chart per column).
 Status write_fidelity_report(const FidelityResult& r, const FidelityParams& p, const RunMeta& meta,
                              const FidelityReportText& text, const ReportFiles& files);
+
+// The equal-bytes section of a fidelity report (cases with FidelityCase::share > 0 or a full
+// cache in a storage type of its own): per bytes value, every method's KL with its paired
+// difference to the best combination of eviction and quantization, verdicts of that combination
+// against every single method, and <name>_bytes.svg (KL against KV bytes per token of context,
+// one line per method). Adds "bytes" to the report's JSON; returns the Markdown ("" when no case
+// is on the bytes axis).
+Result<std::string> fidelity_bytes_section(const FidelityResult& r, const FidelityParams& p,
+                                           const ReportFiles& files, nlohmann::json& j);
+
+// Storage type of case i (its own, else the run's).
+KvType case_kv_type(const FidelityParams& p, size_t i);
 
 }  // namespace d2o::eval

@@ -94,45 +94,71 @@ PrefillGroups group_by_stats(std::span<const std::shared_ptr<const KvPolicy>> po
 Result<ForkedPrefill> prefill_forked(Engine& engine, std::span<const TokenId> prompt,
                                      std::span<const std::shared_ptr<const KvPolicy>> policies,
                                      KvType kv_type) {
+  const std::vector<KvType> types(policies.size(), kv_type);
+  return prefill_forked(engine, prompt, policies, types);
+}
+
+Result<ForkedPrefill> prefill_forked(Engine& engine, std::span<const TokenId> prompt,
+                                     std::span<const std::shared_ptr<const KvPolicy>> policies,
+                                     std::span<const KvType> kv_types) {
   if (prompt.empty()) return invalid_argument("the prompt is empty");
   if (policies.empty()) return invalid_argument("no policies to evaluate");
+  if (kv_types.size() != policies.size())
+    return invalid_argument("prefill_forked: one storage type per policy");
   const ModelHParams& hp = engine.model().hparams();
-  const PrefillGroups groups = group_by_stats(policies);
   ForkedPrefill out;
   out.seqs.resize(policies.size());
-  for (size_t gi = 0; gi < groups.needs.size(); ++gi) {
-    auto recorder = std::make_shared<RecordingPolicy>(groups.needs[gi]);
-    Sequence pre(hp, kv_type, recorder);
-    BatchEntry be;
-    be.seq = &pre;
-    be.tokens = prompt;
-    be.logits_from = -1;
-    std::vector<float> logits;
-    D2O_RETURN_IF_ERROR(engine.forward(
-        {&be, 1}, [&](int, int, const float* l) { logits.assign(l, l + hp.n_vocab); }));
-    if (gi == 0) out.last_logits = std::move(logits);
-    ++out.n_prefills;
+  out.last_logits_of.resize(policies.size());
+  // One set of statistics groups per storage type, in order of first appearance.
+  std::vector<KvType> types;
+  for (const KvType& t : kv_types) {
+    if (std::find(types.begin(), types.end(), t) == types.end()) types.push_back(t);
+  }
+  for (const KvType& kv_type : types) {
+    std::vector<size_t> members;
+    std::vector<std::shared_ptr<const KvPolicy>> ps;
     for (size_t i = 0; i < policies.size(); ++i) {
-      if (groups.group_of[i] != static_cast<int>(gi)) continue;
-      auto seq = std::make_unique<Sequence>(hp, kv_type, policies[i]);
-      D2O_RETURN_IF_ERROR(copy_cache(pre.cache(), seq->cache()));
-      clear_unused_stats(*policies[i], seq->cache());
-      seq->advance(static_cast<int64_t>(prompt.size()));
-      // What Engine::forward does after the prompt pass.
-      PassInfo pass;
-      pass.n_tokens = static_cast<int>(prompt.size());
-      pass.n_past = seq->n_past();
-      pass.first_pass = true;
-      pass.rope = &engine.rope();
-      pass.pool = &engine.pool();
-      KvCache& cache = seq->cache();
-      const int64_t before = cache.total_slots();
-      D2O_RETURN_IF_ERROR(seq->policy().compact(cache, seq->policy_state(), pass));
-      if (cache.total_slots() < before)
-        D2O_RETURN_IF_ERROR(cache.trim(std::min(pass.n_tokens, 64)));
-      out.seqs[i] = std::move(seq);
+      if (!(kv_types[i] == kv_type)) continue;
+      members.push_back(i);
+      ps.push_back(policies[i]);
+    }
+    const PrefillGroups groups = group_by_stats(ps);
+    for (size_t gi = 0; gi < groups.needs.size(); ++gi) {
+      auto recorder = std::make_shared<RecordingPolicy>(groups.needs[gi]);
+      Sequence pre(hp, kv_type, recorder);
+      BatchEntry be;
+      be.seq = &pre;
+      be.tokens = prompt;
+      be.logits_from = -1;
+      std::vector<float> logits;
+      D2O_RETURN_IF_ERROR(engine.forward(
+          {&be, 1}, [&](int, int, const float* l) { logits.assign(l, l + hp.n_vocab); }));
+      ++out.n_prefills;
+      for (size_t m = 0; m < members.size(); ++m) {
+        if (groups.group_of[m] != static_cast<int>(gi)) continue;
+        const size_t i = members[m];
+        out.last_logits_of[i] = logits;
+        auto seq = std::make_unique<Sequence>(hp, kv_type, policies[i]);
+        D2O_RETURN_IF_ERROR(copy_cache(pre.cache(), seq->cache()));
+        clear_unused_stats(*policies[i], seq->cache());
+        seq->advance(static_cast<int64_t>(prompt.size()));
+        // What Engine::forward does after the prompt pass.
+        PassInfo pass;
+        pass.n_tokens = static_cast<int>(prompt.size());
+        pass.n_past = seq->n_past();
+        pass.first_pass = true;
+        pass.rope = &engine.rope();
+        pass.pool = &engine.pool();
+        KvCache& cache = seq->cache();
+        const int64_t before = cache.total_slots();
+        D2O_RETURN_IF_ERROR(seq->policy().compact(cache, seq->policy_state(), pass));
+        if (cache.total_slots() < before)
+          D2O_RETURN_IF_ERROR(cache.trim(std::min(pass.n_tokens, 64)));
+        out.seqs[i] = std::move(seq);
+      }
     }
   }
+  out.last_logits = out.last_logits_of[0];
   return out;
 }
 

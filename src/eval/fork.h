@@ -44,13 +44,20 @@ struct ForkedPrefill {
   // policy (n_past = prompt length).
   std::vector<std::unique_ptr<Sequence>> seqs;
   // Logits of the prompt's last token, [n_vocab]. Computed before any compaction, hence the
-  // same for every policy.
+  // same for every policy of one storage type (the first policy's).
   std::vector<float> last_logits;
+  // The same per policy: storage types differ in what the prompt's attention read.
+  std::vector<std::vector<float>> last_logits_of;
   int n_prefills = 0;  // forward passes over the prompt that were needed (groups)
 };
 
 Result<ForkedPrefill> prefill_forked(Engine& engine, std::span<const TokenId> prompt,
                                      std::span<const std::shared_ptr<const KvPolicy>> policies,
                                      KvType kv_type);
+// Each policy with its own storage type (kv_types[i] for policies[i]): one prefill per storage
+// type and statistics group, since the prompt's attention reads the stored (rounded) rows.
+Result<ForkedPrefill> prefill_forked(Engine& engine, std::span<const TokenId> prompt,
+                                     std::span<const std::shared_ptr<const KvPolicy>> policies,
+                                     std::span<const KvType> kv_types);
 
 }  // namespace d2o::eval

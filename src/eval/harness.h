@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -21,6 +22,9 @@ struct PolicyUnderTest {
   std::string label;  // "d2o", "h2o", "d2o nm=1:1", ...
   std::string spec;   // canonical, from KvPolicy::spec()
   std::shared_ptr<const KvPolicy> policy;
+  // Its own KV storage type (equal-bytes comparisons); none: the run's. Used by ruler; fidelity
+  // cases carry theirs in FidelityCase.
+  std::optional<KvType> kv_type;
 };
 
 // Parses `spec` (errors name the spec). label "" = the spec as given.

@@ -137,6 +137,7 @@ struct RulerParams {
   uint64_t seed = 1;
   int n_ctx_train = 0;
   KvType kv_type = KvType::kF16;
+  int head_dim = 0;  // the model's: KV bytes of the equal-bytes section
 };
 
 struct RulerOutcome {
@@ -170,5 +171,12 @@ struct RulerReportText {
 // <name>_scores.svg (a heatmap of the score per policy and task/length cell).
 Status write_ruler_report(const RulerResult& r, const RulerParams& p, const RunMeta& meta,
                           const RulerReportText& text, const ReportFiles& files);
+
+// With policies in storage types of their own (--bytes): every method's score pooled over the
+// trials, paired differences to the best combination of eviction and quantization, verdicts
+// against the single methods, and <name>_bytes.svg. Adds "bytes" to the JSON; "" when no policy
+// has its own storage type.
+Result<std::string> ruler_bytes_section(const RulerResult& r, const RulerParams& p,
+                                        const ReportFiles& files, nlohmann::json& j);
 
 }  // namespace d2o::eval

@@ -12,8 +12,12 @@ Result<std::vector<RulerAnswer>> ruler_answers(Engine& engine, const Tokenizer& 
                                                int max_new, KvType kv_type, int* n_prefills) {
   if (max_new < 1) return invalid_argument("max_new must be at least 1");
   std::vector<std::shared_ptr<const KvPolicy>> ps;
-  for (const PolicyUnderTest& p : policies) ps.push_back(p.policy);
-  D2O_ASSIGN_OR_RETURN(ForkedPrefill fork, prefill_forked(engine, prompt, ps, kv_type));
+  std::vector<KvType> types;
+  for (const PolicyUnderTest& p : policies) {
+    ps.push_back(p.policy);
+    types.push_back(p.kv_type.value_or(kv_type));
+  }
+  D2O_ASSIGN_OR_RETURN(ForkedPrefill fork, prefill_forked(engine, prompt, ps, types));
   if (n_prefills) *n_prefills = fork.n_prefills;
   const int nv = engine.model().hparams().n_vocab;
   const size_t n = policies.size();
@@ -26,7 +30,9 @@ Result<std::vector<RulerAnswer>> ruler_answers(Engine& engine, const Tokenizer& 
   }
   // Greedy decoding as generate() does it: stop at an end-of-generation token (not kept) or
   // after max_new tokens; all policies advance in one batch per step.
-  std::vector<TokenId> next(n, argmax(fork.last_logits.data(), nv));
+  // The first answer token comes from the prompt pass, which depends on the storage type.
+  std::vector<TokenId> next(n);
+  for (size_t i = 0; i < n; ++i) next[i] = argmax(fork.last_logits_of[i].data(), nv);
   std::vector<uint8_t> active(n, 1);
   std::vector<BatchEntry> batch;
   std::vector<size_t> who;

@@ -64,7 +64,8 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
   namespace fs = std::filesystem;
   std::map<std::string, json> rep;
   std::map<std::string, std::string> mds;
-  for (const char* name : {"ppl", "fidelity", "niah", "niah_long", "ruler", "ablate"}) {
+  for (const char* name :
+       {"ppl", "fidelity", "fidelity_bytes", "niah", "niah_long", "ruler", "ablate"}) {
     const std::string base = o.dir + "/" + name;
     std::error_code ec;
     if (!fs::exists(base + ".json", ec)) continue;
@@ -75,7 +76,8 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
   }
   if (rep.empty())
     return not_found(
-        "no eval reports (ppl.json, fidelity.json, niah.json, ruler.json, ablate.json) in '" +
+        "no eval reports (ppl.json, fidelity.json, fidelity_bytes.json, niah.json, ruler.json, "
+        "ablate.json) in '" +
         o.dir + "'");
 
   std::string md = "# " + o.title + "\n\n";
@@ -288,10 +290,37 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
     }
   }
   md += md_table({"paper's claim", "this run", "direction"}, claims) + "\n";
+  const bool fid_bytes = rep.count("fidelity_bytes") && rep["fidelity_bytes"].contains("bytes");
+  const bool ruler_bytes = rep.count("ruler") && rep["ruler"].contains("bytes");
+  if (fid_bytes || ruler_bytes) {
+    // Equal KV bytes: is the best combination of eviction and quantization better than every
+    // single method (eviction alone, quantization alone)?
+    md += "## At equal KV bytes: eviction and quantization together\n\n";
+    std::vector<std::vector<std::string>> eq;
+    auto row = [&](const std::string& what, const json& v) {
+      const int singles = v.value("singles", 0), beaten = v.value("singles_beaten", 0);
+      eq.push_back({what, "`" + v.value("best_combination", std::string()) + "`",
+                    std::to_string(beaten) + " of " + std::to_string(singles),
+                    v.value("better_than_every_single", false) ? "**yes**" : "no"});
+    };
+    if (fid_bytes) {
+      for (const json& v : rep["fidelity_bytes"]["bytes"].value("values", json::array()))
+        row("fidelity (KL), " + fmt_num("%.0f%%", 100 * v.value("share", 0.0)), v);
+    }
+    if (ruler_bytes) {
+      row("ruler (score), " + rep["ruler"]["params"].value("compression", std::string()),
+          rep["ruler"]["bytes"]);
+    }
+    md += md_table({"protocol, KV bytes (share of the F16 full cache)", "best combination",
+                    "single methods it beats beyond 2 SE", "better than every single method"},
+                   eq) +
+          "\n";
+  }
   if (!o.notes.empty()) md += o.notes + "\n";
 
   // ---- The reports ---------------------------------------------------------------------------
-  for (const char* name : {"ppl", "fidelity", "niah", "niah_long", "ruler", "ablate"}) {
+  for (const char* name :
+       {"ppl", "fidelity", "fidelity_bytes", "niah", "niah_long", "ruler", "ablate"}) {
     if (!mds.count(name) || mds[name].empty()) continue;
     md += embed(mds[name], o.image_prefix) + "\n";
   }

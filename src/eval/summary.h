@@ -7,7 +7,9 @@
 //   - niah: accuracy of D2O minus the baseline, paired by trial (standard error over trials);
 //   - ruler: score of D2O minus the baseline per task (lengths pooled) and over all tasks,
 //     paired by trial, as the ruler report computes it;
-//   - ablate: the verdict on each of the paper's claims, as computed by the ablation report.
+//   - ablate: the verdict on each of the paper's claims, as computed by the ablation report;
+//   - fidelity_bytes (equal KV bytes): per bytes value, whether the best combination of eviction
+//     and quantization beats every single method, as the fidelity report computes it.
 // "wins" / "loses" when the paired difference exceeds two standard errors in D2O's favour /
 // against it, "ties" otherwise. Then the direction of each result is compared with the paper's
 // claim (method.md, "What the paper reports").
@@ -20,8 +22,9 @@
 namespace d2o::eval {
 
 struct SummaryOptions {
-  std::string
-      dir;  // folder with ppl.json, fidelity.json, niah.json, ruler.json, ablate.json (+ .md, .svg)
+  // Folder with ppl.json, fidelity.json, fidelity_bytes.json, niah.json, ruler.json,
+  // ablate.json (+ .md, .svg).
+  std::string dir;
   std::string image_prefix;  // prepended to image links of the included reports ("results/")
   std::string notes;         // Markdown written by hand, included after the verdicts ("" = none)
   std::string title = "Results";

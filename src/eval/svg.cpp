@@ -97,9 +97,22 @@ const char* series_colour(size_t i) {
   return kColours[i % (sizeof kColours / sizeof kColours[0])];
 }
 
+namespace {
+
+std::string dash_attr(const LineSeries& s) {
+  if (!s.dash.empty()) return " stroke-dasharray=\"" + xml_escape(s.dash) + "\"";
+  return s.dashed ? " stroke-dasharray=\"6 4\"" : "";
+}
+
+}  // namespace
+
 std::string render_line_chart(const LineChart& c) {
   const double W = c.width, H = c.height;
-  const double left = 70, right = 170, top = 36, bottom = 52;  // legend on the right
+  // Legend on the right, wide enough for the longest name (about 6.2 px per character at 11 px).
+  size_t longest = 0;
+  for (const LineSeries& s : c.series) longest = std::max(longest, s.name.size());
+  const double left = 70, top = 36, bottom = 52;
+  const double right = std::max(170.0, 48 + 6.2 * static_cast<double>(longest));
   const double pw = W - left - right, ph = H - top - bottom;
   auto xv = [&](double x) { return c.log_x ? std::log10(x) : x; };
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
@@ -163,7 +176,7 @@ std::string render_line_chart(const LineChart& c) {
        num(pw) + "\" height=\"" + num(ph) + "\"/></clipPath>\n<g clip-path=\"url(#plot)\">\n";
   for (size_t si = 0; si < c.series.size(); ++si) {
     const LineSeries& s = c.series[si];
-    const char* col = series_colour(si);
+    const char* col = series_colour(s.colour >= 0 ? static_cast<size_t>(s.colour) : si);
     const size_t n = std::min(s.x.size(), s.y.size());
     // Band: upper edge forward, lower edge backward, one polygon per finite run.
     if (s.lo.size() == n && s.hi.size() == n && n > 0) {
@@ -198,7 +211,7 @@ std::string render_line_chart(const LineChart& c) {
     }
     if (!d.empty()) {
       o += "<path d=\"" + d + "\" fill=\"none\" stroke=\"" + col + "\" stroke-width=\"1.6\"" +
-           (s.dashed ? " stroke-dasharray=\"6 4\"" : "") + "/>\n";
+           dash_attr(s) + "/>\n";
     }
     if (n == 1 && std::isfinite(s.y[0])) {
       o += "<circle cx=\"" + num(px(s.x[0])) + "\" cy=\"" + num(py(s.y[0])) + "\" r=\"3\" fill=\"" +
@@ -211,8 +224,9 @@ std::string render_line_chart(const LineChart& c) {
     const double ly = top + 10 + 18.0 * static_cast<double>(si);
     const double lx = left + pw + 12;
     o += "<line x1=\"" + num(lx) + "\" y1=\"" + num(ly) + "\" x2=\"" + num(lx + 22) + "\" y2=\"" +
-         num(ly) + "\" stroke=\"" + series_colour(si) + "\" stroke-width=\"2.5\"" +
-         (c.series[si].dashed ? " stroke-dasharray=\"6 4\"" : "") + "/>\n";
+         num(ly) + "\" stroke=\"" +
+         series_colour(c.series[si].colour >= 0 ? static_cast<size_t>(c.series[si].colour) : si) +
+         "\" stroke-width=\"2.5\"" + dash_attr(c.series[si]) + "/>\n";
     o += text(lx + 28, ly + 4, c.series[si].name, "start", 11);
   }
   o += "</svg>\n";

@@ -16,6 +16,10 @@ struct LineSeries {
   // Optional uncertainty band (same length as x), drawn as a translucent area; empty: none.
   std::vector<double> lo, hi;
   bool dashed = false;  // e.g. the reference curve
+  // Optional style overrides: a palette index (series_colour) instead of the series' position,
+  // and a stroke-dasharray ("2 3") instead of `dashed`'s.
+  int colour = -1;
+  std::string dash;
 };
 
 struct LineChart {

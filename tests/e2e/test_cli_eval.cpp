@@ -6,6 +6,7 @@
 // the model's context give clear errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -116,6 +117,78 @@ TEST(CliEval, FidelityQuickFullCacheHasZeroKl) {
   EXPECT_TRUE(has(md, " ± ")) << md;
 }
 
+// Equal KV bytes: each (policy, storage type) gets the budget its bytes allow, full caches hold
+// what they hold, and every method runs on the same samples.
+TEST(CliEval, FidelityQuickBytesSizesBudgetsByStorageType) {
+  D2O_REQUIRE_MODEL(model);
+  REQUIRE_DEFAULT_TEXT();
+  const std::string dir = out_dir("fidelity_bytes");
+  auto r = run_d2o("eval fidelity --quick -m " + model + " -t 1 -o " + dir +
+                   " --policies 'full;h2o;streaming@q4_0' --kv-types f16,q4_0r --bytes 0.2,0.4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = check_outputs(dir, "fidelity_bytes", 3);  // 2 KL-per-step + bytes
+  ASSERT_TRUE(j.contains("cases") && j.contains("bytes"));
+  // full x 2 types, h2o x 2 types x 2 bytes, streaming in q4_0 x 2 bytes.
+  ASSERT_EQ(j["cases"].size(), 8u);
+  const double kv_per_token = j["meta"]["model"]["n_layer"].get<double>() *
+                              j["meta"]["model"]["n_head_kv"].get<double>() *
+                              j["meta"]["model"]["head_dim"].get<double>();  // elements
+  const double f16_prompt = 256 * kv_per_token * 2 * 2;  // keys and values, 2 bytes each
+  for (const auto& c : j["cases"]) {
+    const std::string row = c["row"], type = c["kv_type"];
+    const double bytes = c["kv_bytes_end"];
+    if (row == "full [f16]") {
+      EXPECT_EQ(c["kl"].get<double>(), 0.0);
+    } else if (row == "full [q4_0r]") {
+      // 18 bytes per 32 elements against 64: 28.125% of F16 for any context.
+      EXPECT_DOUBLE_EQ(bytes / j["f16_full_bytes_end"].get<double>(), 18.0 / 64.0);
+      EXPECT_GT(c["kl"].get<double>(), 0.0);
+    } else {
+      const double share = c["share"];
+      ASSERT_GT(share, 0.0) << row;
+      const double bytes_per_slot = kv_per_token * 2 * (type == "f16" ? 2.0 : 18.0 / 32.0);
+      // The largest budget whose bytes fit the share of the F16 cache for the prompt.
+      EXPECT_EQ(c["budget"].get<int64_t>(),
+                static_cast<int64_t>(share * f16_prompt / bytes_per_slot + 1e-9))
+          << row << " " << share;
+      // Measured: the policy holds its budget in every layer (the whole context of 256 + 16
+      // tokens when the budget is larger: q4_0 at 40% allows 364 slots), and one more slot would
+      // not fit.
+      const double budget = c["budget"].get<double>();
+      const double held = std::min(budget, 272.0);
+      EXPECT_DOUBLE_EQ(bytes, held * bytes_per_slot) << row;
+      EXPECT_LE(bytes, share * f16_prompt) << row;
+      EXPECT_GT((budget + 1) * bytes_per_slot, share * f16_prompt) << row;
+      EXPECT_EQ(c["evicted"].get<int64_t>() > 0, budget < 272) << row;
+    }
+    EXPECT_EQ(c["per_sample"]["kl"].size(), 2u) << row;
+  }
+  const auto& values = j["bytes"]["values"];
+  ASSERT_EQ(values.size(), 2u);
+  // full q4_0r (28%) is compared at 40% only; h2o in both types and streaming in q4_0 at both.
+  EXPECT_EQ(values[0]["methods"].size(), 3u);
+  EXPECT_EQ(values[1]["methods"].size(), 4u);
+  // A budget that evicts nothing is no combination: in q4_0 / q4_0r at 40% both policies keep
+  // everything, so no combination runs there; at 20% one of the two q4 methods is the best.
+  for (const auto& m : values[1]["methods"]) {
+    if (m["row"] != "h2o [f16]") {
+      EXPECT_EQ(m["kind"], "no eviction (quantization only)") << m["row"];
+    }
+  }
+  EXPECT_EQ(values[1]["best_combination"], "");
+  const std::string best = values[0]["best_combination"];
+  EXPECT_TRUE(best == "h2o [q4_0r]" || best == "streaming [q4_0]") << best;
+  const std::string md = test::read_file(dir + "/fidelity_bytes.md");
+  EXPECT_TRUE(has(md, "At equal KV bytes")) << md;
+  EXPECT_TRUE(has(md, "bytes = 0.2")) << md;
+  EXPECT_TRUE(has(md, "fidelity_bytes_bytes.svg")) << md;
+  // Bytes and ratios are two axes; one run takes one.
+  auto both =
+      run_d2o("eval fidelity --quick -m " + model + " -o " + dir + " --bytes 0.2 --ratios 0.2");
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_TRUE(has(both.output, "not both")) << both.output;
+}
+
 TEST(CliEval, NiahQuickRunsAndLargeBudgetMatchesFull) {
   D2O_REQUIRE_MODEL(model);
   const std::string dir = out_dir("niah");
@@ -153,6 +226,35 @@ TEST(CliEval, NiahFallsBackToKjvAndSaysSo) {
   const nlohmann::json j = check_outputs(dir, "niah", 1);
   EXPECT_TRUE(has(j["haystack"]["needle_task"].get<std::string>(), "King James")) << j["haystack"];
   EXPECT_TRUE(has(j["haystack"]["note"].get<std::string>(), "fallback")) << j["haystack"];
+}
+
+// Ruler at equal KV bytes: each policy in each storage type keeps the share of the prompt its
+// rows allow (q4_0r rows are 18 / 64 of F16's: 0.2 of the bytes is 0.711 of the slots).
+TEST(CliEval, RulerQuickBytesKeepsWhatEachTypeAllows) {
+  D2O_REQUIRE_MODEL(model);
+  const std::string dir = out_dir("ruler_bytes");
+  auto r = run_d2o("eval ruler --quick -m " + model + " -t 1 -o " + dir +
+                   " --policies 'full;h2o' --bytes 0.2 --kv-types f16,q4_0r");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = check_outputs(dir, "ruler", 2);  // scores heatmap + bytes chart
+  ASSERT_EQ(j["policies"].size(), 4u);  // full (F16 reference), full [q4_0r], h2o x 2 types
+  ASSERT_TRUE(j.contains("bytes"));
+  for (const auto& m : j["bytes"]["methods"]) {
+    const std::string label = m["label"];
+    const double kept = m["kept"], share = m["share"];
+    if (label == "h2o [f16]") {
+      EXPECT_NEAR(kept, 0.2, 1.0 / 480) << label;  // to the nearest slot of a 480-token prompt
+      EXPECT_NEAR(share, 0.2, 1.0 / 480) << label;
+    } else if (label == "h2o [q4_0r]") {
+      EXPECT_NEAR(kept, 0.2 * 64 / 18, 1.0 / 480) << label;
+      EXPECT_NEAR(share, 0.2, 1.0 / 480) << label;
+      EXPECT_EQ(m["kind"], "eviction + quantization");
+    } else if (label == "full [q4_0r]") {
+      EXPECT_DOUBLE_EQ(share, 18.0 / 64.0);
+    }
+  }
+  EXPECT_EQ(j["bytes"]["best_combination"], "h2o [q4_0r]");
+  EXPECT_TRUE(has(test::read_file(dir + "/ruler.md"), "At equal KV bytes"));
 }
 
 TEST(CliEval, RulerQuickRunsIsDeterministicAndSummaryPicksItUp) {

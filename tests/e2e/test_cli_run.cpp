@@ -24,6 +24,20 @@ TEST(CliRun, GeneratesAndReportsSpeedAndMemory) {
   EXPECT_TRUE(has(r.output, "weights")) << r.output;
 }
 
+// The KV report compares a quantized cache with a full cache of its own storage type and with a
+// full F16 cache, each labelled: h2o:budget=4 over 11 tokens (8 prompt tokens, 3 of the 4
+// generated fed back) keeps 4 of 11 slots per layer, and q4_0 rows are 18 / 64 of F16's.
+TEST(CliRun, KvReportSharesOfSameTypeAndF16) {
+  D2O_REQUIRE_MODEL(model);
+  auto r = run_d2o("run -m " + model +
+                   " --prompt-tokens 1,2,3,4,5,6,7,8 -n 4 -t 1 --kv h2o:budget=4 --kv-type q4_0 "
+                   "--kv-report");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "= 36.4% of a full q4_0 cache")) << r.output;  // 4 / 11
+  EXPECT_TRUE(has(r.output, ", 10.2% of a full F16 cache")) << r.output;   // 4 / 11 x 18 / 64
+  EXPECT_TRUE(has(r.output, "KV bytes allocated")) << r.output;
+}
+
 // The generated text: what comes before the statistics block.
 std::string text_of(const std::string& out) { return out.substr(0, out.find("\n[kv ")); }
 

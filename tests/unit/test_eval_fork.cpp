@@ -150,6 +150,74 @@ TEST(EvalFork, ForkedSequencesContinueLikeDirectOnes) {
   }
 }
 
+// Policies in different storage types (equal-bytes comparisons): one prefill per type, and each
+// forked sequence continues like one that ran the prompt in its own type, in one mixed batch.
+TEST(EvalFork, MixedStorageTypesForkLikeDirectOnes) {
+  test::RandomModelConfig cfg;
+  cfg.n_layer = 2;
+  cfg.n_embd = 128;
+  cfg.n_head = 2;
+  cfg.n_head_kv = 1;
+  cfg.seed = 5;  // head_dim 64: every quantized and rotated type fits
+  const std::string path = ::d2o::test::scratch_path("eval_fork_types.gguf");
+  ASSERT_TRUE(test::make_random_model(cfg).write(path).ok());
+  auto m = Model::load(path);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ThreadPool pool(2);
+  Engine engine(**m, pool, EngineOptions{});
+  const int nv = (*m)->hparams().n_vocab;
+  const auto tokens = test::random_model_tokens(110, nv);
+  const std::span<const TokenId> prompt(tokens.data(), 90);
+  const std::vector<std::pair<std::string, std::string>> cases = {{"full", "f16"},
+                                                                  {"h2o:ratio=0.3", "q8_0"},
+                                                                  {"d2o:ratio=0.3", "q4_0r"},
+                                                                  {"full", "q8_0"},
+                                                                  {"snapkv:ratio=0.4", "f16"}};
+  std::vector<std::shared_ptr<const KvPolicy>> ps;
+  std::vector<KvType> types;
+  for (const auto& [spec, type] : cases) {
+    ps.push_back(policy(spec));
+    auto t = parse_kv_type(type);
+    ASSERT_TRUE(t.ok());
+    types.push_back(*t);
+  }
+  auto forked = eval::prefill_forked(engine, prompt, ps, types);
+  ASSERT_TRUE(forked.ok()) << forked.status().to_string();
+  EXPECT_EQ(forked->n_prefills, 3);  // one per storage type
+  std::vector<std::unique_ptr<Sequence>> direct;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].first + " in " + cases[i].second);
+    EXPECT_EQ(forked->seqs[i]->cache().config().type, types[i]);
+    direct.push_back(std::make_unique<Sequence>((*m)->hparams(), types[i], ps[i]));
+    BatchEntry be{direct.back().get(), prompt, -1};
+    std::vector<float> logits;
+    ASSERT_TRUE(
+        engine.forward({&be, 1}, [&](int, int, const float* l) { logits.assign(l, l + nv); }).ok());
+    ASSERT_EQ(forked->last_logits_of[i].size(), static_cast<size_t>(nv));
+    EXPECT_EQ(0, std::memcmp(logits.data(), forked->last_logits_of[i].data(), sizeof(float) * nv));
+    expect_same_cache(direct.back()->cache(), forked->seqs[i]->cache(), "after prompt");
+  }
+  // Decoding: every forked sequence in one mixed-type batch, each direct one alone.
+  for (size_t t = 90; t < tokens.size(); ++t) {
+    std::vector<BatchEntry> batch;
+    for (auto& s : forked->seqs) batch.push_back({s.get(), {&tokens[t], 1}, -1});
+    std::vector<std::vector<float>> got(cases.size());
+    ASSERT_TRUE(
+        engine
+            .forward(batch, [&](int e, int,
+                                const float* l) { got[static_cast<size_t>(e)].assign(l, l + nv); })
+            .ok());
+    for (size_t i = 0; i < cases.size(); ++i) {
+      std::vector<float> want;
+      BatchEntry be{direct[i].get(), {&tokens[t], 1}, -1};
+      ASSERT_TRUE(
+          engine.forward({&be, 1}, [&](int, int, const float* l) { want.assign(l, l + nv); }).ok());
+      ASSERT_EQ(0, std::memcmp(want.data(), got[i].data(), sizeof(float) * nv))
+          << cases[i].first << " in " << cases[i].second << " token " << t;
+    }
+  }
+}
+
 // Sequences advanced together in one batch give the same logits as each advanced alone (the
 // harness feeds all policies of a comparison in one forward pass).
 TEST(EvalFork, BatchedSequencesMatchSingleOnes) {

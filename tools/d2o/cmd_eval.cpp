@@ -291,6 +291,8 @@ int run_ppl(PplOptions& o) {
 struct FidelityOptions {
   EvalCommonOptions common;
   std::string ratios = "0.2,0.4,0.8";
+  CLI::Option* o_ratios = nullptr;
+  BytesAxisOptions bytes;
   TeacherForcedOptions tf;
 };
 
@@ -328,13 +330,36 @@ namespace {
 int run_fidelity_cmd(FidelityOptions& o) {
   const std::string text_path = o.common.text.empty() ? default_text_path() : o.common.text;
   if (o.common.quick) shrink_for_quick(o.tf);
+  const bool by_bytes = bytes_axis_given(o.bytes);
+  if (by_bytes && o.o_ratios->count() > 0)
+    return fail(invalid_argument("give --ratios or --bytes / --kv-mem-per-seq, not both"));
+  if (!by_bytes && !o.bytes.kv_types.empty())
+    return fail(invalid_argument("--kv-types needs --bytes or --kv-mem-per-seq"));
   auto ratios = parse_double_list(o.ratios, "--ratios");
   if (!ratios.ok()) return fail(ratios.status());
-  auto cases = fidelity_cases(eval_policies(o.common, all_policy_presets()), *ratios);
+  const std::vector<std::string> policies = eval_policies(o.common, all_policy_presets());
+  auto cases = by_bytes ? Result<std::vector<eval::FidelityCase>>(std::vector<eval::FidelityCase>())
+                        : fidelity_cases(policies, *ratios);
   if (!cases.ok()) return fail(cases.status());
+  if (by_bytes) {
+    // Fail fast on option errors that need no model.
+    if (!o.bytes.bytes.empty()) {
+      auto b = parse_double_list(o.bytes.bytes, "--bytes");
+      if (!b.ok()) return fail(b.status());
+    }
+    if (!o.bytes.kv_types.empty()) {
+      auto t = parse_kv_type_list(o.bytes.kv_types);
+      if (!t.ok()) return fail(t.status());
+    }
+  }
   auto setup = eval_setup(o.common, text_path, "d2o eval fidelity");
   if (!setup.ok()) return fail(setup.status());
   EvalSetup& s = *setup;
+  if (by_bytes) {
+    cases = fidelity_bytes_cases(policies, o.bytes, s.loaded.model->hparams(), s.loaded.kv_type,
+                                 o.tf.prompt);
+    if (!cases.ok()) return fail(cases.status());
+  }
   auto skipped = tokens_after_skip(s.tokens, o.tf.skip);
   if (!skipped.ok()) return fail(skipped.status());
   const std::span<const TokenId> toks = *skipped;
@@ -346,7 +371,8 @@ int run_fidelity_cmd(FidelityOptions& o) {
   p.kv_type = s.loaded.kv_type;
   p.n_ctx_train = s.loaded.model->hparams().n_ctx_train;
   if (s.loaded.tokenizer->add_bos()) p.bos = s.loaded.tokenizer->bos();
-  s.meta.command += " --ratios " + o.ratios + teacher_forced_args(o.tf);
+  s.meta.command +=
+      (by_bytes ? bytes_axis_args(o.bytes) : " --ratios " + o.ratios) + teacher_forced_args(o.tf);
   Stopwatch sw;
   auto bar =
       make_progress(o.common, "eval fidelity", static_cast<double>(p.n_samples) * p.n_continue);
@@ -354,15 +380,28 @@ int run_fidelity_cmd(FidelityOptions& o) {
   if (!res.ok()) return fail(res.status());
   bar->finish();
   s.meta.wall_seconds = sw.seconds();
-  const eval::ReportFiles files{o.common.out_dir,
-                                o.common.name.empty() ? "fidelity" : o.common.name};
+  const eval::ReportFiles files{o.common.out_dir, o.common.name.empty()
+                                                      ? (by_bytes ? "fidelity_bytes" : "fidelity")
+                                                      : o.common.name};
   eval::FidelityReportText text;
-  text.title = "Fidelity to the full cache after prompt-then-compress (`d2o eval fidelity`)";
-  text.intro =
-      "Each policy compresses the prompt to a fraction ρ of its tokens right after the prompt "
-      "pass, then "
-      "evicts one slot per teacher-forced token. Only predictions made after the compression "
-      "count.";
+  if (by_bytes) {
+    text.title = "Fidelity at equal KV bytes (`d2o eval fidelity --bytes`)";
+    text.intro =
+        "Each method (a policy in a KV storage type) compresses the prompt right after the prompt "
+        "pass to the largest budget whose key and value bytes fit the column's share of a full "
+        "F16 cache's, then evicts one slot per teacher-forced token. The reference is the full "
+        "cache in " +
+        std::string(kv_type_name(s.loaded.kv_type)) +
+        "; all methods run on the same prompts, so differences are paired by sample.";
+    text.column_prefix = "bytes = ";
+  } else {
+    text.title = "Fidelity to the full cache after prompt-then-compress (`d2o eval fidelity`)";
+    text.intro =
+        "Each policy compresses the prompt to a fraction ρ of its tokens right after the prompt "
+        "pass, then "
+        "evicts one slot per teacher-forced token. Only predictions made after the compression "
+        "count.";
+  }
   if (Status st = eval::write_fidelity_report(*res, p, s.meta, text, files); !st.ok())
     return fail(st);
   for (size_t i = 0; i < p.cases.size(); ++i) {
@@ -382,7 +421,9 @@ Action add_eval_fidelity(CLI::App* eval) {
       "fidelity", "KL / top-1 agreement with the full cache after prompt-then-compress");
   add_eval_common_options(sub, o->common,
                           "Text file the samples are taken from (default: the KJV text)");
-  sub->add_option("--ratios", o->ratios, "Compression ratios rho (fraction of the prompt kept)");
+  o->o_ratios = sub->add_option("--ratios", o->ratios,
+                                "Compression ratios rho (fraction of the prompt kept)");
+  add_bytes_axis_options(sub, o->bytes);
   add_teacher_forced_options(sub, o->tf, "Number of prompts (text windows, evenly spaced)");
   return [o] { return run_fidelity_cmd(*o); };
 }

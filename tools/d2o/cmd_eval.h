@@ -96,6 +96,24 @@ Result<std::vector<eval::FidelityCase>> fidelity_cases(const std::vector<std::st
 
 // The haystack of niah and ruler: -f (a file, or a directory of .txt files joined in name
 // order), else the Paul Graham essays fetched by setup, else the KJV text (`note` says so).
+// --bytes / --kv-types / --kv-mem-per-seq (`eval fidelity`; cmd_eval_bytes.cpp).
+struct BytesAxisOptions {
+  std::string bytes;           // shares of the F16 full cache's bytes ("": not on the bytes axis)
+  std::string kv_types;        // storage types each policy runs in ("": --kv-type)
+  std::string kv_mem_per_seq;  // one KV memory per sequence ("": not given)
+};
+void add_bytes_axis_options(CLI::App* app, BytesAxisOptions& o);
+bool bytes_axis_given(const BytesAxisOptions& o);
+std::string bytes_axis_args(const BytesAxisOptions& o);  // for the recorded command line
+// "f16,q8_0,k:q8_0,v:q4_0" -> types (duplicates dropped).
+Result<std::vector<KvType>> parse_kv_type_list(const std::string& s);
+// Every (policy, storage type) at every bytes value: a budgeted case per bytes value, or for
+// `full` one case in that type (row "POLICY [TYPE]", column the bytes value or "-"). The budget
+// is the largest that fits for a prompt of prompt_len tokens (eval/kv_bytes.h).
+Result<std::vector<eval::FidelityCase>> fidelity_bytes_cases(
+    const std::vector<std::string>& policies, const BytesAxisOptions& o, const ModelHParams& hp,
+    KvType run_type, int64_t prompt_len);
+
 struct HaystackChoice {
   std::string path, name, note, text;
 };

@@ -1,14 +1,74 @@
 // d2o eval ruler: RULER-style synthetic tasks over lengths, many trials per cell
 // (src/eval/ruler.h).
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "cmd_eval.h"
 #include "core/timer.h"
+#include "eval/kv_bytes.h"
 #include "eval/ruler.h"
+#include "model/layer_desc.h"
 
 namespace d2o::cli {
 
 namespace {
+
+// --bytes: every (policy, storage type) as a policy of its own. RULER's prompts vary in length,
+// so the share becomes a ratio per storage type (share x F16 slot bytes / the type's slot bytes,
+// exact for models whose layers are all compressible); "full" runs in each type as it is. The
+// full F16 reference ("full") is added by the caller's list as usual.
+Result<std::vector<eval::PolicyUnderTest>> bytes_policies(const std::vector<std::string>& bases,
+                                                          double share, const std::string& kv_types,
+                                                          const ModelHParams& hp, KvType run) {
+  std::vector<KvType> types = {run};
+  if (!kv_types.empty()) {
+    D2O_ASSIGN_OR_RETURN(types, parse_kv_type_list(kv_types));
+  }
+  std::vector<eval::PolicyUnderTest> out;
+  for (const std::string& given : bases) {
+    std::string base = given;
+    std::vector<KvType> mine = types;
+    if (const size_t at = given.rfind('@'); at != std::string::npos) {
+      base = given.substr(0, at);
+      auto t = ::d2o::parse_kv_type(given.substr(at + 1));
+      if (!t.ok()) return t.status().with_context("policy '" + given + "'");
+      mine = {*t};
+    }
+    if (base == "full" && given == "full") {
+      // The reference, in the run's storage type.
+      D2O_ASSIGN_OR_RETURN(eval::PolicyUnderTest t, eval::make_policy("full", "full"));
+      out.insert(out.begin(), t);
+      mine.erase(std::remove(mine.begin(), mine.end(), run), mine.end());
+    }
+    for (const KvType& type : mine) {
+      if (Status st = check_kv_type(type, hp.head_dim); !st.ok())
+        return st.with_context("--kv-types");
+      const KvCacheConfig cfg = kv_cache_config(hp, type);
+      if (cfg.has_sliding()) {
+        return invalid_argument(
+            "ruler --bytes: this model has sliding-window layers, whose bytes "
+            "a ratio does not set; use `eval fidelity --bytes`");
+      }
+      const std::string label = base + " [" + kv_type_name(type) + "]";
+      std::string spec = base;
+      if (eval::spec_preset(base) != "full") {
+        const double r =
+            std::min(1.0, share * static_cast<double>(eval::kv_slot_bytes(eval::f16_config(cfg))) /
+                              static_cast<double>(eval::kv_slot_bytes(cfg)));
+        // Six decimals, rounded down: the printed ratio never asks for more than the share.
+        D2O_ASSIGN_OR_RETURN(
+            spec, eval::spec_with_compression(
+                      base, "ratio=" + eval::fmt_num("%.6f", std::floor(r * 1e6) / 1e6)));
+      }
+      D2O_ASSIGN_OR_RETURN(eval::PolicyUnderTest t, eval::make_policy(spec, label));
+      t.kv_type = type;
+      out.push_back(std::move(t));
+    }
+  }
+  if (out.empty()) return invalid_argument("no policies to evaluate");
+  return out;
+}
 
 constexpr const char* kAllTasks =
     "niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,cwe,fwe";
@@ -20,6 +80,8 @@ struct RulerOptions {
   int trials = 50;
   double ratio = 0;
   int budget = 0;
+  double bytes = 0;      // > 0: equal KV bytes, a share of the F16 full cache's
+  std::string kv_types;  // with --bytes: the storage types each policy runs in
   bool no_chat = false;
   // Set when given on the command line (--quick shrinks only what was not given).
   CLI::Option *o_tasks = nullptr, *o_lengths = nullptr, *o_trials = nullptr, *o_policies = nullptr;
@@ -30,6 +92,12 @@ int run_ruler_cmd(RulerOptions& o) {
     return fail(invalid_argument("give --ratio or --budget, not both"));
   if (o.ratio < 0 || o.ratio > 1) return fail(invalid_argument("--ratio must be in (0, 1]"));
   if (o.budget < 0) return fail(invalid_argument("--budget must be positive"));
+  if (o.bytes != 0 && (o.ratio > 0 || o.budget > 0))
+    return fail(invalid_argument("give --ratio, --budget or --bytes, not two of them"));
+  if (o.bytes != 0 && !(o.bytes > 0 && o.bytes <= 1))
+    return fail(invalid_argument("--bytes must be in (0, 1]"));
+  if (o.bytes == 0 && !o.kv_types.empty())
+    return fail(invalid_argument("--kv-types needs --bytes"));
   if (o.common.quick) {
     // CI's smoke test: one cell, two trials, two policies, 512 tokens.
     if (o.o_tasks->count() == 0) o.tasks = "niah_single";
@@ -37,9 +105,10 @@ int run_ruler_cmd(RulerOptions& o) {
     if (o.o_trials->count() == 0) o.trials = 2;
     if (o.o_policies->count() == 0) o.common.policies = "full;d2o";
   }
-  const std::string compression = o.budget > 0
-                                      ? "budget=" + std::to_string(o.budget)
-                                      : "ratio=" + ratio_label(o.ratio > 0 ? o.ratio : 0.2);
+  const std::string compression =
+      o.bytes > 0    ? "bytes=" + ratio_label(o.bytes) + " of the F16 full cache"
+      : o.budget > 0 ? "budget=" + std::to_string(o.budget)
+                     : "ratio=" + ratio_label(o.ratio > 0 ? o.ratio : 0.2);
   std::vector<eval::RulerTask> tasks;
   for (const std::string& t : eval::split_list(o.tasks, ',')) {
     auto task = eval::parse_ruler_task(t);
@@ -72,6 +141,7 @@ int run_ruler_cmd(RulerOptions& o) {
   p.seed = o.common.seed;
   p.n_ctx_train = s.loaded.model->hparams().n_ctx_train;
   p.kv_type = s.loaded.kv_type;
+  p.head_dim = s.loaded.model->hparams().head_dim;
   std::vector<std::string> bases = eval_policies(o.common, all_policy_presets());
   bool has_full = false;
   for (const std::string& b : bases) has_full = has_full || b == "full";
@@ -79,7 +149,14 @@ int run_ruler_cmd(RulerOptions& o) {
     // Scores are reported as a share of the full cache's: it always runs.
     bases.insert(bases.begin(), "full");
   }
+  if (o.bytes > 0) {
+    auto ps =
+        bytes_policies(bases, o.bytes, o.kv_types, s.loaded.model->hparams(), s.loaded.kv_type);
+    if (!ps.ok()) return fail(ps.status());
+    p.policies = std::move(ps).value();
+  }
   for (const std::string& base : bases) {
+    if (o.bytes > 0) break;  // built above
     std::string spec = base;
     if (eval::spec_preset(base) != "full" && !eval::spec_has_compression(base)) {
       auto sp = eval::spec_with_compression(base, compression);
@@ -94,8 +171,11 @@ int run_ruler_cmd(RulerOptions& o) {
   for (const std::string& b : bases) pol_list += (pol_list.empty() ? "" : ";") + b;
   s.meta.command += " --tasks " + o.tasks + " --lengths " + o.lengths + " --trials " +
                     std::to_string(o.trials) + " --policies \"" + pol_list + "\"" +
-                    (o.budget > 0 ? " --budget " : " --ratio ") +
-                    compression.substr(compression.find('=') + 1) + (o.no_chat ? " --no-chat" : "");
+                    (o.bytes > 0 ? " --bytes " + ratio_label(o.bytes) +
+                                       (o.kv_types.empty() ? "" : " --kv-types " + o.kv_types)
+                     : o.budget > 0 ? " --budget " + std::to_string(o.budget)
+                                    : " --ratio " + compression.substr(compression.find('=') + 1)) +
+                    (o.no_chat ? " --no-chat" : "");
   double total = 0;
   for (int len : p.lengths)
     total += static_cast<double>(len) * static_cast<double>(tasks.size()) * o.trials;
@@ -150,6 +230,13 @@ Action add_eval_ruler(CLI::App* eval) {
   sub->add_option("--ratio", o->ratio, "Compression ratio rho of the prompt (default 0.2)");
   sub->add_option("--budget", o->budget,
                   "Fixed budget in slots per KV head and layer instead of a ratio");
+  sub->add_option("--bytes", o->bytes,
+                  "Equal KV bytes instead of a ratio: a share of a full F16 cache's key and value "
+                  "bytes; each policy in each --kv-types type keeps what fits (the ratio that "
+                  "share gives in that type, to the nearest slot)");
+  sub->add_option("--kv-types", o->kv_types,
+                  "With --bytes: storage types each policy runs in, e.g. f16,q8_0,q4_0r "
+                  "(POLICY@TYPE: that type only)");
   sub->add_flag("--no-chat", o->no_chat,
                 "Plain-text prompt even when the model has a chat template");
   return [o] { return run_ruler_cmd(*o); };

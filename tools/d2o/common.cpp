@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "core/mem.h"
 #include "core/timer.h"
+#include "eval/kv_bytes.h"
 #include "kv/policy/composed.h"
 #include "model/layer_desc.h"
 #include "runtime/kv_pool.h"
@@ -128,15 +129,17 @@ Result<Loaded> load_all(const ModelOptions& o) {
 
 std::string memory_summary(const Loaded& l, const Sequence& seq) {
   const KvCache& c = seq.cache();
-  const double kv = static_cast<double>(c.kv_bytes_allocated());
-  const double full = static_cast<double>(c.full_kv_bytes(seq.n_past()));
-  char buf[512];
+  const KvBytesShares b = kv_bytes_shares(c, seq.n_past());
+  char buf[640];
   std::snprintf(buf, sizeof buf,
-                "memory: weights %s, KV %s (%.1f%% of the full cache's %s for %lld tokens; slot metadata "
-                "%s), peak RSS %s",
-                format_bytes(static_cast<double>(l.model->weight_bytes())).c_str(), format_bytes(kv).c_str(),
-                full > 0 ? 100.0 * kv / full : 0.0, format_bytes(full).c_str(),
-                static_cast<long long>(seq.n_past()),
+                "memory: weights %s, KV %s allocated (%s in use: %.1f%% of a full %s cache's %s, "
+                "%.1f%% of a full F16 cache's %s for %lld tokens; slot metadata %s), peak RSS %s",
+                format_bytes(static_cast<double>(l.model->weight_bytes())).c_str(),
+                format_bytes(b.allocated).c_str(), format_bytes(b.needed).c_str(),
+                b.full_same > 0 ? 100.0 * b.needed / b.full_same : 0.0,
+                kv_type_name(c.config().type), format_bytes(b.full_same).c_str(),
+                b.full_f16 > 0 ? 100.0 * b.needed / b.full_f16 : 0.0,
+                format_bytes(b.full_f16).c_str(), static_cast<long long>(seq.n_past()),
                 format_bytes(static_cast<double>(c.meta_bytes_allocated())).c_str(),
                 format_bytes(static_cast<double>(peak_rss_bytes())).c_str());
   return buf;
@@ -145,6 +148,22 @@ std::string memory_summary(const Loaded& l, const Sequence& seq) {
 }  // namespace d2o::cli
 
 namespace d2o::cli {
+
+KvBytesShares kv_bytes_shares(const KvCache& c, int64_t n_tokens) {
+  KvBytesShares b;
+  size_t slots = 0;
+  for (int il = 0; il < c.n_layer(); ++il) {
+    // A sliding-window layer's slots past its window wait to be dropped: attention skips them.
+    const int w = c.config().window(il);
+    const int n = c.layer(il).n_slot();
+    slots += static_cast<size_t>(w > 0 ? std::min(n, w) : n);
+  }
+  b.needed = static_cast<double>(slots * eval::kv_slot_bytes(c.config()));
+  b.allocated = static_cast<double>(c.kv_bytes_allocated());
+  b.full_same = static_cast<double>(eval::full_kv_bytes(c.config(), n_tokens));
+  b.full_f16 = static_cast<double>(eval::full_kv_bytes(eval::f16_config(c.config()), n_tokens));
+  return b;
+}
 
 void print_kv_report(std::FILE* out, const Sequence& seq) {
   const KvCache& c = seq.cache();
@@ -189,11 +208,23 @@ void print_kv_report(std::FILE* out, const Sequence& seq) {
     std::fprintf(out, "%5d %-10s %8s %8d %9lld %9lld %8s %10s\n", il, kind_s, bud_s, L.n_slot(), static_cast<long long>(at(st.evicted)),
                  static_cast<long long>(at(st.merged)), tau_s, var_s);
   }
-  const double kv = static_cast<double>(c.kv_bytes_allocated());
-  const double full = static_cast<double>(c.full_kv_bytes(seq.n_past()));
-  std::fprintf(out, "total: %lld slots per KV head over %d layers (full cache: %lld); KV bytes %s vs full %s (%.1f%%)\n",
-               static_cast<long long>(tot_slots), c.n_layer(), static_cast<long long>(full_slots),
-               format_bytes(kv).c_str(), format_bytes(full).c_str(), full > 0 ? 100.0 * kv / full : 0.0);
+  const KvBytesShares b = kv_bytes_shares(c, seq.n_past());
+  std::fprintf(out, "total: %lld slots per KV head over %d layers (full cache: %lld)\n",
+               static_cast<long long>(tot_slots), c.n_layer(), static_cast<long long>(full_slots));
+  std::fprintf(out,
+               "KV bytes (keys and values, %s): %s in the slots attention reads = %.1f%% of a full "
+               "%s cache (%s), %.1f%% of a full F16 cache (%s) for %lld tokens\n",
+               kv_type_name(c.config().type), format_bytes(b.needed).c_str(),
+               b.full_same > 0 ? 100.0 * b.needed / b.full_same : 0.0,
+               kv_type_name(c.config().type), format_bytes(b.full_same).c_str(),
+               b.full_f16 > 0 ? 100.0 * b.needed / b.full_f16 : 0.0,
+               format_bytes(b.full_f16).c_str(), static_cast<long long>(seq.n_past()));
+  std::fprintf(out, "KV bytes allocated: %s (capacity: room to grow%s)\n",
+               format_bytes(b.allocated).c_str(),
+               c.config().has_sliding()
+                   ? ", and sliding-window layers that hold up to 64 slots past their window "
+                     "before dropping them in a batch"
+                   : "");
 }
 
 }  // namespace d2o::cli

@@ -68,6 +68,14 @@ Result<std::vector<TokenId>> parse_token_list(const std::string& s, int n_vocab)
 // One-line memory summary: weights, KV (allocated vs full cache for n tokens), peak RSS.
 std::string memory_summary(const Loaded& l, const Sequence& seq);
 
+// Key and value bytes of a cache after n_tokens tokens, in its storage type: in the slots
+// attention reads (a sliding-window layer's slots past its window are not), allocated, and in a
+// full cache of the same storage type / of F16 (every token, the last W of a sliding layer).
+struct KvBytesShares {
+  double needed = 0, allocated = 0, full_same = 0, full_f16 = 0;
+};
+KvBytesShares kv_bytes_shares(const KvCache& c, int64_t n_tokens);
+
 // Per-layer budget, slots, evictions, merges, EMA threshold and density variance.
 void print_kv_report(std::FILE* out, const Sequence& seq);
 
