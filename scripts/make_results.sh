@@ -69,6 +69,8 @@ text=()
 hay=()
 [ -n "${HAYSTACK:-}" ] && hay=(-f "$HAYSTACK")
 all="full;streaming;h2o;snapkv;pyramidkv;roco;cam;keydiff;d2o;d2o:mass=on,merge=sized,layers=uniform,nm=1:1;d2o:mass=on,nm=1:3"
+# Per-head budgets (Ada-KV) on the three scorings they apply to.
+all+=";h2o:heads=ada;snapkv:heads=ada;d2o:heads=ada"
 
 run() {
   echo "== d2o $*" >&2
