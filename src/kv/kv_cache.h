@@ -31,6 +31,7 @@
 // limit, and is never compacted by a KV policy (layer_compressible()).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -111,11 +112,11 @@ struct PositionShift {
 // KvCache::apply() runs it in this order: merges, the gather of kept slots, the position shift.
 struct CompactionPlan {
   int n_head_kv = 0;
-  int n_keep = 0;                 // slots each head keeps (per-head counts: the row stride of keep)
+  int n_keep = 0;                 // slots each head keeps (per-head counts: the most any keeps)
   std::vector<int32_t> keep;      // [n_head_kv, n_keep], strictly ascending per head
-  // Empty: every head keeps n_keep. Else [n_head_kv]: head h keeps the first head_keep[h] <= n_keep
-  // entries of its row of keep (per-head budgets).
-  std::vector<int32_t> head_keep;
+  // Per-head budgets (reset_heads): head h keeps head_keep[h] slots, listed from keep[head_off[h]]
+  // (the lists packed one after another). Empty: every head keeps n_keep.
+  std::vector<int32_t> head_keep, head_off;
   std::vector<MergeTerm> merges;  // see MergeTerm
   MergedScore merged_score = MergedScore::kSum;
   // Non-null: keys are merged un-rotated. A source key cached for position p_src is rotated by
@@ -130,12 +131,30 @@ struct CompactionPlan {
     keep.resize(static_cast<size_t>(n_head_kv_) * static_cast<size_t>(n_keep_));
     merges.clear();
     head_keep.clear();
+    head_off.clear();
     merged_score = MergedScore::kSum;
     rope = nullptr;
     shift = PositionShift();
   }
-  int32_t* keep_of(int head) { return keep.data() + static_cast<size_t>(head) * n_keep; }
-  const int32_t* keep_of(int head) const { return keep.data() + static_cast<size_t>(head) * n_keep; }
+  // A plan in which head h keeps counts[h] slots.
+  void reset_heads(int n_head_kv_, const int32_t* counts) {
+    reset(n_head_kv_, 0);
+    head_keep.assign(counts, counts + n_head_kv_);
+    head_off.resize(static_cast<size_t>(n_head_kv_));
+    size_t total = 0;
+    for (int h = 0; h < n_head_kv_; ++h) {
+      head_off[static_cast<size_t>(h)] = static_cast<int32_t>(total);
+      total += static_cast<size_t>(counts[h]);
+      n_keep = std::max(n_keep, static_cast<int>(counts[h]));
+    }
+    keep.resize(total);
+  }
+  size_t keep_index(int head) const {
+    return head_off.empty() ? static_cast<size_t>(head) * n_keep
+                            : static_cast<size_t>(head_off[static_cast<size_t>(head)]);
+  }
+  int32_t* keep_of(int head) { return keep.data() + keep_index(head); }
+  const int32_t* keep_of(int head) const { return keep.data() + keep_index(head); }
   int n_keep_of(int head) const {
     return head_keep.empty() ? n_keep : head_keep[static_cast<size_t>(head)];
   }

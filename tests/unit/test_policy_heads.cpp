@@ -328,8 +328,8 @@ TEST(PolicyHeads, CacheOperationsKeepPerHeadCounts) {
   EXPECT_EQ(a.layer(0).capacity(), 32);
   // A plan with equal per-head counts makes the layer uniform again.
   CompactionPlan plan;
-  plan.reset(3, 5);
-  plan.head_keep = {5, 5, 5};
+  const int32_t five[3] = {5, 5, 5};
+  plan.reset_heads(3, five);
   for (int g = 0; g < 3; ++g)
     for (int i = 0; i < 5; ++i) plan.keep_of(g)[i] = i;
   c.apply(0, plan);

@@ -364,19 +364,23 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
 
 void ComposedPolicy::plan_heads(const KvLayer& L, SelectScratch& sc, CompactionPlan& plan, int S,
                                 int64_t next) const {
-  const int G = L.n_head_kv(), stride = L.n_slot();
-  const size_t cells = static_cast<size_t>(G) * static_cast<size_t>(stride);
+  const int G = L.n_head_kv();
+  const size_t cells = static_cast<size_t>(L.held_slots());  // bounded: no growth once steady
   if (sc.head_score.size() < cells) sc.head_score.resize(cells);
   if (sc.head_keep.size() < cells) sc.head_keep.resize(cells);
   sc.head_n.resize(static_cast<size_t>(G));
+  sc.head_off.resize(static_cast<size_t>(G));
   sc.head_count.resize(static_cast<size_t>(G));
   int t = 0, r = 0, k = 0;
   ada_protected(cfg_, S, &t, &r, &k);
   // Each head's scores as its uniform selector ranks them.
+  int32_t off = 0;
   for (int g = 0; g < G; ++g) {
     const int n_g = L.n_slot(g);
     sc.head_n[static_cast<size_t>(g)] = n_g;
-    float* dst = sc.head_score.data() + static_cast<size_t>(g) * stride;
+    sc.head_off[static_cast<size_t>(g)] = off;
+    float* dst = sc.head_score.data() + off;
+    off += n_g;
     if (cfg_.selector == Selector::kSnapWindow) {
       pool_window(L.window(g), n_g - r, cfg_.kernel, cfg_.pool, dst);
     } else if (cfg_.norm == ScoreNorm::kQueries) {
@@ -388,13 +392,11 @@ void ComposedPolicy::plan_heads(const KvLayer& L, SelectScratch& sc, CompactionP
       std::copy_n(L.score(g), n_g, dst);
     }
   }
-  select_ada(cfg_, sc.head_score.data(), stride, sc.head_n.data(), G, S, sc.head_keep.data(),
-             sc.head_count.data(), sc);
-  const int most = *std::max_element(sc.head_count.begin(), sc.head_count.end());
-  plan.reset(G, most);
-  plan.head_keep.assign(sc.head_count.begin(), sc.head_count.end());
+  select_ada(cfg_, sc.head_score.data(), sc.head_off.data(), sc.head_n.data(), G, S,
+             sc.head_keep.data(), sc.head_count.data(), sc);
+  plan.reset_heads(G, sc.head_count.data());
   for (int g = 0; g < G; ++g) {
-    std::copy_n(sc.head_keep.data() + static_cast<size_t>(g) * stride,
+    std::copy_n(sc.head_keep.data() + sc.head_off[static_cast<size_t>(g)],
                 sc.head_count[static_cast<size_t>(g)], plan.keep_of(g));
   }
 }

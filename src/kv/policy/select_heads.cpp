@@ -20,24 +20,26 @@ void ada_protected(const PolicyConfig& cfg, int S, int* t, int* r, int* k) {
   *k = S - *t - *r;
 }
 
-void select_ada(const PolicyConfig& cfg, const float* score, int stride, const int32_t* n, int G,
-                int S, int32_t* keep, int32_t* count, SelectScratch& sc) {
+void select_ada(const PolicyConfig& cfg, const float* score, const int32_t* off, const int32_t* n,
+                int G, int S, int32_t* keep, int32_t* count, SelectScratch& sc) {
   int t = 0, r = 0, k = 0;
   ada_protected(cfg, S, &t, &r, &k);
   const int f = static_cast<int>(std::floor(cfg.floor * k));
-  const size_t cells = static_cast<size_t>(G) * static_cast<size_t>(stride);
+  const size_t cells = static_cast<size_t>(off[G - 1]) + static_cast<size_t>(n[G - 1]);
+  const size_t most = static_cast<size_t>(*std::max_element(n, n + G));
   if (sc.taken.size() < cells) sc.taken.resize(cells);
-  if (sc.order.size() < static_cast<size_t>(stride)) sc.order.resize(static_cast<size_t>(stride));
+  if (sc.order.size() < most) sc.order.resize(most);
+  if (sc.pool.capacity() < cells) sc.pool.reserve(cells);
   sc.pool.clear();
   int64_t joint = int64_t{G} * k;
   // Floors: each head's best min(f, candidates) candidates; the rest join the common pool.
   for (int g = 0; g < G; ++g) {
     const int ng = n[g], cand = ng - r - t;
-    D2O_ASSERT(ng <= stride && cand >= 0);
+    D2O_ASSERT(cand >= 0);
     const int fg = std::min(f, cand);
-    int32_t* out = keep + static_cast<size_t>(g) * stride;
-    uint8_t* taken = sc.taken.data() + static_cast<size_t>(g) * stride;
-    const float* sg = score + static_cast<size_t>(g) * stride;
+    int32_t* out = keep + off[g];
+    uint8_t* taken = sc.taken.data() + off[g];
+    const float* sg = score + off[g];
     std::fill_n(taken, ng, uint8_t{0});
     select_top(sg, t, cand, fg, out, sc.order.data());
     for (int i = 0; i < fg; ++i) taken[out[i]] = 1;
@@ -53,12 +55,12 @@ void select_ada(const PolicyConfig& cfg, const float* score, int stride, const i
   const auto mid = sc.pool.begin() + joint;
   if (mid != sc.pool.end()) std::nth_element(sc.pool.begin(), mid, sc.pool.end(), better);
   for (auto it = sc.pool.begin(); it != mid; ++it)
-    sc.taken[static_cast<size_t>(it->g) * stride + static_cast<size_t>(it->j)] = 1;
+    sc.taken[static_cast<size_t>(off[it->g] + it->j)] = 1;
   // Kept: the protected slots and the picks, ascending.
   for (int g = 0; g < G; ++g) {
     const int ng = n[g];
-    int32_t* out = keep + static_cast<size_t>(g) * stride;
-    const uint8_t* taken = sc.taken.data() + static_cast<size_t>(g) * stride;
+    int32_t* out = keep + off[g];
+    const uint8_t* taken = sc.taken.data() + off[g];
     int o = 0;
     for (int j = 0; j < ng; ++j)
       if (j < t || j >= ng - r || taken[j]) out[o++] = j;

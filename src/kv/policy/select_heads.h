@@ -25,11 +25,11 @@ namespace d2o {
 // The protected prefix t, suffix r and scored part k of a head under budget S (see above).
 void ada_protected(const PolicyConfig& cfg, int S, int* t, int* r, int* k);
 
-// Per-head selection of one layer whose head g holds n[g] <= stride slots. Head g's candidate
-// scores are at score + g * stride, indexed by slot (SnapKV: the pooled prefix [n[g] - R]). Writes
-// head g's kept slots, ascending, to keep + g * stride and their count to count[g]. Requires
-// sum_g n[g] > G x S.
-void select_ada(const PolicyConfig& cfg, const float* score, int stride, const int32_t* n, int G,
-                int S, int32_t* keep, int32_t* count, SelectScratch& sc);
+// Per-head selection of one layer whose head g holds n[g] slots. Per-head arrays are packed:
+// head g's part starts at off[g] = n[0] + ... + n[g - 1]. Head g's candidate scores are at
+// score + off[g], indexed by slot (SnapKV: the pooled prefix [n[g] - R]). Writes head g's kept
+// slots, ascending, from keep + off[g], and their count to count[g]. Requires sum_g n[g] > G x S.
+void select_ada(const PolicyConfig& cfg, const float* score, const int32_t* off, const int32_t* n,
+                int G, int S, int32_t* keep, int32_t* count, SelectScratch& sc);
 
 }  // namespace d2o
