@@ -14,6 +14,7 @@
 
 #include "kv/attention.h"
 #include "kv/kv_cache.h"
+#include "ops/kernel_isa.h"
 #include "unit/kv_test_access.h"
 #include "unit/policy_sim.h"
 
@@ -263,14 +264,19 @@ TEST(PolicyHeads, AttentionWithUnequalCountsMatchesDoubleReference) {
       AttnStatsRequest req;
       req.accumulate = true;
       req.window_first = c.n_tok - 1;
-      for (int threads : {1, 2, 3}) {
-        SCOPED_TRACE(std::to_string(threads) + " threads");
+      for (int run = 0; run < 9; ++run) {
+        const int threads = 1 + run % 3;
+        const KernelIsa isa = run < 3   ? KernelIsa::kScalar
+                              : run < 6 ? KernelIsa::kAvx2
+                                        : KernelIsa::kAvx512;
+        if (!kernel_isa_available(isa)) continue;
+        SCOPED_TRACE(std::to_string(threads) + " threads, " + kernel_isa_name(isa));
         KvCache cache = ragged_cache(c.G, c.hd, type, total, c.n, 9);
         ThreadPool pool(threads);
         AttnScratch sc;
         std::vector<float> out(q.size());
         AttnInput in{q.data(), out.data(), c.n_tok, c.H, scale};
-        attention_forward(in, cache.layer_for_attention(0), req, pool, sc);
+        attention_forward_isa(in, cache.layer_for_attention(0), req, pool, sc, isa);
         for (size_t i = 0; i < out.size(); ++i)
           ASSERT_NEAR(out[i], want[i], 2e-5 * (1.0 + std::fabs(want[i]))) << i;
         const KvLayer& L = cache.layer(0);
