@@ -70,6 +70,9 @@ text=()
 hay=()
 [ -n "${HAYSTACK:-}" ] && hay=(-f "$HAYSTACK")
 all="full;streaming;h2o;snapkv;pyramidkv;roco;cam;keydiff;d2o;d2o:mass=on,merge=sized,layers=uniform,nm=1:1;d2o:mass=on,nm=1:3"
+# Per-head budgets (Ada-KV) on the three scorings they apply to: in the full run's ppl, fidelity
+# and ruler protocols (not the quick smoke run, nor niah, to keep their time).
+ada=";h2o:heads=ada;snapkv:heads=ada;d2o:heads=ada"
 
 run() {
   echo "== d2o $*" >&2
@@ -123,9 +126,9 @@ elif [ $summary_only -eq 0 ]; then
   else
     # Sized for about an hour on 2 busy cores (per-token costs measured first; see results.md).
     # ppl: the PG-19 protocol, token by token through 4096 tokens (half the trained context).
-    run eval ppl "${common[@]}" "${text[@]}" --policies "$all" --capacities 256,1024 --tokens 4096 --chunk 1
+    run eval ppl "${common[@]}" "${text[@]}" --policies "$all$ada" --capacities 256,1024 --tokens 4096 --chunk 1
     # fidelity: 8 prompts of 2048 tokens, 96 teacher-forced tokens each, three ratios.
-    run eval fidelity "${common[@]}" "${text[@]}" --policies "$all" --ratios 0.2,0.4,0.8 \
+    run eval fidelity "${common[@]}" "${text[@]}" --policies "$all$ada" --ratios 0.2,0.4,0.8 \
       --prompt 2048 --samples 8 --continue 96
     # ablate: D2O's ablations with the fidelity protocol at rho = 0.2.
     run eval ablate "${common[@]}" "${text[@]}" --ratio 0.2 --prompt 2048 --samples 6 --continue 64
@@ -137,7 +140,7 @@ elif [ $summary_only -eq 0 ]; then
     # trial. A 2K trial took about 17 s with 4 policies (40 trials in 11 min, 2 threads, busy
     # machine), so these 48 take 15-20 minutes. cwe is left out: the full cache of this model
     # scores 2% on it at 2K, too little to compare policies.
-    run eval ruler "${common[@]}" "${hay[@]}" --policies "$all" --ratio 0.2 --lengths 2048 \
+    run eval ruler "${common[@]}" "${hay[@]}" --policies "$all$ada" --ratio 0.2 --lengths 2048 \
       --trials 8 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,fwe
     # Equal KV bytes (fidelity_bytes): every policy in F16, Q8_0 and rotated Q4_0 storage, each
     # at the largest budget that fits 10% / 20% of the F16 full cache's key and value bytes; the

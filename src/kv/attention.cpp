@@ -95,20 +95,24 @@ struct Call {
   const attn::Kernels* kern;
   AttnScratch* sc;
   KernelIsa isa;
-  int H, G, grp, hd, n_tok, n_old, n_blocks;
+  int H, G, grp, hd, n_tok, n_blocks;
+  int n_old_all;          // slots before the chunk when every head holds the same count
+  const int32_t* head_n;  // else [G] per-head counts (KvLayer::head_counts)
   bool want_score, want_window, mass;
   int window_first;
   ScoreAgg agg;
   int window;  // > 0: sliding window of this many positions (AttnInput::window)
 
+  // KV head g's slots before the chunk (the chunk's are the last n_tok of every head).
+  int n_old(int g) const { return head_n ? head_n[g] - n_tok : n_old_all; }
   // First slot query t sees (the chunk's slots hold consecutive positions: see AttnInput).
-  int lo(int t) const { return window > 0 ? std::max(0, n_old + t + 1 - window) : 0; }
+  int lo(int g, int t) const { return window > 0 ? std::max(0, n_old(g) + t + 1 - window) : 0; }
 
   int t0(int blk) const { return blk * QB; }
   int nb(int blk) const { return std::min(n_tok, (blk + 1) * QB) - blk * QB; }
-  // Slots visible to the block's last query.
-  int n_vis(int blk) const { return n_old + std::min(n_tok, (blk + 1) * QB); }
-  int n_chunks(int blk) const { return (n_vis(blk) + TC - 1) / TC; }
+  // Slots of KV head g visible to the block's last query.
+  int n_vis(int blk, int g) const { return n_old(g) + std::min(n_tok, (blk + 1) * QB); }
+  int n_chunks(int blk, int g) const { return (n_vis(blk, g) + TC - 1) / TC; }
   int window_from(int blk) const { return std::max(0, window_first - t0(blk)); }
   bool block_in_window(int blk) const { return want_window && window_from(blk) < nb(blk); }
   // Query row r (= b * grp + hh) of (blk, g): global row index t * H + h.
@@ -144,7 +148,8 @@ void chunk_partials(const Call& C, int blk, int g, int c, float* const* e, float
   const KvLayer& L = *C.L;
   const int t0 = C.t0(blk), nb = C.nb(blk), rows = nb * C.grp;
   const int j0 = c * TC;
-  const int n_keys = std::min(TC, C.n_vis(blk) - j0);
+  const int n_vis = C.n_vis(blk, g), n_old = C.n_old(g);
+  const int n_keys = std::min(TC, n_vis - j0);
   const float* q[QB * AttnScratch::kMaxGroup];
   for (int r = 0; r < rows; ++r)
     q[r] = C.in->q + C.row_index(blk, g, r) * static_cast<size_t>(C.hd);
@@ -152,7 +157,7 @@ void chunk_partials(const Call& C, int blk, int g, int c, float* const* e, float
   attn::KvRows v{L.value_row(g, j0), L.value_row_bytes(), L.type().v};
   // A head that fits in one chunk is a short stream: fetch its values while scoring its keys
   // (long heads are streamed well by the hardware; prefetching them costs more than it saves).
-  if (C.n_vis(blk) <= TC && k.row_bytes == v.row_bytes) k.prefetch = v.base;
+  if (n_vis <= TC && k.row_bytes == v.row_bytes) k.prefetch = v.base;
   to_f32_tile(C, rows, n_keys, k, conv.kf.data());
   to_f32_tile(C, rows, n_keys, v, conv.vf.data());
   C.kern->scores(q, rows, k, n_keys, C.hd, C.in->scale, e);
@@ -166,10 +171,10 @@ void chunk_partials(const Call& C, int blk, int g, int c, float* const* e, float
     }
   }
   for (int r = 0; r < rows; ++r) {
-    const int n_valid = std::clamp(C.n_old + t0 + r / C.grp + 1 - j0, 0, n_keys);
+    const int n_valid = std::clamp(n_old + t0 + r / C.grp + 1 - j0, 0, n_keys);
     // Sliding window: the row sees slots [lo, ...) only; the chunk's keys below lo are masked
     // (the sum runs over the visible part alone, so masked keys are exact zeros).
-    const int n_lo = C.window > 0 ? std::clamp(C.lo(t0 + r / C.grp) - j0, 0, n_valid) : 0;
+    const int n_lo = C.window > 0 ? std::clamp(C.lo(g, t0 + r / C.grp) - j0, 0, n_valid) : 0;
     cm[r] = C.kern->max(e[r] + n_lo, n_valid - n_lo);
     cl[r] = C.kern->exp_sum(e[r] + n_lo, n_valid - n_lo, n_keys - n_lo, cm[r]);
     std::fill_n(e[r], n_lo, 0.0f);
@@ -220,7 +225,7 @@ void run_blocks(const Call& C, ThreadPool& pool) {
     const int blk = C.n_blocks - 1 - static_cast<int>(task / C.G);
     const int g = static_cast<int>(task % C.G);
     AttnScratch::Thread& T = sc.threads[static_cast<size_t>(thread)];
-    const int rows = C.nb(blk) * C.grp, n_ch = C.n_chunks(blk);
+    const int rows = C.nb(blk) * C.grp, n_ch = C.n_chunks(blk, g);
     const size_t tiles = static_cast<size_t>(sc.n_tiles_cap);
     float* e[QB * AttnScratch::kMaxGroup];
     float* acc[QB * AttnScratch::kMaxGroup];
@@ -246,7 +251,7 @@ void run_blocks(const Call& C, ThreadPool& pool) {
     // Column sums of this block over its visible slots, added to the cache in block order later.
     // A single block (decoding) adds them straight to the cache: 0 + col == col, so the bits are
     // those of the two-step sum.
-    const int n_vis = C.n_vis(blk);
+    const int n_vis = C.n_vis(blk, g);
     float* col_s = nullptr;
     float* col_w = nullptr;
     if (C.n_blocks == 1) {
@@ -286,7 +291,7 @@ void run_blocks(const Call& C, ThreadPool& pool) {
     const int g = static_cast<int>(task / n_tiles);
     const int j0 = static_cast<int>(task % n_tiles) * TC;
     for (int blk = 0; blk < C.n_blocks; ++blk) {
-      const int j1 = std::min(j0 + TC, C.n_vis(blk));
+      const int j1 = std::min(j0 + TC, C.n_vis(blk, g));
       const size_t base = (static_cast<size_t>(blk) * C.G + g) * cap;
       if (C.want_score) {
         float* s = L.score_accum(g);
@@ -313,13 +318,20 @@ void run_split(const Call& C, ThreadPool& pool) {
   const size_t cap = static_cast<size_t>(sc.n_slot_cap);
   const size_t rc = static_cast<size_t>(sc.rows_cap);
   const size_t hd = static_cast<size_t>(C.hd);
+  // Tasks in (block, KV head, chunk) order; a head's chunks depend on its slot count.
   int64_t n_tasks = 0;
-  for (int blk = 0; blk < C.n_blocks; ++blk) n_tasks += int64_t{C.G} * C.n_chunks(blk);
+  for (int blk = 0; blk < C.n_blocks; ++blk)
+    for (int g = 0; g < C.G; ++g) n_tasks += C.n_chunks(blk, g);
   pool.run(n_tasks, [&](int64_t task, int thread) {
-    int blk = 0;
-    while (task >= int64_t{C.G} * C.n_chunks(blk)) task -= int64_t{C.G} * C.n_chunks(blk++);
-    const int n_ch = C.n_chunks(blk);
-    const int g = static_cast<int>(task / n_ch), c = static_cast<int>(task % n_ch);
+    int blk = 0, g = 0;
+    while (task >= C.n_chunks(blk, g)) {
+      task -= C.n_chunks(blk, g);
+      if (++g == C.G) {
+        g = 0;
+        ++blk;
+      }
+    }
+    const int c = static_cast<int>(task);
     const int rows = C.nb(blk) * C.grp;
     float* e[QB * AttnScratch::kMaxGroup];
     float* acc[QB * AttnScratch::kMaxGroup];
@@ -339,9 +351,9 @@ void run_split(const Call& C, ThreadPool& pool) {
   // Merge per row, in chunk order (few rows: this is cheap next to the chunks).
   float* o = sc.threads[0].o.data();
   for (int blk = 0; blk < C.n_blocks; ++blk) {
-    const int n_ch = C.n_chunks(blk);
     for (int t = C.t0(blk); t < C.t0(blk) + C.nb(blk); ++t) {
       for (int h = 0; h < C.H; ++h) {
+        const int n_ch = C.n_chunks(blk, h / C.grp);
         const size_t row = static_cast<size_t>(t) * C.H + static_cast<size_t>(h);
         float m = 0, l = 0;
         for (int c = 0; c < n_ch; ++c) {
@@ -358,7 +370,8 @@ void run_split(const Call& C, ThreadPool& pool) {
     }
   }
   if (!C.want_score && !C.want_window) return;
-  const int n_ch_all = C.n_chunks(C.n_blocks - 1);
+  int n_ch_all = 0;
+  for (int g = 0; g < C.G; ++g) n_ch_all = std::max(n_ch_all, C.n_chunks(C.n_blocks - 1, g));
   KvLayer& L = *C.L;
   pool.run(int64_t{C.G} * n_ch_all, [&](int64_t task, int) {
     const int g = static_cast<int>(task / n_ch_all), c = static_cast<int>(task % n_ch_all);
@@ -366,7 +379,7 @@ void run_split(const Call& C, ThreadPool& pool) {
     const float* p[QB * AttnScratch::kMaxGroup];
     float f[QB * AttnScratch::kMaxGroup];
     for (int blk = 0; blk < C.n_blocks; ++blk) {
-      if (c >= C.n_chunks(blk)) continue;
+      if (c >= C.n_chunks(blk, g)) continue;
       const int rows = C.nb(blk) * C.grp;
       for (int r = 0; r < rows; ++r) {
         const size_t row = C.row_index(blk, g, r);
@@ -380,7 +393,7 @@ void run_split(const Call& C, ThreadPool& pool) {
       a.nb = C.nb(blk);
       a.grp = C.grp;
       a.agg = static_cast<int>(C.agg);
-      a.n_cols = std::min(TC, C.n_vis(blk) - j0);
+      a.n_cols = std::min(TC, C.n_vis(blk, g) - j0);
       a.score = C.want_score ? L.score_accum(g) + j0 : nullptr;
       a.window = C.block_in_window(blk) ? L.window_accum(g) + j0 : nullptr;
       a.window_from = C.window_from(blk);
@@ -398,7 +411,8 @@ void attention_forward_isa(const AttnInput& in, KvLayer& L, const AttnStatsReque
   const int n_tok = in.n_tok;
   const int H = in.n_head;
   const int G = L.n_head_kv();
-  D2O_ASSERT(n_tok >= 1 && H % G == 0 && n_tok <= L.n_slot());
+  D2O_ASSERT(n_tok >= 1 && H % G == 0);
+  for (int g = 0; g < G; ++g) D2O_ASSERT(n_tok <= L.n_slot(g));
   D2O_ASSERT(H / G <= AttnScratch::kMaxGroup);
   Call C;
   C.in = &in;
@@ -411,7 +425,8 @@ void attention_forward_isa(const AttnInput& in, KvLayer& L, const AttnStatsReque
   C.grp = H / G;
   C.hd = L.head_dim();
   C.n_tok = n_tok;
-  C.n_old = L.n_slot() - n_tok;
+  C.n_old_all = L.n_slot() - n_tok;
+  C.head_n = L.head_counts();
   C.n_blocks = (n_tok + QB - 1) / QB;
   C.want_score = stats.accumulate;
   C.want_window = stats.window_first < n_tok;
@@ -444,16 +459,15 @@ void attention_reference(const AttnInput& in, KvLayer& L, const AttnStatsRequest
   const int G = L.n_head_kv();
   const int grp = H / G;
   const int hd = L.head_dim();
-  const int n_old = L.n_slot() - in.n_tok;
   std::vector<float> k(static_cast<size_t>(hd)), v(static_cast<size_t>(hd));
   std::vector<double> p(static_cast<size_t>(L.n_slot()));
   // probs[t][h][j] kept to aggregate per group afterwards.
   std::vector<std::vector<double>> probs(static_cast<size_t>(H));
   for (int t = 0; t < in.n_tok; ++t) {
-    const int n_vis = n_old + t + 1;
-    const int lo = in.window > 0 ? std::max(0, n_vis - in.window) : 0;
     for (int h = 0; h < H; ++h) {
       const int g = h / grp;
+      const int n_vis = L.n_slot(g) - in.n_tok + t + 1;  // KV head g's old slots, then the chunk's
+      const int lo = in.window > 0 ? std::max(0, n_vis - in.window) : 0;
       const float* q = in.q + (static_cast<size_t>(t) * H + h) * hd;
       double m = -INFINITY;
       std::fill(p.begin(), p.begin() + lo, 0.0);
@@ -480,6 +494,7 @@ void attention_reference(const AttnInput& in, KvLayer& L, const AttnStatsRequest
       probs[static_cast<size_t>(h)].assign(p.begin(), p.begin() + n_vis);
     }
     for (int g = 0; g < G; ++g) {
+      const int n_vis = L.n_slot(g) - in.n_tok + t + 1;
       for (int j = 0; j < n_vis; ++j) {
         double a = 0.0;
         for (int hh = 0; hh < grp; ++hh) {

@@ -184,6 +184,22 @@ void KvLayer::move_slots(int h, int to, int from, int n) {
   std::memmove(&merged_[a], &merged_[b], c * sizeof(int32_t));
 }
 
+void KvLayer::set_counts(const int32_t* counts, int n) {
+  head_n_.clear();
+  n_slot_ = n;
+  if (!counts) return;
+  n_slot_ = *std::max_element(counts, counts + n_head_kv_);
+  if (*std::min_element(counts, counts + n_head_kv_) != n_slot_)
+    head_n_.assign(counts, counts + n_head_kv_);
+}
+
+int64_t KvLayer::held_slots() const {
+  if (head_n_.empty()) return int64_t{n_slot_} * n_head_kv_;
+  int64_t n = 0;
+  for (int32_t c : head_n_) n += c;
+  return n;
+}
+
 KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
   D2O_ASSERT(cfg.n_layer > 0 && cfg.n_head_kv > 0 && cfg.head_dim > 0);
   D2O_ASSERT(check_kv_type(cfg.type, cfg.head_dim).ok());
@@ -222,10 +238,11 @@ void KvCache::copy_layer_slots(const KvLayer& L, int capacity, KvLayer& N) {
 void KvCache::copy_rows(const KvLayer& L, KvLayer& N) {
   D2O_ASSERT(N.capacity_ >= L.n_slot_ && N.n_head_kv_ == L.n_head_kv_ && N.type_ == L.type_);
   const size_t kb = L.key_row_bytes(), vb = L.value_row_bytes();
-  const size_t n = static_cast<size_t>(L.n_slot_);
   N.n_slot_ = L.n_slot_;
+  N.head_n_ = L.head_n_;
   for (int h = 0; h < L.n_head_kv_; ++h) {
-    if (n == 0) break;
+    const size_t n = static_cast<size_t>(L.n_slot(h));
+    if (n == 0) continue;
     std::memcpy(N.mutable_key_row(h, 0), L.key_row(h, 0), n * kb);
     std::memcpy(N.mutable_value_row(h, 0), L.value_row(h, 0), n * vb);
     std::memcpy(&N.pos_[N.meta_index(h, 0)], L.pos(h), n * sizeof(int32_t));
@@ -324,7 +341,7 @@ Status KvCache::trim(int slack) {
 
 int64_t KvCache::total_slots() const {
   int64_t n = 0;
-  for (const KvLayer& L : layers_) n += L.n_slot_;
+  for (const KvLayer& L : layers_) n += L.uniform() ? L.n_slot_ : L.held_slots() / L.n_head_kv_;
   return n;
 }
 
@@ -334,8 +351,8 @@ void KvCache::append(int il, const float* k, const float* v, const int32_t* pos,
   const int hd = L.head_dim_;
   const int kv_dim = L.n_head_kv_ * hd;
   for (int t = 0; t < n_tok; ++t) {
-    const int j = L.n_slot_ + t;
     for (int h = 0; h < L.n_head_kv_; ++h) {
+      const int j = L.n_slot(h) + t;
       L.store_key(h, j, k + static_cast<size_t>(t) * kv_dim + static_cast<size_t>(h) * hd);
       L.store_value(h, j, v + static_cast<size_t>(t) * kv_dim + static_cast<size_t>(h) * hd);
       const size_t m = L.meta_index(h, j);
@@ -346,12 +363,15 @@ void KvCache::append(int il, const float* k, const float* v, const int32_t* pos,
     }
   }
   L.n_slot_ += n_tok;
+  for (int32_t& c : L.head_n_) c += n_tok;
 }
 
 void KvCache::apply(int il, const CompactionPlan& plan) {
   KvLayer& L = layers_[static_cast<size_t>(il)];
   D2O_ASSERT(plan.n_head_kv == L.n_head_kv_);
-  D2O_ASSERT(plan.n_keep >= 0 && plan.n_keep <= L.n_slot_);
+  D2O_ASSERT(plan.n_keep >= 0 &&
+             (plan.head_keep.empty() ? plan.n_keep <= L.n_slot_
+                                     : plan.head_keep.size() == static_cast<size_t>(L.n_head_kv_)));
   const int hd = L.head_dim_;
 
   // 1. Merges, on the old slot indices (sources are evicted slots, so no source is overwritten
@@ -364,12 +384,12 @@ void KvCache::apply(int il, const CompactionPlan& plan) {
     std::fill(acc_v_.begin(), acc_v_.end(), 0.0f);
     float score_sum = 0.0f, score_max = 0.0f;
     int32_t merged = 0, n_terms = 0;
-    D2O_ASSERT(dst >= 0 && dst < L.n_slot_);
+    D2O_ASSERT(dst >= 0 && dst < L.n_slot(head));
     const int32_t dst_pos = L.pos_[L.meta_index(head, dst)];
     size_t e = t;
     for (; e < plan.merges.size() && plan.merges[e].head == head && plan.merges[e].dst == dst; ++e) {
       const MergeTerm& m = plan.merges[e];
-      D2O_ASSERT(m.src >= 0 && m.src < L.n_slot_);
+      D2O_ASSERT(m.src >= 0 && m.src < L.n_slot(head));
       L.load_key(head, m.src, tmp_k_.data());
       L.load_value(head, m.src, tmp_v_.data());
       if (plan.rope && m.src != dst) {
@@ -404,17 +424,19 @@ void KvCache::apply(int il, const CompactionPlan& plan) {
   //    slot per head, so this is usually one long run.
   for (int h = 0; h < L.n_head_kv_; ++h) {
     const int32_t* keep = plan.keep_of(h);
+    const int nk = plan.n_keep_of(h);
+    D2O_ASSERT(nk >= 0 && nk <= plan.n_keep);
     int i = 0;
-    while (i < plan.n_keep) {
+    while (i < nk) {
       const int j = keep[i];
-      D2O_ASSERT(j >= i && j < L.n_slot_ && (i == 0 || j > keep[i - 1]));
+      D2O_ASSERT(j >= i && j < L.n_slot(h) && (i == 0 || j > keep[i - 1]));
       int run = 1;
-      while (i + run < plan.n_keep && keep[i + run] == j + run) ++run;
+      while (i + run < nk && keep[i + run] == j + run) ++run;
       if (j != i) L.move_slots(h, i, j, run);
       i += run;
     }
   }
-  L.n_slot_ = plan.n_keep;
+  L.set_counts(plan.head_keep.empty() ? nullptr : plan.head_keep.data(), plan.n_keep);
 
   // 3. Position shift: keys re-rotated for their new positions.
   const PositionShift& sh = plan.shift;
@@ -422,7 +444,7 @@ void KvCache::apply(int il, const CompactionPlan& plan) {
     D2O_ASSERT(sh.rope && sh.rope->head_dim == hd && sh.first_slot >= 0);
     float* row = tmp_k_.data();
     for (int h = 0; h < L.n_head_kv_; ++h) {
-      for (int j = sh.first_slot; j < L.n_slot_; ++j) {
+      for (int j = sh.first_slot; j < L.n_slot(h); ++j) {
         L.load_key(h, j, row);
         rope_apply(*sh.rope, -static_cast<float>(sh.by), 1, row);
         L.store_key(h, j, row);
@@ -434,7 +456,7 @@ void KvCache::apply(int il, const CompactionPlan& plan) {
 
 void KvCache::replace_value(int il, int h, int j, const float* row) {
   KvLayer& L = layers_[static_cast<size_t>(il)];
-  D2O_ASSERT(h >= 0 && h < L.n_head_kv_ && j >= 0 && j < L.n_slot_);
+  D2O_ASSERT(h >= 0 && h < L.n_head_kv_ && j >= 0 && j < L.n_slot(h));
   L.store_value(h, j, row);
 }
 
@@ -482,6 +504,7 @@ Status KvCache::copy_from(const KvCache& o) {
       copy(D.merged_, S.merged_);
       D.capacity_ = S.capacity_;
       D.n_slot_ = S.n_slot_;
+      D.head_n_ = S.head_n_;
     }
   } catch (const std::bad_alloc&) {
     clear();
@@ -514,10 +537,8 @@ size_t KvCache::kv_bytes_allocated() const {
 
 size_t KvCache::kv_bytes_used() const {
   size_t b = 0;
-  for (const KvLayer& L : layers_) {
-    b += static_cast<size_t>(L.n_head_kv_) * static_cast<size_t>(L.n_slot_) *
-         (L.key_row_bytes() + L.value_row_bytes());
-  }
+  for (const KvLayer& L : layers_)
+    b += static_cast<size_t>(L.held_slots()) * (L.key_row_bytes() + L.value_row_bytes());
   return b;
 }
 
@@ -558,7 +579,7 @@ size_t KvCache::bytes_for_slots(const KvCacheConfig& cfg, int64_t slots, int max
 int KvCache::drop_oldest(int il, int n_tok) {
   const int w = cfg_.window(il);
   KvLayer& L = layers_[static_cast<size_t>(il)];
-  D2O_ASSERT(w > 0);
+  D2O_ASSERT(w > 0 && L.uniform());  // never compacted, so never per-head counts
   if (L.n_slot_ + n_tok <= sliding_capacity(w, n_tok) || L.n_slot_ <= w - 1) return 0;
   const int drop = L.n_slot_ - (w - 1);
   for (int h = 0; h < L.n_head_kv_; ++h) L.move_slots(h, 0, drop, w - 1);

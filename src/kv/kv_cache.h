@@ -11,13 +11,17 @@
 // Entries are per KV head, never expanded per query head. Slots stay in chronological order
 // (append at the end; compaction keeps relative order), so "the recent window" is always the
 // last slots and "the sinks" the first ones of a head that kept them.
-// All heads of a layer hold the same number of slots (n_slot); which tokens they hold may differ.
-// Layers may hold different numbers of slots (D2O's per-layer budgets).
+// The heads of a layer usually hold the same number of slots (n_slot); which tokens they hold may
+// differ. A policy with per-head budgets (heads=ada) leaves them holding different counts
+// (n_slot(h)); n_slot() is then the largest, the one the [n_head_kv, capacity] layout is sized
+// for. Layers may hold different numbers of slots (D2O's per-layer budgets). Memory: the layout
+// pads every head to the layer's capacity, so kv_bytes_allocated() counts n_head_kv x capacity
+// rows while kv_bytes_used() counts the rows the heads hold (sum over heads).
 //
 // The only mutators are append() (new tokens), apply() (a CompactionPlan from a policy),
 // replace_value() (CaM's merged values), for sliding-window layers drop_oldest(), the allocation
-// calls (reserve, trim, ...), statistics resets and copies; KvLayer is read-only outside KvCache, except that the attention kernel
-// accumulates statistics through KvCache::layer_for_attention().
+// calls (reserve, trim, ...), statistics resets and copies; KvLayer is read-only outside KvCache,
+// except that the attention kernel accumulates statistics through KvCache::layer_for_attention().
 //
 // Sliding-window layers (KvCacheConfig::layer_window[il] = W > 0; Gemma 3's local layers): a
 // query sees only the last W positions, so the layer keeps a ring of the last W - 1 slots plus
@@ -27,6 +31,7 @@
 // limit, and is never compacted by a KV policy (layer_compressible()).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -107,8 +112,11 @@ struct PositionShift {
 // KvCache::apply() runs it in this order: merges, the gather of kept slots, the position shift.
 struct CompactionPlan {
   int n_head_kv = 0;
-  int n_keep = 0;                 // slots each head keeps
+  int n_keep = 0;                 // slots each head keeps (per-head counts: the most any keeps)
   std::vector<int32_t> keep;      // [n_head_kv, n_keep], strictly ascending per head
+  // Per-head budgets (reset_heads): head h keeps head_keep[h] slots, listed from keep[head_off[h]]
+  // (the lists packed one after another). Empty: every head keeps n_keep.
+  std::vector<int32_t> head_keep, head_off;
   std::vector<MergeTerm> merges;  // see MergeTerm
   MergedScore merged_score = MergedScore::kSum;
   // Non-null: keys are merged un-rotated. A source key cached for position p_src is rotated by
@@ -122,12 +130,34 @@ struct CompactionPlan {
     n_keep = n_keep_;
     keep.resize(static_cast<size_t>(n_head_kv_) * static_cast<size_t>(n_keep_));
     merges.clear();
+    head_keep.clear();
+    head_off.clear();
     merged_score = MergedScore::kSum;
     rope = nullptr;
     shift = PositionShift();
   }
-  int32_t* keep_of(int head) { return keep.data() + static_cast<size_t>(head) * n_keep; }
-  const int32_t* keep_of(int head) const { return keep.data() + static_cast<size_t>(head) * n_keep; }
+  // A plan in which head h keeps counts[h] slots.
+  void reset_heads(int n_head_kv_, const int32_t* counts) {
+    reset(n_head_kv_, 0);
+    head_keep.assign(counts, counts + n_head_kv_);
+    head_off.resize(static_cast<size_t>(n_head_kv_));
+    size_t total = 0;
+    for (int h = 0; h < n_head_kv_; ++h) {
+      head_off[static_cast<size_t>(h)] = static_cast<int32_t>(total);
+      total += static_cast<size_t>(counts[h]);
+      n_keep = std::max(n_keep, static_cast<int>(counts[h]));
+    }
+    keep.resize(total);
+  }
+  size_t keep_index(int head) const {
+    return head_off.empty() ? static_cast<size_t>(head) * n_keep
+                            : static_cast<size_t>(head_off[static_cast<size_t>(head)]);
+  }
+  int32_t* keep_of(int head) { return keep.data() + keep_index(head); }
+  const int32_t* keep_of(int head) const { return keep.data() + keep_index(head); }
+  int n_keep_of(int head) const {
+    return head_keep.empty() ? n_keep : head_keep[static_cast<size_t>(head)];
+  }
 };
 
 // One layer's slots. Read-only for everything but KvCache: the buffers change only through
@@ -141,7 +171,15 @@ class KvLayer {
   int head_dim() const { return head_dim_; }
   KvType type() const { return type_; }
   int capacity() const { return capacity_; }  // slots allocated per head
-  int n_slot() const { return n_slot_; }      // slots in use per head
+  int n_slot() const { return n_slot_; }      // slots in use per head (the most any head holds)
+  // Slots head h holds (n_slot() unless the heads hold different counts).
+  int n_slot(int h) const { return head_n_.empty() ? n_slot_ : head_n_[static_cast<size_t>(h)]; }
+  // True when every head holds n_slot() slots.
+  bool uniform() const { return head_n_.empty(); }
+  // Null when uniform(), else the [n_head_kv] per-head counts.
+  const int32_t* head_counts() const { return head_n_.empty() ? nullptr : head_n_.data(); }
+  // Slots held, summed over the heads.
+  int64_t held_slots() const;
 
   // Bytes of one key / value row (they differ when keys and values have different types).
   size_t key_row_bytes() const { return kv_row_bytes(type_.k, head_dim_); }
@@ -153,7 +191,7 @@ class KvLayer {
   const uint8_t* value_row(int h, int j) const {
     return v_.data() + row_offset(h, j, value_row_bytes());
   }
-  // Slot metadata of head h: [n_slot] entries, slot j at index j.
+  // Slot metadata of head h: [n_slot(h)] entries, slot j at index j.
   const int32_t* pos(int h) const { return pos_.data() + meta_index(h, 0); }
   const float* score(int h) const { return score_.data() + meta_index(h, 0); }
   const float* window(int h) const { return window_.data() + meta_index(h, 0); }
@@ -191,6 +229,9 @@ class KvLayer {
   KvType type_ = KvType::kF16;
   int capacity_ = 0;
   int n_slot_ = 0;
+  std::vector<int32_t> head_n_;  // [n_head_kv] per-head counts, or empty: all hold n_slot_
+  // Sets the per-head counts (empty: all hold n); n_slot_ = the largest. Equal counts: uniform.
+  void set_counts(const int32_t* counts, int n);
   AlignedBuffer<uint8_t> k_, v_;   // [n_head_kv, capacity, row bytes]
   AlignedBuffer<int32_t> pos_;     // [n_head_kv, capacity]
   AlignedBuffer<float> score_;     // [n_head_kv, capacity]
@@ -256,11 +297,13 @@ class KvCache {
   // After a compaction: hands back memory of layers holding more than n_slot + slack + a small
   // hysteresis (so a steady decode step, which adds one slot and evicts one, never reallocates).
   Status trim(int slack);
-  // Slots in use, summed over layers (one KV head's count per layer).
+  // Slots in use, summed over layers (one KV head's count per layer; with per-head counts, the
+  // layer's held_slots() / n_head_kv, rounded down).
   int64_t total_slots() const;
 
   // Appends n_tok tokens to layer il: k and v are [n_tok, n_head_kv * head_dim] floats, pos the
-  // tokens' positions. Capacity must already suffice. New slots get score 0, merged 0.
+  // tokens' positions. Capacity must already suffice. New slots get score 0, merged 0. Each head
+  // appends after its own last slot (n_slot(h)).
   void append(int il, const float* k, const float* v, const int32_t* pos, int n_tok);
 
   // Applies a plan to layer il (merges first, then the gather of kept slots).
@@ -298,7 +341,8 @@ class KvCache {
   Status restore_layer(int il, int n_slot, const uint8_t* k, const uint8_t* v, const int32_t* pos,
                        const float* score, const float* window, const int32_t* merged);
 
-  // Bytes of key and value storage allocated (capacity) / in use (n_slot), over all layers.
+  // Bytes of key and value storage allocated (n_head_kv x capacity rows) / in use (the rows the
+  // heads hold, sum over heads), over all layers.
   size_t kv_bytes_allocated() const;
   size_t kv_bytes_used() const;
   // Bytes of slot metadata allocated (pos, score, window, merged).

@@ -96,9 +96,11 @@ struct PolicyState {
   static constexpr int kNoBudget = -1;
 
   bool budgets_set = false;  // set at the sequence's first compaction, then kept
-  std::vector<int> budgets;  // [n_layer] slots per KV head each layer may keep
+  // [n_layer] slots per KV head each layer may keep (heads=ada: budget x n_head_kv in all, shared
+  // over the heads)
+  std::vector<int> budgets;
   // Counters are slots summed over the layer's KV heads (every head evicts the same number of
-  // slots per compaction; how many of them merge differs per head).
+  // slots per compaction, unless heads=ada; how many of them merge differs per head).
   std::vector<int64_t> evicted;  // [n_layer] slots evicted so far (merged or dropped)
   std::vector<int64_t> merged;   // [n_layer] evicted slots merged into kept ones
   int64_t n_compactions = 0;     // passes whose compaction removed at least one slot

@@ -17,7 +17,9 @@ struct KvTestAccess {
   static int32_t* merged(KvLayer& L, int h) { return L.merged_.data() + L.meta_index(h, 0); }
   static int32_t* pos(KvLayer& L, int h) { return L.pos_.data() + L.meta_index(h, 0); }
   // Slots in use (at most the capacity): e.g. to run attention on a prefix of what was appended.
-  static void set_n_slot(KvLayer& L, int n) { L.n_slot_ = n; }
+  static void set_n_slot(KvLayer& L, int n) { L.set_counts(nullptr, n); }
+  // Per-head slot counts [n_head_kv] (at most the capacity).
+  static void set_head_slots(KvLayer& L, const int32_t* counts) { L.set_counts(counts, 0); }
 };
 
 }  // namespace d2o

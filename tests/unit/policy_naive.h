@@ -56,7 +56,7 @@ inline Cache snapshot(const KvCache& c) {
   for (int il = 0; il < n.L; ++il) {
     const KvLayer& L = c.layer(il);
     for (int g = 0; g < n.G; ++g) {
-      for (int j = 0; j < L.n_slot(); ++j) {
+      for (int j = 0; j < L.n_slot(g); ++j) {
         Tok t;
         t.pos = L.pos(g)[j];
         t.score = L.score(g)[j];
@@ -82,12 +82,12 @@ inline std::string compare(const KvCache& real, const Cache& ref, double tol) {
     const KvLayer& L = real.layer(il);
     for (int g = 0; g < ref.G; ++g) {
       const Head& h = ref.h[static_cast<size_t>(il)][static_cast<size_t>(g)];
-      if (L.n_slot() != static_cast<int>(h.size())) {
+      if (L.n_slot(g) != static_cast<int>(h.size())) {
         std::snprintf(buf, sizeof buf, "layer %d head %d: %d slots, expected %zu", il, g,
-                      L.n_slot(), h.size());
+                      L.n_slot(g), h.size());
         return buf;
       }
-      for (int j = 0; j < L.n_slot(); ++j) {
+      for (int j = 0; j < L.n_slot(g); ++j) {
         const Tok& t = h[static_cast<size_t>(j)];
         if (L.pos(g)[j] != t.pos) {
           std::snprintf(buf, sizeof buf, "layer %d head %d slot %d: position %d, expected %d", il,
@@ -409,6 +409,85 @@ inline std::vector<int> keep_list(const PolicyConfig& c, const Head& h, int S, i
   return keep;
 }
 
+// heads=ada: the kept lists of every head of a layer under budget S per head on average. Each
+// head protects what its uniform selector protects (sinks and the recent part of the N:M split;
+// SnapKV's observation window); of the K = S - protected scored slots a uniform head keeps, every
+// head first keeps its floor(floor * K) best candidates, then the G * K - sum of those go to the
+// best remaining candidates of all heads, ranked by (score desc, head asc, slot asc).
+inline std::vector<std::vector<int>> ada_keep_lists(const PolicyConfig& c,
+                                                    const std::vector<Head>& heads, int S,
+                                                    int64_t next_pos) {
+  const int G = static_cast<int>(heads.size());
+  int first = 0, last = 0;  // protected: slots [0, first) and the last `last`
+  if (c.selector == Selector::kSnapWindow) {
+    last = std::min(c.window, S);
+  } else {
+    first = std::min(c.sinks, S);
+    const int body = S - first;
+    if (body > 0) {
+      last = static_cast<int>(
+          std::floor(static_cast<double>(body) * c.nm_m / (c.nm_n + c.nm_m) + 0.5));
+      last = std::max(1, std::min(body, last));
+    }
+  }
+  const int K = S - first - last;
+  const int floor_k = static_cast<int>(std::floor(c.floor * K));
+  struct Cand {
+    double s;
+    int g, j;
+  };
+  std::vector<Cand> rest;
+  std::vector<std::vector<int>> keep(static_cast<size_t>(G));
+  int64_t joint = static_cast<int64_t>(G) * K;
+  for (int g = 0; g < G; ++g) {
+    const Head& h = heads[static_cast<size_t>(g)];
+    const int n = static_cast<int>(h.size());
+    std::vector<double> score(static_cast<size_t>(n), 0.0);
+    for (int j = 0; j < n; ++j) {
+      const Tok& tk = h[static_cast<size_t>(j)];
+      if (c.selector == Selector::kSnapWindow) {
+        if (j >= n - last) continue;
+        double acc = c.pool == PoolKind::kMax ? -1e300 : 0.0;
+        for (int i = j - c.kernel / 2; i <= j + c.kernel / 2; ++i) {
+          if (i < 0 || i >= n - last) continue;
+          const double w = h[static_cast<size_t>(i)].window;
+          acc = c.pool == PoolKind::kMax ? std::max(acc, w) : acc + w;
+        }
+        score[static_cast<size_t>(j)] = c.pool == PoolKind::kMax ? acc : acc / c.kernel;
+      } else {
+        score[static_cast<size_t>(j)] =
+            c.norm == ScoreNorm::kQueries
+                ? static_cast<double>(static_cast<float>(tk.score) /
+                                      static_cast<float>(std::max<int64_t>(1, next_pos - tk.pos)))
+                : tk.score;
+      }
+    }
+    std::vector<int> cand;
+    for (int j = first; j < n - last; ++j) cand.push_back(j);
+    const int fg = std::min(floor_k, static_cast<int>(cand.size()));
+    std::vector<int>& kg = keep[static_cast<size_t>(g)];
+    kg = best_k(cand, score, fg);
+    for (int j : cand) {
+      if (std::find(kg.begin(), kg.end(), j) == kg.end())
+        rest.push_back({score[static_cast<size_t>(j)], g, j});
+    }
+    joint -= fg;
+    for (int j = 0; j < first; ++j) kg.push_back(j);
+    for (int j = n - last; j < n; ++j) kg.push_back(j);
+  }
+  std::sort(rest.begin(), rest.end(), [](const Cand& a, const Cand& b) {
+    if (a.s != b.s) return a.s > b.s;
+    if (a.g != b.g) return a.g < b.g;
+    return a.j < b.j;
+  });
+  for (int64_t i = 0; i < joint; ++i) {
+    const Cand& x = rest[static_cast<size_t>(i)];
+    keep[static_cast<size_t>(x.g)].push_back(x.j);
+  }
+  for (std::vector<int>& kg : keep) std::sort(kg.begin(), kg.end());
+  return keep;
+}
+
 // RoPE (adjacent pairs, theta_i = base^(-2i/d)) rotation of a key by `delta` positions.
 inline void rotate(std::vector<double>& k, double delta, double base) {
   const size_t d = k.size();
@@ -622,6 +701,29 @@ inline void compact(const PolicyConfig& c, Cache& cache, State& st, int64_t n_pa
   int64_t removed = 0;
   for (int l = 0; l < L; ++l) {
     const int S = st.budgets[static_cast<size_t>(l)];
+    if (c.heads == HeadRule::kAda) {
+      std::vector<Head>& hs = cache.h[static_cast<size_t>(l)];
+      int64_t held = 0;
+      for (const Head& h : hs) held += static_cast<int64_t>(h.size());
+      if (S < 0 || held <= static_cast<int64_t>(S) * G) continue;
+      const std::vector<std::vector<int>> keeps = ada_keep_lists(c, hs, S, n_past - st.pos_shift);
+      for (int g = 0; g < G; ++g) {
+        Head& h = hs[static_cast<size_t>(g)];
+        const std::vector<int>& keep = keeps[static_cast<size_t>(g)];
+        if (c.merger == Merger::kD2o) {
+          const size_t ti = static_cast<size_t>(l * G + g);
+          bool ready = st.tau_ready[ti];
+          st.merged[static_cast<size_t>(l)] +=
+              d2o_merge(c, h, keep, st.tau[ti], ready, st.last_groups, rope_base);
+          st.tau_ready[ti] = ready;
+        }
+        st.evicted[static_cast<size_t>(l)] += static_cast<int64_t>(h.size() - keep.size());
+        Head out;
+        for (int j : keep) out.push_back(h[static_cast<size_t>(j)]);
+        h = out;
+      }
+      continue;
+    }
     // decide=token: the i-th evicted token of every head merges when the mean over the heads of
     // its similarity reaches the layer's threshold (kept at index l * G).
     const bool by_token = c.merger == Merger::kD2o && c.decide == MergeDecision::kToken &&

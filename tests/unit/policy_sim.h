@@ -77,7 +77,7 @@ class PolicySim {
       }
       const float tail = 1.0f + 0.4f * static_cast<float>(il);
       for (int g = 0; g < L.n_head_kv(); ++g) {
-        for (int j = 0; j < L.n_slot(); ++j) {
+        for (int j = 0; j < L.n_slot(g); ++j) {
           KvTestAccess::score(L, g)[j] += std::pow(ex(rng), tail) * static_cast<float>(n_tok);
           KvTestAccess::window(L, g)[j] = un(rng);
         }

@@ -341,7 +341,9 @@ TEST(PolicyInvariants, SteadyStateDecodeAllocatesNothing) {
   for (const char* spec :
        {"d2o:ratio=0.3", "d2o:budget=20,sim=kv,reading=research", "h2o:budget=16,norm=queries",
         "streaming:budget=12,pos=shift", "snapkv:budget=16,window=4", "cam:ratio=0.3",
-        "pyramidkv:budget=16,window=4", "keydiff:ratio=0.3", "keydiff:budget=16,recent=4"}) {
+        "pyramidkv:budget=16,window=4", "keydiff:ratio=0.3", "keydiff:budget=16,recent=4",
+        "h2o:budget=16,heads=ada", "d2o:ratio=0.3,heads=ada",
+        "snapkv:budget=16,window=4,heads=ada"}) {
     for (KvType type : {KvType::kF32, KvType::kF16}) {
       SCOPED_TRACE(spec);
       SimSetup s;
@@ -539,7 +541,8 @@ TEST(PolicyInvariants, LayerwiseCompactionEqualsWholePass) {
   for (const char* spec :
        {"d2o:ratio=0.3", "d2o:budget=16", "d2o:ratio=0.3,layers=research", "h2o:ratio=0.25",
         "roco:budget=12", "cam:ratio=0.3", "streaming:budget=10", "snapkv:budget=12,window=4",
-        "keydiff:budget=12,sinks=1"}) {
+        "keydiff:budget=12,sinks=1", "d2o:budget=16,heads=ada",
+        "snapkv:budget=12,window=4,heads=ada"}) {
     SCOPED_TRACE(spec);
     SimSetup s;
     s.n_layer = 5;
@@ -567,10 +570,11 @@ TEST(PolicyInvariants, LayerwiseCompactionEqualsWholePass) {
         const KvLayer& y = b.cache.layer(il);
         ASSERT_EQ(x.n_slot(), y.n_slot()) << "step " << step << " layer " << il;
         for (int g = 0; g < x.n_head_kv(); ++g) {
-          const size_t n = static_cast<size_t>(x.n_slot());
+          ASSERT_EQ(x.n_slot(g), y.n_slot(g));
+          const size_t n = static_cast<size_t>(x.n_slot(g));
           ASSERT_EQ(0, std::memcmp(x.key_row(g, 0), y.key_row(g, 0), x.key_row_bytes() * n));
           ASSERT_EQ(0, std::memcmp(x.value_row(g, 0), y.value_row(g, 0), x.value_row_bytes() * n));
-          for (int j = 0; j < x.n_slot(); ++j) {
+          for (int j = 0; j < x.n_slot(g); ++j) {
             ASSERT_EQ(x.pos(g)[j], y.pos(g)[j]);
             ASSERT_EQ(x.score(g)[j], y.score(g)[j]);
             ASSERT_EQ(x.merged(g)[j], y.merged(g)[j]);

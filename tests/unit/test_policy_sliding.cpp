@@ -43,8 +43,10 @@ TEST(PolicySliding, SlidingLayersKeepEverythingAndGlobalOnesShareTheBudget) {
   // Layers 0, 1, 3 and 4 sliding (window 64, as filled: no pass has dropped anything yet),
   // layers 2 and 5 global.
   const std::vector<int> windows = {64, 64, 0, 64, 64, 0};
-  for (const std::string spec : {"d2o:ratio=0.25", "h2o:ratio=0.25", "streaming:ratio=0.25",
-                                 "pyramidkv:ratio=0.25", "snapkv:ratio=0.25,window=8"}) {
+  for (const std::string spec :
+       {"d2o:ratio=0.25", "h2o:ratio=0.25", "streaming:ratio=0.25", "pyramidkv:ratio=0.25",
+        "snapkv:ratio=0.25,window=8", "d2o:ratio=0.25,heads=ada",
+        "snapkv:ratio=0.25,window=8,heads=ada"}) {
     SCOPED_TRACE(spec);
     auto parsed = parse_kv_policy(spec);
     ASSERT_TRUE(parsed.ok()) << parsed.status().message();
@@ -85,6 +87,7 @@ TEST(PolicySliding, SlidingLayersKeepEverythingAndGlobalOnesShareTheBudget) {
     for (int il : {0, 1, 3, 4}) {
       EXPECT_EQ(sm.budgets[static_cast<size_t>(il)], PolicyState::kNoBudget) << il;
       EXPECT_EQ(mixed.layer(il).n_slot(), n) << il;
+      EXPECT_TRUE(mixed.layer(il).uniform()) << il;
     }
     EXPECT_EQ(sm.budgets[2], sa.budgets[0]);
     EXPECT_EQ(sm.budgets[5], sa.budgets[1]);
@@ -93,9 +96,11 @@ TEST(PolicySliding, SlidingLayersKeepEverythingAndGlobalOnesShareTheBudget) {
       const KvLayer& M = mixed.layer(i == 0 ? 2 : 5);
       const KvLayer& A = alone.layer(i);
       ASSERT_EQ(M.n_slot(), A.n_slot());
-      for (int g = 0; g < G; ++g)
-        for (int j = 0; j < M.n_slot(); ++j)
+      for (int g = 0; g < G; ++g) {
+        ASSERT_EQ(M.n_slot(g), A.n_slot(g));
+        for (int j = 0; j < M.n_slot(g); ++j)
           EXPECT_EQ(M.pos(g)[j], A.pos(g)[j]) << i << "," << g << "," << j;
+      }
     }
   }
 }

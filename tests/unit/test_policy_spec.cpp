@@ -130,7 +130,7 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"d2o:foo=1",
        {"unknown key 'foo'",
         "ratio, budget, sinks, nm, beta, layers, merge, sim, ema, agg, norm, mscore, mrope, "
-        "decide, protect, mass, reading"}},
+        "decide, protect, mass, heads, floor, reading"}},
       {"d2o:mscore=median", {"mscore=median", "sum, keep, mean, max"}},
       {"d2o:mrope=both", {"mrope=both", "post, pre"}},
       {"d2o:decide=layer", {"decide=layer", "head, token"}},

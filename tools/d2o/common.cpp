@@ -179,7 +179,15 @@ void print_kv_report(std::FILE* out, const Sequence& seq) {
   int64_t tot_slots = 0, full_slots = 0;
   for (int il = 0; il < c.n_layer(); ++il) {
     const KvLayer& L = c.layer(il);
-    tot_slots += L.n_slot();
+    // Per-head budgets (heads=ada): heads hold different counts; the column shows their range.
+    tot_slots += L.held_slots() / L.n_head_kv();
+    char slot_s[32];
+    int lo = L.n_slot();
+    for (int g = 0; g < L.n_head_kv(); ++g) lo = std::min(lo, L.n_slot(g));
+    if (L.uniform())
+      std::snprintf(slot_s, sizeof slot_s, "%d", L.n_slot());
+    else
+      std::snprintf(slot_s, sizeof slot_s, "%d-%d", lo, L.n_slot());
     const int w = c.config().window(il);
     full_slots += w > 0 ? std::min<int64_t>(seq.n_past(), w) : seq.n_past();
     char kind_s[32] = "global";
@@ -205,8 +213,9 @@ void print_kv_report(std::FILE* out, const Sequence& seq) {
                     b != PolicyState::kNoBudget ? std::to_string(b).c_str() : w > 0 ? "window" : "all");
     }
     if (w > 0) std::snprintf(var_s, sizeof var_s, "-");
-    std::fprintf(out, "%5d %-10s %8s %8d %9lld %9lld %8s %10s\n", il, kind_s, bud_s, L.n_slot(), static_cast<long long>(at(st.evicted)),
-                 static_cast<long long>(at(st.merged)), tau_s, var_s);
+    std::fprintf(out, "%5d %-10s %8s %8s %9lld %9lld %8s %10s\n", il, kind_s, bud_s, slot_s,
+                 static_cast<long long>(at(st.evicted)), static_cast<long long>(at(st.merged)),
+                 tau_s, var_s);
   }
   const KvBytesShares b = kv_bytes_shares(c, seq.n_past());
   std::fprintf(out, "total: %lld slots per KV head over %d layers (full cache: %lld)\n",
@@ -225,6 +234,14 @@ void print_kv_report(std::FILE* out, const Sequence& seq) {
                    ? ", and sliding-window layers that hold up to 64 slots past their window "
                      "before dropping them in a batch"
                    : "");
+  bool ragged = false;
+  for (int il = 0; il < c.n_layer(); ++il) ragged = ragged || !c.layer(il).uniform();
+  if (ragged) {
+    // The [head, capacity] layout pads every head to the layer's largest (heads=ada).
+    std::fprintf(
+        out, "(KV bytes held by slots: %s; the rest is capacity, heads padded to the largest)\n",
+        format_bytes(static_cast<double>(c.kv_bytes_used())).c_str());
+  }
 }
 
 }  // namespace d2o::cli

@@ -6,9 +6,26 @@
 
 #include "core/assert.h"
 #include "kv/policy/budgets.h"
+#include "kv/policy/select_heads.h"
 #include "kv/policy/select_keydiff.h"
 
 namespace d2o {
+
+namespace {
+
+// Whether layer L holds more than its budget S (per head; heads=ada: S x n_head_kv in all).
+bool over_budget(const KvLayer& L, int S) {
+  if (S == PolicyState::kNoBudget) return false;
+  return L.uniform() ? L.n_slot() > S : L.held_slots() > int64_t{S} * L.n_head_kv();
+}
+
+Status ragged_error() {
+  return invalid_argument(
+      "KV cache heads hold different slot counts (per-head budgets, heads=ada), which this "
+      "policy cannot compact (a state belongs to one policy)");
+}
+
+}  // namespace
 
 std::unique_ptr<PolicyExtState> ComposedPolicyState::clone() const {
   auto c = std::make_unique<ComposedPolicyState>();
@@ -59,7 +76,8 @@ Status ComposedPolicy::compact_layer(KvCache& cache, PolicyState& state, const P
                           "': compact_layer called in a state that does not allow it");
   }
   const int budget = state.budgets[static_cast<size_t>(il)];
-  if (budget == PolicyState::kNoBudget || cache.layer(il).n_slot() <= budget) return {};
+  if (!cache.layer(il).uniform() && cfg_.heads != HeadRule::kAda) return ragged_error();
+  if (!over_budget(cache.layer(il), budget)) return {};
   if (state.plans.size() != nl) state.plans.resize(nl);
   if (own->scratch.empty()) own->scratch.resize(1);
   plan_layer(cache, il, state, *own, own->scratch[0], pass);
@@ -94,6 +112,10 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
                        " re-rotates stored keys by RoPE, which rotated key storage (" +
                        kv_type_name(cache.config().type) +
                        ") does not allow (use pos=original / mrope=post or a type without r)");
+  }
+  if (cfg_.heads != HeadRule::kAda) {
+    for (int il = 0; il < L; ++il)
+      if (!cache.layer(il).uniform()) return ragged_error();
   }
   if (cfg_.pos == PosMode::kShift && !pass.rope) {
     return invalid_argument("KV policy '" + cfg_.name +
@@ -146,8 +168,7 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
   // the plans in layer order.
   state.todo.clear();
   for (int il = 0; il < L; ++il) {
-    const int budget = state.budgets[static_cast<size_t>(il)];
-    if (budget != PolicyState::kNoBudget && cache.layer(il).n_slot() > budget)
+    if (over_budget(cache.layer(il), state.budgets[static_cast<size_t>(il)]))
       state.todo.push_back(il);
   }
   if (state.todo.empty()) {
@@ -193,7 +214,12 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
   const int n = L.n_slot(), G = L.n_head_kv(), S = state.budgets[static_cast<size_t>(il)];
   D2O_ASSERT(S >= 0 && S < n);
   CompactionPlan& plan = state.plans[static_cast<size_t>(il)];
-  plan.reset(G, S);
+  const bool ada = cfg_.heads == HeadRule::kAda;
+  if (ada) {
+    plan_heads(L, sc.select, plan, S, pass.n_past - state.pos_shift);
+  } else {
+    plan.reset(G, S);
+  }
   plan.merged_score = cfg_.mscore;
   const bool d2o = cfg_.merger == Merger::kD2o;
   const RopeParams* unrotate = d2o && cfg_.mspace == MergeSpace::kUnrotated ? pass.rope : nullptr;
@@ -221,7 +247,7 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
   }
   if (ssc.order.size() < static_cast<size_t>(n)) ssc.order.resize(static_cast<size_t>(n));
   if (ssc.score.size() < static_cast<size_t>(n)) ssc.score.resize(static_cast<size_t>(n));
-  int64_t merged = 0;
+  int64_t merged = 0, evicted_all = 0;
   auto head_merge = [&](int g, const int32_t* evicted, int ne) {
     const size_t ti = static_cast<size_t>(il) * G + static_cast<size_t>(g);
     D2oHeadMerge h;
@@ -229,7 +255,7 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
     h.layer = &L;
     h.head = g;
     h.keep = plan.keep_of(g);
-    h.n_keep = S;
+    h.n_keep = plan.n_keep_of(g);
     h.evicted = evicted;
     h.n_evicted = ne;
     h.tau = &own.tau[ti];
@@ -240,48 +266,53 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
 
   for (int g = 0; g < G; ++g) {
     int32_t* keep = plan.keep_of(g);
-    switch (cfg_.selector) {
-      case Selector::kSinkRecent:
-        select_sink_recent(n, S, cfg_.sinks, keep);
-        break;
-      case Selector::kHeavyRecent: {
-        const float* score = L.score(g);
-        if (cfg_.norm == ScoreNorm::kQueries) {
-          // Mean attention: the slot at position p was seen by the queries at p .. next - 1.
-          const int64_t next = pass.n_past - state.pos_shift;
-          float* mean = ssc.score.data();
-          const int32_t* pos = L.pos(g);
-          for (int j = 0; j < n; ++j) {
-            const int64_t seen = std::max<int64_t>(1, next - pos[j]);
-            mean[j] = score[j] / static_cast<float>(seen);
+    // Per-head budgets (plan_heads): head g holds n_g and keeps S_g; uniform: n and S.
+    const int n_g = L.n_slot(g), S_g = plan.n_keep_of(g);
+    evicted_all += n_g - S_g;
+    if (!ada) {  // (per-head budgets: plan_heads selected every head's slots above)
+      switch (cfg_.selector) {
+        case Selector::kSinkRecent:
+          select_sink_recent(n, S, cfg_.sinks, keep);
+          break;
+        case Selector::kHeavyRecent: {
+          const float* score = L.score(g);
+          if (cfg_.norm == ScoreNorm::kQueries) {
+            // Mean attention: the slot at position p was seen by the queries at p .. next - 1.
+            const int64_t next = pass.n_past - state.pos_shift;
+            float* mean = ssc.score.data();
+            const int32_t* pos = L.pos(g);
+            for (int j = 0; j < n; ++j) {
+              const int64_t seen = std::max<int64_t>(1, next - pos[j]);
+              mean[j] = score[j] / static_cast<float>(seen);
+            }
+            score = mean;
           }
-          score = mean;
+          select_heavy_recent(score, n, S, cfg_, keep, ssc.order.data());
+          break;
         }
-        select_heavy_recent(score, n, S, cfg_, keep, ssc.order.data());
-        break;
+        case Selector::kSnapWindow: {
+          const int w = std::min(cfg_.window, S);
+          pool_window(L.window(g), n - w, cfg_.kernel, cfg_.pool, ssc.score.data());
+          select_snap(ssc.score.data(), n, S, cfg_.window, keep, ssc.order.data());
+          break;
+        }
+        case Selector::kKeyDiff:
+          select_keydiff(L, g, S, cfg_, keep, ssc);
+          break;
       }
-      case Selector::kSnapWindow: {
-        const int w = std::min(cfg_.window, S);
-        pool_window(L.window(g), n - w, cfg_.kernel, cfg_.pool, ssc.score.data());
-        select_snap(ssc.score.data(), n, S, cfg_.window, keep, ssc.order.data());
-        break;
-      }
-      case Selector::kKeyDiff:
-        select_keydiff(L, g, S, cfg_, keep, ssc);
-        break;
     }
     if (d2o) {
       // Evicted = the complement of keep, ascending.
       int32_t* evicted = dsc.evicted.data() + (by_token ? static_cast<size_t>(g) * E : 0);
       int ne = 0;
-      if (E == 1) {
+      if (n_g - S_g == 1) {
         // A decode step: the evicted slot is the first gap in keep (or the last slot).
         int j = 0;
-        while (j < S && keep[j] == j) ++j;
+        while (j < S_g && keep[j] == j) ++j;
         evicted[ne++] = j;
       } else {
-        for (int j = 0, k = 0; j < n; ++j) {
-          if (k < S && keep[k] == j)
+        for (int j = 0, k = 0; j < n_g; ++j) {
+          if (k < S_g && keep[k] == j)
             ++k;
           else
             evicted[ne++] = j;
@@ -327,8 +358,47 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
       merged += static_cast<int64_t>(n_merge) * G;
     }
   }
-  state.evicted[static_cast<size_t>(il)] += static_cast<int64_t>(n - S) * G;
+  state.evicted[static_cast<size_t>(il)] += evicted_all;
   state.merged[static_cast<size_t>(il)] += merged;
+}
+
+void ComposedPolicy::plan_heads(const KvLayer& L, SelectScratch& sc, CompactionPlan& plan, int S,
+                                int64_t next) const {
+  const int G = L.n_head_kv();
+  const size_t cells = static_cast<size_t>(L.held_slots());  // bounded: no growth once steady
+  if (sc.head_score.size() < cells) sc.head_score.resize(cells);
+  if (sc.head_keep.size() < cells) sc.head_keep.resize(cells);
+  sc.head_n.resize(static_cast<size_t>(G));
+  sc.head_off.resize(static_cast<size_t>(G));
+  sc.head_count.resize(static_cast<size_t>(G));
+  int t = 0, r = 0, k = 0;
+  ada_protected(cfg_, S, &t, &r, &k);
+  // Each head's scores as its uniform selector ranks them.
+  int32_t off = 0;
+  for (int g = 0; g < G; ++g) {
+    const int n_g = L.n_slot(g);
+    sc.head_n[static_cast<size_t>(g)] = n_g;
+    sc.head_off[static_cast<size_t>(g)] = off;
+    float* dst = sc.head_score.data() + off;
+    off += n_g;
+    if (cfg_.selector == Selector::kSnapWindow) {
+      pool_window(L.window(g), n_g - r, cfg_.kernel, cfg_.pool, dst);
+    } else if (cfg_.norm == ScoreNorm::kQueries) {
+      const float* score = L.score(g);
+      const int32_t* pos = L.pos(g);
+      for (int j = 0; j < n_g; ++j)
+        dst[j] = score[j] / static_cast<float>(std::max<int64_t>(1, next - pos[j]));
+    } else {
+      std::copy_n(L.score(g), n_g, dst);
+    }
+  }
+  select_ada(cfg_, sc.head_score.data(), sc.head_off.data(), sc.head_n.data(), G, S,
+             sc.head_keep.data(), sc.head_count.data(), sc);
+  plan.reset_heads(G, sc.head_count.data());
+  for (int g = 0; g < G; ++g) {
+    std::copy_n(sc.head_keep.data() + sc.head_off[static_cast<size_t>(g)],
+                sc.head_count[static_cast<size_t>(g)], plan.keep_of(g));
+  }
 }
 
 int64_t ComposedPolicy::peak_slots(int64_t n_prompt, int64_t n_total, int max_chunk) const {
@@ -339,6 +409,8 @@ int64_t ComposedPolicy::peak_slots(int64_t n_prompt, int64_t n_total, int max_ch
   n_total = std::max(n_total, n_prompt);
   if (n_total <= 0) return 0;
   if (cfg_.layers == LayerRule::kResearch) return n_total;  // layers 0, 1 and L-1 keep everything
+  // heads=ada: one head may hold up to n_head_kv x S slots (not known here): no tighter bound.
+  if (cfg_.heads == HeadRule::kAda) return n_total;
   const bool variable = cfg_.exact_total || cfg_.layers != LayerRule::kUniform;
   int64_t n_first = 0, s_max = 0;
   if (cfg_.mode == BudgetMode::kRatio) {
@@ -362,7 +434,7 @@ int64_t ComposedPolicy::peak_slots_for(const FeedPlan& f) const {
   const int64_t n_prompt = f.n_prompt, n_total = std::max(f.n_total, f.n_prompt);
   if (n_total <= 0) return 0;
   if (n_prompt <= 0) return peak_slots(0, n_total, f.decode_chunk);
-  if (cfg_.layers == LayerRule::kResearch) return n_total;  // layers 0, 1 and L-1 keep everything
+  if (cfg_.layers == LayerRule::kResearch || cfg_.heads == HeadRule::kAda) return n_total;
   const int64_t pc = std::max(1, f.prompt_chunk), dc = std::max(1, f.decode_chunk);
   const bool variable = cfg_.exact_total || cfg_.layers != LayerRule::kUniform;
   if (cfg_.mode == BudgetMode::kRatio) {

@@ -9,6 +9,8 @@
 //      S_l slots per KV head, the merger folds evicted slots into kept ones (D2O: the
 //      CompactionPlan's merge terms; CaM: KvCache::replace_value), KvCache::apply gathers.
 //      SnapKV / PyramidKV in ratio mode compact only at the first compaction.
+//      heads=ada (select_heads.h): the layer keeps S_l x n_head_kv slots shared over its heads
+//      by score, with a floor per head; heads then hold different counts (KvLayer::n_slot(h)).
 //   3. StreamingLLM with pos=shift: the plan also moves the kept recent slots' positions down by
 //      r (r = slots removed), keys re-rotated (CompactionPlan::shift), and compact() raises
 //      PolicyState::pos_shift by r, so positions stay contiguous.
@@ -78,6 +80,10 @@ class ComposedPolicy final : public KvPolicy {
   // also replaces values of the layer's kept slots).
   void plan_layer(KvCache& cache, int il, PolicyState& state, ComposedPolicyState& own,
                   ComposedScratch& scratch, const PassInfo& pass) const;
+  // heads=ada: the kept slots of every head of layer L (budget S per head on average) into plan,
+  // with per-head counts; `next` = the RoPE position of the next token (norm=queries).
+  void plan_heads(const KvLayer& L, SelectScratch& sc, CompactionPlan& plan, int S,
+                  int64_t next) const;
   // Sizes `own` for the cache (D2O thresholds) and returns it.
   ComposedPolicyState& own_state(const KvCache& cache, PolicyState& state) const;
 

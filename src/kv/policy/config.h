@@ -32,6 +32,15 @@ enum class LayerRule {
   kResearch,    // D2O research code: per-layer ratios clamped to [0.01, 1], layers 0, 1, L-1 full
 };
 
+// How a layer's slots are shared over its KV heads.
+enum class HeadRule {
+  kUniform,  // every head keeps the layer's budget S
+  kAda,      // Ada-KV: the layer keeps S x n_head_kv slots; past each head's protected slots
+             // (sinks, recent or observation window, as the selector protects them) and its floor
+             // (its top floor x K scored slots, K = the scored slots a uniform head keeps), the
+             // rest go to the best scores over all heads of the layer jointly
+};
+
 // Which slots of a KV head are kept.
 enum class Selector {
   kSinkRecent,   // T sinks + the most recent slots (StreamingLLM, CaM)
@@ -147,6 +156,10 @@ struct PolicyConfig {
 
   // KeyDiff.
   int recent = 0;  // the last `recent` slots are always kept
+
+  // Per-head budgets (heads=ada, floor=alpha).
+  HeadRule heads = HeadRule::kUniform;
+  double floor = 0.2;
 
   // Statistics the attention kernel must produce.
   bool needs_accumulate() const {

@@ -19,6 +19,16 @@ struct SelectScratch {
   std::vector<int32_t> order;  // [n] index lists of select_top and friends
   std::vector<float> row;      // [head_dim] one key (KeyDiff)
   std::vector<double> anchor;  // [head_dim] (KeyDiff)
+  // Per-head budgets (select_heads.h): per-head scores, kept slots and taken flags (the heads'
+  // parts packed, from head_off), per-head counts, and the candidates competing over heads.
+  struct Cand {
+    float s;
+    int32_t g, j;
+  };
+  std::vector<float> head_score;
+  std::vector<int32_t> head_keep, head_n, head_off, head_count;
+  std::vector<uint8_t> taken;
+  std::vector<Cand> pool;
 };
 
 // Split of the S - T slots after the sinks into N heavy hitters and M recent slots, N:M = n:m.

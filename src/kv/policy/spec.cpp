@@ -95,6 +95,9 @@ struct KeyDef {
   const char* name;
   ParseFn parse;
   PrintFn print;
+  // Non-null: the canonical form shows the key only when this says so (keys added after specs
+  // were recorded, printed only when they differ from the behaviour those specs had).
+  bool (*shown)(const PolicyConfig& c) = nullptr;
 };
 
 const std::vector<const char*> kAggWords = {"sum", "mean", "max"};
@@ -113,6 +116,7 @@ const std::vector<const char*> kMropeWords = {"post", "pre"};
 const std::vector<const char*> kDecideWords = {"head", "token"};
 const std::vector<const char*> kProtectWords = {"none", "edges"};
 const std::vector<const char*> kOnOffWords = {"off", "on"};
+const std::vector<const char*> kHeadsWords = {"uniform", "ada"};
 
 constexpr int kMaxInt = std::numeric_limits<int>::max();
 
@@ -324,6 +328,25 @@ const std::vector<KeyDef>& key_defs() {
          return Status();
        },
        [](const PolicyConfig& c) { return std::to_string(c.recent); }},
+      {"heads",
+       [](std::string_view v, PolicyConfig& c) {
+         int i = 0;
+         D2O_RETURN_IF_ERROR(word_key(c.name, "heads", v, kHeadsWords, &i));
+         c.heads = static_cast<HeadRule>(i);
+         return Status();
+       },
+       [](const PolicyConfig& c) { return std::string(kHeadsWords[static_cast<size_t>(c.heads)]); },
+       [](const PolicyConfig& c) { return c.heads != HeadRule::kUniform; }},
+      {"floor",
+       [](std::string_view v, PolicyConfig& c) {
+         double x = 0;
+         if (!parse_f64(v, &x) || !(x >= 0.0 && x <= 1.0))
+           return bad_value(c.name, "floor", v, "a number in [0, 1]");
+         c.floor = x;
+         return Status();
+       },
+       [](const PolicyConfig& c) { return fmt_f64(c.floor); },
+       [](const PolicyConfig& c) { return c.heads != HeadRule::kUniform; }},
   };
   return defs;
 }
@@ -357,16 +380,16 @@ const std::vector<PresetDef>& presets() {
          c.sinks = 0;
          c.nm_n = c.nm_m = 1;
        },
-       {"sinks", "nm", "agg", "norm"}},
+       {"sinks", "nm", "agg", "norm", "heads", "floor"}},
       {"snapkv",
        [](PolicyConfig& c) { c.selector = Selector::kSnapWindow; },
-       {"window", "kernel", "pool", "agg"}},
+       {"window", "kernel", "pool", "agg", "heads", "floor"}},
       {"pyramidkv",
        [](PolicyConfig& c) {
          c.selector = Selector::kSnapWindow;
          c.layers = LayerRule::kPyramid;
        },
-       {"window", "kernel", "pool", "pbeta", "agg"}},
+       {"window", "kernel", "pool", "pbeta", "agg", "heads", "floor"}},
       {"roco",
        [](PolicyConfig& c) {
          c.selector = Selector::kHeavyRecent;
@@ -374,7 +397,7 @@ const std::vector<PresetDef>& presets() {
          c.nm_n = c.nm_m = 1;
          c.norm = ScoreNorm::kQueries;
        },
-       {"sinks", "nm", "agg"}},
+       {"sinks", "nm", "agg", "heads", "floor"}},
       {"cam",
        [](PolicyConfig& c) {
          c.selector = Selector::kSinkRecent;
@@ -397,7 +420,7 @@ const std::vector<PresetDef>& presets() {
          c.beta = 0.7;
        },
        {"sinks", "nm", "beta", "layers", "merge", "sim", "ema", "agg", "norm", "mscore", "mrope",
-        "decide", "protect", "mass"}},
+        "decide", "protect", "mass", "heads", "floor"}},
       {"keydiff",
        [](PolicyConfig& c) {
          c.selector = Selector::kKeyDiff;
@@ -437,7 +460,10 @@ std::string format_policy_spec(const PolicyConfig& c) {
                                     : "budget=" + std::to_string(c.budget);
   for (const PresetDef& p : presets()) {
     if (c.name != p.name) continue;
-    for (const char* k : p.keys) s += std::string(",") + k + "=" + find_key(k)->print(c);
+    for (const char* k : p.keys) {
+      const KeyDef* d = find_key(k);
+      if (!d->shown || d->shown(c)) s += std::string(",") + k + "=" + d->print(c);
+    }
   }
   return s;
 }
@@ -518,11 +544,27 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
       has_budget = true;
       continue;
     }
+    if (!accepts(*preset, key) && (key == "heads" || key == "floor")) {
+      return invalid_argument("KV policy '" + name + "' does not take " + std::string(key) +
+                              "=: per-head budgets share slots by attention score, which it does "
+                              "not rank by (heads=ada works with h2o, roco, snapkv, pyramidkv "
+                              "and d2o)");
+    }
     if (!accepts(*preset, key)) {
       return invalid_argument("KV policy '" + name + "': unknown key '" + std::string(key) +
                               "' (allowed: " + allowed_keys(*preset) + ")");
     }
     D2O_RETURN_IF_ERROR(find_key(key)->parse(value, c));
+  }
+  bool has_floor = false;
+  for (const auto& kv : items) has_floor = has_floor || kv.first == "floor";
+  if (has_floor && c.heads != HeadRule::kAda)
+    return invalid_argument("KV policy '" + name + "': floor= applies only with heads=ada");
+  if (c.heads == HeadRule::kAda && c.decide == MergeDecision::kToken) {
+    return invalid_argument("KV policy '" + name +
+                            "': heads=ada evicts different counts per "
+                            "head, which decide=token (one decision per evicted index over the "
+                            "heads) cannot pair up; use decide=head");
   }
   if (has_ratio && has_budget) {
     return invalid_argument("KV policy '" + name + "': give either ratio= or budget=, not both");

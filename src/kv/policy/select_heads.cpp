@@ -1,0 +1,71 @@
+#include "kv/policy/select_heads.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/assert.h"
+
+namespace d2o {
+
+void ada_protected(const PolicyConfig& cfg, int S, int* t, int* r, int* k) {
+  if (cfg.selector == Selector::kSnapWindow) {
+    *t = 0;
+    *r = std::min(cfg.window, S);
+  } else {
+    D2O_ASSERT(cfg.selector == Selector::kHeavyRecent);
+    int heavy = 0;
+    *t = std::min(cfg.sinks, S);
+    split_heavy_recent(S, cfg.sinks, cfg.nm_n, cfg.nm_m, &heavy, r);
+  }
+  *k = S - *t - *r;
+}
+
+void select_ada(const PolicyConfig& cfg, const float* score, const int32_t* off, const int32_t* n,
+                int G, int S, int32_t* keep, int32_t* count, SelectScratch& sc) {
+  int t = 0, r = 0, k = 0;
+  ada_protected(cfg, S, &t, &r, &k);
+  const int f = static_cast<int>(std::floor(cfg.floor * k));
+  const size_t cells = static_cast<size_t>(off[G - 1]) + static_cast<size_t>(n[G - 1]);
+  const size_t most = static_cast<size_t>(*std::max_element(n, n + G));
+  if (sc.taken.size() < cells) sc.taken.resize(cells);
+  if (sc.order.size() < most) sc.order.resize(most);
+  if (sc.pool.capacity() < cells) sc.pool.reserve(cells);
+  sc.pool.clear();
+  int64_t joint = int64_t{G} * k;
+  // Floors: each head's best min(f, candidates) candidates; the rest join the common pool.
+  for (int g = 0; g < G; ++g) {
+    const int ng = n[g], cand = ng - r - t;
+    D2O_ASSERT(cand >= 0);
+    const int fg = std::min(f, cand);
+    int32_t* out = keep + off[g];
+    uint8_t* taken = sc.taken.data() + off[g];
+    const float* sg = score + off[g];
+    std::fill_n(taken, ng, uint8_t{0});
+    select_top(sg, t, cand, fg, out, sc.order.data());
+    for (int i = 0; i < fg; ++i) taken[out[i]] = 1;
+    for (int j = t; j < t + cand; ++j)
+      if (!taken[j]) sc.pool.push_back({sg[j], g, j});
+    joint -= fg;
+  }
+  D2O_ASSERT(joint >= 0 && joint <= static_cast<int64_t>(sc.pool.size()));
+  auto better = [](const SelectScratch::Cand& a, const SelectScratch::Cand& b) {
+    if (a.s != b.s) return a.s > b.s;
+    return a.g != b.g ? a.g < b.g : a.j < b.j;
+  };
+  const auto mid = sc.pool.begin() + joint;
+  if (mid != sc.pool.end()) std::nth_element(sc.pool.begin(), mid, sc.pool.end(), better);
+  for (auto it = sc.pool.begin(); it != mid; ++it)
+    sc.taken[static_cast<size_t>(off[it->g] + it->j)] = 1;
+  // Kept: the protected slots and the picks, ascending.
+  for (int g = 0; g < G; ++g) {
+    const int ng = n[g];
+    int32_t* out = keep + off[g];
+    const uint8_t* taken = sc.taken.data() + off[g];
+    int o = 0;
+    for (int j = 0; j < ng; ++j)
+      if (j < t || j >= ng - r || taken[j]) out[o++] = j;
+    count[g] = o;
+  }
+}
+
+}  // namespace d2o
