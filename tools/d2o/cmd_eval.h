@@ -107,6 +107,11 @@ bool bytes_axis_given(const BytesAxisOptions& o);
 std::string bytes_axis_args(const BytesAxisOptions& o);  // for the recorded command line
 // "f16,q8_0,k:q8_0,v:q4_0" -> types (duplicates dropped).
 Result<std::vector<KvType>> parse_kv_type_list(const std::string& s);
+// "POLICY@TYPE" runs in TYPE only: returns POLICY and sets `types` to {TYPE} (checked against the
+// head size); a spec without '@' is returned as is, `types` unchanged.
+Result<std::string> split_policy_type(const std::string& given, int head_dim,
+                                      std::vector<KvType>& types);
+
 // Every (policy, storage type) at every bytes value: a budgeted case per bytes value, or for
 // `full` one case in that type (row "POLICY [TYPE]", column the bytes value or "-"). The budget
 // is the largest that fits for a prompt of prompt_len tokens (eval/kv_bytes.h).

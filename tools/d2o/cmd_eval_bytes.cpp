@@ -56,6 +56,18 @@ Result<std::vector<KvType>> parse_kv_type_list(const std::string& s) {
   return out;
 }
 
+Result<std::string> split_policy_type(const std::string& given, int head_dim,
+                                      std::vector<KvType>& types) {
+  const size_t at = given.rfind('@');
+  if (at == std::string::npos) return given;
+  auto t = ::d2o::parse_kv_type(given.substr(at + 1));
+  if (!t.ok()) return t.status().with_context("policy '" + given + "'");
+  if (Status st = check_kv_type(*t, head_dim); !st.ok())
+    return st.with_context("policy '" + given + "'");
+  types = {*t};
+  return given.substr(0, at);
+}
+
 Result<std::vector<eval::FidelityCase>> fidelity_bytes_cases(
     const std::vector<std::string>& policies, const BytesAxisOptions& o, const ModelHParams& hp,
     KvType run_type, int64_t prompt_len) {
@@ -88,16 +100,8 @@ Result<std::vector<eval::FidelityCase>> fidelity_bytes_cases(
   }
   std::vector<eval::FidelityCase> cases;
   for (const std::string& given : policies) {
-    std::string base = given;
     std::vector<KvType> mine = types;
-    if (const size_t at = given.rfind('@'); at != std::string::npos) {
-      base = given.substr(0, at);
-      auto t = ::d2o::parse_kv_type(given.substr(at + 1));
-      if (!t.ok()) return t.status().with_context("policy '" + given + "'");
-      if (Status st = check_kv_type(*t, hp.head_dim); !st.ok())
-        return st.with_context("policy '" + given + "'");
-      mine = {*t};
-    }
+    D2O_ASSIGN_OR_RETURN(const std::string base, split_policy_type(given, hp.head_dim, mine));
     if (eval::spec_preset(base) != "full" && eval::spec_has_compression(base)) {
       return invalid_argument("policy '" + base + "' sets ratio= or budget= itself; with " +
                               (mem ? "--kv-mem-per-seq" : "--bytes") +

@@ -27,14 +27,8 @@ Result<std::vector<eval::PolicyUnderTest>> bytes_policies(const std::vector<std:
   }
   std::vector<eval::PolicyUnderTest> out;
   for (const std::string& given : bases) {
-    std::string base = given;
     std::vector<KvType> mine = types;
-    if (const size_t at = given.rfind('@'); at != std::string::npos) {
-      base = given.substr(0, at);
-      auto t = ::d2o::parse_kv_type(given.substr(at + 1));
-      if (!t.ok()) return t.status().with_context("policy '" + given + "'");
-      mine = {*t};
-    }
+    D2O_ASSIGN_OR_RETURN(const std::string base, split_policy_type(given, hp.head_dim, mine));
     if (base == "full" && given == "full") {
       // The reference, in the run's storage type.
       D2O_ASSIGN_OR_RETURN(eval::PolicyUnderTest t, eval::make_policy("full", "full"));
