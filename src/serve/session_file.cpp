@@ -300,6 +300,10 @@ Status encode_session(const SessionFileContext& ctx, const std::string& id,
   size_t size = kFixedHeader + 8 + id.size() + kv_spec.size() + 12 + 4 * tokens.size() + 64;
   for (int il = 0; il < cache.n_layer(); ++il) {
     const KvLayer& L = cache.layer(il);
+    // The format holds one slot count per layer; heads=ada layers hold one per head.
+    if (!L.uniform())
+      return unsupported("sessions whose policy gives heads different slot counts (heads=ada) "
+                         "cannot be saved yet");
     size += 4 + static_cast<size_t>(L.n_head_kv()) * static_cast<size_t>(L.n_slot()) *
                     (L.key_row_bytes() + L.value_row_bytes() + 16);
   }
