@@ -115,10 +115,12 @@ HttpServer::HttpServer(Service& service, const Tokenizer& tok, const ChatTemplat
   svr_->new_task_queue = [n_threads] { return new httplib::ThreadPool(n_threads); };
   svr_->set_payload_max_length(opts_.max_body);
   // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which lets a second server bind a
-  // port that is in use and silently take half of its connections.
-  svr_->set_socket_options([](int sock) {
+  // port that is in use and silently take half of its connections. Called for the listening
+  // socket only (the last one made is the one bound).
+  svr_->set_socket_options([this](int sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    listen_fd_ = sock;
   });
   routes();
 }
@@ -129,13 +131,24 @@ Status HttpServer::bind() {
   if (opts_.port == 0) {
     port_ = svr_->bind_to_any_port(opts_.host);
     if (port_ < 0) return io_error("cannot bind to " + opts_.host + " (any port)");
-    return {};
-  }
-  if (!svr_->bind_to_port(opts_.host, opts_.port)) {
+  } else if (!svr_->bind_to_port(opts_.host, opts_.port)) {
     return io_error("cannot bind to " + opts_.host + ":" + std::to_string(opts_.port) +
                     " (in use, or not an address of this machine)");
+  } else {
+    port_ = opts_.port;
   }
-  port_ = opts_.port;
+  // cpp-httplib 0.11 listens with a backlog of 5 connections: a burst of clients overflows it,
+  // the kernel answers the overflow with SYN cookies, and some of those connections end reset
+  // (seen with 64 clients connecting at once). Listening again on the bound socket raises the
+  // backlog (the kernel caps it at net.core.somaxconn).
+  int listening = 0;
+  socklen_t len = sizeof listening;
+  if (listen_fd_ < 0 ||
+      getsockopt(listen_fd_, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening ||
+      ::listen(listen_fd_, SOMAXCONN) != 0) {
+    return io_error("cannot raise the listen backlog of " + opts_.host + ":" +
+                    std::to_string(port_));
+  }
   return {};
 }
 

@@ -74,6 +74,7 @@ class HttpServer {
   HttpOptions opts_;
   std::unique_ptr<httplib::Server> svr_;
   int port_ = 0;
+  int listen_fd_ = -1;  // the listening socket (httplib keeps it private)
   std::atomic<bool> draining_{false};
   std::atomic<int> in_flight_{0};  // generation requests being answered
   std::atomic<uint64_t> next_id_{1};
