@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "serve/chat_page.h"  // generated from src/serve/chat.html
+
 namespace d2o::serve {
 
 using json = nlohmann::json;
@@ -229,9 +231,10 @@ void HttpServer::stream(const std::shared_ptr<Job>& job, bool include_usage,
 
 void HttpServer::routes() {
   httplib::Server& s = *svr_;
-  // The API key, before any route (so also unknown paths); /health stays open for probes.
+  // The API key, before any route (so also unknown paths); /health stays open for probes, and
+  // the chat page, which holds no data (it asks for the key and sends it with its requests).
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (opts_.api_key.empty() || req.path == "/health")
+    if (opts_.api_key.empty() || req.path == "/health" || (req.path == "/" && req.method == "GET"))
       return httplib::Server::HandlerResponse::Unhandled;
     const std::string want = "Bearer " + opts_.api_key;
     if (req.get_header_value("Authorization") == want)
@@ -265,6 +268,10 @@ void HttpServer::routes() {
       return;
     }
     res.set_content(R"({"status":"ok"})", kJson);
+  });
+  s.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_content(kChatPageHtml, sizeof kChatPageHtml - 1, "text/html; charset=utf-8");
   });
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(models_body(opts_.model_name, 0), kJson);

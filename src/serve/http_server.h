@@ -2,10 +2,11 @@
 // the conversion of requests into Jobs for the Service and of Jobs into responses (JSON, or
 // Server-Sent Events when streaming).
 //
-// Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
-// GET /metrics, POST /tokenize, POST /detokenize. Every error is OpenAI's JSON error shape with
-// a 4xx/5xx status; 503s carry Retry-After. With an API key set, every endpoint but /health
-// needs "Authorization: Bearer KEY" (401 otherwise).
+// Endpoints: GET / (the chat page, src/serve/chat.html), POST /v1/chat/completions,
+// POST /v1/completions, GET /v1/models, GET /health, GET /metrics, POST /tokenize,
+// POST /detokenize. Every error is OpenAI's JSON error shape with a 4xx/5xx status; 503s carry
+// Retry-After. With an API key set, every endpoint but /health and the page needs
+// "Authorization: Bearer KEY" (401 otherwise).
 #pragma once
 
 #include <atomic>
