@@ -4,9 +4,10 @@
 #   scripts/setup.sh              Debian packages, the default model, the texts
 #   scripts/setup.sh --gemma3     also the second model, Gemma 3 270M (241 MiB; `-m gemma3`)
 #   scripts/setup.sh --test-data  also Gemma 3, the tokenizer test vocabularies, the
-#                                 dequantisation references of the `gguf` PyPI package, and
+#                                 dequantisation references of the `gguf` PyPI package,
 #                                 llama.cpp built from its source archive with what it computes
-#                                 for the tests (matmul products, logits, perplexity, token ids)
+#                                 for the tests (matmul products, logits, perplexity, token ids),
+#                                 the `openai` package and Debian's chromium (server tests)
 #   scripts/setup.sh --fuzz       also clang 14 with its runtime libraries (libFuzzer, for
 #                                 scripts/fuzz.sh; the ThreadSanitizer build uses g++)
 #   scripts/setup.sh --gemma3-refs  also llama.cpp's Gemma 3 forward-pass references (logits and
@@ -47,6 +48,8 @@ packages=(build-essential cmake pkg-config git ca-certificates unzip python3 pyt
           googletest libgtest-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libpcre2-dev
           libcpp-httplib-dev bible-kjv bible-kjv-text)
 [ "$want_fuzz" = 1 ] && packages+=(clang-14 libclang-rt-14-dev)
+# Headless Chromium for the chat page's end-to-end test (tests/e2e/serve_chat_page_test.py).
+[ "$want_test_data" = 1 ] && packages+=(chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "serve/chat_page.h"  // generated from src/serve/chat.html
+
 namespace d2o::serve {
 
 using json = nlohmann::json;
@@ -115,10 +117,12 @@ HttpServer::HttpServer(Service& service, const Tokenizer& tok, const ChatTemplat
   svr_->new_task_queue = [n_threads] { return new httplib::ThreadPool(n_threads); };
   svr_->set_payload_max_length(opts_.max_body);
   // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which lets a second server bind a
-  // port that is in use and silently take half of its connections.
-  svr_->set_socket_options([](int sock) {
+  // port that is in use and silently take half of its connections. Called for the listening
+  // socket only (the last one made is the one bound).
+  svr_->set_socket_options([this](int sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    listen_fd_ = sock;
   });
   routes();
 }
@@ -129,13 +133,24 @@ Status HttpServer::bind() {
   if (opts_.port == 0) {
     port_ = svr_->bind_to_any_port(opts_.host);
     if (port_ < 0) return io_error("cannot bind to " + opts_.host + " (any port)");
-    return {};
-  }
-  if (!svr_->bind_to_port(opts_.host, opts_.port)) {
+  } else if (!svr_->bind_to_port(opts_.host, opts_.port)) {
     return io_error("cannot bind to " + opts_.host + ":" + std::to_string(opts_.port) +
                     " (in use, or not an address of this machine)");
+  } else {
+    port_ = opts_.port;
   }
-  port_ = opts_.port;
+  // cpp-httplib 0.11 listens with a backlog of 5 connections: a burst of clients overflows it,
+  // the kernel answers the overflow with SYN cookies, and some of those connections end reset
+  // (seen with 64 clients connecting at once). Listening again on the bound socket raises the
+  // backlog (the kernel caps it at net.core.somaxconn).
+  int listening = 0;
+  socklen_t len = sizeof listening;
+  if (listen_fd_ < 0 ||
+      getsockopt(listen_fd_, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening ||
+      ::listen(listen_fd_, SOMAXCONN) != 0) {
+    return io_error("cannot raise the listen backlog of " + opts_.host + ":" +
+                    std::to_string(port_));
+  }
   return {};
 }
 
@@ -216,9 +231,10 @@ void HttpServer::stream(const std::shared_ptr<Job>& job, bool include_usage,
 
 void HttpServer::routes() {
   httplib::Server& s = *svr_;
-  // The API key, before any route (so also unknown paths); /health stays open for probes.
+  // The API key, before any route (so also unknown paths); /health stays open for probes, and
+  // the chat page, which holds no data (it asks for the key and sends it with its requests).
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (opts_.api_key.empty() || req.path == "/health")
+    if (opts_.api_key.empty() || req.path == "/health" || (req.path == "/" && req.method == "GET"))
       return httplib::Server::HandlerResponse::Unhandled;
     const std::string want = "Bearer " + opts_.api_key;
     if (req.get_header_value("Authorization") == want)
@@ -252,6 +268,10 @@ void HttpServer::routes() {
       return;
     }
     res.set_content(R"({"status":"ok"})", kJson);
+  });
+  s.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_content(kChatPageHtml, sizeof kChatPageHtml - 1, "text/html; charset=utf-8");
   });
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(models_body(opts_.model_name, 0), kJson);

@@ -2,10 +2,11 @@
 // the conversion of requests into Jobs for the Service and of Jobs into responses (JSON, or
 // Server-Sent Events when streaming).
 //
-// Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
-// GET /metrics, POST /tokenize, POST /detokenize. Every error is OpenAI's JSON error shape with
-// a 4xx/5xx status; 503s carry Retry-After. With an API key set, every endpoint but /health
-// needs "Authorization: Bearer KEY" (401 otherwise).
+// Endpoints: GET / (the chat page, src/serve/chat.html), POST /v1/chat/completions,
+// POST /v1/completions, GET /v1/models, GET /health, GET /metrics, POST /tokenize,
+// POST /detokenize. Every error is OpenAI's JSON error shape with a 4xx/5xx status; 503s carry
+// Retry-After. With an API key set, every endpoint but /health and the page needs
+// "Authorization: Bearer KEY" (401 otherwise).
 #pragma once
 
 #include <atomic>
@@ -74,6 +75,7 @@ class HttpServer {
   HttpOptions opts_;
   std::unique_ptr<httplib::Server> svr_;
   int port_ = 0;
+  int listen_fd_ = -1;  // the listening socket (httplib keeps it private)
   std::atomic<bool> draining_{false};
   std::atomic<int> in_flight_{0};  // generation requests being answered
   std::atomic<uint64_t> next_id_{1};

@@ -362,6 +362,7 @@ void Service::loop() {
     if (!sched_->idle()) {
       (void)sched_->step();  // an engine error ends the batch's requests with it (below)
       ++counters_.steps;
+      stepped_ = true;
     }
     for (RequestResult& r : sched_->take_finished()) {
       auto it = active_.find(r.id);
@@ -374,6 +375,10 @@ void Service::loop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       waiting_ = sched_->n_waiting();
+    }
+    if (stepped_ && sched_->idle()) {
+      stepped_ = false;
+      if (params_.on_drained) params_.on_drained();
     }
     publish_metrics();
   }

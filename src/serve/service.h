@@ -18,6 +18,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -73,6 +74,10 @@ struct ServiceParams {
   bool save_every_turn = true;  // write a session when each request ends (else: on eviction
                                 // and at shutdown only)
   ModelIdentity model_identity;  // what session files are checked against
+  // Called on the engine thread each time the last running or waiting request has ended (the
+  // answers are out, before the metrics say so). `d2o serve` hands the memory the requests
+  // freed back to the system there (malloc_trim), or the resident set would stay at the peak.
+  std::function<void()> on_drained;
 };
 
 class Service {
@@ -124,6 +129,7 @@ class Service {
   std::deque<std::shared_ptr<Job>> inbox_;
   bool stop_ = false;
   size_t waiting_ = 0;  // scheduler queue length after the last step
+  bool stepped_ = false;  // engine thread: a step ran since on_drained was last called
 
   mutable std::mutex metrics_mu_;
   Metrics metrics_;

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,7 +32,8 @@ struct ServeStack {
   std::unique_ptr<Service> service;
 
   // Loads the model (written once per name) and starts a service; `kv_mem` is the KV cap.
-  void start(const std::string& name, size_t kv_mem, int max_running, size_t max_queue) {
+  void start(const std::string& name, size_t kv_mem, int max_running, size_t max_queue,
+             std::function<void()> on_drained = {}) {
     ::d2o::test::RandomModelConfig cfg;
     cfg.n_layer = 2;
     cfg.n_embd = 64;
@@ -61,6 +63,7 @@ struct ServeStack {
     sp.scheduler.eog_tokens = {};
     sp.max_queue = max_queue;
     sp.default_kv = "full";
+    sp.on_drained = std::move(on_drained);
     auto s = Service::create(*engine, *tok, sp);
     ASSERT_TRUE(s.ok()) << s.status().to_string();
     service = std::move(s).value();

@@ -129,5 +129,39 @@ TEST(ServeHttp, ConcurrentClientsStreamsAndADisconnect) {
   EXPECT_EQ(st.service->metrics().requests["ok"], 2 * kClients);
 }
 
+// GET / is the chat page, compiled in from src/serve/chat.html: self-contained (no external
+// script, style or font), talking to the server's own streaming endpoint; open without the API
+// key (the page holds no data; it sends the key the user types), while the API stays closed.
+TEST(ServeHttp, ChatPageIsServedWithoutTheKey) {
+  test::ServeStack st;
+  ASSERT_NO_FATAL_FAILURE(st.start("serve_http_page", size_t{8} << 20, 2, 8));
+  HttpOptions ho;
+  ho.port = 0;
+  ho.http_threads = 4;
+  ho.api_key = "secret";
+  ho.model_name = "random";
+  ho.n_ctx = 8192;
+  HttpServer http(*st.service, *st.tok, nullptr, ho);
+  ASSERT_TRUE(http.bind().ok());
+  std::thread server([&] { http.run(); });
+  httplib::Client cli("127.0.0.1", http.port());
+  auto page = cli.Get("/");
+  auto models = cli.Get("/v1/models");
+  http.stop(1.0);
+  server.join();
+  ASSERT_TRUE(page && models);
+  EXPECT_EQ(page->status, 200);
+  EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  const std::string& html = page->body;
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_NE(html.find("</html>"), std::string::npos) << "the page is cut";
+  EXPECT_NE(html.find("fetch(\"/v1/chat/completions\""), std::string::npos);
+  EXPECT_NE(html.find("stream: true"), std::string::npos);
+  for (const char* external : {"http://", "https://", "src=", "<link", "@import"}) {
+    EXPECT_EQ(html.find(external), std::string::npos) << "external asset: " << external;
+  }
+  EXPECT_EQ(models->status, 401);
+}
+
 }  // namespace
 }  // namespace d2o::serve

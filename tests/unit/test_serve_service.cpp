@@ -1,8 +1,8 @@
 // The serving core under concurrent clients (serve/service.h): handler threads submit jobs and
 // wait on them while the engine thread batches them. Every client gets what it gets alone, the
 // queue bound answers 503 exactly, a cancelled job ends as cancelled and frees its place,
-// sessions used from several threads continue their own conversations, and metrics read
-// meanwhile stay consistent. Part of the ThreadSanitizer build (scripts/test.sh --tsan).
+// sessions used from several threads continue their own conversations, metrics read
+// meanwhile stay consistent, and the service says when it has drained. Part of the ThreadSanitizer build (scripts/test.sh --tsan).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -195,6 +195,36 @@ TEST(ServeService, QueueBoundIsExactAndACancelledJobEndsAndFreesItsPlace) {
   const Metrics m = s.metrics();
   EXPECT_EQ(m.requests.at("cancelled"), 1);
   EXPECT_EQ(m.kv_reserved, 0u);
+}
+
+// on_drained (where `d2o serve` gives freed memory back) runs once each time the last request
+// that ran ends, before the metrics show the service idle; not while idle, and not for a
+// request that never ran.
+TEST(ServeService, OnDrainedRunsWhenTheLastRequestEnds) {
+  ServeStack st;
+  std::atomic<int> drains{0};
+  ASSERT_NO_FATAL_FAILURE(
+      st.start("serve_service", size_t{8} << 20, 2, 8, [&drains] { ++drains; }));
+  Service& s = *st.service;
+  const auto idle = [&s] {
+    while (true) {
+      const Metrics m = s.metrics();
+      if (m.running == 0 && m.queued == 0) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  };
+  for (int round = 1; round <= 2; ++round) {
+    const Outcome o = run_one(s, random_prompt(6, 20 + round), 6);
+    ASSERT_FALSE(o.error);
+    wait_for_count(s, "ok", round);
+    idle();
+    EXPECT_EQ(drains.load(), round) << "once per drain, before the metrics show it";
+  }
+  // Beyond the context: refused before it runs a step.
+  const Outcome refused = run_one(s, random_prompt(6, 30), 100000);
+  ASSERT_TRUE(refused.error);
+  wait_for_count(s, "invalid", 1);
+  EXPECT_EQ(drains.load(), 2);
 }
 
 TEST(ServeService, SessionsFromSeveralThreadsContinueTheirOwnConversations) {
