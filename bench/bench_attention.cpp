@@ -1,5 +1,5 @@
-// Attention throughput on the SmolLM2-135M shape (9 query heads, 3 KV heads, head_dim 64) per
-// context length: decode (1 query over n slots) and prefill (a chunk of 512 queries whose last
+// Attention throughput on the SmolLM2-135M shape (9 query heads, 3 KV heads, head_dim 64) and on
+// a Gemma 3 270M global layer (4 query heads, 1 KV head, head_dim 256) per context length: decode (1 query over n slots) and prefill (a chunk of 512 queries whose last
 // query sees n slots), for F16 and F32 caches, with and without statistics (the accumulated
 // column sums H2O/D2O need), at 1 and 2 threads and every kernel level.
 //
@@ -9,6 +9,7 @@
 //   build/bench/bench_attention --benchmark_counters_tabular=true [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
+#include <cmath>
 #include <memory>
 #include <random>
 #include <vector>
@@ -19,14 +20,18 @@
 namespace d2o {
 namespace {
 
-constexpr int kHeads = 9, kHeadsKv = 3, kHeadDim = 64;
+struct Shape {
+  int heads, heads_kv, head_dim;
+};
+constexpr Shape kShapes[] = {{9, 3, 64}, {4, 1, 256}};  // SmolLM2-135M, Gemma 3 270M
 
 struct Fixture {
   KvCache cache;
   std::vector<float> q, out;
   AttnScratch scratch;
-  explicit Fixture(KvType type, int n_slot, int n_tok)
-      : cache(KvCacheConfig{1, kHeadsKv, kHeadDim, type}) {
+  explicit Fixture(KvType type, int n_slot, int n_tok, Shape sh)
+      : cache(KvCacheConfig{1, sh.heads_kv, sh.head_dim, type}) {
+    const int kHeads = sh.heads, kHeadsKv = sh.heads_kv, kHeadDim = sh.head_dim;
     std::mt19937 rng(42);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     const int kv_dim = kHeadsKv * kHeadDim;
@@ -43,66 +48,79 @@ struct Fixture {
   }
 };
 
-// args: n_slot (visible to the last query), n_tok, F16 (1) / F32 (0), statistics (0/1),
-// threads, kernel level
+// args: n_slot (visible to the last query), n_tok, storage (0 F32, 1 F16, 2 Q8_0, 3 Q4_0),
+// statistics (0/1),
+// threads, kernel level, shape (index into kShapes)
 void BM_Attention(benchmark::State& state) {
   const int n_slot = static_cast<int>(state.range(0));
   const int n_tok = static_cast<int>(state.range(1));
-  const KvType type = state.range(2) ? KvType::kF16 : KvType::kF32;
+  static const KvType kTypes[] = {KvType::kF32, KvType::kF16, KvType::kQ8_0, KvType::kQ4_0};
+  const KvType type = kTypes[state.range(2)];
   const bool stats = state.range(3) != 0;
   const int threads = static_cast<int>(state.range(4));
   const auto isa = static_cast<KernelIsa>(state.range(5));
+  const Shape sh = kShapes[state.range(6)];
   if (!kernel_isa_available(isa)) {
     state.SkipWithError("kernel level not available on this CPU");
     return;
   }
-  Fixture f(type, n_slot, n_tok);
+  Fixture f(type, n_slot, n_tok, sh);
   ThreadPool pool(threads);
   AttnInput in;
   in.q = f.q.data();
   in.out = f.out.data();
   in.n_tok = n_tok;
-  in.n_head = kHeads;
-  in.scale = 0.125f;
+  in.n_head = sh.heads;
+  in.scale = 1.0f / std::sqrt(static_cast<float>(sh.head_dim));
   AttnStatsRequest req;
   req.accumulate = stats;
   for (auto _ : state) {
     attention_forward_isa(in, f.cache.layer_for_attention(0), req, pool, f.scratch, isa);
     benchmark::DoNotOptimize(f.out.data());
   }
-  const double elem = type == KvType::kF16 ? 2.0 : 4.0;
+  const double elem = static_cast<double>(kv_row_bytes(type.k, sh.head_dim)) / sh.head_dim;
   // Slots read: every query block reads the slots its last query sees.
   double slots = 0;
   const int n_old = n_slot - n_tok;
   for (int t0 = 0; t0 < n_tok; t0 += AttnScratch::kQueryBlock) {
     slots += n_old + std::min(n_tok, t0 + AttnScratch::kQueryBlock);
   }
-  state.counters["KV_GB/s"] = benchmark::Counter(slots * kHeadsKv * kHeadDim * 2 * elem,
+  state.counters["KV_GB/s"] = benchmark::Counter(slots * sh.heads_kv * sh.head_dim * 2 * elem,
                                                  benchmark::Counter::kIsIterationInvariantRate);
   state.counters["us/call"] = benchmark::Counter(
       1e-6, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
-  state.SetLabel(std::string(type == KvType::kF16 ? "f16" : "f32") + (stats ? " stats" : "") + " " +
-                 kernel_isa_name(isa));
+  state.SetLabel(std::string(kv_type_name(type)) + (stats ? " stats" : "") + " " +
+                 kernel_isa_name(isa) + (state.range(6) ? " gemma3" : ""));
 }
 
 void decode_args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"slots", "tok", "f16", "stats", "thr", "isa"});
+  b->ArgNames({"slots", "tok", "type", "stats", "thr", "isa", "shape"});
   for (const int isa : {2, 1, 0})
     for (const int thr : {1, 2})
-      for (const int f16 : {1, 0})
+      for (const int type : {1, 0, 2})
         for (const int stats : {0, 1})
           for (const int n : {128, 512, 2048, 8192}) {
             if (isa == 0 && (n != 2048 || thr != 1)) continue;  // the scalar reference, one point
-            b->Args({n, 1, f16, stats, thr, isa});
+            b->Args({n, 1, type, stats, thr, isa, 0});
           }
 }
 
 void prefill_args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"slots", "tok", "f16", "stats", "thr", "isa"});
+  b->ArgNames({"slots", "tok", "type", "stats", "thr", "isa", "shape"});
   for (const int isa : {2, 1})
     for (const int thr : {1, 2})
       for (const int stats : {0, 1})
-        for (const int n : {512, 4096}) b->Args({n, 512, 1, stats, thr, isa});
+        for (const int n : {512, 4096}) b->Args({n, 512, 1, stats, thr, isa, 0});
+}
+
+// A Gemma 3 global layer: prefill of 512 queries after 0 and 16384 tokens, decode at 16384.
+void gemma_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"slots", "tok", "type", "stats", "thr", "isa", "shape"});
+  for (const int isa : {2, 1})
+    for (const int thr : {1, 2}) {
+      for (const int n : {512, 16896}) b->Args({n, 512, 1, 0, thr, isa, 1});
+      b->Args({16384, 1, 1, 0, thr, isa, 1});
+    }
 }
 
 // Wall-clock time: with 2 threads the caller's CPU time leaves out the worker's share, and on a
@@ -115,6 +133,11 @@ BENCHMARK(BM_Attention)
 BENCHMARK(BM_Attention)
     ->Name("prefill")
     ->Apply(prefill_args)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_Attention)
+    ->Name("gemma3")
+    ->Apply(gemma_args)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -47,6 +47,41 @@ inline __m256 load8(const uint8_t* row, int c) {
   }
 }
 
+// Quantised rows: the block scale of elements [8c, 8c + 8) as a vector, and load8 with that scale
+// given (the same product q * d, so the same values), for loops that form a scale once per block.
+template <KvElemType T>
+inline __m256 block_scale(const uint8_t* row, int c) {
+  if constexpr (T == KvElemType::kQ8_0)
+    return _mm256_set1_ps(_cvtsh_ss((reinterpret_cast<const BlockQ8_0*>(row) + c / 4)->d));
+  else if constexpr (T == KvElemType::kQ4_0)
+    return _mm256_set1_ps(_cvtsh_ss((reinterpret_cast<const BlockQ4_0*>(row) + c / 4)->d));
+  else
+    return _mm256_setzero_ps();
+}
+
+template <KvElemType T>
+inline __m256 load8_scaled(const uint8_t* row, int c, __m256 d) {
+  if constexpr (T == KvElemType::kQ8_0) {
+    const auto* b = reinterpret_cast<const BlockQ8_0*>(row) + c / 4;
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b->qs + 8 * (c % 4)));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+  } else if constexpr (T == KvElemType::kQ4_0) {
+    const auto* b = reinterpret_cast<const BlockQ4_0*>(row) + c / 4;
+    __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b->qs + 8 * (c % 2)));
+    if (c % 4 >= 2) q = _mm_srli_epi16(q, 4);
+    q = _mm_and_si128(q, _mm_set1_epi8(0x0F));
+    const __m256i w = _mm256_sub_epi32(_mm256_cvtepu8_epi32(q), _mm256_set1_epi32(8));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(w), d);
+  } else {
+    (void)d;
+    return load8<T>(row, c);
+  }
+}
+
+constexpr bool quantized_kv(KvElemType t) {
+  return t == KvElemType::kQ8_0 || t == KvElemType::kQ4_0;
+}
+
 // The lane-sum tree above for 4 accumulators at once: lane i holds the sum of a_i.
 inline __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
   const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
@@ -86,13 +121,20 @@ void scores_rows(const float* const* q, KvRows k, int n_keys, float scale, float
     if (kPf) prefetch_rows(k, j, 4);
     const uint8_t* row = k.base + static_cast<size_t>(j) * k.row_bytes;
     __m256 acc[R][4];
+    // Quantised keys: each key's block scale formed once per block of 32, not per 8 elements.
+    __m256 dk[4];
+    for (int i = 0; i < 4; ++i) dk[i] = block_scale<T>(row + i * k.row_bytes, 0);
     for (int i = 0; i < 4; ++i) {
-      const __m256 kc = load8<T>(row + i * k.row_bytes, 0);
+      const __m256 kc = load8_scaled<T>(row + i * k.row_bytes, 0, dk[i]);
       for (int r = 0; r < R; ++r) acc[r][i] = _mm256_mul_ps(_mm256_loadu_ps(q[r]), kc);
     }
     for (int c = 1; c < NC; ++c) {
+      if constexpr (quantized_kv(T)) {
+        if (c % 4 == 0)
+          for (int i = 0; i < 4; ++i) dk[i] = block_scale<T>(row + i * k.row_bytes, c);
+      }
       for (int i = 0; i < 4; ++i) {
-        const __m256 kc = load8<T>(row + i * k.row_bytes, c);
+        const __m256 kc = load8_scaled<T>(row + i * k.row_bytes, c, dk[i]);
         for (int r = 0; r < R; ++r)
           acc[r][i] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + 8 * c), kc, acc[r][i]);
       }
@@ -174,7 +216,11 @@ void pv_nc(const float* const* p, KvRows v, int n_keys, float* const* acc_out) {
   for (int j = 0; j < n_keys; ++j) {
     const uint8_t* row = v.base + static_cast<size_t>(j) * v.row_bytes;
     __m256 vv[NC];
-    for (int c = 0; c < NC; ++c) vv[c] = load8<T>(row, c);
+    __m256 d = block_scale<T>(row, 0);
+    for (int c = 0; c < NC; ++c) {
+      if (quantized_kv(T) && c > 0 && c % 4 == 0) d = block_scale<T>(row, c);
+      vv[c] = load8_scaled<T>(row, c, d);
+    }
     for (int r = 0; r < R; ++r) {
       const __m256 pj = _mm256_set1_ps(p[r][j]);
       for (int c = 0; c < NC; ++c) acc[r][c] = _mm256_fmadd_ps(pj, vv[c], acc[r][c]);
@@ -192,8 +238,44 @@ void pv_rows(const float* const* p, int n_rows, KvRows v, int n_keys, float* con
   for (; r < n_rows; ++r) pv_nc<NC, 1, T>(p + r, v, n_keys, acc + r);
 }
 
+// Column slices of 32: 3 rows share each loaded value, with 12 accumulators, in registers. Used
+// for heads of 128 or 256 always (a whole 256-wide row as registers, 32 accumulators and 32
+// values, lived on the stack: AVX2 has 16 registers, and the spills made the values product
+// of head_dim 256 several times slower), and for 64 when many rows share a chunk (prefill) or the
+// values are quantised (each value is then converted once for 3 rows instead of once per row).
+// Each output element is still the same sum over the keys in order: no result changes.
+template <KvElemType T>
+void pv_sliced(const float* const* p, int n_rows, KvRows v, int n_keys, int hd,
+               float* const* acc) {
+  constexpr int kSlice = 32, kRows = 3;
+  const size_t slice_bytes = kv_row_bytes(T, kSlice);
+  for (int s = 0; s * kSlice < hd; ++s) {  // slices outer: a slice of the chunk stays in cache
+    KvRows vs = v;
+    vs.base = v.base + static_cast<size_t>(s) * slice_bytes;
+    float* out[kRows];
+    int r = 0;
+    for (; r + kRows <= n_rows; r += kRows) {
+      for (int i = 0; i < kRows; ++i) out[i] = acc[r + i] + s * kSlice;
+      pv_nc<4, kRows, T>(p + r, vs, n_keys, out);
+    }
+    for (int i = 0; r + i < n_rows; ++i) out[i] = acc[r + i] + s * kSlice;
+    if (n_rows - r == 2) pv_nc<4, 2, T>(p + r, vs, n_keys, out);
+    if (n_rows - r == 1) pv_nc<4, 1, T>(p + r, vs, n_keys, out);
+  }
+}
+
 template <int NC>
 void pv_rows(const float* const* p, int n_rows, KvRows v, int n_keys, float* const* acc) {
+  if constexpr (NC >= 8) {
+    if (NC >= 16 || n_rows > 4 || kv_quantized(v.type)) {
+      switch (v.type) {
+        case KvElemType::kF16: return pv_sliced<KvElemType::kF16>(p, n_rows, v, n_keys, 8 * NC, acc);
+        case KvElemType::kQ8_0: return pv_sliced<KvElemType::kQ8_0>(p, n_rows, v, n_keys, 8 * NC, acc);
+        case KvElemType::kQ4_0: return pv_sliced<KvElemType::kQ4_0>(p, n_rows, v, n_keys, 8 * NC, acc);
+        default: return pv_sliced<KvElemType::kF32>(p, n_rows, v, n_keys, 8 * NC, acc);
+      }
+    }
+  }
   switch (v.type) {
     case KvElemType::kF16: return pv_rows<NC, KvElemType::kF16>(p, n_rows, v, n_keys, acc);
     case KvElemType::kQ8_0: return pv_rows<NC, KvElemType::kQ8_0>(p, n_rows, v, n_keys, acc);
