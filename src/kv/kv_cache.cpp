@@ -150,6 +150,18 @@ void load_row(KvElemType t, const uint8_t* p, int n, float* out) {
   }
 }
 
+// acc[0..n) += w * x[0..n), n a multiple of 4: four lanes at a time, each as the scalar loop.
+void add_scaled(float* acc, const float* x, float w, size_t n) {
+  using V4 = float __attribute__((vector_size(16)));
+  for (size_t d = 0; d < n; d += 4) {
+    V4 a, b;
+    std::memcpy(&a, acc + d, sizeof a);
+    std::memcpy(&b, x + d, sizeof b);
+    a += w * b;
+    std::memcpy(acc + d, &a, sizeof a);
+  }
+}
+
 void store_row(KvElemType t, const float* in, int n, uint8_t* p) {
   switch (t) {
     case KvElemType::kF32: std::memcpy(p, in, sizeof(float) * static_cast<size_t>(n)); break;
@@ -211,10 +223,7 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
     L.head_dim_ = cfg.head_dim;
     L.type_ = cfg.type;
   }
-  tmp_k_.resize(static_cast<size_t>(cfg.head_dim));
-  tmp_v_.resize(static_cast<size_t>(cfg.head_dim));
-  acc_k_.resize(static_cast<size_t>(cfg.head_dim));
-  acc_v_.resize(static_cast<size_t>(cfg.head_dim));
+  for (auto* v : {&tmp_k_, &tmp_v_, &acc_k_, &acc_v_}) v->resize((cfg.head_dim + 3) / 4 * 4);
 }
 
 void KvCache::copy_layer_slots(const KvLayer& L, int capacity, KvLayer& N) {
@@ -396,10 +405,8 @@ void KvCache::apply(int il, const CompactionPlan& plan) {
         const int32_t src_pos = L.pos_[L.meta_index(head, m.src)];
         rope_apply(*plan.rope, static_cast<float>(dst_pos - src_pos), 1, tmp_k_.data());
       }
-      for (int d = 0; d < hd; ++d) {
-        acc_k_[static_cast<size_t>(d)] += m.w * tmp_k_[static_cast<size_t>(d)];
-        acc_v_[static_cast<size_t>(d)] += m.w * tmp_v_[static_cast<size_t>(d)];
-      }
+      add_scaled(acc_k_.data(), tmp_k_.data(), m.w, acc_k_.size());
+      add_scaled(acc_v_.data(), tmp_v_.data(), m.w, acc_v_.size());
       const size_t mi = L.meta_index(head, m.src);
       score_sum += L.score_[mi];
       score_max = n_terms == 0 ? L.score_[mi] : std::max(score_max, L.score_[mi]);
@@ -421,7 +428,8 @@ void KvCache::apply(int il, const CompactionPlan& plan) {
 
   // 2. Gather kept slots to the front, in order (keep is ascending, so moving forward in place is
   //    safe). Runs of consecutive kept slots move with one memmove each: a decode step evicts one
-  //    slot per head, so this is usually one long run.
+  //    slot per head, so this is usually one long run. keep is strictly ascending, so keep[i] - i
+  //    never decreases and a run's end is found by binary search.
   for (int h = 0; h < L.n_head_kv_; ++h) {
     const int32_t* keep = plan.keep_of(h);
     const int nk = plan.n_keep_of(h);
@@ -430,10 +438,12 @@ void KvCache::apply(int il, const CompactionPlan& plan) {
     while (i < nk) {
       const int j = keep[i];
       D2O_ASSERT(j >= i && j < L.n_slot(h) && (i == 0 || j > keep[i - 1]));
-      int run = 1;
-      while (i + run < nk && keep[i + run] == j + run) ++run;
-      if (j != i) L.move_slots(h, i, j, run);
-      i += run;
+      const int end = static_cast<int>(  // the run is [i, end): keep[x] - x == j - i
+          std::partition_point(keep + i + 1, keep + nk,
+                               [&](const int32_t& v) { return v - (&v - keep) == j - i; }) -
+          keep);
+      if (j != i) L.move_slots(h, i, j, end - i);
+      i = end;
     }
   }
   L.set_counts(plan.head_keep.empty() ? nullptr : plan.head_keep.data(), plan.n_keep);

@@ -367,7 +367,7 @@ class KvCache {
   KvCacheConfig cfg_;
   int slot_limit_ = 0;  // 0: none
   std::vector<KvLayer> layers_;
-  std::vector<float> tmp_k_, tmp_v_, acc_k_, acc_v_;  // merge scratch [head_dim]
+  std::vector<float> tmp_k_, tmp_v_, acc_k_, acc_v_;  // merge scratch [head_dim rounded up to 4]
   friend struct KvTestAccess;  // tests/unit/kv_test_access.h: tests set up states directly
 };
 

@@ -64,10 +64,11 @@ class ForwardHooks {
  public:
   // Layer il's attention for seqs[s] has just run, in a task of its own (a sequence alone in its
   // task: decode rows spread over the pool), and SeqRows::layer_hook is set. Runs on pool thread
-  // `thread` (for per-thread accounting) while other sequences' tasks run; it may touch only that
-  // sequence (its cache, its policy state): a KV policy that allows it compacts the layer here,
-  // while the layer's slots are still in the core's caches. Sequences not called back for a
-  // layer are compacted after the pass as usual. An error fails the pass.
+  // `thread` (for per-thread accounting) while other sequences' tasks run, or with thread = -1 on
+  // the calling thread while nothing else runs (a decode row that attended on the whole pool);
+  // it may touch only that sequence (its cache, its policy state): a KV policy that allows it
+  // compacts the layer here, while the layer's slots are still in the core's caches. Sequences
+  // not called back for a layer are compacted after the pass as usual. An error fails the pass.
   virtual Status after_attention(int s, int il, const LayerDesc& layer, int thread) = 0;
   // Logits of rows[i] are at logits + i * n_vocab (valid during the call); rows come in
   // ascending order, at most kLogitRows at a time.

@@ -7,7 +7,9 @@
 // over (KV head, slot tile); decode rows of several sequences run one sequence per task, each
 // with a single-thread pool and scratch of its own, and such a task calls
 // ForwardHooks::after_attention for its sequence when asked (SeqRows::layer_hook), so that a
-// policy can compact the layer while its slots are still in the core's caches.
+// policy can compact the layer while its slots are still in the core's caches; a decode row
+// that attended alone (on the whole pool) is called back right after its attention, on the
+// calling thread.
 //
 // A cache with rotated storage (KvType::rot_k / rot_v, kv/kv_rotation.h) gets its sequence's
 // queries and keys, and values, rotated before the append and the attention, and the attention

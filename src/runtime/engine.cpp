@@ -126,10 +126,12 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
     be.seq->set_prompt_pending(be.prompt_rest);
     KvCache& cache = be.seq->cache();
     const int64_t before = cache.total_slots();
+    const bool layered = be.seq->policy_state().layer_compacted;  // compacted during the pass
     Status st = be.seq->policy().compact(cache, be.seq->policy_state(), pass);
     // A compaction that removed slots hands their memory back, keeping room for a pass of the
     // same size (up to 64 tokens) so steady decoding or chunked feeding does not reallocate.
-    if (st.ok() && cache.total_slots() < before) st = cache.trim(std::min(pass.n_tokens, 64));
+    if (st.ok() && (layered || cache.total_slots() < before))
+      st = cache.trim(std::min(pass.n_tokens, 64));
     compact_status_[e] = std::move(st);
   };
   if (batch.size() > 1 && pool_.n_threads() > 1) {
@@ -199,6 +201,7 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, const LogitsSink& s
   batch_ = batch;
   sink_ = &sink;
   thread_policy_s_.assign(static_cast<size_t>(pool_.n_threads()), 0.0);
+  alone_policy_s_ = 0;
   ForwardTimings ft;
   const Status st = forward_->run(in, *this, ft);
   batch_ = {};
@@ -210,6 +213,7 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, const LogitsSink& s
   double layer_policy_s = 0;
   for (double t : thread_policy_s_) layer_policy_s += t;
   layer_policy_s /= static_cast<double>(pool_.n_threads());
+  layer_policy_s += alone_policy_s_;  // compactions that nothing ran beside: wall time
   const double t_policy = std::min(layer_policy_s, ft.attention_s);
   timings_.matmul_s += ft.matmul_s;
   timings_.attention_s += ft.attention_s - t_policy;
@@ -234,7 +238,7 @@ Status Engine::after_attention(int s, int il, const LayerDesc& /*layer*/, int th
   pass.prompt_rest = 0;
   pass.rope = &rope();
   Status st = pol.compact_layer(be.seq->cache(), state, pass, il);
-  thread_policy_s_[static_cast<size_t>(thread)] += sw.seconds();
+  (thread < 0 ? alone_policy_s_ : thread_policy_s_[static_cast<size_t>(thread)]) += sw.seconds();
   return st;
 }
 

@@ -108,6 +108,7 @@ class Engine : private ForwardHooks {
   const LogitsSink* sink_ = nullptr;
   std::vector<Status> compact_status_;   // per batch entry
   std::vector<double> thread_policy_s_;  // per pool thread: layer-wise compaction seconds
+  double alone_policy_s_ = 0;  // layer-wise compaction seconds with nothing running beside
 };
 
 }  // namespace d2o

@@ -19,6 +19,32 @@ bool over_budget(const KvLayer& L, int S) {
   return L.uniform() ? L.n_slot() > S : L.held_slots() > int64_t{S} * L.n_head_kv();
 }
 
+// Head g's cached key norms `inv` (d2o_key_inv_norms; `last` = the position of the last slot
+// covered) brought up to the slots the head holds (new slots formed; a list that does not match
+// the head formed again), then reordered for this compaction's kept slots keep[0..S): the slot
+// order after KvCache::apply, which the search wants. Returns the S norms; the ne evicted slots'
+// norms go to evicted_inv.
+const float* kept_key_norms(const KvLayer& L, int g, const int32_t* keep, int S,
+                            const int32_t* evicted, int ne, std::vector<float>& inv,
+                            int32_t& last, float* evicted_inv) {
+  const int n = L.n_slot(g);
+  const int32_t* pos = L.pos(g);
+  int have = static_cast<int>(inv.size());
+  if (have > n || (have > 0 && pos[have - 1] != last)) have = 0;
+  inv.resize(static_cast<size_t>(n));  // grows only up to the most slots held
+  if (have < n) d2o_key_inv_norms(L, g, have, n - have, inv.data() + have);
+  float* v = inv.data();
+  for (int i = 0; i < ne; ++i) evicted_inv[i] = v[evicted[i]];
+  if (ne == 1) {
+    std::copy(v + evicted[0] + 1, v + n, v + evicted[0]);
+  } else {
+    for (int c = 0; c < S; ++c) v[c] = v[keep[c]];  // keep ascending: keep[c] >= c
+  }
+  inv.resize(static_cast<size_t>(S));
+  last = S > 0 ? pos[keep[S - 1]] : 0;
+  return v;
+}
+
 Status ragged_error() {
   return invalid_argument(
       "KV cache heads hold different slot counts (per-head budgets, heads=ada), which this "
@@ -32,6 +58,8 @@ std::unique_ptr<PolicyExtState> ComposedPolicyState::clone() const {
   c->tau = tau;
   c->tau_ready = tau_ready;
   c->layer_variance = layer_variance;
+  c->key_inv = key_inv;
+  c->key_inv_last = key_inv_last;
   return c;
 }
 
@@ -42,8 +70,30 @@ ComposedPolicyState& ComposedPolicy::own_state(const KvCache& cache, PolicyState
                        static_cast<size_t>(cache.config().n_head_kv);
     if (own.tau.size() != nlg) own.tau.assign(nlg, 0.0f);
     if (own.tau_ready.size() != nlg) own.tau_ready.assign(nlg, 0);
+    if (cfg_.sim == SimOn::kKey && own.key_inv.size() != nlg) {
+      own.key_inv.assign(nlg, {});
+      own.key_inv_last.assign(nlg, 0);
+    }
   }
   return own;
+}
+
+void ComposedPolicy::refresh_key_norms(const KvCache& cache, int il, const CompactionPlan& plan,
+                                       ComposedPolicyState& own) const {
+  if (own.key_inv.empty() || plan.merges.empty()) return;
+  const KvLayer& L = cache.layer(il);
+  const size_t G = static_cast<size_t>(L.n_head_kv());
+  for (const MergeTerm& t : plan.merges) {
+    if (t.src != t.dst) continue;  // one term per merge group has src == dst
+    std::vector<float>& inv =
+        own.key_inv[static_cast<size_t>(il) * G + static_cast<size_t>(t.head)];
+    if (static_cast<int>(inv.size()) != L.n_slot(t.head)) continue;  // not kept for this head
+    // The merged slot's index after the gather: its place in the ascending keep list.
+    const int32_t* keep = plan.keep_of(t.head);
+    const int j =
+        static_cast<int>(std::lower_bound(keep, keep + plan.n_keep_of(t.head), t.dst) - keep);
+    d2o_key_inv_norms(L, t.head, j, 1, inv.data() + j);
+  }
 }
 
 std::string ComposedPolicy::spec() const {
@@ -82,6 +132,7 @@ Status ComposedPolicy::compact_layer(KvCache& cache, PolicyState& state, const P
   if (own->scratch.empty()) own->scratch.resize(1);
   plan_layer(cache, il, state, *own, own->scratch[0], pass);
   cache.apply(il, state.plans[static_cast<size_t>(il)]);
+  refresh_key_norms(cache, il, state.plans[static_cast<size_t>(il)], *own);
   state.layer_compacted = true;
   return {};
 }
@@ -201,6 +252,7 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
       removed_all = removed;
     }
     cache.apply(il, state.plans[static_cast<size_t>(il)]);
+    refresh_key_norms(cache, il, state.plans[static_cast<size_t>(il)], own);
   }
   if (removed_all > 0) state.pos_shift += removed_all;
   ++state.n_compactions;
@@ -306,10 +358,12 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
       int32_t* evicted = dsc.evicted.data() + (by_token ? static_cast<size_t>(g) * E : 0);
       int ne = 0;
       if (n_g - S_g == 1) {
-        // A decode step: the evicted slot is the first gap in keep (or the last slot).
-        int j = 0;
-        while (j < S_g && keep[j] == j) ++j;
-        evicted[ne++] = j;
+        // A decode step: the evicted slot is the first gap in keep (or the last slot). keep is
+        // ascending with keep[j] == j before the gap and j + 1 from it on: a binary search.
+        evicted[ne++] = static_cast<int32_t>(
+            std::partition_point(keep, keep + S_g,
+                                 [keep](const int32_t& v) { return v == &v - keep; }) -
+            keep);
       } else {
         for (int j = 0, k = 0; j < n_g; ++j) {
           if (k < S_g && keep[k] == j)
@@ -318,7 +372,18 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
             evicted[ne++] = j;
         }
       }
-      const D2oHeadMerge h = head_merge(g, evicted, ne);
+      D2oHeadMerge h = head_merge(g, evicted, ne);
+      float evicted_inv[kD2oFewEvicted];  // (d2o_uses_kept_norms)
+      if (own.key_inv.size() == static_cast<size_t>(cache.n_layer()) * G) {
+        const size_t ti = static_cast<size_t>(il) * G + static_cast<size_t>(g);
+        if (d2o_uses_kept_norms(cfg_, ne, unrotate != nullptr) && cfg_.merge != MergeRule::kOff) {
+          h.kept_inv = kept_key_norms(L, g, keep, S_g, evicted, ne, own.key_inv[ti],
+                                      own.key_inv_last[ti], evicted_inv);
+          h.evicted_inv = evicted_inv;
+        } else if (ne > 0) {
+          own.key_inv[ti].clear();  // formed again when next needed
+        }
+      }
       if (by_token) {
         const size_t off = static_cast<size_t>(g) * E;
         d2o_nearest(h, dsc, dsc.best.data() + off, dsc.best_sim.data() + off);

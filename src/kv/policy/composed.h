@@ -47,6 +47,12 @@ class ComposedPolicyState final : public PolicyExtState {
   // The density statistic of each layer when budgets were decided ([n_layer], empty when the
   // policy accumulates no scores): what D2O's variance rule shares budgets by, kept for reports.
   std::vector<double> layer_variance;
+  // D2O with key similarity: 1 / |key| of every slot of each layer and KV head ([n_layer *
+  // n_head_kv] lists in slot order, d2o_key_inv_norms), kept in step with the slots so that a
+  // decode step's search forms dots only, and the position of the last slot each list covers. A
+  // list that does not match its head (length, last position) is formed again from the keys.
+  std::vector<std::vector<float>> key_inv;
+  std::vector<int32_t> key_inv_last;
   // [threads] per-thread scratch; only grows, so a steady-state decode step allocates nothing.
   std::vector<ComposedScratch> scratch;
 
@@ -84,8 +90,11 @@ class ComposedPolicy final : public KvPolicy {
   // with per-head counts; `next` = the RoPE position of the next token (norm=queries).
   void plan_heads(const KvLayer& L, SelectScratch& sc, CompactionPlan& plan, int S,
                   int64_t next) const;
-  // Sizes `own` for the cache (D2O thresholds) and returns it.
+  // Sizes `own` for the cache (D2O thresholds, key norms) and returns it.
   ComposedPolicyState& own_state(const KvCache& cache, PolicyState& state) const;
+  // After KvCache::apply of layer il's plan: the cached key norms of the slots it merged into.
+  void refresh_key_norms(const KvCache& cache, int il, const CompactionPlan& plan,
+                         ComposedPolicyState& own) const;
 
   PolicyConfig cfg_;
 };

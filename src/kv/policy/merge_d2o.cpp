@@ -12,46 +12,49 @@ namespace d2o {
 
 namespace {
 
-// With more evicted slots than this (the prefill compaction), the kept rows are normalised and
-// packed once and the evicted rows matched four at a time (nearest_rows); below it (one eviction
-// per decode step), each evicted row is matched against the stored rows directly.
-constexpr int kManyEvicted = 4;
+// kD2oFewEvicted: nearest_rows above it, the stored rows directly up to it.
+constexpr int kManyEvicted = kD2oFewEvicted;
 
 // Cosines of one evicted row against every kept row, for one of keys/values, added (times
-// `scale`) into sim[n_keep]. kept_inv[n_keep] holds 1 / |row_c| (0 for a zero row), computed on
-// first use and reused for the other evicted rows of the compaction.
+// `scale`) into sim[n_keep]. kept_inv[n_keep] holds 1 / |row_c| (0 for a zero row): given
+// (`given`: the policy's cached key norms), or computed on first use and reused for the other
+// evicted rows of the compaction.
 struct ModalityPass {
   const KvLayer* layer;
   int head;
   bool values;
   const int32_t* keep;
   int n_keep;
-  float* kept_inv;  // [n_keep]
-  float* dots;      // [n_keep] scratch
-  float* row;       // [head_dim] scratch
+  float* kept_inv;               // [n_keep]
+  float* dots;                   // [n_keep] scratch
+  float* row;                    // [head_dim] scratch
+  const float* given = nullptr;  // [n_keep] 1 / |row_c| known already, or null
 };
 
 // With `best` (the last modality of the sum), also returns the first kept index of the largest
 // similarity and that similarity in *best_sim, in the same pass (ties: the older kept slot).
 // sim == nullptr (one modality: the sum is 0 + its cosines): only the argmax, vectorised
-// (scaled_argmax), nothing stored.
+// (scaled_argmax), nothing stored. given_inv_e >= 0: 1 / |row_e| known already (cached norms).
 int add_cosines(const ModalityPass& p, int e, bool first, float scale, float* __restrict sim,
-                float* best_sim = nullptr) {
+                float* best_sim = nullptr, float given_inv_e = -1.0f) {
   const KvLayer& L = *p.layer;
   if (p.values)
     L.load_value(p.head, e, p.row);
   else
     L.load_key(p.head, e, p.row);
-  double ne = 0.0;
-  for (int d = 0; d < L.head_dim(); ++d) ne += static_cast<double>(p.row[d]) * p.row[d];
-  // Zero vectors have cosine 0 with everything.
-  const float inv_e = ne > 0.0 ? static_cast<float>(1.0 / std::sqrt(ne)) : 0.0f;
+  float inv_e = given_inv_e;
+  if (inv_e < 0.0f) {
+    double ne = 0.0;
+    for (int d = 0; d < L.head_dim(); ++d) ne += static_cast<double>(p.row[d]) * p.row[d];
+    // Zero vectors have cosine 0 with everything.
+    inv_e = ne > 0.0 ? static_cast<float>(1.0 / std::sqrt(ne)) : 0.0f;
+  }
   RowDots rd;
   rd.dim = L.head_dim();
   rd.n = p.n_keep;
   rd.q = p.row;
   rd.dot = p.dots;
-  rd.inv_norm = first ? p.kept_inv : nullptr;
+  rd.inv_norm = first && !p.given ? p.kept_inv : nullptr;
   rd.base = p.values ? L.value_row(p.head, 0) : L.key_row(p.head, 0);
   const KvElemType t = p.values ? L.type().v : L.type().k;
   rd.row_bytes = p.values ? L.value_row_bytes() : L.key_row_bytes();
@@ -60,9 +63,9 @@ int add_cosines(const ModalityPass& p, int e, bool first, float scale, float* __
   rd.rows = p.keep;
   row_dots(rd);
   const float* __restrict dots = p.dots;
-  const float* __restrict inv = p.kept_inv;
+  const float* __restrict inv = p.given ? p.given : p.kept_inv;
   const float f = scale * inv_e;
-  if (sim == nullptr) return scaled_argmax(p.dots, p.kept_inv, p.n_keep, f, best_sim);
+  if (sim == nullptr) return scaled_argmax(p.dots, inv, p.n_keep, f, best_sim);
   if (best_sim == nullptr) {
     for (int i = 0; i < p.n_keep; ++i) sim[i] += f * dots[i] * inv[i];
     return 0;
@@ -124,6 +127,38 @@ void nearest_many(const D2oHeadMerge& h, bool use_k, bool use_v, float scale,
 
 }  // namespace
 
+bool d2o_uses_kept_norms(const PolicyConfig& cfg, int n_evicted, bool unrotated) {
+  return cfg.sim == SimOn::kKey && !unrotated && n_evicted >= 1 && n_evicted <= kManyEvicted;
+}
+
+void d2o_key_inv_norms(const KvLayer& L, int head, int first, int count, float* out) {
+  // Through row_dots' four-row loop, the last group padded by repeating its last row, so that a
+  // norm is the same bits wherever its slot sits.
+  constexpr int kMaxDim = 1024;
+  D2O_ASSERT(L.head_dim() <= kMaxDim);
+  static const float zeros[kMaxDim] = {};
+  const KvElemType t = L.type().k;
+  RowDots rd;
+  rd.base = L.key_row(head, 0);
+  rd.row_bytes = L.key_row_bytes();
+  rd.f16 = t == KvElemType::kF16;
+  if (kv_quantized(t)) rd.quant = kv_ggml_type(t);
+  rd.dim = L.head_dim();
+  rd.q = zeros;
+  rd.n = 4;
+  float dot[4], inv[4];
+  rd.dot = dot;
+  rd.inv_norm = inv;
+  int32_t rows[4];
+  rd.rows = rows;
+  for (int i = 0; i < count; i += 4) {
+    const int m = std::min(4, count - i);
+    for (int r = 0; r < 4; ++r) rows[r] = first + i + std::min(r, m - 1);
+    row_dots(rd);
+    for (int r = 0; r < m; ++r) out[i + r] = inv[r];
+  }
+}
+
 void d2o_nearest(const D2oHeadMerge& h, D2oScratch& scratch, int32_t* cstar, float* m_e) {
   const PolicyConfig& cfg = *h.cfg;
   const KvLayer& L = *h.layer;
@@ -145,8 +180,8 @@ void d2o_nearest(const D2oHeadMerge& h, D2oScratch& scratch, int32_t* cstar, flo
   float* kinv = dots + S;
   float* vinv = kinv + S;
   float* row = vinv + S;
-  const ModalityPass pk{&L, h.head, false, h.keep, S, kinv, dots, row};
-  const ModalityPass pv{&L, h.head, true, h.keep, S, vinv, dots, row};
+  const ModalityPass pk{&L, h.head, false, h.keep, S, kinv, dots, row, h.kept_inv};
+  const ModalityPass pv{&L, h.head, true, h.keep, S, vinv, dots, row, nullptr};
   // sim = 0 + (key cosine) [+ value cosine], the argmax taken in the last pass.
   for (int i = 0; i < E; ++i) {
     if (use_k && use_v) {
@@ -154,7 +189,8 @@ void d2o_nearest(const D2oHeadMerge& h, D2oScratch& scratch, int32_t* cstar, flo
       add_cosines(pk, h.evicted[i], i == 0, scale, sim);
       cstar[i] = add_cosines(pv, h.evicted[i], i == 0, scale, sim, &m_e[i]);
     } else {
-      cstar[i] = add_cosines(use_k ? pk : pv, h.evicted[i], i == 0, scale, nullptr, &m_e[i]);
+      cstar[i] = add_cosines(use_k ? pk : pv, h.evicted[i], i == 0, scale, nullptr, &m_e[i],
+                             h.evicted_inv && use_k ? h.evicted_inv[i] : -1.0f);
     }
   }
 }

@@ -56,7 +56,23 @@ struct D2oHeadMerge {
   uint8_t* tau_ready = nullptr;
   // Non-null (mrope=pre): keys are compared rotated back to position 0.
   const RopeParams* rope = nullptr;
+  // Non-null (only where d2o_uses_kept_norms): [n_keep] 1 / |key| of the kept slots, in keep
+  // order, and [n_evicted] of the evicted ones (the policy's cached norms, d2o_key_inv_norms), so
+  // that the search forms dots only.
+  const float* kept_inv = nullptr;
+  const float* evicted_inv = nullptr;
 };
+
+// With more evicted slots than this (the prefill compaction), the kept rows are normalised and
+// packed once and the evicted rows matched four at a time; below it (a decode step), each evicted
+// row is matched against the stored rows directly.
+constexpr int kD2oFewEvicted = 4;
+// Whether the nearest-slot search of n_evicted slots can take the keys' inverse norms from the
+// caller (key similarity, keys compared as stored, at most kD2oFewEvicted evictions).
+bool d2o_uses_kept_norms(const PolicyConfig& cfg, int n_evicted, bool unrotated);
+// out[i] = 1 / |key of slot first + i| of `head` (0 for a zero key), i < count, as row_dots'
+// four-row loop forms it (the same bits wherever the slot sits).
+void d2o_key_inv_norms(const KvLayer& L, int head, int first, int count, float* out);
 
 // The three steps, for callers that decide over several heads at once (decide=token):
 // 1. the nearest kept slot cstar[i] (an index into keep) of every evicted slot i and its

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/assert.h"
+#include "kv/policy/similarity.h"
 
 namespace d2o {
 
@@ -31,21 +32,11 @@ void select_top(const float* score, int first, int count, int k, int32_t* out, i
   }
   if (k == 0) return;
   if (k == count - 1) {
-    // One eviction: the worst slot in one pass. Scanning upwards, j is worse than the current
-    // worst iff its score is lower or equal (equal scores: the newer slot goes).
-    int32_t worst = first;
-    float worst_score = score[first];
-    for (int32_t j = first + 1; j < first + count; ++j) {
-      const float s = score[j];
-      if (s <= worst_score) {
-        worst_score = s;
-        worst = j;
-      }
-    }
-    int o = 0;
-    for (int32_t j = first; j < first + count; ++j) {
-      if (j != worst) out[o++] = j;
-    }
+    // One eviction: the worst slot in one (vectorised) pass. Scanning upwards, j is worse than
+    // the current worst iff its score is lower or equal (equal scores: the newer slot goes).
+    const int32_t worst = first + last_min_index(score + first, count);
+    for (int32_t j = first; j < worst; ++j) out[j - first] = j;
+    for (int32_t j = worst + 1; j < first + count; ++j) out[j - first - 1] = j;
     return;
   }
   for (int i = 0; i < count; ++i) scratch[i] = first + i;

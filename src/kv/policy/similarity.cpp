@@ -28,7 +28,7 @@ void row_dots_scalar(const RowDots& a) {
         std::memcpy(&x, p + 4 * static_cast<size_t>(d), 4);
       }
       dot += a.q[d] * x;
-      nn += x * x;
+      if (a.inv_norm) nn += x * x;
     }
     a.dot[r] = dot;
     if (a.inv_norm) a.inv_norm[r] = nn > 0.0f ? 1.0f / std::sqrt(nn) : 0.0f;
@@ -53,11 +53,10 @@ int scaled_argmax_scalar(const float* dot, const float* inv, int n, float f, flo
   return b;
 }
 
-}  // namespace
-
-int scaled_argmax_isa(KernelIsa isa, const float* dot, const float* inv, int n, float f,
-                      float* best) {
-  D2O_ASSERT(kernel_isa_available(isa) && n >= 1);
+// The *_at functions dispatch to a level without checking that it is available (the public entry
+// points check a level they are given; best_kernel_isa() is available by construction).
+int scaled_argmax_at(KernelIsa isa, const float* dot, const float* inv, int n, float f,
+                     float* best) {
   switch (isa) {
     case KernelIsa::kAvx512:
       return simd::scaled_argmax_avx512(dot, inv, n, f, best);
@@ -69,11 +68,60 @@ int scaled_argmax_isa(KernelIsa isa, const float* dot, const float* inv, int n, 
   return scaled_argmax_scalar(dot, inv, n, f, best);
 }
 
+}  // namespace
+
+int scaled_argmax_isa(KernelIsa isa, const float* dot, const float* inv, int n, float f,
+                      float* best) {
+  D2O_ASSERT(kernel_isa_available(isa) && n >= 1);
+  return scaled_argmax_at(isa, dot, inv, n, f, best);
+}
+
 int scaled_argmax(const float* dot, const float* inv, int n, float f, float* best) {
-  return scaled_argmax_isa(best_kernel_isa(), dot, inv, n, f, best);
+  D2O_ASSERT(n >= 1);
+  return scaled_argmax_at(best_kernel_isa(), dot, inv, n, f, best);
 }
 
 namespace {
+
+int last_min_index_scalar(const float* s, int n) {
+  int b = 0;
+  float bs = s[0];
+  for (int j = 1; j < n; ++j) {
+    if (s[j] <= bs) {
+      bs = s[j];
+      b = j;
+    }
+  }
+  return b;
+}
+
+int last_min_index_at(KernelIsa isa, const float* s, int n) {
+  switch (isa) {
+    case KernelIsa::kAvx512:
+      return simd::last_min_index_avx512(s, n);
+    case KernelIsa::kAvx2:
+      return simd::last_min_index_avx2(s, n);
+    case KernelIsa::kScalar:
+      break;
+  }
+  return last_min_index_scalar(s, n);
+}
+
+}  // namespace
+
+int last_min_index_isa(KernelIsa isa, const float* s, int n) {
+  D2O_ASSERT(kernel_isa_available(isa) && n >= 1);
+  return last_min_index_at(isa, s, n);
+}
+
+int last_min_index(const float* s, int n) {
+  D2O_ASSERT(n >= 1);
+  return last_min_index_at(best_kernel_isa(), s, n);
+}
+
+namespace {
+
+void row_dots_at(KernelIsa isa, const RowDots& a);
 
 // Quantised rows (Q8_0 / Q4_0 KV storage): a few rows at a time are dequantised at the given level
 // and handed to that level's float loop.
@@ -97,14 +145,11 @@ void row_dots_quantized(KernelIsa isa, const RowDots& a) {
     f.n = nr;
     f.dot = a.dot + r0;
     f.inv_norm = a.inv_norm ? a.inv_norm + r0 : nullptr;
-    row_dots_isa(isa, f);
+    row_dots_at(isa, f);
   }
 }
 
-}  // namespace
-
-void row_dots_isa(KernelIsa isa, const RowDots& a) {
-  D2O_ASSERT(kernel_isa_available(isa));
+void row_dots_at(KernelIsa isa, const RowDots& a) {
   if (a.quant != GgmlType::kF32) {
     row_dots_quantized(isa, a);
     return;
@@ -122,8 +167,15 @@ void row_dots_isa(KernelIsa isa, const RowDots& a) {
   }
 }
 
+}  // namespace
+
+void row_dots_isa(KernelIsa isa, const RowDots& a) {
+  D2O_ASSERT(kernel_isa_available(isa));
+  row_dots_at(isa, a);
+}
+
 void row_dots(const RowDots& a) {
-  row_dots_isa(best_kernel_isa(), a);
+  row_dots_at(best_kernel_isa(), a);
 }
 
 }  // namespace d2o

@@ -27,6 +27,7 @@ struct RowDots {
   const float* q = nullptr;   // [dim]
   float* dot = nullptr;       // [n] out: q . row
   float* inv_norm = nullptr;  // [n] out: 1 / |row| (0 for a zero row), or null when not wanted
+                              // (then no norms are formed; the dots are the same bits either way)
 };
 
 void row_dots(const RowDots& a);                     // best available variant
@@ -40,11 +41,19 @@ int scaled_argmax(const float* dot, const float* inv, int n, float f, float* bes
 int scaled_argmax_isa(KernelIsa isa, const float* dot, const float* inv, int n, float f,
                       float* best);
 
+// The slot a one-slot eviction removes: the last index of the smallest s_i, i < n, as the running
+// minimum started at s_0 that s_j replaces when s_j <= it (a NaN never wins; a NaN s_0 stays the
+// answer). Every variant gives the same index. n >= 1.
+int last_min_index(const float* s, int n);
+int last_min_index_isa(KernelIsa isa, const float* s, int n);
+
 namespace simd {
 void row_dots_avx2(const RowDots& a);
 void row_dots_avx512(const RowDots& a);
 int scaled_argmax_avx2(const float* dot, const float* inv, int n, float f, float* best);
 int scaled_argmax_avx512(const float* dot, const float* inv, int n, float f, float* best);
+int last_min_index_avx2(const float* s, int n);
+int last_min_index_avx512(const float* s, int n);
 }  // namespace simd
 
 }  // namespace d2o

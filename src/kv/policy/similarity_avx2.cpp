@@ -53,6 +53,37 @@ inline float load1(const uint8_t* p, int d) {
   }
 }
 
+// Dots only (no inverse norms wanted): eight rows at a time, their eight dots reduced together.
+// Each dot is summed exactly as in the four-row loop below (the same lane sums and the same
+// reduction tree), so the dots do not depend on whether norms were asked for. Returns the rows
+// done (a multiple of 8).
+template <bool kF16>
+int dots_by_eight(const RowDots& a) {
+  const int d8 = a.dim & ~7;
+  int r = 0;
+  for (; r + 8 <= a.n; r += 8) {
+    const uint8_t* p[8];
+    for (int i = 0; i < 8; ++i)
+      p[i] = a.base + static_cast<size_t>(a.rows ? a.rows[r + i] : r + i) * a.row_bytes;
+    __m256 dv[8];
+    for (int i = 0; i < 8; ++i) dv[i] = _mm256_setzero_ps();
+    for (int d = 0; d < d8; d += 8) {
+      const __m256 q = _mm256_loadu_ps(a.q + d);
+      for (int i = 0; i < 8; ++i) dv[i] = _mm256_fmadd_ps(q, load8<kF16>(p[i], d), dv[i]);
+    }
+    __m256 v = reduce8(dv[0], dv[1], dv[2], dv[3], dv[4], dv[5], dv[6], dv[7]);
+    if (d8 < a.dim) {  // tail elements, added to the lane sums
+      float tail[8] = {};
+      for (int i = 0; i < 8; ++i) {
+        for (int d = d8; d < a.dim; ++d) tail[i] += a.q[d] * load1<kF16>(p[i], d);
+      }
+      v = _mm256_add_ps(v, _mm256_loadu_ps(tail));
+    }
+    _mm256_storeu_ps(a.dot + r, v);
+  }
+  return r;
+}
+
 // Four rows at a time: their eight sums (dot and squared norm per row) are reduced together and
 // the four inverse norms computed as one vector, which for short rows (head_dim 64) costs less
 // than one horizontal sum, square root and division per row.
@@ -63,7 +94,7 @@ void row_dots_impl(const RowDots& a) {
     return a.base + static_cast<size_t>(a.rows ? a.rows[r] : r) * a.row_bytes;
   };
   alignas(32) float sums[8];
-  int r = 0;
+  int r = a.inv_norm ? 0 : dots_by_eight<kF16>(a);
   for (; r + 4 <= a.n; r += 4) {
     const uint8_t* p[4] = {row_ptr(r), row_ptr(r + 1), row_ptr(r + 2), row_ptr(r + 3)};
     __m256 dv[4], nv[4];
@@ -177,6 +208,53 @@ int scaled_argmax_avx2(const float* dot, const float* inv, int n, float f, float
     }
   }
   *best = bs;
+  return b;
+}
+
+// Eight lanes each keep their smallest value and the last index holding it (<= replaces, so NaN
+// never enters); the answer is the largest index among the lanes holding the overall smallest
+// value, then the tail in order, as the scalar running minimum.
+int last_min_index_avx2(const float* s, int n) {
+  if (s[0] != s[0]) return 0;  // NaN s_0: nothing is <= it
+  int b = 0;
+  float bs = s[0];
+  int i = 0;
+  const int n8 = n & ~7;
+  if (n8 > 0) {
+    __m256 vmin = _mm256_set1_ps(INFINITY);
+    __m256i vidx = _mm256_set1_epi32(-1);
+    __m256i cur = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i step = _mm256_set1_epi32(8);
+    for (; i < n8; i += 8) {
+      const __m256 x = _mm256_loadu_ps(s + i);
+      const __m256 le = _mm256_cmp_ps(x, vmin, _CMP_LE_OQ);
+      vmin = _mm256_blendv_ps(vmin, x, le);
+      vidx = _mm256_castps_si256(
+          _mm256_blendv_ps(_mm256_castsi256_ps(vidx), _mm256_castsi256_ps(cur), le));
+      cur = _mm256_add_epi32(cur, step);
+    }
+    alignas(32) float lv[8];
+    alignas(32) int32_t li[8];
+    _mm256_store_ps(lv, vmin);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(li), vidx);
+    int lb = -1;
+    float lbs = 0.0f;
+    for (int k = 0; k < 8; ++k) {
+      if (li[k] < 0) continue;
+      if (lb < 0 || lv[k] < lbs || (lv[k] == lbs && li[k] > lb)) {
+        lb = li[k];
+        lbs = lv[k];
+      }
+    }
+    b = lb;  // lane 0 holds s_0 at least (not NaN, <= infinity)
+    bs = lbs;
+  }
+  for (; i < n; ++i) {
+    if (s[i] <= bs) {
+      bs = s[i];
+      b = i;
+    }
+  }
   return b;
 }
 

@@ -50,6 +50,38 @@ inline __m256 reduce8(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4, __m
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+// Dots only (no inverse norms wanted): eight rows at a time, their eight dots reduced together.
+// Each dot is summed exactly as in the four-row loop of row_dots_impl (the same lane sums and the
+// same reduction tree), so the dots do not depend on whether norms were asked for. Returns the
+// rows done (a multiple of 8).
+template <bool kF16>
+int dots_by_eight(const RowDots& a) {
+  const int full = a.dim / 16;
+  const int tail = a.dim - 16 * full;
+  const __mmask16 tmask = static_cast<__mmask16>((1u << tail) - 1u);
+  int r = 0;
+  for (; r + 8 <= a.n; r += 8) {
+    const uint8_t* p[8];
+    for (int i = 0; i < 8; ++i)
+      p[i] = a.base + static_cast<size_t>(a.rows ? a.rows[r + i] : r + i) * a.row_bytes;
+    __m512 dv[8];
+    for (int i = 0; i < 8; ++i) dv[i] = _mm512_setzero_ps();
+    for (int c = 0; c < full; ++c) {
+      const int d = 16 * c;
+      const __m512 q = _mm512_loadu_ps(a.q + d);
+      for (int i = 0; i < 8; ++i) dv[i] = _mm512_fmadd_ps(q, load16<kF16>(p[i], d), dv[i]);
+    }
+    if (tail) {
+      const int d = 16 * full;
+      const __m512 q = _mm512_maskz_loadu_ps(tmask, a.q + d);
+      for (int i = 0; i < 8; ++i)
+        dv[i] = _mm512_fmadd_ps(q, load16_masked<kF16>(p[i], d, tmask), dv[i]);
+    }
+    _mm256_storeu_ps(a.dot + r, reduce8(dv[0], dv[1], dv[2], dv[3], dv[4], dv[5], dv[6], dv[7]));
+  }
+  return r;
+}
+
 template <bool kF16>
 void row_dots_impl(const RowDots& a) {
   const int full = a.dim / 16;
@@ -59,7 +91,7 @@ void row_dots_impl(const RowDots& a) {
     return a.base + static_cast<size_t>(a.rows ? a.rows[r] : r) * a.row_bytes;
   };
   alignas(32) float sums[8];
-  int r = 0;
+  int r = a.inv_norm ? 0 : dots_by_eight<kF16>(a);
   for (; r + 4 <= a.n; r += 4) {
     const uint8_t* p0 = row_ptr(r);
     const uint8_t* p1 = row_ptr(r + 1);
@@ -178,6 +210,50 @@ int scaled_argmax_avx512(const float* dot, const float* inv, int n, float f, flo
     }
   }
   *best = bs;
+  return b;
+}
+
+// As last_min_index_avx2, sixteen lanes.
+int last_min_index_avx512(const float* s, int n) {
+  if (s[0] != s[0]) return 0;  // NaN s_0: nothing is <= it
+  int b = 0;
+  float bs = s[0];
+  int i = 0;
+  const int n16 = n & ~15;
+  if (n16 > 0) {
+    __m512 vmin = _mm512_set1_ps(INFINITY);
+    __m512i vidx = _mm512_set1_epi32(-1);
+    __m512i cur = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i step = _mm512_set1_epi32(16);
+    for (; i < n16; i += 16) {
+      const __m512 x = _mm512_loadu_ps(s + i);
+      const __mmask16 le = _mm512_cmp_ps_mask(x, vmin, _CMP_LE_OQ);
+      vmin = _mm512_mask_blend_ps(le, vmin, x);
+      vidx = _mm512_mask_blend_epi32(le, vidx, cur);
+      cur = _mm512_add_epi32(cur, step);
+    }
+    alignas(64) float lv[16];
+    alignas(64) int32_t li[16];
+    _mm512_store_ps(lv, vmin);
+    _mm512_store_si512(li, vidx);
+    int lb = -1;
+    float lbs = 0.0f;
+    for (int k = 0; k < 16; ++k) {
+      if (li[k] < 0) continue;
+      if (lb < 0 || lv[k] < lbs || (lv[k] == lbs && li[k] > lb)) {
+        lb = li[k];
+        lbs = lv[k];
+      }
+    }
+    b = lb;  // lane 0 holds s_0 at least (not NaN, <= infinity)
+    bs = lbs;
+  }
+  for (; i < n; ++i) {
+    if (s[i] <= bs) {
+      bs = s[i];
+      b = i;
+    }
+  }
   return b;
 }
 

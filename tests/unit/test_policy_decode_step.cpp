@@ -1,0 +1,218 @@
+// The decode step's policy kernels: the vectorised scan for the slot a one-slot eviction removes
+// (same index as the scalar scan on every instruction-set level), the dots-only similarity pass
+// (the bits of the pass with norms), and D2O's cached key norms (ComposedPolicyState::key_inv):
+// a cached norm is the bits d2o_key_inv_norms forms from the key as it is now, and a state whose
+// norms were dropped (a restored session) goes on to the same cache bit for bit.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/fp16.h"
+#include "kv/policy/merge_d2o.h"
+#include "kv/policy/similarity.h"
+#include "unit/policy_sim.h"
+
+namespace d2o::test {
+namespace {
+
+TEST(DecodeStepKernels, LastMinIndexIsTheScalarScanOnEveryIsa) {
+  std::mt19937 rng(9);
+  // Few distinct values, so that ties are common; signed zeros, infinity and NaN among them.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> vals = {0.0f, -0.0f, 0.5f, 0.25f, 1.0f, 3.0f, inf, nan};
+  std::uniform_int_distribution<size_t> pick(0, vals.size() - 1);
+  std::uniform_int_distribution<int> len(1, 70);
+  int checked = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int n = len(rng);
+    std::vector<float> s(static_cast<size_t>(n));
+    for (float& x : s) x = vals[pick(rng)];
+    if (trial % 5 == 0) s[0] = vals[pick(rng) % 6];  // often a number first
+    int want = 0;
+    for (int j = 1; j < n; ++j)
+      if (s[static_cast<size_t>(j)] <= s[static_cast<size_t>(want)]) want = j;
+    for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+      if (!kernel_isa_available(isa)) continue;
+      ASSERT_EQ(last_min_index_isa(isa, s.data(), n), want)
+          << kernel_isa_name(isa) << " trial " << trial << " n " << n;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 3000);  // every trial ran (at least the scalar level)
+}
+
+TEST(D2oKeyNorms, DotsOnlyAreTheBitsOfThePassWithNorms) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (!kernel_isa_available(isa)) continue;
+    for (int dim : {7, 16, 20, 64, 67}) {
+      for (bool f16 : {false, true}) {
+        const int rows = 23;  // groups of eight, a group of four and a tail
+        const size_t rb = static_cast<size_t>(dim) * (f16 ? 2 : 4) + 2;
+        std::vector<uint8_t> buf(rb * rows + 1);
+        for (int r = 0; r < rows; ++r) {
+          for (int d = 0; d < dim; ++d) {
+            const float x = nd(rng);
+            uint8_t* p = buf.data() + 1 + static_cast<size_t>(r) * rb;
+            if (f16) {
+              const uint16_t h = fp32_to_fp16(x);
+              std::memcpy(p + 2 * d, &h, 2);
+            } else {
+              std::memcpy(p + 4 * d, &x, 4);
+            }
+          }
+        }
+        std::vector<float> q(static_cast<size_t>(dim));
+        for (float& x : q) x = nd(rng);
+        for (int n = 1; n <= rows; ++n) {
+          SCOPED_TRACE(std::string(kernel_isa_name(isa)) + " dim " + std::to_string(dim) +
+                       (f16 ? " f16" : " f32") + " n " + std::to_string(n));
+          std::vector<int32_t> idx(static_cast<size_t>(n));
+          for (int i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = (i * 7) % rows;
+          std::vector<float> with(static_cast<size_t>(n)), inv(with.size()), only(with.size());
+          RowDots a;
+          a.base = buf.data() + 1;
+          a.row_bytes = rb;
+          a.f16 = f16;
+          a.dim = dim;
+          a.rows = idx.data();
+          a.n = n;
+          a.q = q.data();
+          a.dot = with.data();
+          a.inv_norm = inv.data();
+          row_dots_isa(isa, a);
+          a.dot = only.data();
+          a.inv_norm = nullptr;
+          row_dots_isa(isa, a);
+          ASSERT_EQ(0, std::memcmp(with.data(), only.data(), sizeof(float) * with.size()));
+        }
+      }
+    }
+  }
+}
+
+TEST(D2oKeyNorms, NormOfASlotIsTheFourRowPassBitsWhereverItSits) {
+  for (KvType type : {KvType::kF32, KvType::kF16, KvType::kQ8_0}) {
+    SCOPED_TRACE(kv_type_name(type));
+    SimSetup s;
+    s.n_layer = 1;
+    s.n_head_kv = 2;
+    s.head_dim = 64;
+    s.type = type;
+    PolicySim sim("h2o:budget=100", s);
+    sim.feed(13);
+    const KvLayer& L = sim.cache.layer(0);
+    for (int g = 0; g < 2; ++g) {
+      // row_dots forms the norms of rows 0..11 in its four-row loop.
+      std::vector<float> zero(64, 0.0f), dot(12), inv(12), all(13), one(1);
+      RowDots a;
+      a.base = L.key_row(g, 0);
+      a.row_bytes = L.key_row_bytes();
+      a.f16 = type == KvType::kF16;
+      if (kv_quantized(type.k)) a.quant = kv_ggml_type(type.k);
+      a.dim = 64;
+      a.n = 12;
+      a.q = zero.data();
+      a.dot = dot.data();
+      a.inv_norm = inv.data();
+      row_dots(a);
+      d2o_key_inv_norms(L, g, 0, 13, all.data());
+      for (int j = 0; j < 12; ++j) {
+        d2o_key_inv_norms(L, g, j, 1, one.data());
+        EXPECT_EQ(0, std::memcmp(&inv[static_cast<size_t>(j)], &one[0], sizeof(float))) << j;
+        EXPECT_EQ(0, std::memcmp(&inv[static_cast<size_t>(j)], &all[static_cast<size_t>(j)],
+                                 sizeof(float)))
+            << j;
+        EXPECT_GT(one[0], 0.0f);
+      }
+    }
+  }
+}
+
+// Every cached list holds the norms of the keys its head holds now (of its first slots: a head
+// that evicted nothing in the last compaction, heads=ada, has new slots its list does not cover
+// yet); returns how many lists were checked.
+int check_cached_norms(const PolicySim& sim) {
+  const ComposedPolicyState* own = composed_state(sim.state);
+  if (!own) return 0;
+  int checked = 0;
+  const size_t G = static_cast<size_t>(sim.cache.config().n_head_kv);
+  for (size_t i = 0; i < own->key_inv.size(); ++i) {
+    const KvLayer& L = sim.cache.layer(static_cast<int>(i / G));
+    const int g = static_cast<int>(i % G);
+    const std::vector<float>& inv = own->key_inv[i];
+    if (inv.empty()) continue;
+    EXPECT_LE(static_cast<int>(inv.size()), L.n_slot(g));
+    if (static_cast<int>(inv.size()) > L.n_slot(g)) continue;
+    std::vector<float> want(inv.size());
+    d2o_key_inv_norms(L, g, 0, static_cast<int>(inv.size()), want.data());
+    EXPECT_EQ(0, std::memcmp(want.data(), inv.data(), sizeof(float) * want.size())) << "list " << i;
+    ++checked;
+  }
+  return checked;
+}
+
+TEST(D2oKeyNorms, CachedNormsFollowEvictionsAndMerges) {
+  for (const char* spec : {"d2o:budget=12", "d2o:ratio=0.3,decide=token", "d2o:budget=10,nm=1:1",
+                           "d2o:budget=12,heads=ada"}) {
+    for (KvType type : {KvType::kF32, KvType::kF16}) {
+      SCOPED_TRACE(std::string(spec) + " " + kv_type_name(type));
+      SimSetup s;
+      s.n_layer = 3;
+      s.n_head_kv = 2;
+      s.head_dim = 20;
+      s.type = type;
+      PolicySim sim(spec, s);
+      ASSERT_EQ(sim.pass(40), "");
+      int checked = 0;
+      for (int step = 0; step < 40; ++step) {
+        // Mostly one token (the decode step), sometimes two or three (a few evictions at once).
+        ASSERT_EQ(sim.pass(step % 9 == 4 ? 3 : step % 7 == 3 ? 2 : 1), "") << "step " << step;
+        checked += check_cached_norms(sim);
+      }
+      EXPECT_GT(checked, 0);  // the decode steps did keep norms
+      int64_t merged = 0;
+      for (int64_t m : sim.state.merged) merged += m;
+      EXPECT_GT(merged, 0);
+    }
+  }
+}
+
+TEST(D2oKeyNorms, DroppedNormsGiveTheSameCache) {
+  SimSetup s;
+  s.n_layer = 3;
+  s.n_head_kv = 2;
+  s.head_dim = 64;
+  s.type = KvType::kF16;
+  PolicySim a("d2o:budget=16", s), b("d2o:budget=16", s);
+  ASSERT_EQ(a.pass(48), "");
+  ASSERT_EQ(b.pass(48), "");
+  for (int step = 0; step < 30; ++step) {
+    ASSERT_EQ(a.pass(1), "");
+    if (step % 10 == 5) {  // as a state read back from a session file: no norms kept
+      for (std::vector<float>& inv : b.state.ext_as<ComposedPolicyState>().key_inv) inv.clear();
+    }
+    ASSERT_EQ(b.pass(1), "");
+    for (int il = 0; il < s.n_layer; ++il) {
+      const KvLayer& x = a.cache.layer(il);
+      const KvLayer& y = b.cache.layer(il);
+      for (int g = 0; g < x.n_head_kv(); ++g) {
+        ASSERT_EQ(x.n_slot(g), y.n_slot(g));
+        const size_t n = static_cast<size_t>(x.n_slot(g));
+        ASSERT_EQ(0, std::memcmp(x.key_row(g, 0), y.key_row(g, 0), x.key_row_bytes() * n));
+        ASSERT_EQ(0, std::memcmp(x.value_row(g, 0), y.value_row(g, 0), x.value_row_bytes() * n));
+        ASSERT_EQ(0, std::memcmp(x.pos(g), y.pos(g), sizeof(int32_t) * n));
+      }
+    }
+    ASSERT_EQ(composed_state(a.state)->tau, composed_state(b.state)->tau);
+  }
+}
+
+}  // namespace
+}  // namespace d2o::test
