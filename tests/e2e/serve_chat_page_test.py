@@ -34,6 +34,8 @@ import time
 import urllib.error
 import urllib.request
 
+from serve_common import start_server
+
 SKIP = 77
 
 
@@ -159,25 +161,9 @@ class Page:
 
 class Server:
     def __init__(self):
-        self.proc = subprocess.Popen(
+        self.proc, self.port, self.log, self.reader = start_server(
             [D2O, "serve", "-m", MODEL, "--port", "0", "-t", "2", "-c", "512", "--kv-mem", "64M",
-             "--parallel", "2", "--api-key", KEY],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.port = None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            m = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-                break
-        if self.port is None:
-            self.proc.kill()
-            fail("the server did not start: " + (self.proc.stderr.read() or ""))
-        self.log = []
-        threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
+             "--parallel", "2", "--api-key", KEY])
         self.base = f"http://127.0.0.1:{self.port}"
 
     def chat(self, messages):

@@ -28,13 +28,14 @@ served) is printed too.
 import http.client
 import json
 import os
-import re
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+
+from serve_common import start_server
 
 SKIP = 77
 
@@ -77,25 +78,9 @@ def status_kib(pid, field):
 
 class Server:
     def __init__(self):
-        self.proc = subprocess.Popen(
+        self.proc, self.port, self.log, self.reader = start_server(
             [D2O, "serve", "-m", MODEL, "--port", "0", "-t", "2", "-c", str(CTX), "--kv-mem",
-             str(CAP), "--parallel", "16", "--queue", "32"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.port = None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            m = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-                break
-        if self.port is None:
-            self.proc.kill()
-            fail("the server did not start: " + (self.proc.stderr.read() or ""))
-        self.log = []
-        threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
+             str(CAP), "--parallel", "16", "--queue", "32"])
         self.base = f"http://127.0.0.1:{self.port}"
 
     def rss_kib(self):

@@ -15,7 +15,6 @@ mid-stream frees its sequence; SIGTERM lets a request in flight finish.
 import concurrent.futures
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -23,6 +22,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+
+from serve_common import start_server
 
 SKIP = 77
 
@@ -66,26 +67,9 @@ POLICIES = ["full", "d2o:ratio=0.2"]
 
 class Server:
     def __init__(self, kv_mem="256M", parallel=16, *extra):
-        self.proc = subprocess.Popen(
+        self.proc, self.port, self.log, self.reader = start_server(
             [D2O, "serve", "-m", MODEL, "--port", "0", "-t", "2", "-c", str(CTX), "--kv-mem", kv_mem,
-             "--parallel", str(parallel), "--api-key", KEY, "--max-body", "64K", *extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.port = None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            m = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-                break
-        if self.port is None:
-            self.proc.kill()
-            fail("the server did not start: " + (self.proc.stderr.read() or ""))
-        # Keep reading stderr so the pipe never fills.
-        self.log = []
-        threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
+             "--parallel", str(parallel), "--api-key", KEY, "--max-body", "64K", *extra])
         self.base = f"http://127.0.0.1:{self.port}"
         self.client = openai.OpenAI(base_url=self.base + "/v1", api_key=KEY, max_retries=0,
                                     timeout=120)

@@ -14,17 +14,17 @@ whose client closes its connection is cancelled.
 """
 import json
 import os
-import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
+
+from serve_common import start_server
 
 SKIP = 77
 
@@ -58,27 +58,9 @@ TURNS = [TEXT * 6 + "What does the keeper write into the book?",
 
 class Server:
     def __init__(self, session_dir, *extra):
-        self.proc = subprocess.Popen(
+        self.proc, self.port, self.log, self.reader = start_server(
             [D2O, "serve", "-m", MODEL, "--port", "0", "-t", "2", "-c", "1024", "--kv-mem", "64M",
-             "--parallel", "2", "--session-dir", session_dir, *extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.port = None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            m = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-                break
-        if self.port is None:
-            self.proc.kill()
-            fail("the server did not start: " + (self.proc.stderr.read() or ""))
-        self.log = []
-        self.reader = threading.Thread(target=lambda: self.log.extend(self.proc.stderr),
-                                       daemon=True)
-        self.reader.start()
+             "--parallel", "2", "--session-dir", session_dir, *extra])
         self.base = f"http://127.0.0.1:{self.port}"
 
     def post(self, path, body):
