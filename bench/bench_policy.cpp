@@ -25,80 +25,14 @@
 #include "kv/kv_cache.h"
 #include "kv/policy.h"
 #include "kv/policy/similarity.h"
+#include "policy_sim.h"
 
 namespace d2o {
 namespace {
 
-constexpr int kLayers = 30, kHeadsKv = 3, kHeadDim = 64;
-
-struct Sim {
-  KvCache cache{KvCacheConfig{kLayers, kHeadsKv, kHeadDim, KvType::kF16}};
-  std::unique_ptr<KvPolicy> policy;
-  PolicyState state;
-  std::mt19937 rng{7};
-  std::normal_distribution<float> nd{0.0f, 1.0f};
-  std::vector<float> k, v;
-  std::vector<int32_t> pos;
-  int64_t n_past = 0;
-
-  explicit Sim(const std::string& spec) {
-    auto p = parse_kv_policy(spec);
-    if (!p.ok()) std::abort();
-    policy = std::move(p).value();
-  }
-  // Appends n tokens to every layer, with a fresh weight per slot and head.
-  void append(int n) {
-    const size_t kv_dim = static_cast<size_t>(kHeadsKv) * kHeadDim;
-    k.resize(static_cast<size_t>(n) * kv_dim);
-    v.resize(k.size());
-    pos.resize(static_cast<size_t>(n));
-    for (int t = 0; t < n; ++t) pos[static_cast<size_t>(t)] = static_cast<int32_t>(n_past + t);
-    for (int il = 0; il < kLayers; ++il) {
-      for (auto& x : k) x = nd(rng);
-      for (auto& x : v) x = nd(rng);
-      // The benchmark stands in for the attention kernel: its per-slot weights are window
-      // statistics, written through the kernel's door.
-      KvLayer& L = cache.layer_for_attention(il);
-      if (!cache.reserve(il, L.n_slot() + n, /*exact=*/false).ok()) std::abort();
-      const int first = L.n_slot();
-      cache.append(il, k.data(), v.data(), pos.data(), n);
-      for (int g = 0; g < kHeadsKv; ++g) {
-        for (int j = first; j < L.n_slot(); ++j) L.window_accum(g)[j] = std::exp(2 * nd(rng));
-      }
-    }
-    n_past += n;
-  }
-  // One query's attention per token of the pass: score += w / n_slot; reads every key and value.
-  void attend(int il, int n_tok) {
-    KvLayer& L = cache.layer_for_attention(il);
-    const float f = static_cast<float>(n_tok) / static_cast<float>(L.n_slot());
-    uint64_t sum = 0;
-    for (int g = 0; g < kHeadsKv; ++g) {
-      float* score = L.score_accum(g);
-      const float* window = L.window(g);
-      for (int j = 0; j < L.n_slot(); ++j) score[j] += f * window[j];
-      const size_t words = L.key_row_bytes() * static_cast<size_t>(L.n_slot()) / 8;
-      for (const uint8_t* base : {L.key_row(g, 0), L.value_row(g, 0)}) {
-        const auto* w = reinterpret_cast<const uint64_t*>(base);
-        for (size_t i = 0; i < words; ++i) sum += w[i];
-      }
-    }
-    benchmark::DoNotOptimize(sum);
-  }
-  void attend(int n_tok) {
-    for (int il = 0; il < kLayers; ++il) attend(il, n_tok);
-  }
-  PassInfo pass_info(int n_tok) const {
-    PassInfo pass;
-    pass.n_tokens = n_tok;
-    pass.n_past = n_past;
-    pass.first_pass = n_past == n_tok;
-    return pass;
-  }
-  void compact(int n_tok) {
-    if (!policy->compact(cache, state, pass_info(n_tok)).ok()) std::abort();
-  }
-};
+using bench::kHeadDim;
+using bench::kLayers;
+using Sim = bench::PolicySim;
 
 // A prompt of n_prompt tokens compacted to the policy's budget, then decode steps.
 void BM_DecodeStep(benchmark::State& st, const std::string& spec, int n_prompt) {
