@@ -271,6 +271,7 @@ std::optional<ApiError> parse_generation_request(std::string_view body, Endpoint
       return bad_field("stream_options.include_usage", e->message, e->code);
     }
   }
+  if (auto e = get_bool(obj, "ignore_eos", out.ignore_eos)) return e;
   if (auto e = get_string(obj, "kv", out.kv_spec)) return e;
   if (!out.kv_spec.empty()) {
     auto pol = parse_kv_policy(out.kv_spec);

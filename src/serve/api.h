@@ -48,6 +48,7 @@ struct GenerationRequest {
   bool include_usage = false;  // stream_options.include_usage
   std::string kv_spec;         // "" = the server's --kv
   std::string session;         // "" = none
+  bool ignore_eos = false;     // generate max_tokens even past an end-of-generation token
 };
 
 // Parses a request body (the raw bytes: invalid UTF-8 and malformed JSON are reported as such).

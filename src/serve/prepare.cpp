@@ -76,6 +76,7 @@ std::optional<ApiError> prepare_job(const GenerationRequest& g, const Tokenizer&
   if (!policy.ok()) return bad_field("kv", "kv: " + policy.status().message(), "invalid_kv_spec");
   job.completion.kv_spec = (*policy)->spec();
   job.session = g.session;
+  job.ignore_eos = g.ignore_eos;
   job.completion.endpoint = g.endpoint;
   job.completion.id = next_id(g.endpoint);
   job.completion.created = static_cast<int64_t>(std::time(nullptr));

@@ -122,7 +122,7 @@ void Service::start_job(const std::shared_ptr<Job>& job) {
   req.max_new_tokens = job->max_tokens;
   req.sampling = job->sampling;
   req.kv_spec = job->kv_spec;
-  req.stop_at_eog = true;
+  req.stop_at_eog = !job->ignore_eos;
   job->out.emplace(tok_, job->stops);
   job->completion.usage.prompt_tokens = static_cast<int>(job->prompt.size());
   size_t skip = 0;

@@ -45,7 +45,8 @@ struct Job {
   std::string kv_spec;  // the policy (the server's --kv when the request names none)
   std::vector<std::string> stops;
   std::string session;
-  Completion completion;  // id, created, model, endpoint; the rest is filled at the end
+  bool ignore_eos = false;  // true: only max_tokens, stop strings and a cancel end the answer
+  Completion completion;    // id, created, model, endpoint; the rest is filled at the end
 
   // Set by the handler: the client is gone (checked before every step).
   std::atomic<bool> cancel{false};

@@ -30,6 +30,7 @@ struct ServeStack {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Service> service;
+  std::vector<TokenId> eog;  // end-of-generation tokens of the service (none unless set)
 
   // Loads the model (written once per name) and starts a service; `kv_mem` is the KV cap.
   void start(const std::string& name, size_t kv_mem, int max_running, size_t max_queue,
@@ -59,8 +60,9 @@ struct ServeStack {
     sp.scheduler.prefill_chunk = 16;
     sp.scheduler.max_running = max_running;
     sp.scheduler.max_positions = 8192;
-    // No end-of-generation tokens: every job runs to its max_tokens (or a stop, or a cancel).
-    sp.scheduler.eog_tokens = {};
+    // No end-of-generation tokens unless a test sets `eog`: every job runs to its max_tokens (or
+    // a stop, or a cancel).
+    sp.scheduler.eog_tokens = eog;
     sp.max_queue = max_queue;
     sp.default_kv = "full";
     sp.on_drained = std::move(on_drained);

@@ -38,17 +38,18 @@ TEST(ServeApi, ParsesAChatRequestWithOpenAiDefaults) {
   EXPECT_EQ(g.sampling.top_k, 0);
   EXPECT_FALSE(g.max_tokens.has_value());
   EXPECT_FALSE(g.stream);
+  EXPECT_FALSE(g.ignore_eos);
   EXPECT_FALSE(g.seed_given);
 }
 
 TEST(ServeApi, ParsesEveryField) {
   GenerationRequest g;
-  ASSERT_FALSE(
-      chat(std::string("{") + kMsg +
-               R"(,"max_tokens":7,"temperature":0,"top_p":0.5,"seed":42,)"
-               R"("stop":["a","bc"],"stream":true,"stream_options":{"include_usage":true},)"
-               R"("kv":"d2o:ratio=0.2","session":"conv-1.a:b_c","n":1,"user":"u"})",
-           &g));
+  ASSERT_FALSE(chat(
+      std::string("{") + kMsg +
+          R"(,"max_tokens":7,"temperature":0,"top_p":0.5,"seed":42,)"
+          R"("stop":["a","bc"],"stream":true,"stream_options":{"include_usage":true},)"
+          R"("kv":"d2o:ratio=0.2","session":"conv-1.a:b_c","n":1,"user":"u","ignore_eos":true})",
+      &g));
   EXPECT_EQ(g.max_tokens.value_or(0), 7);
   EXPECT_FLOAT_EQ(g.sampling.temperature, 0.0f);
   EXPECT_FLOAT_EQ(g.sampling.top_p, 0.5f);
@@ -59,6 +60,7 @@ TEST(ServeApi, ParsesEveryField) {
   EXPECT_TRUE(g.include_usage);
   EXPECT_EQ(g.kv_spec, "d2o:ratio=0.2");
   EXPECT_EQ(g.session, "conv-1.a:b_c");
+  EXPECT_TRUE(g.ignore_eos);
 }
 
 TEST(ServeApi, ContentPartsAndRoles) {
@@ -117,6 +119,7 @@ TEST(ServeApi, RejectsBadInputNamingTheField) {
       {R"(,"stream":"yes")", "stream", "invalid_type"},
       {R"(,"stream_options":{"include_usage":1})", "stream_options.include_usage", "invalid_type"},
       {R"(,"n":2)", "n", "unsupported_value"},
+      {R"(,"ignore_eos":"yes")", "ignore_eos", "invalid_type"},
       {R"(,"model":3)", "model", "invalid_type"},
       {R"(,"kv":5)", "kv", "invalid_type"},
       {R"(,"kv":"d2o:ratio=7")", "kv", "invalid_kv_spec"},

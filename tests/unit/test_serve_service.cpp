@@ -2,7 +2,8 @@
 // wait on them while the engine thread batches them. Every client gets what it gets alone, the
 // queue bound answers 503 exactly, a cancelled job ends as cancelled and frees its place,
 // sessions used from several threads continue their own conversations, metrics read
-// meanwhile stay consistent, and the service says when it has drained. Part of the ThreadSanitizer build (scripts/test.sh --tsan).
+// meanwhile stay consistent, and the service says when it has drained. Part of the ThreadSanitizer
+// build (scripts/test.sh --tsan).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -64,8 +65,9 @@ Outcome wait_for(Job& job) {
 }
 
 Outcome run_one(Service& s, std::vector<TokenId> prompt, int max_tokens,
-                const std::string& session = "") {
+                const std::string& session = "", bool ignore_eos = false) {
   auto job = make_job(std::move(prompt), max_tokens, session);
+  job->ignore_eos = ignore_eos;
   if (auto e = s.submit(job)) {
     Outcome o;
     o.error = e;
@@ -225,6 +227,36 @@ TEST(ServeService, OnDrainedRunsWhenTheLastRequestEnds) {
   ASSERT_TRUE(refused.error);
   wait_for_count(s, "invalid", 1);
   EXPECT_EQ(drains.load(), 2);
+}
+
+TEST(ServeService, IgnoreEosRunsToMaxTokens) {
+  // The greedy answer without end-of-generation tokens, then the same prompt with the answer's
+  // third token made one: the answer ends there, unless the request asks to ignore it.
+  std::vector<TokenId> answer;
+  {
+    ServeStack st;
+    ASSERT_NO_FATAL_FAILURE(st.start("serve_eos_free", size_t{8} << 20, 2, 8));
+    const Outcome o = run_one(*st.service, random_prompt(7, 41), 8);
+    ASSERT_FALSE(o.error);
+    ASSERT_EQ(o.completion_tokens, 8);
+    answer = ids_of(o.text);
+    ASSERT_EQ(answer.size(), 8u);
+  }
+  ServeStack st;
+  st.eog = {answer[2]};
+  ASSERT_NO_FATAL_FAILURE(st.start("serve_eos", size_t{8} << 20, 2, 8));
+  // The answer stops before the token's first place in it (the token itself is not part of the
+  // answer); with ignore_eos it runs to max_tokens.
+  const int first =
+      static_cast<int>(std::find(answer.begin(), answer.end(), answer[2]) - answer.begin());
+  const Outcome stopped = run_one(*st.service, random_prompt(7, 41), 8);
+  ASSERT_FALSE(stopped.error);
+  EXPECT_EQ(stopped.finish_reason, "stop");
+  EXPECT_EQ(stopped.completion_tokens, first);
+  const Outcome full = run_one(*st.service, random_prompt(7, 41), 8, "", true);
+  ASSERT_FALSE(full.error);
+  EXPECT_EQ(full.finish_reason, "length");
+  EXPECT_EQ(full.completion_tokens, 8);
 }
 
 TEST(ServeService, SessionsFromSeveralThreadsContinueTheirOwnConversations) {
