@@ -187,6 +187,25 @@ bool valid_utf8(std::string_view s) {
   return true;
 }
 
+std::optional<ApiError> apply_session_header(const std::string* header, GenerationRequest& g) {
+  if (header == nullptr) return std::nullopt;
+  if (!valid_session_id(*header)) {
+    return bad_field("X-Session-Id",
+                     "header 'X-Session-Id' must be 1-128 characters of letters, digits, '.', "
+                     "'_', ':' or '-'",
+                     "invalid_session_id");
+  }
+  if (g.session.empty()) {
+    g.session = *header;
+  } else if (g.session != *header) {
+    return bad_field("X-Session-Id",
+                     "header 'X-Session-Id' ('" + *header + "') differs from the body's 'session' ('" +
+                         g.session + "')",
+                     "invalid_session_id");
+  }
+  return std::nullopt;
+}
+
 bool valid_session_id(std::string_view id) {
   if (id.empty() || id.size() > 128) return false;
   for (char c : id) {

@@ -71,6 +71,12 @@ std::optional<ApiError> parse_detokenize_request(std::string_view body, int n_vo
 // Session ids: 1-128 characters of [A-Za-z0-9._:-].
 bool valid_session_id(std::string_view id);
 
+// The session id may also come as the header `X-Session-Id` (what a load balancer in front of
+// several servers can hash on; see docs/SERVING.md). Given `header` (nullptr: no such header):
+// a valid id becomes the request's session when the body names none; an invalid one, or one
+// that differs from the body's, is a 400 naming the header.
+std::optional<ApiError> apply_session_header(const std::string* header, GenerationRequest& g);
+
 // True when `s` is well-formed UTF-8 (no overlong forms, surrogates or values above U+10FFFF).
 bool valid_utf8(std::string_view s);
 

@@ -307,6 +307,12 @@ void HttpServer::routes() {
         service_.count_outcome("invalid");
         return send_error(res, *e);
       }
+      const bool has_sid = req.has_header("X-Session-Id");
+      const std::string sid = has_sid ? req.get_header_value("X-Session-Id") : std::string();
+      if (auto e = apply_session_header(has_sid ? &sid : nullptr, g)) {
+        service_.count_outcome("invalid");
+        return send_error(res, *e);
+      }
       auto job = std::make_shared<Job>();
       if (auto e = prepare(g, *job)) {
         service_.count_outcome(e->http_status == 503 ? "rejected" : "invalid");

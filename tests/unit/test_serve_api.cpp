@@ -202,6 +202,26 @@ TEST(ServeApi, Utf8AndSessionIds) {
   EXPECT_FALSE(valid_session_id("a/b"));
 }
 
+TEST(ServeApi, SessionFromTheXSessionIdHeader) {
+  GenerationRequest g;
+  EXPECT_FALSE(apply_session_header(nullptr, g));
+  EXPECT_EQ(g.session, "");
+  const std::string id = "conv-7", other = "conv-8", bad = "a b";
+  EXPECT_FALSE(apply_session_header(&id, g));
+  EXPECT_EQ(g.session, "conv-7");
+  EXPECT_FALSE(apply_session_header(&id, g)) << "the same id in body and header";
+  auto differs = apply_session_header(&other, g);
+  ASSERT_TRUE(differs);
+  EXPECT_EQ(differs->http_status, 400);
+  EXPECT_EQ(differs->param, "X-Session-Id");
+  EXPECT_NE(differs->message.find("differs"), std::string::npos) << differs->message;
+  GenerationRequest h;
+  auto invalid = apply_session_header(&bad, h);
+  ASSERT_TRUE(invalid);
+  EXPECT_EQ(invalid->code, "invalid_session_id");
+  EXPECT_EQ(h.session, "");
+}
+
 Completion sample(Endpoint ep) {
   Completion c;
   c.endpoint = ep;

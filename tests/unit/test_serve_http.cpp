@@ -163,5 +163,40 @@ TEST(ServeHttp, ChatPageIsServedWithoutTheKey) {
   EXPECT_EQ(models->status, 401);
 }
 
+// The session id as a header (X-Session-Id, what a load balancer hashes on): the second turn
+// names the session the first one opened (one session is kept, under that id); an id that
+// differs from the body's is a 400.
+TEST(ServeHttp, SessionFromTheHeader) {
+  test::ServeStack st;
+  ASSERT_NO_FATAL_FAILURE(st.start("serve_http_sid", size_t{8} << 20, 2, 8));
+  HttpOptions ho;
+  ho.port = 0;
+  ho.http_threads = 4;
+  ho.model_name = "random";
+  ho.n_ctx = 8192;
+  HttpServer http(*st.service, *st.tok, nullptr, ho);
+  ASSERT_TRUE(http.bind().ok());
+  std::thread server([&] { http.run(); });
+  httplib::Client cli("127.0.0.1", http.port());
+  const httplib::Headers sid{{"X-Session-Id", "conv-h"}};
+  json req{{"prompt", "t42t7t55t6"}, {"max_tokens", 4}, {"temperature", 0}};
+  auto first = cli.Post("/v1/completions", sid, req.dump(), "application/json");
+  req["prompt"] = "t42t7t55t6t9";
+  auto second = cli.Post("/v1/completions", sid, req.dump(), "application/json");
+  req["session"] = "conv-other";
+  auto differs = cli.Post("/v1/completions", sid, req.dump(), "application/json");
+  http.stop(1.0);
+  server.join();
+  ASSERT_TRUE(first && second && differs);
+  ASSERT_EQ(first->status, 200) << first->body;
+  ASSERT_EQ(second->status, 200) << second->body;
+  const json a = json::parse(first->body), b = json::parse(second->body);
+  EXPECT_EQ(a["session"]["id"], "conv-h");
+  EXPECT_EQ(b["session"]["id"], "conv-h");
+  EXPECT_EQ(st.service->metrics().sessions, 1);
+  EXPECT_EQ(differs->status, 400);
+  EXPECT_EQ(json::parse(differs->body)["error"]["param"], "X-Session-Id");
+}
+
 }  // namespace
 }  // namespace d2o::serve
