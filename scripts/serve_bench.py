@@ -92,12 +92,13 @@ def read_passages(path, n, words):
     return [" ".join(toks[i * step:i * step + words]) for i in range(n)]
 
 
-def stream_chat(srv, body, result):
+def stream_chat(srv, body, result, headers=None):
     """One streamed chat request; fills result with text, usage, ttft and token gaps."""
     t0 = time.monotonic()
     c = srv.conn()
     try:
-        c.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(), headers=srv.headers)
+        c.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
+                  headers=dict(srv.headers, **(headers or {})))
         r = c.getresponse()
         result["status"] = r.status
         if r.status != 200:
@@ -153,12 +154,14 @@ def client(srv, args, idx, passage, policy, tag, out, errors):
             body["ignore_eos"] = True
         if policy:
             body["kv"] = policy
+        headers = {}
         if args.sessions:
             body["session"] = sid
+            headers["X-Session-Id"] = sid  # for a load balancer in front (docs/SERVING.md)
         refused = 0
         while True:
             res = {}
-            stream_chat(srv, body, res)
+            stream_chat(srv, body, res, headers)
             if res.get("status") == 503 and refused < args.max_retries:
                 refused += 1
                 try:
@@ -295,7 +298,8 @@ def main():
     ap.add_argument("--text", default=None,
                     help="text file or directory of .txt files (default: $D2O_TEXT_DIR/pg, else kjv.txt)")
     ap.add_argument("--kv", action="append", default=[], help="policy spec sent as `kv`; repeat")
-    ap.add_argument("--sessions", action="store_true", help="send a `session` id per conversation")
+    ap.add_argument("--sessions", action="store_true",
+                    help="send a `session` id per conversation (in the body and as X-Session-Id)")
     ap.add_argument("--tag", default=f"bench{os.getpid()}", help="prefix of the session ids")
     ap.add_argument("--ignore-eos", action="store_true",
                     help="send ignore_eos (llama-server); d2o serve ignores the field")
