@@ -81,7 +81,7 @@ cmake --build build-asan -j"$jobs" --target d2o_cli d2o_unit_tests d2o_e2e_tests
 stage "sanitizer tests"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs" -L "^(unit|e2e)$" \
-  -E "Parity|ServeOpenAi|ServeSessions|ServeChatPage|ServeLoad|Setup\.|MakeResults\.QuickRuns|CliEval\.(PplQuickRuns|NiahQuickRuns|RulerQuickRuns|SameSeedSameNumbers)" "$@"
+  -E "Parity|ServeOpenAi|ServeSessions|ServeChatPage|ServeLoad|ServeBench|Setup\.|MakeResults\.QuickRuns|CliEval\.(PplQuickRuns|NiahQuickRuns|RulerQuickRuns|SameSeedSameNumbers)" "$@"
 
 stage "fuzz smoke (libFuzzer + ASan + UBSan, 8 s per target)"
 if ! command -v clang++-14 >/dev/null ||
