@@ -41,8 +41,8 @@ void KvCache::gather_head(KvLayer& L, int h, const int32_t* keep, int nk, int n_
   const int32_t* first_gap = std::partition_point(
       keep, keep + nk, [&](const int32_t& v) { return v == static_cast<int32_t>(&v - keep); });
   const int moved_front = static_cast<int>(keep + nk - first_gap);
-  const int32_t* tail = std::partition_point(
-      keep, keep + nk, [&](const int32_t& v) { return v - (&v - keep) < e; });
+  const int32_t* tail =
+      std::partition_point(keep, keep + nk, [&](const int32_t& v) { return v - (&v - keep) < e; });
   const int moved_back = static_cast<int>(tail - keep);
   if (moved_front <= moved_back) {
     int i = static_cast<int>(first_gap - keep);
@@ -96,7 +96,8 @@ void KvCache::apply(int il, const CompactionPlan& plan) {
     D2O_ASSERT(dst >= 0 && dst < L.n_slot(head));
     const int32_t dst_pos = L.pos_[L.meta_index(head, dst)];
     size_t e = t;
-    for (; e < plan.merges.size() && plan.merges[e].head == head && plan.merges[e].dst == dst; ++e) {
+    for (; e < plan.merges.size() && plan.merges[e].head == head && plan.merges[e].dst == dst;
+         ++e) {
       const MergeTerm& m = plan.merges[e];
       D2O_ASSERT(m.src >= 0 && m.src < L.n_slot(head));
       L.load_key(head, m.src, tmp_k_.data());
@@ -117,10 +118,17 @@ void KvCache::apply(int il, const CompactionPlan& plan) {
     L.store_value(head, dst, acc_v_.data());
     const size_t di = L.meta_index(head, dst);
     switch (plan.merged_score) {
-      case MergedScore::kSum: L.score_[di] = score_sum; break;
-      case MergedScore::kKeep: break;
-      case MergedScore::kMean: L.score_[di] = score_sum / static_cast<float>(n_terms); break;
-      case MergedScore::kMax: L.score_[di] = score_max; break;
+      case MergedScore::kSum:
+        L.score_[di] = score_sum;
+        break;
+      case MergedScore::kKeep:
+        break;
+      case MergedScore::kMean:
+        L.score_[di] = score_sum / static_cast<float>(n_terms);
+        break;
+      case MergedScore::kMax:
+        L.score_[di] = score_max;
+        break;
     }
     L.merged_[di] = merged;
     t = e;

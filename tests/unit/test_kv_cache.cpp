@@ -86,7 +86,8 @@ TEST(KvCache, ApplyGathersAndMergesLikePlainLoops) {
     plan.keep_of(1)[i] = keep1[i];
   }
   // head 0: slot 3 absorbs 4 and 5; head 1: slot 8 absorbs 0.
-  plan.merges = {{0, 3, 3, 0.5f}, {0, 3, 4, 0.3f}, {0, 3, 5, 0.2f}, {1, 8, 8, 0.9f}, {1, 8, 0, 0.1f}};
+  plan.merges = {
+      {0, 3, 3, 0.5f}, {0, 3, 4, 0.3f}, {0, 3, 5, 0.2f}, {1, 8, 8, 0.9f}, {1, 8, 0, 0.1f}};
   c.apply(0, plan);
 
   EXPECT_EQ(L.n_slot(), 4);
@@ -94,7 +95,8 @@ TEST(KvCache, ApplyGathersAndMergesLikePlainLoops) {
   auto key = [&](int h, int pos, int d) { return 1000.0f * h + 10.0f * pos + d; };
   // Head 0, new slot 1 = old 3 merged with 4 and 5.
   L.load_key(0, 1, row.data());
-  for (int d = 0; d < kDim; ++d) EXPECT_NEAR(row[d], 0.5f * key(0, 3, d) + 0.3f * key(0, 4, d) + 0.2f * key(0, 5, d), 1e-3f);
+  for (int d = 0; d < kDim; ++d)
+    EXPECT_NEAR(row[d], 0.5f * key(0, 3, d) + 0.3f * key(0, 4, d) + 0.2f * key(0, 5, d), 1e-3f);
   L.load_value(0, 1, row.data());
   EXPECT_NEAR(row[2], -(0.5f * key(0, 3, 2) + 0.3f * key(0, 4, 2) + 0.2f * key(0, 5, 2)), 1e-3f);
   EXPECT_EQ(L.pos(0)[1], 3);                  // position of the retained slot
@@ -200,7 +202,8 @@ TEST(KvCache, GatherEitherWayKeepsEverySlotOfItsToken) {
           std::shuffle(idx.begin(), idx.end(), rng);
           evict.assign(idx.begin(), idx.begin() + (nh - nk));
         } else {
-          const int at = mode == 0 ? static_cast<int>(rng() % (nh / 4)) : nh - 1 - static_cast<int>(rng() % (nh / 4)) - (nh - nk);
+          const int at = mode == 0 ? static_cast<int>(rng() % (nh / 4))
+                                   : nh - 1 - static_cast<int>(rng() % (nh / 4)) - (nh - nk);
           for (int x = 0; x < nh - nk; ++x) evict.push_back(std::max(0, at) + x);
         }
         std::sort(evict.begin(), evict.end());
