@@ -143,6 +143,13 @@ elif [ $summary_only -eq 0 ]; then
     # scores 2% on it at 2K, too little to compare policies.
     run eval ruler "${common[@]}" "${hay[@]}" --policies "$all$ada" --ratio 0.2 --lengths 2048 \
       --trials 8 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,fwe
+    # Equal KV bytes, RULER (ruler_bytes at 20%, ruler_bytes_10 at 10% of the F16 full cache's
+    # bytes): the tasks above with every policy in F16, Q8_0 and rotated Q4_0 storage, each
+    # keeping what fits. About 13 minutes each on 2 cores.
+    rb=(--policies "full;h2o;snapkv;streaming;d2o;d2o:mass=on,nm=1:3" --kv-types f16,q8_0,q4_0r
+      --lengths 2048 --trials 8 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,fwe)
+    run eval ruler "${common[@]}" "${hay[@]}" --name ruler_bytes --bytes 0.2 "${rb[@]}"
+    run eval ruler "${common[@]}" "${hay[@]}" --name ruler_bytes_10 --bytes 0.1 "${rb[@]}"
     # Equal KV bytes (fidelity_bytes): every policy in F16, Q8_0 and rotated Q4_0 storage, each
     # at the largest budget that fits 10% / 20% of the F16 full cache's key and value bytes; the
     # full caches in those types at their own bytes; H2O also in plain Q4_0. 8 to 16 minutes on

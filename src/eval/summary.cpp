@@ -1,5 +1,6 @@
 #include "eval/summary.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -58,14 +59,33 @@ bool is_d2o_default(const std::string& spec) {
   return spec_preset(spec) == "d2o";
 }
 
+// The reports a results directory may hold, in page order: the fixed protocols, with the
+// equal-bytes RULER runs (ruler_bytes*.json, one per bytes value, in name order) after `ruler`.
+std::vector<std::string> report_names(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> bytes_runs;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path& f = it->path();
+    const std::string stem = f.stem().string();
+    if (f.extension() == ".json" && stem.rfind("ruler_bytes", 0) == 0) bytes_runs.push_back(stem);
+  }
+  std::sort(bytes_runs.begin(), bytes_runs.end());
+  std::vector<std::string> names = {"ppl", "fidelity", "fidelity_bytes", "niah", "niah_long",
+                                    "ruler"};
+  names.insert(names.end(), bytes_runs.begin(), bytes_runs.end());
+  names.push_back("ablate");
+  return names;
+}
+
 }  // namespace
 
 Result<std::string> build_results_markdown(const SummaryOptions& o) {
   namespace fs = std::filesystem;
   std::map<std::string, json> rep;
   std::map<std::string, std::string> mds;
-  for (const char* name :
-       {"ppl", "fidelity", "fidelity_bytes", "niah", "niah_long", "ruler", "ablate"}) {
+  const std::vector<std::string> names = report_names(o.dir);
+  for (const std::string& name : names) {
     const std::string base = o.dir + "/" + name;
     std::error_code ec;
     if (!fs::exists(base + ".json", ec)) continue;
@@ -291,8 +311,12 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
   }
   md += md_table({"paper's claim", "this run", "direction"}, claims) + "\n";
   const bool fid_bytes = rep.count("fidelity_bytes") && rep["fidelity_bytes"].contains("bytes");
-  const bool ruler_bytes = rep.count("ruler") && rep["ruler"].contains("bytes");
-  if (fid_bytes || ruler_bytes) {
+  std::vector<std::string> ruler_bytes;  // RULER reports at equal bytes
+  for (const std::string& name : names) {
+    if (name.rfind("ruler", 0) == 0 && rep.count(name) && rep[name].contains("bytes"))
+      ruler_bytes.push_back(name);
+  }
+  if (fid_bytes || !ruler_bytes.empty()) {
     // Equal KV bytes: is the best combination of eviction and quantization better than every
     // single method (eviction alone, quantization alone)?
     md += "## At equal KV bytes: eviction and quantization together\n\n";
@@ -307,9 +331,9 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
       for (const json& v : rep["fidelity_bytes"]["bytes"].value("values", json::array()))
         row("fidelity (KL), " + fmt_num("%.0f%%", 100 * v.value("share", 0.0)), v);
     }
-    if (ruler_bytes) {
-      row("ruler (score), " + rep["ruler"]["params"].value("compression", std::string()),
-          rep["ruler"]["bytes"]);
+    for (const std::string& name : ruler_bytes) {
+      row("ruler (score), " + rep[name]["params"].value("compression", std::string()),
+          rep[name]["bytes"]);
     }
     md += md_table({"protocol, KV bytes (share of the F16 full cache)", "best combination",
                     "single methods it beats beyond 2 SE", "better than every single method"},
@@ -319,9 +343,15 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
   if (!o.notes.empty()) md += o.notes + "\n";
 
   // ---- The reports ---------------------------------------------------------------------------
-  for (const char* name :
-       {"ppl", "fidelity", "fidelity_bytes", "niah", "niah_long", "ruler", "ablate"}) {
+  for (const std::string& name : names) {
     if (!mds.count(name) || mds[name].empty()) continue;
+    // An equal-bytes RULER report written before its title said so gets the title it has now.
+    const std::string generic = "# RULER-style synthetic tasks (`d2o eval ruler`)\n";
+    if (name.rfind("ruler_bytes", 0) == 0 && mds[name].rfind(generic, 0) == 0) {
+      mds[name] = "# RULER-style synthetic tasks at equal KV bytes (`d2o eval ruler --bytes`, " +
+                  rep[name]["params"].value("compression", std::string()) + ")\n" +
+                  mds[name].substr(generic.size());
+    }
     md += embed(mds[name], o.image_prefix) + "\n";
   }
   return md;

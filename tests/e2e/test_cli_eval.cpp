@@ -321,6 +321,25 @@ TEST(CliEval, RulerQuickRunsIsDeterministicAndSummaryPicksItUp) {
   EXPECT_TRUE(has(page, "| ruler, all tasks, ratio=0.2 | h2o:budget=100000 |")) << page;
   EXPECT_FALSE(has(page, "| ruler vt, ratio=0.2 | full |")) << page;
   EXPECT_TRUE(has(page, "RULER-style synthetic tasks")) << page;
+  // An equal-bytes run beside it (its own report name): the page adds its row to the equal-bytes
+  // table and embeds it after the ratio run, under its own title.
+  const std::string bytes_args =
+      "eval ruler --quick --tasks vt --lengths 640 --trials 1 -m " + model +
+      " -t 1 --quiet --policies 'full;h2o' --bytes 0.5 --kv-types f16,q8_0 --seed 4 "
+      "--name ruler_bytes -o " + a;
+  auto rb = run_d2o(bytes_args);
+  ASSERT_EQ(rb.exit_code, 0) << rb.output;
+  s = run_d2o("eval summary --dir " + a);
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  const std::string page2 = test::read_file(a + "/summary.md");
+  EXPECT_TRUE(has(page2, "| ruler (score), bytes=0.5 of the F16 full cache | `h2o [q8_0]` |"))
+      << page2;
+  const size_t ratio_at = page2.find("## RULER-style synthetic tasks (`d2o eval ruler`)");
+  const size_t bytes_at = page2.find(
+      "## RULER-style synthetic tasks at equal KV bytes (`d2o eval ruler --bytes`, bytes=0.5");
+  EXPECT_NE(ratio_at, std::string::npos) << page2;
+  EXPECT_NE(bytes_at, std::string::npos) << page2;
+  EXPECT_LT(ratio_at, bytes_at);
 }
 
 TEST(CliEval, AblateQuickRuns) {
