@@ -71,8 +71,8 @@ std::vector<std::string> report_names(const std::string& dir) {
     if (f.extension() == ".json" && stem.rfind("ruler_bytes", 0) == 0) bytes_runs.push_back(stem);
   }
   std::sort(bytes_runs.begin(), bytes_runs.end());
-  std::vector<std::string> names = {"ppl", "fidelity", "fidelity_bytes", "niah", "niah_long",
-                                    "ruler"};
+  std::vector<std::string> names = {"ppl",  "fidelity",  "fidelity_bytes",
+                                    "niah", "niah_long", "ruler"};
   names.insert(names.end(), bytes_runs.begin(), bytes_runs.end());
   names.push_back("ablate");
   return names;

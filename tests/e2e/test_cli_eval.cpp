@@ -326,7 +326,8 @@ TEST(CliEval, RulerQuickRunsIsDeterministicAndSummaryPicksItUp) {
   const std::string bytes_args =
       "eval ruler --quick --tasks vt --lengths 640 --trials 1 -m " + model +
       " -t 1 --quiet --policies 'full;h2o' --bytes 0.5 --kv-types f16,q8_0 --seed 4 "
-      "--name ruler_bytes -o " + a;
+      "--name ruler_bytes -o " +
+      a;
   auto rb = run_d2o(bytes_args);
   ASSERT_EQ(rb.exit_code, 0) << rb.output;
   s = run_d2o("eval summary --dir " + a);
