@@ -11,7 +11,7 @@
 #                                           writes to build/results-quick unless --out is given
 #   scripts/make_results.sh --out DIR       reports into DIR, the page into DIR/../results.md
 #   scripts/make_results.sh --summary-only  only rebuild the page from the reports already there
-#   scripts/make_results.sh --model gemma3  only the Gemma 3 270M runs (about 100 minutes on 2 busy
+#   scripts/make_results.sh --model gemma3  only the Gemma 3 270M runs (about 130 minutes on 2 busy
 #                                           cores), into <out>/gemma3; then the whole page, whose
 #                                           "Gemma 3 270M" section is built from <out>/gemma3
 #   (--model smollm2, the default, runs the SmolLM2 protocols; the page always gets both sections
@@ -86,8 +86,8 @@ if [ $summary_only -eq 0 ] && [ "$model" = gemma3 ]; then
   # compacted); the policies compress only the 3 global layers, so rho and the capacities below
   # are shares and slot counts of those layers. Policies: the baselines that carry the verdicts,
   # the paper's D2O and the two corrected combinations (A and B of the SmolLM2 section); RoCo,
-  # CaM and KeyDiff are left out to fit the time. About 100 minutes on 2 busy cores (fidelity 18,
-  # ppl 33, ablate 22, niah 24).
+  # CaM and KeyDiff are left out to fit the time. About 130 minutes on 2 busy cores (fidelity 18,
+  # ppl 33, ablate 22, niah 24, fidelity_bytes 28).
   mkdir -p "$gout"
   gemma=(-t "$threads" --seed "$seed" -o "$gout" -m "${MODEL:-gemma3}")
   gpol="full;streaming;h2o;snapkv;pyramidkv;d2o"
@@ -113,6 +113,13 @@ if [ $summary_only -eq 0 ] && [ "$model" = gemma3 ]; then
   # prompt pass per trial serves every policy; the prompt passes dominate (about 30 minutes).
   run eval niah "${gemma[@]}" "${hay[@]}" --name niah_long --policies "$gpol" \
     --tasks needle,passkey --lengths 16384,32752 --depths 10,50,90 --trials 2 --budget 2048
+  # fidelity_bytes: equal KV bytes, 10% and 20% of the F16 full cache, every policy in F16, Q8_0
+  # and rotated Q4_0. The 15 sliding layers hold 512 slots whatever the length, so a 10% share
+  # exists only past 23,040 prompt tokens: 4 prompts of 24576, 32 teacher-forced tokens each
+  # (about 28 minutes: three prompt passes of 24K tokens per prompt).
+  run eval fidelity "${gemma[@]}" "${text[@]}" --name fidelity_bytes --bytes 0.1,0.2 \
+    --kv-types f16,q8_0,q4_0r --prompt 24576 --samples 4 --continue 32 \
+    --policies "full;h2o;snapkv;streaming;d2o;d2o:mass=on,nm=1:3"
 elif [ $summary_only -eq 0 ]; then
   if [ $quick -eq 1 ]; then
     # The smoke subset: every protocol end to end on a small grid.
