@@ -5,7 +5,9 @@
 // id) and, with byte / 5, the vocabulary (byte-level BPE or SentencePiece, see fuzz_vocabs.h) and
 // the chat template (each named format, or none); byte 1 the context size (1 + byte); the rest is
 // the body. Checked besides "no crash":
-//   - valid_utf8 and valid_session_id agree with independent checks written here;
+//   - valid_utf8 and valid_session_id agree with independent checks written here; the same
+//     bytes as an X-Session-Id header are taken exactly when valid, and refused beside a body's
+//     different session;
 //   - every error is a 4xx with a message and a code, and its JSON body parses back;
 //   - an accepted generation request holds what api.h documents: a known endpoint, at least one
 //     message with a known role (chat) or a non-empty prompt, max_tokens >= 1, temperature in
@@ -254,10 +256,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       check(tok.decode(ids, false).ok(), "accepted ids do not decode");
       break;
     }
-    default:
+    default: {
       check(d2o::serve::valid_session_id(body) == session_id_by_rule(body),
             "valid_session_id disagrees with its rule");
+      // The same bytes as an X-Session-Id header, alone and beside a body's session: taken only
+      // when valid, and a 400 naming the header otherwise or when the two differ.
+      d2o::serve::GenerationRequest g;
+      const std::string header(body);
+      if (auto e = d2o::serve::apply_session_header(&header, g)) {
+        check_error(*e);
+        check(!session_id_by_rule(body) && e->param == "X-Session-Id" && g.session.empty(),
+              "a valid header refused, or an error not naming the header");
+      } else {
+        check(session_id_by_rule(body) && g.session == header, "an invalid header accepted");
+      }
+      d2o::serve::GenerationRequest h;
+      h.session = "body-session";
+      auto e2 = d2o::serve::apply_session_header(&header, h);
+      check(static_cast<bool>(e2) != (header == "body-session"), "header against body: wrong");
       break;
+    }
   }
   return 0;
 }
