@@ -10,11 +10,7 @@
 //   merged [n_head_kv, capacity]            how many evicted tokens were folded into the slot
 // Entries are per KV head, never expanded per query head. Slots stay in chronological order
 // (append at the end; compaction keeps relative order), so "the recent window" is always the
-// last slots and "the sinks" the first ones of a head that kept them. A head's slots need not
-// start at the beginning of its [capacity] block: slot j of head h is entry off(h) + j, so that a
-// compaction that evicts near the front can move the slots before the gap up instead of every
-// slot after it down (KvCache::apply); append() moves a head back to offset 0 when its end
-// reaches the capacity. Rows of a head stay contiguous; accessors include the offset.
+// last slots and "the sinks" the first ones of a head that kept them.
 // The heads of a layer usually hold the same number of slots (n_slot); which tokens they hold may
 // differ. A policy with per-head budgets (heads=ada) leaves them holding different counts
 // (n_slot(h)); n_slot() is then the largest, the one the [n_head_kv, capacity] layout is sized
@@ -176,8 +172,6 @@ class KvLayer {
   KvType type() const { return type_; }
   int capacity() const { return capacity_; }  // slots allocated per head
   int n_slot() const { return n_slot_; }      // slots in use per head (the most any head holds)
-  // Where head h's slot 0 lies within its [capacity] block (see the layout above).
-  int off(int h) const { return off_.empty() ? 0 : off_[static_cast<size_t>(h)]; }
   // Slots head h holds (n_slot() unless the heads hold different counts).
   int n_slot(int h) const { return head_n_.empty() ? n_slot_ : head_n_[static_cast<size_t>(h)]; }
   // True when every head holds n_slot() slots.
@@ -216,10 +210,10 @@ class KvLayer {
   friend class KvCache;
   friend struct KvTestAccess;  // tests/unit/kv_test_access.h: tests set up states directly
 
-  size_t meta_index(int h, int j) const {
-    return static_cast<size_t>(h) * capacity_ + static_cast<size_t>(off(h) + j);
+  size_t meta_index(int h, int j) const { return static_cast<size_t>(h) * capacity_ + j; }
+  size_t row_offset(int h, int j, size_t rb) const {
+    return (static_cast<size_t>(h) * capacity_ + static_cast<size_t>(j)) * rb;
   }
-  size_t row_offset(int h, int j, size_t rb) const { return meta_index(h, j) * rb; }
   uint8_t* mutable_key_row(int h, int j) { return k_.data() + row_offset(h, j, key_row_bytes()); }
   uint8_t* mutable_value_row(int h, int j) {
     return v_.data() + row_offset(h, j, value_row_bytes());
@@ -229,8 +223,6 @@ class KvLayer {
   void store_value(int h, int j, const float* in);
   // Moves slots [from, from + n) of head h to [to, to + n): rows and metadata (memmove).
   void move_slots(int h, int to, int from, int n);
-  // Head h's slots start at entry `new_off` of its block from now on (rows and metadata moved).
-  void set_off(int h, int new_off);
 
   int n_head_kv_ = 0;
   int head_dim_ = 0;
@@ -238,7 +230,6 @@ class KvLayer {
   int capacity_ = 0;
   int n_slot_ = 0;
   std::vector<int32_t> head_n_;  // [n_head_kv] per-head counts, or empty: all hold n_slot_
-  std::vector<int32_t> off_;     // [n_head_kv] first entry of each head's slots, or empty: all 0
   // Sets the per-head counts (empty: all hold n); n_slot_ = the largest. Equal counts: uniform.
   void set_counts(const int32_t* counts, int n);
   AlignedBuffer<uint8_t> k_, v_;   // [n_head_kv, capacity, row bytes]
@@ -371,8 +362,6 @@ class KvCache {
   static void copy_layer_slots(const KvLayer& L, int capacity, KvLayer& N);
   // N's first slots = L's slots (N allocated for at least as many).
   static void copy_rows(const KvLayer& L, KvLayer& N);
-  // apply()'s gather of head h: kept slots keep[0..nk) of n_old (kv_cache_apply.cpp).
-  static void gather_head(KvLayer& L, int h, const int32_t* keep, int nk, int n_old);
   Status reallocate(int il, int new_capacity);
   Status shrink_sliding(int il);
   KvCacheConfig cfg_;
