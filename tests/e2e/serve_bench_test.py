@@ -17,21 +17,12 @@ import tempfile
 import time
 import urllib.request
 
-from serve_common import start_server
+from serve_common import fail, require_model, start_server
 
-SKIP = 77
 D2O = sys.argv[1]
-MODEL = os.environ.get("D2O_MODEL", "")
-if not MODEL or not os.path.exists(MODEL):
-    print("skipped: $D2O_MODEL is not set or missing (scripts/setup.sh)")
-    sys.exit(SKIP)
+MODEL = require_model()
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.join(HERE, "..", "..", "scripts", "serve_bench.py")
-
-
-def fail(msg):
-    print("FAIL: " + msg, file=sys.stderr)
-    sys.exit(1)
 
 
 def metrics(port):

@@ -34,27 +34,12 @@ import time
 import urllib.error
 import urllib.request
 
-from serve_common import start_server
-
-SKIP = 77
-
-
-def fail(msg):
-    print("FAIL: " + msg, file=sys.stderr)
-    sys.exit(1)
-
-
-def check(cond, msg):
-    if not cond:
-        fail(msg)
+from serve_common import SKIP, check, fail, require_model, start_server
 
 
 D2O = sys.argv[1]
 ARTIFACTS = sys.argv[2] if len(sys.argv) > 2 else "."
-MODEL = os.environ.get("D2O_MODEL", "")
-if not MODEL or not os.path.exists(MODEL):
-    print("skipped: $D2O_MODEL is not set or missing (scripts/setup.sh)")
-    sys.exit(SKIP)
+MODEL = require_model()
 CHROMIUM = shutil.which("chromium")
 if not CHROMIUM:
     print("skipped: Debian's chromium is not installed (scripts/setup.sh --test-data, or "

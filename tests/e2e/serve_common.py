@@ -1,9 +1,33 @@
-"""What the `d2o serve` end-to-end tests share: starting a server on a free loopback port."""
+"""What the `d2o serve` end-to-end tests share: failing and skipping, the model to serve, and
+starting a server on a free loopback port."""
+import os
 import re
 import subprocess
 import sys
 import threading
 import time
+
+
+SKIP = 77  # the exit status ctest counts as skipped (SKIP_RETURN_CODE)
+
+
+def fail(msg):
+    print("FAIL: " + msg, file=sys.stderr)
+    sys.exit(1)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+def require_model():
+    """$D2O_MODEL (SmolLM2-135M-Instruct, fetched by scripts/setup.sh); exits SKIP without it."""
+    model = os.environ.get("D2O_MODEL", "")
+    if not model or not os.path.exists(model):
+        print("skipped: $D2O_MODEL is not set or missing (scripts/setup.sh)")
+        sys.exit(SKIP)
+    return model
 
 
 def start_server(cmd, timeout=60):

@@ -27,7 +27,6 @@ served) is printed too.
 """
 import http.client
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -35,26 +34,11 @@ import time
 import urllib.error
 import urllib.request
 
-from serve_common import start_server
-
-SKIP = 77
-
-
-def fail(msg):
-    print("FAIL: " + msg, file=sys.stderr)
-    sys.exit(1)
-
-
-def check(cond, msg):
-    if not cond:
-        fail(msg)
+from serve_common import check, fail, require_model, start_server
 
 
 D2O = sys.argv[1]
-MODEL = os.environ.get("D2O_MODEL", "")
-if not MODEL or not os.path.exists(MODEL):
-    print("skipped: $D2O_MODEL is not set or missing (scripts/setup.sh)")
-    sys.exit(SKIP)
+MODEL = require_model()
 
 CTX = 512
 # SmolLM2-135M: per token of a full cache, 30 layers x 3 KV heads x (a key and a value row of 64

@@ -23,19 +23,7 @@ import time
 import urllib.error
 import urllib.request
 
-from serve_common import start_server
-
-SKIP = 77
-
-
-def fail(msg):
-    print("FAIL: " + msg, file=sys.stderr)
-    sys.exit(1)
-
-
-def check(cond, msg):
-    if not cond:
-        fail(msg)
+from serve_common import SKIP, check, fail, require_model, start_server
 
 
 _cache = os.environ.get("D2O_CACHE_DIR") or os.path.join(
@@ -48,10 +36,7 @@ except ImportError:
     sys.exit(SKIP)
 
 D2O = sys.argv[1]
-MODEL = os.environ.get("D2O_MODEL", "")
-if not MODEL or not os.path.exists(MODEL):
-    print("skipped: $D2O_MODEL is not set or missing (scripts/setup.sh)")
-    sys.exit(SKIP)
+MODEL = require_model()
 
 KEY = "test-key"
 CTX = 512
