@@ -43,16 +43,22 @@ std::string streamed_text(const std::string& body, bool& done) {
   return text;
 }
 
+// Options of the servers below: any free port, the random model's name, an 8192-token context.
+HttpOptions test_options(int http_threads) {
+  HttpOptions ho;
+  ho.port = 0;
+  ho.http_threads = http_threads;
+  ho.model_name = "random";
+  ho.n_ctx = 8192;
+  return ho;
+}
+
 TEST(ServeHttp, ConcurrentClientsStreamsAndADisconnect) {
   test::ServeStack st;
   ASSERT_NO_FATAL_FAILURE(st.start("serve_http", size_t{8} << 20, 4, 64));
   auto tmpl = ChatTemplate::from_name("chatml");
   ASSERT_TRUE(tmpl.ok());
-  HttpOptions ho;
-  ho.port = 0;
-  ho.http_threads = 8;
-  ho.model_name = "random";
-  ho.n_ctx = 8192;
+  HttpOptions ho = test_options(8);
   HttpServer http(*st.service, *st.tok, &*tmpl, ho);
   ASSERT_TRUE(http.bind().ok());
   std::thread server([&] { http.run(); });
@@ -135,12 +141,8 @@ TEST(ServeHttp, ConcurrentClientsStreamsAndADisconnect) {
 TEST(ServeHttp, ChatPageIsServedWithoutTheKey) {
   test::ServeStack st;
   ASSERT_NO_FATAL_FAILURE(st.start("serve_http_page", size_t{8} << 20, 2, 8));
-  HttpOptions ho;
-  ho.port = 0;
-  ho.http_threads = 4;
+  HttpOptions ho = test_options(4);
   ho.api_key = "secret";
-  ho.model_name = "random";
-  ho.n_ctx = 8192;
   HttpServer http(*st.service, *st.tok, nullptr, ho);
   ASSERT_TRUE(http.bind().ok());
   std::thread server([&] { http.run(); });
@@ -169,11 +171,7 @@ TEST(ServeHttp, ChatPageIsServedWithoutTheKey) {
 TEST(ServeHttp, SessionFromTheHeader) {
   test::ServeStack st;
   ASSERT_NO_FATAL_FAILURE(st.start("serve_http_sid", size_t{8} << 20, 2, 8));
-  HttpOptions ho;
-  ho.port = 0;
-  ho.http_threads = 4;
-  ho.model_name = "random";
-  ho.n_ctx = 8192;
+  HttpOptions ho = test_options(4);
   HttpServer http(*st.service, *st.tok, nullptr, ho);
   ASSERT_TRUE(http.bind().ok());
   std::thread server([&] { http.run(); });
