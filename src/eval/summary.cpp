@@ -345,13 +345,6 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
   // ---- The reports ---------------------------------------------------------------------------
   for (const std::string& name : names) {
     if (!mds.count(name) || mds[name].empty()) continue;
-    // An equal-bytes RULER report written before its title said so gets the title it has now.
-    const std::string generic = "# RULER-style synthetic tasks (`d2o eval ruler`)\n";
-    if (name.rfind("ruler_bytes", 0) == 0 && mds[name].rfind(generic, 0) == 0) {
-      mds[name] = "# RULER-style synthetic tasks at equal KV bytes (`d2o eval ruler --bytes`, " +
-                  rep[name]["params"].value("compression", std::string()) + ")\n" +
-                  mds[name].substr(generic.size());
-    }
     md += embed(mds[name], o.image_prefix) + "\n";
   }
   return md;
