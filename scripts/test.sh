@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # d2o tests: set-up (packages, model, test data), build, then every test suite.
 #   1. Release build with warnings as errors: the model suite (real weights, reference parity
-#      against llama.cpp) and the end-to-end suite (the d2o binary driven as a user would).
+#      against llama.cpp) and the long runs of the end-to-end suite (the d2o binary driven as a
+#      user would) that stage 2 leaves out.
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer build: the unit suite, and the end-to-end
 #      suite except its four whole-pipeline evaluation runs (make_results --quick, eval ppl/niah
 #      --quick, the same-seed rerun: same code paths as the shorter eval tests that do run, but
@@ -10,7 +11,7 @@
 #      responses are unit-tested under ASan; the model runs take minutes there, and the load
 #      test measures the resident set, which ASan's shadow memory and quarantine distort), and
 #      the set-up script's own tests (no C++ code runs in them).
-#      Each test thus runs once, except the shorter end-to-end ones.
+#      Each test thus runs once.
 #   3. Fuzz smoke: every libFuzzer target of fuzz/ built with clang (libFuzzer + ASan + UBSan;
 #      scripts/setup.sh --fuzz installs clang 14 when it is missing) and run for 8 s from its
 #      seeds (scripts/fuzz.sh 8; the build from scratch and the runs take about 3 CPU-minutes);
@@ -67,12 +68,19 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DD2O_WERROR=ON >/dev/null
 # The unit suite runs under the sanitizers (below), not here.
 cmake --build build -j"$jobs" --target d2o_cli d2o_model_tests d2o_e2e_tests
 stage "release tests"
-ctest --test-dir build --output-on-failure -j"$jobs" -L "^(model|e2e)$" "$@"
+# The long end-to-end runs that the sanitizer stage leaves out (they run here once); the other
+# end-to-end tests run under the sanitizers only.
+long_e2e="Parity|ServeOpenAi|ServeSessions|ServeChatPage|ServeLoad|ServeBench|Setup\.|MakeResults\.QuickRuns|CliEval\.(PplQuickRuns|NiahQuickRuns|RulerQuickRuns|SameSeedSameNumbers)"
+# The others by exact name (listing them discovers the suite's tests), to leave out here.
+short_e2e=$(ctest --test-dir build -N -L "^e2e$" | sed -n 's/^ *Test *#[0-9]*: //p' |
+            grep -E -v "$long_e2e" | sed 's/[][\\.*^$+?(){}|]/\\&/g' | paste -sd'|' || true)
+ctest --test-dir build --output-on-failure -j"$jobs" -L "^(model|e2e)$" \
+  ${short_e2e:+-E "^(${short_e2e})$"} "$@"
 
 stage "sanitizer build (ASan + UBSan)"
-# -O2 with -g1 (line tables) rather than RelWithDebInfo's full -g: reports show the same frames
-# and file:line, inlined calls included, for about a sixth less compile time and objects a third
-# the size.
+# -g1 (line tables) rather than RelWithDebInfo's full -g: reports show the same frames and
+# file:line, inlined calls included, for less compile time and objects a third the size.
+# D2O_SANITIZE compiles at -O1 (CMakeLists.txt).
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS=-g1 -DD2O_SANITIZE=ON \
   -DD2O_WERROR=ON >/dev/null
 # The real-weight model suite is not built here: everything in it but its generator checks is a
@@ -81,7 +89,7 @@ cmake --build build-asan -j"$jobs" --target d2o_cli d2o_unit_tests d2o_e2e_tests
 stage "sanitizer tests"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs" -L "^(unit|e2e)$" \
-  -E "Parity|ServeOpenAi|ServeSessions|ServeChatPage|ServeLoad|ServeBench|Setup\.|MakeResults\.QuickRuns|CliEval\.(PplQuickRuns|NiahQuickRuns|RulerQuickRuns|SameSeedSameNumbers)" "$@"
+  -E "$long_e2e" "$@"
 
 stage "fuzz smoke (libFuzzer + ASan + UBSan, 8 s per target)"
 if ! command -v clang++-14 >/dev/null ||

@@ -91,7 +91,7 @@ inline std::string read_file(const std::string& path) {
 // The set-up cache ($D2O_CACHE_DIR, else <repo>/cache).
 inline std::string cache_dir() {
 #ifdef D2O_SOURCE_DIR
-  return env_or("D2O_CACHE_DIR", std::string(D2O_SOURCE_DIR) + "/cache");
+  return env_or("D2O_CACHE_DIR", D2O_SOURCE_DIR "/cache");
 #else
   return env_or("D2O_CACHE_DIR", "");
 #endif
@@ -115,7 +115,7 @@ inline std::string test_data_dir(const char* env_name, const std::string& sub) {
 
 inline std::string text_dir() {
 #ifdef D2O_SOURCE_DIR
-  return env_or("D2O_TEXT_DIR", std::string(D2O_SOURCE_DIR) + "/cache/texts");
+  return env_or("D2O_TEXT_DIR", D2O_SOURCE_DIR "/cache/texts");
 #else
   return env_or("D2O_TEXT_DIR", "");
 #endif
