@@ -11,6 +11,10 @@
 #                                           writes to build/results-quick unless --out is given
 #   scripts/make_results.sh --out DIR       reports into DIR, the page into DIR/../results.md
 #   scripts/make_results.sh --summary-only  only rebuild the page from the reports already there
+#   scripts/make_results.sh --only ppl,ruler  only those reports of the run (names as in
+#                                           docs/results/: ppl, fidelity, ablate, niah, ruler,
+#                                           ruler_bytes, ruler_bytes_10, fidelity_bytes, niah_long),
+#                                           then the whole page from every report there
 #   scripts/make_results.sh --model gemma3  only the Gemma 3 270M runs (about 130 minutes on 2 busy
 #                                           cores), into <out>/gemma3; then the whole page, whose
 #                                           "Gemma 3 270M" section is built from <out>/gemma3
@@ -29,20 +33,29 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 quick=0
 summary_only=0
+only=""
 out=""
 model=smollm2
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
     --summary-only) summary_only=1 ;;
+    --only) shift; only=${1:?--only needs report names, e.g. ppl,ruler} ;;
     --out) shift; out=${1:?--out needs a folder} ;;
     --model) shift; model=${1:?--model needs smollm2 or gemma3} ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "make_results: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
 done
 
+for name in ${only//,/ }; do
+  case "$name" in
+    ppl|fidelity|ablate|niah|ruler|ruler_bytes|ruler_bytes_10|fidelity_bytes|niah_long) ;;
+    *) echo "make_results: unknown report '$name' in --only (ppl, fidelity, ablate, niah, ruler, ruler_bytes, ruler_bytes_10, fidelity_bytes, niah_long)" >&2
+       exit 2 ;;
+  esac
+done
 case "$model" in
   smollm2|gemma3) ;;
   *) echo "make_results: unknown --model '$model' (smollm2 or gemma3)" >&2; exit 2 ;;
@@ -75,6 +88,18 @@ all="full;streaming;h2o;snapkv;pyramidkv;roco;cam;keydiff;d2o;d2o:mass=on,merge=
 ada=";h2o:heads=ada;snapkv:heads=ada;d2o:heads=ada"
 
 run() {
+  # --only: an evaluation whose report (its --name, else its protocol) is not listed is skipped.
+  if [ -n "$only" ] && [ "$1" = eval ] && [ "$2" != summary ]; then
+    local name=$2 prev="" a
+    for a in "$@"; do
+      [ "$prev" = --name ] && name=$a
+      prev=$a
+    done
+    case ",$only," in
+      *",$name,"*) ;;
+      *) return 0 ;;
+    esac
+  fi
   echo "== d2o $*" >&2
   local t0=$SECONDS
   "$d2o" "$@"

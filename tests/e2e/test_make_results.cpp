@@ -97,5 +97,29 @@ TEST(MakeResults, QuickRunsEndToEndAndKeepsItsInvariants) {
   EXPECT_TRUE(has(page, "| ruler, all tasks, ratio=0.2 | streaming |")) << page;
 }
 
+// --only: the listed reports are run again, the others are left as they are, and the page is
+// built from every report in the folder; an unknown name is refused before anything runs.
+TEST(MakeResults, OnlyRunsTheListedReports) {
+  D2O_REQUIRE_MODEL(model);
+  const std::string root = ::d2o::test::scratch_path("d2o_make_results_only");
+  std::filesystem::remove_all(root);
+  const std::string out = root + "/results";
+  const std::string script = "D2O=" + std::string(D2O_CLI_PATH) + " MODEL=" + model +
+                             " THREADS=1 " + std::string(D2O_SOURCE_DIR) + "/scripts/make_results.sh";
+  auto bad = test::run_command(script + " --quick --only ruler,nonesuch --out " + out);
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_TRUE(has(bad.output, "unknown report 'nonesuch'")) << bad.output;
+  EXPECT_FALSE(std::filesystem::exists(out + "/ruler.json"));
+
+  auto r = test::run_command(script + " --quick --only ruler --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(test::file_exists(out + "/ruler.json"));
+  for (const char* name : {"ppl", "fidelity", "niah", "ablate", "fidelity_bytes"}) {
+    EXPECT_FALSE(std::filesystem::exists(out + "/" + std::string(name) + ".json")) << name;
+  }
+  const std::string page = test::read_file(root + "/results.md");
+  EXPECT_TRUE(has(page, "| ruler, all tasks, ratio=0.2 | streaming |")) << page;
+}
+
 }  // namespace
 }  // namespace d2o
