@@ -4,7 +4,7 @@
 #      against llama.cpp) and the long runs of the end-to-end suite (the d2o binary driven as a
 #      user would) that stage 2 leaves out.
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer build: the unit suite, and the end-to-end
-#      suite except its whole-pipeline evaluation runs (make_results --quick, eval ppl/niah/ruler
+#      suite except its whole-pipeline evaluation runs (make_results, eval ppl/niah/ruler
 #      --quick, fidelity and ruler at equal bytes in three storage types, the same-seed rerun:
 #      the same code paths as the shorter eval tests that do run and the unit tests of every
 #      storage type, but 1-10 minutes each under ASan on a 2-core machine) and the server
@@ -71,7 +71,7 @@ cmake --build build -j"$jobs" --target d2o_cli d2o_model_tests d2o_e2e_tests
 stage "release tests"
 # The long end-to-end runs that the sanitizer stage leaves out (they run here once); the other
 # end-to-end tests run under the sanitizers only.
-long_e2e="Parity|ServeOpenAi|ServeSessions|ServeChatPage|ServeLoad|ServeBench|Setup\.|MakeResults\.QuickRuns|CliEval\.(PplQuickRuns|NiahQuickRuns|RulerQuickRuns|FidelityQuickBytes|RulerQuickBytes|SameSeedSameNumbers)"
+long_e2e="Parity|ServeOpenAi|ServeSessions|ServeChatPage|ServeLoad|ServeBench|Setup\.|MakeResults\.|CliEval\.(PplQuickRuns|NiahQuickRuns|RulerQuickRuns|FidelityQuickBytes|RulerQuickBytes|SameSeedSameNumbers)"
 # The others by exact name (listing them discovers the suite's tests), to leave out here.
 short_e2e=$(ctest --test-dir build -N -L "^e2e$" | sed -n 's/^ *Test *#[0-9]*: //p' |
             grep -E -v "$long_e2e" | sed 's/[][\\.*^$+?(){}|]/\\&/g' | paste -sd'|' || true)
