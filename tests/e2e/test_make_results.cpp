@@ -105,7 +105,8 @@ TEST(MakeResults, OnlyRunsTheListedReports) {
   std::filesystem::remove_all(root);
   const std::string out = root + "/results";
   const std::string script = "D2O=" + std::string(D2O_CLI_PATH) + " MODEL=" + model +
-                             " THREADS=1 " + std::string(D2O_SOURCE_DIR) + "/scripts/make_results.sh";
+                             " THREADS=1 " + std::string(D2O_SOURCE_DIR) +
+                             "/scripts/make_results.sh";
   auto bad = test::run_command(script + " --quick --only ruler,nonesuch --out " + out);
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_TRUE(has(bad.output, "unknown report 'nonesuch'")) << bad.output;
