@@ -1,18 +1,14 @@
 #!/usr/bin/env bash
 # d2o tests: set-up (packages, model, test data), build, then every test suite.
 #   1. Release build with warnings as errors: the model suite (real weights, reference parity
-#      against llama.cpp) and the long runs of the end-to-end suite (the d2o binary driven as a
-#      user would) that stage 2 leaves out.
-#   2. AddressSanitizer + UndefinedBehaviorSanitizer build: the unit suite, and the end-to-end
-#      suite except its whole-pipeline evaluation runs (make_results, eval ppl/niah/ruler
-#      --quick, fidelity and ruler at equal bytes in three storage types, the same-seed rerun:
-#      the same code paths as the shorter eval tests that do run and the unit tests of every
-#      storage type, but 1-10 minutes each under ASan on a 2-core machine) and the server
-#      driven by the `openai` package, by Chromium (the chat page) and by the load test (the
-#      same binary's requests and responses are unit-tested under ASan; the model runs take
-#      minutes there, and the load test measures the resident set, which ASan's shadow memory
-#      and quarantine distort), and the set-up script's own tests (no C++ code runs in them).
-#      Each test thus runs once.
+#      against llama.cpp) and the end-to-end suite (the d2o binary driven as a user would, on the
+#      real model: generation, evaluation runs, the server and its clients, the set-up script).
+#   2. AddressSanitizer + UndefinedBehaviorSanitizer build of the unit suite (synthetic data,
+#      random-weight models and writer-made files: every kernel, cache, policy, tokenizer, file
+#      format, the scheduler and the server's requests, responses and sessions), run under the
+#      sanitizers. The real-model suites run once, in stage 1: under ASan their model runs take
+#      several times as long on a 2-core machine, and building the binary and the end-to-end
+#      suite with the sanitizers took about a third of this stage's build.
 #   3. Fuzz smoke: every libFuzzer target of fuzz/ built with clang (libFuzzer + ASan + UBSan;
 #      scripts/setup.sh --fuzz installs clang 14 when it is missing) and run for 8 s from its
 #      seeds (scripts/fuzz.sh 8; the build from scratch and the runs take about 3 CPU-minutes);
@@ -69,28 +65,20 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DD2O_WERROR=ON >/dev/null
 # The unit suite runs under the sanitizers (below), not here.
 cmake --build build -j"$jobs" --target d2o_cli d2o_model_tests d2o_e2e_tests
 stage "release tests"
-# The long end-to-end runs that the sanitizer stage leaves out (they run here once); the other
-# end-to-end tests run under the sanitizers only.
-long_e2e="Parity|ServeOpenAi|ServeSessions|ServeChatPage|ServeLoad|ServeBench|Setup\.|MakeResults\.|CliEval\.(PplQuickRuns|NiahQuickRuns|RulerQuickRuns|FidelityQuickBytes|RulerQuickBytes|SameSeedSameNumbers)"
-# The others by exact name (listing them discovers the suite's tests), to leave out here.
-short_e2e=$(ctest --test-dir build -N -L "^e2e$" | sed -n 's/^ *Test *#[0-9]*: //p' |
-            grep -E -v "$long_e2e" | sed 's/[][\\.*^$+?(){}|]/\\&/g' | paste -sd'|' || true)
-ctest --test-dir build --output-on-failure -j"$jobs" -L "^(model|e2e)$" \
-  ${short_e2e:+-E "^(${short_e2e})$"} "$@"
+ctest --test-dir build --output-on-failure -j"$jobs" -L "^(model|e2e)$" "$@"
 
 stage "sanitizer build (ASan + UBSan)"
 # -g1 (line tables) rather than RelWithDebInfo's full -g: reports show the same frames and
 # file:line, inlined calls included, for less compile time and objects a third the size.
-# D2O_SANITIZE compiles at -O1 (CMakeLists.txt).
+# D2O_SANITIZE compiles at -O1 but for the SIMD kernels (CMakeLists.txt). Only the unit suite is
+# built here: the model suite is reference-parity runs and the end-to-end suite drives the d2o
+# binary on the real model, both run in the release build above.
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS=-g1 -DD2O_SANITIZE=ON \
   -DD2O_WERROR=ON >/dev/null
-# The real-weight model suite is not built here: everything in it but its generator checks is a
-# reference-parity run (excluded below), and those run in the release build.
-cmake --build build-asan -j"$jobs" --target d2o_cli d2o_unit_tests d2o_e2e_tests
+cmake --build build-asan -j"$jobs" --target d2o_unit_tests
 stage "sanitizer tests"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure -j"$jobs" -L "^(unit|e2e)$" \
-  -E "$long_e2e" "$@"
+  ctest --test-dir build-asan --output-on-failure -j"$jobs" -L "^unit$" "$@"
 
 stage "fuzz smoke (libFuzzer + ASan + UBSan, 8 s per target)"
 if ! command -v clang++-14 >/dev/null ||
