@@ -45,6 +45,7 @@
 namespace d2o {
 
 struct RopeParams;  // ops/ops.h
+class ThreadPool;  // core/thread_pool.h
 
 // Storage of one key or value row of head_dim elements: F32, F16, or GGUF's Q8_0 / Q4_0 blocks
 // (32 elements per block, ops/quant.h; head_dim must then be a multiple of 32).
@@ -306,8 +307,9 @@ class KvCache {
   // appends after its own last slot (n_slot(h)).
   void append(int il, const float* k, const float* v, const int32_t* pos, int n_tok);
 
-  // Applies a plan to layer il (merges first, then the gather of kept slots).
-  void apply(int il, const CompactionPlan& plan);
+  // Applies a plan to layer il (merges first, then the gather of kept slots). With `pool` (and
+  // called outside its tasks), the heads' slots are gathered in parallel; the result is the same.
+  void apply(int il, const CompactionPlan& plan, ThreadPool* pool = nullptr);
 
   // CaM (kv/policy/merge_cam.h), while planning layer il: slot j of head h, a slot the plan
   // keeps, gets the value `row` (head_dim floats) that evicted slots were merged into. Done in

@@ -48,7 +48,9 @@ struct PassInfo {
   // whole, exactly like a prompt prefilled in one pass.
   int64_t prompt_rest = 0;
   const RopeParams* rope = nullptr;  // the model's RoPE (to re-rotate keys when shifting positions)
-  // Optional: layers are planned in parallel on it (results never depend on the thread count).
+  // Optional: compact() plans layers in parallel on it, compact_layer() a layer's KV heads and
+  // their slot moves (results never depend on the thread count). compact_layer() is given one
+  // only outside the pool's own tasks.
   ThreadPool* pool = nullptr;
 };
 

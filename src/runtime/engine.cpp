@@ -237,6 +237,8 @@ Status Engine::after_attention(int s, int il, const LayerDesc& /*layer*/, int th
   pass.n_past = be.seq->n_past() + 1;
   pass.prompt_rest = 0;
   pass.rope = &rope();
+  // Alone (thread < 0: no pool task runs), the layer's heads are compacted on the whole pool.
+  pass.pool = thread < 0 ? &pool_ : nullptr;
   Status st = pol.compact_layer(be.seq->cache(), state, pass, il);
   (thread < 0 ? alone_policy_s_ : thread_policy_s_[static_cast<size_t>(thread)]) += sw.seconds();
   return st;

@@ -505,7 +505,7 @@ TEST(PolicyInvariants, D2oDecodeStepCost) {
           h.n_evicted = ne;
           h.tau = &tau[static_cast<size_t>(il * L.n_head_kv() + g)];
           h.tau_ready = &ready[static_cast<size_t>(il * L.n_head_kv() + g)];
-          plan_d2o_merges(h, sc, plan);
+          plan_d2o_merges(h, sc, plan.merges);
         }
       }
       if (step < steps) book.push_back(thread_seconds() - t0);
@@ -536,38 +536,31 @@ TEST(PolicyInvariants, D2oDecodeStepCost) {
 
 // compact_layer() for every layer after a one-token pass, then compact(), leaves exactly the
 // cache and state that compact() alone leaves (the engine compacts decode steps of batched
-// sequences layer by layer, right after each layer's attention).
+// sequences layer by layer, right after each layer's attention), with a pool (a sequence decoding
+// alone: the layer's heads planned and gathered in parallel) as without.
 TEST(PolicyInvariants, LayerwiseCompactionEqualsWholePass) {
+  ThreadPool pool(2);
   for (const char* spec :
        {"d2o:ratio=0.3", "d2o:budget=16", "d2o:ratio=0.3,layers=research", "h2o:ratio=0.25",
         "roco:budget=12", "cam:ratio=0.3", "streaming:budget=10", "snapkv:budget=12,window=4",
         "keydiff:budget=12,sinks=1", "d2o:budget=16,heads=ada",
-        "snapkv:budget=12,window=4,heads=ada"}) {
+        "snapkv:budget=12,window=4,heads=ada", "d2o:budget=16,decide=token",
+        "d2o:ratio=0.3,mass=on,merge=sized,nm=1:1", "d2o:budget=16,sim=kv"}) {
     SCOPED_TRACE(spec);
     SimSetup s;
     s.n_layer = 5;
-    s.n_head_kv = 2;
-    s.n_head = 4;  // statistics from real attention
-    PolicySim a(spec, s), b(spec, s);
-    a.feed(40);
-    b.feed(40);
-    ASSERT_EQ(a.compact(), "");
-    ASSERT_EQ(b.compact(), "");
+    s.n_head_kv = 3;  // three heads on two threads
+    s.n_head = 6;     // statistics from real attention
+    PolicySim a(spec, s), b(spec, s), c(spec, s);
+    for (PolicySim* x : {&a, &b, &c}) {
+      x->feed(40);
+      ASSERT_EQ(x->compact(), "");
+    }
     ASSERT_TRUE(b.policy->compacts_per_layer(b.state));
-    for (int step = 0; step < 30; ++step) {
-      a.feed(1);
-      b.feed(1);
-      ASSERT_EQ(a.compact(), "") << "step " << step;
-      PassInfo pi;
-      pi.n_tokens = 1;
-      pi.n_past = b.n_past;
-      pi.rope = &b.rope;
-      for (int il = 0; il < s.n_layer; ++il)
-        ASSERT_TRUE(b.policy->compact_layer(b.cache, b.state, pi, il).ok());
-      ASSERT_TRUE(b.policy->compact(b.cache, b.state, pi).ok());
+    auto same = [&](const PolicySim& p, const PolicySim& q, int step) {
       for (int il = 0; il < s.n_layer; ++il) {
-        const KvLayer& x = a.cache.layer(il);
-        const KvLayer& y = b.cache.layer(il);
+        const KvLayer& x = p.cache.layer(il);
+        const KvLayer& y = q.cache.layer(il);
         ASSERT_EQ(x.n_slot(), y.n_slot()) << "step " << step << " layer " << il;
         for (int g = 0; g < x.n_head_kv(); ++g) {
           ASSERT_EQ(x.n_slot(g), y.n_slot(g));
@@ -581,10 +574,28 @@ TEST(PolicyInvariants, LayerwiseCompactionEqualsWholePass) {
           }
         }
       }
-      ASSERT_EQ(a.state.evicted, b.state.evicted);
-      ASSERT_EQ(a.state.merged, b.state.merged);
-      ASSERT_EQ(composed_state(a.state)->tau, composed_state(b.state)->tau);
-      ASSERT_EQ(a.state.n_compactions, b.state.n_compactions);
+      ASSERT_EQ(p.state.evicted, q.state.evicted);
+      ASSERT_EQ(p.state.merged, q.state.merged);
+      ASSERT_EQ(composed_state(p.state)->tau, composed_state(q.state)->tau);
+      ASSERT_EQ(p.state.n_compactions, q.state.n_compactions);
+    };
+    for (int step = 0; step < 30; ++step) {
+      for (PolicySim* x : {&a, &b, &c}) x->feed(1);
+      ASSERT_EQ(a.compact(), "") << "step " << step;
+      for (PolicySim* x : {&b, &c}) {
+        PassInfo pi;
+        pi.n_tokens = 1;
+        pi.n_past = x->n_past;
+        pi.rope = &x->rope;
+        pi.pool = x == &c ? &pool : nullptr;
+        for (int il = 0; il < s.n_layer; ++il)
+          ASSERT_TRUE(x->policy->compact_layer(x->cache, x->state, pi, il).ok());
+        pi.pool = nullptr;
+        ASSERT_TRUE(x->policy->compact(x->cache, x->state, pi).ok());
+      }
+      same(a, b, step);
+      same(a, c, step);
+      if (::testing::Test::HasFatalFailure()) return;
     }
   }
   // Position shifting moves every layer's positions once per pass: never layer by layer.

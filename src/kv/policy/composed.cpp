@@ -130,8 +130,8 @@ Status ComposedPolicy::compact_layer(KvCache& cache, PolicyState& state, const P
   if (!over_budget(cache.layer(il), budget)) return {};
   if (state.plans.size() != nl) state.plans.resize(nl);
   if (own->scratch.empty()) own->scratch.resize(1);
-  plan_layer(cache, il, state, *own, own->scratch[0], pass);
-  cache.apply(il, state.plans[static_cast<size_t>(il)]);
+  plan_layer(cache, il, state, *own, own->scratch[0], pass, pass.pool);
+  cache.apply(il, state.plans[static_cast<size_t>(il)], pass.pool);
   refresh_key_norms(cache, il, state.plans[static_cast<size_t>(il)], *own);
   state.layer_compacted = true;
   return {};
@@ -232,7 +232,7 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
     own.scratch.resize(static_cast<size_t>(threads));
   auto plan_one = [&](int64_t t, int thread) {
     const int il = state.todo[static_cast<size_t>(t)];
-    plan_layer(cache, il, state, own, own.scratch[static_cast<size_t>(thread)], pass);
+    plan_layer(cache, il, state, own, own.scratch[static_cast<size_t>(thread)], pass, nullptr);
   };
   if (threads > 1) {
     pass.pool->run(static_cast<int64_t>(state.todo.size()), plan_one);
@@ -261,7 +261,7 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
 
 void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
                                 ComposedPolicyState& own, ComposedScratch& sc,
-                                const PassInfo& pass) const {
+                                const PassInfo& pass, ThreadPool* heads) const {
   const KvLayer& L = cache.layer(il);
   const int n = L.n_slot(), G = L.n_head_kv(), S = state.budgets[static_cast<size_t>(il)];
   D2O_ASSERT(S >= 0 && S < n);
@@ -286,20 +286,22 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
   const bool by_token =
       d2o && cfg_.decide == MergeDecision::kToken && cfg_.merge != MergeRule::kOff;
   const int E = n - S;
+  auto size_scratch = [&](ComposedScratch& hs) {
+    D2oScratch& dsc = hs.d2o;
+    if (by_token) {
+      const size_t ge = static_cast<size_t>(G) * static_cast<size_t>(E);
+      if (dsc.evicted.size() < ge) dsc.evicted.resize(ge);
+      if (dsc.best.size() < ge) dsc.best.resize(ge);
+      if (dsc.best_sim.size() < ge + static_cast<size_t>(E)) dsc.best_sim.resize(ge + E);
+      if (dsc.merge.size() < static_cast<size_t>(E)) dsc.merge.resize(static_cast<size_t>(E));
+    } else if (d2o && dsc.evicted.size() < static_cast<size_t>(n)) {
+      dsc.evicted.resize(static_cast<size_t>(n));
+    }
+    SelectScratch& ssc = hs.select;
+    if (ssc.order.size() < static_cast<size_t>(n)) ssc.order.resize(static_cast<size_t>(n));
+    if (ssc.score.size() < static_cast<size_t>(n)) ssc.score.resize(static_cast<size_t>(n));
+  };
   D2oScratch& dsc = sc.d2o;
-  SelectScratch& ssc = sc.select;
-  if (by_token) {
-    const size_t ge = static_cast<size_t>(G) * static_cast<size_t>(E);
-    if (dsc.evicted.size() < ge) dsc.evicted.resize(ge);
-    if (dsc.best.size() < ge) dsc.best.resize(ge);
-    if (dsc.best_sim.size() < ge + static_cast<size_t>(E)) dsc.best_sim.resize(ge + E);
-    if (dsc.merge.size() < static_cast<size_t>(E)) dsc.merge.resize(static_cast<size_t>(E));
-  } else if (d2o && dsc.evicted.size() < static_cast<size_t>(n)) {
-    dsc.evicted.resize(static_cast<size_t>(n));
-  }
-  if (ssc.order.size() < static_cast<size_t>(n)) ssc.order.resize(static_cast<size_t>(n));
-  if (ssc.score.size() < static_cast<size_t>(n)) ssc.score.resize(static_cast<size_t>(n));
-  int64_t merged = 0, evicted_all = 0;
   auto head_merge = [&](int g, const int32_t* evicted, int ne) {
     const size_t ti = static_cast<size_t>(il) * G + static_cast<size_t>(g);
     D2oHeadMerge h;
@@ -316,11 +318,16 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
     return h;
   };
 
-  for (int g = 0; g < G; ++g) {
+  // One head: its kept slots, and for D2O its merges (appended to `terms`), with scratch `hs`.
+  // Heads share nothing but the layer they read, so they may run in parallel. Returns the
+  // evicted and merged slot counts.
+  auto plan_head = [&](int g, ComposedScratch& hs, std::vector<MergeTerm>& terms) {
+    D2oScratch& hd = hs.d2o;
+    SelectScratch& ssc = hs.select;
     int32_t* keep = plan.keep_of(g);
     // Per-head budgets (plan_heads): head g holds n_g and keeps S_g; uniform: n and S.
     const int n_g = L.n_slot(g), S_g = plan.n_keep_of(g);
-    evicted_all += n_g - S_g;
+    int64_t merged_g = 0;
     if (!ada) {  // (per-head budgets: plan_heads selected every head's slots above)
       switch (cfg_.selector) {
         case Selector::kSinkRecent:
@@ -355,7 +362,7 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
     }
     if (d2o) {
       // Evicted = the complement of keep, ascending.
-      int32_t* evicted = dsc.evicted.data() + (by_token ? static_cast<size_t>(g) * E : 0);
+      int32_t* evicted = hd.evicted.data() + (by_token ? static_cast<size_t>(g) * E : 0);
       int ne = 0;
       if (n_g - S_g == 1) {
         // A decode step: the evicted slot is the first gap in keep (or the last slot). keep is
@@ -386,9 +393,9 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
       }
       if (by_token) {
         const size_t off = static_cast<size_t>(g) * E;
-        d2o_nearest(h, dsc, dsc.best.data() + off, dsc.best_sim.data() + off);
+        d2o_nearest(h, hd, hd.best.data() + off, hd.best_sim.data() + off);
       } else {
-        merged += plan_d2o_merges(h, dsc, plan);
+        merged_g += plan_d2o_merges(h, hd, terms);
       }
     } else if (cfg_.merger == Merger::kCam) {
       const int t = std::min(cfg_.sinks, S);
@@ -399,7 +406,42 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
       h.head = g;
       h.first_evicted = t;
       h.end_evicted = n - (S - t);
-      merged += cam_merge_values(h, sc.cam);
+      merged_g += cam_merge_values(h, hs.cam);
+    }
+    return std::pair<int64_t, int64_t>{n_g - S_g, merged_g};
+  };
+
+  int64_t merged = 0, evicted_all = 0;
+  // In parallel: uniform budgets, heads deciding alone, no CaM (it writes values while planning).
+  const int threads = heads && !ada && !by_token && cfg_.merger != Merger::kCam && G > 1
+                          ? std::min(heads->n_threads(), G)
+                          : 1;
+  if (threads > 1) {
+    if (own.scratch.size() < static_cast<size_t>(threads))
+      own.scratch.resize(static_cast<size_t>(threads));
+    if (own.head_merges.size() < static_cast<size_t>(G))
+      own.head_merges.resize(static_cast<size_t>(G));
+    for (int t = 0; t < threads; ++t) size_scratch(own.scratch[static_cast<size_t>(t)]);
+    std::vector<std::pair<int64_t, int64_t>>& counts = own.head_counts;
+    counts.assign(static_cast<size_t>(G), {0, 0});
+    heads->run(G, [&](int64_t g, int thread) {
+      std::vector<MergeTerm>& terms = own.head_merges[static_cast<size_t>(g)];
+      terms.clear();
+      counts[static_cast<size_t>(g)] = plan_head(static_cast<int>(g),
+                                                 own.scratch[static_cast<size_t>(thread)], terms);
+    });
+    for (int g = 0; g < G; ++g) {  // the serial order: head by head
+      const std::vector<MergeTerm>& terms = own.head_merges[static_cast<size_t>(g)];
+      plan.merges.insert(plan.merges.end(), terms.begin(), terms.end());
+      evicted_all += counts[static_cast<size_t>(g)].first;
+      merged += counts[static_cast<size_t>(g)].second;
+    }
+  } else {
+    size_scratch(sc);
+    for (int g = 0; g < G; ++g) {
+      const auto [e, m] = plan_head(g, sc, plan.merges);
+      evicted_all += e;
+      merged += m;
     }
   }
   if (by_token && E > 0 && S > 0) {
@@ -418,7 +460,7 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
       for (int g = 0; g < G; ++g) {
         const size_t off = static_cast<size_t>(g) * E;
         d2o_emit(head_merge(g, dsc.evicted.data() + off, E), dsc, dsc.best.data() + off,
-                 dsc.best_sim.data() + off, dsc.merge.data(), plan);
+                 dsc.best_sim.data() + off, dsc.merge.data(), plan.merges);
       }
       merged += static_cast<int64_t>(n_merge) * G;
     }

@@ -55,6 +55,9 @@ class ComposedPolicyState final : public PolicyExtState {
   std::vector<int32_t> key_inv_last;
   // [threads] per-thread scratch; only grows, so a steady-state decode step allocates nothing.
   std::vector<ComposedScratch> scratch;
+  // [n_head_kv] each head's merge terms when a layer's heads are planned in parallel.
+  std::vector<std::vector<MergeTerm>> head_merges;
+  std::vector<std::pair<int64_t, int64_t>> head_counts;  // [n_head_kv] evicted, merged
 
   // The state without the scratch.
   std::unique_ptr<PolicyExtState> clone() const override;
@@ -84,8 +87,10 @@ class ComposedPolicy final : public KvPolicy {
  private:
   // Selection and merge planning of one layer into state.plans[il] (thresholds in `own`; CaM
   // also replaces values of the layer's kept slots).
+  // heads: a pool to plan the layer's KV heads on in parallel (compact_layer outside any pool
+  // task), or null.
   void plan_layer(KvCache& cache, int il, PolicyState& state, ComposedPolicyState& own,
-                  ComposedScratch& scratch, const PassInfo& pass) const;
+                  ComposedScratch& scratch, const PassInfo& pass, ThreadPool* heads) const;
   // heads=ada: the kept slots of every head of layer L (budget S per head on average) into plan,
   // with per-head counts; `next` = the RoPE position of the next token (norm=queries).
   void plan_heads(const KvLayer& L, SelectScratch& sc, CompactionPlan& plan, int S,

@@ -226,11 +226,10 @@ int d2o_decide(const PolicyConfig& cfg, const float* m, int E, float* tau, uint8
 }
 
 void d2o_emit(const D2oHeadMerge& h, D2oScratch& scratch, const int32_t* cstar,
-              const float* m_e, const uint8_t* merge, CompactionPlan& plan) {
+              const float* m_e, const uint8_t* merge, std::vector<MergeTerm>& terms) {
   const PolicyConfig& cfg = *h.cfg;
   const int S = h.n_keep, E = h.n_evicted;
   if (E == 0 || S == 0 || cfg.merge == MergeRule::kOff) return;
-  std::vector<MergeTerm>& terms = plan.merges;
   const KvLayer& L = *h.layer;
   // merge=sized: tokens a slot stands for.
   auto size_of = [&](int32_t slot) {
@@ -331,7 +330,7 @@ void d2o_emit(const D2oHeadMerge& h, D2oScratch& scratch, const int32_t* cstar,
   }
 }
 
-int plan_d2o_merges(const D2oHeadMerge& h, D2oScratch& scratch, CompactionPlan& plan) {
+int plan_d2o_merges(const D2oHeadMerge& h, D2oScratch& scratch, std::vector<MergeTerm>& terms) {
   const int S = h.n_keep, E = h.n_evicted;
   if (E == 0 || S == 0 || h.cfg->merge == MergeRule::kOff) return 0;
   if (scratch.best_sim.size() < static_cast<size_t>(E))
@@ -344,7 +343,7 @@ int plan_d2o_merges(const D2oHeadMerge& h, D2oScratch& scratch, CompactionPlan& 
   uint8_t* merge = scratch.merge.data();
   d2o_nearest(h, scratch, cstar, m_e);
   const int n_merged = d2o_decide(*h.cfg, m_e, E, h.tau, h.tau_ready, merge);
-  if (n_merged > 0) d2o_emit(h, scratch, cstar, m_e, merge, plan);
+  if (n_merged > 0) d2o_emit(h, scratch, cstar, m_e, merge, terms);
   return n_merged;
 }
 

@@ -82,14 +82,14 @@ void d2o_nearest(const D2oHeadMerge& h, D2oScratch& scratch, int32_t* cstar, flo
 //    the threshold *tau (initialised by this call when *tau_ready is 0); returns the count.
 int d2o_decide(const PolicyConfig& cfg, const float* m, int E, float* tau, uint8_t* tau_ready,
                uint8_t* merge);
-// 3. appends the head's merge groups (the slots with merge[i] set) to plan.merges. Uses
-//    scratch.group.
+// 3. appends the head's merge groups (the slots with merge[i] set) to `terms` (a plan's merges,
+//    CompactionPlan::merges, or one head's share of them). Uses scratch.group.
 void d2o_emit(const D2oHeadMerge& h, D2oScratch& scratch, const int32_t* cstar,
-              const float* m_e, const uint8_t* merge, CompactionPlan& plan);
+              const float* m_e, const uint8_t* merge, std::vector<MergeTerm>& terms);
 
 // All three for one head with its own threshold (decide=head): appends the head's merge groups
-// to plan.merges; returns how many evicted slots merged.
+// to `terms`; returns how many evicted slots merged.
 // Uses scratch.best_sim, best and merge besides what the steps use.
-int plan_d2o_merges(const D2oHeadMerge& h, D2oScratch& scratch, CompactionPlan& plan);
+int plan_d2o_merges(const D2oHeadMerge& h, D2oScratch& scratch, std::vector<MergeTerm>& terms);
 
 }  // namespace d2o
