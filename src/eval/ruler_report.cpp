@@ -174,10 +174,11 @@ Status write_ruler_report(const RulerResult& r, const RulerParams& p, const RunM
   std::string lens;
   for (int len : p.lengths) lens += (lens.empty() ? "" : ", ") + std::to_string(len);
   const bool at_bytes = p.compression.rfind("bytes=", 0) == 0;  // --bytes
-  std::string md = at_bytes ? "# RULER-style synthetic tasks at equal KV bytes (`d2o eval ruler "
-                              "--bytes`, " +
-                                  p.compression + ")\n\n"
-                            : "# RULER-style synthetic tasks (`d2o eval ruler`)\n\n";
+  std::string md =
+      at_bytes ? "# RULER-style synthetic tasks at equal KV bytes (`d2o eval ruler "
+                 "--bytes`, " +
+                     p.compression + ")\n\n"
+               : "# RULER-style synthetic tasks, " + lens + " tokens (`d2o eval ruler`)\n\n";
   md += "Model `" + meta.model_name + "`; compression `" + p.compression +
         "` (prompt-then-compress: the whole prompt in one pass, compacted after it, then a greedy "
         "answer, evicting as it goes). Haystack: " +

@@ -59,20 +59,27 @@ bool is_d2o_default(const std::string& spec) {
   return spec_preset(spec) == "d2o";
 }
 
-// The reports a results directory may hold, in page order: the fixed protocols, with the
-// equal-bytes RULER runs (ruler_bytes*.json, one per bytes value, in name order) after `ruler`.
+// The reports a results directory may hold, in page order: the fixed protocols, with the other
+// RULER runs after `ruler`: first those at other lengths (ruler_*.json, e.g. ruler_4k), then the
+// equal-bytes ones (ruler_bytes*.json, one per bytes value), each group in name order.
 std::vector<std::string> report_names(const std::string& dir) {
   namespace fs = std::filesystem;
-  std::vector<std::string> bytes_runs;
+  std::vector<std::string> length_runs, bytes_runs;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const fs::path& f = it->path();
     const std::string stem = f.stem().string();
-    if (f.extension() == ".json" && stem.rfind("ruler_bytes", 0) == 0) bytes_runs.push_back(stem);
+    if (f.extension() != ".json") continue;
+    if (stem.rfind("ruler_bytes", 0) == 0)
+      bytes_runs.push_back(stem);
+    else if (stem.rfind("ruler_", 0) == 0)
+      length_runs.push_back(stem);
   }
+  std::sort(length_runs.begin(), length_runs.end());
   std::sort(bytes_runs.begin(), bytes_runs.end());
   std::vector<std::string> names = {"ppl",  "fidelity",  "fidelity_bytes",
                                     "niah", "niah_long", "ruler"};
+  names.insert(names.end(), length_runs.begin(), length_runs.end());
   names.insert(names.end(), bytes_runs.begin(), bytes_runs.end());
   names.push_back("ablate");
   return names;

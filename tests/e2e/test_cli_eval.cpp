@@ -335,12 +335,30 @@ TEST(CliEval, RulerQuickRunsIsDeterministicAndSummaryPicksItUp) {
   const std::string page2 = test::read_file(a + "/summary.md");
   EXPECT_TRUE(has(page2, "| ruler (score), bytes=0.5 of the F16 full cache | `h2o [q8_0]` |"))
       << page2;
-  const size_t ratio_at = page2.find("## RULER-style synthetic tasks (`d2o eval ruler`)");
+  const size_t ratio_at = page2.find("## RULER-style synthetic tasks, ");
   const size_t bytes_at = page2.find(
       "## RULER-style synthetic tasks at equal KV bytes (`d2o eval ruler --bytes`, bytes=0.5");
   EXPECT_NE(ratio_at, std::string::npos) << page2;
   EXPECT_NE(bytes_at, std::string::npos) << page2;
   EXPECT_LT(ratio_at, bytes_at);
+  // A run at another length (its own report name, ruler_*): embedded after the first ratio run,
+  // before the equal-bytes runs, its length in its title.
+  auto rl = run_d2o("eval ruler --quick --tasks vt --lengths 704 --trials 1 -m " + model +
+                    " -t 1 --quiet --policies 'full;h2o' --seed 4 --name ruler_long -o " + a);
+  ASSERT_EQ(rl.exit_code, 0) << rl.output;
+  s = run_d2o("eval summary --dir " + a);
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  const std::string page3 = test::read_file(a + "/summary.md");
+  const size_t first_at =
+      page3.find("## RULER-style synthetic tasks, 640 tokens (`d2o eval ruler`)");
+  const size_t long_at =
+      page3.find("## RULER-style synthetic tasks, 704 tokens (`d2o eval ruler`)");
+  const size_t bytes3_at = page3.find("## RULER-style synthetic tasks at equal KV bytes");
+  ASSERT_NE(first_at, std::string::npos) << page3;
+  ASSERT_NE(long_at, std::string::npos) << page3;
+  ASSERT_NE(bytes3_at, std::string::npos) << page3;
+  EXPECT_LT(first_at, long_at);
+  EXPECT_LT(long_at, bytes3_at);
 }
 
 TEST(CliEval, AblateQuickRuns) {
