@@ -13,8 +13,8 @@
 #   scripts/make_results.sh --summary-only  only rebuild the page from the reports already there
 #   scripts/make_results.sh --only ppl,ruler  only those reports of the run (names as in
 #                                           docs/results/: ppl, fidelity, ablate, niah, ruler,
-#                                           ruler_4k, ruler_bytes, ruler_bytes_10, fidelity_bytes,
-#                                           niah_long),
+#                                           ruler_4k, ruler_8k, ruler_bytes, ruler_bytes_10,
+#                                           fidelity_bytes, niah_long),
 #                                           then the whole page from every report there
 #   scripts/make_results.sh --model gemma3  only the Gemma 3 270M runs (about 130 minutes on 2 busy
 #                                           cores), into <out>/gemma3; then the whole page, whose
@@ -52,8 +52,8 @@ done
 
 for name in ${only//,/ }; do
   case "$name" in
-    ppl|fidelity|ablate|niah|ruler|ruler_4k|ruler_bytes|ruler_bytes_10|fidelity_bytes|niah_long) ;;
-    *) echo "make_results: unknown report '$name' in --only (ppl, fidelity, ablate, niah, ruler, ruler_4k, ruler_bytes, ruler_bytes_10, fidelity_bytes, niah_long)" >&2
+    ppl|fidelity|ablate|niah|ruler|ruler_4k|ruler_8k|ruler_bytes|ruler_bytes_10|fidelity_bytes|niah_long) ;;
+    *) echo "make_results: unknown report '$name' in --only (ppl, fidelity, ablate, niah, ruler, ruler_4k, ruler_8k, ruler_bytes, ruler_bytes_10, fidelity_bytes, niah_long)" >&2
        exit 2 ;;
   esac
 done
@@ -171,16 +171,21 @@ elif [ $summary_only -eq 0 ]; then
     run eval niah "${common[@]}" "${hay[@]}" --policies "$all" --tasks needle,passkey \
       --lengths 1024,2048,4096,8176 --depths 0,33,67,100 --trials 1 --budget 512
     # ruler: RULER-style tasks at 2K tokens, every policy at rho = 0.2, one shared prefill per
-    # trial. A 2K trial took about 17 s with 4 policies (40 trials in 11 min, 2 threads, busy
-    # machine), so these 48 take 15-20 minutes. cwe is left out: the full cache of this model
-    # scores 2% on it at 2K, too little to compare policies.
+    # trial, 50 trials per task (300 in all, enough to resolve about 5 points). 48 trials with
+    # these 14 policies took 4.5 minutes on 2 idle cores, so these take about 30. cwe is left
+    # out: the full cache of this model scores 2% on it at 2K, too little to compare policies.
     run eval ruler "${common[@]}" "${hay[@]}" --policies "$all$ada" --ratio 0.2 --lengths 2048 \
-      --trials 8 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,fwe
+      --trials 50 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,fwe
     # ruler_4k: the same tasks at 4K tokens with 50 trials per task (300 in all, enough to resolve
     # about 5 points), the baselines that carry the verdicts, the paper's D2O and the corrected
     # combination A. About 45 minutes on 2 cores (a 4K trial with 6 policies takes about 9 s).
     run eval ruler "${common[@]}" "${hay[@]}" --name ruler_4k --ratio 0.2 --lengths 4096 \
       --trials 50 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,fwe \
+      --policies "full;streaming;h2o;snapkv;d2o;d2o:mass=on,merge=sized,layers=uniform,nm=1:1"
+    # ruler_8k: 8K tokens (the trained context), one task only (niah_single, 50 trials): an 8K
+    # trial takes about 30 s with these policies, so the six tasks would take two and a half hours.
+    run eval ruler "${common[@]}" "${hay[@]}" --name ruler_8k --ratio 0.2 --lengths 8192 \
+      --trials 50 --tasks niah_single \
       --policies "full;streaming;h2o;snapkv;d2o;d2o:mass=on,merge=sized,layers=uniform,nm=1:1"
     # Equal KV bytes, RULER (ruler_bytes at 20%, ruler_bytes_10 at 10% of the F16 full cache's
     # bytes): the tasks above with every policy in F16, Q8_0 and rotated Q4_0 storage, each
