@@ -8,7 +8,6 @@
 #include "core/assert.h"
 #include "core/fp16.h"
 #include "kv/kv_rotation.h"
-#include "ops/ops.h"
 #include "ops/quant.h"
 
 namespace d2o {

@@ -55,11 +55,12 @@ class ComposedPolicyState final : public PolicyExtState {
   std::vector<int32_t> key_inv_last;
   // [threads] per-thread scratch; only grows, so a steady-state decode step allocates nothing.
   std::vector<ComposedScratch> scratch;
-  // [n_head_kv] each head's merge terms when a layer's heads are planned in parallel.
+  // Scratch too, [n_head_kv]: each head's merge terms and its evicted and merged counts when a
+  // layer's heads are planned in parallel (compact_layer with a pool).
   std::vector<std::vector<MergeTerm>> head_merges;
-  std::vector<std::pair<int64_t, int64_t>> head_counts;  // [n_head_kv] evicted, merged
+  std::vector<std::pair<int64_t, int64_t>> head_counts;
 
-  // The state without the scratch.
+  // The state without the scratch (scratch, head_merges, head_counts).
   std::unique_ptr<PolicyExtState> clone() const override;
 };
 
