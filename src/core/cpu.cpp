@@ -1,5 +1,6 @@
 #include "core/cpu.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -27,9 +28,25 @@ CpuFeatures detect() {
   __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
   f.avxvnni = (a >> 4) & 1u;
 #endif
-  return f;
+  return cap_features(f, std::getenv("D2O_MAX_ISA"));
 }
 }  // namespace
+
+CpuFeatures cap_features(CpuFeatures f, const char* max_isa) {
+  if (max_isa == nullptr || max_isa[0] == '\0' || std::strcmp(max_isa, "avx512") == 0) return f;
+  if (std::strcmp(max_isa, "avx2") == 0) {
+    // What an AVX2-only CPU (Zen 3) offers: no AVX-512 and no AVX-VNNI.
+    f.avx512f = f.avx512bw = f.avx512vl = f.avx512vnni = f.avx512bf16 = false;
+    f.avxvnni = false;
+    return f;
+  }
+  if (std::strcmp(max_isa, "scalar") != 0) {
+    std::fprintf(stderr,
+                 "d2o: D2O_MAX_ISA='%s' is not one of scalar, avx2, avx512; using scalar code\n",
+                 max_isa);
+  }
+  return CpuFeatures{};
+}
 
 const CpuFeatures& cpu_features() {
   static const CpuFeatures features = detect();

@@ -23,7 +23,13 @@ struct CpuFeatures {
 
 // Detected once (thread-safe static). D2O_FORCE_SCALAR=1 in the environment disables all SIMD
 // paths, which is how the tests compare each kernel against its scalar reference end to end.
+// D2O_MAX_ISA=avx2 (or scalar) caps the kernels at that level: an AVX-512 machine then runs the
+// AVX2 kernels and reproduces, bit for bit, figures made on an AVX2-only one.
 const CpuFeatures& cpu_features();
+
+// `f` capped at `max_isa` ("scalar", "avx2", "avx512", or null/empty for no cap). An unknown
+// value is reported on stderr and caps at scalar, the safe choice.
+CpuFeatures cap_features(CpuFeatures f, const char* max_isa);
 
 // "AMD EPYC ... (avx2 fma f16c avx512f ...)", for reports.
 std::string cpu_description();

@@ -109,6 +109,7 @@ nlohmann::json to_json(const RunMeta& m) {
                           {"tokens", m.text_tokens}}},
                         {"kv_type", m.kv_type},
                         {"threads", m.threads},
+                        {"kernels", m.kernels},
                         {"seed", m.seed},
                         {"quick", m.quick},
                         {"wall_seconds", m.wall_seconds}};
@@ -133,6 +134,7 @@ RunMeta meta_from_json(const nlohmann::json& j) {
   m.text_tokens = t.value("tokens", int64_t{0});
   m.kv_type = j.value("kv_type", "");
   m.threads = j.value("threads", 0);
+  m.kernels = j.value("kernels", "");
   m.seed = j.value("seed", uint64_t{0});
   m.quick = j.value("quick", false);
   m.wall_seconds = j.value("wall_seconds", 0.0);

@@ -65,6 +65,7 @@ struct RunMeta {
   int64_t text_tokens = 0;
   std::string kv_type;
   int threads = 0;
+  std::string kernels;  // the SIMD kernel level the run used: "avx512", "avx2" or "scalar"
   uint64_t seed = 0;
   bool quick = false;
   double wall_seconds = 0;  // filled when the run ends

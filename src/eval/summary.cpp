@@ -124,11 +124,16 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
     const RunMeta m = meta_from_json(j.at("meta"));
     total += m.wall_seconds;
     facts.push_back({name, "`" + m.model_name + "`", m.text_name, m.kv_type,
-                     std::to_string(m.threads), std::to_string(m.seed),
-                     format_duration(m.wall_seconds), "`" + m.command + "`"});
+                     std::to_string(m.threads), m.kernels.empty() ? "-" : m.kernels,
+                     std::to_string(m.seed), format_duration(m.wall_seconds),
+                     "`" + m.command + "`"});
   }
-  md +=
-      md_table({"report", "model", "text", "KV", "threads", "seed", "wall time", "command"}, facts);
+  md += md_table(
+      {"report", "model", "text", "KV", "threads", "kernels", "seed", "wall time", "command"},
+      facts);
+  md += "\nKernels: the SIMD level of the run (`avx512`, `avx2`, `scalar`; `-`: not recorded). "
+        "Figures are reproduced bit for bit by the same commit and kernel level; "
+        "`D2O_MAX_ISA=avx2` runs the AVX2 kernels on an AVX-512 machine.\n";
   md += "\nTotal wall time " + format_duration(total) + ".\n\n";
 
   // ---- Verdicts ----------------------------------------------------------------------------

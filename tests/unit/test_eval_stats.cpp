@@ -239,4 +239,26 @@ TEST(EvalStats, PairedVerdictUsesTheSpreadOrASignTest) {
   EXPECT_EQ(paired_verdict(1.0, 0.0, 1), "not resolved (one pair: no standard error)");
 }
 
+// The run facts a report keeps survive the JSON round trip; the kernel level is among them, and a
+// report written before it was recorded reads back with an empty level.
+TEST(EvalHarness, RunMetaRoundTripsThroughJson) {
+  RunMeta m;
+  m.command = "d2o eval fidelity";
+  m.model_name = "m.gguf";
+  m.n_layer = 30;
+  m.threads = 2;
+  m.kernels = "avx2";
+  m.seed = 7;
+  m.wall_seconds = 1.5;
+  nlohmann::json j = to_json(m);
+  const RunMeta back = meta_from_json(j);
+  EXPECT_EQ(back.command, m.command);
+  EXPECT_EQ(back.n_layer, 30);
+  EXPECT_EQ(back.threads, 2);
+  EXPECT_EQ(back.kernels, "avx2");
+  EXPECT_EQ(back.seed, 7u);
+  j.erase("kernels");
+  EXPECT_EQ(meta_from_json(j).kernels, "");
+}
+
 }  // namespace d2o::eval

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/test_util.h"
+#include "core/cpu.h"
 #include "core/fp16.h"
 #include "ops/matmul.h"
 #include "ops/quant.h"
@@ -591,6 +592,34 @@ TEST(KernelIsa, ForceScalarSelectsScalar) {
     EXPECT_TRUE(kernel_isa_available(best_kernel_isa()));
   }
   std::printf("kernel level: %s\n", kernel_isa_name(best_kernel_isa()));
+}
+
+// D2O_MAX_ISA caps the level (ctest runs this test again with D2O_MAX_ISA=avx2).
+TEST(KernelIsa, MaxIsaCapsTheLevel) {
+  const char* cap = std::getenv("D2O_MAX_ISA");
+  if (cap != nullptr && std::string(cap) == "avx2") {
+    EXPECT_FALSE(kernel_isa_available(KernelIsa::kAvx512));
+    EXPECT_NE(best_kernel_isa(), KernelIsa::kAvx512);
+  }
+  CpuFeatures all;
+  all.avx2 = all.fma = all.f16c = true;
+  all.avx512f = all.avx512bw = all.avx512vl = all.avx512vnni = all.avx512bf16 = true;
+  all.avxvnni = true;
+  const CpuFeatures none = cap_features(all, nullptr);
+  EXPECT_TRUE(none.avx512f && none.avx512vnni && none.avxvnni);
+  const CpuFeatures top = cap_features(all, "avx512");
+  EXPECT_TRUE(top.avx512f && top.avx512bw && top.avx512vl && top.avx512vnni && top.avx512bf16);
+  const CpuFeatures two = cap_features(all, "avx2");
+  EXPECT_TRUE(two.avx2 && two.fma && two.f16c);
+  EXPECT_FALSE(two.avx512f || two.avx512bw || two.avx512vl || two.avx512vnni || two.avx512bf16);
+  EXPECT_FALSE(two.avxvnni);  // an AVX2-only CPU such as Zen 3 has no AVX-VNNI either
+  const CpuFeatures scalar = cap_features(all, "scalar");
+  EXPECT_FALSE(scalar.avx2 || scalar.fma || scalar.f16c || scalar.avx512f);
+  testing::internal::CaptureStderr();
+  const CpuFeatures bad = cap_features(all, "avx-2");
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(bad.avx2 || bad.avx512f);  // an unknown level caps at scalar, and says so
+  EXPECT_NE(err.find("D2O_MAX_ISA='avx-2'"), std::string::npos) << err;
 }
 
 }  // namespace

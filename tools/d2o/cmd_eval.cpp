@@ -16,6 +16,7 @@
 #include <filesystem>
 
 #include "core/timer.h"
+#include "ops/kernel_isa.h"
 #include "eval/fidelity.h"
 #include "eval/stats.h"
 #include "eval/stream_ppl.h"
@@ -159,6 +160,7 @@ Result<EvalSetup> eval_setup(const EvalCommonOptions& o, const std::string& text
   m.n_ctx_train = hp.n_ctx_train;
   m.kv_type = kv_type_name(s.loaded.kv_type);
   m.threads = s.loaded.pool->n_threads();
+  m.kernels = kernel_isa_name(best_kernel_isa());
   m.seed = o.seed;
   m.quick = o.quick;
   if (!text_path.empty()) {
