@@ -132,7 +132,7 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
       {"report", "model", "text", "KV", "threads", "kernels", "seed", "wall time", "command"},
       facts);
   md += "\nKernels: the SIMD level of the run (`avx512`, `avx2`, `scalar`; `-`: not recorded). "
-        "Figures are reproduced bit for bit by the same commit and kernel level; "
+        "A figure is reproduced bit for bit by the same commit, kernel level and threads; "
         "`D2O_MAX_ISA=avx2` runs the AVX2 kernels on an AVX-512 machine.\n";
   md += "\nTotal wall time " + format_duration(total) + ".\n\n";
 
