@@ -11,7 +11,7 @@ namespace {
 CpuFeatures detect() {
   CpuFeatures f;
   const char* force = std::getenv("D2O_FORCE_SCALAR");
-  if (force && std::strcmp(force, "0") != 0 && force[0] != '\0') return f;
+  const bool force_scalar = force && std::strcmp(force, "0") != 0 && force[0] != '\0';
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   f.avx2 = __builtin_cpu_supports("avx2");
@@ -28,7 +28,7 @@ CpuFeatures detect() {
   __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
   f.avxvnni = (a >> 4) & 1u;
 #endif
-  return cap_features(f, std::getenv("D2O_MAX_ISA"));
+  return cap_features(f, force_scalar ? "scalar" : std::getenv("D2O_MAX_ISA"));
 }
 }  // namespace
 

@@ -21,10 +21,10 @@ struct CpuFeatures {
   bool avxvnni = false;
 };
 
-// Detected once (thread-safe static). D2O_FORCE_SCALAR=1 in the environment disables all SIMD
-// paths, which is how the tests compare each kernel against its scalar reference end to end.
-// D2O_MAX_ISA=avx2 (or scalar) caps the kernels at that level: an AVX-512 machine then runs the
-// AVX2 kernels and reproduces, bit for bit, figures made on an AVX2-only one.
+// Detected once (thread-safe static), then capped (cap_features): D2O_MAX_ISA=avx2 keeps an
+// AVX-512 machine on the AVX2 kernels, which reproduces bit for bit figures made on an AVX2-only
+// one; D2O_FORCE_SCALAR=1 (the same as D2O_MAX_ISA=scalar) disables all SIMD paths, which is how
+// the tests compare each kernel against its scalar reference end to end.
 const CpuFeatures& cpu_features();
 
 // `f` capped at `max_isa` ("scalar", "avx2", "avx512", or null/empty for no cap). An unknown

@@ -16,10 +16,10 @@
 #include <filesystem>
 
 #include "core/timer.h"
-#include "ops/kernel_isa.h"
 #include "eval/fidelity.h"
 #include "eval/stats.h"
 #include "eval/stream_ppl.h"
+#include "ops/kernel_isa.h"
 
 #ifndef D2O_DEFAULT_CACHE_DIR
 #define D2O_DEFAULT_CACHE_DIR "cache"
