@@ -13,8 +13,9 @@
 #   scripts/make_results.sh --summary-only  only rebuild the page from the reports already there
 #   scripts/make_results.sh --only ppl,ruler  only those reports of the run (names as in
 #                                           docs/results/: ppl, fidelity, ablate, niah, ruler,
-#                                           ruler_4k, ruler_8k, ruler_8k_more, ruler_bytes,
-#                                           ruler_bytes_10, fidelity_bytes, niah_long),
+#                                           ruler_4k, ruler_8k, ruler_8k_more, ruler_8k_rest,
+#                                           ruler_bytes, ruler_bytes_10, fidelity_bytes,
+#                                           niah_long),
 #                                           then the whole page from every report there
 #   scripts/make_results.sh --model gemma3  only the Gemma 3 270M runs (about 130 minutes on 2 busy
 #                                           cores), into <out>/gemma3; then the whole page, whose
@@ -52,8 +53,8 @@ done
 
 for name in ${only//,/ }; do
   case "$name" in
-    ppl|fidelity|ablate|niah|ruler|ruler_4k|ruler_8k|ruler_8k_more|ruler_bytes|ruler_bytes_10|fidelity_bytes|niah_long) ;;
-    *) echo "make_results: unknown report '$name' in --only (ppl, fidelity, ablate, niah, ruler, ruler_4k, ruler_8k, ruler_8k_more, ruler_bytes, ruler_bytes_10, fidelity_bytes, niah_long)" >&2
+    ppl|fidelity|ablate|niah|ruler|ruler_4k|ruler_8k|ruler_8k_more|ruler_8k_rest|ruler_bytes|ruler_bytes_10|fidelity_bytes|niah_long) ;;
+    *) echo "make_results: unknown report '$name' in --only (ppl, fidelity, ablate, niah, ruler, ruler_4k, ruler_8k, ruler_8k_more, ruler_8k_rest, ruler_bytes, ruler_bytes_10, fidelity_bytes, niah_long)" >&2
        exit 2 ;;
   esac
 done
@@ -192,6 +193,12 @@ elif [ $summary_only -eq 0 ]; then
     # 7%). About 50 minutes on 2 cores.
     run eval ruler "${common[@]}" "${hay[@]}" --name ruler_8k_more --ratio 0.2 --lengths 8192 \
       --trials 50 --tasks niah_multikey,fwe \
+      --policies "full;streaming;h2o;snapkv;d2o;d2o:mass=on,merge=sized,layers=uniform,nm=1:1"
+    # ruler_8k_rest: the other three tasks of the 2K and 4K grids at 8K, so that every task has
+    # run at every length: niah_multivalue, niah_multiquery and vt, 50 trials each, the same
+    # policies. About 75 minutes on 2 cores. (vt's full-cache score at 4K, 7%, leaves little room.)
+    run eval ruler "${common[@]}" "${hay[@]}" --name ruler_8k_rest --ratio 0.2 --lengths 8192 \
+      --trials 50 --tasks niah_multivalue,niah_multiquery,vt \
       --policies "full;streaming;h2o;snapkv;d2o;d2o:mass=on,merge=sized,layers=uniform,nm=1:1"
     # Equal KV bytes, RULER (ruler_bytes at 20%, ruler_bytes_10 at 10% of the F16 full cache's
     # bytes): the tasks above with every policy in F16, Q8_0 and rotated Q4_0 storage, each
