@@ -211,6 +211,71 @@ Result<double> measure_read_bandwidth(ThreadPool& pool, size_t bytes, int reps) 
   return best;
 }
 
+namespace {
+
+// Prefills `saved` with the first `depth` tokens of `text` (one forward pass, compressed by the
+// policy); the seconds it took and the slots left go to the result fields of every test at it.
+Status prefill_depth(Engine& engine, Sequence& saved, std::span<const TokenId> text, int depth,
+                     double* seconds, int64_t* slots) {
+  saved.reset();
+  *seconds = 0;
+  if (depth > 0) {
+    BatchEntry be;
+    be.seq = &saved;
+    be.tokens = text.first(static_cast<size_t>(depth));
+    Stopwatch sw;
+    const LogitsSink no_sink;
+    D2O_RETURN_IF_ERROR(engine.forward({&be, 1}, no_sink));
+    *seconds = sw.seconds();
+  }
+  *slots = saved.cache().total_slots();
+  return {};
+}
+
+// One repetition of `t` on `seq`: the depth state restored from `saved`, then the timed part;
+// its seconds and engine split are added to `r`.
+Status run_repetition(Engine& engine, Sequence& seq, const Sequence& saved,
+                      std::span<const TokenId> text, const BenchTest& t, BenchResult& r) {
+  if (t.depth > 0) {
+    D2O_RETURN_IF_ERROR(seq.copy_from(saved));
+  } else {
+    seq.reset();
+  }
+  // The cache never needs more than depth + n slots: growth stops there (a full cache would
+  // otherwise over-allocate by up to a quarter and report it as KV bytes).
+  int limit = static_cast<int>(int64_t{t.depth} + t.n);
+  for (int il = 0; il < seq.cache().n_layer(); ++il)
+    limit = std::max(limit, seq.cache().layer(il).capacity());
+  D2O_RETURN_IF_ERROR(seq.cache().set_slot_limit(limit));
+  engine.reset_timings();
+  double secs = 0;
+  D2O_RETURN_IF_ERROR(run_timed(engine, seq, text, t, &secs));
+  add_timings(r.timings, engine.timings());
+  r.seconds.push_back(secs);
+  return {};
+}
+
+// Rates from the repetitions' seconds, and the cache after the last one.
+void finish_result(BenchResult& r, const Sequence& seq) {
+  const BenchTest& t = r.test;
+  double sum = 0, sq = 0;
+  for (const double s : r.seconds) sum += t.n / std::max(s, 1e-12);
+  r.tps_mean = sum / static_cast<double>(r.seconds.size());
+  for (const double s : r.seconds) {
+    const double x = t.n / std::max(s, 1e-12) - r.tps_mean;
+    sq += x * x;
+  }
+  r.tps_stddev =
+      r.seconds.size() > 1 ? std::sqrt(sq / static_cast<double>(r.seconds.size() - 1)) : 0.0;
+  const KvCache& c = seq.cache();
+  r.slots = c.total_slots();
+  r.kv_bytes = c.kv_bytes_allocated();
+  r.kv_bytes_used = c.kv_bytes_used();
+  r.kv_bytes_full = c.full_kv_bytes(seq.n_past());
+}
+
+}  // namespace
+
 Status run_bench(Engine& engine, std::span<const TokenId> text, std::span<const BenchTest> tests,
                  const std::shared_ptr<const KvPolicy>& policy, const BenchConfig& cfg,
                  const std::function<void(const BenchResult&)>& on_result) {
@@ -222,7 +287,6 @@ Status run_bench(Engine& engine, std::span<const TokenId> text, std::span<const 
   int saved_depth = -1;
   double depth_seconds = 0;
   int64_t slots_after_depth = 0;
-  const LogitsSink no_sink;
 
   for (const BenchTest& t : tests) {
     BenchResult r;
@@ -231,18 +295,9 @@ Status run_bench(Engine& engine, std::span<const TokenId> text, std::span<const 
     // The depth state: prefilled once per depth (one forward pass, compressed by the policy),
     // then restored before every repetition.
     if (saved_depth != t.depth) {
-      saved.reset();
       saved_depth = -1;
-      depth_seconds = 0;
-      if (t.depth > 0) {
-        BatchEntry be;
-        be.seq = &saved;
-        be.tokens = text.first(static_cast<size_t>(t.depth));
-        Stopwatch sw;
-        D2O_RETURN_IF_ERROR(engine.forward({&be, 1}, no_sink));
-        depth_seconds = sw.seconds();
-      }
-      slots_after_depth = saved.cache().total_slots();
+      D2O_RETURN_IF_ERROR(
+          prefill_depth(engine, saved, text, t.depth, &depth_seconds, &slots_after_depth));
       saved_depth = t.depth;
     }
     r.depth_seconds = depth_seconds;
@@ -256,45 +311,77 @@ Status run_bench(Engine& engine, std::span<const TokenId> text, std::span<const 
 #endif
     const bool rss_ok = reset_peak_rss();
     const size_t rss_before = current_rss_bytes();
-    for (int rep = 0; rep < cfg.repetitions; ++rep) {
-      if (t.depth > 0) {
-        D2O_RETURN_IF_ERROR(seq.copy_from(saved));
-      } else {
-        seq.reset();
-      }
-      // The cache never needs more than depth + n slots: growth stops there (a full cache would
-      // otherwise over-allocate by up to a quarter and report it as KV bytes).
-      int limit = static_cast<int>(int64_t{t.depth} + t.n);
-      for (int il = 0; il < seq.cache().n_layer(); ++il)
-        limit = std::max(limit, seq.cache().layer(il).capacity());
-      D2O_RETURN_IF_ERROR(seq.cache().set_slot_limit(limit));
-      engine.reset_timings();
-      double secs = 0;
-      D2O_RETURN_IF_ERROR(run_timed(engine, seq, text, t, &secs));
-      add_timings(r.timings, engine.timings());
-      r.seconds.push_back(secs);
-    }
+    for (int rep = 0; rep < cfg.repetitions; ++rep)
+      D2O_RETURN_IF_ERROR(run_repetition(engine, seq, saved, text, t, r));
     if (rss_ok) {
       const size_t peak = std::max(peak_rss_bytes(), rss_before);
       r.peak_rss = peak > saved_bytes ? peak - saved_bytes : peak;
     }
-    double sum = 0, sq = 0;
-    for (const double s : r.seconds) sum += t.n / std::max(s, 1e-12);
-    r.tps_mean = sum / static_cast<double>(r.seconds.size());
-    for (const double s : r.seconds) {
-      const double x = t.n / std::max(s, 1e-12) - r.tps_mean;
-      sq += x * x;
-    }
-    r.tps_stddev =
-        r.seconds.size() > 1 ? std::sqrt(sq / static_cast<double>(r.seconds.size() - 1)) : 0.0;
-    const KvCache& c = seq.cache();
-    r.slots = c.total_slots();
-    r.kv_bytes = c.kv_bytes_allocated();
-    r.kv_bytes_used = c.kv_bytes_used();
-    r.kv_bytes_full = c.full_kv_bytes(seq.n_past());
+    finish_result(r, seq);
     if (on_result) on_result(r);
   }
   return {};
+}
+
+Status run_bench_interleaved(Engine& engine, std::span<const TokenId> text,
+                             std::span<const BenchTest> tests,
+                             std::span<const std::shared_ptr<const KvPolicy>> policies,
+                             const BenchConfig& cfg,
+                             const std::function<void(size_t, const BenchResult&)>& on_result) {
+  D2O_RETURN_IF_ERROR(validate_bench_tests(tests, static_cast<int64_t>(text.size()), cfg));
+  if (policies.empty()) return invalid_argument("run_bench_interleaved: no KV policy");
+  for (const auto& p : policies)
+    if (!p) return invalid_argument("run_bench_interleaved: a null KV policy");
+  const ModelHParams& hp = engine.model().hparams();
+  const size_t n_pol = policies.size();
+  std::vector<std::unique_ptr<Sequence>> seq, saved;
+  for (const auto& p : policies) {
+    seq.push_back(std::make_unique<Sequence>(hp, cfg.kv_type, p));
+    saved.push_back(std::make_unique<Sequence>(hp, cfg.kv_type, p));
+  }
+  int saved_depth = -1;
+  std::vector<double> depth_seconds(n_pol, 0.0);
+  std::vector<int64_t> slots_after_depth(n_pol, 0);
+
+  for (const BenchTest& t : tests) {
+    if (saved_depth != t.depth) {
+      saved_depth = -1;
+      for (size_t ip = 0; ip < n_pol; ++ip) {
+        D2O_RETURN_IF_ERROR(prefill_depth(engine, *saved[ip], text, t.depth, &depth_seconds[ip],
+                                          &slots_after_depth[ip]));
+      }
+      saved_depth = t.depth;
+    }
+    std::vector<BenchResult> r(n_pol);
+    for (size_t ip = 0; ip < n_pol; ++ip) {
+      r[ip].test = t;
+      r[ip].kv_spec = policies[ip]->spec();
+      r[ip].depth_seconds = depth_seconds[ip];
+      r[ip].slots_after_depth = slots_after_depth[ip];
+      seq[ip]->reset();
+    }
+    // Rounds of one repetition per policy, in order on even rounds and in reverse on odd ones,
+    // so that no policy always runs right after the same other one.
+    for (int rep = 0; rep < cfg.repetitions; ++rep) {
+      for (size_t k = 0; k < n_pol; ++k) {
+        const size_t ip = rep % 2 == 0 ? k : n_pol - 1 - k;
+        D2O_RETURN_IF_ERROR(run_repetition(engine, *seq[ip], *saved[ip], text, t, r[ip]));
+      }
+    }
+    for (size_t ip = 0; ip < n_pol; ++ip) {
+      finish_result(r[ip], *seq[ip]);  // peak_rss stays 0: the policies share the process
+      if (on_result) on_result(ip, r[ip]);
+    }
+  }
+  return {};
+}
+
+std::vector<double> paired_ratios(const BenchResult& a, const BenchResult& base) {
+  std::vector<double> out;
+  const size_t n = std::min(a.seconds.size(), base.seconds.size());
+  for (size_t i = 0; i < n; ++i)
+    out.push_back(std::max(base.seconds[i], 1e-12) / std::max(a.seconds[i], 1e-12));
+  return out;
 }
 
 }  // namespace d2o

@@ -82,6 +82,23 @@ Status run_bench(Engine& engine, std::span<const TokenId> text, std::span<const 
                  const std::shared_ptr<const KvPolicy>& policy, const BenchConfig& cfg,
                  const std::function<void(const BenchResult&)>& on_result);
 
+// The same tests for several policies, interleaved: after each depth prefill (one per policy),
+// every repetition is a round of one run per policy, in the given order on even rounds and in
+// reverse on odd ones. A drift of the machine's speed (another process, clock changes) then
+// falls on every policy alike, and the rates of one round can be compared pairwise
+// (paired_ratios). on_result(policy index, result) is called per test for every policy, in
+// policy order, after the test's last round. peak_rss stays 0 (the policies share the process).
+// Holds two sequences per policy (the saved depth state and the working one) at once.
+Status run_bench_interleaved(Engine& engine, std::span<const TokenId> text,
+                             std::span<const BenchTest> tests,
+                             std::span<const std::shared_ptr<const KvPolicy>> policies,
+                             const BenchConfig& cfg,
+                             const std::function<void(size_t, const BenchResult&)>& on_result);
+
+// Per-repetition rate of `a` over that of `base` (the same test; repetition i of both from the
+// same round when interleaved): base.seconds[i] / a.seconds[i], for the repetitions both have.
+std::vector<double> paired_ratios(const BenchResult& a, const BenchResult& base);
+
 // Memory read bandwidth with the pool's threads, bytes per second: the best of `reps` parallel
 // sweeps over a buffer of `bytes` (make it much larger than the caches, e.g. 1 GiB). The limit
 // that decoding, which streams the weights and the KV cache once per token, runs against.

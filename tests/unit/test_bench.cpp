@@ -4,8 +4,10 @@
 // depth state). Timing figures themselves are never asserted.
 #include <gtest/gtest.h>
 
-#include "common/test_util.h"
+#include <utility>
+
 #include "common/random_model.h"
+#include "common/test_util.h"
 #include "core/thread_pool.h"
 #include "eval/bench.h"
 #include "kv/policy.h"
@@ -176,6 +178,63 @@ TEST_F(BenchRandomModel, SlotsAndBytesPerPolicy) {
       }
     }
   }
+}
+
+TEST_F(BenchRandomModel, InterleavedRunsGiveEachPolicyItsOwnState) {
+  ThreadPool pool(2);
+  Engine engine(*model_, pool, EngineOptions{});
+  const ModelHParams& hp = model_->hparams();
+  const std::vector<TokenId> text = test::random_model_tokens(300, hp.n_vocab);
+  const std::vector<BenchTest> tests = {
+      {BenchKind::kGen, 8, 0}, {BenchKind::kPrompt, 16, 200}, {BenchKind::kGen, 8, 200}};
+  BenchConfig cfg;
+  cfg.repetitions = 3;
+  cfg.kv_type = KvType::kF32;
+  std::vector<std::shared_ptr<const KvPolicy>> policies;
+  for (const char* spec : {"full", "h2o:ratio=0.25", "d2o:ratio=0.25"}) {
+    auto p = parse_kv_policy(spec);
+    ASSERT_TRUE(p.ok());
+    policies.emplace_back(std::move(p).value());
+  }
+  std::vector<std::pair<size_t, BenchResult>> got;
+  const Status s =
+      run_bench_interleaved(engine, text, tests, policies, cfg,
+                            [&](size_t ip, const BenchResult& r) { got.emplace_back(ip, r); });
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_EQ(got.size(), tests.size() * policies.size());
+  // Per test, every policy in order; each holds what it holds when run alone.
+  for (size_t ip = 0; ip < policies.size(); ++ip) {
+    std::vector<BenchResult> alone;
+    ASSERT_TRUE(run_bench(engine, text, tests, policies[ip], cfg, [&](const BenchResult& r) {
+                  alone.push_back(r);
+                }).ok());
+    ASSERT_EQ(alone.size(), tests.size());
+    for (size_t it = 0; it < tests.size(); ++it) {
+      const auto& [jp, r] = got[it * policies.size() + ip];
+      SCOPED_TRACE(policies[ip]->spec() + " " + tests[it].name());
+      EXPECT_EQ(jp, ip);
+      EXPECT_EQ(r.test.name(), tests[it].name());
+      EXPECT_EQ(r.kv_spec, policies[ip]->spec());
+      ASSERT_EQ(r.seconds.size(), 3u);
+      EXPECT_EQ(r.peak_rss, 0u);
+      EXPECT_EQ(r.slots_after_depth, alone[it].slots_after_depth);
+      EXPECT_EQ(r.slots, alone[it].slots);
+      EXPECT_EQ(r.kv_bytes_used, alone[it].kv_bytes_used);
+      EXPECT_EQ(r.kv_bytes_full, alone[it].kv_bytes_full);
+    }
+  }
+  // Paired ratios: the base's seconds over the policy's, repetition by repetition.
+  BenchResult a, b;
+  a.seconds = {1.0, 2.0, 4.0};
+  b.seconds = {2.0, 2.0};
+  const std::vector<double> x = paired_ratios(a, b);
+  ASSERT_EQ(x.size(), 2u);
+  EXPECT_DOUBLE_EQ(x[0], 2.0);
+  EXPECT_DOUBLE_EQ(x[1], 1.0);
+
+  EXPECT_FALSE(run_bench_interleaved(engine, text, tests, {}, cfg, nullptr).ok());
+  const std::vector<std::shared_ptr<const KvPolicy>> with_null = {policies[0], nullptr};
+  EXPECT_FALSE(run_bench_interleaved(engine, text, tests, with_null, cfg, nullptr).ok());
 }
 
 TEST_F(BenchRandomModel, ErrorsBeforeRunning) {

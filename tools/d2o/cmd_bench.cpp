@@ -3,10 +3,12 @@
 // `d2o bench throughput` (cmd_bench_throughput.cpp) is the batched-serving benchmark instead.
 //
 //   d2o bench -p 512 -n 128 -d 0,8192 --kv full --kv d2o:ratio=0.2 -r 3 -t 2 --json out.json
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "commands.h"
 #include "common.h"
@@ -29,6 +31,7 @@ struct BenchOptions {
   std::string text_file;
   std::string json_file;
   bool mem_bw = false;
+  bool interleave = false;
 };
 
 // Reads the text and tokenises as much of it as the tests need (whole lines, so no character is
@@ -159,43 +162,101 @@ int run_bench_cmd(BenchOptions& o) {
   std::printf("| --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: |\n");
   std::fflush(stdout);
   nlohmann::json results = nlohmann::json::array();
-  for (size_t ip = 0; ip < policies.size(); ++ip) {
-    const auto& policy = policies[ip];
+  // Every result, in the order they came, with its policy's index (for the paired ratios).
+  std::vector<std::pair<size_t, BenchResult>> all;
+  auto on_result = [&](size_t ip, const BenchResult& r) {
     const std::string& shown = o.kv_specs[ip];  // as the user wrote it; JSON has the canonical spec
-    Status s = run_bench(*l.engine, *ids, tests, policy, cfg, [&](const BenchResult& r) {
-      std::printf("| %s | %s | %d | %s | %s | %s | %.2f ± %.2f | %s (%s) | %s |\n",
-                  model_name.c_str(), size.c_str(), l.pool->n_threads(), kv_type_name(cfg.kv_type),
-                  shown.c_str(), r.test.name().c_str(), r.tps_mean, r.tps_stddev,
-                  mib(r.kv_bytes).c_str(), mib(r.kv_bytes_full).c_str(),
-                  r.peak_rss ? mib(r.peak_rss).c_str() : "?");
-      std::fflush(stdout);
-      nlohmann::json j;
-      j["kv"] = shown;
-      j["kv_canonical"] = r.kv_spec;
-      j["test"] = r.test.name();
-      j["kind"] = r.test.kind == BenchKind::kPrompt ? "pp" : "tg";
-      j["n"] = r.test.n;
-      j["depth"] = r.test.depth;
-      j["samples_s"] = r.seconds;
-      std::vector<double> tps;
-      for (const double x : r.seconds) tps.push_back(r.test.n / std::max(x, 1e-12));
-      j["samples_ts"] = tps;
-      j["avg_ts"] = r.tps_mean;
-      j["stddev_ts"] = r.tps_stddev;
-      j["depth_prefill_s"] = r.depth_seconds;
-      j["slots_after_depth"] = r.slots_after_depth;
-      j["slots"] = r.slots;
-      j["kv_bytes"] = r.kv_bytes;
-      j["kv_bytes_used"] = r.kv_bytes_used;
-      j["kv_bytes_full"] = r.kv_bytes_full;
-      j["peak_rss_bytes"] = r.peak_rss;
-      j["engine_s"] = {{"matmul", r.timings.matmul_s},
-                       {"attention", r.timings.attention_s},
-                       {"policy", r.timings.policy_s},
-                       {"other", r.timings.other_s}};
-      results.push_back(std::move(j));
-    });
+    std::printf("| %s | %s | %d | %s | %s | %s | %.2f ± %.2f | %s (%s) | %s |\n",
+                model_name.c_str(), size.c_str(), l.pool->n_threads(), kv_type_name(cfg.kv_type),
+                shown.c_str(), r.test.name().c_str(), r.tps_mean, r.tps_stddev,
+                mib(r.kv_bytes).c_str(), mib(r.kv_bytes_full).c_str(),
+                r.peak_rss ? mib(r.peak_rss).c_str() : "?");
+    std::fflush(stdout);
+    nlohmann::json j;
+    j["kv"] = shown;
+    j["kv_canonical"] = r.kv_spec;
+    j["test"] = r.test.name();
+    j["kind"] = r.test.kind == BenchKind::kPrompt ? "pp" : "tg";
+    j["n"] = r.test.n;
+    j["depth"] = r.test.depth;
+    j["samples_s"] = r.seconds;
+    std::vector<double> tps;
+    for (const double x : r.seconds) tps.push_back(r.test.n / std::max(x, 1e-12));
+    j["samples_ts"] = tps;
+    j["avg_ts"] = r.tps_mean;
+    j["stddev_ts"] = r.tps_stddev;
+    j["depth_prefill_s"] = r.depth_seconds;
+    j["slots_after_depth"] = r.slots_after_depth;
+    j["slots"] = r.slots;
+    j["kv_bytes"] = r.kv_bytes;
+    j["kv_bytes_used"] = r.kv_bytes_used;
+    j["kv_bytes_full"] = r.kv_bytes_full;
+    j["peak_rss_bytes"] = r.peak_rss;
+    j["engine_s"] = {{"matmul", r.timings.matmul_s},
+                     {"attention", r.timings.attention_s},
+                     {"policy", r.timings.policy_s},
+                     {"other", r.timings.other_s}};
+    results.push_back(std::move(j));
+    all.emplace_back(ip, r);
+  };
+  if (o.interleave) {
+    Status s = run_bench_interleaved(*l.engine, *ids, tests, policies, cfg, on_result);
     if (!s.ok()) return fail(s);
+  } else {
+    for (size_t ip = 0; ip < policies.size(); ++ip) {
+      Status s = run_bench(*l.engine, *ids, tests, policies[ip], cfg,
+                           [&](const BenchResult& r) { on_result(ip, r); });
+      if (!s.ok()) return fail(s);
+    }
+  }
+
+  // Rates over the first --kv's, per test. Interleaved: paired by round (mean ± standard error of
+  // the per-round ratios); else the ratio of the means (runs at different times: no error given).
+  nlohmann::json ratios = nlohmann::json::array();
+  if (policies.size() > 1) {
+    std::printf("\n| kv | test | t/s over %s | engine s: matmul / attention / policy / other |\n",
+                o.kv_specs[0].c_str());
+    std::printf("| --- | ---: | ---: | --- |\n");
+    for (const auto& [ip, r] : all) {
+      const BenchResult* base = nullptr;
+      for (const auto& [jp, b] : all)
+        if (jp == 0 && b.test.name() == r.test.name()) base = &b;
+      char cell[64] = "-";
+      nlohmann::json jr;
+      jr["kv"] = o.kv_specs[ip];
+      jr["test"] = r.test.name();
+      if (base != nullptr && base->tps_mean > 0) {
+        if (o.interleave) {
+          const std::vector<double> x = paired_ratios(r, *base);
+          double m = 0, sq = 0;
+          for (const double v : x) m += v;
+          m /= static_cast<double>(x.size());
+          for (const double v : x) sq += (v - m) * (v - m);
+          const double se = x.size() > 1 ? std::sqrt(sq / static_cast<double>(x.size() - 1) /
+                                                     static_cast<double>(x.size()))
+                                         : 0.0;
+          std::snprintf(cell, sizeof cell, "%.3f ± %.3f", m, se);
+          jr["paired"] = true;
+          jr["ratio"] = m;
+          jr["ratio_se"] = se;
+          jr["ratio_samples"] = x;
+        } else {
+          std::snprintf(cell, sizeof cell, "%.3f", r.tps_mean / base->tps_mean);
+          jr["paired"] = false;
+          jr["ratio"] = r.tps_mean / base->tps_mean;
+        }
+      }
+      std::printf("| %s | %s | %s | %.2f / %.2f / %.2f / %.2f |\n", o.kv_specs[ip].c_str(),
+                  r.test.name().c_str(), cell, r.timings.matmul_s, r.timings.attention_s,
+                  r.timings.policy_s, r.timings.other_s);
+      ratios.push_back(std::move(jr));
+    }
+    std::printf(o.interleave
+                    ? "(interleaved: each ratio is the mean ± standard error of the per-round "
+                      "ratios; engine seconds summed over the repetitions)\n"
+                    : "(run one policy after another: the ratio of mean rates, which a change of "
+                      "the machine's speed between policies also moves; --interleave pairs them "
+                      "by round)\n");
   }
 
   if (!o.json_file.empty()) {
@@ -209,16 +270,16 @@ int run_bench_cmd(BenchOptions& o) {
       doc["n_head_kv"] = hp.n_head_kv;
       doc["head_dim"] = hp.head_dim;
       // K and V bytes one token adds to a full cache of this storage type (all layers).
-      doc["kv_bytes_per_token"] =
-          KvCache(kv_cache_config(hp, cfg.kv_type))
-              .full_kv_bytes(1);
+      doc["kv_bytes_per_token"] = KvCache(kv_cache_config(hp, cfg.kv_type)).full_kv_bytes(1);
     }
     doc["threads"] = l.pool->n_threads();
     doc["kv_type"] = kv_type_name(cfg.kv_type);
     doc["repetitions"] = cfg.repetitions;
     doc["text"] = text_path;
     doc["cpu"] = cpu_description();
+    doc["interleaved"] = o.interleave;
     doc["results"] = std::move(results);
+    doc["ratios"] = std::move(ratios);
     std::ofstream out(o.json_file, std::ios::binary);
     out << doc.dump(2) << "\n";
     if (!out) return fail(io_error("cannot write '" + o.json_file + "'"));
@@ -250,6 +311,11 @@ Action add_bench_command(CLI::App& app) {
   sub->add_option("-f,--file", o->text_file,
                   "Text for the depth and the prompts (default: the KJV text from setup)");
   sub->add_option("--json", o->json_file, "Also write the results as JSON to this file");
+  sub->add_flag("--interleave", o->interleave,
+                "Interleave the --kv policies: each repetition is a round of one run per policy "
+                "(order reversed every other round), so that ratios between policies are paired "
+                "by round and a drift of the machine's speed falls on all alike (peak RSS is not "
+                "measured then)");
   sub->add_flag(
       "--mem-bw", o->mem_bw,
       "Only measure the memory read bandwidth with -t threads (the limit decoding runs against)");
