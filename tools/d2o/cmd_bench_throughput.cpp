@@ -321,11 +321,21 @@ int run_throughput(ThroughputOptions& o) {
   for (const PolicyRun& r : runs) {
     if (!r.refusal.empty()) std::printf("%s: %s\n", r.spec.c_str(), r.refusal.c_str());
   }
+  std::printf("\n%-22s %10s %11s %10s %10s %12s\n", "kv policy", "matmul s", "attention s",
+              "policy s", "other s", "policy / 1st");
+  const double base_policy = runs.front().timings.policy_s;
+  for (const PolicyRun& r : runs) {
+    char rel[32] = "-";
+    if (base_policy > 0) std::snprintf(rel, sizeof rel, "%.2f", r.timings.policy_s / base_policy);
+    std::printf("%-22s %10.2f %11.2f %10.2f %10.2f %12s\n", r.spec.c_str(), r.timings.matmul_s,
+                r.timings.attention_s, r.timings.policy_s, r.timings.other_s, rel);
+  }
   std::printf(
       "x = generated tokens/s relative to the first policy; batch = sequences running per step, "
       "max/mean; "
       "KV/req = reservation per request (peak footprint); KV peak = most KV bytes allocated at "
-      "once\n");
+      "once; matmul ... other = the engine's time split (policy: the KV policy's compactions), "
+      "policy / 1st = policy seconds over the first policy's\n");
 
   if (!o.json.empty()) {
     nlohmann::json j;
