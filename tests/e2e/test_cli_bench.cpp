@@ -81,6 +81,35 @@ TEST(CliBenchPpTg, SmallRunAtADepthPerPolicyWritesJson) {
       EXPECT_LT(x["slots"].get<int64_t>(), 30 * 200 / 4 + 30 * n);
     }
   }
+  // Sequential runs: the ratio of mean rates, unpaired.
+  ASSERT_EQ(j["ratios"].size(), 8u);
+  EXPECT_FALSE(j["interleaved"].get<bool>());
+  EXPECT_FALSE(j["ratios"][0]["paired"].get<bool>());
+
+  // Interleaved: the same results per policy and test, ratios paired by round.
+  const std::string json2 = ::d2o::test::scratch_path("bench_pptg_interleaved.json");
+  r = run_d2o("bench -m " + model + " -f " + text +
+              " -p 0 -n 4 -d 200 -r 3 -t 1 --kv full --kv h2o:ratio=0.2 --interleave --json " +
+              json2);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "t/s over full")) << r.output;
+  EXPECT_TRUE(has(r.output, "per-round ratios")) << r.output;
+  const auto k = nlohmann::json::parse(test::read_file(json2), nullptr, false);
+  ASSERT_FALSE(k.is_discarded()) << test::read_file(json2);
+  EXPECT_TRUE(k["interleaved"].get<bool>());
+  ASSERT_EQ(k["results"].size(), 2u);
+  EXPECT_EQ(k["results"][0]["kv"], "full");
+  EXPECT_EQ(k["results"][1]["kv"], "h2o:ratio=0.2");
+  EXPECT_EQ(k["results"][0]["slots"], 30 * 204);
+  EXPECT_EQ(k["results"][1]["slots_after_depth"], 30 * 40);  // H2O keeps 20% of every layer
+  ASSERT_EQ(k["ratios"].size(), 2u);
+  for (const auto& x : k["ratios"]) {
+    SCOPED_TRACE(x.dump());
+    EXPECT_TRUE(x["paired"].get<bool>());
+    ASSERT_EQ(x["ratio_samples"].size(), 3u);
+    EXPECT_GT(x["ratio"].get<double>(), 0.0);
+  }
+  EXPECT_DOUBLE_EQ(k["ratios"][0]["ratio"].get<double>(), 1.0);
 }
 
 TEST(CliBench, BadArgumentsGiveClearErrors) {
