@@ -6,7 +6,8 @@
 # `d2o eval summary` for the page. Deterministic: the same model, texts and seed give the same
 # numbers (wall times aside).
 #
-#   scripts/make_results.sh                 the full report (about 75 minutes on 2 cores)
+#   scripts/make_results.sh                 the full report (about 5 hours on 2 cores; the page
+#                                           gives each report's own wall time)
 #   scripts/make_results.sh --quick         a small subset in a few minutes (CI smoke test);
 #                                           writes to build/results-quick unless --out is given
 #   scripts/make_results.sh --out DIR       reports into DIR, the page into DIR/../results.md
@@ -45,7 +46,7 @@ while [ $# -gt 0 ]; do
     --only) shift; only=${1:?--only needs report names, e.g. ppl,ruler} ;;
     --out) shift; out=${1:?--out needs a folder} ;;
     --model) shift; model=${1:?--model needs smollm2 or gemma3} ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "make_results: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -159,7 +160,7 @@ elif [ $summary_only -eq 0 ]; then
     run eval fidelity --quick "${common[@]}" "${text[@]}" --name fidelity_bytes --bytes 0.2,0.4 \
       --kv-types f16,q4_0r --policies "full;h2o;d2o"
   else
-    # Sized for about an hour on 2 busy cores (per-token costs measured first; see results.md).
+    # About 5 hours on 2 cores in all (each report's time: the run table of results.md).
     # ppl: the PG-19 protocol, token by token through 4096 tokens (half the trained context).
     run eval ppl "${common[@]}" "${text[@]}" --policies "$all$ada" --capacities 256,1024 --tokens 4096 --chunk 1
     # fidelity: 8 prompts of 2048 tokens, 96 teacher-forced tokens each, three ratios.
