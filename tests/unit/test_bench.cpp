@@ -172,8 +172,9 @@ TEST_F(BenchRandomModel, SlotsAndBytesPerPolicy) {
         EXPECT_EQ(r.slots, layers * (t.depth + t.n));
         // No more than the longest test at this depth needs (pp16 at depth 200):
         // the depth prefill's geometric growth is not carried into the timed runs.
-        if (t.depth > 0)
+        if (t.depth > 0) {
           EXPECT_LE(r.kv_bytes, static_cast<size_t>(heads * (t.depth + 16)) * row_pair);
+        }
       } else if (t.depth > 0) {
         // H2O at 25% of the 200-token depth keeps 50 slots per head and holds that budget
         // while the timed tokens arrive (the repetitions restore the same compressed state).
