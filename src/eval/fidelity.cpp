@@ -5,6 +5,7 @@
 
 #include "core/timer.h"
 #include "eval/fork.h"
+#include "eval/harness.h"
 #include "eval/kv_bytes.h"
 #include "eval/perplexity.h"
 #include "eval/stats.h"
@@ -209,10 +210,7 @@ Status write_fidelity_report(const FidelityResult& r, const FidelityParams& p, c
   j["f16_full_bytes_end"] = r.f16_full_bytes_end;
   j["context_end"] = r.context_end;
   j["seconds"] = r.seconds;
-  j["engine_seconds"] = {{"matmul", r.timings.matmul_s},
-                         {"attention", r.timings.attention_s},
-                         {"policy", r.timings.policy_s},
-                         {"other", r.timings.other_s}};
+  j["engine_seconds"] = timings_json(r.timings);
   std::vector<std::string> rows, cols;
   nlohmann::json jc = nlohmann::json::array();
   for (size_t i = 0; i < p.cases.size(); ++i) {

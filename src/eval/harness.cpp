@@ -91,6 +91,13 @@ std::string fnv1a64_hex(std::string_view bytes) {
   return buf;
 }
 
+nlohmann::json timings_json(const EngineTimings& t) {
+  return nlohmann::json{{"matmul", t.matmul_s},
+                        {"attention", t.attention_s},
+                        {"policy", t.policy_s},
+                        {"other", t.other_s}};
+}
+
 nlohmann::json to_json(const RunMeta& m) {
   return nlohmann::json{{"command", m.command},
                         {"model",

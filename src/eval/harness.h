@@ -71,6 +71,9 @@ struct RunMeta {
   double wall_seconds = 0;  // filled when the run ends
 };
 nlohmann::json to_json(const RunMeta& m);
+// The engine's time split as reports and benchmarks write it: {matmul, attention, policy, other}
+// in seconds.
+nlohmann::json timings_json(const EngineTimings& t);
 RunMeta meta_from_json(const nlohmann::json& j);
 
 // Where a report goes: <dir>/<name>.json, <dir>/<name>.md, <dir>/<name>_*.svg.

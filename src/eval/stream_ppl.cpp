@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/timer.h"
+#include "eval/harness.h"
 #include "eval/perplexity.h"
 #include "eval/stats.h"
 #include "eval/svg.h"
@@ -209,10 +210,7 @@ Status write_stream_ppl_report(const StreamPplResult& r, const StreamPplParams& 
                  {"se_block", kNllBlock}};
   j["warnings"] = r.warnings;
   j["seconds"] = r.seconds;
-  j["engine_seconds"] = {{"matmul", r.timings.matmul_s},
-                         {"attention", r.timings.attention_s},
-                         {"policy", r.timings.policy_s},
-                         {"other", r.timings.other_s}};
+  j["engine_seconds"] = timings_json(r.timings);
   std::vector<int> caps;
   for (const StreamPplRun& run : r.runs) {
     if (run.capacity > 0 && std::find(caps.begin(), caps.end(), run.capacity) == caps.end()) {

@@ -235,7 +235,8 @@ TEST(EvalStats, PairedVerdictUsesTheSpreadOrASignTest) {
   EXPECT_EQ(paired_verdict(m.mean, m.se, m.n), "**wins** (all 6 pairs, sign test p = 0.031)");
   EXPECT_EQ(paired_verdict(-1.0, 0.0, 6), "**loses** (all 6 pairs, sign test p = 0.031)");
   // Five alike pairs give p = 0.0625: not beyond the two-standard-error level.
-  EXPECT_EQ(paired_verdict(1.0, 0.0, 5), "not resolved (all 5 pairs differ alike; sign test p = 0.062)");
+  EXPECT_EQ(paired_verdict(1.0, 0.0, 5),
+            "not resolved (all 5 pairs differ alike; sign test p = 0.062)");
   EXPECT_EQ(paired_verdict(1.0, 0.0, 1), "not resolved (one pair: no standard error)");
 }
 
@@ -259,6 +260,21 @@ TEST(EvalHarness, RunMetaRoundTripsThroughJson) {
   EXPECT_EQ(back.seed, 7u);
   j.erase("kernels");
   EXPECT_EQ(meta_from_json(j).kernels, "");
+}
+
+// The time split every report and benchmark writes: the four parts, in seconds, by name.
+TEST(EvalHarness, TimingsJsonNamesEachPart) {
+  EngineTimings t;
+  t.matmul_s = 1.5;
+  t.attention_s = 0.25;
+  t.policy_s = 0.125;
+  t.other_s = 2.0;
+  const nlohmann::json j = timings_json(t);
+  ASSERT_EQ(j.size(), 4u);
+  EXPECT_EQ(j["matmul"].get<double>(), 1.5);
+  EXPECT_EQ(j["attention"].get<double>(), 0.25);
+  EXPECT_EQ(j["policy"].get<double>(), 0.125);
+  EXPECT_EQ(j["other"].get<double>(), 2.0);
 }
 
 }  // namespace d2o::eval

@@ -20,6 +20,7 @@
 #include "common.h"
 #include "core/mem.h"
 #include "core/timer.h"
+#include "eval/harness.h"
 #include "model/layer_desc.h"
 #include "runtime/scheduler.h"
 
@@ -200,10 +201,7 @@ nlohmann::json to_json(const PolicyRun& r) {
   j["kv_peak_allocated"] = r.kv_peak_allocated;
   j["rss_before"] = r.rss_before;
   j["rss_peak"] = r.rss_peak;
-  j["time_split_s"] = {{"matmul", r.timings.matmul_s},
-                       {"attention", r.timings.attention_s},
-                       {"policy", r.timings.policy_s},
-                       {"other", r.timings.other_s}};
+  j["time_split_s"] = eval::timings_json(r.timings);
   return j;
 }
 
