@@ -307,7 +307,6 @@ Status run_bench(Engine& engine, std::span<const TokenId> text, std::span<const 
     // The depth state: prefilled once per depth (one forward pass, compressed by the policy),
     // then restored before every repetition.
     if (saved_depth != t.depth) {
-      saved_depth = -1;
       D2O_RETURN_IF_ERROR(prefill_depth(engine, saved, text, t.depth, max_n_at(tests, t.depth),
                                         &depth_seconds, &slots_after_depth));
       saved_depth = t.depth;
@@ -357,7 +356,6 @@ Status run_bench_interleaved(Engine& engine, std::span<const TokenId> text,
 
   for (const BenchTest& t : tests) {
     if (saved_depth != t.depth) {
-      saved_depth = -1;
       for (size_t ip = 0; ip < n_pol; ++ip) {
         D2O_RETURN_IF_ERROR(prefill_depth(engine, *saved[ip], text, t.depth,
                                           max_n_at(tests, t.depth), &depth_seconds[ip],

@@ -3,7 +3,6 @@
 // `d2o bench throughput` (cmd_bench_throughput.cpp) is the batched-serving benchmark instead.
 //
 //   d2o bench -p 512 -n 128 -d 0,8192 --kv full --kv d2o:ratio=0.2 -r 3 -t 2 --json out.json
-#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -16,6 +15,8 @@
 #include "core/mem.h"
 #include "core/timer.h"
 #include "eval/bench.h"
+#include "eval/harness.h"
+#include "eval/stats.h"
 
 namespace d2o::cli {
 
@@ -192,10 +193,7 @@ int run_bench_cmd(BenchOptions& o) {
     j["kv_bytes_used"] = r.kv_bytes_used;
     j["kv_bytes_full"] = r.kv_bytes_full;
     j["peak_rss_bytes"] = r.peak_rss;
-    j["engine_s"] = {{"matmul", r.timings.matmul_s},
-                     {"attention", r.timings.attention_s},
-                     {"policy", r.timings.policy_s},
-                     {"other", r.timings.other_s}};
+    j["engine_s"] = eval::timings_json(r.timings);
     results.push_back(std::move(j));
     all.emplace_back(ip, r);
   };
@@ -228,17 +226,11 @@ int run_bench_cmd(BenchOptions& o) {
       if (base != nullptr && base->tps_mean > 0) {
         if (o.interleave) {
           const std::vector<double> x = paired_ratios(r, *base);
-          double m = 0, sq = 0;
-          for (const double v : x) m += v;
-          m /= static_cast<double>(x.size());
-          for (const double v : x) sq += (v - m) * (v - m);
-          const double se = x.size() > 1 ? std::sqrt(sq / static_cast<double>(x.size() - 1) /
-                                                     static_cast<double>(x.size()))
-                                         : 0.0;
-          std::snprintf(cell, sizeof cell, "%.3f ± %.3f", m, se);
+          const eval::MeanSe ms = eval::mean_se(x);
+          std::snprintf(cell, sizeof cell, "%.3f ± %.3f", ms.mean, ms.se);
           jr["paired"] = true;
-          jr["ratio"] = m;
-          jr["ratio_se"] = se;
+          jr["ratio"] = ms.mean;
+          jr["ratio_se"] = ms.se;
           jr["ratio_samples"] = x;
         } else {
           std::snprintf(cell, sizeof cell, "%.3f", r.tps_mean / base->tps_mean);
