@@ -127,6 +127,7 @@ TEST(CliBench, BadArgumentsGiveClearErrors) {
       {"--requests 0", "--requests must be at least 1", 1},
       {"--chunk 0", "--chunk must be at least 1", 1},
       {"--max-batch 0", "--max-batch must be at least 1", 1},
+      {"--rounds 0", "--rounds must be in [1, 1000]", 1},
       {"--kv nonsense", "unknown KV policy", 1},
       {"--kv full --kv h2o:ratio=2", "ratio must be in (0, 1]", 1},
       {"--attn-split sideways", "--attn-split must be auto, within or across", 1},
@@ -187,6 +188,49 @@ TEST(CliBench, SmallRunReportsEveryPolicyAndWritesJson) {
   }
   // The full cache of 48 + 6 tokens: 30 layers x 3 KV heads x 54 slots x (256 + 16) bytes.
   EXPECT_EQ(j["runs"][0]["kv_bytes_per_request"], 30 * 3 * 54 * 272);
+}
+
+TEST(CliBench, RoundsAlternateTheOrderAndPairTheRatiosByRound) {
+  D2O_REQUIRE_MODEL(model);
+  const std::string json = ::d2o::test::scratch_path("bench_rounds.json");
+  auto r = run_d2o("bench throughput -m " + model +
+                   " --prompt 40 --gen 4 --requests 2 --kv-mem 64M --chunk 32 -t 1 --rounds 3 "
+                   "--kv h2o:ratio=0.5 --kv d2o:ratio=0.5 --json " +
+                   json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "gen tok/s over 1st")) << r.output;
+  EXPECT_TRUE(has(r.output, "d2o:ratio=0.5 #3")) << r.output;
+  // The run order on stderr: h2o d2o, then d2o h2o, then h2o d2o.
+  const size_t a1 = r.output.find("h2o:ratio=0.5 (round 1)"),
+               b1 = r.output.find("d2o:ratio=0.5 (round 1)"),
+               a2 = r.output.find("h2o:ratio=0.5 (round 2)"),
+               b2 = r.output.find("d2o:ratio=0.5 (round 2)");
+  ASSERT_NE(a2, std::string::npos) << r.output;
+  ASSERT_NE(b2, std::string::npos) << r.output;
+  EXPECT_LT(a1, b1) << r.output;
+  EXPECT_LT(b2, a2) << r.output;
+  const auto j = nlohmann::json::parse(test::read_file(json), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << test::read_file(json);
+  EXPECT_EQ(j["config"]["rounds"], 3);
+  ASSERT_EQ(j["runs"].size(), 6u);
+  // Runs in policy order, round by round; the ratios are the per-round quotients of the runs.
+  ASSERT_EQ(j["ratios"].size(), 2u);
+  for (int k = 0; k < 3; ++k) {
+    const auto& base = j["runs"][k];
+    const auto& run = j["runs"][3 + k];
+    EXPECT_EQ(base["kv"], "h2o:ratio=0.5");
+    EXPECT_EQ(run["kv"], "d2o:ratio=0.5");
+    EXPECT_EQ(base["round"], k);
+    EXPECT_EQ(run["round"], k);
+    EXPECT_EQ(run["generated_tokens"], 8);
+    const double want = run["tokens_per_s"].get<double>() / base["tokens_per_s"].get<double>();
+    EXPECT_NEAR(j["ratios"][1]["tokens_per_s_ratio"]["samples"][k].get<double>(), want,
+                1e-9 * want);
+    EXPECT_EQ(j["ratios"][0]["tokens_per_s_ratio"]["samples"][k].get<double>(), 1.0);
+  }
+  EXPECT_EQ(j["ratios"][0]["tokens_per_s_ratio"]["se"].get<double>(), 0.0);
+  EXPECT_EQ(j["ratios"][1]["policy_s_ratio"]["samples"].size(), 3u);
+  EXPECT_GT(j["ratios"][1]["policy_s_ratio"]["mean"].get<double>(), 0.0);
 }
 
 TEST(CliBench, RequestsAboveTheCapAreRefusedWhileAnotherPolicyCompletes) {

@@ -7,6 +7,11 @@
 // request) and generates exactly G tokens (greedy, end-of-generation tokens ignored unless
 // --stop-at-eos), so the policies do the same work and differ only in how many sequences their
 // caches let the scheduler run at once under the cap, and in attention cost.
+//
+// --rounds N repeats the policy list N times, in the given order on even rounds and in reverse on
+// odd ones, so that a drift of the machine's speed falls on every policy alike; each policy's
+// generated tokens/s and policy (compaction) seconds are then compared with the first policy's
+// round by round, as the mean and standard error of the per-round ratios.
 #include <malloc.h>
 
 #include <algorithm>
@@ -21,6 +26,7 @@
 #include "core/mem.h"
 #include "core/timer.h"
 #include "eval/harness.h"
+#include "eval/stats.h"
 #include "model/layer_desc.h"
 #include "runtime/scheduler.h"
 
@@ -43,6 +49,7 @@ struct ThroughputOptions {
   std::string json;
   std::string attn_split = "auto";
   bool stop_at_eos = false;
+  int rounds = 1;
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -86,8 +93,9 @@ Result<std::vector<std::vector<TokenId>>> make_prompts(const Tokenizer& tok,
 }
 
 struct PolicyRun {
-  std::string spec;       // as given
-  std::string canonical;  // the policy's canonical spec
+  int policy = 0, round = 0;  // index into the --kv list; round (--rounds)
+  std::string spec;           // as given
+  std::string canonical;      // the policy's canonical spec
   int completed = 0, refused = 0, failed = 0;
   std::string refusal;
   int64_t gen_tokens = 0;
@@ -173,9 +181,35 @@ Result<PolicyRun> run_policy(Loaded& l, const ThroughputOptions& o, const std::s
   return run;
 }
 
+double tokens_per_s(const PolicyRun& r) {
+  return r.seconds > 0 ? static_cast<double>(r.gen_tokens) / r.seconds : 0.0;
+}
+
+// Per round, policy p's value over the first policy's, for value(run) of tokens/s or policy
+// seconds; rounds where the first policy's value is 0 are left out.
+std::vector<double> per_round_ratios(const std::vector<PolicyRun>& runs, int p, int rounds,
+                                     double (*value)(const PolicyRun&)) {
+  std::vector<double> out;
+  for (int k = 0; k < rounds; ++k) {
+    const PolicyRun *a = nullptr, *base = nullptr;
+    for (const PolicyRun& r : runs) {
+      if (r.round != k) continue;
+      if (r.policy == p) a = &r;
+      if (r.policy == 0) base = &r;
+    }
+    if (a && base && value(*base) > 0) out.push_back(value(*a) / value(*base));
+  }
+  return out;
+}
+
+double policy_seconds(const PolicyRun& r) {
+  return r.timings.policy_s;
+}
+
 nlohmann::json to_json(const PolicyRun& r) {
   nlohmann::json j;
   j["kv"] = r.spec;
+  j["round"] = r.round;
   j["kv_canonical"] = r.canonical;
   j["completed"] = r.completed;
   j["refused"] = r.refused;
@@ -183,7 +217,7 @@ nlohmann::json to_json(const PolicyRun& r) {
   if (!r.refusal.empty()) j["refusal"] = r.refusal;
   j["generated_tokens"] = r.gen_tokens;
   j["seconds"] = r.seconds;
-  j["tokens_per_s"] = r.seconds > 0 ? static_cast<double>(r.gen_tokens) / r.seconds : 0.0;
+  j["tokens_per_s"] = tokens_per_s(r);
   j["requests_per_s"] = r.seconds > 0 ? r.completed / r.seconds : 0.0;
   j["steps"] = r.steps;
   j["batch_max"] = r.batch_max;
@@ -211,6 +245,8 @@ int run_throughput(ThroughputOptions& o) {
   if (o.requests < 1) return fail(invalid_argument("--requests must be at least 1"));
   if (o.chunk < 1) return fail(invalid_argument("--chunk must be at least 1 token"));
   if (o.max_batch < 1) return fail(invalid_argument("--max-batch must be at least 1"));
+  if (o.rounds < 1 || o.rounds > 1000)
+    return fail(invalid_argument("--rounds must be in [1, 1000]"));
   auto cap = parse_byte_size(o.kv_mem);
   if (!cap.ok()) return fail(cap.status().with_context("--kv-mem"));
   if (Status s = o.sampling.validate(); !s.ok()) return fail(s);
@@ -275,7 +311,7 @@ int run_throughput(ThroughputOptions& o) {
       format_bytes(static_cast<double>(l.model->weight_bytes())).c_str());
   std::fflush(stdout);
 
-  std::vector<PolicyRun> runs;
+  std::vector<std::string> specs;
   for (const std::string& given : o.kv) {
     std::string spec = given;
     if (!o.kv_mem_per_seq.empty()) {
@@ -285,27 +321,45 @@ int run_throughput(ThroughputOptions& o) {
       if (!s.ok()) return fail(s.status());
       spec = *s;
     }
-    auto r = run_policy(l, o, spec, *prompts, *cap);
-    if (!r.ok()) return fail(r.status().with_context("--kv " + spec));
-    runs.push_back(std::move(r).value());
-    const PolicyRun& pr = runs.back();
-    std::fprintf(stderr, "  %s: %d done, %d refused in %.1f s\n", pr.spec.c_str(), pr.completed,
-                 pr.refused, pr.seconds);
+    specs.push_back(std::move(spec));
   }
+  const int n_policy = static_cast<int>(specs.size());
+  std::vector<PolicyRun> runs;  // in run order
+  for (int k = 0; k < o.rounds; ++k) {
+    for (int i = 0; i < n_policy; ++i) {
+      const int p = k % 2 == 0 ? i : n_policy - 1 - i;  // reversed on odd rounds
+      auto r = run_policy(l, o, specs[static_cast<size_t>(p)], *prompts, *cap);
+      if (!r.ok()) return fail(r.status().with_context("--kv " + specs[static_cast<size_t>(p)]));
+      r->policy = p;
+      r->round = k;
+      runs.push_back(std::move(r).value());
+      const PolicyRun& pr = runs.back();
+      std::fprintf(stderr, "  %s%s: %d done, %d refused in %.1f s\n", pr.spec.c_str(),
+                   o.rounds > 1 ? (" (round " + std::to_string(k + 1) + ")").c_str() : "",
+                   pr.completed, pr.refused, pr.seconds);
+    }
+  }
+  // Tables in policy order, round by round.
+  std::stable_sort(runs.begin(), runs.end(), [](const PolicyRun& a, const PolicyRun& b) {
+    return a.policy != b.policy ? a.policy < b.policy : a.round < b.round;
+  });
+  auto label = [&](const PolicyRun& r) {
+    return o.rounds > 1 ? r.spec + " #" + std::to_string(r.round + 1) : r.spec;
+  };
 
   std::printf("\n%-22s %5s %4s %9s %6s %7s %9s %15s %15s %10s %10s %10s\n", "kv policy", "done",
               "ref", "gen tok/s", "x", "req/s", "batch", "tok lat p50/95", "req lat p50/95",
               "KV/req", "KV peak", "peak RSS");
   const double base = runs.front().seconds > 0 ? runs.front().gen_tokens / runs.front().seconds : 0;
   for (const PolicyRun& r : runs) {
-    const double tps = r.seconds > 0 ? r.gen_tokens / r.seconds : 0;
+    const double tps = tokens_per_s(r);
     char batch[32], tl[48], rl[48];
     std::snprintf(batch, sizeof batch, "%d/%.1f", r.batch_max, r.batch_mean);
     std::snprintf(tl, sizeof tl, "%.0f/%.0f ms", 1e3 * percentile(r.token_lat, 0.5),
                   1e3 * percentile(r.token_lat, 0.95));
     std::snprintf(rl, sizeof rl, "%.1f/%.1f s", percentile(r.req_lat, 0.5),
                   percentile(r.req_lat, 0.95));
-    std::printf("%-22s %5d %4d %9.1f %6.2f %7.3f %9s %15s %15s %10s %10s %10s\n", r.spec.c_str(),
+    std::printf("%-22s %5d %4d %9.1f %6.2f %7.3f %9s %15s %15s %10s %10s %10s\n", label(r).c_str(),
                 r.completed, r.refused, tps, base > 0 ? tps / base : 0.0,
                 r.seconds > 0 ? r.completed / r.seconds : 0.0, batch, tl, rl,
                 format_bytes(static_cast<double>(r.kv_per_request)).c_str(),
@@ -313,11 +367,12 @@ int run_throughput(ThroughputOptions& o) {
                 format_bytes(static_cast<double>(r.rss_peak)).c_str());
   }
   for (const PolicyRun& r : runs) {
-    if (!r.canonical.empty() && r.canonical != r.spec)
+    if (r.round == 0 && !r.canonical.empty() && r.canonical != r.spec)
       std::printf("%s = %s\n", r.spec.c_str(), r.canonical.c_str());
   }
   for (const PolicyRun& r : runs) {
-    if (!r.refusal.empty()) std::printf("%s: %s\n", r.spec.c_str(), r.refusal.c_str());
+    if (r.round == 0 && !r.refusal.empty())
+      std::printf("%s: %s\n", r.spec.c_str(), r.refusal.c_str());
   }
   std::printf("\n%-22s %10s %11s %10s %10s %12s\n", "kv policy", "matmul s", "attention s",
               "policy s", "other s", "policy / 1st");
@@ -325,7 +380,7 @@ int run_throughput(ThroughputOptions& o) {
   for (const PolicyRun& r : runs) {
     char rel[32] = "-";
     if (base_policy > 0) std::snprintf(rel, sizeof rel, "%.2f", r.timings.policy_s / base_policy);
-    std::printf("%-22s %10.2f %11.2f %10.2f %10.2f %12s\n", r.spec.c_str(), r.timings.matmul_s,
+    std::printf("%-22s %10.2f %11.2f %10.2f %10.2f %12s\n", label(r).c_str(), r.timings.matmul_s,
                 r.timings.attention_s, r.timings.policy_s, r.timings.other_s, rel);
   }
   std::printf(
@@ -333,7 +388,31 @@ int run_throughput(ThroughputOptions& o) {
       "max/mean; "
       "KV/req = reservation per request (peak footprint); KV peak = most KV bytes allocated at "
       "once; matmul ... other = the engine's time split (policy: the KV policy's compactions), "
-      "policy / 1st = policy seconds over the first policy's\n");
+      "policy / 1st = policy seconds over the first policy's%s\n",
+      o.rounds > 1 ? " (its first round)" : "");
+
+  // --rounds: each policy over the first, paired by round.
+  nlohmann::json ratios = nlohmann::json::array();
+  if (o.rounds > 1) {
+    std::printf(
+        "\n%-22s %22s %22s   (%d rounds, the order reversed every other round: mean ± "
+        "standard error of the per-round ratios over the first policy)\n",
+        "kv policy", "gen tok/s over 1st", "policy s over 1st", o.rounds);
+    for (int p = 0; p < n_policy; ++p) {
+      const std::vector<double> t = per_round_ratios(runs, p, o.rounds, tokens_per_s);
+      const std::vector<double> q = per_round_ratios(runs, p, o.rounds, policy_seconds);
+      const eval::MeanSe mt = eval::mean_se(t), mq = eval::mean_se(q);
+      char a[48] = "-", b[48] = "-";
+      if (!t.empty()) std::snprintf(a, sizeof a, "%.3f ± %.3f", mt.mean, mt.se);
+      if (!q.empty()) std::snprintf(b, sizeof b, "%.3f ± %.3f", mq.mean, mq.se);
+      std::printf("%-22s %22s %22s\n", specs[static_cast<size_t>(p)].c_str(), a, b);
+      nlohmann::json jr;
+      jr["kv"] = specs[static_cast<size_t>(p)];
+      jr["tokens_per_s_ratio"] = {{"mean", mt.mean}, {"se", mt.se}, {"samples", t}};
+      jr["policy_s_ratio"] = {{"mean", mq.mean}, {"se", mq.se}, {"samples", q}};
+      ratios.push_back(std::move(jr));
+    }
+  }
 
   if (!o.json.empty()) {
     nlohmann::json j;
@@ -350,8 +429,10 @@ int run_throughput(ThroughputOptions& o) {
                    {"greedy", o.sampling.temperature <= 0},
                    {"ignore_eos", !o.stop_at_eos},
                    {"text", text_path},
+                   {"rounds", o.rounds},
                    {"weights_bytes", l.model->weight_bytes()}};
     for (const PolicyRun& r : runs) j["runs"].push_back(to_json(r));
+    if (o.rounds > 1) j["ratios"] = std::move(ratios);
     const std::string s = j.dump(2) + "\n";
     if (o.json == "-") {
       std::fwrite(s.data(), 1, s.size(), stdout);
@@ -391,6 +472,9 @@ Action add_bench_throughput_command(CLI::App& bench) {
   sub->add_option("--attn-split", o->attn_split,
                   "Attention threads: auto, within (a sequence) or across (sequences)");
   sub->add_flag("--stop-at-eos", o->stop_at_eos, "Stop a request at an end-of-generation token");
+  sub->add_option("--rounds", o->rounds,
+                  "Run the --kv list this many times (order reversed every other round) and "
+                  "compare each policy with the first round by round (mean ± standard error)");
   return [o] { return run_throughput(*o); };
 }
 
