@@ -1,6 +1,9 @@
 #include "core/mem.h"
 
+#include <sys/mman.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -21,8 +24,26 @@ size_t read_status_kb(const char* key) {
 }
 }  // namespace
 
-size_t peak_rss_bytes() { return read_status_kb("VmHWM"); }
-size_t current_rss_bytes() { return read_status_kb("VmRSS"); }
+void* aligned_block_alloc(size_t bytes) {
+  if (bytes < kMappedBytes) return std::aligned_alloc(64, bytes);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;  // page-aligned
+}
+
+void aligned_block_free(void* p, size_t bytes) {
+  if (bytes < kMappedBytes) {
+    std::free(p);
+  } else {
+    munmap(p, bytes);
+  }
+}
+
+size_t peak_rss_bytes() {
+  return read_status_kb("VmHWM");
+}
+size_t current_rss_bytes() {
+  return read_status_kb("VmRSS");
+}
 
 bool reset_peak_rss() {
   std::FILE* f = std::fopen("/proc/self/clear_refs", "w");

@@ -2,6 +2,8 @@
 #include "common/alloc_counter.h"
 
 #include <dlfcn.h>
+#include <sys/mman.h>
+#include <sys/types.h>
 
 #include <cstddef>
 #include <cstdlib>
@@ -25,10 +27,19 @@ void* operator new(size_t n) {
   return next(n);
 }
 
-// AlignedBuffer (caches, activations, scratch) allocates with aligned_alloc.
+// AlignedBuffer (caches, activations, scratch) allocates with aligned_alloc, and blocks of
+// kMappedBytes or more as anonymous mappings (below).
 extern "C" void* aligned_alloc(size_t align, size_t n) {
   using AlignedFn = void* (*)(size_t, size_t);
   static const AlignedFn next = reinterpret_cast<AlignedFn>(dlsym(RTLD_NEXT, "aligned_alloc"));
   if (t_counting) d2o::test::g_allocations.fetch_add(1, std::memory_order_relaxed);
   return next(align, n);
+}
+
+extern "C" void* mmap(void* addr, size_t n, int prot, int flags, int fd, off_t off) {
+  using MmapFn = void* (*)(void*, size_t, int, int, int, off_t);
+  static const MmapFn next = reinterpret_cast<MmapFn>(dlsym(RTLD_NEXT, "mmap"));
+  if (t_counting && (flags & MAP_ANONYMOUS))
+    d2o::test::g_allocations.fetch_add(1, std::memory_order_relaxed);
+  return next(addr, n, prot, flags, fd, off);
 }
