@@ -24,9 +24,10 @@ size_t read_status_kb(const char* key) {
 }
 }  // namespace
 
-// Under AddressSanitizer every block comes from malloc, which ASan replaces: its redzones and
-// leak check then cover the large blocks too (mapped ones would escape both).
-#if defined(__SANITIZE_ADDRESS__)
+// Under a sanitizer every block comes from malloc, which the sanitizer replaces: ASan's redzones
+// and leak check then cover the large blocks too (mapped ones would escape both), and the test
+// binaries' allocation counter sees them without wrapping mmap.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool kMapLargeBlocks = false;
 #else
 constexpr bool kMapLargeBlocks = true;

@@ -36,6 +36,9 @@ extern "C" void* aligned_alloc(size_t align, size_t n) {
   return next(align, n);
 }
 
+// Sanitizer builds keep every AlignedBuffer block in malloc (core/mem.cpp); ThreadSanitizer's
+// start-up would also call this wrapper before dlsym can be used.
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 extern "C" void* mmap(void* addr, size_t n, int prot, int flags, int fd, off_t off) {
   using MmapFn = void* (*)(void*, size_t, int, int, int, off_t);
   static const MmapFn next = reinterpret_cast<MmapFn>(dlsym(RTLD_NEXT, "mmap"));
@@ -43,3 +46,4 @@ extern "C" void* mmap(void* addr, size_t n, int prot, int flags, int fd, off_t o
     d2o::test::g_allocations.fetch_add(1, std::memory_order_relaxed);
   return next(addr, n, prot, flags, fd, off);
 }
+#endif
