@@ -1,5 +1,7 @@
 #include "core/mem.h"
 
+#include "core/sanitizer.h"
+
 #include <sys/mman.h>
 
 #include <cstdio>
@@ -27,11 +29,7 @@ size_t read_status_kb(const char* key) {
 // Under a sanitizer every block comes from malloc, which the sanitizer replaces: ASan's redzones
 // and leak check then cover the large blocks too (mapped ones would escape both), and the test
 // binaries' allocation counter sees them without wrapping mmap.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kMapLargeBlocks = false;
-#else
-constexpr bool kMapLargeBlocks = true;
-#endif
+constexpr bool kMapLargeBlocks = !D2O_SANITIZED;
 
 void* aligned_block_alloc(size_t bytes) {
   if (!kMapLargeBlocks || bytes < kMappedBytes) return std::aligned_alloc(64, bytes);

@@ -1,6 +1,8 @@
 // The allocation counter of tests/common/alloc_counter.h (one definition per test binary).
 #include "common/alloc_counter.h"
 
+#include "core/sanitizer.h"
+
 #include <dlfcn.h>
 #include <sys/mman.h>
 #include <sys/types.h>
@@ -38,7 +40,7 @@ extern "C" void* aligned_alloc(size_t align, size_t n) {
 
 // Sanitizer builds keep every AlignedBuffer block in malloc (core/mem.cpp); ThreadSanitizer's
 // start-up would also call this wrapper before dlsym can be used.
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if !D2O_SANITIZED
 extern "C" void* mmap(void* addr, size_t n, int prot, int flags, int fd, off_t off) {
   using MmapFn = void* (*)(void*, size_t, int, int, int, off_t);
   static const MmapFn next = reinterpret_cast<MmapFn>(dlsym(RTLD_NEXT, "mmap"));
