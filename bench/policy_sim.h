@@ -70,7 +70,7 @@ struct PolicySim {
       const float* window = L.window(g);
       for (int j = 0; j < L.n_slot(); ++j) score[j] += f * window[j];
       const size_t words = L.key_row_bytes() * static_cast<size_t>(L.n_slot()) / 8;
-      for (const uint8_t* base : {L.key_row(g, 0), L.value_row(g, 0)}) {
+      for (const uint8_t* base : {L.key_base(g), L.value_base(g)}) {
         const auto* w = reinterpret_cast<const uint64_t*>(base);
         for (size_t i = 0; i < words; ++i) sum += w[i];
       }

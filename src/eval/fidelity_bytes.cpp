@@ -88,7 +88,7 @@ Result<std::string> fidelity_bytes_section(const FidelityResult& r, const Fideli
       fmt_num("%.0f", f16 / ctx) +
       " bytes per token of context for this model). Every policy gets, in each storage type, the "
       "largest budget (slots per KV head and layer) whose key and value rows fit that share; "
-      "quantized rows count with their block scales, slot metadata (the same 16 bytes per slot "
+      "quantized rows count with their block scales, slot metadata (the same 20 bytes per slot "
       "and KV head in every method) is not counted. A full cache in a quantized type holds what "
       "it holds: it is compared at the bytes values at least its share only. The share "
       "column is measured at the end of the continuation (a budgeted cache then holds the same "

@@ -2,7 +2,7 @@
 //
 // What is counted: the key and value rows a cache holds, in their storage type, quantised rows
 // with their block scales (a Q8_0 block of 32 elements is 34 bytes, a Q4_0 block 18; F16 2 bytes
-// per element, F32 4). Slot metadata (position, scores, merge counts: 16 bytes per slot and KV
+// per element, F32 4). Slot metadata (position, scores, merge counts, row: 20 bytes per slot and KV
 // head whatever the storage type) is left out: it is bookkeeping of this engine, not KV content,
 // and every method here carries the same amount per slot. `--kv-mem-per-seq` counts it
 // (KvCache::bytes_for_slots), as a memory pool must.

@@ -130,10 +130,16 @@ void to_f32_tile(const Call& C, int rows, int n_keys, attn::KvRows& r, float* bu
   const bool quant = kv_quantized(r.type);
   if (r.type == KvElemType::kF32 || rows <= 4) return;
   const int64_t n = int64_t{n_keys} * C.hd;
-  if (quant) {
-    dequantize_row_isa(C.isa, kv_ggml_type(r.type), r.base, buf, n);
-  } else {
-    fp16_to_fp32_row_isa(C.isa, reinterpret_cast<const uint16_t*>(r.base), buf, n);
+  // Rows through the row map are converted one by one (n: a row), rows in order at once.
+  const int n_conv = r.idx ? n_keys : 1;
+  const int64_t n_row = r.idx ? C.hd : n;
+  for (int j = 0; j < n_conv; ++j) {
+    float* out = buf + static_cast<size_t>(j) * static_cast<size_t>(n_row);
+    if (quant) {
+      dequantize_row_isa(C.isa, kv_ggml_type(r.type), r.row(j), out, n_row);
+    } else {
+      fp16_to_fp32_row_isa(C.isa, reinterpret_cast<const uint16_t*>(r.row(j)), out, n_row);
+    }
   }
   // (No prefetch hint: the values are converted before the keys are scored.)
   r = {reinterpret_cast<const uint8_t*>(buf), sizeof(float) * static_cast<size_t>(C.hd),
@@ -153,8 +159,19 @@ void chunk_partials(const Call& C, int blk, int g, int c, float* const* e, float
   const float* q[QB * AttnScratch::kMaxGroup];
   for (int r = 0; r < rows; ++r)
     q[r] = C.in->q + C.row_index(blk, g, r) * static_cast<size_t>(C.hd);
-  attn::KvRows k{L.key_row(g, j0), L.key_row_bytes(), L.type().k};
-  attn::KvRows v{L.value_row(g, j0), L.value_row_bytes(), L.type().v};
+  attn::KvRows k{L.key_base(g), L.key_row_bytes(), L.type().k};
+  attn::KvRows v{L.value_base(g), L.value_row_bytes(), L.type().v};
+  // The chunk's rows through the row map, unless they lie in slot order (a cache never compacted:
+  // then the kernels read one stream, as before there was a map).
+  const int32_t* map = L.rows(g) + j0;
+  int in_order = 0;
+  while (in_order < n_keys && map[in_order] == j0 + in_order) ++in_order;
+  if (in_order == n_keys) {
+    k.base += static_cast<size_t>(j0) * k.row_bytes;
+    v.base += static_cast<size_t>(j0) * v.row_bytes;
+  } else {
+    k.idx = v.idx = map;
+  }
   // A head that fits in one chunk is a short stream: fetch its values while scoring its keys
   // (long heads are streamed well by the hardware; prefetching them costs more than it saves).
   if (n_vis <= TC && k.row_bytes == v.row_bytes) k.prefetch = v.base;

@@ -13,7 +13,7 @@ namespace d2o::attn {
 namespace {
 
 inline void load_row(const KvRows& r, int j, int hd, float* out) {
-  const uint8_t* p = r.base + static_cast<size_t>(j) * r.row_bytes;
+  const uint8_t* p = r.row(j);
   if (r.type == KvElemType::kF32) {
     std::memcpy(out, p, static_cast<size_t>(hd) * sizeof(float));
   } else if (kv_quantized(r.type)) {

@@ -23,7 +23,8 @@ enum class ScoreAgg;  // kv/attention.h
 
 namespace attn {
 
-// Rows of one KV head: row j at base + j * row_bytes, elements of `type`.
+// Rows of one KV head: row j at base + (idx ? idx[j] : j) * row_bytes, elements of `type`
+// (idx: the cache's row map, kv_cache.h; null for rows in order, e.g. an F32 copy of a chunk).
 //   prefetch (optional, a hint): rows of the same size that the caller reads next; scores() asks
 //   for row j of them while it reads key j. The hardware prefetchers only get going on long
 //   streams: a head with a few hundred slots (a compressed cache) is read as two short streams,
@@ -33,6 +34,25 @@ struct KvRows {
   size_t row_bytes = 0;
   KvElemType type = KvElemType::kF16;  // any; Q8_0 / Q4_0 rows: head_dim a multiple of 32
   const uint8_t* prefetch = nullptr;
+  const int32_t* idx = nullptr;  // prefetch rows are found through it too
+
+  size_t offset(int j) const { return static_cast<size_t>(idx ? idx[j] : j) * row_bytes; }
+  const uint8_t* row(int j) const { return base + offset(j); }
+  // The hint: rows [j, j + n) of `prefetch`, one request per cache line (rows through idx: each
+  // row's first and last line).
+  void prefetch_rows(int j, int n) const {
+    if (idx) {
+      for (int i = 0; i < n; ++i) {
+        const uint8_t* p = prefetch + offset(j + i);
+        __builtin_prefetch(p, 0, 3);
+        __builtin_prefetch(p + row_bytes - 1, 0, 3);
+      }
+      return;
+    }
+    const uint8_t* p = prefetch + static_cast<size_t>(j) * row_bytes;
+    const size_t bytes = static_cast<size_t>(n) * row_bytes;
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+  }
 };
 
 // Column statistics of one chunk of slots for the query rows of one block and one KV head.

@@ -103,14 +103,6 @@ inline float hsum(__m256 v) {
 
 using simd::exp256;
 
-// The hint of KvRows: rows [j, j + n) of k.prefetch, one request per cache line.
-inline void prefetch_rows(const KvRows& k, int j, int n) {
-  const uint8_t* p = k.prefetch + static_cast<size_t>(j) * k.row_bytes;
-  const size_t bytes = static_cast<size_t>(n) * k.row_bytes;
-  for (size_t o = 0; o < bytes; o += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
-}
-
 // R (1..3) rows x 4 keys per step; kPf: with k.prefetch (a separate instantiation).
 template <int NC, int R, KvElemType T, bool kPf = false>
 void scores_rows(const float* const* q, KvRows k, int n_keys, float scale, float* const* s) {
@@ -118,23 +110,23 @@ void scores_rows(const float* const* q, KvRows k, int n_keys, float scale, float
   const __m128 sc = _mm_set1_ps(scale);
   int j = 0;
   for (; j + 4 <= n_keys; j += 4) {
-    if (kPf) prefetch_rows(k, j, 4);
-    const uint8_t* row = k.base + static_cast<size_t>(j) * k.row_bytes;
+    if (kPf) k.prefetch_rows(j, 4);
+    const uint8_t* row[4] = {k.row(j), k.row(j + 1), k.row(j + 2), k.row(j + 3)};
     __m256 acc[R][4];
     // Quantised keys: each key's block scale formed once per block of 32, not per 8 elements.
     __m256 dk[4];
-    for (int i = 0; i < 4; ++i) dk[i] = block_scale<T>(row + i * k.row_bytes, 0);
+    for (int i = 0; i < 4; ++i) dk[i] = block_scale<T>(row[i], 0);
     for (int i = 0; i < 4; ++i) {
-      const __m256 kc = load8_scaled<T>(row + i * k.row_bytes, 0, dk[i]);
+      const __m256 kc = load8_scaled<T>(row[i], 0, dk[i]);
       for (int r = 0; r < R; ++r) acc[r][i] = _mm256_mul_ps(_mm256_loadu_ps(q[r]), kc);
     }
     for (int c = 1; c < NC; ++c) {
       if constexpr (quantized_kv(T)) {
         if (c % 4 == 0)
-          for (int i = 0; i < 4; ++i) dk[i] = block_scale<T>(row + i * k.row_bytes, c);
+          for (int i = 0; i < 4; ++i) dk[i] = block_scale<T>(row[i], c);
       }
       for (int i = 0; i < 4; ++i) {
-        const __m256 kc = load8_scaled<T>(row + i * k.row_bytes, c, dk[i]);
+        const __m256 kc = load8_scaled<T>(row[i], c, dk[i]);
         for (int r = 0; r < R; ++r)
           acc[r][i] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + 8 * c), kc, acc[r][i]);
       }
@@ -143,8 +135,8 @@ void scores_rows(const float* const* q, KvRows k, int n_keys, float scale, float
       _mm_storeu_ps(s[r] + j, _mm_mul_ps(reduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
   }
   for (; j < n_keys; ++j) {
-    if (kPf) prefetch_rows(k, j, 1);
-    const uint8_t* row = k.base + static_cast<size_t>(j) * k.row_bytes;
+    if (kPf) k.prefetch_rows(j, 1);
+    const uint8_t* row = k.row(j);
     for (int r = 0; r < R; ++r) {
       __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(q[r]), load8<T>(row, 0));
       for (int c = 1; c < NC; ++c)
@@ -214,7 +206,7 @@ void pv_nc(const float* const* p, KvRows v, int n_keys, float* const* acc_out) {
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < NC; ++c) acc[r][c] = _mm256_setzero_ps();
   for (int j = 0; j < n_keys; ++j) {
-    const uint8_t* row = v.base + static_cast<size_t>(j) * v.row_bytes;
+    const uint8_t* row = v.row(j);
     __m256 vv[NC];
     __m256 d = block_scale<T>(row, 0);
     for (int c = 0; c < NC; ++c) {

@@ -106,14 +106,6 @@ inline __m512 dot_acc(const float* q, const __m512* kv) {
   return acc;
 }
 
-// Asks for rows [j, j + n) of k.prefetch (KvRows), one request per cache line.
-inline void prefetch_rows(const KvRows& k, int j, int n) {
-  const uint8_t* b = k.prefetch + static_cast<size_t>(j) * k.row_bytes;
-  const size_t bytes = static_cast<size_t>(n) * k.row_bytes;
-  for (size_t o = 0; o < bytes; o += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(b + o), _MM_HINT_T0);
-}
-
 // R rows x 4 keys per step, keys in registers; kPf: with k.prefetch (a separate instantiation, so
 // the loop without it is unchanged).
 template <int NC, int R, KvElemType T, bool kPf = false>
@@ -122,10 +114,10 @@ void scores_rows(const float* const* q, KvRows k, int n_keys, float scale, float
   const __m128 sc = _mm_set1_ps(scale);
   int j = 0;
   for (; j + 4 <= n_keys; j += 4) {
-    if (kPf) prefetch_rows(k, j, 4);
+    if (kPf) k.prefetch_rows(j, 4);
     __m512 acc[R][4];
     for (int i = 0; i < 4; ++i) {
-      const uint8_t* row = k.base + static_cast<size_t>(j + i) * k.row_bytes;
+      const uint8_t* row = k.row(j + i);
       __m512 kv[NC];
       for (int c = 0; c < NC; ++c) kv[c] = load16<T>(row, c);
       for (int r = 0; r < R; ++r) acc[r][i] = dot_acc<NC>(q[r], kv);
@@ -136,7 +128,7 @@ void scores_rows(const float* const* q, KvRows k, int n_keys, float scale, float
     }
   }
   for (; j < n_keys; ++j) {
-    const uint8_t* row = k.base + static_cast<size_t>(j) * k.row_bytes;
+    const uint8_t* row = k.row(j);
     __m512 kv[NC];
     for (int c = 0; c < NC; ++c) kv[c] = load16<T>(row, c);
     for (int r = 0; r < R; ++r) s[r][j] = reduce16(dot_acc<NC>(q[r], kv)) * scale;
@@ -159,8 +151,7 @@ void scores_many(const float* const* q, int n_rows, KvRows k, int n_keys, float 
       for (int j = j0; j < j1; j += 16) {
         __m512 acc[16];
         for (int i = 0; i < 16; ++i) {
-          const float* kr =
-              reinterpret_cast<const float*>(k.base + static_cast<size_t>(j + i) * k.row_bytes);
+          const float* kr = reinterpret_cast<const float*>(k.row(j + i));
           acc[i] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
           for (int c = 1; c < NC; ++c)
             acc[i] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), acc[i]);
@@ -171,7 +162,11 @@ void scores_many(const float* const* q, int n_rows, KvRows k, int n_keys, float 
   }
   if (n16 < n_keys) {
     KvRows tail = k;
-    tail.base += static_cast<size_t>(n16) * k.row_bytes;
+    if (k.idx) {
+      tail.idx += n16;
+    } else {
+      tail.base += static_cast<size_t>(n16) * k.row_bytes;
+    }
     tail.prefetch = nullptr;  // like the rest of this layout (rows over an L1-resident chunk)
     float* st[1];
     for (int r = 0; r < n_rows; ++r) {
@@ -277,7 +272,7 @@ void pv_nc(const float* const* p, KvRows v, int n_keys, float* const* acc_out) {
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int j = 0; j < n_keys; ++j) {
-    const uint8_t* row = v.base + static_cast<size_t>(j) * v.row_bytes;
+    const uint8_t* row = v.row(j);
     __m512 vv[NC];
     for (int c = 0; c < NC; ++c) vv[c] = load16<T>(row, c);
     for (int r = 0; r < R; ++r) {

@@ -174,13 +174,47 @@ void KvLayer::store_value(int h, int j, const float* in) {
 
 void KvLayer::move_slots(int h, int to, int from, int n) {
   const size_t c = static_cast<size_t>(n);
-  std::memmove(mutable_key_row(h, to), key_row(h, from), c * key_row_bytes());
-  std::memmove(mutable_value_row(h, to), value_row(h, from), c * value_row_bytes());
   const size_t a = meta_index(h, to), b = meta_index(h, from);
   std::memmove(&pos_[a], &pos_[b], c * sizeof(int32_t));
   std::memmove(&score_[a], &score_[b], c * sizeof(float));
   std::memmove(&window_[a], &window_[b], c * sizeof(float));
   std::memmove(&merged_[a], &merged_[b], c * sizeof(int32_t));
+  std::memmove(&row_[a], &row_[b], c * sizeof(int32_t));
+}
+
+void KvLayer::copy_row(int h, int to, int from) {
+  const size_t kb = key_row_bytes(), vb = value_row_bytes();
+  std::memcpy(k_.data() + row_offset(h, to, kb), k_.data() + row_offset(h, from, kb), kb);
+  std::memcpy(v_.data() + row_offset(h, to, vb), v_.data() + row_offset(h, from, vb), vb);
+}
+
+void KvLayer::order_rows(int h, int n) {
+  constexpr size_t kMaxRow = 4096;
+  const size_t kb = key_row_bytes(), vb = value_row_bytes();
+  D2O_ASSERT(kb <= kMaxRow && vb <= kMaxRow);
+  alignas(64) uint8_t tk[kMaxRow], tv[kMaxRow];
+  int32_t* map = row_.data() + meta_index(h, 0);
+  uint8_t* k = k_.data() + row_offset(h, 0, kb);
+  uint8_t* v = v_.data() + row_offset(h, 0, vb);
+  for (int j = 0; j < n; ++j) {
+    if (map[j] == j) continue;
+    // The cycle through row j: slot j's row comes to row j, the slot whose row is to be j's next
+    // comes to the row that left, and so on, until the slot whose row was j (saved first).
+    std::memcpy(tk, k + j * kb, kb);
+    std::memcpy(tv, v + j * vb, vb);
+    int cur = j;
+    for (;;) {
+      const int src = map[cur];
+      map[cur] = cur;
+      if (src == j) {
+        std::memcpy(k + cur * kb, tk, kb);
+        std::memcpy(v + cur * vb, tv, vb);
+        break;
+      }
+      copy_row(h, cur, src);
+      cur = src;
+    }
+  }
 }
 
 void KvLayer::set_counts(const int32_t* counts, int n) {
@@ -228,6 +262,7 @@ void KvCache::copy_layer_slots(const KvLayer& L, int capacity, KvLayer& N) {
   N.score_.resize(heads * cap);
   N.window_.resize(heads * cap);
   N.merged_.resize(heads * cap);
+  N.row_.resize(heads * cap);
   copy_rows(L, N);
 }
 
@@ -239,8 +274,14 @@ void KvCache::copy_rows(const KvLayer& L, KvLayer& N) {
   for (int h = 0; h < L.n_head_kv_; ++h) {
     const size_t n = static_cast<size_t>(L.n_slot(h));
     if (n == 0) continue;
-    std::memcpy(N.mutable_key_row(h, 0), L.key_row(h, 0), n * kb);
-    std::memcpy(N.mutable_value_row(h, 0), L.value_row(h, 0), n * vb);
+    // Rows in slot order: the copy's row map is the identity.
+    int32_t* map = &N.row_[N.meta_index(h, 0)];
+    for (size_t j = 0; j < n; ++j) {
+      const int js = static_cast<int>(j);
+      std::memcpy(N.k_.data() + N.row_offset(h, js, kb), L.key_row(h, js), kb);
+      std::memcpy(N.v_.data() + N.row_offset(h, js, vb), L.value_row(h, js), vb);
+      map[j] = js;
+    }
     std::memcpy(&N.pos_[N.meta_index(h, 0)], L.pos(h), n * sizeof(int32_t));
     std::memcpy(&N.score_[N.meta_index(h, 0)], L.score(h), n * sizeof(float));
     std::memcpy(&N.window_[N.meta_index(h, 0)], L.window(h), n * sizeof(float));
@@ -349,6 +390,7 @@ void KvCache::append(int il, const float* k, const float* v, const int32_t* pos,
   for (int t = 0; t < n_tok; ++t) {
     for (int h = 0; h < L.n_head_kv_; ++h) {
       const int j = L.n_slot(h) + t;
+      L.row_[L.meta_index(h, j)] = j;  // slots [0, j) hold rows [0, j)
       L.store_key(h, j, k + static_cast<size_t>(t) * kv_dim + static_cast<size_t>(h) * hd);
       L.store_value(h, j, v + static_cast<size_t>(t) * kv_dim + static_cast<size_t>(h) * hd);
       const size_t m = L.meta_index(h, j);
@@ -410,9 +452,11 @@ Status KvCache::copy_from(const KvCache& o) {
       copy(D.score_, S.score_);
       copy(D.window_, S.window_);
       copy(D.merged_, S.merged_);
+      copy(D.row_, S.row_);
       D.capacity_ = S.capacity_;
       D.n_slot_ = S.n_slot_;
       D.head_n_ = S.head_n_;
+      D.unordered_ = S.unordered_;
     }
   } catch (const std::bad_alloc&) {
     clear();
@@ -453,7 +497,7 @@ size_t KvCache::kv_bytes_used() const {
 size_t KvCache::meta_bytes_allocated() const {
   size_t b = 0;
   for (const KvLayer& L : layers_)
-    b += L.pos_.bytes() + L.score_.bytes() + L.window_.bytes() + L.merged_.bytes();
+    b += L.pos_.bytes() + L.score_.bytes() + L.window_.bytes() + L.merged_.bytes() + L.row_.bytes();
   return b;
 }
 
@@ -471,9 +515,10 @@ size_t KvCache::full_kv_bytes(int64_t n_tokens) const {
 size_t KvCache::bytes_for_slots(const KvCacheConfig& cfg, int64_t slots, int max_chunk,
                                 int64_t n_tokens) {
   if (n_tokens < 0) n_tokens = slots;
-  // Per slot and KV head: a key and a value row, and pos, score, window, merged (4 bytes each).
+  // Per slot and KV head: a key and a value row, and pos, score, window, merged, row (4 bytes
+  // each).
   const size_t per_slot = kv_row_bytes(cfg.type.k, cfg.head_dim) +
-                          kv_row_bytes(cfg.type.v, cfg.head_dim) + 2 * sizeof(int32_t) +
+                          kv_row_bytes(cfg.type.v, cfg.head_dim) + 3 * sizeof(int32_t) +
                           2 * sizeof(float);
   size_t n = 0;
   for (int il = 0; il < cfg.n_layer; ++il) {
@@ -490,7 +535,14 @@ int KvCache::drop_oldest(int il, int n_tok) {
   D2O_ASSERT(w > 0 && L.uniform());  // never compacted, so never per-head counts
   if (L.n_slot_ + n_tok <= sliding_capacity(w, n_tok) || L.n_slot_ <= w - 1) return 0;
   const int drop = L.n_slot_ - (w - 1);
-  for (int h = 0; h < L.n_head_kv_; ++h) L.move_slots(h, 0, drop, w - 1);
+  for (int h = 0; h < L.n_head_kv_; ++h) {
+    int next = L.n_slot_;  // kept slots [drop, n_slot), newest first
+    auto movers = [&] { return --next; };
+    for (int e = 0; e < drop; ++e) L.fill_hole(h, w - 1, e, movers);
+    L.move_slots(h, 0, drop, w - 1);
+  }
+  if (L.note_evictions(drop))
+    for (int h = 0; h < L.n_head_kv_; ++h) L.order_rows(h, w - 1);
   L.n_slot_ = w - 1;
   return drop;
 }

@@ -8,9 +8,19 @@
 //   score  [n_head_kv, capacity]            accumulated attention (H2O/D2O statistics)
 //   window [n_head_kv, capacity]            attention of the last w queries (SnapKV), transient
 //   merged [n_head_kv, capacity]            how many evicted tokens were folded into the slot
+//   row    [n_head_kv, capacity]            the physical row of k and v that holds the slot
 // Entries are per KV head, never expanded per query head. Slots stay in chronological order
 // (append at the end; compaction keeps relative order), so "the recent window" is always the
 // last slots and "the sinks" the first ones of a head that kept them.
+// The metadata is indexed by slot; the key and value rows are reached through `row`. A head's n
+// slots always occupy physical rows [0, n), in any order: a new slot takes row n, and a
+// compaction moves each kept row that lies at or past the new count into the row of an evicted
+// slot below it (one row copy per such hole), instead of moving every key and value behind an
+// evicted slot. Only the 4-byte metadata entries move with the slot order. Rows out of slot
+// order are read scattered (no hardware prefetch), so once kReorderAfter slots have been evicted
+// since the rows were last in order, the compaction puts them back in order (each row out of
+// place copied once), which keeps the reads mostly sequential for a tenth or less of the moves.
+// A layer copied into a new allocation (reserve, trim, copies, restore) gets its rows in order.
 // The heads of a layer usually hold the same number of slots (n_slot); which tokens they hold may
 // differ. A policy with per-head budgets (heads=ada) leaves them holding different counts
 // (n_slot(h)); n_slot() is then the largest, the one the [n_head_kv, capacity] layout is sized
@@ -185,13 +195,21 @@ class KvLayer {
   // Bytes of one key / value row (they differ when keys and values have different types).
   size_t key_row_bytes() const { return kv_row_bytes(type_.k, head_dim_); }
   size_t value_row_bytes() const { return kv_row_bytes(type_.v, head_dim_); }
-  // Row pointers: head h, slot j. The rows of a head are contiguous.
+  // Row pointers: head h, slot j (through the row map: rows of consecutive slots need not be
+  // adjacent).
   const uint8_t* key_row(int h, int j) const {
-    return k_.data() + row_offset(h, j, key_row_bytes());
+    return k_.data() + row_offset(h, phys(h, j), key_row_bytes());
   }
   const uint8_t* value_row(int h, int j) const {
-    return v_.data() + row_offset(h, j, value_row_bytes());
+    return v_.data() + row_offset(h, phys(h, j), value_row_bytes());
   }
+  // Head h's physical row 0 and its row map: slot j's key row is key_base(h) + rows(h)[j] *
+  // key_row_bytes() (values alike), rows(h)[0..n_slot(h)) a permutation of [0, n_slot(h)).
+  const uint8_t* key_base(int h) const { return k_.data() + row_offset(h, 0, key_row_bytes()); }
+  const uint8_t* value_base(int h) const { return v_.data() + row_offset(h, 0, value_row_bytes()); }
+  const int32_t* rows(int h) const { return row_.data() + meta_index(h, 0); }
+  // Evictions after which a compaction puts the rows back in slot order.
+  static constexpr int kReorderAfter = 32;
   // Slot metadata of head h: [n_slot(h)] entries, slot j at index j.
   const int32_t* pos(int h) const { return pos_.data() + meta_index(h, 0); }
   const float* score(int h) const { return score_.data() + meta_index(h, 0); }
@@ -212,18 +230,46 @@ class KvLayer {
   friend struct KvTestAccess;  // tests/unit/kv_test_access.h: tests set up states directly
 
   size_t meta_index(int h, int j) const { return static_cast<size_t>(h) * capacity_ + j; }
+  int32_t phys(int h, int j) const { return row_[meta_index(h, j)]; }
   size_t row_offset(int h, int j, size_t rb) const {
     return (static_cast<size_t>(h) * capacity_ + static_cast<size_t>(j)) * rb;
   }
-  uint8_t* mutable_key_row(int h, int j) { return k_.data() + row_offset(h, j, key_row_bytes()); }
+  uint8_t* mutable_key_row(int h, int j) {
+    return k_.data() + row_offset(h, phys(h, j), key_row_bytes());
+  }
   uint8_t* mutable_value_row(int h, int j) {
-    return v_.data() + row_offset(h, j, value_row_bytes());
+    return v_.data() + row_offset(h, phys(h, j), value_row_bytes());
   }
   // Stores one row (rounded / re-quantised).
   void store_key(int h, int j, const float* in);
   void store_value(int h, int j, const float* in);
-  // Moves slots [from, from + n) of head h to [to, to + n): rows and metadata (memmove).
+  // Moves the metadata of slots [from, from + n) of head h to [to, to + n) (memmove; the rows
+  // stay where they are, the row map moves with the rest).
   void move_slots(int h, int to, int from, int n);
+  // Copies physical row `from` of head h (key and value) to row `to`.
+  void copy_row(int h, int to, int from);
+  // Puts the rows of head h's first n slots in slot order (row map: the identity), following the
+  // permutation's cycles; those slots hold rows [0, n).
+  void order_rows(int h, int n);
+  // Notes n_evicted more evictions; true when the rows are due to be put back in order.
+  bool note_evictions(int n_evicted) {
+    unordered_ += n_evicted;
+    if (unordered_ < kReorderAfter) return false;
+    unordered_ = 0;
+    return true;
+  }
+  // Head h keeps n_keep slots and evicts slot e (its metadata still in place): when e's row lies
+  // below n_keep it is a hole, and the kept slot with the highest row at or past n_keep moves
+  // into it. `movers` yields kept slots from the newest down; it is advanced past those it used.
+  template <class Movers>
+  void fill_hole(int h, int n_keep, int e, Movers& movers) {
+    int32_t* map = row_.data() + meta_index(h, 0);
+    if (map[e] >= n_keep) return;
+    int s = movers();
+    while (map[s] < n_keep) s = movers();
+    copy_row(h, map[e], map[s]);
+    map[s] = map[e];
+  }
 
   int n_head_kv_ = 0;
   int head_dim_ = 0;
@@ -238,6 +284,8 @@ class KvLayer {
   AlignedBuffer<float> score_;     // [n_head_kv, capacity]
   AlignedBuffer<float> window_;    // [n_head_kv, capacity]
   AlignedBuffer<int32_t> merged_;  // [n_head_kv, capacity]
+  AlignedBuffer<int32_t> row_;     // [n_head_kv, capacity] physical row of each slot
+  int64_t unordered_ = 0;          // slots evicted since the rows were last in slot order
 };
 
 struct KvCacheConfig {
@@ -347,7 +395,7 @@ class KvCache {
   // heads hold, sum over heads), over all layers.
   size_t kv_bytes_allocated() const;
   size_t kv_bytes_used() const;
-  // Bytes of slot metadata allocated (pos, score, window, merged).
+  // Bytes of slot metadata allocated (pos, score, window, merged, row).
   size_t meta_bytes_allocated() const;
   // Bytes the keys and values of n tokens take in a full cache of this configuration.
   size_t full_kv_bytes(int64_t n_tokens) const;

@@ -88,24 +88,50 @@ void KvCache::apply(int il, const CompactionPlan& plan, ThreadPool* pool) {
   // 2. Gather kept slots to the front, in order (keep is ascending, so moving forward in place is
   //    safe). Runs of consecutive kept slots move with one memmove each: a decode step evicts one
   //    slot per head, so this is usually one long run. keep is strictly ascending, so keep[i] - i
-  //    never decreases and a run's end is found by binary search.
+  //    never decreases and a run's end is found by binary search. Only the metadata and the row
+  //    map move: first each evicted slot's row below nk takes a kept row from nk or above (the
+  //    kept slots then hold rows [0, nk); kv_cache.h), found from the newest kept slot down.
   //    Heads are independent: on `pool`, one task per head.
+  //    Every kReorderAfter evictions the rows are also put back in slot order (kv_cache.h).
+  int n_evicted = 0;  // the most any head evicts
+  for (int h = 0; h < L.n_head_kv_; ++h)
+    n_evicted = std::max(n_evicted, L.n_slot(h) - plan.n_keep_of(h));
+  const bool reorder = L.note_evictions(n_evicted);
   auto gather = [&](int64_t head, int) {
     const int h = static_cast<int>(head);
     const int32_t* keep = plan.keep_of(h);
     const int nk = plan.n_keep_of(h);
+    const int n = L.n_slot(h);
     D2O_ASSERT(nk >= 0 && nk <= plan.n_keep);
-    int i = 0;
+    int next = nk;  // movers: keep[next - 1], keep[next - 2], ...
+    auto movers = [&] {
+      D2O_ASSERT(next > 0);
+      return keep[--next];
+    };
+    int i = 0, prev = -1;  // prev: the last kept slot before run i
     while (i < nk) {
       const int j = keep[i];
-      D2O_ASSERT(j >= i && j < L.n_slot(h) && (i == 0 || j > keep[i - 1]));
+      D2O_ASSERT(j >= i && j < n && (i == 0 || j > keep[i - 1]));
+      for (int e = prev + 1; e < j; ++e) L.fill_hole(h, nk, e, movers);
       const int end = static_cast<int>(  // the run is [i, end): keep[x] - x == j - i
+          std::partition_point(keep + i + 1, keep + nk,
+                               [&](const int32_t& v) { return v - (&v - keep) == j - i; }) -
+          keep);
+      prev = keep[end - 1];
+      i = end;
+    }
+    for (int e = prev + 1; e < n; ++e) L.fill_hole(h, nk, e, movers);
+    i = 0;
+    while (i < nk) {
+      const int j = keep[i];
+      const int end = static_cast<int>(
           std::partition_point(keep + i + 1, keep + nk,
                                [&](const int32_t& v) { return v - (&v - keep) == j - i; }) -
           keep);
       if (j != i) L.move_slots(h, i, j, end - i);
       i = end;
     }
+    if (reorder) L.order_rows(h, nk);
   };
   if (pool && pool->n_threads() > 1 && L.n_head_kv_ > 1) {
     pool->run(L.n_head_kv_, gather);

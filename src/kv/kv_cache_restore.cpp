@@ -16,12 +16,14 @@ Status KvCache::restore_layer(int il, int n_slot, const uint8_t* k, const uint8_
   const size_t n = static_cast<size_t>(n_slot), kb = L.key_row_bytes(), vb = L.value_row_bytes();
   for (int h = 0; h < L.n_head_kv_ && n > 0; ++h) {
     const size_t o = static_cast<size_t>(h) * n;
-    std::memcpy(L.mutable_key_row(h, 0), k + o * kb, n * kb);
-    std::memcpy(L.mutable_value_row(h, 0), v + o * vb, n * vb);
+    std::memcpy(L.k_.data() + L.row_offset(h, 0, kb), k + o * kb, n * kb);  // identity map
+    std::memcpy(L.v_.data() + L.row_offset(h, 0, vb), v + o * vb, n * vb);
     std::memcpy(&L.pos_[L.meta_index(h, 0)], pos + o, n * sizeof(int32_t));
     std::memcpy(&L.score_[L.meta_index(h, 0)], score + o, n * sizeof(float));
     std::memcpy(&L.window_[L.meta_index(h, 0)], window + o, n * sizeof(float));
     std::memcpy(&L.merged_[L.meta_index(h, 0)], merged + o, n * sizeof(int32_t));
+    int32_t* map = &L.row_[L.meta_index(h, 0)];
+    for (size_t j = 0; j < n; ++j) map[j] = static_cast<int32_t>(j);
   }
   L.n_slot_ = n_slot;
   return {};

@@ -342,8 +342,16 @@ Status encode_session(const SessionFileContext& ctx, const std::string& id,
     const size_t n = static_cast<size_t>(L.n_slot());
     w.put(static_cast<uint32_t>(n));
     if (n == 0) continue;
-    for (int h = 0; h < L.n_head_kv(); ++h) w.bytes(L.key_row(h, 0), n * L.key_row_bytes());
-    for (int h = 0; h < L.n_head_kv(); ++h) w.bytes(L.value_row(h, 0), n * L.value_row_bytes());
+    // Rows in slot order (the cache's row map read through); a head holding fewer slots than
+    // the layer's most is padded with its unused rows, as the layout pads it.
+    for (const bool key : {true, false}) {
+      const size_t rb = key ? L.key_row_bytes() : L.value_row_bytes();
+      for (int h = 0; h < L.n_head_kv(); ++h) {
+        const uint8_t* base = key ? L.key_base(h) : L.value_base(h);
+        for (int j = 0; j < static_cast<int>(n); ++j)
+          w.bytes(base + static_cast<size_t>(j < L.n_slot(h) ? L.rows(h)[j] : j) * rb, rb);
+      }
+    }
     for (int h = 0; h < L.n_head_kv(); ++h) w.bytes(L.pos(h), n * 4);
     for (int h = 0; h < L.n_head_kv(); ++h) w.bytes(L.score(h), n * 4);
     for (int h = 0; h < L.n_head_kv(); ++h) w.bytes(L.window(h), n * 4);

@@ -42,9 +42,9 @@ MODEL = require_model()
 
 CTX = 512
 # SmolLM2-135M: per token of a full cache, 30 layers x 3 KV heads x (a key and a value row of 64
-# F16 and 16 bytes of slot metadata): KvCache::bytes_for_slots.
-TOKEN_BYTES = 30 * 3 * (2 * 64 * 2 + 16)
-CAP = 8 * CTX * TOKEN_BYTES  # 8 full caches of the context: 100,270,080 bytes
+# F16 and 20 bytes of slot metadata): KvCache::bytes_for_slots.
+TOKEN_BYTES = 30 * 3 * (2 * 64 * 2 + 20)
+CAP = 8 * CTX * TOKEN_BYTES  # 8 full caches of the context: 101,744,640 bytes
 CLIENTS, TURNS, N = 64, 4, 16
 POLICIES = ["full", "d2o:budget=64"]
 TOPICS = ["the sea", "mountains", "bread", "trains"]

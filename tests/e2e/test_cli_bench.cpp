@@ -186,8 +186,8 @@ TEST(CliBench, SmallRunReportsEveryPolicyAndWritesJson) {
     EXPECT_LE(run["kv_peak_reserved"].get<double>(), 64.0 * 1024 * 1024);
     EXPECT_GT(run["rss_peak"].get<double>(), 0.0);
   }
-  // The full cache of 48 + 6 tokens: 30 layers x 3 KV heads x 54 slots x (256 + 16) bytes.
-  EXPECT_EQ(j["runs"][0]["kv_bytes_per_request"], 30 * 3 * 54 * 272);
+  // The full cache of 48 + 6 tokens: 30 layers x 3 KV heads x 54 slots x (256 + 20) bytes.
+  EXPECT_EQ(j["runs"][0]["kv_bytes_per_request"], 30 * 3 * 54 * 276);
 }
 
 TEST(CliBench, RoundsAlternateTheOrderAndPairTheRatiosByRound) {

@@ -5,8 +5,9 @@
 
 #include <cstring>
 
-#include "common/test_util.h"
+#include "common/kv_rows.h"
 #include "common/random_model.h"
+#include "common/test_util.h"
 #include "model/model.h"
 #include "policy_sim.h"
 #include "runtime/engine.h"
@@ -161,9 +162,8 @@ bool same_cache(const KvCache& a, const KvCache& b) {
     if (x.n_slot() != y.n_slot()) return false;
     for (int g = 0; g < x.n_head_kv(); ++g) {
       const size_t n = static_cast<size_t>(x.n_slot()), m = n;
-      if (std::memcmp(x.key_row(g, 0), y.key_row(g, 0), n * x.key_row_bytes()) != 0) return false;
-      if (std::memcmp(x.value_row(g, 0), y.value_row(g, 0), n * x.value_row_bytes()) != 0)
-        return false;
+      if (test::compare_keys(x, y, g, n) != 0) return false;
+      if (test::compare_values(x, y, g, n) != 0) return false;
       if (std::memcmp(x.pos(g), y.pos(g), m * 4) != 0)
         return false;
       if (std::memcmp(x.score(g), y.score(g), m * 4) != 0)

@@ -7,8 +7,9 @@
 
 #include <cstring>
 
-#include "common/test_util.h"
+#include "common/kv_rows.h"
 #include "common/random_model.h"
+#include "common/test_util.h"
 #include "eval/fork.h"
 #include "kv/policy/composed.h"
 #include "model/model.h"
@@ -52,10 +53,8 @@ void expect_same_cache(const KvCache& a, const KvCache& b, const std::string& wh
     ASSERT_EQ(A.n_slot(), B.n_slot()) << what << " layer " << il;
     for (int h = 0; h < A.n_head_kv(); ++h) {
       const size_t n = static_cast<size_t>(A.n_slot());
-      EXPECT_EQ(0, std::memcmp(A.key_row(h, 0), B.key_row(h, 0), n * A.key_row_bytes()))
-          << what << " keys " << il;
-      EXPECT_EQ(0, std::memcmp(A.value_row(h, 0), B.value_row(h, 0), n * A.value_row_bytes()))
-          << what << " values " << il;
+      EXPECT_EQ(0, test::compare_keys(A, B, h, n)) << what << " keys " << il;
+      EXPECT_EQ(0, test::compare_values(A, B, h, n)) << what << " values " << il;
       EXPECT_EQ(0, std::memcmp(A.pos(h), B.pos(h), n * 4))
           << what;
       EXPECT_EQ(0, std::memcmp(A.score(h), B.score(h), n * 4))

@@ -168,9 +168,9 @@ TEST(KvCacheLimit, GrowthStopsAtTheLimitAndBytesMatchTheFormula) {
     for (int il = 0; il < 3; ++il) ASSERT_TRUE(c.reserve(il, 300, true).ok());
     EXPECT_EQ(c.kv_bytes_allocated() + c.meta_bytes_allocated(),
               KvCache::bytes_for_slots(cfg, 300));
-    // Independent count: per slot and head, 2 rows of head_dim elements + 4 metadata words.
+    // Independent count: per slot and head, 2 rows of head_dim elements + 5 metadata words.
     const size_t elem = type == KvType::kF16 ? 2 : 4;
-    EXPECT_EQ(KvCache::bytes_for_slots(cfg, 300), 3u * 2 * 300 * (2 * 8 * elem + 16));
+    EXPECT_EQ(KvCache::bytes_for_slots(cfg, 300), 3u * 2 * 300 * (2 * 8 * elem + 20));
     ASSERT_TRUE(c.set_slot_limit(0).ok());
     EXPECT_TRUE(c.reserve(0, 1000, false).ok());
   }
@@ -209,8 +209,8 @@ TEST(SchedulerPlan, FullCacheFootprintIsPromptPlusGeneration) {
   FullPolicy full;
   const Scheduler::Footprint f = Scheduler::footprint(cfg, full, 512, 2048, 256);
   EXPECT_EQ(f.slots, 2560);
-  // 30 layers x 3 heads x 2560 slots x (2 x 64 x 2 bytes + 16 bytes of metadata).
-  EXPECT_EQ(f.bytes, 30u * 3 * 2560 * (256 + 16));
+  // 30 layers x 3 heads x 2560 slots x (2 x 64 x 2 bytes + 20 bytes of metadata).
+  EXPECT_EQ(f.bytes, 30u * 3 * 2560 * (256 + 20));
 }
 
 }  // namespace

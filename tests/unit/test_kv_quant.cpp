@@ -157,7 +157,7 @@ TEST(KvQuant, RefusesHeadDimNotMultipleOf32) {
 // Every byte figure counts the real rows: 34 bytes per 32 elements (Q8_0), 18 (Q4_0).
 TEST(KvQuant, ByteFiguresCountQuantisedRows) {
   const int layers = 3, G = 2, hd = 64, n = 40;
-  const size_t meta = 16;  // pos, score, window, merged per slot and head
+  const size_t meta = 20;  // pos, score, window, merged, row per slot and head
   const KvElemType q8 = KvElemType::kQ8_0, q4 = KvElemType::kQ4_0;
   for (KvType t : {KvType::kQ8_0, KvType::kQ4_0, KvType{q8, q4}, KvType{KvElemType::kF16, q4}}) {
     SCOPED_TRACE(kv_type_name(t));

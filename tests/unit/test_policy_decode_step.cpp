@@ -112,7 +112,8 @@ TEST(D2oKeyNorms, NormOfASlotIsTheFourRowPassBitsWhereverItSits) {
       // row_dots forms the norms of rows 0..11 in its four-row loop.
       std::vector<float> zero(64, 0.0f), dot(12), inv(12), all(13), one(1);
       RowDots a;
-      a.base = L.key_row(g, 0);
+      a.base = L.key_base(g);
+      a.map = L.rows(g);
       a.row_bytes = L.key_row_bytes();
       a.f16 = type == KvType::kF16;
       if (kv_quantized(type.k)) a.quant = kv_ggml_type(type.k);

@@ -20,6 +20,7 @@
 #include <random>
 #include <tuple>
 
+#include "common/kv_rows.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
 #include "kv/policy/budgets.h"
@@ -221,8 +222,8 @@ TEST(PolicyInvariants, LargeBudgetLeavesCacheUntouched) {
         ASSERT_EQ(a.n_slot(), 80);
         ASSERT_EQ(a.n_slot(), b.n_slot());
         for (int g = 0; g < s.n_head_kv; ++g) {
-          EXPECT_EQ(std::memcmp(a.key_row(g, 0), b.key_row(g, 0), a.key_row_bytes() * 80), 0);
-          EXPECT_EQ(std::memcmp(a.value_row(g, 0), b.value_row(g, 0), a.value_row_bytes() * 80), 0);
+          EXPECT_EQ(test::compare_keys(a, b, g, 80), 0);
+          EXPECT_EQ(test::compare_values(a, b, g, 80), 0);
           EXPECT_EQ(std::memcmp(a.pos(g), b.pos(g),
                                 80 * sizeof(int32_t)),
                     0);
@@ -565,8 +566,8 @@ TEST(PolicyInvariants, LayerwiseCompactionEqualsWholePass) {
         for (int g = 0; g < x.n_head_kv(); ++g) {
           ASSERT_EQ(x.n_slot(g), y.n_slot(g));
           const size_t n = static_cast<size_t>(x.n_slot(g));
-          ASSERT_EQ(0, std::memcmp(x.key_row(g, 0), y.key_row(g, 0), x.key_row_bytes() * n));
-          ASSERT_EQ(0, std::memcmp(x.value_row(g, 0), y.value_row(g, 0), x.value_row_bytes() * n));
+          ASSERT_EQ(0, test::compare_keys(x, y, g, n));
+          ASSERT_EQ(0, test::compare_values(x, y, g, n));
           for (int j = 0; j < x.n_slot(g); ++j) {
             ASSERT_EQ(x.pos(g)[j], y.pos(g)[j]);
             ASSERT_EQ(x.score(g)[j], y.score(g)[j]);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/kv_rows.h"
 #include "unit/policy_sim.h"
 
 namespace d2o {
@@ -164,8 +165,8 @@ TEST(PolicyReference, ThreadPoolGivesIdenticalResults) {
         ASSERT_EQ(a.n_slot(), b.n_slot());
         for (int g = 0; g < s.n_head_kv; ++g) {
           const size_t n = static_cast<size_t>(a.n_slot());
-          EXPECT_EQ(std::memcmp(a.key_row(g, 0), b.key_row(g, 0), a.key_row_bytes() * n), 0);
-          EXPECT_EQ(std::memcmp(a.value_row(g, 0), b.value_row(g, 0), a.value_row_bytes() * n), 0);
+          EXPECT_EQ(test::compare_keys(a, b, g, n), 0);
+          EXPECT_EQ(test::compare_values(a, b, g, n), 0);
           EXPECT_EQ(std::memcmp(a.score(g), b.score(g),
                                 sizeof(float) * a.n_slot()),
                     0);

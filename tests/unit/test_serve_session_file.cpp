@@ -12,6 +12,7 @@
 #include <fstream>
 #include <ostream>
 
+#include "common/kv_rows.h"
 #include "common/random_model.h"
 #include "common/test_util.h"
 #include "kv/policy/composed.h"
@@ -143,8 +144,8 @@ TEST_P(SessionFileRoundTrip, SameBytesSameStateSameLogitsAfterward) {
     ASSERT_EQ(la.n_slot(), lb.n_slot());
     const size_t n = static_cast<size_t>(la.n_slot());
     for (int h = 0; h < la.n_head_kv() && n > 0; ++h) {
-      EXPECT_EQ(std::memcmp(la.key_row(h, 0), lb.key_row(h, 0), n * la.key_row_bytes()), 0);
-      EXPECT_EQ(std::memcmp(la.value_row(h, 0), lb.value_row(h, 0), n * la.value_row_bytes()), 0);
+      EXPECT_EQ(test::compare_keys(la, lb, h, n), 0);
+      EXPECT_EQ(test::compare_values(la, lb, h, n), 0);
       EXPECT_EQ(std::memcmp(la.pos(h), lb.pos(h), n * 4), 0);
       EXPECT_EQ(std::memcmp(la.score(h), lb.score(h), n * 4), 0);
       EXPECT_EQ(std::memcmp(la.window(h), lb.window(h), n * 4), 0);

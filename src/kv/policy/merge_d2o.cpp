@@ -55,7 +55,8 @@ int add_cosines(const ModalityPass& p, int e, bool first, float scale, float* __
   rd.q = p.row;
   rd.dot = p.dots;
   rd.inv_norm = first && !p.given ? p.kept_inv : nullptr;
-  rd.base = p.values ? L.value_row(p.head, 0) : L.key_row(p.head, 0);
+  rd.base = p.values ? L.value_base(p.head) : L.key_base(p.head);
+  rd.map = L.rows(p.head);
   const KvElemType t = p.values ? L.type().v : L.type().k;
   rd.row_bytes = p.values ? L.value_row_bytes() : L.key_row_bytes();
   rd.f16 = t == KvElemType::kF16;
@@ -139,7 +140,8 @@ void d2o_key_inv_norms(const KvLayer& L, int head, int first, int count, float* 
   static const float zeros[kMaxDim] = {};
   const KvElemType t = L.type().k;
   RowDots rd;
-  rd.base = L.key_row(head, 0);
+  rd.base = L.key_base(head);
+  rd.map = L.rows(head);
   rd.row_bytes = L.key_row_bytes();
   rd.f16 = t == KvElemType::kF16;
   if (kv_quantized(t)) rd.quant = kv_ggml_type(t);

@@ -15,8 +15,7 @@ namespace {
 // Rows may sit at any byte address (tests use odd strides): elements are read with memcpy.
 void row_dots_scalar(const RowDots& a) {
   for (int r = 0; r < a.n; ++r) {
-    const size_t row = static_cast<size_t>(a.rows ? a.rows[r] : r);
-    const uint8_t* p = a.base + row * a.row_bytes;
+    const uint8_t* p = a.row(r);
     float dot = 0.0f, nn = 0.0f;
     for (int d = 0; d < a.dim; ++d) {
       float x;
@@ -132,9 +131,7 @@ void row_dots_quantized(KernelIsa isa, const RowDots& a) {
   for (int r0 = 0; r0 < a.n; r0 += kRows) {
     const int nr = std::min(kRows, a.n - r0);
     for (int i = 0; i < nr; ++i) {
-      const size_t row = static_cast<size_t>(a.rows ? a.rows[r0 + i] : r0 + i);
-      dequantize_row_isa(isa, a.quant, a.base + row * a.row_bytes,
-                         buf + static_cast<size_t>(i) * a.dim, a.dim);
+      dequantize_row_isa(isa, a.quant, a.row(r0 + i), buf + static_cast<size_t>(i) * a.dim, a.dim);
     }
     RowDots f = a;
     f.base = reinterpret_cast<const uint8_t*>(buf);
@@ -142,6 +139,7 @@ void row_dots_quantized(KernelIsa isa, const RowDots& a) {
     f.f16 = false;
     f.quant = GgmlType::kF32;
     f.rows = nullptr;
+    f.map = nullptr;
     f.n = nr;
     f.dot = a.dot + r0;
     f.inv_norm = a.inv_norm ? a.inv_norm + r0 : nullptr;

@@ -17,7 +17,9 @@
 namespace d2o {
 
 struct RowDots {
-  const uint8_t* base = nullptr;  // row r starts at base + (rows ? rows[r] : r) * row_bytes
+  // Row r starts at base + map[x] * row_bytes (map null: x * row_bytes), x = rows ? rows[r] : r
+  // (map: a KV cache's row map, rows: slot indices).
+  const uint8_t* base = nullptr;
   size_t row_bytes = 0;
   bool f16 = false;               // rows hold IEEE halves (else floats)
   GgmlType quant = GgmlType::kF32;  // Q8_0 / Q4_0: rows hold such blocks (dim a multiple of 32)
@@ -28,6 +30,21 @@ struct RowDots {
   float* dot = nullptr;       // [n] out: q . row
   float* inv_norm = nullptr;  // [n] out: 1 / |row| (0 for a zero row), or null when not wanted
                               // (then no norms are formed; the dots are the same bits either way)
+  const int32_t* map = nullptr;
+
+  const uint8_t* row(int r) const {
+    const int32_t x = rows ? rows[r] : r;
+    return base + static_cast<size_t>(map ? map[x] : x) * row_bytes;
+  }
+  // Rows through a map are scattered, which the hardware prefetchers do not follow: the loops ask
+  // for the rows kPrefetchRows ahead (each row's first and last byte) when map is set.
+  static constexpr int kPrefetchRows = 16;
+  void prefetch(int r) const {
+    if (!map || r >= n) return;
+    const uint8_t* p = row(r);
+    __builtin_prefetch(p);
+    __builtin_prefetch(p + row_bytes - 1);
+  }
 };
 
 void row_dots(const RowDots& a);                     // best available variant

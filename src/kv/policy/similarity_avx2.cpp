@@ -63,8 +63,10 @@ int dots_by_eight(const RowDots& a) {
   int r = 0;
   for (; r + 8 <= a.n; r += 8) {
     const uint8_t* p[8];
-    for (int i = 0; i < 8; ++i)
-      p[i] = a.base + static_cast<size_t>(a.rows ? a.rows[r + i] : r + i) * a.row_bytes;
+    for (int i = 0; i < 8; ++i) {
+      p[i] = a.row(r + i);
+      a.prefetch(r + i + RowDots::kPrefetchRows);
+    }
     __m256 dv[8];
     for (int i = 0; i < 8; ++i) dv[i] = _mm256_setzero_ps();
     for (int d = 0; d < d8; d += 8) {
@@ -90,9 +92,7 @@ int dots_by_eight(const RowDots& a) {
 template <bool kF16>
 void row_dots_impl(const RowDots& a) {
   const int d8 = a.dim & ~7;
-  auto row_ptr = [&a](int r) {
-    return a.base + static_cast<size_t>(a.rows ? a.rows[r] : r) * a.row_bytes;
-  };
+  auto row_ptr = [&a](int r) { return a.row(r); };
   alignas(32) float sums[8];
   int r = a.inv_norm ? 0 : dots_by_eight<kF16>(a);
   for (; r + 4 <= a.n; r += 4) {

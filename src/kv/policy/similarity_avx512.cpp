@@ -62,8 +62,10 @@ int dots_by_eight(const RowDots& a) {
   int r = 0;
   for (; r + 8 <= a.n; r += 8) {
     const uint8_t* p[8];
-    for (int i = 0; i < 8; ++i)
-      p[i] = a.base + static_cast<size_t>(a.rows ? a.rows[r + i] : r + i) * a.row_bytes;
+    for (int i = 0; i < 8; ++i) {
+      p[i] = a.row(r + i);
+      a.prefetch(r + i + RowDots::kPrefetchRows);
+    }
     __m512 dv[8];
     for (int i = 0; i < 8; ++i) dv[i] = _mm512_setzero_ps();
     for (int c = 0; c < full; ++c) {
@@ -87,9 +89,7 @@ void row_dots_impl(const RowDots& a) {
   const int full = a.dim / 16;
   const int tail = a.dim - 16 * full;
   const __mmask16 tmask = static_cast<__mmask16>((1u << tail) - 1u);
-  auto row_ptr = [&a](int r) {
-    return a.base + static_cast<size_t>(a.rows ? a.rows[r] : r) * a.row_bytes;
-  };
+  auto row_ptr = [&a](int r) { return a.row(r); };
   alignas(32) float sums[8];
   int r = a.inv_norm ? 0 : dots_by_eight<kF16>(a);
   for (; r + 4 <= a.n; r += 4) {
