@@ -130,7 +130,7 @@ void to_f32_tile(const Call& C, int rows, int n_keys, attn::KvRows& r, float* bu
   const bool quant = kv_quantized(r.type);
   if (r.type == KvElemType::kF32 || rows <= 4) return;
   const int64_t n = int64_t{n_keys} * C.hd;
-  // Rows through the row map are converted one by one (n: a row), rows in order at once.
+  // Rows in order are converted in one call; rows through the row map one row per call.
   const int n_conv = r.idx ? n_keys : 1;
   const int64_t n_row = r.idx ? C.hd : n;
   for (int j = 0; j < n_conv; ++j) {

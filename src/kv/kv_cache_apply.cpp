@@ -24,6 +24,16 @@ void add_scaled(float* acc, const float* x, float w, size_t n) {
   }
 }
 
+// The end of the run of kept slots starting at keep[i]: the run is [i, end), where keep[x] - x ==
+// keep[i] - i (keep strictly ascending, so keep[x] - x never decreases: a binary search).
+int run_end(const int32_t* keep, int nk, int i) {
+  const int32_t d = keep[i] - i;
+  return static_cast<int>(
+      std::partition_point(keep + i + 1, keep + nk,
+                           [&](const int32_t& v) { return v - (&v - keep) == d; }) -
+      keep);
+}
+
 }  // namespace
 
 void KvCache::apply(int il, const CompactionPlan& plan, ThreadPool* pool) {
@@ -113,10 +123,7 @@ void KvCache::apply(int il, const CompactionPlan& plan, ThreadPool* pool) {
       const int j = keep[i];
       D2O_ASSERT(j >= i && j < n && (i == 0 || j > keep[i - 1]));
       for (int e = prev + 1; e < j; ++e) L.fill_hole(h, nk, e, movers);
-      const int end = static_cast<int>(  // the run is [i, end): keep[x] - x == j - i
-          std::partition_point(keep + i + 1, keep + nk,
-                               [&](const int32_t& v) { return v - (&v - keep) == j - i; }) -
-          keep);
+      const int end = run_end(keep, nk, i);
       prev = keep[end - 1];
       i = end;
     }
@@ -124,10 +131,7 @@ void KvCache::apply(int il, const CompactionPlan& plan, ThreadPool* pool) {
     i = 0;
     while (i < nk) {
       const int j = keep[i];
-      const int end = static_cast<int>(
-          std::partition_point(keep + i + 1, keep + nk,
-                               [&](const int32_t& v) { return v - (&v - keep) == j - i; }) -
-          keep);
+      const int end = run_end(keep, nk, i);
       if (j != i) L.move_slots(h, i, j, end - i);
       i = end;
     }
