@@ -153,7 +153,7 @@ Result<ForkedPrefill> prefill_forked(Engine& engine, std::span<const TokenId> pr
         const int64_t before = cache.total_slots();
         D2O_RETURN_IF_ERROR(seq->policy().compact(cache, seq->policy_state(), pass));
         if (cache.total_slots() < before)
-          D2O_RETURN_IF_ERROR(cache.trim(std::min(pass.n_tokens, 64)));
+          D2O_RETURN_IF_ERROR(cache.trim(slack_after_compaction(pass.n_tokens, pass.prompt_rest)));
         out.seqs[i] = std::move(seq);
       }
     }

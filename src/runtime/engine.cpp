@@ -128,10 +128,10 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
     const int64_t before = cache.total_slots();
     const bool layered = be.seq->policy_state().layer_compacted;  // compacted during the pass
     Status st = be.seq->policy().compact(cache, be.seq->policy_state(), pass);
-    // A compaction that removed slots hands their memory back, keeping room for a pass of the
-    // same size (up to 64 tokens) so steady decoding or chunked feeding does not reallocate.
+    // A compaction that removed slots hands their memory back, keeping room for the next pass
+    // (slack_after_compaction) so steady decoding or chunked feeding does not reallocate.
     if (st.ok() && (layered || cache.total_slots() < before))
-      st = cache.trim(std::min(pass.n_tokens, 64));
+      st = cache.trim(slack_after_compaction(pass.n_tokens, pass.prompt_rest));
     compact_status_[e] = std::move(st);
   };
   if (batch.size() > 1 && pool_.n_threads() > 1) {

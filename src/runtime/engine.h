@@ -52,6 +52,15 @@ struct BatchEntry {
   int64_t prompt_rest = 0;
 };
 
+// Free slots a cache keeps after a compaction that removed slots (KvCache::trim's slack): a
+// chunk that leaves more of its prompt to come keeps room for a chunk like it (up to 64 tokens);
+// a pass that ends the prompt, or a decode step, keeps one slot, for the decode step that
+// follows. So the prompt's last compaction leaves the cache at its decoding size in the same
+// reallocation, and the first decode step does not copy the whole cache again.
+inline int slack_after_compaction(int n_tokens, int64_t prompt_rest) {
+  return prompt_rest > 0 ? (n_tokens < 64 ? n_tokens : 64) : 1;
+}
+
 // Receives logits: entry index in the batch, token index within that entry's chunk, and
 // n_vocab floats valid only during the call.
 using LogitsSink = std::function<void(int entry, int token, const float* logits)>;

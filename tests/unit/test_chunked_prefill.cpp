@@ -203,6 +203,57 @@ TEST_F(ChunkedPrefillModel, AnnouncedChunksCompressThePromptOnceLikeOnePass) {
   EXPECT_EQ(differs_unannounced, 7);  // every compressing policy
 }
 
+// The prompt's last compaction leaves each layer at its decoding size (one free slot), so the
+// decode steps after it never reallocate the cache (each reallocation copies every layer's rows);
+// a chunk with more of its prompt to come keeps room for a chunk like it.
+TEST_F(ChunkedPrefillModel, ThePromptsLastCompactionLeavesTheDecodingSize) {
+  std::vector<TokenId> prompt;
+  test::Xorshift rng(9);
+  for (int i = 0; i < 200; ++i) prompt.push_back(3 + static_cast<TokenId>(rng.next() % 297));
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    Engine engine(*model_, pool, EngineOptions{});
+    for (const char* spec : {"h2o:ratio=0.3", "d2o:ratio=0.3", "h2o:budget=40"}) {
+      SCOPED_TRACE(std::string(spec) + ", threads " + std::to_string(threads));
+      std::shared_ptr<const KvPolicy> pol(parse_kv_policy(spec).value());
+      Sequence seq(model_->hparams(), KvType::kF16, pol);
+      const std::vector<int> chunks = {64, 64, 72};
+      size_t at = 0;
+      for (int len : chunks) {
+        BatchEntry be;
+        be.seq = &seq;
+        be.tokens = std::span<const TokenId>(prompt.data() + at, static_cast<size_t>(len));
+        at += static_cast<size_t>(len);
+        be.prompt_rest = static_cast<int64_t>(prompt.size() - at);
+        ASSERT_TRUE(engine.forward({&be, 1}, nullptr).ok());
+        const KvLayer& L = seq.cache().layer(0);
+        if (be.prompt_rest > 0 && L.n_slot() < static_cast<int>(at)) {
+          EXPECT_EQ(L.capacity(), L.n_slot() + len);  // compacted within the prompt
+        }
+      }
+      const KvCache& cache = seq.cache();
+      std::vector<const uint8_t*> blocks;
+      for (int il = 0; il < cache.n_layer(); ++il) {
+        const KvLayer& L = cache.layer(il);
+        ASSERT_LT(L.n_slot(), 200);
+        EXPECT_EQ(L.capacity(), L.n_slot() + 1) << "layer " << il;
+        blocks.push_back(L.key_base(0));
+      }
+      TokenId one[1] = {5};
+      for (int step = 0; step < 6; ++step) {
+        BatchEntry be;
+        be.seq = &seq;
+        be.tokens = std::span<const TokenId>(one, 1);
+        ASSERT_TRUE(engine.forward({&be, 1}, nullptr).ok());
+      }
+      for (int il = 0; il < cache.n_layer(); ++il) {
+        EXPECT_EQ(cache.layer(il).key_base(0), blocks[static_cast<size_t>(il)]) << "layer " << il;
+        EXPECT_EQ(cache.layer(il).capacity(), cache.layer(il).n_slot() + 1) << "layer " << il;
+      }
+    }
+  }
+}
+
 TEST_F(ChunkedPrefillModel, LastChunkShorterThanTheObservationWindowIsAnError) {
   ThreadPool pool(1);
   Engine engine(*model_, pool, EngineOptions{});
