@@ -126,6 +126,15 @@ class ChunkedPrefillModel : public ::testing::Test {
 };
 Model* ChunkedPrefillModel::model_ = nullptr;
 
+// One decode step of `seq` on `token`.
+Status decode_one(Engine& engine, Sequence& seq, TokenId token, const LogitsSink& sink) {
+  TokenId one[1] = {token};
+  BatchEntry be;
+  be.seq = &seq;
+  be.tokens = std::span<const TokenId>(one, 1);
+  return engine.forward({&be, 1}, sink);
+}
+
 // Feeds `prompt` in the given chunks (announced or not), then decodes n greedy tokens.
 std::vector<TokenId> run(Engine& engine, Sequence& seq, const std::vector<TokenId>& prompt,
                          const std::vector<int>& chunks, bool announce, int n) {
@@ -146,11 +155,7 @@ std::vector<TokenId> run(Engine& engine, Sequence& seq, const std::vector<TokenI
   std::vector<TokenId> out;
   for (int i = 0; i < n; ++i) {
     out.push_back(next);
-    TokenId one[1] = {next};
-    BatchEntry be;
-    be.seq = &seq;
-    be.tokens = std::span<const TokenId>(one, 1);
-    EXPECT_TRUE(engine.forward({&be, 1}, sink).ok());
+    EXPECT_TRUE(decode_one(engine, seq, next, sink).ok());
   }
   return out;
 }
@@ -210,27 +215,24 @@ TEST_F(ChunkedPrefillModel, ThePromptsLastCompactionLeavesTheDecodingSize) {
   std::vector<TokenId> prompt;
   test::Xorshift rng(9);
   for (int i = 0; i < 200; ++i) prompt.push_back(3 + static_cast<TokenId>(rng.next() % 297));
+  int compacted_mid = 0;
   for (int threads : {1, 2}) {
     ThreadPool pool(threads);
     Engine engine(*model_, pool, EngineOptions{});
     for (const char* spec : {"h2o:ratio=0.3", "d2o:ratio=0.3", "h2o:budget=40"}) {
       SCOPED_TRACE(std::string(spec) + ", threads " + std::to_string(threads));
       std::shared_ptr<const KvPolicy> pol(parse_kv_policy(spec).value());
-      Sequence seq(model_->hparams(), KvType::kF16, pol);
-      const std::vector<int> chunks = {64, 64, 72};
-      size_t at = 0;
-      for (int len : chunks) {
-        BatchEntry be;
-        be.seq = &seq;
-        be.tokens = std::span<const TokenId>(prompt.data() + at, static_cast<size_t>(len));
-        at += static_cast<size_t>(len);
-        be.prompt_rest = static_cast<int64_t>(prompt.size() - at);
-        ASSERT_TRUE(engine.forward({&be, 1}, nullptr).ok());
-        const KvLayer& L = seq.cache().layer(0);
-        if (be.prompt_rest > 0 && L.n_slot() < static_cast<int>(at)) {
-          EXPECT_EQ(L.capacity(), L.n_slot() + len);  // compacted within the prompt
-        }
+      // A first chunk with 136 tokens to come: a fixed budget compacts it and keeps room for a
+      // chunk of 64.
+      Sequence mid(model_->hparams(), KvType::kF16, pol);
+      run(engine, mid, prompt, {64}, true, 0);
+      const KvLayer& M = mid.cache().layer(0);
+      if (M.n_slot() < 64) {
+        EXPECT_EQ(M.capacity(), M.n_slot() + 64);
+        ++compacted_mid;
       }
+      Sequence seq(model_->hparams(), KvType::kF16, pol);
+      run(engine, seq, prompt, {64, 64, 72}, true, 0);
       const KvCache& cache = seq.cache();
       std::vector<const uint8_t*> blocks;
       for (int il = 0; il < cache.n_layer(); ++il) {
@@ -239,19 +241,14 @@ TEST_F(ChunkedPrefillModel, ThePromptsLastCompactionLeavesTheDecodingSize) {
         EXPECT_EQ(L.capacity(), L.n_slot() + 1) << "layer " << il;
         blocks.push_back(L.key_base(0));
       }
-      TokenId one[1] = {5};
-      for (int step = 0; step < 6; ++step) {
-        BatchEntry be;
-        be.seq = &seq;
-        be.tokens = std::span<const TokenId>(one, 1);
-        ASSERT_TRUE(engine.forward({&be, 1}, nullptr).ok());
-      }
+      for (int step = 0; step < 6; ++step) ASSERT_TRUE(decode_one(engine, seq, 5, nullptr).ok());
       for (int il = 0; il < cache.n_layer(); ++il) {
         EXPECT_EQ(cache.layer(il).key_base(0), blocks[static_cast<size_t>(il)]) << "layer " << il;
         EXPECT_EQ(cache.layer(il).capacity(), cache.layer(il).n_slot() + 1) << "layer " << il;
       }
     }
   }
+  EXPECT_EQ(compacted_mid, 2);  // h2o:budget=40, on 1 and 2 threads
 }
 
 TEST_F(ChunkedPrefillModel, LastChunkShorterThanTheObservationWindowIsAnError) {
