@@ -142,7 +142,8 @@ Result<ForkedPrefill> prefill_forked(Engine& engine, std::span<const TokenId> pr
         D2O_RETURN_IF_ERROR(copy_cache(pre.cache(), seq->cache()));
         clear_unused_stats(*policies[i], seq->cache());
         seq->advance(static_cast<int64_t>(prompt.size()));
-        // What Engine::forward does after the prompt pass.
+        // What Engine::forward does after the prompt pass (a whole prompt: one-token passes
+        // follow).
         PassInfo pass;
         pass.n_tokens = static_cast<int>(prompt.size());
         pass.n_past = seq->n_past();
@@ -153,7 +154,7 @@ Result<ForkedPrefill> prefill_forked(Engine& engine, std::span<const TokenId> pr
         const int64_t before = cache.total_slots();
         D2O_RETURN_IF_ERROR(seq->policy().compact(cache, seq->policy_state(), pass));
         if (cache.total_slots() < before)
-          D2O_RETURN_IF_ERROR(cache.trim(slack_after_compaction(pass.n_tokens, pass.prompt_rest)));
+          D2O_RETURN_IF_ERROR(cache.trim(slack_after_compaction(pass.n_tokens, false)));
         out.seqs[i] = std::move(seq);
       }
     }

@@ -131,7 +131,8 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
     // A compaction that removed slots hands their memory back, keeping room for the next pass
     // (slack_after_compaction) so steady decoding or chunked feeding does not reallocate.
     if (st.ok() && (layered || cache.total_slots() < before))
-      st = cache.trim(slack_after_compaction(pass.n_tokens, pass.prompt_rest));
+      st = cache.trim(
+          slack_after_compaction(pass.n_tokens, be.prompt_rest > 0 || be.logits_from >= 0));
     compact_status_[e] = std::move(st);
   };
   if (batch.size() > 1 && pool_.n_threads() > 1) {

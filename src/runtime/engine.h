@@ -52,13 +52,15 @@ struct BatchEntry {
   int64_t prompt_rest = 0;
 };
 
-// Free slots a cache keeps after a compaction that removed slots (KvCache::trim's slack): a
-// chunk that leaves more of its prompt to come keeps room for a chunk like it (up to 64 tokens);
-// a pass that ends the prompt, or a decode step, keeps one slot, for the decode step that
-// follows. So the prompt's last compaction leaves the cache at its decoding size in the same
-// reallocation, and the first decode step does not copy the whole cache again.
-inline int slack_after_compaction(int n_tokens, int64_t prompt_rest) {
-  return prompt_rest > 0 ? (n_tokens < 64 ? n_tokens : 64) : 1;
+// Free slots a cache keeps after a compaction that removed slots (KvCache::trim's slack). A pass
+// that more passes like it are expected to follow keeps room for one of them (up to 64 tokens):
+// a prompt chunk with more of its prompt to come, or a pass that scores its tokens
+// (logits_from >= 0: text fed chunk after chunk, as `eval ppl --chunk` does). Any other pass, the
+// one that ends a prompt or a decode step, keeps one slot, for the decode step that follows: so
+// the prompt's last compaction leaves the cache at its decoding size in the reallocation it makes
+// anyway, and decoding never copies the cache into a smaller block.
+inline int slack_after_compaction(int n_tokens, bool more_alike) {
+  return more_alike ? (n_tokens < 64 ? n_tokens : 64) : 1;
 }
 
 // Receives logits: entry index in the batch, token index within that entry's chunk, and

@@ -210,7 +210,7 @@ TEST_F(ChunkedPrefillModel, AnnouncedChunksCompressThePromptOnceLikeOnePass) {
 
 // The prompt's last compaction leaves each layer at its decoding size (one free slot), so the
 // decode steps after it never reallocate the cache (each reallocation copies every layer's rows);
-// a chunk with more of its prompt to come keeps room for a chunk like it.
+// a chunk with more of its prompt to come, or scored text, keeps room for a chunk like it.
 TEST_F(ChunkedPrefillModel, ThePromptsLastCompactionLeavesTheDecodingSize) {
   std::vector<TokenId> prompt;
   test::Xorshift rng(9);
@@ -231,6 +231,17 @@ TEST_F(ChunkedPrefillModel, ThePromptsLastCompactionLeavesTheDecodingSize) {
         EXPECT_EQ(M.capacity(), M.n_slot() + 64);
         ++compacted_mid;
       }
+      // Scored text (logits for every token, as `eval ppl --chunk 64` feeds it) keeps room for
+      // the next chunk too.
+      Sequence scored(model_->hparams(), KvType::kF16, pol);
+      BatchEntry text;
+      text.seq = &scored;
+      text.tokens = std::span<const TokenId>(prompt.data(), 64);
+      text.logits_from = 0;
+      ASSERT_TRUE(engine.forward({&text, 1}, nullptr).ok());
+      const KvLayer& T = scored.cache().layer(0);
+      ASSERT_LT(T.n_slot(), 64);
+      EXPECT_EQ(T.capacity(), T.n_slot() + 64);
       Sequence seq(model_->hparams(), KvType::kF16, pol);
       run(engine, seq, prompt, {64, 64, 72}, true, 0);
       const KvCache& cache = seq.cache();
