@@ -38,12 +38,19 @@ struct KvRows {
 
   size_t offset(int j) const { return static_cast<size_t>(idx ? idx[j] : j) * row_bytes; }
   const uint8_t* row(int j) const { return base + offset(j); }
+  // As row(), with idx known to be set (kMap) or null: the kernels' loops are instantiated for
+  // both, so rows in order (a cache never compacted, an F32 copy of a chunk) carry no lookup.
+  template <bool kMap>
+  const uint8_t* row_at(int j) const {
+    return base + static_cast<size_t>(kMap ? idx[j] : j) * row_bytes;
+  }
   // The hint: rows [j, j + n) of `prefetch`, one request per cache line (rows through idx: each
   // row's first and last line).
+  template <bool kMap>
   void prefetch_rows(int j, int n) const {
-    if (idx) {
+    if (kMap) {
       for (int i = 0; i < n; ++i) {
-        const uint8_t* p = prefetch + offset(j + i);
+        const uint8_t* p = prefetch + static_cast<size_t>(idx[j + i]) * row_bytes;
         __builtin_prefetch(p, 0, 3);
         __builtin_prefetch(p + row_bytes - 1, 0, 3);
       }

@@ -104,14 +104,16 @@ inline float hsum(__m256 v) {
 using simd::exp256;
 
 // R (1..3) rows x 4 keys per step; kPf: with k.prefetch (a separate instantiation).
-template <int NC, int R, KvElemType T, bool kPf = false>
+template <int NC, int R, KvElemType T, bool kMap, bool kPf = false>
 void scores_rows(const float* const* q, KvRows k, int n_keys, float scale, float* const* s) {
-  if (!kPf && k.prefetch != nullptr) return scores_rows<NC, R, T, true>(q, k, n_keys, scale, s);
+  if (!kPf && k.prefetch != nullptr)
+    return scores_rows<NC, R, T, kMap, true>(q, k, n_keys, scale, s);
   const __m128 sc = _mm_set1_ps(scale);
   int j = 0;
   for (; j + 4 <= n_keys; j += 4) {
-    if (kPf) k.prefetch_rows(j, 4);
-    const uint8_t* row[4] = {k.row(j), k.row(j + 1), k.row(j + 2), k.row(j + 3)};
+    if (kPf) k.prefetch_rows<kMap>(j, 4);
+    const uint8_t* row[4] = {k.row_at<kMap>(j), k.row_at<kMap>(j + 1), k.row_at<kMap>(j + 2),
+                             k.row_at<kMap>(j + 3)};
     __m256 acc[R][4];
     // Quantised keys: each key's block scale formed once per block of 32, not per 8 elements.
     __m256 dk[4];
@@ -135,8 +137,8 @@ void scores_rows(const float* const* q, KvRows k, int n_keys, float scale, float
       _mm_storeu_ps(s[r] + j, _mm_mul_ps(reduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
   }
   for (; j < n_keys; ++j) {
-    if (kPf) k.prefetch_rows(j, 1);
-    const uint8_t* row = k.row(j);
+    if (kPf) k.prefetch_rows<kMap>(j, 1);
+    const uint8_t* row = k.row_at<kMap>(j);
     for (int r = 0; r < R; ++r) {
       __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(q[r]), load8<T>(row, 0));
       for (int c = 1; c < NC; ++c)
@@ -146,23 +148,34 @@ void scores_rows(const float* const* q, KvRows k, int n_keys, float scale, float
   }
 }
 
-template <int NC, KvElemType T>
+template <int NC, KvElemType T, bool kMap>
 void scores_nc(const float* const* q, int n_rows, KvRows k, int n_keys, float scale,
                float* const* s) {
   int r = 0;
-  for (; r + 3 <= n_rows; r += 3) scores_rows<NC, 3, T>(q + r, k, n_keys, scale, s + r);
-  if (n_rows - r == 2) scores_rows<NC, 2, T>(q + r, k, n_keys, scale, s + r);
-  if (n_rows - r == 1) scores_rows<NC, 1, T>(q + r, k, n_keys, scale, s + r);
+  for (; r + 3 <= n_rows; r += 3) scores_rows<NC, 3, T, kMap>(q + r, k, n_keys, scale, s + r);
+  if (n_rows - r == 2) scores_rows<NC, 2, T, kMap>(q + r, k, n_keys, scale, s + r);
+  if (n_rows - r == 1) scores_rows<NC, 1, T, kMap>(q + r, k, n_keys, scale, s + r);
+}
+
+template <int NC, KvElemType T>
+void scores_mapped(const float* const* q, int n_rows, KvRows k, int n_keys, float scale,
+                   float* const* s) {
+  if (k.idx) return scores_nc<NC, T, true>(q, n_rows, k, n_keys, scale, s);
+  return scores_nc<NC, T, false>(q, n_rows, k, n_keys, scale, s);
 }
 
 template <int NC>
 void scores_nc(const float* const* q, int n_rows, KvRows k, int n_keys, float scale,
                float* const* s) {
   switch (k.type) {
-    case KvElemType::kF16: return scores_nc<NC, KvElemType::kF16>(q, n_rows, k, n_keys, scale, s);
-    case KvElemType::kQ8_0: return scores_nc<NC, KvElemType::kQ8_0>(q, n_rows, k, n_keys, scale, s);
-    case KvElemType::kQ4_0: return scores_nc<NC, KvElemType::kQ4_0>(q, n_rows, k, n_keys, scale, s);
-    default: return scores_nc<NC, KvElemType::kF32>(q, n_rows, k, n_keys, scale, s);
+    case KvElemType::kF16:
+      return scores_mapped<NC, KvElemType::kF16>(q, n_rows, k, n_keys, scale, s);
+    case KvElemType::kQ8_0:
+      return scores_mapped<NC, KvElemType::kQ8_0>(q, n_rows, k, n_keys, scale, s);
+    case KvElemType::kQ4_0:
+      return scores_mapped<NC, KvElemType::kQ4_0>(q, n_rows, k, n_keys, scale, s);
+    default:
+      return scores_mapped<NC, KvElemType::kF32>(q, n_rows, k, n_keys, scale, s);
   }
 }
 
@@ -200,13 +213,13 @@ float exp_sum(float* s, int n_valid, int n, float m) {
   return hsum(sum);
 }
 
-template <int NC, int R, KvElemType T>
+template <int NC, int R, KvElemType T, bool kMap>
 void pv_nc(const float* const* p, KvRows v, int n_keys, float* const* acc_out) {
   __m256 acc[R][NC];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < NC; ++c) acc[r][c] = _mm256_setzero_ps();
   for (int j = 0; j < n_keys; ++j) {
-    const uint8_t* row = v.row(j);
+    const uint8_t* row = v.row_at<kMap>(j);
     __m256 vv[NC];
     __m256 d = block_scale<T>(row, 0);
     for (int c = 0; c < NC; ++c) {
@@ -222,12 +235,12 @@ void pv_nc(const float* const* p, KvRows v, int n_keys, float* const* acc_out) {
     for (int c = 0; c < NC; ++c) _mm256_storeu_ps(acc_out[r] + 8 * c, acc[r][c]);
 }
 
-template <int NC, KvElemType T>
+template <int NC, KvElemType T, bool kMap>
 void pv_rows(const float* const* p, int n_rows, KvRows v, int n_keys, float* const* acc) {
   constexpr int kRows = NC <= 4 ? 2 : 1;  // at most 8-16 accumulators of 16
   int r = 0;
-  for (; r + kRows <= n_rows; r += kRows) pv_nc<NC, kRows, T>(p + r, v, n_keys, acc + r);
-  for (; r < n_rows; ++r) pv_nc<NC, 1, T>(p + r, v, n_keys, acc + r);
+  for (; r + kRows <= n_rows; r += kRows) pv_nc<NC, kRows, T, kMap>(p + r, v, n_keys, acc + r);
+  for (; r < n_rows; ++r) pv_nc<NC, 1, T, kMap>(p + r, v, n_keys, acc + r);
 }
 
 // Column slices of 32: 3 rows share each loaded value, with 12 accumulators, in registers. Used
@@ -236,9 +249,8 @@ void pv_rows(const float* const* p, int n_rows, KvRows v, int n_keys, float* con
 // of head_dim 256 several times slower), and for 64 when many rows share a chunk (prefill) or the
 // values are quantised (each value is then converted once for 3 rows instead of once per row).
 // Each output element is still the same sum over the keys in order: no result changes.
-template <KvElemType T>
-void pv_sliced(const float* const* p, int n_rows, KvRows v, int n_keys, int hd,
-               float* const* acc) {
+template <KvElemType T, bool kMap>
+void pv_sliced(const float* const* p, int n_rows, KvRows v, int n_keys, int hd, float* const* acc) {
   constexpr int kSlice = 32, kRows = 3;
   const size_t slice_bytes = kv_row_bytes(T, kSlice);
   for (int s = 0; s * kSlice < hd; ++s) {  // slices outer: a slice of the chunk stays in cache
@@ -248,11 +260,11 @@ void pv_sliced(const float* const* p, int n_rows, KvRows v, int n_keys, int hd,
     int r = 0;
     for (; r + kRows <= n_rows; r += kRows) {
       for (int i = 0; i < kRows; ++i) out[i] = acc[r + i] + s * kSlice;
-      pv_nc<4, kRows, T>(p + r, vs, n_keys, out);
+      pv_nc<4, kRows, T, kMap>(p + r, vs, n_keys, out);
     }
     for (int i = 0; r + i < n_rows; ++i) out[i] = acc[r + i] + s * kSlice;
-    if (n_rows - r == 2) pv_nc<4, 2, T>(p + r, vs, n_keys, out);
-    if (n_rows - r == 1) pv_nc<4, 1, T>(p + r, vs, n_keys, out);
+    if (n_rows - r == 2) pv_nc<4, 2, T, kMap>(p + r, vs, n_keys, out);
+    if (n_rows - r == 1) pv_nc<4, 1, T, kMap>(p + r, vs, n_keys, out);
   }
 }
 
@@ -261,18 +273,34 @@ void pv_rows(const float* const* p, int n_rows, KvRows v, int n_keys, float* con
   if constexpr (NC >= 8) {
     if (NC >= 16 || n_rows > 4 || kv_quantized(v.type)) {
       switch (v.type) {
-        case KvElemType::kF16: return pv_sliced<KvElemType::kF16>(p, n_rows, v, n_keys, 8 * NC, acc);
-        case KvElemType::kQ8_0: return pv_sliced<KvElemType::kQ8_0>(p, n_rows, v, n_keys, 8 * NC, acc);
-        case KvElemType::kQ4_0: return pv_sliced<KvElemType::kQ4_0>(p, n_rows, v, n_keys, 8 * NC, acc);
-        default: return pv_sliced<KvElemType::kF32>(p, n_rows, v, n_keys, 8 * NC, acc);
+        case KvElemType::kF16:
+          return v.idx ? pv_sliced<KvElemType::kF16, true>(p, n_rows, v, n_keys, 8 * NC, acc)
+                       : pv_sliced<KvElemType::kF16, false>(p, n_rows, v, n_keys, 8 * NC, acc);
+        case KvElemType::kQ8_0:
+          return v.idx ? pv_sliced<KvElemType::kQ8_0, true>(p, n_rows, v, n_keys, 8 * NC, acc)
+                       : pv_sliced<KvElemType::kQ8_0, false>(p, n_rows, v, n_keys, 8 * NC, acc);
+        case KvElemType::kQ4_0:
+          return v.idx ? pv_sliced<KvElemType::kQ4_0, true>(p, n_rows, v, n_keys, 8 * NC, acc)
+                       : pv_sliced<KvElemType::kQ4_0, false>(p, n_rows, v, n_keys, 8 * NC, acc);
+        default:
+          return v.idx ? pv_sliced<KvElemType::kF32, true>(p, n_rows, v, n_keys, 8 * NC, acc)
+                       : pv_sliced<KvElemType::kF32, false>(p, n_rows, v, n_keys, 8 * NC, acc);
       }
     }
   }
   switch (v.type) {
-    case KvElemType::kF16: return pv_rows<NC, KvElemType::kF16>(p, n_rows, v, n_keys, acc);
-    case KvElemType::kQ8_0: return pv_rows<NC, KvElemType::kQ8_0>(p, n_rows, v, n_keys, acc);
-    case KvElemType::kQ4_0: return pv_rows<NC, KvElemType::kQ4_0>(p, n_rows, v, n_keys, acc);
-    default: return pv_rows<NC, KvElemType::kF32>(p, n_rows, v, n_keys, acc);
+    case KvElemType::kF16:
+      return v.idx ? pv_rows<NC, KvElemType::kF16, true>(p, n_rows, v, n_keys, acc)
+                   : pv_rows<NC, KvElemType::kF16, false>(p, n_rows, v, n_keys, acc);
+    case KvElemType::kQ8_0:
+      return v.idx ? pv_rows<NC, KvElemType::kQ8_0, true>(p, n_rows, v, n_keys, acc)
+                   : pv_rows<NC, KvElemType::kQ8_0, false>(p, n_rows, v, n_keys, acc);
+    case KvElemType::kQ4_0:
+      return v.idx ? pv_rows<NC, KvElemType::kQ4_0, true>(p, n_rows, v, n_keys, acc)
+                   : pv_rows<NC, KvElemType::kQ4_0, false>(p, n_rows, v, n_keys, acc);
+    default:
+      return v.idx ? pv_rows<NC, KvElemType::kF32, true>(p, n_rows, v, n_keys, acc)
+                   : pv_rows<NC, KvElemType::kF32, false>(p, n_rows, v, n_keys, acc);
   }
 }
 

@@ -108,16 +108,17 @@ inline __m512 dot_acc(const float* q, const __m512* kv) {
 
 // R rows x 4 keys per step, keys in registers; kPf: with k.prefetch (a separate instantiation, so
 // the loop without it is unchanged).
-template <int NC, int R, KvElemType T, bool kPf = false>
+template <int NC, int R, KvElemType T, bool kMap, bool kPf = false>
 void scores_rows(const float* const* q, KvRows k, int n_keys, float scale, float* const* s) {
-  if (!kPf && k.prefetch != nullptr) return scores_rows<NC, R, T, true>(q, k, n_keys, scale, s);
+  if (!kPf && k.prefetch != nullptr)
+    return scores_rows<NC, R, T, kMap, true>(q, k, n_keys, scale, s);
   const __m128 sc = _mm_set1_ps(scale);
   int j = 0;
   for (; j + 4 <= n_keys; j += 4) {
-    if (kPf) k.prefetch_rows(j, 4);
+    if (kPf) k.prefetch_rows<kMap>(j, 4);
     __m512 acc[R][4];
     for (int i = 0; i < 4; ++i) {
-      const uint8_t* row = k.row(j + i);
+      const uint8_t* row = k.row_at<kMap>(j + i);
       __m512 kv[NC];
       for (int c = 0; c < NC; ++c) kv[c] = load16<T>(row, c);
       for (int r = 0; r < R; ++r) acc[r][i] = dot_acc<NC>(q[r], kv);
@@ -128,7 +129,7 @@ void scores_rows(const float* const* q, KvRows k, int n_keys, float scale, float
     }
   }
   for (; j < n_keys; ++j) {
-    const uint8_t* row = k.row(j);
+    const uint8_t* row = k.row_at<kMap>(j);
     __m512 kv[NC];
     for (int c = 0; c < NC; ++c) kv[c] = load16<T>(row, c);
     for (int r = 0; r < R; ++r) s[r][j] = reduce16(dot_acc<NC>(q[r], kv)) * scale;
@@ -137,7 +138,7 @@ void scores_rows(const float* const* q, KvRows k, int n_keys, float scale, float
 
 // One row x 16 keys per step over F32 keys read from memory; key sub-blocks of 64 keys are
 // swept for all rows before moving on, so they stay in L1.
-template <int NC>
+template <int NC, bool kMap>
 void scores_many(const float* const* q, int n_rows, KvRows k, int n_keys, float scale,
                  float* const* s) {
   constexpr int kSub = 64;
@@ -151,7 +152,7 @@ void scores_many(const float* const* q, int n_rows, KvRows k, int n_keys, float 
       for (int j = j0; j < j1; j += 16) {
         __m512 acc[16];
         for (int i = 0; i < 16; ++i) {
-          const float* kr = reinterpret_cast<const float*>(k.row(j + i));
+          const float* kr = reinterpret_cast<const float*>(k.row_at<kMap>(j + i));
           acc[i] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
           for (int c = 1; c < NC; ++c)
             acc[i] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), acc[i]);
@@ -162,7 +163,7 @@ void scores_many(const float* const* q, int n_rows, KvRows k, int n_keys, float 
   }
   if (n16 < n_keys) {
     KvRows tail = k;
-    if (k.idx) {
+    if constexpr (kMap) {
       tail.idx += n16;
     } else {
       tail.base += static_cast<size_t>(n16) * k.row_bytes;
@@ -171,32 +172,39 @@ void scores_many(const float* const* q, int n_rows, KvRows k, int n_keys, float 
     float* st[1];
     for (int r = 0; r < n_rows; ++r) {
       st[0] = s[r] + n16;
-      scores_rows<NC, 1, KvElemType::kF32>(q + r, tail, n_keys - n16, scale, st);
+      scores_rows<NC, 1, KvElemType::kF32, kMap>(q + r, tail, n_keys - n16, scale, st);
     }
   }
 }
 
-template <int NC, KvElemType T>
+template <int NC, KvElemType T, bool kMap>
 void scores_nc(const float* const* q, int n_rows, KvRows k, int n_keys, float scale,
                float* const* s) {
   // NC = 4 (head_dim 64): 4 rows x 4 keys = 16 accumulators + 4 key registers.
   constexpr int kRows = NC <= 4 ? 4 : NC <= 8 ? 2 : 1;
   if (T == KvElemType::kF32 && n_rows > kRows && NC <= 8) {
-    return scores_many<NC>(q, n_rows, k, n_keys, scale, s);
+    return scores_many<NC, kMap>(q, n_rows, k, n_keys, scale, s);
   }
   int r = 0;
   for (; r + kRows <= n_rows; r += kRows)
-    scores_rows<NC, kRows, T>(q + r, k, n_keys, scale, s + r);
+    scores_rows<NC, kRows, T, kMap>(q + r, k, n_keys, scale, s + r);
   switch (n_rows - r) {
     case 3:
-      return scores_rows<NC, 3, T>(q + r, k, n_keys, scale, s + r);
+      return scores_rows<NC, 3, T, kMap>(q + r, k, n_keys, scale, s + r);
     case 2:
-      return scores_rows<NC, 2, T>(q + r, k, n_keys, scale, s + r);
+      return scores_rows<NC, 2, T, kMap>(q + r, k, n_keys, scale, s + r);
     case 1:
-      return scores_rows<NC, 1, T>(q + r, k, n_keys, scale, s + r);
+      return scores_rows<NC, 1, T, kMap>(q + r, k, n_keys, scale, s + r);
     default:
       return;
   }
+}
+
+template <int NC, KvElemType T>
+void scores_mapped(const float* const* q, int n_rows, KvRows k, int n_keys, float scale,
+                   float* const* s) {
+  if (k.idx) return scores_nc<NC, T, true>(q, n_rows, k, n_keys, scale, s);
+  return scores_nc<NC, T, false>(q, n_rows, k, n_keys, scale, s);
 }
 
 template <int NC>
@@ -204,13 +212,13 @@ void scores_nc(const float* const* q, int n_rows, KvRows k, int n_keys, float sc
                float* const* s) {
   switch (k.type) {
     case KvElemType::kF16:
-      return scores_nc<NC, KvElemType::kF16>(q, n_rows, k, n_keys, scale, s);
+      return scores_mapped<NC, KvElemType::kF16>(q, n_rows, k, n_keys, scale, s);
     case KvElemType::kQ8_0:
-      return scores_nc<NC, KvElemType::kQ8_0>(q, n_rows, k, n_keys, scale, s);
+      return scores_mapped<NC, KvElemType::kQ8_0>(q, n_rows, k, n_keys, scale, s);
     case KvElemType::kQ4_0:
-      return scores_nc<NC, KvElemType::kQ4_0>(q, n_rows, k, n_keys, scale, s);
+      return scores_mapped<NC, KvElemType::kQ4_0>(q, n_rows, k, n_keys, scale, s);
     default:
-      return scores_nc<NC, KvElemType::kF32>(q, n_rows, k, n_keys, scale, s);
+      return scores_mapped<NC, KvElemType::kF32>(q, n_rows, k, n_keys, scale, s);
   }
 }
 
@@ -266,13 +274,13 @@ float exp_sum(float* s, int n_valid, int n, float m) {
 
 // ---- p v -------------------------------------------------------------------------------------
 
-template <int NC, int R, KvElemType T>
+template <int NC, int R, KvElemType T, bool kMap>
 void pv_nc(const float* const* p, KvRows v, int n_keys, float* const* acc_out) {
   __m512 acc[R][NC];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int j = 0; j < n_keys; ++j) {
-    const uint8_t* row = v.row(j);
+    const uint8_t* row = v.row_at<kMap>(j);
     __m512 vv[NC];
     for (int c = 0; c < NC; ++c) vv[c] = load16<T>(row, c);
     for (int r = 0; r < R; ++r) {
@@ -284,35 +292,41 @@ void pv_nc(const float* const* p, KvRows v, int n_keys, float* const* acc_out) {
     for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc_out[r] + 16 * c, acc[r][c]);
 }
 
-template <int NC, KvElemType T>
+template <int NC, KvElemType T, bool kMap>
 void pv_rows(const float* const* p, int n_rows, KvRows v, int n_keys, float* const* acc) {
   // At most 16 accumulators live in registers: 4 rows of 64, 2 of 128, 1 of 256.
   constexpr int kRows = NC <= 4 ? 4 : NC <= 8 ? 2 : 1;
   int r = 0;
-  for (; r + kRows <= n_rows; r += kRows) pv_nc<NC, kRows, T>(p + r, v, n_keys, acc + r);
+  for (; r + kRows <= n_rows; r += kRows) pv_nc<NC, kRows, T, kMap>(p + r, v, n_keys, acc + r);
   switch (n_rows - r) {
     case 3:
-      return pv_nc<NC, 3, T>(p + r, v, n_keys, acc + r);
+      return pv_nc<NC, 3, T, kMap>(p + r, v, n_keys, acc + r);
     case 2:
-      return pv_nc<NC, 2, T>(p + r, v, n_keys, acc + r);
+      return pv_nc<NC, 2, T, kMap>(p + r, v, n_keys, acc + r);
     case 1:
-      return pv_nc<NC, 1, T>(p + r, v, n_keys, acc + r);
+      return pv_nc<NC, 1, T, kMap>(p + r, v, n_keys, acc + r);
     default:
       return;
   }
+}
+
+template <int NC, KvElemType T>
+void pv_mapped(const float* const* p, int n_rows, KvRows v, int n_keys, float* const* acc) {
+  if (v.idx) return pv_rows<NC, T, true>(p, n_rows, v, n_keys, acc);
+  return pv_rows<NC, T, false>(p, n_rows, v, n_keys, acc);
 }
 
 template <int NC>
 void pv_rows(const float* const* p, int n_rows, KvRows v, int n_keys, float* const* acc) {
   switch (v.type) {
     case KvElemType::kF16:
-      return pv_rows<NC, KvElemType::kF16>(p, n_rows, v, n_keys, acc);
+      return pv_mapped<NC, KvElemType::kF16>(p, n_rows, v, n_keys, acc);
     case KvElemType::kQ8_0:
-      return pv_rows<NC, KvElemType::kQ8_0>(p, n_rows, v, n_keys, acc);
+      return pv_mapped<NC, KvElemType::kQ8_0>(p, n_rows, v, n_keys, acc);
     case KvElemType::kQ4_0:
-      return pv_rows<NC, KvElemType::kQ4_0>(p, n_rows, v, n_keys, acc);
+      return pv_mapped<NC, KvElemType::kQ4_0>(p, n_rows, v, n_keys, acc);
     default:
-      return pv_rows<NC, KvElemType::kF32>(p, n_rows, v, n_keys, acc);
+      return pv_mapped<NC, KvElemType::kF32>(p, n_rows, v, n_keys, acc);
   }
 }
 
