@@ -102,6 +102,11 @@ struct Call {
   int window_first;
   ScoreAgg agg;
   int window;  // > 0: sliding window of this many positions (AttnInput::window)
+  // AttnProbe armed for this call: [G * hd] vectors, formed[g] for the heads to form, and the
+  // output [G * n_slot]; null when none.
+  const float* probe_key = nullptr;
+  const uint8_t* probe_on = nullptr;
+  float* probe_dot = nullptr;
 
   // KV head g's slots before the chunk (the chunk's are the last n_tok of every head).
   int n_old(int g) const { return head_n ? head_n[g] - n_tok : n_old_all; }
@@ -177,7 +182,18 @@ void chunk_partials(const Call& C, int blk, int g, int c, float* const* e, float
   if (n_vis <= TC && k.row_bytes == v.row_bytes) k.prefetch = v.base;
   to_f32_tile(C, rows, n_keys, k, conv.kf.data());
   to_f32_tile(C, rows, n_keys, v, conv.vf.data());
-  C.kern->scores(q, rows, k, n_keys, C.hd, C.in->scale, e);
+  if (C.probe_key && C.probe_on[g]) {
+    // One more row: the probe's vector, its scores written to the probe (AttnProbe).
+    const float* qp[QB * AttnScratch::kMaxGroup + 1];
+    float* sp[QB * AttnScratch::kMaxGroup + 1];
+    std::copy(q, q + rows, qp);
+    std::copy(e, e + rows, sp);
+    qp[rows] = C.probe_key + static_cast<size_t>(g) * C.hd;
+    sp[rows] = C.probe_dot + static_cast<size_t>(g) * C.L->n_slot() + j0;
+    C.kern->scores(qp, rows + 1, k, n_keys, C.hd, C.in->scale, sp);
+  } else {
+    C.kern->scores(q, rows, k, n_keys, C.hd, C.in->scale, e);
+  }
   if (C.mass) {
     // Proportional attention: slots that merged tokens count once per token they stand for.
     const int32_t* merged = L.merged(g) + j0;
@@ -421,6 +437,38 @@ void run_split(const Call& C, ThreadPool& pool) {
 
 #pragma GCC diagnostic pop
 
+// The probe of a one-token pass over a layer whose heads hold the same count, when armed for this
+// layer and the scale is a power of two (AttnProbe).
+void arm_probe(const AttnStatsRequest& stats, Call& C) {
+  AttnProbe* P = stats.probe;
+  if (!P) return;
+  P->dot_layer = -1;
+  const size_t base = static_cast<size_t>(stats.layer) * static_cast<size_t>(C.G);
+  int exp2 = 0;
+  if (stats.layer < 0 || C.n_tok != 1 || C.head_n || C.window > 0 || P->n_head_kv != C.G ||
+      P->head_dim != C.hd || P->slot.size() < base + static_cast<size_t>(C.G) ||
+      P->key.size() < (base + static_cast<size_t>(C.G)) * static_cast<size_t>(C.hd) ||
+      std::frexp(C.in->scale, &exp2) != 0.5f)
+    return;
+  const int n = C.L->n_slot();
+  P->formed.assign(static_cast<size_t>(C.G), 0);
+  bool any = false;
+  for (int g = 0; g < C.G; ++g) {
+    const int32_t s = P->slot[base + static_cast<size_t>(g)];
+    if (s >= 0 && s < n) P->formed[static_cast<size_t>(g)] = 1;
+    any = any || (s >= 0 && s < n);
+  }
+  if (!any) return;
+  const size_t need = static_cast<size_t>(C.G) * static_cast<size_t>(n);
+  if (P->dot.size() < need) P->dot.resize(need);
+  P->dot_layer = stats.layer;
+  P->dot_n = n;
+  P->dot_scale = C.in->scale;
+  C.probe_key = P->key.data() + base * static_cast<size_t>(C.hd);
+  C.probe_on = P->formed.data();
+  C.probe_dot = P->dot.data();
+}
+
 }  // namespace
 
 void attention_forward_isa(const AttnInput& in, KvLayer& L, const AttnStatsRequest& stats,
@@ -451,6 +499,7 @@ void attention_forward_isa(const AttnInput& in, KvLayer& L, const AttnStatsReque
   C.mass = stats.mass;
   C.agg = stats.agg;
   C.window = in.window;
+  arm_probe(stats, C);
   // Per-block tasks keep every thread busy once there are enough of them; otherwise (decoding)
   // chunks of one block are shared out. Both give the same results.
   AttnScratch::Shape shape;

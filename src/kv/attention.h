@@ -40,6 +40,25 @@ namespace d2o {
 enum class ScoreAgg { kSum, kMean, kMax };
 const char* score_agg_name(ScoreAgg a);
 
+// A one-token pass can also form, while it reads a layer's keys for the scores, the dot products
+// of one more vector per KV head with every key of that head: D2O's nearest-key search for the
+// slot it expects to evict next (kv/policy/composed.cpp), which then needs no pass of its own.
+// The policy arms it between passes: for layer il and KV head g, key[il][g] (head_dim floats)
+// when slot[il * G + g] >= 0. The attention of layer il writes
+//   dot[g * n + j] = scale * (key . key of slot j), j < n = the head's slots (keys as the scores
+//   read them, with the scores' arithmetic: the bits of the kernels' scores() for that row)
+// for the armed heads, sets dot_layer = il, dot_n = n and dot_scale = scale, and clears armed[g]
+// of the heads it did not form. Only when scale is a power of two (then dot / scale is exact).
+struct AttnProbe {
+  int n_head_kv = 0, head_dim = 0;
+  std::vector<int32_t> slot;    // [n_layer * n_head_kv], -1: not armed
+  std::vector<float> key;       // [n_layer * n_head_kv * head_dim]
+  std::vector<float> dot;       // [n_head_kv * n] of layer dot_layer
+  std::vector<uint8_t> formed;  // [n_head_kv] of layer dot_layer
+  int dot_layer = -1, dot_n = 0;
+  float dot_scale = 1.0f;
+};
+
 struct AttnStatsRequest {
   bool accumulate = false;
   ScoreAgg agg = ScoreAgg::kSum;
@@ -49,6 +68,9 @@ struct AttnStatsRequest {
   // log(1 + merged) added to its logit, so the group keeps the attention mass its tokens had
   // together. Changes the output, not only statistics.
   bool mass = false;
+  // Non-null on a one-token pass: the dot products armed for `layer` (AttnProbe).
+  AttnProbe* probe = nullptr;
+  int layer = -1;
 };
 
 struct AttnInput {

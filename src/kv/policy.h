@@ -164,6 +164,10 @@ class KvPolicy {
   virtual Status compact_layer(KvCache&, PolicyState&, const PassInfo&, int /*il*/) const {
     return {};
   }
+  // Dot products the next one-token pass should form while it reads each layer's keys (armed by
+  // compact_layer, read back by the next one; AttnProbe), or null. The engine hands it to the
+  // attention of passes it compacts layer by layer.
+  virtual AttnProbe* attention_probe(PolicyState&) const { return nullptr; }
   // The most slots per KV head and layer this policy can hold for a sequence of n_total tokens
   // (prompt + generation) fed in passes of at most max_chunk tokens: admission control and
   // memory reports use it. The full cache returns n_total.

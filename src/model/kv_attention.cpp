@@ -44,7 +44,9 @@ void KvAttention::attend(int il, const LayerDesc& d, const SeqRows& sr, const fl
     attention_forward(ai, sr.cache->layer_for_attention(il), AttnStatsRequest{}, pool, scratch);
     return;
   }
-  attention_forward(ai, sr.cache->layer_for_attention(il), sr.stats, pool, scratch);
+  AttnStatsRequest stats = sr.stats;
+  stats.layer = il;
+  attention_forward(ai, sr.cache->layer_for_attention(il), stats, pool, scratch);
 }
 
 bool KvAttention::rotate_inputs(std::span<const SeqRows> seqs, const float* q, const float* k,

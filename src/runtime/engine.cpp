@@ -179,6 +179,8 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, const LogitsSink& s
     }
     // A one-token pass may be compacted layer by layer (after_attention).
     sr.layer_hook = be.tokens.size() == 1 && be.prompt_rest == 0;
+    if (sr.layer_hook && !pol.is_full())
+      sr.stats.probe = pol.attention_probe(be.seq->policy_state());
     seqs_.push_back(sr);
     seq_entry_.push_back(entry);
     r0 = r1;

@@ -18,6 +18,7 @@
 // object is const and shareable.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +60,12 @@ class ComposedPolicyState final : public PolicyExtState {
   // layer's heads are planned in parallel (compact_layer with a pool).
   std::vector<std::vector<MergeTerm>> head_merges;
   std::vector<std::pair<int64_t, int64_t>> head_counts;
+  // D2O decoding: the slot each layer's heads are expected to evict at the next step and the
+  // attention's dots of its key (KvPolicy::attention_probe); how many one-slot searches took
+  // their dots from it, and how many formed them (the slot evicted was another one, or the pass
+  // formed none).
+  AttnProbe probe;
+  std::atomic<int64_t> probe_used{0}, probe_missed{0};
 
   // The state without the scratch (scratch, head_merges, head_counts).
   std::unique_ptr<PolicyExtState> clone() const override;
@@ -84,8 +91,19 @@ class ComposedPolicy final : public KvPolicy {
                        int il) const override;
   int64_t peak_slots(int64_t n_prompt, int64_t n_total, int max_chunk) const override;
   int64_t peak_slots_for(const FeedPlan& plan) const override;
+  // D2O with key similarity, heavy hitters and one threshold per head (uniform budgets), keys
+  // compared as stored: the state's probe, armed at each layer's compaction.
+  AttnProbe* attention_probe(PolicyState& state) const override;
+  // Tests: whether attention_probe() hands the probe out (outputs are the same either way).
+  void set_attention_probe(bool on) { probe_on_ = on; }
 
  private:
+  bool probes() const;
+  // After layer il's compaction: the slot each of its heads would evict at the next one-token
+  // pass if that pass did not change the scores' order, and its key.
+  void arm_probe(const KvCache& cache, int il, const PolicyState& state,
+                 ComposedPolicyState& own) const;
+  bool probe_on_ = true;
   // Selection and merge planning of one layer into state.plans[il] (thresholds in `own`; CaM
   // also replaces values of the layer's kept slots).
   // heads: a pool to plan the layer's KV heads on in parallel (compact_layer outside any pool

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/assert.h"
+#include "kv/attention_kernels.h"
 #include "kv/policy/nearest.h"
 #include "kv/policy/similarity.h"
 #include "ops/ops.h"
@@ -128,6 +129,11 @@ void nearest_many(const D2oHeadMerge& h, bool use_k, bool use_v, float scale,
 
 }  // namespace
 
+bool d2o_decode_dots(const PolicyConfig& cfg, const KvLayer& L, int n_evicted, bool unrotated) {
+  return d2o_uses_kept_norms(cfg, n_evicted, unrotated) && n_evicted == 1 && !L.type().rot_k &&
+         L.head_dim() <= kD2oMaxHeadDim;
+}
+
 bool d2o_uses_kept_norms(const PolicyConfig& cfg, int n_evicted, bool unrotated) {
   return cfg.sim == SimOn::kKey && !unrotated && n_evicted >= 1 && n_evicted <= kManyEvicted;
 }
@@ -174,10 +180,39 @@ void d2o_nearest(const D2oHeadMerge& h, D2oScratch& scratch, int32_t* cstar, flo
     nearest_many(h, use_k, use_v, scale, scratch, cstar, m_e);
     return;
   }
-  // Scratch layout: sim[S] dots[S] kinv[S] vinv[S] row[hd].
-  const size_t nf = 4 * static_cast<size_t>(S) + hd;
+  // Scratch layout: sim[S] dots[S] kinv[S] vinv[S] row[hd] (and all[S + 1]).
+  const size_t nf = 5 * static_cast<size_t>(S) + hd + 1;
   if (scratch.sim.size() < nf) scratch.sim.resize(nf);
   float* sim = scratch.sim.data();
+  if (h.kept_inv && h.evicted_inv && d2o_decode_dots(cfg, L, E, h.rope != nullptr) &&
+      S + 1 == L.n_slot(h.head)) {
+    // A decode step: the dots of the evicted key with every slot of the head, in the attention
+    // kernels' arithmetic (formed by the attention pass when it was told which slot goes; here
+    // otherwise), so that both give the same bits.
+    const int e = h.evicted[0];
+    const float* all = h.all_dots;
+    float inv_scale = 1.0f / h.all_dots_scale;
+    if (!all) {
+      float* buf = sim + 4 * static_cast<size_t>(S) + hd;
+      float* row = buf - hd;
+      L.load_key(h.head, e, row);
+      attn::KvRows k;
+      k.base = L.key_base(h.head);
+      k.row_bytes = L.key_row_bytes();
+      k.type = L.type().k;
+      k.idx = L.rows(h.head);
+      const float* q[1] = {row};
+      float* s[1] = {buf};
+      attn::best_kernels().scores(q, 1, k, S + 1, hd, 1.0f, s);
+      all = buf;
+      inv_scale = 1.0f;
+    }
+    float* dots = sim + S;
+    for (int i = 0; i < e; ++i) dots[i] = all[i] * inv_scale;
+    for (int i = e; i < S; ++i) dots[i] = all[i + 1] * inv_scale;
+    cstar[0] = scaled_argmax(dots, h.kept_inv, S, h.evicted_inv[0], &m_e[0]);
+    return;
+  }
   float* dots = sim + S;
   float* kinv = dots + S;
   float* vinv = kinv + S;

@@ -61,6 +61,12 @@ struct D2oHeadMerge {
   // that the search forms dots only.
   const float* kept_inv = nullptr;
   const float* evicted_inv = nullptr;
+  // Non-null (only with kept_inv, one evicted slot e, keys stored unrotated): [n_keep + 1] the
+  // dots of e's key with the key of every slot of the head (e's own included), times
+  // all_dots_scale (a power of two), as the attention kernels' scores() forms them: the
+  // attention pass formed them (AttnProbe). Null there: d2o_nearest forms them the same way.
+  const float* all_dots = nullptr;
+  float all_dots_scale = 1.0f;
 };
 
 // With more evicted slots than this (the prefill compaction), the kept rows are normalised and
@@ -70,6 +76,10 @@ constexpr int kD2oFewEvicted = 4;
 // Whether the nearest-slot search of n_evicted slots can take the keys' inverse norms from the
 // caller (key similarity, keys compared as stored, at most kD2oFewEvicted evictions).
 bool d2o_uses_kept_norms(const PolicyConfig& cfg, int n_evicted, bool unrotated);
+// Whether such a search of one evicted slot takes its dots from the attention kernels' scores()
+// (D2oHeadMerge::all_dots): keys stored unrotated, head_dim at most kD2oMaxHeadDim.
+constexpr int kD2oMaxHeadDim = 1024;
+bool d2o_decode_dots(const PolicyConfig& cfg, const KvLayer& L, int n_evicted, bool unrotated);
 // out[i] = 1 / |key of slot first + i| of `head` (0 for a zero key), i < count, as row_dots'
 // four-row loop forms it (the same bits wherever the slot sits).
 void d2o_key_inv_norms(const KvLayer& L, int head, int first, int count, float* out);
