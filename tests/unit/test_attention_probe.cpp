@@ -13,6 +13,7 @@
 
 #include "common/kv_rows.h"
 #include "common/random_model.h"
+#include "common/random_model_fixture.h"
 #include "common/test_util.h"
 #include "kv/policy/composed.h"
 #include "model/model.h"
@@ -21,29 +22,21 @@
 namespace d2o {
 namespace {
 
-class ProbeModel : public ::testing::Test {
+class ProbeModel : public test::RandomModelSuite<ProbeModel> {
  public:
-  static void SetUpTestSuite() {
+  static test::RandomModelConfig config() {
+    // SmolLM2's head: 64 wide (the vector kernels; scale 1/8), 3 query heads per KV head (with
+    // the probe, 4 rows per kernel call); 2 KV heads, planned on both threads.
     test::RandomModelConfig cfg;
     cfg.n_layer = 3;
-    cfg.n_embd = 64;
-    cfg.n_head = 4;
+    cfg.n_embd = 384;
+    cfg.n_head = 6;
     cfg.n_head_kv = 2;
-    cfg.n_vocab = 300;
     cfg.seed = 33;
-    const std::string path = ::d2o::test::scratch_path("probe_random.gguf");
-    ASSERT_TRUE(test::make_random_model(cfg).write(path).ok());
-    auto m = Model::load(path);
-    ASSERT_TRUE(m.ok()) << m.status().to_string();
-    model_ = std::move(m).value().release();
+    return cfg;
   }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
-  static Model* model_;
+  static const char* file() { return "probe_random.gguf"; }
 };
-Model* ProbeModel::model_ = nullptr;
 
 bool same_cache(const KvCache& a, const KvCache& b) {
   for (int il = 0; il < a.n_layer(); ++il) {

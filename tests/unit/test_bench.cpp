@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/random_model.h"
+#include "common/random_model_fixture.h"
 #include "common/test_util.h"
 #include "core/thread_pool.h"
 #include "eval/bench.h"
@@ -99,27 +100,18 @@ TEST(BenchTests, ValidationBeforeAnythingRuns) {
   EXPECT_FALSE(validate_bench_tests({}, 100000, cfg).ok());
 }
 
-class BenchRandomModel : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
+class BenchRandomModel : public test::RandomModelSuite<BenchRandomModel> {
+ public:
+  static test::RandomModelConfig config() {
     test::RandomModelConfig c;
     c.n_layer = 2;
     c.n_head = 4;
     c.n_head_kv = 2;
     c.seed = 5;
-    const std::string path = ::d2o::test::scratch_path("bench_random.gguf");
-    ASSERT_TRUE(test::make_random_model(c).write(path).ok());
-    auto m = Model::load(path);
-    ASSERT_TRUE(m.ok()) << m.status().to_string();
-    model_ = std::move(m).value().release();
+    return c;
   }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
-  static Model* model_;
+  static const char* file() { return "bench_random.gguf"; }
 };
-Model* BenchRandomModel::model_ = nullptr;
 
 TEST_F(BenchRandomModel, SlotsAndBytesPerPolicy) {
   ThreadPool pool(2);

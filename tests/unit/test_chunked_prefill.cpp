@@ -7,6 +7,7 @@
 
 #include "common/kv_rows.h"
 #include "common/random_model.h"
+#include "common/random_model_fixture.h"
 #include "common/test_util.h"
 #include "model/model.h"
 #include "policy_sim.h"
@@ -102,9 +103,9 @@ TEST(ChunkedPrefill, PeakSlotsForBoundsAnnouncedChunkedFeeding) {
 
 // ---- the engine: chunked prompt == one-pass prompt, bit for bit ------------------------------
 
-class ChunkedPrefillModel : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
+class ChunkedPrefillModel : public test::RandomModelSuite<ChunkedPrefillModel> {
+ public:
+  static test::RandomModelConfig config() {
     test::RandomModelConfig cfg;
     cfg.n_layer = 3;
     cfg.n_embd = 64;
@@ -112,19 +113,10 @@ class ChunkedPrefillModel : public ::testing::Test {
     cfg.n_head_kv = 2;
     cfg.n_vocab = 300;
     cfg.seed = 21;
-    const std::string path = ::d2o::test::scratch_path("chunked_random.gguf");
-    ASSERT_TRUE(test::make_random_model(cfg).write(path).ok());
-    auto m = Model::load(path);
-    ASSERT_TRUE(m.ok()) << m.status().to_string();
-    model_ = std::move(m).value().release();
+    return cfg;
   }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
-  static Model* model_;
+  static const char* file() { return "chunked_random.gguf"; }
 };
-Model* ChunkedPrefillModel::model_ = nullptr;
 
 // One decode step of `seq` on `token`.
 Status decode_one(Engine& engine, Sequence& seq, TokenId token, const LogitsSink& sink) {

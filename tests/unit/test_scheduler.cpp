@@ -5,9 +5,10 @@
 
 #include <algorithm>
 
-#include "common/test_util.h"
 #include "common/alloc_counter.h"
 #include "common/random_model.h"
+#include "common/random_model_fixture.h"
+#include "common/test_util.h"
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "runtime/scheduler.h"
@@ -15,9 +16,9 @@
 namespace d2o {
 namespace {
 
-class SchedulerTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
+class SchedulerTest : public test::RandomModelSuite<SchedulerTest> {
+ public:
+  static test::RandomModelConfig config() {
     test::RandomModelConfig cfg;
     cfg.n_layer = 2;
     cfg.n_embd = 64;
@@ -25,17 +26,11 @@ class SchedulerTest : public ::testing::Test {
     cfg.n_head_kv = 2;  // GQA
     cfg.n_vocab = 300;
     cfg.seed = 11;
-    const std::string path = ::d2o::test::scratch_path("sched_random.gguf");
-    ASSERT_TRUE(test::make_random_model(cfg).write(path).ok());
-    auto m = Model::load(path);
-    ASSERT_TRUE(m.ok()) << m.status().to_string();
-    model_ = std::move(m).value().release();
+    return cfg;
   }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
+  static const char* file() { return "sched_random.gguf"; }
 
+ protected:
   static std::vector<TokenId> prompt(int n, uint32_t seed) {
     std::vector<TokenId> p;
     test::Xorshift rng(seed);
@@ -98,10 +93,7 @@ class SchedulerTest : public ::testing::Test {
     }
     return out;
   }
-
-  static Model* model_;
 };
-Model* SchedulerTest::model_ = nullptr;
 
 TEST_F(SchedulerTest, BatchedOutputsEqualAloneAndOnePassDecodingForEveryAttentionSplit) {
   const std::vector<int> lens = {5, 16, 17, 40, 3, 33, 64, 9};
