@@ -1,5 +1,7 @@
 // Dot products of one query vector with many stored rows: the inner loop of D2O's nearest-
-// neighbour search (cosine similarity of an evicted key to every kept key of its head).
+// neighbour search (cosine similarity of an evicted key to every kept key of its head) when a
+// compaction evicts a few slots, or compares values. A decode step's one evicted key, compared as
+// stored, takes the attention kernels' scores instead (D2oHeadMerge::all_dots).
 //
 // Rows are read straight from KV storage (F32 or F16, converted on the fly; Q8_0 / Q4_0,
 // dequantised a few rows at a time) or from a float matrix. Variants: scalar (portable), AVX2 +
