@@ -446,17 +446,19 @@ void arm_probe(const AttnStatsRequest& stats, Call& C) {
   const size_t base = static_cast<size_t>(stats.layer) * static_cast<size_t>(C.G);
   int exp2 = 0;
   if (stats.layer < 0 || C.n_tok != 1 || C.head_n || C.window > 0 || P->n_head_kv != C.G ||
-      P->head_dim != C.hd || P->slot.size() < base + static_cast<size_t>(C.G) ||
-      P->key.size() < (base + static_cast<size_t>(C.G)) * static_cast<size_t>(C.hd) ||
-      std::frexp(C.in->scale, &exp2) != 0.5f)
+      P->slot.size() < base + static_cast<size_t>(C.G) || std::frexp(C.in->scale, &exp2) != 0.5f)
     return;
   const int n = C.L->n_slot();
+  const size_t hd = static_cast<size_t>(C.hd);
   P->formed.assign(static_cast<size_t>(C.G), 0);
+  P->key.resize(static_cast<size_t>(C.G) * hd);
   bool any = false;
   for (int g = 0; g < C.G; ++g) {
     const int32_t s = P->slot[base + static_cast<size_t>(g)];
-    if (s >= 0 && s < n) P->formed[static_cast<size_t>(g)] = 1;
-    any = any || (s >= 0 && s < n);
+    if (s < 0 || s >= n) continue;
+    C.L->load_key(g, s, P->key.data() + static_cast<size_t>(g) * hd);
+    P->formed[static_cast<size_t>(g)] = 1;
+    any = true;
   }
   if (!any) return;
   const size_t need = static_cast<size_t>(C.G) * static_cast<size_t>(n);
@@ -464,7 +466,7 @@ void arm_probe(const AttnStatsRequest& stats, Call& C) {
   P->dot_layer = stats.layer;
   P->dot_n = n;
   P->dot_scale = C.in->scale;
-  C.probe_key = P->key.data() + base * static_cast<size_t>(C.hd);
+  C.probe_key = P->key.data();
   C.probe_on = P->formed.data();
   C.probe_dot = P->dot.data();
 }

@@ -43,16 +43,17 @@ const char* score_agg_name(ScoreAgg a);
 // A one-token pass can also form, while it reads a layer's keys for the scores, the dot products
 // of one more vector per KV head with every key of that head: D2O's nearest-key search for the
 // slot it expects to evict next (kv/policy/composed.cpp), which then needs no pass of its own.
-// The policy arms it between passes: for layer il and KV head g, key[il][g] (head_dim floats)
-// when slot[il * G + g] >= 0. The attention of layer il writes
+// The policy arms it between passes: for layer il and KV head g, the slot slot[il * G + g] (-1:
+// none). The attention of layer il loads each armed slot's key (KvLayer::load_key, as it is then)
+// and writes
 //   dot[g * n + j] = scale * (key . key of slot j), j < n = the head's slots (keys as the scores
 //   read them, with the scores' arithmetic: the bits of the kernels' scores() for that row)
-// for the armed heads, sets dot_layer = il, dot_n = n and dot_scale = scale, and clears armed[g]
-// of the heads it did not form. Only when scale is a power of two (then dot / scale is exact).
+// for the armed heads, sets formed[g] for them, dot_layer = il, dot_n = n and dot_scale = scale.
+// Only when scale is a power of two (then dot / scale is exact); otherwise dot_layer stays -1.
 struct AttnProbe {
-  int n_head_kv = 0, head_dim = 0;
+  int n_head_kv = 0;
   std::vector<int32_t> slot;    // [n_layer * n_head_kv], -1: not armed
-  std::vector<float> key;       // [n_layer * n_head_kv * head_dim]
+  std::vector<float> key;       // [n_head_kv * head_dim] the armed keys of layer dot_layer
   std::vector<float> dot;       // [n_head_kv * n] of layer dot_layer
   std::vector<uint8_t> formed;  // [n_head_kv] of layer dot_layer
   int dot_layer = -1, dot_n = 0;

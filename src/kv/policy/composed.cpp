@@ -2,14 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <utility>
 
 #include "core/assert.h"
 #include "kv/policy/budgets.h"
 #include "kv/policy/select_heads.h"
 #include "kv/policy/select_keydiff.h"
-#include "kv/policy/similarity.h"
 
 namespace d2o {
 
@@ -45,22 +43,6 @@ const float* kept_key_norms(const KvLayer& L, int g, const int32_t* keep, int S,
   inv.resize(static_cast<size_t>(S));
   last = S > 0 ? pos[keep[S - 1]] : 0;
   return v;
-}
-
-// The attention's dots of slot e's key with every slot of head g of layer il, when the pass formed
-// them for that slot (AttnProbe) and the slot still holds the key they were formed for; else null.
-const float* probed_dots(const AttnProbe& P, const KvLayer& L, int il, int g, int e) {
-  const size_t i =
-      static_cast<size_t>(il) * static_cast<size_t>(P.n_head_kv) + static_cast<size_t>(g);
-  if (P.dot_layer != il || P.n_head_kv != L.n_head_kv() || P.head_dim != L.head_dim() ||
-      P.dot_n != L.n_slot(g) || i >= P.slot.size() || P.slot[i] != e ||
-      !P.formed[static_cast<size_t>(g)])
-    return nullptr;
-  float key[kD2oMaxHeadDim];
-  L.load_key(g, e, key);
-  const float* armed = P.key.data() + i * static_cast<size_t>(P.head_dim);
-  if (std::memcmp(key, armed, sizeof(float) * static_cast<size_t>(P.head_dim)) != 0) return nullptr;
-  return P.dot.data() + static_cast<size_t>(g) * static_cast<size_t>(P.dot_n);
 }
 
 Status ragged_error() {
@@ -111,50 +93,6 @@ void ComposedPolicy::refresh_key_norms(const KvCache& cache, int il, const Compa
     const int j =
         static_cast<int>(std::lower_bound(keep, keep + plan.n_keep_of(t.head), t.dst) - keep);
     d2o_key_inv_norms(L, t.head, j, 1, inv.data() + j);
-  }
-}
-
-bool ComposedPolicy::probes() const {
-  return probe_on_ && cfg_.merger == Merger::kD2o && cfg_.merge != MergeRule::kOff &&
-         cfg_.sim == SimOn::kKey && cfg_.mspace != MergeSpace::kUnrotated &&
-         cfg_.heads != HeadRule::kAda && cfg_.decide != MergeDecision::kToken &&
-         cfg_.selector == Selector::kHeavyRecent && cfg_.norm != ScoreNorm::kQueries;
-}
-
-AttnProbe* ComposedPolicy::attention_probe(PolicyState& state) const {
-  if (!probes() || !compacts_per_layer(state)) return nullptr;
-  ComposedPolicyState* own = state.ext_if<ComposedPolicyState>();
-  return own && own->probe.n_head_kv > 0 ? &own->probe : nullptr;
-}
-
-void ComposedPolicy::arm_probe(const KvCache& cache, int il, const PolicyState& state,
-                               ComposedPolicyState& own) const {
-  const KvLayer& L = cache.layer(il);
-  const int G = L.n_head_kv(), hd = L.head_dim();
-  AttnProbe& P = own.probe;
-  const size_t nlg = static_cast<size_t>(cache.n_layer()) * static_cast<size_t>(G);
-  if (P.n_head_kv != G || P.head_dim != hd || P.slot.size() != nlg) {
-    P.n_head_kv = G;
-    P.head_dim = hd;
-    P.slot.assign(nlg, -1);
-    P.key.assign(nlg * static_cast<size_t>(hd), 0.0f);
-  }
-  const size_t base = static_cast<size_t>(il) * static_cast<size_t>(G);
-  const int S = state.budgets[static_cast<size_t>(il)], n = L.n_slot();
-  const int t = std::min(cfg_.sinks, S);
-  int heavy = 0, recent = 0;
-  split_heavy_recent(S, cfg_.sinks, cfg_.nm_n, cfg_.nm_m, &heavy, &recent);
-  // The next pass appends one slot; one eviction then takes the last lowest score among the
-  // candidates between the sinks and the recent window (select_top), these slots' scores plus
-  // that pass's attention. Usually the lowest now is the lowest then.
-  const int mid = n + 1 - recent - t;
-  const bool steady = L.uniform() && n == S && heavy >= 1 && mid == heavy + 1 && t + mid <= n;
-  for (int g = 0; g < G; ++g) {
-    int32_t& slot = P.slot[base + static_cast<size_t>(g)];
-    slot = -1;
-    if (!steady) continue;
-    slot = t + last_min_index(L.score(g) + t, mid);
-    L.load_key(g, slot, P.key.data() + (base + static_cast<size_t>(g)) * static_cast<size_t>(hd));
   }
 }
 
@@ -458,7 +396,7 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
                                       own.key_inv_last[ti], evicted_inv);
           h.evicted_inv = evicted_inv;
           if (d2o_decode_dots(cfg_, L, ne, unrotate != nullptr)) {
-            const float* dots = probed_dots(own.probe, L, il, g, evicted[0]);
+            const float* dots = probe_dots(own.probe, L, il, g, evicted[0]);
             h.all_dots = dots;
             h.all_dots_scale = own.probe.dot_scale;
             (dots ? own.probe_used : own.probe_missed).fetch_add(1, std::memory_order_relaxed);

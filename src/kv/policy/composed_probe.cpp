@@ -1,0 +1,64 @@
+// ComposedPolicy's AttnProbe (kv/attention.h): D2O's decode-step search through the attention
+// pass. After a layer's compaction the policy arms, per KV head, the slot it expects the next
+// one-token pass to evict; that pass's attention forms the slot key's dots with every key while
+// it reads them, and the layer's next compaction takes them when the slot evicted is the armed one.
+// Otherwise d2o_nearest forms the same dots with the same kernel, so results never depend on it.
+#include <algorithm>
+
+#include "kv/policy/composed.h"
+#include "kv/policy/select.h"
+#include "kv/policy/similarity.h"
+
+namespace d2o {
+
+bool ComposedPolicy::probes() const {
+  return probe_on_ && cfg_.merger == Merger::kD2o && cfg_.merge != MergeRule::kOff &&
+         cfg_.sim == SimOn::kKey && cfg_.mspace != MergeSpace::kUnrotated &&
+         cfg_.heads != HeadRule::kAda && cfg_.decide != MergeDecision::kToken &&
+         cfg_.selector == Selector::kHeavyRecent && cfg_.norm != ScoreNorm::kQueries;
+}
+
+AttnProbe* ComposedPolicy::attention_probe(PolicyState& state) const {
+  if (!probes() || !compacts_per_layer(state)) return nullptr;
+  ComposedPolicyState* own = state.ext_if<ComposedPolicyState>();
+  return own && own->probe.n_head_kv > 0 ? &own->probe : nullptr;
+}
+
+void ComposedPolicy::arm_probe(const KvCache& cache, int il, const PolicyState& state,
+                               ComposedPolicyState& own) const {
+  const KvLayer& L = cache.layer(il);
+  const int G = L.n_head_kv();
+  AttnProbe& P = own.probe;
+  const size_t nlg = static_cast<size_t>(cache.n_layer()) * static_cast<size_t>(G);
+  if (P.n_head_kv != G || P.slot.size() != nlg) {
+    P.n_head_kv = G;
+    P.slot.assign(nlg, -1);
+  }
+  const size_t base = static_cast<size_t>(il) * static_cast<size_t>(G);
+  const int S = state.budgets[static_cast<size_t>(il)], n = L.n_slot();
+  const int t = std::min(cfg_.sinks, S);
+  int heavy = 0, recent = 0;
+  split_heavy_recent(S, cfg_.sinks, cfg_.nm_n, cfg_.nm_m, &heavy, &recent);
+  // The next pass appends one slot; one eviction then takes the last lowest score among the
+  // candidates between the sinks and the recent window (select_top), these slots' scores plus
+  // that pass's attention. Usually the lowest now is the lowest then.
+  const int mid = n + 1 - recent - t;
+  const bool steady = d2o_decode_dots(cfg_, L, 1, false) && L.uniform() && n == S && heavy >= 1 &&
+                      mid == heavy + 1 && t + mid <= n;
+  for (int g = 0; g < G; ++g)
+    P.slot[base + static_cast<size_t>(g)] = steady ? t + last_min_index(L.score(g) + t, mid) : -1;
+}
+
+const float* ComposedPolicy::probe_dots(const AttnProbe& P, const KvLayer& L, int il, int g,
+                                        int e) {
+  // The attention loaded the armed slot's key when it formed the dots, and nothing changed the
+  // layer between that attention and this compaction (dot_layer is reset after each).
+  const size_t i =
+      static_cast<size_t>(il) * static_cast<size_t>(P.n_head_kv) + static_cast<size_t>(g);
+  if (P.dot_layer != il || P.n_head_kv != L.n_head_kv() || P.dot_n != L.n_slot(g) ||
+      i >= P.slot.size() || P.slot[i] != e || !P.formed[static_cast<size_t>(g)])
+    return nullptr;
+  return P.dot.data() + static_cast<size_t>(g) * static_cast<size_t>(P.dot_n);
+}
+
+}  // namespace d2o
