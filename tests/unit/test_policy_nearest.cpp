@@ -1,7 +1,8 @@
 // nearest_rows (D2O's prefill neighbour search): every variant against a brute-force argmax in
 // double precision, on odd sizes, exact ties (the lowest index wins) and all-negative similarities
 // (the packing's zero padding must never win). scaled_argmax (the decode step's neighbour): every
-// variant gives the index and bits of a plain running maximum.
+// variant gives the index and bits of a plain running maximum. unit_row (the search's unit rows):
+// every variant gives the bits of its definition.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,8 +11,10 @@
 #include <random>
 #include <vector>
 
+#include "core/fp16.h"
 #include "kv/policy/nearest.h"
 #include "kv/policy/similarity.h"
+#include "ops/kernel_isa.h"
 
 namespace d2o {
 namespace {
@@ -100,6 +103,49 @@ TEST(PolicyNearest, VariantsAgreeWithTheScalarKernel) {
     for (int i = 0; i < 4; ++i) {
       EXPECT_EQ(best[i], ref_best[i]) << kernel_isa_name(isa);
       EXPECT_NEAR(dot[i], ref_dot[i], 1e-4) << kernel_isa_name(isa);
+    }
+  }
+}
+
+// unit_row's definition, written out: the squares summed in double, lane j taking the elements
+// d with d % 8 == j in order, the lanes added pairwise; out = row * (float)(scale / sqrt(sum)).
+std::vector<float> unit_row_reference(const std::vector<float>& row, double scale) {
+  double lane[8] = {};
+  for (size_t d = 0; d < row.size(); ++d) lane[d % 8] += static_cast<double>(row[d]) * row[d];
+  const double n2 =
+      ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  const float f = n2 > 0.0 ? static_cast<float>(scale / std::sqrt(n2)) : 0.0f;
+  std::vector<float> out(row.size());
+  for (size_t d = 0; d < row.size(); ++d) out[d] = row[d] * f;
+  return out;
+}
+
+TEST(PolicyNearest, UnitRowVariantsGiveTheBitsOfTheDefinition) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (int dim : {1, 7, 8, 15, 16, 17, 24, 64, 72, 100, 128, 256}) {
+    for (int zero : {0, 1}) {
+      std::vector<uint16_t> h(static_cast<size_t>(dim));
+      for (uint16_t& x : h) x = zero ? 0 : fp32_to_fp16(nd(rng));
+      std::vector<float> row(h.size());
+      for (size_t d = 0; d < h.size(); ++d) row[d] = fp16_to_fp32(h[d]);
+      for (double scale : {1.0, 0.5}) {
+        const std::vector<float> want = unit_row_reference(row, scale);
+        std::vector<float> got(h.size(), -1.0f);
+        unit_row(row.data(), dim, scale, got.data());
+        EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)))
+            << "unit_row dim=" << dim;
+        for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+          if (!kernel_isa_available(isa)) continue;
+          std::fill(got.begin(), got.end(), -1.0f);
+          unit_row_f16_isa(isa, h.data(), dim, scale, got.data());
+          EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)))
+              << kernel_isa_name(isa) << " dim=" << dim << " zero=" << zero;
+          if (zero) {
+            EXPECT_EQ(got[0], 0.0f);
+          }
+        }
+      }
     }
   }
 }

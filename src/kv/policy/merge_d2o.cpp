@@ -16,6 +16,16 @@ namespace {
 // kD2oFewEvicted: nearest_rows above it, the stored rows directly up to it.
 constexpr int kManyEvicted = kD2oFewEvicted;
 
+// Asks for slot j's key (and value) rows ahead of their use: a compaction reads them in the
+// order of its slot lists, whose gaps defeat the hardware's stride prefetch.
+void prefetch_rows(const KvLayer& L, int head, int j, bool keys, bool values) {
+  auto fetch = [](const uint8_t* p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
+  };
+  if (keys) fetch(L.key_row(head, j), L.key_row_bytes());
+  if (values) fetch(L.value_row(head, j), L.value_row_bytes());
+}
+
 // Cosines of one evicted row against every kept row, for one of keys/values, added (times
 // `scale`) into sim[n_keep]. kept_inv[n_keep] holds 1 / |row_c| (0 for a zero row): given
 // (`given`: the policy's cached key norms), or computed on first use and reused for the other
@@ -85,20 +95,23 @@ int add_cosines(const ModalityPass& p, int e, bool first, float scale, float* __
   return best;
 }
 
-// Writes row / |row| (zeros for a zero row) times `scale` into out[hd]. With `rope`, a key is
-// first rotated back to position 0 (mrope=pre).
+// Writes row / |row| (zeros for a zero row) times `scale` into out[hd] (unit_row). With `rope`, a
+// key is first rotated back to position 0 (mrope=pre).
 void load_unit(const KvLayer& L, int head, bool values, int slot, float scale, float* out,
                const RopeParams* rope) {
+  const int hd = L.head_dim();
+  if ((values ? L.type().v : L.type().k) == KvElemType::kF16 && !(rope && !values)) {
+    const uint8_t* row = values ? L.value_row(head, slot) : L.key_row(head, slot);
+    unit_row_f16(reinterpret_cast<const uint16_t*>(row), hd, scale, out);
+    return;
+  }
   if (values) {
     L.load_value(head, slot, out);
   } else {
     L.load_key(head, slot, out);
     if (rope) rope_apply(*rope, -static_cast<float>(L.pos(head)[slot]), 1, out);
   }
-  double n2 = 0.0;
-  for (int d = 0; d < L.head_dim(); ++d) n2 += static_cast<double>(out[d]) * out[d];
-  const float f = n2 > 0.0 ? static_cast<float>(scale / std::sqrt(n2)) : 0.0f;
-  for (int d = 0; d < L.head_dim(); ++d) out[d] *= f;
+  unit_row(out, hd, scale, out);
 }
 
 // Step 1 for many evicted slots: cosine similarity = dot product of unit rows (keys, values or
@@ -117,10 +130,19 @@ void nearest_many(const D2oHeadMerge& h, bool use_k, bool use_v, float scale,
     if (use_k) load_unit(L, h.head, false, slot, s, out, h.rope);
     if (use_v) load_unit(L, h.head, true, slot, s, out + (use_k ? hd : 0), nullptr);
   };
-  for (int c = 0; c < S; ++c) unit_row(h.keep[c], 1.0f, kept + static_cast<size_t>(c) * dim);
+  constexpr int kAhead = 8;  // rows
+  for (int c = 0; c < std::min(S, kAhead); ++c) prefetch_rows(L, h.head, h.keep[c], use_k, use_v);
+  for (int c = 0; c < S; ++c) {
+    if (c + kAhead < S) prefetch_rows(L, h.head, h.keep[c + kAhead], use_k, use_v);
+    unit_row(h.keep[c], 1.0f, kept + static_cast<size_t>(c) * dim);
+  }
   pack_rows(kept, S, dim, scratch.packed);
+  for (int i = 0; i < std::min(E, kAhead); ++i)
+    prefetch_rows(L, h.head, h.evicted[i], use_k, use_v);
   for (int i = 0; i < E; i += 4) {
     const int nq = std::min(4, E - i);
+    for (int r = i + kAhead; r < std::min(E, i + 4 + kAhead); ++r)
+      prefetch_rows(L, h.head, h.evicted[r], use_k, use_v);
     for (int r = 0; r < nq; ++r)
       unit_row(h.evicted[i + r], scale, q + static_cast<size_t>(r) * dim);
     nearest_rows(scratch.packed, q, nq, cstar + i, m_e + i);

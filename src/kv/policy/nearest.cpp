@@ -1,8 +1,10 @@
 #include "kv/policy/nearest.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/assert.h"
+#include "ops/quant.h"
 
 namespace d2o {
 
@@ -32,6 +34,48 @@ void nearest_rows_scalar(const PackedRows& b, const float* q, int n_q, int32_t* 
 }
 
 }  // namespace
+
+void unit_row(const float* row, int dim, double scale, float* out) {
+  // Eight named sums (an array of them stays in memory, one store per addition).
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+  auto sq = [row](int d) { return static_cast<double>(row[d]) * row[d]; };
+  int d = 0;
+  for (; d + 8 <= dim; d += 8) {
+    s0 += sq(d);
+    s1 += sq(d + 1);
+    s2 += sq(d + 2);
+    s3 += sq(d + 3);
+    s4 += sq(d + 4);
+    s5 += sq(d + 5);
+    s6 += sq(d + 6);
+    s7 += sq(d + 7);
+  }
+  double* lane[8] = {&s0, &s1, &s2, &s3, &s4, &s5, &s6, &s7};
+  for (; d < dim; ++d) *lane[d & 7] += sq(d);
+  const double n2 = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
+  const float f = n2 > 0.0 ? static_cast<float>(scale / std::sqrt(n2)) : 0.0f;
+  for (int i = 0; i < dim; ++i) out[i] = row[i] * f;
+}
+
+void unit_row_f16_isa(KernelIsa isa, const uint16_t* row, int dim, double scale, float* out) {
+  D2O_ASSERT(kernel_isa_available(isa));
+  switch (isa) {
+    case KernelIsa::kAvx512:
+      simd::unit_row_f16_avx512(row, dim, scale, out);
+      return;
+    case KernelIsa::kAvx2:
+      simd::unit_row_f16_avx2(row, dim, scale, out);
+      return;
+    case KernelIsa::kScalar:
+      fp16_to_fp32_row_isa(KernelIsa::kScalar, row, out, dim);
+      unit_row(out, dim, scale, out);
+      return;
+  }
+}
+
+void unit_row_f16(const uint16_t* row, int dim, double scale, float* out) {
+  unit_row_f16_isa(best_kernel_isa(), row, dim, scale, out);
+}
 
 void pack_rows(const float* rows, int s, int dim, PackedRows& out) {
   D2O_ASSERT(s > 0 && dim > 0);

@@ -31,7 +31,17 @@ void nearest_rows(const PackedRows& b, const float* q, int n_q, int32_t* best, f
 void nearest_rows_isa(KernelIsa isa, const PackedRows& b, const float* q, int n_q, int32_t* best,
                       float* best_dot);
 
+// The query and kept rows of that search: out[dim] = row * f, f = (float)(scale / |row|) (0 for a
+// zero row), the squares summed in double in eight interleaved partial sums (lane j takes the
+// elements d with d % 8 == j; then ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))): the same
+// bits from every variant. unit_row takes F32 rows, unit_row_f16 F16 rows.
+void unit_row(const float* row, int dim, double scale, float* out);
+void unit_row_f16(const uint16_t* row, int dim, double scale, float* out);
+void unit_row_f16_isa(KernelIsa isa, const uint16_t* row, int dim, double scale, float* out);
+
 namespace simd {
+void unit_row_f16_avx2(const uint16_t* row, int dim, double scale, float* out);
+void unit_row_f16_avx512(const uint16_t* row, int dim, double scale, float* out);
 void nearest_rows_avx2(const PackedRows& b, const float* q, int n_q, int32_t* best,
                        float* best_dot);
 void nearest_rows_avx512(const PackedRows& b, const float* q, int n_q, int32_t* best,

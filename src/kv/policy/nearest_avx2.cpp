@@ -3,11 +3,43 @@
 // maximum), reduced at the end to the lowest index among equal maxima.
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstddef>
 
 #include "kv/policy/nearest.h"
 
 namespace d2o::simd {
+
+namespace {
+
+// The tail (dim % 8 elements) onto lanes d % 8, the partial sums combined as unit_row does, and
+// out[] (holding the row as floats) scaled.
+void finish_unit_row(double* s, int d, int dim, double scale, float* out) {
+  for (; d < dim; ++d) s[d & 7] += static_cast<double>(out[d]) * out[d];
+  const double n2 = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  const float f = n2 > 0.0 ? static_cast<float>(scale / std::sqrt(n2)) : 0.0f;
+  for (int i = 0; i < dim; ++i) out[i] *= f;
+}
+}  // namespace
+
+void unit_row_f16_avx2(const uint16_t* row, int dim, double scale, float* out) {
+  // acc0 holds lanes 0-3, acc1 lanes 4-7: lane j sums the elements d with d % 8 == j, in order.
+  __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
+  int d = 0;
+  for (; d + 8 <= dim; d += 8) {
+    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d)));
+    _mm256_storeu_ps(out + d, x);
+    const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+    const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+    acc0 = _mm256_add_pd(acc0, _mm256_mul_pd(lo, lo));
+    acc1 = _mm256_add_pd(acc1, _mm256_mul_pd(hi, hi));
+  }
+  for (int i = d; i < dim; ++i) out[i] = _cvtsh_ss(row[i]);
+  alignas(32) double s[8];
+  _mm256_store_pd(s, acc0);
+  _mm256_store_pd(s + 4, acc1);
+  finish_unit_row(s, d, dim, scale, out);
+}
 
 void nearest_rows_avx2(const PackedRows& b, const float* q, int n_q, int32_t* best,
                        float* best_dot) {

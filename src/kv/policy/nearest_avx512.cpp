@@ -3,11 +3,50 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstddef>
 
 #include "kv/policy/nearest.h"
 
 namespace d2o::simd {
+
+namespace {
+
+// The tail (dim % 8 elements) onto lanes d % 8, the partial sums combined as unit_row does, and
+// out[] (holding the row as floats) scaled.
+void finish_unit_row(double* s, int d, int dim, double scale, float* out) {
+  for (; d < dim; ++d) s[d & 7] += static_cast<double>(out[d]) * out[d];
+  const double n2 = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  const float f = n2 > 0.0 ? static_cast<float>(scale / std::sqrt(n2)) : 0.0f;
+  for (int i = 0; i < dim; ++i) out[i] *= f;
+}
+}  // namespace
+
+void unit_row_f16_avx512(const uint16_t* row, int dim, double scale, float* out) {
+  // Lane j of the eight doubles sums the elements d with d % 8 == j, in order of d.
+  __m512d acc = _mm512_setzero_pd();
+  int d = 0;
+  for (; d + 16 <= dim; d += 16) {
+    const __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + d)));
+    _mm512_storeu_ps(out + d, x);
+    const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+    const __m512d hi =
+        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+    acc = _mm512_add_pd(acc, _mm512_mul_pd(lo, lo));
+    acc = _mm512_add_pd(acc, _mm512_mul_pd(hi, hi));
+  }
+  if (d + 8 <= dim) {
+    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d)));
+    _mm256_storeu_ps(out + d, x);
+    const __m512d w = _mm512_cvtps_pd(x);
+    acc = _mm512_add_pd(acc, _mm512_mul_pd(w, w));
+    d += 8;
+  }
+  for (int i = d; i < dim; ++i) out[i] = _cvtsh_ss(row[i]);
+  alignas(64) double s[8];
+  _mm512_store_pd(s, acc);
+  finish_unit_row(s, d, dim, scale, out);
+}
 
 void nearest_rows_avx512(const PackedRows& b, const float* q, int n_q, int32_t* best,
                          float* best_dot) {
