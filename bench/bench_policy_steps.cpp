@@ -44,6 +44,7 @@ double step(bench::PolicySim& sim, bool collect) {
   Clock::duration t{};
   for (int il = 0; il < kLayers; ++il) {
     sim.attend(il, 1);
+    sim.probe(il);
     if (collect) D2O_COLLECT();
     const auto t0 = Clock::now();
     if (!sim.policy->compact_layer(sim.cache, sim.state, pass, il).ok()) std::abort();

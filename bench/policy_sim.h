@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "kv/attention.h"
+#include "kv/attention_kernels.h"
 #include "kv/kv_cache.h"
 #include "kv/policy.h"
 
@@ -76,6 +78,40 @@ struct PolicySim {
       }
     }
     sink = sum;
+  }
+  // What the engine's one-token attention does for a policy that arms an AttnProbe (D2O): the
+  // armed slot's key scored against every key of its head, as an extra query row of scale 1/8.
+  void probe(int il) {
+    AttnProbe* P = policy->attention_probe(state);
+    if (!P) return;
+    P->dot_layer = -1;
+    const KvLayer& L = cache.layer(il);
+    const int n = L.n_slot();
+    const size_t base = static_cast<size_t>(il) * kHeadsKv;
+    if (P->n_head_kv != kHeadsKv || P->slot.size() < base + kHeadsKv) return;
+    P->formed.assign(kHeadsKv, 0);
+    P->key.resize(static_cast<size_t>(kHeadsKv) * kHeadDim);
+    if (P->dot.size() < static_cast<size_t>(kHeadsKv) * n)
+      P->dot.resize(static_cast<size_t>(kHeadsKv) * n);
+    constexpr float kScale = 0.125f;
+    for (int g = 0; g < kHeadsKv; ++g) {
+      const int32_t s = P->slot[base + static_cast<size_t>(g)];
+      if (s < 0 || s >= n) continue;
+      float* key = P->key.data() + static_cast<size_t>(g) * kHeadDim;
+      L.load_key(g, s, key);
+      attn::KvRows k;
+      k.base = L.key_base(g);
+      k.row_bytes = L.key_row_bytes();
+      k.type = L.type().k;
+      k.idx = L.rows(g);
+      const float* q[1] = {key};
+      float* out[1] = {P->dot.data() + static_cast<size_t>(g) * n};
+      attn::best_kernels().scores(q, 1, k, n, kHeadDim, kScale, out);
+      P->formed[static_cast<size_t>(g)] = 1;
+    }
+    P->dot_layer = il;
+    P->dot_n = n;
+    P->dot_scale = kScale;
   }
   void attend(int n_tok) {
     for (int il = 0; il < kLayers; ++il) attend(il, n_tok);
