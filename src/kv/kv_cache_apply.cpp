@@ -60,7 +60,11 @@ void KvCache::apply(int il, const CompactionPlan& plan, ThreadPool* pool) {
       for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
     }
   };
-  for (size_t i = 0; i < kAhead; ++i) prefetch_term(i);
+  // (A decode step's few terms read rows its attention has just read: nothing to ask for.)
+  const bool prefetch = plan.merges.size() > 2 * kAhead;
+  if (prefetch) {
+    for (size_t i = 0; i < kAhead; ++i) prefetch_term(i);
+  }
   size_t t = 0;
   while (t < plan.merges.size()) {
     const int head = plan.merges[t].head;
@@ -75,7 +79,7 @@ void KvCache::apply(int il, const CompactionPlan& plan, ThreadPool* pool) {
     for (; e < plan.merges.size() && plan.merges[e].head == head && plan.merges[e].dst == dst;
          ++e) {
       const MergeTerm& m = plan.merges[e];
-      prefetch_term(e + kAhead);
+      if (prefetch) prefetch_term(e + kAhead);
       D2O_ASSERT(m.src >= 0 && m.src < L.n_slot(head));
       L.load_key(head, m.src, tmp_k_.data());
       L.load_value(head, m.src, tmp_v_.data());

@@ -97,6 +97,56 @@ TEST(D2oKeyNorms, DotsOnlyAreTheBitsOfThePassWithNorms) {
   }
 }
 
+TEST(D2oKeyNorms, OneRowNormIsTheFourRowLoopBitsOnEveryIsa) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (!kernel_isa_available(isa)) continue;
+    for (int dim : {1, 7, 8, 16, 20, 33, 64, 67, 128}) {
+      for (bool f16 : {false, true}) {
+        // Rows 0-3 random, 4 zero, 5 tiny (a squared norm below 1e-30 in F32), 6-7 random.
+        constexpr int kRows = 8;
+        const size_t rb = static_cast<size_t>(dim) * (f16 ? 2 : 4) + 2;
+        std::vector<uint8_t> buf(rb * kRows + 1);
+        for (int r = 0; r < kRows; ++r) {
+          for (int d = 0; d < dim; ++d) {
+            float x = r == 4 ? 0.0f : nd(rng);
+            if (r == 5) x = f16 ? 1e-3f * x : 1e-17f * x;
+            uint8_t* p = buf.data() + 1 + static_cast<size_t>(r) * rb;
+            if (f16) {
+              const uint16_t h = fp32_to_fp16(x);
+              std::memcpy(p + 2 * d, &h, 2);
+            } else {
+              std::memcpy(p + 4 * d, &x, 4);
+            }
+          }
+        }
+        SCOPED_TRACE(std::string(kernel_isa_name(isa)) + " dim " + std::to_string(dim) +
+                     (f16 ? " f16" : " f32"));
+        std::vector<float> q(static_cast<size_t>(dim), 0.0f), dot(kRows), inv(kRows);
+        std::vector<int32_t> idx = {3, 1, 4, 0, 5, 7, 2, 6};  // two groups of four, any order
+        RowDots a;
+        a.base = buf.data() + 1;
+        a.row_bytes = rb;
+        a.f16 = f16;
+        a.dim = dim;
+        a.rows = idx.data();
+        a.n = kRows;
+        a.q = q.data();
+        a.dot = dot.data();
+        a.inv_norm = inv.data();
+        row_dots_isa(isa, a);
+        for (int r = 0; r < kRows; ++r) {
+          const float one = row_inv_norm_isa(isa, a, r);
+          EXPECT_EQ(0, std::memcmp(&one, &inv[static_cast<size_t>(r)], sizeof(float)))
+              << "row " << idx[static_cast<size_t>(r)] << ": " << one << " vs " << inv[r];
+        }
+        EXPECT_EQ(row_inv_norm_isa(isa, a, 2), 0.0f);  // the zero row
+      }
+    }
+  }
+}
+
 TEST(D2oKeyNorms, NormOfASlotIsTheFourRowPassBitsWhereverItSits) {
   for (KvType type : {KvType::kF32, KvType::kF16, KvType::kQ8_0}) {
     SCOPED_TRACE(kv_type_name(type));

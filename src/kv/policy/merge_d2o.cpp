@@ -181,6 +181,11 @@ void d2o_key_inv_norms(const KvLayer& L, int head, int first, int count, float* 
   rd.inv_norm = inv;
   int32_t rows[4];
   rd.rows = rows;
+  if (count < 4 && !kv_quantized(t)) {  // a new or a merged slot: the same bits, one row's work
+    rd.rows = nullptr;
+    for (int i = 0; i < count; ++i) out[i] = row_inv_norm(rd, first + i);
+    return;
+  }
   for (int i = 0; i < count; i += 4) {
     const int m = std::min(4, count - i);
     for (int r = 0; r < 4; ++r) rows[r] = first + i + std::min(r, m - 1);
@@ -229,10 +234,24 @@ void d2o_nearest(const D2oHeadMerge& h, D2oScratch& scratch, int32_t* cstar, flo
       all = buf;
       inv_scale = 1.0f;
     }
-    float* dots = sim + S;
-    for (int i = 0; i < e; ++i) dots[i] = all[i] * inv_scale;
-    for (int i = e; i < S; ++i) dots[i] = all[i + 1] * inv_scale;
-    cstar[0] = scaled_argmax(dots, h.kept_inv, S, h.evicted_inv[0], &m_e[0]);
+    // The kept slots are the slots before e and after it: the running maximum over the two
+    // runs of `all`, the second taking over only when strictly greater (the first maximum wins,
+    // and a NaN first similarity stays, as in one pass). inv_scale is a power of two, so
+    // (f * inv_scale) * dot is f * (dot * inv_scale) to the bit.
+    const float f = h.evicted_inv[0] * inv_scale;
+    float best = 0.0f;
+    int arg = -1;
+    if (e > 0) arg = scaled_argmax(all, h.kept_inv, e, f, &best);
+    if (e < S) {
+      float b2 = 0.0f;
+      const int a2 = scaled_argmax(all + e + 1, h.kept_inv + e, S - e, f, &b2);
+      if (arg < 0 || b2 > best) {
+        arg = e + a2;
+        best = b2;
+      }
+    }
+    cstar[0] = arg;
+    m_e[0] = best;
     return;
   }
   float* dots = sim + S;

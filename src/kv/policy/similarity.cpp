@@ -176,4 +176,44 @@ void row_dots(const RowDots& a) {
   row_dots_at(best_kernel_isa(), a);
 }
 
+namespace {
+
+float row_inv_norm_at(KernelIsa isa, const RowDots& a, int r) {
+  D2O_ASSERT(a.quant == GgmlType::kF32 && r >= 0);
+  switch (isa) {
+    case KernelIsa::kAvx512:
+      return simd::row_inv_norm_avx512(a, r);
+    case KernelIsa::kAvx2:
+      return simd::row_inv_norm_avx2(a, r);
+    case KernelIsa::kScalar:
+      break;
+  }
+  // row_dots_scalar's sum: every row alone.
+  const uint8_t* p = a.row(r);
+  float nn = 0.0f;
+  for (int d = 0; d < a.dim; ++d) {
+    float x;
+    if (a.f16) {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * static_cast<size_t>(d), 2);
+      x = fp16_to_fp32(h);
+    } else {
+      std::memcpy(&x, p + 4 * static_cast<size_t>(d), 4);
+    }
+    nn += x * x;
+  }
+  return nn > 0.0f ? 1.0f / std::sqrt(nn) : 0.0f;
+}
+
+}  // namespace
+
+float row_inv_norm_isa(KernelIsa isa, const RowDots& a, int r) {
+  D2O_ASSERT(kernel_isa_available(isa));
+  return row_inv_norm_at(isa, a, r);
+}
+
+float row_inv_norm(const RowDots& a, int r) {
+  return row_inv_norm_at(best_kernel_isa(), a, r);
+}
+
 }  // namespace d2o

@@ -52,6 +52,12 @@ struct RowDots {
 void row_dots(const RowDots& a);                     // best available variant
 void row_dots_isa(KernelIsa isa, const RowDots& a);  // a given variant (must be available)
 
+// Row r's inverse norm alone (a.q, a.dot and a.inv_norm unused), with the bits row_dots' loop of
+// four rows gives it at the same level: a norm formed for one new slot equals the one formed
+// with its neighbours. F32 and F16 rows only (not a.quant).
+float row_inv_norm(const RowDots& a, int r);
+float row_inv_norm_isa(KernelIsa isa, const RowDots& a, int r);
+
 // The nearest row of one query from row_dots' output: s_i = 0 + (f * dot[i]) * inv[i] (f: the
 // query's inverse norm times a scale), evaluated in that order. Returns the first index of the
 // largest s_i (NaN never wins; a NaN s_0 stays the answer, as in a running maximum started at
@@ -69,6 +75,8 @@ int last_min_index_isa(KernelIsa isa, const float* s, int n);
 namespace simd {
 void row_dots_avx2(const RowDots& a);
 void row_dots_avx512(const RowDots& a);
+float row_inv_norm_avx2(const RowDots& a, int r);
+float row_inv_norm_avx512(const RowDots& a, int r);
 int scaled_argmax_avx2(const float* dot, const float* inv, int n, float f, float* best);
 int scaled_argmax_avx512(const float* dot, const float* inv, int n, float f, float* best);
 int last_min_index_avx2(const float* s, int n);

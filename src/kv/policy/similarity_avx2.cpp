@@ -1,6 +1,7 @@
 // AVX2 + FMA + F16C variant of row_dots (compiled with -mavx2 -mfma -mf16c only).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -256,6 +257,38 @@ int last_min_index_avx2(const float* s, int n) {
     }
   }
   return b;
+}
+
+namespace {
+
+template <bool kF16>
+float row_inv_norm_impl(const RowDots& a, int r) {
+  const int d8 = a.dim & ~7;
+  const uint8_t* p = a.row(r);
+  __m256 n = _mm256_setzero_ps();
+  for (int d = 0; d < d8; d += 8) {
+    const __m256 x = load8<kF16>(p, d);
+    n = _mm256_fmadd_ps(x, x, n);
+  }
+  // reduce8's tree for one of its eight sums, then the tail's sum added.
+  alignas(32) float f[8];
+  _mm256_store_ps(f, n);
+  float nn = ((f[0] + f[1]) + (f[2] + f[3])) + ((f[4] + f[5]) + (f[6] + f[7]));
+  if (d8 < a.dim) {
+    float t = 0.0f;
+    for (int d = d8; d < a.dim; ++d) {
+      const float x = load1<kF16>(p, d);
+      t += x * x;
+    }
+    nn += t;
+  }
+  return nn > 0.0f ? 1.0f / std::sqrt(std::max(nn, 1e-30f)) : 0.0f;
+}
+
+}  // namespace
+
+float row_inv_norm_avx2(const RowDots& a, int r) {
+  return a.f16 ? row_inv_norm_impl<true>(a, r) : row_inv_norm_impl<false>(a, r);
 }
 
 void row_dots_avx2(const RowDots& a) {

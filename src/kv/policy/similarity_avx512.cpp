@@ -257,6 +257,35 @@ int last_min_index_avx512(const float* s, int n) {
   return b;
 }
 
+namespace {
+
+template <bool kF16>
+float row_inv_norm_impl(const RowDots& a, int r) {
+  const int full = a.dim / 16;
+  const int tail = a.dim - 16 * full;
+  const uint8_t* p = a.row(r);
+  __m512 n = _mm512_setzero_ps();
+  for (int c = 0; c < full; ++c) {
+    const __m512 x = load16<kF16>(p, 16 * c);
+    n = _mm512_fmadd_ps(x, x, n);
+  }
+  if (tail) {
+    const __m512 x = load16_masked<kF16>(p, 16 * full, static_cast<__mmask16>((1u << tail) - 1u));
+    n = _mm512_fmadd_ps(x, x, n);
+  }
+  // reduce8's tree for one of its eight sums.
+  alignas(32) float f[8];
+  _mm256_store_ps(f, fold(n));
+  const float nn = ((f[0] + f[1]) + (f[2] + f[3])) + ((f[4] + f[5]) + (f[6] + f[7]));
+  return nn > 0.0f ? 1.0f / std::sqrt(nn) : 0.0f;
+}
+
+}  // namespace
+
+float row_inv_norm_avx512(const RowDots& a, int r) {
+  return a.f16 ? row_inv_norm_impl<true>(a, r) : row_inv_norm_impl<false>(a, r);
+}
+
 void row_dots_avx512(const RowDots& a) {
   if (a.f16)
     row_dots_impl<true>(a);
