@@ -45,6 +45,14 @@ const float* kept_key_norms(const KvLayer& L, int g, const int32_t* keep, int S,
   return v;
 }
 
+// Asks for the first lines of an array a compaction is about to read (at most kPrefetchBytes;
+// the hardware follows a stream once it runs).
+void prefetch_start(const void* p, size_t bytes) {
+  constexpr size_t kPrefetchBytes = 1024;
+  const auto* b = static_cast<const uint8_t*>(p);
+  for (size_t o = 0; o < std::min(bytes, kPrefetchBytes); o += 64) __builtin_prefetch(b + o);
+}
+
 Status ragged_error() {
   return invalid_argument(
       "KV cache heads hold different slot counts (per-head budgets, heads=ada), which this "
@@ -275,6 +283,24 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
   D2O_ASSERT(S >= 0 && S < n);
   CompactionPlan& plan = state.plans[static_cast<size_t>(il)];
   const bool ada = cfg_.heads == HeadRule::kAda;
+  // In a batch, a sequence's slot lists were last touched a whole step ago, and the dots its
+  // attention formed for the probe have since made way for the other sequences' keys: the lists
+  // this compaction reads, asked for together rather than one miss after another.
+  const bool d2o_norms =
+      cfg_.merger == Merger::kD2o && own.key_inv.size() == static_cast<size_t>(cache.n_layer()) * G;
+  for (int g = 0; g < G; ++g) {
+    const size_t b = static_cast<size_t>(L.n_slot(g)) * sizeof(float);
+    prefetch_start(L.score(g), b);
+    prefetch_start(L.pos(g), b);
+    prefetch_start(L.rows(g), b);
+    prefetch_start(L.merged(g), b);
+    if (d2o_norms) {
+      const std::vector<float>& inv = own.key_inv[static_cast<size_t>(il) * G + g];
+      prefetch_start(inv.data(), inv.size() * sizeof(float));
+    }
+    if (own.probe.dot_layer == il && own.probe.dot_n == L.n_slot(g))
+      prefetch_start(own.probe.dot.data() + static_cast<size_t>(g) * own.probe.dot_n, b);
+  }
   if (ada) {
     plan_heads(L, sc.select, plan, S, pass.n_past - state.pos_shift);
   } else {

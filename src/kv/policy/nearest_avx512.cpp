@@ -61,9 +61,32 @@ void nearest_rows_avx512(const PackedRows& b, const float* q, int n_q, int32_t* 
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const size_t stride = static_cast<size_t>(b.s_pad);
   for (int c = 0; c < b.s; c += 32) {
+    const float* col = b.data.data() + c;
+    const int left = b.s - c;
+    const __mmask16 m0 =
+        left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
+    const __m512i i0 = _mm512_add_epi32(lane, _mm512_set1_epi32(c));
+    if (left <= 16) {
+      // The last block holds at most 16 columns: half the sums (s = 102 pads to 128 columns,
+      // which this block would otherwise spend a quarter of the search on).
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int d = 0; d < b.dim; ++d) {
+        const __m512 x0 = _mm512_loadu_ps(col + d * stride);
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(qr[0][d]), x0, a0);
+        a1 = _mm512_fmadd_ps(_mm512_set1_ps(qr[1][d]), x0, a1);
+        a2 = _mm512_fmadd_ps(_mm512_set1_ps(qr[2][d]), x0, a2);
+        a3 = _mm512_fmadd_ps(_mm512_set1_ps(qr[3][d]), x0, a3);
+      }
+      const __m512 acc0[4] = {a0, a1, a2, a3};
+      for (int i = 0; i < 4; ++i) {
+        const __mmask16 gt = _mm512_mask_cmp_ps_mask(m0, acc0[i], bv[i], _CMP_GT_OQ);
+        bv[i] = _mm512_mask_mov_ps(bv[i], gt, acc0[i]);
+        bi[i] = _mm512_mask_mov_epi32(bi[i], gt, i0);
+      }
+      break;
+    }
     __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
            a30 = a00, a31 = a00;
-    const float* col = b.data.data() + c;
     for (int d = 0; d < b.dim; ++d) {
       const __m512 x0 = _mm512_loadu_ps(col + d * stride);
       const __m512 x1 = _mm512_loadu_ps(col + d * stride + 16);
@@ -81,13 +104,8 @@ void nearest_rows_avx512(const PackedRows& b, const float* q, int n_q, int32_t* 
       a31 = _mm512_fmadd_ps(w, x1, a31);
     }
     // Columns past s (padding) never win.
-    const int left = b.s - c;
-    const __mmask16 m0 =
-        left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
-    const __mmask16 m1 = left >= 32  ? static_cast<__mmask16>(0xFFFF)
-                         : left > 16 ? static_cast<__mmask16>((1u << (left - 16)) - 1u)
-                                     : static_cast<__mmask16>(0);
-    const __m512i i0 = _mm512_add_epi32(lane, _mm512_set1_epi32(c));
+    const __mmask16 m1 = left >= 32 ? static_cast<__mmask16>(0xFFFF)
+                                    : static_cast<__mmask16>((1u << (left - 16)) - 1u);
     const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(16));
     const __m512 acc0[4] = {a00, a10, a20, a30};
     const __m512 acc1[4] = {a01, a11, a21, a31};
