@@ -265,5 +265,24 @@ TEST(D2oKeyNorms, DroppedNormsGiveTheSameCache) {
   }
 }
 
+// A prompt's compaction plans a merge term per merged slot and searches with the unit rows of
+// every kept key; what a sequence holds afterwards must not stay sized by its prompt.
+TEST(D2oState, APromptsCompactionLeavesNothingSizedByThePrompt) {
+  SimSetup s;
+  s.n_layer = 3;
+  s.n_head_kv = 2;
+  s.head_dim = 64;
+  s.type = KvType::kF16;
+  PolicySim sim("d2o:budget=16", s);
+  ASSERT_EQ(sim.pass(600), "");  // 584 evicted per head, merged into 16 slots
+  ASSERT_GT(sim.state.merged[0], 64);
+  const ComposedPolicyState* own = composed_state(sim.state);
+  ASSERT_NE(own, nullptr);
+  EXPECT_TRUE(own->scratch.empty());
+  for (const CompactionPlan& p : sim.state.plans) EXPECT_EQ(p.merges.capacity(), 0u);
+  // Decoding goes on (and its small scratch is formed again), with the reference.
+  for (int step = 0; step < 5; ++step) ASSERT_EQ(sim.pass(1), "");
+}
+
 }  // namespace
 }  // namespace d2o::test

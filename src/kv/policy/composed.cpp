@@ -53,6 +53,10 @@ void prefetch_start(const void* p, size_t bytes) {
   for (size_t o = 0; o < std::min(bytes, kPrefetchBytes); o += 64) __builtin_prefetch(b + o);
 }
 
+// Slots one compaction evicts from a head above which it releases its plans' merge lists and the
+// search scratch (ComposedPolicy::compact).
+constexpr int kReleaseAfter = 64;
+
 Status ragged_error() {
   return invalid_argument(
       "KV cache heads hold different slot counts (per-head budgets, heads=ada), which this "
@@ -256,9 +260,10 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
     for (size_t t = 0; t < state.todo.size(); ++t) plan_one(static_cast<int64_t>(t), 0);
   }
 
-  int removed_all = -1;
+  int removed_all = -1, removed_most = 0;
   for (const int il : state.todo) {
     const int removed = cache.layer(il).n_slot() - state.budgets[static_cast<size_t>(il)];
+    removed_most = std::max(removed_most, removed);
     if (cfg_.pos == PosMode::kShift) {
       // One position shift per sequence: every layer must have removed the same count (uniform
       // budgets and equal slot counts guarantee it).
@@ -272,6 +277,15 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
   }
   if (removed_all > 0) state.pos_shift += removed_all;
   ++state.n_compactions;
+  if (removed_most > kReleaseAfter) {
+    // A pass that evicted many slots (a prompt's compaction) leaves merge lists and search
+    // scratch sized for them (D2O: a term per merged slot, the unit rows of every kept key);
+    // a decode step needs a few entries. Released, so that what a sequence holds between steps
+    // does not grow with its prompt: the memory pool reserves its KV slots, not these.
+    for (const int il : state.todo) std::vector<MergeTerm>().swap(state.plans[il].merges);
+    std::vector<ComposedScratch>().swap(own.scratch);
+    std::vector<std::vector<MergeTerm>>().swap(own.head_merges);
+  }
   return {};
 }
 
