@@ -54,7 +54,8 @@ class ComposedPolicyState final : public PolicyExtState {
   // list that does not match its head (length, last position) is formed again from the keys.
   std::vector<std::vector<float>> key_inv;
   std::vector<int32_t> key_inv_last;
-  // [threads] per-thread scratch; only grows, so a steady-state decode step allocates nothing.
+  // [threads] per-thread scratch; grows to the largest step seen, so a steady-state decode step
+  // allocates nothing, and is released after a pass that evicted many slots (compact()).
   std::vector<ComposedScratch> scratch;
   // Scratch too, [n_head_kv]: each head's merge terms and its evicted and merged counts when a
   // layer's heads are planned in parallel (compact_layer with a pool).

@@ -162,7 +162,8 @@ bool d2o_uses_kept_norms(const PolicyConfig& cfg, int n_evicted, bool unrotated)
 
 void d2o_key_inv_norms(const KvLayer& L, int head, int first, int count, float* out) {
   // Through row_dots' four-row loop, the last group padded by repeating its last row, so that a
-  // norm is the same bits wherever its slot sits.
+  // norm is the same bits wherever its slot sits; fewer than four rows of F32 or F16 keys (a new
+  // or a merged slot) through row_inv_norm, which gives that loop's bits for one row.
   constexpr int kMaxDim = 1024;
   D2O_ASSERT(L.head_dim() <= kMaxDim);
   static const float zeros[kMaxDim] = {};
