@@ -5,7 +5,8 @@
 // per element, F32 4). Slot metadata (position, scores, merge counts, row: 20 bytes per slot and KV
 // head whatever the storage type) is left out: it is bookkeeping of this engine, not KV content,
 // and every method here carries the same amount per slot. `--kv-mem-per-seq` counts it
-// (KvCache::bytes_for_slots), as a memory pool must.
+// (KvCache::bytes_for_slots), with the policy's own per-slot lists (KvPolicy::state_bytes), as a
+// memory pool must.
 //
 // A budget B (slots per KV head in each compressible layer) holds
 //   sum over compressible layers of B + sum over sliding-window layers of min(n_tokens, W)

@@ -178,6 +178,11 @@ class KvPolicy {
   // plan.decode_chunk tokens (1 for plain decoding). Tighter than peak_slots() when decoding
   // token by token after a chunked prompt.
   virtual int64_t peak_slots_for(const FeedPlan& plan) const = 0;
+  // Bytes of the policy's per-sequence state kept for a sequence's life that grow with the slots
+  // it holds (at most `slots` per KV head and layer), beyond the cache's rows and slot metadata
+  // (KvCache::bytes_for_slots): a memory pool reserves both. Working scratch of one compaction
+  // (bounded by one layer's slots per thread) is not counted. 0: nothing kept per slot.
+  virtual size_t state_bytes(const KvCacheConfig& /*cfg*/, int64_t /*slots*/) const { return 0; }
 };
 
 // The full cache: keeps everything.

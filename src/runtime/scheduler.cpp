@@ -98,7 +98,8 @@ Scheduler::Footprint Scheduler::footprint(const KvCacheConfig& cfg, const KvPoli
   plan.prompt_chunk = std::max(1, max_chunk);
   plan.decode_chunk = 1;  // one token per step after the prompt
   f.slots = std::max<int64_t>(1, policy.peak_slots_for(plan));
-  f.bytes = KvCache::bytes_for_slots(cfg, f.slots, plan.prompt_chunk, plan.n_total);
+  f.bytes = KvCache::bytes_for_slots(cfg, f.slots, plan.prompt_chunk, plan.n_total) +
+            policy.state_bytes(cfg, f.slots);
   return f;
 }
 
@@ -165,7 +166,8 @@ Result<RequestId> Scheduler::submit(Request req) {
     held_slots = std::min(held_slots + max_chunk, n_total);
     if (held_slots > a->fp.slots) {
       a->fp.slots = held_slots;
-      a->fp.bytes = KvCache::bytes_for_slots(cache_cfg_, held_slots);
+      a->fp.bytes = KvCache::bytes_for_slots(cache_cfg_, held_slots) +
+                    a->policy->state_bytes(cache_cfg_, held_slots);
     }
   }
   const size_t held = std::min(req.resume_held, a->fp.bytes);

@@ -190,6 +190,26 @@ TEST(CliBench, SmallRunReportsEveryPolicyAndWritesJson) {
   EXPECT_EQ(j["runs"][0]["kv_bytes_per_request"], 30 * 3 * 54 * 276);
 }
 
+TEST(CliBench, MemoryPerSequenceCountsTheKeysValuesMetadataAndThePolicysOwnLists) {
+  D2O_REQUIRE_MODEL(model);
+  const std::string json = ::d2o::test::scratch_path("bench_mem.json");
+  auto r = run_d2o("bench throughput -m " + model +
+                   " --prompt 200 --gen 2 --requests 1 --kv-mem-per-seq 4M -t 1 --kv h2o --kv d2o "
+                   "--json " +
+                   json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(test::read_file(json), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << test::read_file(json);
+  ASSERT_EQ(j["runs"].size(), 2u);
+  // 4 MiB = 4,194,304 bytes; SmolLM2 has 30 layers x 3 KV heads, a slot 256 bytes of F16 key and
+  // value rows and 20 of metadata. H2O: 168 slots (90 x 168 x 276 = 4,173,120; 169 would not fit).
+  // D2O also keeps a key norm per slot of every layer and head (90 x (B + 1) x 4 bytes), the
+  // probe's dots and keys of one layer (3 x (B + 1 + 64) x 4) and its armed slots and thresholds
+  // (90 x 9): 166 slots (4,123,440 + 63,702 = 4,187,142; 167 would take 4,212,354).
+  EXPECT_EQ(j["runs"][0]["kv"], "h2o:budget=168");
+  EXPECT_EQ(j["runs"][1]["kv"], "d2o:budget=166");
+}
+
 TEST(CliBench, RoundsAlternateTheOrderAndPairTheRatiosByRound) {
   D2O_REQUIRE_MODEL(model);
   const std::string json = ::d2o::test::scratch_path("bench_rounds.json");

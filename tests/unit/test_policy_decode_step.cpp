@@ -284,5 +284,32 @@ TEST(D2oState, APromptsCompactionLeavesNothingSizedByThePrompt) {
   for (int step = 0; step < 5; ++step) ASSERT_EQ(sim.pass(1), "");
 }
 
+// What a memory pool reserves for D2O's own per-slot lists (KvPolicy::state_bytes) covers what
+// the state holds while decoding; H2O keeps nothing per slot.
+TEST(D2oState, ItsPerSlotListsFitWhatItReserves) {
+  SimSetup s;
+  s.n_layer = 3;
+  s.n_head_kv = 2;
+  s.head_dim = 64;
+  s.type = KvType::kF16;
+  PolicySim sim("d2o:budget=16", s);
+  ASSERT_EQ(sim.pass(48), "");
+  for (int step = 0; step < 20; ++step) ASSERT_EQ(sim.pass(1), "");
+  const ComposedPolicyState* own = composed_state(sim.state);
+  ASSERT_NE(own, nullptr);
+  size_t held = own->tau.capacity() * sizeof(float) + own->tau_ready.capacity();
+  size_t norms = 0;
+  for (const std::vector<float>& inv : own->key_inv) norms += inv.capacity() * sizeof(float);
+  ASSERT_GT(norms, 0u);  // the decode steps kept norms
+  held += norms + own->probe.slot.capacity() * sizeof(int32_t) +
+          (own->probe.dot.capacity() + own->probe.key.capacity()) * sizeof(float);
+  const size_t reserved = sim.policy->state_bytes(sim.cache.config(), 16);
+  EXPECT_LE(held, reserved);
+  EXPECT_GE(reserved, static_cast<size_t>(s.n_layer * s.n_head_kv * 17) * sizeof(float));
+  auto h2o = parse_kv_policy("h2o:budget=16");
+  ASSERT_TRUE(h2o.ok());
+  EXPECT_EQ((*h2o)->state_bytes(sim.cache.config(), 16), 0u);
+}
+
 }  // namespace
 }  // namespace d2o::test

@@ -57,17 +57,24 @@ Result<std::string> spec_for_kv_mem(const std::string& spec, const std::string& 
                                     const KvCacheConfig& cfg, int* slots) {
   auto cap = parse_byte_size(bytes);
   if (!cap.ok()) return cap.status().with_context("--kv-mem-per-seq");
-  // bytes_for_slots grows with the slot count: the largest count that fits, by bisection.
+  auto policy = parse_kv_policy(spec);
+  if (!policy.ok()) return policy.status().with_context("--kv");
+  // What a sequence reserves for `n` slots: the cache's rows and slot metadata, and the policy's
+  // own per-slot state (D2O's key norms). It grows with n: the largest n that fits, by bisection.
+  auto reserved = [&](int64_t n) {
+    return KvCache::bytes_for_slots(cfg, n) + (*policy)->state_bytes(cfg, n);
+  };
   int64_t lo = 0, hi = int64_t{1} << 30;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo + 1) / 2;
-    if (KvCache::bytes_for_slots(cfg, mid) <= *cap) lo = mid;
+    if (reserved(mid) <= *cap)
+      lo = mid;
     else hi = mid - 1;
   }
   if (lo < 1) {
     return invalid_argument("--kv-mem-per-seq " + bytes + " holds no slot: one takes " +
-                            std::to_string(KvCache::bytes_for_slots(cfg, 1)) +
-                            " bytes with --kv-type " + kv_type_name(cfg.type));
+                            std::to_string(reserved(1)) + " bytes with --kv-type " +
+                            kv_type_name(cfg.type));
   }
   *slots = static_cast<int>(lo);
   const size_t colon = spec.find(':');

@@ -56,8 +56,9 @@ Result<Loaded> load_all(const ModelOptions& o);
 Result<KvType> parse_kv_type(const std::string& s);
 
 // --kv-mem-per-seq BYTES: the most slots per KV head and layer whose keys, values and slot
-// metadata fit in `bytes` for cache configuration `cfg` (KvCache::bytes_for_slots, so the storage
-// type decides), in *slots; returns `spec` with that budget (a spec that sets ratio= or budget=
+// metadata, with the policy's per-slot state (KvPolicy::state_bytes: D2O's key norms), fit in
+// `bytes` for cache configuration `cfg` (KvCache::bytes_for_slots, so the storage type decides),
+// in *slots; returns `spec` with that budget (a spec that sets ratio= or budget=
 // is an error; "full" stays "full": the caller caps its slots instead).
 Result<std::string> spec_for_kv_mem(const std::string& spec, const std::string& bytes,
                                     const KvCacheConfig& cfg, int* slots);

@@ -589,6 +589,23 @@ int64_t ComposedPolicy::peak_slots(int64_t n_prompt, int64_t n_total, int max_ch
   return std::max(n_first, std::min(n_total, s_max + chunk));
 }
 
+size_t ComposedPolicy::state_bytes(const KvCacheConfig& cfg, int64_t slots) const {
+  if (cfg_.merger != Merger::kD2o) return 0;
+  const size_t G = static_cast<size_t>(cfg.n_head_kv), nl = static_cast<size_t>(cfg.n_layer);
+  size_t compressible = 0;
+  for (int il = 0; il < cfg.n_layer; ++il) compressible += cfg.layer_compressible(il) ? 1 : 0;
+  // A list holds a head's slots between a pass's append and its compaction: the budget plus one
+  // decode token (a longer pass's lists are formed again, at most `slots` long).
+  const size_t n = static_cast<size_t>(std::max<int64_t>(slots, 0)) + 1;
+  size_t b = nl * G * (sizeof(float) + sizeof(uint8_t));                   // tau, tau_ready
+  if (cfg_.sim == SimOn::kKey) b += compressible * G * n * sizeof(float);  // key_inv
+  if (probes()) {
+    b += nl * G * sizeof(int32_t);                                     // armed slots
+    b += G * (n + static_cast<size_t>(cfg.head_dim)) * sizeof(float);  // one layer's dots, keys
+  }
+  return b;
+}
+
 int64_t ComposedPolicy::peak_slots_for(const FeedPlan& f) const {
   // As peak_slots(), with the prompt's later chunks announced (PassInfo::prompt_rest) and passes
   // after the prompt of at most decode_chunk tokens.

@@ -92,6 +92,9 @@ class ComposedPolicy final : public KvPolicy {
                        int il) const override;
   int64_t peak_slots(int64_t n_prompt, int64_t n_total, int max_chunk) const override;
   int64_t peak_slots_for(const FeedPlan& plan) const override;
+  // D2O with key similarity: its key norms per slot of every compressible layer and the probe's
+  // dots of one layer, with its armed slots and keys; D2O's thresholds.
+  size_t state_bytes(const KvCacheConfig& cfg, int64_t slots) const override;
   // D2O with key similarity, heavy hitters and one threshold per head (uniform budgets), keys
   // compared as stored: the state's probe, armed at each layer's compaction.
   AttnProbe* attention_probe(PolicyState& state) const override;
