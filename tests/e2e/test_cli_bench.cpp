@@ -255,11 +255,12 @@ TEST(CliBench, RoundsAlternateTheOrderAndPairTheRatiosByRound) {
 
 TEST(CliBench, RequestsAboveTheCapAreRefusedWhileAnotherPolicyCompletes) {
   D2O_REQUIRE_MODEL(model);
-  // A full-cache request of 200 + 8 tokens needs 30 x 3 x 208 x 272 bytes = 4.9 MiB; D2O at 10%
-  // holds the 200-token prompt once (201 slots, 4.7 MiB) -- so a 4.8M cap fits D2O only.
+  // A full-cache request of 200 + 8 tokens needs 30 x 3 x 208 x 276 bytes = 4.93 MiB; D2O at 10%
+  // holds the 200-token prompt once (201 slots, 4.76 MiB, with 0.07 MiB reserved for its own
+  // per-slot lists: 4.83 MiB) -- so a 4.88M cap fits D2O only.
   const std::string json = ::d2o::test::scratch_path("bench_refused.json");
   auto r = run_d2o("bench throughput -m " + model +
-                   " --prompt 200 --gen 8 --requests 2 --kv-mem 4.8M --chunk 64 -t 1 --kv full "
+                   " --prompt 200 --gen 8 --requests 2 --kv-mem 4.88M --chunk 64 -t 1 --kv full "
                    "--kv d2o:ratio=0.1 "
                    "--json " +
                    json);
