@@ -46,6 +46,27 @@ TEST(DecodeStepKernels, LastMinIndexIsTheScalarScanOnEveryIsa) {
   EXPECT_GE(checked, 3000);  // every trial ran (at least the scalar level)
 }
 
+// `rows` rows of `dim` elements, F16 or F32, row r at byte 1 + r * *rb (odd addresses, a gap
+// after each row), element d of row r from gen(r, d).
+template <class Gen>
+std::vector<uint8_t> odd_rows(int rows, int dim, bool f16, size_t* rb, Gen gen) {
+  *rb = static_cast<size_t>(dim) * (f16 ? 2 : 4) + 2;
+  std::vector<uint8_t> buf(*rb * rows + 1);
+  for (int r = 0; r < rows; ++r) {
+    uint8_t* p = buf.data() + 1 + static_cast<size_t>(r) * *rb;
+    for (int d = 0; d < dim; ++d) {
+      const float x = gen(r, d);
+      if (f16) {
+        const uint16_t h = fp32_to_fp16(x);
+        std::memcpy(p + 2 * d, &h, 2);
+      } else {
+        std::memcpy(p + 4 * d, &x, 4);
+      }
+    }
+  }
+  return buf;
+}
+
 TEST(D2oKeyNorms, DotsOnlyAreTheBitsOfThePassWithNorms) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -54,20 +75,9 @@ TEST(D2oKeyNorms, DotsOnlyAreTheBitsOfThePassWithNorms) {
     for (int dim : {7, 16, 20, 64, 67}) {
       for (bool f16 : {false, true}) {
         const int rows = 23;  // groups of eight, a group of four and a tail
-        const size_t rb = static_cast<size_t>(dim) * (f16 ? 2 : 4) + 2;
-        std::vector<uint8_t> buf(rb * rows + 1);
-        for (int r = 0; r < rows; ++r) {
-          for (int d = 0; d < dim; ++d) {
-            const float x = nd(rng);
-            uint8_t* p = buf.data() + 1 + static_cast<size_t>(r) * rb;
-            if (f16) {
-              const uint16_t h = fp32_to_fp16(x);
-              std::memcpy(p + 2 * d, &h, 2);
-            } else {
-              std::memcpy(p + 4 * d, &x, 4);
-            }
-          }
-        }
+        size_t rb = 0;
+        const std::vector<uint8_t> buf =
+            odd_rows(rows, dim, f16, &rb, [&](int, int) { return nd(rng); });
         std::vector<float> q(static_cast<size_t>(dim));
         for (float& x : q) x = nd(rng);
         for (int n = 1; n <= rows; ++n) {
@@ -106,21 +116,11 @@ TEST(D2oKeyNorms, OneRowNormIsTheFourRowLoopBitsOnEveryIsa) {
       for (bool f16 : {false, true}) {
         // Rows 0-3 random, 4 zero, 5 tiny (a squared norm below 1e-30 in F32), 6-7 random.
         constexpr int kRows = 8;
-        const size_t rb = static_cast<size_t>(dim) * (f16 ? 2 : 4) + 2;
-        std::vector<uint8_t> buf(rb * kRows + 1);
-        for (int r = 0; r < kRows; ++r) {
-          for (int d = 0; d < dim; ++d) {
-            float x = r == 4 ? 0.0f : nd(rng);
-            if (r == 5) x = f16 ? 1e-3f * x : 1e-17f * x;
-            uint8_t* p = buf.data() + 1 + static_cast<size_t>(r) * rb;
-            if (f16) {
-              const uint16_t h = fp32_to_fp16(x);
-              std::memcpy(p + 2 * d, &h, 2);
-            } else {
-              std::memcpy(p + 4 * d, &x, 4);
-            }
-          }
-        }
+        size_t rb = 0;
+        const std::vector<uint8_t> buf = odd_rows(kRows, dim, f16, &rb, [&](int r, int) {
+          const float x = r == 4 ? 0.0f : nd(rng);
+          return r == 5 ? (f16 ? 1e-3f : 1e-17f) * x : x;
+        });
         SCOPED_TRACE(std::string(kernel_isa_name(isa)) + " dim " + std::to_string(dim) +
                      (f16 ? " f16" : " f32"));
         std::vector<float> q(static_cast<size_t>(dim), 0.0f), dot(kRows), inv(kRows);

@@ -57,6 +57,17 @@ void unit_row(const float* row, int dim, double scale, float* out) {
   for (int i = 0; i < dim; ++i) out[i] = row[i] * f;
 }
 
+namespace simd {
+
+void finish_unit_row(double* s, int d, int dim, double scale, float* out) {
+  for (; d < dim; ++d) s[d & 7] += static_cast<double>(out[d]) * out[d];
+  const double n2 = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  const float f = n2 > 0.0 ? static_cast<float>(scale / std::sqrt(n2)) : 0.0f;
+  for (int i = 0; i < dim; ++i) out[i] *= f;
+}
+
+}  // namespace simd
+
 void unit_row_f16_isa(KernelIsa isa, const uint16_t* row, int dim, double scale, float* out) {
   D2O_ASSERT(kernel_isa_available(isa));
   switch (isa) {

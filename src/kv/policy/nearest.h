@@ -40,6 +40,10 @@ void unit_row_f16(const uint16_t* row, int dim, double scale, float* out);
 void unit_row_f16_isa(KernelIsa isa, const uint16_t* row, int dim, double scale, float* out);
 
 namespace simd {
+// The SIMD variants' last step: out[dim] holds the row as floats and s[8] the lanes' sums of the
+// squares of its first d elements; adds the tail's squares to lanes d % 8, combines the lanes as
+// unit_row does and scales out[] (compiled without SIMD flags: the same bits for every level).
+void finish_unit_row(double* s, int d, int dim, double scale, float* out);
 void unit_row_f16_avx2(const uint16_t* row, int dim, double scale, float* out);
 void unit_row_f16_avx512(const uint16_t* row, int dim, double scale, float* out);
 void nearest_rows_avx2(const PackedRows& b, const float* q, int n_q, int32_t* best,

@@ -3,24 +3,11 @@
 // maximum), reduced at the end to the lowest index among equal maxima.
 #include <immintrin.h>
 
-#include <cmath>
 #include <cstddef>
 
 #include "kv/policy/nearest.h"
 
 namespace d2o::simd {
-
-namespace {
-
-// The tail (dim % 8 elements) onto lanes d % 8, the partial sums combined as unit_row does, and
-// out[] (holding the row as floats) scaled.
-void finish_unit_row(double* s, int d, int dim, double scale, float* out) {
-  for (; d < dim; ++d) s[d & 7] += static_cast<double>(out[d]) * out[d];
-  const double n2 = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-  const float f = n2 > 0.0 ? static_cast<float>(scale / std::sqrt(n2)) : 0.0f;
-  for (int i = 0; i < dim; ++i) out[i] *= f;
-}
-}  // namespace
 
 void unit_row_f16_avx2(const uint16_t* row, int dim, double scale, float* out) {
   // acc0 holds lanes 0-3, acc1 lanes 4-7: lane j sums the elements d with d % 8 == j, in order.

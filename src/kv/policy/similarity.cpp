@@ -13,19 +13,23 @@ namespace d2o {
 namespace {
 
 // Rows may sit at any byte address (tests use odd strides): elements are read with memcpy.
+float element(const uint8_t* p, int d, bool f16) {
+  if (f16) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * static_cast<size_t>(d), 2);
+    return fp16_to_fp32(h);
+  }
+  float x;
+  std::memcpy(&x, p + 4 * static_cast<size_t>(d), 4);
+  return x;
+}
+
 void row_dots_scalar(const RowDots& a) {
   for (int r = 0; r < a.n; ++r) {
     const uint8_t* p = a.row(r);
     float dot = 0.0f, nn = 0.0f;
     for (int d = 0; d < a.dim; ++d) {
-      float x;
-      if (a.f16) {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * static_cast<size_t>(d), 2);
-        x = fp16_to_fp32(h);
-      } else {
-        std::memcpy(&x, p + 4 * static_cast<size_t>(d), 4);
-      }
+      const float x = element(p, d, a.f16);
       dot += a.q[d] * x;
       if (a.inv_norm) nn += x * x;
     }
@@ -192,14 +196,7 @@ float row_inv_norm_at(KernelIsa isa, const RowDots& a, int r) {
   const uint8_t* p = a.row(r);
   float nn = 0.0f;
   for (int d = 0; d < a.dim; ++d) {
-    float x;
-    if (a.f16) {
-      uint16_t h;
-      std::memcpy(&h, p + 2 * static_cast<size_t>(d), 2);
-      x = fp16_to_fp32(h);
-    } else {
-      std::memcpy(&x, p + 4 * static_cast<size_t>(d), 4);
-    }
+    const float x = element(p, d, a.f16);
     nn += x * x;
   }
   return nn > 0.0f ? 1.0f / std::sqrt(nn) : 0.0f;
