@@ -2,9 +2,9 @@
 // from kv_cache.cpp so that file stays about the cache's storage.
 #include <algorithm>
 #include <cstring>
-#include <utility>
 
 #include "core/assert.h"
+#include "core/mem.h"
 #include "core/thread_pool.h"
 #include "kv/kv_cache.h"
 #include "ops/ops.h"
@@ -55,10 +55,8 @@ void KvCache::apply(int il, const CompactionPlan& plan, ThreadPool* pool) {
     if (i >= plan.merges.size()) return;
     const MergeTerm& m = plan.merges[i];
     if (m.src < 0 || m.src >= L.n_slot(m.head)) return;  // (asserted when used)
-    for (const auto& [p, bytes] : {std::pair{L.key_row(m.head, m.src), L.key_row_bytes()},
-                                   std::pair{L.value_row(m.head, m.src), L.value_row_bytes()}}) {
-      for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
-    }
+    prefetch_bytes(L.key_row(m.head, m.src), L.key_row_bytes());
+    prefetch_bytes(L.value_row(m.head, m.src), L.value_row_bytes());
   };
   // (A decode step's few terms read rows its attention has just read: nothing to ask for.)
   const bool prefetch = plan.merges.size() > 2 * kAhead;

@@ -1,10 +1,10 @@
 #include "kv/policy/composed.h"
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 
 #include "core/assert.h"
+#include "core/mem.h"
 #include "kv/policy/budgets.h"
 #include "kv/policy/select_heads.h"
 #include "kv/policy/select_keydiff.h"
@@ -45,12 +45,11 @@ const float* kept_key_norms(const KvLayer& L, int g, const int32_t* keep, int S,
   return v;
 }
 
-// Asks for the first lines of an array a compaction is about to read (at most kPrefetchBytes;
-// the hardware follows a stream once it runs).
+// The first lines of an array a compaction is about to read (the hardware follows a stream once
+// it runs).
+constexpr size_t kPrefetchStartBytes = 1024;
 void prefetch_start(const void* p, size_t bytes) {
-  constexpr size_t kPrefetchBytes = 1024;
-  const auto* b = static_cast<const uint8_t*>(p);
-  for (size_t o = 0; o < std::min(bytes, kPrefetchBytes); o += 64) __builtin_prefetch(b + o);
+  prefetch_bytes(p, std::min(bytes, kPrefetchStartBytes));
 }
 
 // Slots one compaction evicts from a head above which it releases its plans' merge lists and the
@@ -560,79 +559,6 @@ void ComposedPolicy::plan_heads(const KvLayer& L, SelectScratch& sc, CompactionP
     std::copy_n(sc.head_keep.data() + sc.head_off[static_cast<size_t>(g)],
                 sc.head_count[static_cast<size_t>(g)], plan.keep_of(g));
   }
-}
-
-int64_t ComposedPolicy::peak_slots(int64_t n_prompt, int64_t n_total, int max_chunk) const {
-  // An upper bound per KV head and layer: a layer holds at most its budget plus one pass of new
-  // tokens before it is compacted. Budgets are only known at the first compaction, so variable
-  // ones (D2O, PyramidKV) are bounded by the slot count at that moment (their clamp).
-  const int64_t chunk = std::max(1, max_chunk);
-  n_total = std::max(n_total, n_prompt);
-  if (n_total <= 0) return 0;
-  if (cfg_.layers == LayerRule::kResearch) return n_total;  // layers 0, 1 and L-1 keep everything
-  // heads=ada: one head may hold up to n_head_kv x S slots (not known here): no tighter bound.
-  if (cfg_.heads == HeadRule::kAda) return n_total;
-  const bool variable = cfg_.exact_total || cfg_.layers != LayerRule::kUniform;
-  int64_t n_first = 0, s_max = 0;
-  if (cfg_.mode == BudgetMode::kRatio) {
-    n_first = std::min(n_total, n_prompt > 0 ? std::min(n_prompt, chunk) : chunk);
-    const int64_t lo = std::min<int64_t>(cfg_.min_budget(), n_first);
-    s_max = variable ? n_first
-                     : std::clamp<int64_t>(std::llround(cfg_.ratio * static_cast<double>(n_first)),
-                                           lo, n_first);
-  } else {
-    if (n_total <= cfg_.budget) return n_total;
-    n_first = std::min(n_total, cfg_.budget + chunk);
-    s_max = variable ? n_first : cfg_.budget;
-  }
-  if (!cfg_.compact_after_first) return std::max(n_first, s_max + (n_total - n_first));
-  return std::max(n_first, std::min(n_total, s_max + chunk));
-}
-
-size_t ComposedPolicy::state_bytes(const KvCacheConfig& cfg, int64_t slots) const {
-  if (cfg_.merger != Merger::kD2o) return 0;
-  const size_t G = static_cast<size_t>(cfg.n_head_kv), nl = static_cast<size_t>(cfg.n_layer);
-  size_t compressible = 0;
-  for (int il = 0; il < cfg.n_layer; ++il) compressible += cfg.layer_compressible(il) ? 1 : 0;
-  // A list holds a head's slots between a pass's append and its compaction: the budget plus one
-  // decode token (a longer pass's lists are formed again, at most `slots` long).
-  const size_t n = static_cast<size_t>(std::max<int64_t>(slots, 0)) + 1;
-  size_t b = nl * G * (sizeof(float) + sizeof(uint8_t));                   // tau, tau_ready
-  if (cfg_.sim == SimOn::kKey) b += compressible * G * n * sizeof(float);  // key_inv
-  if (probes()) {
-    b += nl * G * sizeof(int32_t);                                     // armed slots
-    b += G * (n + static_cast<size_t>(cfg.head_dim)) * sizeof(float);  // one layer's dots, keys
-  }
-  return b;
-}
-
-int64_t ComposedPolicy::peak_slots_for(const FeedPlan& f) const {
-  // As peak_slots(), with the prompt's later chunks announced (PassInfo::prompt_rest) and passes
-  // after the prompt of at most decode_chunk tokens.
-  const int64_t n_prompt = f.n_prompt, n_total = std::max(f.n_total, f.n_prompt);
-  if (n_total <= 0) return 0;
-  if (n_prompt <= 0) return peak_slots(0, n_total, f.decode_chunk);
-  if (cfg_.layers == LayerRule::kResearch || cfg_.heads == HeadRule::kAda) return n_total;
-  const int64_t pc = std::max(1, f.prompt_chunk), dc = std::max(1, f.decode_chunk);
-  const bool variable = cfg_.exact_total || cfg_.layers != LayerRule::kUniform;
-  if (cfg_.mode == BudgetMode::kRatio) {
-    // The whole prompt is held, then compacted once to budgets decided from its n_prompt slots.
-    const int64_t lo = std::min<int64_t>(cfg_.min_budget(), n_prompt);
-    const int64_t s_max =
-        variable ? n_prompt
-                 : std::clamp<int64_t>(std::llround(cfg_.ratio * static_cast<double>(n_prompt)), lo,
-                                       n_prompt);
-    if (!cfg_.compact_after_first) return std::max(n_prompt, s_max + (n_total - n_prompt));
-    return std::max(n_prompt, std::min(n_total, s_max + dc));
-  }
-  // Budget mode: compaction whenever a layer holds more than B slots, prompt chunks included.
-  if (n_total <= cfg_.budget) return n_total;
-  const bool in_prompt = n_prompt > cfg_.budget;  // the first compaction comes during the prompt
-  const int64_t n_first = std::min(n_total, cfg_.budget + (in_prompt ? pc : dc));
-  const int64_t s_max = variable ? n_first : cfg_.budget;
-  const int64_t pass = in_prompt ? std::max(pc, dc) : dc;  // passes after the first compaction
-  if (!cfg_.compact_after_first) return std::max(n_first, s_max + (n_total - n_first));
-  return std::max(n_first, std::min(n_total, s_max + pass));
 }
 
 }  // namespace d2o

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/assert.h"
+#include "core/mem.h"
 #include "kv/attention_kernels.h"
 #include "kv/policy/nearest.h"
 #include "kv/policy/similarity.h"
@@ -19,11 +20,8 @@ constexpr int kManyEvicted = kD2oFewEvicted;
 // Asks for slot j's key (and value) rows ahead of their use: a compaction reads them in the
 // order of its slot lists, whose gaps defeat the hardware's stride prefetch.
 void prefetch_rows(const KvLayer& L, int head, int j, bool keys, bool values) {
-  auto fetch = [](const uint8_t* p, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
-  };
-  if (keys) fetch(L.key_row(head, j), L.key_row_bytes());
-  if (values) fetch(L.value_row(head, j), L.value_row_bytes());
+  if (keys) prefetch_bytes(L.key_row(head, j), L.key_row_bytes());
+  if (values) prefetch_bytes(L.value_row(head, j), L.value_row_bytes());
 }
 
 // Cosines of one evicted row against every kept row, for one of keys/values, added (times
