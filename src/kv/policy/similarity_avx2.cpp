@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "core/fp16.h"
@@ -155,108 +156,116 @@ void row_dots_impl(const RowDots& a) {
 
 }  // namespace
 
+namespace {
+
+// The lanes i < left (0..8) of a mask for the block's last, partial load.
+inline __m256i first_lanes(int left) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+inline float hmax8(__m256 v) {
+  v = _mm256_max_ps(v, _mm256_permute2f128_ps(v, v, 1));
+  v = _mm256_max_ps(v, _mm256_shuffle_ps(v, v, 0x4E));
+  v = _mm256_max_ps(v, _mm256_shuffle_ps(v, v, 0xB1));
+  return _mm256_cvtss_f32(v);
+}
+
+inline float hmin8(__m256 v) {
+  v = _mm256_min_ps(v, _mm256_permute2f128_ps(v, v, 1));
+  v = _mm256_min_ps(v, _mm256_shuffle_ps(v, v, 0x4E));
+  v = _mm256_min_ps(v, _mm256_shuffle_ps(v, v, 0xB1));
+  return _mm256_cvtss_f32(v);
+}
+
+inline int hmin8_epi32(__m256i v) {
+  v = _mm256_min_epi32(v, _mm256_permute2x128_si256(v, v, 1));
+  v = _mm256_min_epi32(v, _mm256_shuffle_epi32(v, 0x4E));
+  v = _mm256_min_epi32(v, _mm256_shuffle_epi32(v, 0xB1));
+  return _mm256_cvtsi256_si32(v);
+}
+
+inline int hmax8_epi32(__m256i v) {
+  v = _mm256_max_epi32(v, _mm256_permute2x128_si256(v, v, 1));
+  v = _mm256_max_epi32(v, _mm256_shuffle_epi32(v, 0x4E));
+  v = _mm256_max_epi32(v, _mm256_shuffle_epi32(v, 0xB1));
+  return _mm256_cvtsi256_si32(v);
+}
+
+}  // namespace
+
 // Eight lanes each keep the first index of their own largest s (strictly greater replaces, so
-// NaN never enters); the answer is the smallest index among the lanes holding the overall
-// largest value, then the tail rows in order. s_0 seeds the running answer as in the scalar loop.
+// NaN never enters; the last, partial block reads NaN past n); the answer is the smallest index
+// among the lanes holding the overall largest value. s_0 seeds the running answer as in the
+// scalar loop: a lane takes over only when strictly greater.
 int scaled_argmax_avx2(const float* dot, const float* inv, int n, float f, float* best) {
-  int b = 0;
-  float bs = 0.0f + f * dot[0] * inv[0];
-  if (bs != bs) {  // NaN s_0: nothing is greater
-    *best = bs;
+  const float s0 = 0.0f + f * dot[0] * inv[0];
+  if (s0 != s0) {  // NaN s_0: nothing is greater
+    *best = s0;
     return 0;
   }
+  const __m256 fv = _mm256_set1_ps(f), zero = _mm256_setzero_ps();
+  const __m256 nan = _mm256_set1_ps(NAN);
+  __m256 vmax = _mm256_set1_ps(-INFINITY);
+  __m256i vidx = _mm256_setzero_si256();
+  __m256i cur = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i step = _mm256_set1_epi32(8);
+  auto update = [&](__m256 s) {
+    const __m256 gt = _mm256_cmp_ps(s, vmax, _CMP_GT_OQ);
+    vmax = _mm256_blendv_ps(vmax, s, gt);
+    vidx = _mm256_castps_si256(
+        _mm256_blendv_ps(_mm256_castsi256_ps(vidx), _mm256_castsi256_ps(cur), gt));
+    cur = _mm256_add_epi32(cur, step);
+  };
   int i = 0;
-  const int n8 = n & ~7;
-  if (n8 > 0) {
-    const __m256 fv = _mm256_set1_ps(f), zero = _mm256_setzero_ps();
-    __m256 vmax = _mm256_set1_ps(-INFINITY);
-    __m256i vidx = _mm256_set1_epi32(-1);
-    __m256i cur = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i step = _mm256_set1_epi32(8);
-    for (; i < n8; i += 8) {
-      const __m256 fd = _mm256_mul_ps(fv, _mm256_loadu_ps(dot + i));
-      const __m256 s = _mm256_add_ps(zero, _mm256_mul_ps(fd, _mm256_loadu_ps(inv + i)));
-      const __m256 gt = _mm256_cmp_ps(s, vmax, _CMP_GT_OQ);
-      vmax = _mm256_blendv_ps(vmax, s, gt);
-      vidx = _mm256_castps_si256(
-          _mm256_blendv_ps(_mm256_castsi256_ps(vidx), _mm256_castsi256_ps(cur), gt));
-      cur = _mm256_add_epi32(cur, step);
-    }
-    alignas(32) float lv[8];
-    alignas(32) int32_t li[8];
-    _mm256_store_ps(lv, vmax);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(li), vidx);
-    int lb = -1;
-    float lbs = 0.0f;
-    for (int k = 0; k < 8; ++k) {
-      if (li[k] < 0) continue;
-      if (lb < 0 || lv[k] > lbs || (lv[k] == lbs && li[k] < lb)) {
-        lb = li[k];
-        lbs = lv[k];
-      }
-    }
-    // Index 0 is the scalar seed: it wins ties, so a lane replaces it only when strictly greater.
-    if (lb > 0 && lbs > bs) {
-      b = lb;
-      bs = lbs;
-    }
+  for (; i + 8 <= n; i += 8) {
+    const __m256 fd = _mm256_mul_ps(fv, _mm256_loadu_ps(dot + i));
+    update(_mm256_add_ps(zero, _mm256_mul_ps(fd, _mm256_loadu_ps(inv + i))));
   }
-  for (; i < n; ++i) {
-    const float s = 0.0f + f * dot[i] * inv[i];
-    if (s > bs) {
-      bs = s;
-      b = i;
-    }
+  if (i < n) {
+    const __m256i m = first_lanes(n - i);
+    const __m256 fd = _mm256_mul_ps(fv, _mm256_maskload_ps(dot + i, m));
+    const __m256 s = _mm256_add_ps(zero, _mm256_mul_ps(fd, _mm256_maskload_ps(inv + i, m)));
+    update(_mm256_blendv_ps(nan, s, _mm256_castsi256_ps(m)));
   }
-  *best = bs;
-  return b;
+  const float mx = hmax8(vmax);
+  if (!(mx > s0)) {
+    *best = s0;
+    return 0;
+  }
+  const __m256 at = _mm256_cmp_ps(vmax, _mm256_set1_ps(mx), _CMP_EQ_OQ);
+  *best = mx;  // every s is 0 + x, so no -0 can stand for a +0
+  return hmin8_epi32(_mm256_castps_si256(_mm256_blendv_ps(
+      _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MAX)), _mm256_castsi256_ps(vidx), at)));
 }
 
 // Eight lanes each keep their smallest value and the last index holding it (<= replaces, so NaN
-// never enters); the answer is the largest index among the lanes holding the overall smallest
-// value, then the tail in order, as the scalar running minimum.
+// never enters; the last, partial block reads NaN past n); the answer is the largest index among
+// the lanes holding the overall smallest value, as the scalar running minimum.
 int last_min_index_avx2(const float* s, int n) {
   if (s[0] != s[0]) return 0;  // NaN s_0: nothing is <= it
-  int b = 0;
-  float bs = s[0];
+  const __m256 nan = _mm256_set1_ps(NAN);
+  __m256 vmin = _mm256_set1_ps(INFINITY);
+  __m256i vidx = _mm256_set1_epi32(-1);
+  __m256i cur = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i step = _mm256_set1_epi32(8);
+  auto update = [&](__m256 x) {
+    const __m256 le = _mm256_cmp_ps(x, vmin, _CMP_LE_OQ);
+    vmin = _mm256_blendv_ps(vmin, x, le);
+    vidx = _mm256_castps_si256(
+        _mm256_blendv_ps(_mm256_castsi256_ps(vidx), _mm256_castsi256_ps(cur), le));
+    cur = _mm256_add_epi32(cur, step);
+  };
   int i = 0;
-  const int n8 = n & ~7;
-  if (n8 > 0) {
-    __m256 vmin = _mm256_set1_ps(INFINITY);
-    __m256i vidx = _mm256_set1_epi32(-1);
-    __m256i cur = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i step = _mm256_set1_epi32(8);
-    for (; i < n8; i += 8) {
-      const __m256 x = _mm256_loadu_ps(s + i);
-      const __m256 le = _mm256_cmp_ps(x, vmin, _CMP_LE_OQ);
-      vmin = _mm256_blendv_ps(vmin, x, le);
-      vidx = _mm256_castps_si256(
-          _mm256_blendv_ps(_mm256_castsi256_ps(vidx), _mm256_castsi256_ps(cur), le));
-      cur = _mm256_add_epi32(cur, step);
-    }
-    alignas(32) float lv[8];
-    alignas(32) int32_t li[8];
-    _mm256_store_ps(lv, vmin);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(li), vidx);
-    int lb = -1;
-    float lbs = 0.0f;
-    for (int k = 0; k < 8; ++k) {
-      if (li[k] < 0) continue;
-      if (lb < 0 || lv[k] < lbs || (lv[k] == lbs && li[k] > lb)) {
-        lb = li[k];
-        lbs = lv[k];
-      }
-    }
-    b = lb;  // lane 0 holds s_0 at least (not NaN, <= infinity)
-    bs = lbs;
+  for (; i + 8 <= n; i += 8) update(_mm256_loadu_ps(s + i));
+  if (i < n) {
+    const __m256i m = first_lanes(n - i);
+    update(_mm256_blendv_ps(nan, _mm256_maskload_ps(s + i, m), _mm256_castsi256_ps(m)));
   }
-  for (; i < n; ++i) {
-    if (s[i] <= bs) {
-      bs = s[i];
-      b = i;
-    }
-  }
-  return b;
+  // Lane 0 holds s_0 at least (not NaN, <= infinity); lanes never written keep index -1.
+  const float mn = hmin8(vmin);
+  const __m256 at = _mm256_cmp_ps(vmin, _mm256_set1_ps(mn), _CMP_EQ_OQ);
+  return hmax8_epi32(_mm256_castps_si256(
+      _mm256_blendv_ps(_mm256_castsi256_ps(_mm256_set1_epi32(-1)), _mm256_castsi256_ps(vidx), at)));
 }
 
 namespace {

@@ -159,102 +159,60 @@ void row_dots_impl(const RowDots& a) {
 
 }  // namespace
 
-// As scaled_argmax_avx2, sixteen lanes.
+// As scaled_argmax_avx2, sixteen lanes; the last block is masked, so no scalar tail.
 int scaled_argmax_avx512(const float* dot, const float* inv, int n, float f, float* best) {
-  int b = 0;
-  float bs = 0.0f + f * dot[0] * inv[0];
-  if (bs != bs) {  // NaN s_0: nothing is greater
-    *best = bs;
+  const float s0 = 0.0f + f * dot[0] * inv[0];
+  if (s0 != s0) {  // NaN s_0: nothing is greater
+    *best = s0;
     return 0;
   }
-  int i = 0;
-  const int n16 = n & ~15;
-  if (n16 > 0) {
-    const __m512 fv = _mm512_set1_ps(f), zero = _mm512_setzero_ps();
-    __m512 vmax = _mm512_set1_ps(-INFINITY);
-    __m512i vidx = _mm512_set1_epi32(-1);
-    __m512i cur = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i step = _mm512_set1_epi32(16);
-    for (; i < n16; i += 16) {
-      const __m512 fd = _mm512_mul_ps(fv, _mm512_loadu_ps(dot + i));
-      const __m512 s = _mm512_add_ps(zero, _mm512_mul_ps(fd, _mm512_loadu_ps(inv + i)));
-      const __mmask16 gt = _mm512_cmp_ps_mask(s, vmax, _CMP_GT_OQ);
-      vmax = _mm512_mask_blend_ps(gt, vmax, s);
-      vidx = _mm512_mask_blend_epi32(gt, vidx, cur);
-      cur = _mm512_add_epi32(cur, step);
-    }
-    alignas(64) float lv[16];
-    alignas(64) int32_t li[16];
-    _mm512_store_ps(lv, vmax);
-    _mm512_store_si512(li, vidx);
-    int lb = -1;
-    float lbs = 0.0f;
-    for (int k = 0; k < 16; ++k) {
-      if (li[k] < 0) continue;
-      if (lb < 0 || lv[k] > lbs || (lv[k] == lbs && li[k] < lb)) {
-        lb = li[k];
-        lbs = lv[k];
-      }
-    }
-    // Index 0 is the scalar seed: it wins ties, so a lane replaces it only when strictly greater.
-    if (lb > 0 && lbs > bs) {
-      b = lb;
-      bs = lbs;
-    }
+  const __m512 fv = _mm512_set1_ps(f), zero = _mm512_setzero_ps();
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  __m512i vidx = _mm512_setzero_si512();
+  __m512i cur = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 m =
+        n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 fd = _mm512_mul_ps(fv, _mm512_maskz_loadu_ps(m, dot + i));
+    const __m512 s = _mm512_add_ps(zero, _mm512_mul_ps(fd, _mm512_maskz_loadu_ps(m, inv + i)));
+    const __mmask16 gt = _mm512_mask_cmp_ps_mask(m, s, vmax, _CMP_GT_OQ);
+    vmax = _mm512_mask_mov_ps(vmax, gt, s);
+    vidx = _mm512_mask_mov_epi32(vidx, gt, cur);
+    cur = _mm512_add_epi32(cur, step);
   }
-  for (; i < n; ++i) {
-    const float s = 0.0f + f * dot[i] * inv[i];
-    if (s > bs) {
-      bs = s;
-      b = i;
-    }
+  // s_0 is lane 0's first value and the running answer's seed: a lane takes over only when
+  // strictly greater, and then the first index among the lanes holding the maximum wins.
+  const float mx = _mm512_reduce_max_ps(vmax);
+  if (!(mx > s0)) {
+    *best = s0;
+    return 0;
   }
-  *best = bs;
-  return b;
+  const __mmask16 at = _mm512_cmp_ps_mask(vmax, _mm512_set1_ps(mx), _CMP_EQ_OQ);
+  *best = mx;  // every s is 0 + x, so no -0 can stand for a +0
+  return _mm512_mask_reduce_min_epi32(at, vidx);
 }
 
-// As last_min_index_avx2, sixteen lanes.
+// As last_min_index_avx2, sixteen lanes; the last block is masked, so no scalar tail.
 int last_min_index_avx512(const float* s, int n) {
   if (s[0] != s[0]) return 0;  // NaN s_0: nothing is <= it
-  int b = 0;
-  float bs = s[0];
-  int i = 0;
-  const int n16 = n & ~15;
-  if (n16 > 0) {
-    __m512 vmin = _mm512_set1_ps(INFINITY);
-    __m512i vidx = _mm512_set1_epi32(-1);
-    __m512i cur = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i step = _mm512_set1_epi32(16);
-    for (; i < n16; i += 16) {
-      const __m512 x = _mm512_loadu_ps(s + i);
-      const __mmask16 le = _mm512_cmp_ps_mask(x, vmin, _CMP_LE_OQ);
-      vmin = _mm512_mask_blend_ps(le, vmin, x);
-      vidx = _mm512_mask_blend_epi32(le, vidx, cur);
-      cur = _mm512_add_epi32(cur, step);
-    }
-    alignas(64) float lv[16];
-    alignas(64) int32_t li[16];
-    _mm512_store_ps(lv, vmin);
-    _mm512_store_si512(li, vidx);
-    int lb = -1;
-    float lbs = 0.0f;
-    for (int k = 0; k < 16; ++k) {
-      if (li[k] < 0) continue;
-      if (lb < 0 || lv[k] < lbs || (lv[k] == lbs && li[k] > lb)) {
-        lb = li[k];
-        lbs = lv[k];
-      }
-    }
-    b = lb;  // lane 0 holds s_0 at least (not NaN, <= infinity)
-    bs = lbs;
+  __m512 vmin = _mm512_set1_ps(INFINITY);
+  __m512i vidx = _mm512_set1_epi32(-1);
+  __m512i cur = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 m =
+        n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 x = _mm512_maskz_loadu_ps(m, s + i);
+    const __mmask16 le = _mm512_mask_cmp_ps_mask(m, x, vmin, _CMP_LE_OQ);
+    vmin = _mm512_mask_mov_ps(vmin, le, x);
+    vidx = _mm512_mask_mov_epi32(vidx, le, cur);
+    cur = _mm512_add_epi32(cur, step);
   }
-  for (; i < n; ++i) {
-    if (s[i] <= bs) {
-      bs = s[i];
-      b = i;
-    }
-  }
-  return b;
+  // Lane 0 holds s_0 at least (not NaN, <= infinity); lanes never written keep index -1.
+  const float mn = _mm512_reduce_min_ps(vmin);
+  const __mmask16 at = _mm512_cmp_ps_mask(vmin, _mm512_set1_ps(mn), _CMP_EQ_OQ);
+  return _mm512_mask_reduce_max_epi32(at, vidx);
 }
 
 namespace {
