@@ -59,10 +59,14 @@ void unit_row(const float* row, int dim, double scale, float* out) {
 
 namespace simd {
 
+float unit_row_factor(const double* s, double scale) {
+  const double n2 = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  return n2 > 0.0 ? static_cast<float>(scale / std::sqrt(n2)) : 0.0f;
+}
+
 void finish_unit_row(double* s, int d, int dim, double scale, float* out) {
   for (; d < dim; ++d) s[d & 7] += static_cast<double>(out[d]) * out[d];
-  const double n2 = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-  const float f = n2 > 0.0 ? static_cast<float>(scale / std::sqrt(n2)) : 0.0f;
+  const float f = unit_row_factor(s, scale);
   for (int i = 0; i < dim; ++i) out[i] *= f;
 }
 

@@ -44,6 +44,9 @@ namespace simd {
 // squares of its first d elements; adds the tail's squares to lanes d % 8, combines the lanes as
 // unit_row does and scales out[] (compiled without SIMD flags: the same bits for every level).
 void finish_unit_row(double* s, int d, int dim, double scale, float* out);
+// Its factor alone: (float)(scale / sqrt(n2)) for the lanes' sums s[8] combined as above, 0 when
+// n2 is 0 (for variants that scale the row themselves; a float product is the same bits anywhere).
+float unit_row_factor(const double* s, double scale);
 void unit_row_f16_avx2(const uint16_t* row, int dim, double scale, float* out);
 void unit_row_f16_avx512(const uint16_t* row, int dim, double scale, float* out);
 void nearest_rows_avx2(const PackedRows& b, const float* q, int n_q, int32_t* best,

@@ -11,6 +11,8 @@ namespace d2o::simd {
 
 void unit_row_f16_avx2(const uint16_t* row, int dim, double scale, float* out) {
   // acc0 holds lanes 0-3, acc1 lanes 4-7: lane j sums the elements d with d % 8 == j, in order.
+  // A float's square is exact in double, so a fused multiply-add rounds as the add after the
+  // multiply.
   __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
   int d = 0;
   for (; d + 8 <= dim; d += 8) {
@@ -18,14 +20,20 @@ void unit_row_f16_avx2(const uint16_t* row, int dim, double scale, float* out) {
     _mm256_storeu_ps(out + d, x);
     const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
     const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
-    acc0 = _mm256_add_pd(acc0, _mm256_mul_pd(lo, lo));
-    acc1 = _mm256_add_pd(acc1, _mm256_mul_pd(hi, hi));
+    acc0 = _mm256_fmadd_pd(lo, lo, acc0);
+    acc1 = _mm256_fmadd_pd(hi, hi, acc1);
   }
-  for (int i = d; i < dim; ++i) out[i] = _cvtsh_ss(row[i]);
   alignas(32) double s[8];
   _mm256_store_pd(s, acc0);
   _mm256_store_pd(s + 4, acc1);
-  finish_unit_row(s, d, dim, scale, out);
+  if (d < dim) {  // a tail of fewer than eight: the scalar finish
+    for (int i = d; i < dim; ++i) out[i] = _cvtsh_ss(row[i]);
+    finish_unit_row(s, d, dim, scale, out);
+    return;
+  }
+  const __m256 f = _mm256_set1_ps(unit_row_factor(s, scale));
+  for (int i = 0; i < dim; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(out + i), f));
 }
 
 void nearest_rows_avx2(const PackedRows& b, const float* q, int n_q, int32_t* best,

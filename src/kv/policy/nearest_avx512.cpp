@@ -10,7 +10,8 @@
 namespace d2o::simd {
 
 void unit_row_f16_avx512(const uint16_t* row, int dim, double scale, float* out) {
-  // Lane j of the eight doubles sums the elements d with d % 8 == j, in order of d.
+  // Lane j of the eight doubles sums the elements d with d % 8 == j, in order of d. A float's
+  // square is exact in double, so a fused multiply-add rounds as the add after the multiply.
   __m512d acc = _mm512_setzero_pd();
   int d = 0;
   for (; d + 16 <= dim; d += 16) {
@@ -19,20 +20,30 @@ void unit_row_f16_avx512(const uint16_t* row, int dim, double scale, float* out)
     const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
     const __m512d hi =
         _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
-    acc = _mm512_add_pd(acc, _mm512_mul_pd(lo, lo));
-    acc = _mm512_add_pd(acc, _mm512_mul_pd(hi, hi));
+    acc = _mm512_fmadd_pd(lo, lo, acc);
+    acc = _mm512_fmadd_pd(hi, hi, acc);
   }
   if (d + 8 <= dim) {
     const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d)));
     _mm256_storeu_ps(out + d, x);
     const __m512d w = _mm512_cvtps_pd(x);
-    acc = _mm512_add_pd(acc, _mm512_mul_pd(w, w));
+    acc = _mm512_fmadd_pd(w, w, acc);
     d += 8;
   }
-  for (int i = d; i < dim; ++i) out[i] = _cvtsh_ss(row[i]);
   alignas(64) double s[8];
   _mm512_store_pd(s, acc);
-  finish_unit_row(s, d, dim, scale, out);
+  if (d < dim) {  // a tail of fewer than eight: the scalar finish
+    for (int i = d; i < dim; ++i) out[i] = _cvtsh_ss(row[i]);
+    finish_unit_row(s, d, dim, scale, out);
+    return;
+  }
+  const __m512 f = _mm512_set1_ps(unit_row_factor(s, scale));
+  int i = 0;
+  for (; i + 16 <= dim; i += 16)
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_loadu_ps(out + i), f));
+  if (i < dim) {
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(out + i), _mm512_castps512_ps256(f)));
+  }
 }
 
 void nearest_rows_avx512(const PackedRows& b, const float* q, int n_q, int32_t* best,
