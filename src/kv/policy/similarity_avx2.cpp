@@ -177,6 +177,17 @@ inline float hmin8(__m256 v) {
   return _mm256_cvtss_f32(v);
 }
 
+// One block of a running extreme per lane: where x compares kCmp to the lane's best, the lane
+// takes x and the index in cur; cur moves on to the next block.
+template <int kCmp>
+inline void lane_update(__m256 x, __m256& best, __m256i& idx, __m256i& cur) {
+  const __m256 take = _mm256_cmp_ps(x, best, kCmp);
+  best = _mm256_blendv_ps(best, x, take);
+  idx = _mm256_castps_si256(
+      _mm256_blendv_ps(_mm256_castsi256_ps(idx), _mm256_castsi256_ps(cur), take));
+  cur = _mm256_add_epi32(cur, _mm256_set1_epi32(8));
+}
+
 inline int hmin8_epi32(__m256i v) {
   v = _mm256_min_epi32(v, _mm256_permute2x128_si256(v, v, 1));
   v = _mm256_min_epi32(v, _mm256_shuffle_epi32(v, 0x4E));
@@ -208,14 +219,7 @@ int scaled_argmax_avx2(const float* dot, const float* inv, int n, float f, float
   __m256 vmax = _mm256_set1_ps(-INFINITY);
   __m256i vidx = _mm256_setzero_si256();
   __m256i cur = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i step = _mm256_set1_epi32(8);
-  auto update = [&](__m256 s) {
-    const __m256 gt = _mm256_cmp_ps(s, vmax, _CMP_GT_OQ);
-    vmax = _mm256_blendv_ps(vmax, s, gt);
-    vidx = _mm256_castps_si256(
-        _mm256_blendv_ps(_mm256_castsi256_ps(vidx), _mm256_castsi256_ps(cur), gt));
-    cur = _mm256_add_epi32(cur, step);
-  };
+  auto update = [&](__m256 s) { lane_update<_CMP_GT_OQ>(s, vmax, vidx, cur); };
   int i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 fd = _mm256_mul_ps(fv, _mm256_loadu_ps(dot + i));
@@ -247,14 +251,7 @@ int last_min_index_avx2(const float* s, int n) {
   __m256 vmin = _mm256_set1_ps(INFINITY);
   __m256i vidx = _mm256_set1_epi32(-1);
   __m256i cur = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i step = _mm256_set1_epi32(8);
-  auto update = [&](__m256 x) {
-    const __m256 le = _mm256_cmp_ps(x, vmin, _CMP_LE_OQ);
-    vmin = _mm256_blendv_ps(vmin, x, le);
-    vidx = _mm256_castps_si256(
-        _mm256_blendv_ps(_mm256_castsi256_ps(vidx), _mm256_castsi256_ps(cur), le));
-    cur = _mm256_add_epi32(cur, step);
-  };
+  auto update = [&](__m256 x) { lane_update<_CMP_LE_OQ>(x, vmin, vidx, cur); };
   int i = 0;
   for (; i + 8 <= n; i += 8) update(_mm256_loadu_ps(s + i));
   if (i < n) {
