@@ -67,6 +67,23 @@ std::vector<uint8_t> odd_rows(int rows, int dim, bool f16, size_t* rb, Gen gen) 
   return buf;
 }
 
+// row_dots' arguments for rows idx[0..n) of an odd_rows buffer against q: dots into dot, inverse
+// norms into inv (null: none).
+RowDots odd_row_dots(const std::vector<uint8_t>& buf, size_t rb, bool f16, int dim,
+                     const int32_t* idx, int n, const float* q, float* dot, float* inv) {
+  RowDots a;
+  a.base = buf.data() + 1;
+  a.row_bytes = rb;
+  a.f16 = f16;
+  a.dim = dim;
+  a.rows = idx;
+  a.n = n;
+  a.q = q;
+  a.dot = dot;
+  a.inv_norm = inv;
+  return a;
+}
+
 TEST(D2oKeyNorms, DotsOnlyAreTheBitsOfThePassWithNorms) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -86,16 +103,8 @@ TEST(D2oKeyNorms, DotsOnlyAreTheBitsOfThePassWithNorms) {
           std::vector<int32_t> idx(static_cast<size_t>(n));
           for (int i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = (i * 7) % rows;
           std::vector<float> with(static_cast<size_t>(n)), inv(with.size()), only(with.size());
-          RowDots a;
-          a.base = buf.data() + 1;
-          a.row_bytes = rb;
-          a.f16 = f16;
-          a.dim = dim;
-          a.rows = idx.data();
-          a.n = n;
-          a.q = q.data();
-          a.dot = with.data();
-          a.inv_norm = inv.data();
+          RowDots a =
+              odd_row_dots(buf, rb, f16, dim, idx.data(), n, q.data(), with.data(), inv.data());
           row_dots_isa(isa, a);
           a.dot = only.data();
           a.inv_norm = nullptr;
@@ -125,16 +134,8 @@ TEST(D2oKeyNorms, OneRowNormIsTheFourRowLoopBitsOnEveryIsa) {
                      (f16 ? " f16" : " f32"));
         std::vector<float> q(static_cast<size_t>(dim), 0.0f), dot(kRows), inv(kRows);
         std::vector<int32_t> idx = {3, 1, 4, 0, 5, 7, 2, 6};  // two groups of four, any order
-        RowDots a;
-        a.base = buf.data() + 1;
-        a.row_bytes = rb;
-        a.f16 = f16;
-        a.dim = dim;
-        a.rows = idx.data();
-        a.n = kRows;
-        a.q = q.data();
-        a.dot = dot.data();
-        a.inv_norm = inv.data();
+        const RowDots a =
+            odd_row_dots(buf, rb, f16, dim, idx.data(), kRows, q.data(), dot.data(), inv.data());
         row_dots_isa(isa, a);
         for (int r = 0; r < kRows; ++r) {
           const float one = row_inv_norm_isa(isa, a, r);
