@@ -266,14 +266,20 @@ TEST(D2oKeyNorms, DroppedNormsGiveTheSameCache) {
   }
 }
 
-// A prompt's compaction plans a merge term per merged slot and searches with the unit rows of
-// every kept key; what a sequence holds afterwards must not stay sized by its prompt.
-TEST(D2oState, APromptsCompactionLeavesNothingSizedByThePrompt) {
+// The D2oState tests' cache: three layers of two F16 KV heads of 64.
+SimSetup three_layer_f16() {
   SimSetup s;
   s.n_layer = 3;
   s.n_head_kv = 2;
   s.head_dim = 64;
   s.type = KvType::kF16;
+  return s;
+}
+
+// A prompt's compaction plans a merge term per merged slot and searches with the unit rows of
+// every kept key; what a sequence holds afterwards must not stay sized by its prompt.
+TEST(D2oState, APromptsCompactionLeavesNothingSizedByThePrompt) {
+  const SimSetup s = three_layer_f16();
   PolicySim sim("d2o:budget=16", s);
   ASSERT_EQ(sim.pass(600), "");  // 584 evicted per head, merged into 16 slots
   ASSERT_GT(sim.state.merged[0], 64);
@@ -288,11 +294,7 @@ TEST(D2oState, APromptsCompactionLeavesNothingSizedByThePrompt) {
 // What a memory pool reserves for D2O's own per-slot lists (KvPolicy::state_bytes) covers what
 // the state holds while decoding; H2O keeps nothing per slot.
 TEST(D2oState, ItsPerSlotListsFitWhatItReserves) {
-  SimSetup s;
-  s.n_layer = 3;
-  s.n_head_kv = 2;
-  s.head_dim = 64;
-  s.type = KvType::kF16;
+  const SimSetup s = three_layer_f16();
   PolicySim sim("d2o:budget=16", s);
   ASSERT_EQ(sim.pass(48), "");
   for (int step = 0; step < 20; ++step) ASSERT_EQ(sim.pass(1), "");
