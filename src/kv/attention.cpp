@@ -497,6 +497,7 @@ void attention_forward_isa(const AttnInput& in, KvLayer& L, const AttnStatsReque
   C.n_blocks = (n_tok + QB - 1) / QB;
   C.want_score = stats.accumulate;
   C.want_window = stats.window_first < n_tok;
+  if (C.want_window) L.open_window_stats();
   C.window_first = stats.window_first;
   C.mass = stats.mass;
   C.agg = stats.agg;
@@ -525,6 +526,7 @@ void attention_forward_isa(const AttnInput& in, KvLayer& L, const AttnStatsReque
 void attention_reference(const AttnInput& in, KvLayer& L, const AttnStatsRequest& stats) {
   const int H = in.n_head;
   const int G = L.n_head_kv();
+  if (stats.window_first < in.n_tok) L.open_window_stats();
   const int grp = H / G;
   const int hd = L.head_dim();
   std::vector<float> k(static_cast<size_t>(hd)), v(static_cast<size_t>(hd));

@@ -177,8 +177,8 @@ void KvLayer::move_slots(int h, int to, int from, int n) {
   const size_t a = meta_index(h, to), b = meta_index(h, from);
   std::memmove(&pos_[a], &pos_[b], c * sizeof(int32_t));
   std::memmove(&score_[a], &score_[b], c * sizeof(float));
-  std::memmove(&window_[a], &window_[b], c * sizeof(float));
-  std::memmove(&merged_[a], &merged_[b], c * sizeof(int32_t));
+  if (window_live_) std::memmove(&window_[a], &window_[b], c * sizeof(float));
+  if (merged_live_) std::memmove(&merged_[a], &merged_[b], c * sizeof(int32_t));
   std::memmove(&row_[a], &row_[b], c * sizeof(int32_t));
 }
 
@@ -271,6 +271,8 @@ void KvCache::copy_rows(const KvLayer& L, KvLayer& N) {
   const size_t kb = L.key_row_bytes(), vb = L.value_row_bytes();
   N.n_slot_ = L.n_slot_;
   N.head_n_ = L.head_n_;
+  N.window_live_ = L.window_live_;
+  N.merged_live_ = L.merged_live_;
   for (int h = 0; h < L.n_head_kv_; ++h) {
     const size_t n = static_cast<size_t>(L.n_slot(h));
     if (n == 0) continue;
@@ -420,6 +422,7 @@ void KvCache::reset_window_stats(int il) {
   KvLayer& L = layers_[static_cast<size_t>(il)];
   if (L.n_slot_ == 0) return;  // nothing stored yet (maybe not even allocated)
   for (int h = 0; h < L.n_head_kv_; ++h) std::fill_n(L.window_accum(h), L.n_slot_, 0.0f);
+  L.window_live_ = false;
 }
 
 void KvCache::clear() {
@@ -457,6 +460,8 @@ Status KvCache::copy_from(const KvCache& o) {
       D.n_slot_ = S.n_slot_;
       D.head_n_ = S.head_n_;
       D.unordered_ = S.unordered_;
+      D.window_live_ = S.window_live_;
+      D.merged_live_ = S.merged_live_;
     }
   } catch (const std::bad_alloc&) {
     clear();

@@ -222,8 +222,11 @@ class KvLayer {
   // The attention kernel's door: head h's statistics [capacity] as raw pointers to accumulate
   // into (its inner loops must not pay a call per element). A non-const KvLayer exists only
   // through KvCache::layer_for_attention().
+  // window_accum: only after open_window_stats() (called once per pass, before any thread
+  // accumulates).
   float* score_accum(int h) { return score_.data() + meta_index(h, 0); }
   float* window_accum(int h) { return window_.data() + meta_index(h, 0); }
+  void open_window_stats() { window_live_ = true; }
 
  private:
   friend class KvCache;
@@ -286,6 +289,11 @@ class KvLayer {
   AlignedBuffer<int32_t> merged_;  // [n_head_kv, capacity]
   AlignedBuffer<int32_t> row_;     // [n_head_kv, capacity] physical row of each slot
   int64_t unordered_ = 0;          // slots evicted since the rows were last in slot order
+  // False while window_ / merged_ are zero for every slot held (no window statistics since the
+  // last reset; no merge): compactions then need not move them. A decode step of H2O moves 3
+  // of the 5 metadata entries behind its evicted slot, D2O 4.
+  bool window_live_ = false;
+  bool merged_live_ = false;
 };
 
 struct KvCacheConfig {

@@ -63,6 +63,7 @@ void KvCache::apply(int il, const CompactionPlan& plan, ThreadPool* pool) {
   if (prefetch) {
     for (size_t i = 0; i < kAhead; ++i) prefetch_term(i);
   }
+  if (!plan.merges.empty()) L.merged_live_ = true;
   size_t t = 0;
   while (t < plan.merges.size()) {
     const int head = plan.merges[t].head;

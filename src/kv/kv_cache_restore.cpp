@@ -26,6 +26,7 @@ Status KvCache::restore_layer(int il, int n_slot, const uint8_t* k, const uint8_
     for (size_t j = 0; j < n; ++j) map[j] = static_cast<int32_t>(j);
   }
   L.n_slot_ = n_slot;
+  L.window_live_ = L.merged_live_ = true;
   return {};
 }
 

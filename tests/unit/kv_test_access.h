@@ -13,8 +13,14 @@ struct KvTestAccess {
   static KvLayer& layer(KvCache& c, int il) { return c.layers_[static_cast<size_t>(il)]; }
   // Head h's metadata [capacity], writable.
   static float* score(KvLayer& L, int h) { return L.score_.data() + L.meta_index(h, 0); }
-  static float* window(KvLayer& L, int h) { return L.window_.data() + L.meta_index(h, 0); }
-  static int32_t* merged(KvLayer& L, int h) { return L.merged_.data() + L.meta_index(h, 0); }
+  static float* window(KvLayer& L, int h) {
+    L.window_live_ = true;
+    return L.window_.data() + L.meta_index(h, 0);
+  }
+  static int32_t* merged(KvLayer& L, int h) {
+    L.merged_live_ = true;
+    return L.merged_.data() + L.meta_index(h, 0);
+  }
   static int32_t* pos(KvLayer& L, int h) { return L.pos_.data() + L.meta_index(h, 0); }
   // Slots in use (at most the capacity): e.g. to run attention on a prefix of what was appended.
   static void set_n_slot(KvLayer& L, int n) { L.set_counts(nullptr, n); }

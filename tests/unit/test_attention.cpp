@@ -268,6 +268,45 @@ TEST(Attention, StatisticsDoNotChangeTheOutput) {
   EXPECT_EQ(oa, ob);
 }
 
+// A compaction moves the window statistics an attention pass left with their slots (the cache
+// moves the window entries only once a pass has accumulated them).
+TEST(Attention, WindowStatisticsMoveWithTheirSlots) {
+  const int H = 6, G = 2, hd = 32, n_old = 40, n_tok = 8;
+  Case c{H, G, hd, n_old, n_tok, KvType::kF16, ScoreAgg::kSum, 0};
+  KvCacheConfig cfg{1, G, hd, KvType::kF16};
+  KvCache cache(cfg);
+  auto q = fill(cache, c, 13);
+  std::vector<float> out(static_cast<size_t>(n_tok) * H * hd);
+  ThreadPool pool(2);
+  AttnScratch scratch;
+  AttnStatsRequest req;
+  req.window_first = 0;
+  attention_forward({q.data(), out.data(), n_tok, H, 0.17f}, cache.layer_for_attention(0), req,
+                    pool, scratch);
+  const KvLayer& L = cache.layer(0);
+  const int n = L.n_slot();
+  std::vector<std::vector<float>> before(G);
+  for (int g = 0; g < G; ++g) {
+    before[static_cast<size_t>(g)].assign(L.window(g), L.window(g) + n);
+    ASSERT_GT(before[static_cast<size_t>(g)][static_cast<size_t>(n - 1)], 0.0f);
+  }
+  // Each head evicts one slot in the middle (a decode step's plan) and a different one.
+  CompactionPlan plan;
+  plan.reset(G, n - 1);
+  for (int g = 0; g < G; ++g) {
+    const int evicted = 10 + 7 * g;
+    int32_t* keep = plan.keep_of(g);
+    for (int j = 0, o = 0; j < n; ++j)
+      if (j != evicted) keep[o++] = j;
+  }
+  cache.apply(0, plan);
+  for (int g = 0; g < G; ++g)
+    for (int i = 0; i < n - 1; ++i)
+      ASSERT_EQ(L.window(g)[i],
+                before[static_cast<size_t>(g)][static_cast<size_t>(plan.keep_of(g)[i])])
+          << g << "," << i;
+}
+
 // The score kernels have several register layouts (few rows with keys in registers, many rows over
 // F32 keys from memory, a one-key tail); they must give the same bits for a row whatever layout
 // computed it, or a query's output would depend on how many rows shared its call.

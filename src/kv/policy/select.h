@@ -31,6 +31,9 @@ struct SelectScratch {
   std::vector<Cand> pool;
 };
 
+// out[0..n) = first, first + 1, ..., first + n - 1 (n <= 0: nothing).
+void write_range(int32_t* out, int32_t first, int n);
+
 // Split of the S - T slots after the sinks into N heavy hitters and M recent slots, N:M = n:m.
 // M = round-half-up((S - T) * m / (n + m)), at least 1 when S > T; N = S - T - M.
 void split_heavy_recent(int S, int sinks, int nm_n, int nm_m, int* heavy, int* recent);
