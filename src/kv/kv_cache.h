@@ -139,7 +139,11 @@ struct CompactionPlan {
   void reset(int n_head_kv_, int n_keep_) {
     n_head_kv = n_head_kv_;
     n_keep = n_keep_;
-    keep.resize(static_cast<size_t>(n_head_kv_) * static_cast<size_t>(n_keep_));
+    // Exactly the entries needed (no geometric growth): a sequence keeps its plans between
+    // passes, and what it keeps is reserved for it (KvPolicy::state_bytes).
+    const size_t need = static_cast<size_t>(n_head_kv_) * static_cast<size_t>(n_keep_);
+    if (keep.capacity() < need) keep.reserve(need);
+    keep.resize(need);
     merges.clear();
     head_keep.clear();
     head_off.clear();
@@ -158,6 +162,7 @@ struct CompactionPlan {
       total += static_cast<size_t>(counts[h]);
       n_keep = std::max(n_keep, static_cast<int>(counts[h]));
     }
+    if (keep.capacity() < total) keep.reserve(total);
     keep.resize(total);
   }
   size_t keep_index(int head) const {

@@ -113,7 +113,8 @@ struct PolicyState {
   // it by the positions it removes; any policy that renumbers positions would do the same).
   int64_t pos_shift = 0;
   // Reusable memory: the plans of the layers compacted by the last pass ([n_layer]; a layer's
-  // plan is valid when it was compacted) and the layers to compact.
+  // plan is valid when it was compacted, its merge list only until it is released as the policy
+  // says) and the layers to compact.
   std::vector<CompactionPlan> plans;
   std::vector<int32_t> todo;
   // The policy's own state (null until the policy creates it).

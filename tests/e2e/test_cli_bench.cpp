@@ -202,12 +202,14 @@ TEST(CliBench, MemoryPerSequenceCountsTheKeysValuesMetadataAndThePolicysOwnLists
   ASSERT_FALSE(j.is_discarded()) << test::read_file(json);
   ASSERT_EQ(j["runs"].size(), 2u);
   // 4 MiB = 4,194,304 bytes; SmolLM2 has 30 layers x 3 KV heads, a slot 256 bytes of F16 key and
-  // value rows and 20 of metadata. H2O: 168 slots (90 x 168 x 276 = 4,173,120; 169 would not fit).
-  // D2O also keeps a key norm per slot of every layer and head (90 x (B + 1) x 4 bytes), the
-  // probe's dots and keys of one layer (3 x (B + 1 + 64) x 4) and its armed slots and thresholds
-  // (90 x 9): 166 slots (4,123,440 + 63,702 = 4,187,142; 167 would take 4,212,354).
-  EXPECT_EQ(j["runs"][0]["kv"], "h2o:budget=168");
-  EXPECT_EQ(j["runs"][1]["kv"], "d2o:budget=166");
+  // value rows and 20 of metadata, and each layer's plan lists a head's kept slots (4 bytes a
+  // slot). H2O: 166 slots (90 x 166 x 280 = 4,183,200; 167 would not fit). D2O also keeps a key
+  // norm per slot of every layer and head (90 x (B + 1) x 4 bytes), the probe's dots and keys of
+  // one layer (3 x (B + 1 + 64) x 4), a decode step's merge terms (90 x 2 x 16), its armed slots
+  // and thresholds (90 x 9): 163 slots (4,048,920 + 58,680 + 65,466 = 4,173,066; 164 would take
+  // 4,198,638).
+  EXPECT_EQ(j["runs"][0]["kv"], "h2o:budget=166");
+  EXPECT_EQ(j["runs"][1]["kv"], "d2o:budget=163");
 }
 
 TEST(CliBench, RoundsAlternateTheOrderAndPairTheRatiosByRound) {
@@ -255,12 +257,12 @@ TEST(CliBench, RoundsAlternateTheOrderAndPairTheRatiosByRound) {
 
 TEST(CliBench, RequestsAboveTheCapAreRefusedWhileAnotherPolicyCompletes) {
   D2O_REQUIRE_MODEL(model);
-  // A full-cache request of 200 + 8 tokens needs 30 x 3 x 208 x 276 bytes = 4.93 MiB; D2O at 10%
-  // holds the 200-token prompt once (201 slots, 4.76 MiB, with 0.07 MiB reserved for its own
-  // per-slot lists: 4.83 MiB) -- so a 4.88M cap fits D2O only.
+  // A full-cache request of 200 + 40 tokens needs 30 x 3 x 240 x 276 bytes = 5.69 MiB; D2O at 10%
+  // holds the 200-token prompt once (201 slots, 4.76 MiB, with 0.15 MiB reserved for its own
+  // lists and plans: 4.91 MiB) -- so a 5.3M cap fits D2O only.
   const std::string json = ::d2o::test::scratch_path("bench_refused.json");
   auto r = run_d2o("bench throughput -m " + model +
-                   " --prompt 200 --gen 8 --requests 2 --kv-mem 4.88M --chunk 64 -t 1 --kv full "
+                   " --prompt 200 --gen 40 --requests 2 --kv-mem 5.3M --chunk 64 -t 1 --kv full "
                    "--kv d2o:ratio=0.1 "
                    "--json " +
                    json);
@@ -273,7 +275,7 @@ TEST(CliBench, RequestsAboveTheCapAreRefusedWhileAnotherPolicyCompletes) {
   EXPECT_EQ(j["runs"][0]["completed"], 0);
   EXPECT_EQ(j["runs"][1]["refused"], 0);
   EXPECT_EQ(j["runs"][1]["completed"], 2);
-  EXPECT_EQ(j["runs"][1]["generated_tokens"], 16);
+  EXPECT_EQ(j["runs"][1]["generated_tokens"], 80);
 }
 
 }  // namespace

@@ -291,8 +291,18 @@ TEST(D2oState, APromptsCompactionLeavesNothingSizedByThePrompt) {
   for (int step = 0; step < 5; ++step) ASSERT_EQ(sim.pass(1), "");
 }
 
-// What a memory pool reserves for D2O's own per-slot lists (KvPolicy::state_bytes) covers what
-// the state holds while decoding; H2O keeps nothing per slot.
+// What a memory pool reserves for a policy's own lists (KvPolicy::state_bytes) covers what the
+// state holds while decoding: every composed policy's plans (kept slots, a decode step's merge
+// terms), and D2O's key norms, probe and thresholds.
+size_t plans_held(const PolicyState& state) {
+  size_t b = 0;
+  for (const CompactionPlan& p : state.plans) {
+    b += (p.keep.capacity() + p.head_keep.capacity() + p.head_off.capacity()) * sizeof(int32_t);
+    b += p.merges.capacity() * sizeof(MergeTerm);
+  }
+  return b;
+}
+
 TEST(D2oState, ItsPerSlotListsFitWhatItReserves) {
   const SimSetup s = three_layer_f16();
   PolicySim sim("d2o:budget=16", s);
@@ -306,12 +316,27 @@ TEST(D2oState, ItsPerSlotListsFitWhatItReserves) {
   ASSERT_GT(norms, 0u);  // the decode steps kept norms
   held += norms + own->probe.slot.capacity() * sizeof(int32_t) +
           (own->probe.dot.capacity() + own->probe.key.capacity()) * sizeof(float);
+  ASSERT_GT(sim.state.merged[0], 0);  // the decode steps merged: their plans hold merge terms
+  const size_t plans = plans_held(sim.state);
+  ASSERT_GT(plans, 0u);
+  held += plans;
   const size_t reserved = sim.policy->state_bytes(sim.cache.config(), 16);
   EXPECT_LE(held, reserved);
   EXPECT_GE(reserved, static_cast<size_t>(s.n_layer * s.n_head_kv * 17) * sizeof(float));
-  auto h2o = parse_kv_policy("h2o:budget=16");
-  ASSERT_TRUE(h2o.ok());
-  EXPECT_EQ((*h2o)->state_bytes(sim.cache.config(), 16), 0u);
+}
+
+TEST(D2oState, EveryComposedPolicysPlansFitWhatItReserves) {
+  const SimSetup s = three_layer_f16();
+  for (const char* spec : {"h2o:budget=16", "streaming:budget=16", "snapkv:budget=16,window=4",
+                           "h2o:budget=16,heads=ada", "keydiff:budget=16"}) {
+    SCOPED_TRACE(spec);
+    PolicySim sim(spec, s);
+    ASSERT_EQ(sim.pass(48), "");
+    for (int step = 0; step < 20; ++step) ASSERT_EQ(sim.pass(1), "");
+    const size_t held = plans_held(sim.state);
+    ASSERT_GT(held, 0u);
+    EXPECT_LE(held, sim.policy->state_bytes(sim.cache.config(), 16));
+  }
 }
 
 }  // namespace

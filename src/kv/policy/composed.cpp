@@ -56,6 +56,14 @@ void prefetch_start(const void* p, size_t bytes) {
 // search scratch (ComposedPolicy::compact).
 constexpr int kReleaseAfter = 64;
 
+// Releases a plan's merge list if it holds more than one decode step's terms
+// (ComposedPolicy::kKeptTermsPerHead a head, what state_bytes reserves).
+void release_merges(CompactionPlan& plan) {
+  if (plan.merges.capacity() >
+      ComposedPolicy::kKeptTermsPerHead * static_cast<size_t>(plan.n_head_kv))
+    std::vector<MergeTerm>().swap(plan.merges);
+}
+
 Status ragged_error() {
   return invalid_argument(
       "KV cache heads hold different slot counts (per-head budgets, heads=ada), which this "
@@ -145,6 +153,7 @@ Status ComposedPolicy::compact_layer(KvCache& cache, PolicyState& state, const P
   own->probe.dot_layer = -1;  // read once, by this layer's planning
   cache.apply(il, state.plans[static_cast<size_t>(il)], pass.pool);
   refresh_key_norms(cache, il, state.plans[static_cast<size_t>(il)], *own);
+  release_merges(state.plans[static_cast<size_t>(il)]);
   if (probes()) arm_probe(cache, il, state, *own);
   state.layer_compacted = true;
   return {};
@@ -280,8 +289,10 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
     // A pass that evicted many slots (a prompt's compaction) leaves merge lists and search
     // scratch sized for them (D2O: a term per merged slot, the unit rows of every kept key);
     // a decode step needs a few entries. Released, so that what a sequence holds between steps
-    // does not grow with its prompt: the memory pool reserves its KV slots, not these.
-    for (const int il : state.todo) std::vector<MergeTerm>().swap(state.plans[il].merges);
+    // does not grow with its prompt: the memory pool reserves its KV slots and one decode step's
+    // plans (state_bytes), not these. (A smaller pass's list is released at the layer's next
+    // planning, or right away under compact_layer.)
+    for (const int il : state.todo) release_merges(state.plans[static_cast<size_t>(il)]);
     std::vector<ComposedScratch>().swap(own.scratch);
     std::vector<std::vector<MergeTerm>>().swap(own.head_merges);
   }
@@ -321,6 +332,10 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
   }
   plan.merged_score = cfg_.mscore;
   const bool d2o = cfg_.merger == Merger::kD2o;
+  // A decode step's terms fit without growth, in exactly what state_bytes reserves.
+  release_merges(plan);
+  if (d2o && plan.merges.capacity() < kKeptTermsPerHead * static_cast<size_t>(G))
+    plan.merges.reserve(kKeptTermsPerHead * static_cast<size_t>(G));
   const RopeParams* unrotate = d2o && cfg_.mspace == MergeSpace::kUnrotated ? pass.rope : nullptr;
   plan.rope = unrotate;
   if (cfg_.pos == PosMode::kShift) {

@@ -92,9 +92,16 @@ class ComposedPolicy final : public KvPolicy {
                        int il) const override;
   int64_t peak_slots(int64_t n_prompt, int64_t n_total, int max_chunk) const override;
   int64_t peak_slots_for(const FeedPlan& plan) const override;
-  // D2O with key similarity: its key norms per slot of every compressible layer and the probe's
-  // dots of one layer, with its armed slots and keys; D2O's thresholds.
+  // Every composed policy: each compressible layer's plan, kept between passes (its list of kept
+  // slots; with per-head budgets, the heads' counts). D2O also: a decode step's merge list per
+  // layer, and with key similarity its key norms per slot of every compressible layer and the
+  // probe's dots of one layer, with its armed slots and keys; its thresholds.
   size_t state_bytes(const KvCacheConfig& cfg, int64_t slots) const override;
+  // Merge terms a layer's plan keeps between passes, per KV head: one decode step's (a kept slot
+  // and the one merged into it). A longer list is released after compact_layer() applies it, after
+  // compact() applies one of a pass that evicted more than 64 slots a head, and otherwise at the
+  // layer's next planning.
+  static constexpr size_t kKeptTermsPerHead = 2;
   // D2O with key similarity, heavy hitters and one threshold per head (uniform budgets), keys
   // compared as stored: the state's probe, armed at each layer's compaction.
   AttnProbe* attention_probe(PolicyState& state) const override;

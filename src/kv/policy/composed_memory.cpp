@@ -36,14 +36,21 @@ int64_t ComposedPolicy::peak_slots(int64_t n_prompt, int64_t n_total, int max_ch
 }
 
 size_t ComposedPolicy::state_bytes(const KvCacheConfig& cfg, int64_t slots) const {
-  if (cfg_.merger != Merger::kD2o) return 0;
   const size_t G = static_cast<size_t>(cfg.n_head_kv), nl = static_cast<size_t>(cfg.n_layer);
   size_t compressible = 0;
   for (int il = 0; il < cfg.n_layer; ++il) compressible += cfg.layer_compressible(il) ? 1 : 0;
+  const size_t s = static_cast<size_t>(std::max<int64_t>(slots, 0));
+  // Each compressible layer's plan: the slots its heads kept (CompactionPlan::keep, sized exactly
+  // for the most kept, at most `slots` a head), with per-head budgets the heads' counts and
+  // offsets.
+  size_t b = compressible * G * s * sizeof(int32_t);
+  if (cfg_.heads == HeadRule::kAda) b += compressible * 2 * G * sizeof(int32_t);
+  if (cfg_.merger != Merger::kD2o) return b;
+  b += compressible * G * kKeptTermsPerHead * sizeof(MergeTerm);  // a decode step's merge list
   // A list holds a head's slots between a pass's append and its compaction: the budget plus one
   // decode token (a longer pass's lists are formed again, at most `slots` long).
-  const size_t n = static_cast<size_t>(std::max<int64_t>(slots, 0)) + 1;
-  size_t b = nl * G * (sizeof(float) + sizeof(uint8_t));                   // tau, tau_ready
+  const size_t n = s + 1;
+  b += nl * G * (sizeof(float) + sizeof(uint8_t));                         // tau, tau_ready
   if (cfg_.sim == SimOn::kKey) b += compressible * G * n * sizeof(float);  // key_inv
   if (probes()) {
     b += nl * G * sizeof(int32_t);                                     // armed slots
