@@ -54,7 +54,7 @@ void select_top(const float* score, int first, int count, int k, int32_t* out, i
     write_range(out + (worst - first), worst + 1, first + count - worst - 1);
     return;
   }
-  for (int i = 0; i < count; ++i) scratch[i] = first + i;
+  write_range(scratch, first, count);
   std::nth_element(scratch, scratch + k, scratch + count, better);
   std::sort(scratch, scratch + k);
   std::copy(scratch, scratch + k, out);
