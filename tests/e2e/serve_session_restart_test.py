@@ -64,6 +64,16 @@ class Server:
                     return float(line.split()[-1])
         fail("metric %s missing" % name)
 
+    def wait_metric(self, name, done, seconds=60):
+        """Polls `name` until done(value) or `seconds` pass (a bound against hanging, not a
+        timing check); the last value read."""
+        deadline = time.monotonic() + seconds
+        v = self.metric(name)
+        while not done(v) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            v = self.metric(name)
+        return v
+
     def turn(self, session, messages, text):
         """Sends the next user turn of `messages` (extended in place with it and the answer)."""
         messages.append({"role": "user", "content": text})
@@ -125,10 +135,8 @@ def main():
               (cached(after), before[-1]["session"]["n_past"]))
         check(b.metric("d2o_sessions_loaded_total") == 1, "one session read back")
         # Metrics are published after the engine step that answered (bounded wait).
-        deadline = time.monotonic() + 30
-        while b.metric("d2o_sessions_saved_total") < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        check(b.metric("d2o_sessions_saved_total") >= 1, "turn: written when the request ended")
+        check(b.wait_metric("d2o_sessions_saved_total", lambda v: v >= 1) >= 1,
+              "turn: written when the request ended")
 
         # The same conversation without a restart, on the new server under another id.
         ref_conv = []
@@ -149,27 +157,27 @@ def main():
         errors = b.metric("d2o_session_file_errors_total")
         r = b.turn("broken", [], "Hello.")
         check(r["session"]["rebuilt"] is True, "a refused file rebuilds its session")
-        deadline = time.monotonic() + 30
-        while b.metric("d2o_session_file_errors_total") == errors and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # An answer reaches its client before the engine publishes the step that gave it: wait
+        # for the publication of this one, the sixth on this server, so that no later read sees
+        # it still running.
+        ok = b.wait_metric('d2o_requests_total{outcome="ok"}', lambda v: v >= 6)
+        check(ok == 6, "six requests answered (%g)" % ok)
         check(b.metric("d2o_session_file_errors_total") == errors + 1, "counted")
         # A non-streaming request whose client goes away is cancelled, its sequence freed.
         cancelled = b.metric('d2o_requests_total{outcome="cancelled"}')
         generated = b.metric("d2o_generated_tokens_total")
+        check(b.metric("d2o_sequences_running") == 0, "nothing runs before the request")
         body = json.dumps({"prompt": "Count slowly from one to one thousand:", "max_tokens": 900,
                            "temperature": 0}).encode()
         sock = socket.create_connection(("127.0.0.1", b.port))
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
                      + body)
-        deadline = time.monotonic() + 60  # bounds against hanging, not timing checks
-        while b.metric("d2o_sequences_running") == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        check(b.metric("d2o_sequences_running") == 1, "the request runs")
+        running = b.wait_metric("d2o_sequences_running", lambda v: v != 0)
+        check(running == 1, "the request runs (%g sequences running)" % running)
         sock.close()
-        while b.metric("d2o_sequences_running") > 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        check(b.metric("d2o_sequences_running") == 0, "the abandoned request's sequence is freed")
+        running = b.wait_metric("d2o_sequences_running", lambda v: v == 0)
+        check(running == 0, "the abandoned request's sequence is freed (%g running)" % running)
         check(b.metric('d2o_requests_total{outcome="cancelled"}') == cancelled + 1,
               "counted cancelled")
         check(b.metric("d2o_generated_tokens_total") - generated < 900, "it stopped early")
