@@ -291,6 +291,25 @@ TEST(D2oState, APromptsCompactionLeavesNothingSizedByThePrompt) {
   for (int step = 0; step < 5; ++step) ASSERT_EQ(sim.pass(1), "");
 }
 
+// So does a pass that evicts more than a decode step and fewer than a prompt (a new turn of a
+// conversation): its merge terms and its search over the unit rows of the kept keys.
+TEST(D2oState, ANewTurnsCompactionLeavesNothingSizedByIt) {
+  const SimSetup s = three_layer_f16();
+  PolicySim sim("d2o:budget=16", s);
+  ASSERT_EQ(sim.pass(48), "");
+  for (int step = 0; step < 3; ++step) ASSERT_EQ(sim.pass(1), "");
+  const int64_t merged = sim.state.merged[0];
+  ASSERT_EQ(sim.pass(12), "");  // 12 evicted per head: more than a decode step's few
+  ASSERT_GT(sim.state.merged[0], merged);
+  const ComposedPolicyState* own = composed_state(sim.state);
+  ASSERT_NE(own, nullptr);
+  EXPECT_TRUE(own->scratch.empty());
+  for (const CompactionPlan& p : sim.state.plans) {
+    EXPECT_LE(p.merges.capacity(), ComposedPolicy::kKeptTermsPerHead * s.n_head_kv);
+  }
+  for (int step = 0; step < 5; ++step) ASSERT_EQ(sim.pass(1), "");
+}
+
 // What a memory pool reserves for a policy's own lists (KvPolicy::state_bytes) covers what the
 // state holds while decoding: every composed policy's plans (kept slots, a decode step's merge
 // terms), and D2O's key norms, probe and thresholds.

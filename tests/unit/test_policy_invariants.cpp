@@ -94,6 +94,7 @@ TEST(PolicyInvariants, MergeWeightsSumToOne) {
     SimSetup s;
     s.head_dim = 4;  // small dimension: high similarities, many merges, some many-to-one
     PolicySim sim(spec, s);
+    sim.state.ext_as<ComposedPolicyState>().keep_merges = true;  // read after each pass
     int groups = 0, many_to_one = 0;
     for (int step = 0; step < 30; ++step) {
       sim.feed(step == 0 ? 40 : 1);

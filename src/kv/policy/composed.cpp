@@ -53,8 +53,9 @@ void prefetch_start(const void* p, size_t bytes) {
 }
 
 // Slots one compaction evicts from a head above which it releases its plans' merge lists and the
-// search scratch (ComposedPolicy::compact).
-constexpr int kReleaseAfter = 64;
+// search scratch (ComposedPolicy::compact): more than a decode step evicts (D2O searches with the
+// unit rows of every kept key above it).
+constexpr int kReleaseAfter = kD2oFewEvicted;
 
 // Releases a plan's merge list if it holds more than one decode step's terms
 // (ComposedPolicy::kKeptTermsPerHead a head, what state_bytes reserves).
@@ -79,6 +80,7 @@ std::unique_ptr<PolicyExtState> ComposedPolicyState::clone() const {
   c->layer_variance = layer_variance;
   c->key_inv = key_inv;
   c->key_inv_last = key_inv_last;
+  c->keep_merges = keep_merges;
   return c;
 }
 
@@ -271,7 +273,10 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
   int removed_all = -1, removed_most = 0;
   for (const int il : state.todo) {
     const int removed = cache.layer(il).n_slot() - state.budgets[static_cast<size_t>(il)];
-    removed_most = std::max(removed_most, removed);
+    const CompactionPlan& plan = state.plans[static_cast<size_t>(il)];
+    for (int g = 0; g < cache.layer(il).n_head_kv(); ++g) {
+      removed_most = std::max(removed_most, cache.layer(il).n_slot(g) - plan.n_keep_of(g));
+    }
     if (cfg_.pos == PosMode::kShift) {
       // One position shift per sequence: every layer must have removed the same count (uniform
       // budgets and equal slot counts guarantee it).
@@ -285,14 +290,16 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
   }
   if (removed_all > 0) state.pos_shift += removed_all;
   ++state.n_compactions;
-  if (removed_most > kReleaseAfter) {
-    // A pass that evicted many slots (a prompt's compaction) leaves merge lists and search
-    // scratch sized for them (D2O: a term per merged slot, the unit rows of every kept key);
-    // a decode step needs a few entries. Released, so that what a sequence holds between steps
-    // does not grow with its prompt: the memory pool reserves its KV slots and one decode step's
-    // plans (state_bytes), not these. (A smaller pass's list is released at the layer's next
-    // planning, or right away under compact_layer.)
+  // A merge list longer than a decode step's (a term per merged slot) is released: the memory
+  // pool reserves a sequence's KV slots and one decode step's plans (state_bytes).
+  if (!own.keep_merges) {
     for (const int il : state.todo) release_merges(state.plans[static_cast<size_t>(il)]);
+  }
+  if (removed_most > kReleaseAfter) {
+    // A pass that evicted more than a decode step does (a prompt, a new turn of a conversation)
+    // leaves search scratch sized for it (D2O: the unit rows of every kept key, the evicted
+    // slots' nearest rows). Released, so that what a sequence holds between steps does not grow
+    // with its last pass.
     std::vector<ComposedScratch>().swap(own.scratch);
     std::vector<std::vector<MergeTerm>>().swap(own.head_merges);
   }

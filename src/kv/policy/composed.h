@@ -55,7 +55,8 @@ class ComposedPolicyState final : public PolicyExtState {
   std::vector<std::vector<float>> key_inv;
   std::vector<int32_t> key_inv_last;
   // [threads] per-thread scratch; grows to the largest step seen, so a steady-state decode step
-  // allocates nothing, and is released after a pass that evicted many slots (compact()).
+  // allocates nothing, and is released after a pass that evicted more slots from a head than a
+  // decode step does (compact()).
   std::vector<ComposedScratch> scratch;
   // Scratch too, [n_head_kv]: each head's merge terms and its evicted and merged counts when a
   // layer's heads are planned in parallel (compact_layer with a pool).
@@ -67,6 +68,9 @@ class ComposedPolicyState final : public PolicyExtState {
   // formed none).
   AttnProbe probe;
   std::atomic<int64_t> probe_used{0}, probe_missed{0};
+  // Keeps every pass's merge lists in its plans until the layer's next planning, for a reader of
+  // them (tests); otherwise a list longer than a decode step's is released after its pass.
+  bool keep_merges = false;
 
   // The state without the scratch (scratch, head_merges, head_counts).
   std::unique_ptr<PolicyExtState> clone() const override;
