@@ -460,7 +460,7 @@ Action add_bench_throughput_command(CLI::App& bench) {
   sub->add_option("--kv-mem-per-seq", o->kv_mem_per_seq,
                   "KV memory per sequence, e.g. 4M: each --kv policy's budget is the slots that "
                   "fit with --kv-type (its spec must not set ratio= or budget=); a request "
-                  "reserves its peak, the budget plus one prompt chunk (--chunk; two where "
+                  "reserves its peak, up to the budget plus one prompt chunk (--chunk; two where "
                   "layers' budgets vary, as D2O's)");
   sub->add_option(
       "--kv", o->kv,
