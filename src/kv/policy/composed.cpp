@@ -52,9 +52,9 @@ void prefetch_start(const void* p, size_t bytes) {
   prefetch_bytes(p, std::min(bytes, kPrefetchStartBytes));
 }
 
-// Slots one compaction evicts from a head above which it releases its plans' merge lists and the
-// search scratch (ComposedPolicy::compact): more than a decode step evicts (D2O searches with the
-// unit rows of every kept key above it).
+// Slots one compaction evicts from a head above which it releases the search scratch
+// (ComposedPolicy::compact): more than a decode step evicts (D2O searches with the unit rows of
+// every kept key above it). Merge lists longer than a decode step's go after every pass.
 constexpr int kReleaseAfter = kD2oFewEvicted;
 
 // Releases a plan's merge list if it holds more than one decode step's terms
