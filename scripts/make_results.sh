@@ -31,6 +31,9 @@
 # docs/results_notes.md (docs/results_gemma3_notes.md for the Gemma 3 section) are included in
 # the page.
 set -euo pipefail
+# The script is one block that bash reads whole before running it: editing this file during a
+# long run does not change what the run does.
+{
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
@@ -244,3 +247,5 @@ if [ $quick -eq 0 ] && compgen -G "$gout/*.json" >/dev/null; then
   { echo; sed 's/^#/##/' "$gpage"; } >> "$page"
 fi
 echo "make_results: $page" >&2
+exit
+}
