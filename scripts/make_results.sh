@@ -117,7 +117,7 @@ if [ $summary_only -eq 0 ] && [ "$model" = gemma3 ]; then
   # compacted); the policies compress only the 3 global layers, so rho and the capacities below
   # are shares and slot counts of those layers. Policies: the baselines that carry the verdicts,
   # the paper's D2O and the two corrected combinations (A and B of the SmolLM2 section); RoCo,
-  # CaM and KeyDiff too in fidelity and ppl. The per-head budgets (heads=ada) are left out: with
+  # CaM and KeyDiff too in fidelity, ppl and niah. The per-head budgets (heads=ada) are left out: with
   # one KV head per layer they are the uniform policy. About two hours on 2 cores shared with
   # other runs (ruler 44 minutes, niah_long 40, fidelity_bytes 22, the others 1-4 each). The
   # reports in docs/results/gemma3 were made with the AVX2 kernels (D2O_MAX_ISA=avx2 on an
@@ -146,7 +146,7 @@ if [ $summary_only -eq 0 ] && [ "$model" = gemma3 ]; then
     --trials 50 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,cwe,fwe
   # niah: needle and passkey at 4096 tokens, 512 slots in each global layer (12.5%; as many as a
   # sliding layer holds). The base model has no chat template: the prompts are plain text.
-  run eval niah "${gemma[@]}" "${hay[@]}" --policies "$gpol" --tasks needle,passkey \
+  run eval niah "${gemma[@]}" "${hay[@]}" --policies "$gall" --tasks needle,passkey \
     --lengths 4096 --depths 10,50,90 --trials 2 --budget 512
   # niah_long: 16K and 32K contexts (half and all of the trained context: 32752 prompt tokens leave
   # room for the answer within 32768) with a fixed budget of
