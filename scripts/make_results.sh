@@ -117,9 +117,9 @@ if [ $summary_only -eq 0 ] && [ "$model" = gemma3 ]; then
   # compacted); the policies compress only the 3 global layers, so rho and the capacities below
   # are shares and slot counts of those layers. Policies: the baselines that carry the verdicts,
   # the paper's D2O and the two corrected combinations (A and B of the SmolLM2 section); RoCo,
-  # CaM and KeyDiff too in fidelity, ppl and niah. The per-head budgets (heads=ada) are left out: with
+  # CaM and KeyDiff too in fidelity, ppl, niah and ruler. The per-head budgets (heads=ada) are left out: with
   # one KV head per layer they are the uniform policy. About two hours on 2 cores shared with
-  # other runs (ruler 44 minutes, niah_long 40, fidelity_bytes 22, the others 1-4 each). The
+  # other runs (ruler 27 minutes, niah_long 40, fidelity_bytes 22, the others 1-4 each). The
   # reports in docs/results/gemma3 were made with the AVX2 kernels (D2O_MAX_ISA=avx2 on an
   # AVX-512 machine gives the same figures; see the notes for what the AVX-512 kernels change).
   mkdir -p "$gout"
@@ -142,7 +142,7 @@ if [ $summary_only -eq 0 ] && [ "$model" = gemma3 ]; then
   # ruler: RULER-style tasks at 2K tokens (four sliding windows), rho = 0.2 of the global layers,
   # 50 trials per task (300 in all), one shared prefill per trial. vt is left out: the full
   # cache of this base model scored 10% on it in a 28-trial pilot, too little to compare policies.
-  run eval ruler "${gemma[@]}" "${hay[@]}" --policies "$gpol" --ratio 0.2 --lengths 2048 \
+  run eval ruler "${gemma[@]}" "${hay[@]}" --policies "$gall" --ratio 0.2 --lengths 2048 \
     --trials 50 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,cwe,fwe
   # niah: needle and passkey at 4096 tokens, 512 slots in each global layer (12.5%; as many as a
   # sliding layer holds). The base model has no chat template: the prompts are plain text.
