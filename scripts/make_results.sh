@@ -117,11 +117,11 @@ if [ $summary_only -eq 0 ] && [ "$model" = gemma3 ]; then
   # compacted); the policies compress only the 3 global layers, so rho and the capacities below
   # are shares and slot counts of those layers. Policies: the baselines that carry the verdicts,
   # the paper's D2O and the two corrected combinations (A and B of the SmolLM2 section); RoCo,
-  # CaM and KeyDiff too in fidelity, ppl, niah and ruler. The per-head budgets (heads=ada) are left out: with
-  # one KV head per layer they are the uniform policy. About two hours on 2 cores shared with
-  # other runs (ruler 27 minutes, niah_long 40, fidelity_bytes 22, the others 1-4 each). The
-  # reports in docs/results/gemma3 were made with the AVX2 kernels (D2O_MAX_ISA=avx2 on an
-  # AVX-512 machine gives the same figures; see the notes for what the AVX-512 kernels change).
+  # CaM and KeyDiff too in fidelity, ppl, niah and ruler. The per-head budgets (heads=ada) are
+  # left out: with one KV head per layer they are the uniform policy. About two hours on 2 cores
+  # shared with other runs (ruler 27 minutes, niah_long 40, fidelity_bytes 22, the others 1-4
+  # each). The reports in docs/results/gemma3 were made with the AVX2 kernels (D2O_MAX_ISA=avx2
+  # on an AVX-512 machine gives the same figures; the notes say what the AVX-512 kernels change).
   mkdir -p "$gout"
   gemma=(-t "$threads" --seed "$seed" -o "$gout" -m "${MODEL:-gemma3}")
   gpol="full;streaming;h2o;snapkv;pyramidkv;d2o"
