@@ -324,6 +324,34 @@ inline std::vector<int> best_k(const std::vector<int>& cand, const std::vector<d
   return s;
 }
 
+// KeyDiff's score of every token of a head: anchor the mean of the unit keys (a zero key adds
+// nothing), score minus the cosine with it (0 for a zero key or anchor), rounded to float.
+inline std::vector<double> keydiff_scores(const Head& h) {
+  const int n = static_cast<int>(h.size());
+  const size_t d = h[0].k.size();
+  std::vector<double> anchor(d, 0.0);
+  for (const Tok& tk : h) {
+    double nn = 0;
+    for (double x : tk.k) nn += x * x;
+    if (nn == 0) continue;
+    for (size_t x = 0; x < d; ++x) anchor[x] += tk.k[x] / std::sqrt(nn);
+  }
+  for (double& x : anchor) x /= n;
+  std::vector<double> score(static_cast<size_t>(n));
+  for (int j = 0; j < n; ++j) {
+    const std::vector<double>& k = h[static_cast<size_t>(j)].k;
+    double ka = 0, kk = 0, aa = 0;
+    for (size_t x = 0; x < d; ++x) {
+      ka += k[x] * anchor[x];
+      kk += k[x] * k[x];
+      aa += anchor[x] * anchor[x];
+    }
+    const double cosine = kk > 0 && aa > 0 ? ka / std::sqrt(kk * aa) : 0.0;
+    score[static_cast<size_t>(j)] = static_cast<float>(-cosine);
+  }
+  return score;
+}
+
 inline std::vector<int> keep_list(const PolicyConfig& c, const Head& h, int S, int64_t next_pos) {
   const int n = static_cast<int>(h.size());
   std::vector<int> keep;
@@ -348,28 +376,7 @@ inline std::vector<int> keep_list(const PolicyConfig& c, const Head& h, int S, i
     keep = best_k(cand, pooled, S - w);
     for (int j = prefix; j < n; ++j) keep.push_back(j);
   } else if (c.selector == Selector::kKeyDiff) {
-    // Anchor: the mean of the unit keys; score: minus the cosine with it, rounded to float.
-    const size_t d = h[0].k.size();
-    std::vector<double> anchor(d, 0.0);
-    for (const Tok& tk : h) {
-      double nn = 0;
-      for (double x : tk.k) nn += x * x;
-      if (nn == 0) continue;
-      for (size_t x = 0; x < d; ++x) anchor[x] += tk.k[x] / std::sqrt(nn);
-    }
-    for (double& x : anchor) x /= n;
-    std::vector<double> score(static_cast<size_t>(n));
-    for (int j = 0; j < n; ++j) {
-      const std::vector<double>& k = h[static_cast<size_t>(j)].k;
-      double ka = 0, kk = 0, aa = 0;
-      for (size_t x = 0; x < d; ++x) {
-        ka += k[x] * anchor[x];
-        kk += k[x] * k[x];
-        aa += anchor[x] * anchor[x];
-      }
-      const double cosine = kk > 0 && aa > 0 ? ka / std::sqrt(kk * aa) : 0.0;
-      score[static_cast<size_t>(j)] = static_cast<float>(-cosine);
-    }
+    const std::vector<double> score = keydiff_scores(h);
     const int t = std::min(c.sinks, S);
     const int r = std::min(c.recent, S - t);
     for (int j = 0; j < t; ++j) keep.push_back(j);
@@ -401,7 +408,20 @@ inline std::vector<int> keep_list(const PolicyConfig& c, const Head& h, int S, i
       }
       std::vector<int> cand;
       for (int j = t; j < n - recent; ++j) cand.push_back(j);
-      for (int j : best_k(cand, score, heavy)) keep.push_back(j);
+      // distinct=F: the first round(F x heavy) places go to the best KeyDiff scores among the
+      // candidates (when any candidate is evicted), the rest to the best attention scores.
+      int k_distinct = static_cast<int>(std::floor(c.distinct * heavy + 0.5));
+      if (static_cast<int>(cand.size()) <= heavy) k_distinct = 0;
+      if (k_distinct > 0) {
+        const std::vector<int> chosen = best_k(cand, keydiff_scores(h), k_distinct);
+        for (int j : chosen) keep.push_back(j);
+        std::vector<int> rest;
+        for (int j : cand) {
+          if (std::find(chosen.begin(), chosen.end(), j) == chosen.end()) rest.push_back(j);
+        }
+        cand = rest;
+      }
+      for (int j : best_k(cand, score, heavy - k_distinct)) keep.push_back(j);
     }
     for (int j = n - recent; j < n; ++j) keep.push_back(j);
   }

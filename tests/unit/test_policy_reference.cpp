@@ -105,15 +105,25 @@ TEST(PolicyReference, KeyDiff) {
   check_all_layouts("keydiff:ratio=0.1", 53, 20, 1, 3);  // budgets at the smallest (1)
 }
 
+// distinct=F: part of the heavy-hitter places by KeyDiff's score, the rest by attention.
+TEST(PolicyReference, DistinctShare) {
+  check_all_layouts("h2o:ratio=0.3,distinct=0.5", 40, 50, 1);
+  check_all_layouts("h2o:ratio=0.3,nm=3:1,distinct=1", 40, 50, 1);
+  check_all_layouts("d2o:ratio=0.3,distinct=0.25", 40, 50, 1, 6);
+  check_all_layouts("d2o:ratio=0.3,distinct=1,layers=uniform,merge=off", 40, 50, 1);
+  check_all_layouts("d2o:ratio=0.3,distinct=0.5,mass=on,merge=sized,nm=1:1", 40, 50, 1);
+  check_all_layouts("h2o:ratio=0.3,distinct=0.5,norm=queries", 37, 50, 1, 5);
+}
+
 // Streaming with a fixed capacity: chunks of 7 tokens, compaction whenever a layer overflows.
 TEST(PolicyReference, BudgetModeInChunks) {
   for (const char* spec :
        {"d2o:budget=14", "d2o:budget=14,layers=research",
         "d2o:budget=14,mrope=pre,decide=token,merge=sized,protect=edges,mscore=max",
-        "h2o:budget=12", "roco:budget=12",
-        "streaming:budget=10", "streaming:budget=10,pos=shift", "snapkv:budget=10,window=4",
-        "pyramidkv:budget=10,window=4,pool=max", "cam:budget=10", "cam:budget=10,mb=2",
-        "keydiff:budget=11", "keydiff:budget=10,sinks=2,recent=3"}) {
+        "h2o:budget=12", "roco:budget=12", "streaming:budget=10", "streaming:budget=10,pos=shift",
+        "snapkv:budget=10,window=4", "pyramidkv:budget=10,window=4,pool=max", "cam:budget=10",
+        "cam:budget=10,mb=2", "keydiff:budget=11", "keydiff:budget=10,sinks=2,recent=3",
+        "h2o:budget=12,distinct=0.5", "d2o:budget=14,distinct=0.5"}) {
     check_all_layouts(spec, 5, 14, 7, 6);
   }
 }
@@ -123,9 +133,9 @@ TEST(PolicyReference, BudgetModeInChunks) {
 TEST(PolicyReference, WithAttentionStatistics) {
   for (const char* spec :
        {"d2o:ratio=0.3", "d2o:budget=20,agg=max", "d2o:ratio=0.3,mass=on,merge=sized",
-        "h2o:ratio=0.3,agg=mean", "roco:budget=16",
-        "snapkv:budget=16,window=4", "pyramidkv:ratio=0.4,window=4", "cam:ratio=0.3",
-        "keydiff:ratio=0.3", "keydiff:budget=13,sinks=1"}) {
+        "h2o:ratio=0.3,agg=mean", "roco:budget=16", "snapkv:budget=16,window=4",
+        "pyramidkv:ratio=0.4,window=4", "cam:ratio=0.3", "keydiff:ratio=0.3",
+        "keydiff:budget=13,sinks=1", "d2o:ratio=0.3,distinct=0.5"}) {
     for (int heads : {4, 2, 1}) {
       for (KvType type : {KvType::kF32, KvType::kF16}) {
         SCOPED_TRACE(std::string(spec) + " " + test::layout_name(heads) + " " + kv_type_name(type));
@@ -146,7 +156,8 @@ TEST(PolicyReference, ThreadPoolGivesIdenticalResults) {
   ThreadPool pool(3);
   for (const char* spec :
        {"d2o:ratio=0.3", "d2o:budget=14,sim=kv", "cam:ratio=0.3", "h2o:budget=12",
-        "streaming:budget=10,pos=shift", "snapkv:budget=10,window=4", "keydiff:budget=12"}) {
+        "streaming:budget=10,pos=shift", "snapkv:budget=10,window=4", "keydiff:budget=12",
+        "d2o:ratio=0.3,distinct=0.5"}) {
     for (KvType type : {KvType::kF32, KvType::kF16}) {
       SCOPED_TRACE(std::string(spec) + " " + kv_type_name(type));
       SimSetup s;
@@ -209,6 +220,9 @@ TEST(PolicyReference, NaiveCatchesWrongVariants) {
       {"keydiff:ratio=0.3", [](PolicyConfig& c) { c.sinks = 2; }},
       {"keydiff:ratio=0.3", [](PolicyConfig& c) { c.recent = 3; }},
       {"keydiff:ratio=0.3", [](PolicyConfig& c) { c.selector = Selector::kSinkRecent; }},
+      {"h2o:ratio=0.3", [](PolicyConfig& c) { c.distinct = 0.5; }},
+      {"h2o:ratio=0.3,distinct=0.5", [](PolicyConfig& c) { c.distinct = 0.25; }},
+      {"d2o:ratio=0.3,distinct=1", [](PolicyConfig& c) { c.distinct = 0; }},
   };
   for (const Wrong& w : wrongs) {
     SCOPED_TRACE(w.spec);

@@ -36,6 +36,10 @@ TEST(PolicySpec, DefaultsAreThePapers) {
   EXPECT_EQ(canonical("roco"), "roco:ratio=0.2,sinks=0,nm=1:1,agg=sum");
   EXPECT_EQ(canonical("cam"), "cam:ratio=0.2,sinks=4,mb=recent,seed=0,agg=sum");
   EXPECT_EQ(canonical("keydiff"), "keydiff:ratio=0.2,sinks=0,recent=0");
+  // distinct= is printed only when set, so the specs above stay those of the paper.
+  EXPECT_EQ(canonical("h2o:distinct=0.5"),
+            "h2o:ratio=0.2,sinks=0,nm=1:1,agg=sum,norm=none,distinct=0.5");
+  EXPECT_EQ(canonical("h2o:distinct=0"), canonical("h2o"));
   EXPECT_EQ(canonical("full"), "full");
   EXPECT_EQ(canonical(""), "full");
   EXPECT_TRUE(parse_kv_policy("full").value()->is_full());
@@ -60,6 +64,8 @@ TEST(PolicySpec, CanonicalFormRoundTrips) {
       "keydiff:ratio=0.25",
       "keydiff:budget=64,sinks=4,recent=16",
       "keydiff: recent = 8 , budget = 8",
+      "h2o:ratio=0.2,distinct=0.5",
+      "d2o:ratio=0.2,nm=1:1,distinct=0.25,merge=off",
   };
   for (const std::string& s : specs) {
     SCOPED_TRACE(s);
@@ -130,12 +136,16 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"d2o:foo=1",
        {"unknown key 'foo'",
         "ratio, budget, sinks, nm, beta, layers, merge, sim, ema, agg, norm, mscore, mrope, "
-        "decide, protect, mass, heads, floor, reading"}},
+        "decide, protect, mass, heads, floor, distinct, reading"}},
       {"d2o:mscore=median", {"mscore=median", "sum, keep, mean, max"}},
       {"d2o:mrope=both", {"mrope=both", "post, pre"}},
       {"d2o:decide=layer", {"decide=layer", "head, token"}},
       {"d2o:protect=all", {"protect=all", "none, edges"}},
       {"d2o:mass=1", {"mass=1", "off, on"}},
+      {"d2o:distinct=1.5", {"distinct=1.5", "[0, 1]"}},
+      {"h2o:distinct=-0.1", {"distinct=-0.1", "[0, 1]"}},
+      {"h2o:heads=ada,distinct=0.5", {"distinct= applies with heads=uniform"}},
+      {"snapkv:distinct=0.5", {"unknown key 'distinct'"}},
       {"h2o:mass=on", {"unknown key 'mass'"}},
       {"h2o:beta=0.5", {"unknown key 'beta'", "ratio, budget, sinks, nm, agg, norm"}},
       {"streaming:window=8", {"unknown key 'window'", "sinks, pos"}},

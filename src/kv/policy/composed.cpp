@@ -415,6 +415,7 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
             }
             score = mean;
           }
+          if (cfg_.distinct > 0.0) score = guard_distinct(L, g, score, n, S, cfg_, ssc);
           select_heavy_recent(score, n, S, cfg_, keep, ssc.order.data());
           break;
         }

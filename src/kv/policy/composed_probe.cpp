@@ -15,7 +15,8 @@ bool ComposedPolicy::probes() const {
   return probe_on_ && cfg_.merger == Merger::kD2o && cfg_.merge != MergeRule::kOff &&
          cfg_.sim == SimOn::kKey && cfg_.mspace != MergeSpace::kUnrotated &&
          cfg_.heads != HeadRule::kAda && cfg_.decide != MergeDecision::kToken &&
-         cfg_.selector == Selector::kHeavyRecent && cfg_.norm != ScoreNorm::kQueries;
+         cfg_.selector == Selector::kHeavyRecent && cfg_.norm != ScoreNorm::kQueries &&
+         cfg_.distinct == 0.0;
 }
 
 AttnProbe* ComposedPolicy::attention_probe(PolicyState& state) const {

@@ -156,6 +156,9 @@ struct PolicyConfig {
 
   // KeyDiff.
   int recent = 0;  // the last `recent` slots are always kept
+  // H2O / D2O: the share of the heavy-hitter places that go to the candidates KeyDiff ranks
+  // highest (distinct=F; 0 = none, every place by attention score).
+  double distinct = 0.0;
 
   // Per-head budgets (heads=ada, floor=alpha).
   HeadRule heads = HeadRule::kUniform;

@@ -19,6 +19,7 @@ struct SelectScratch {
   std::vector<int32_t> order;  // [n] index lists of select_top and friends
   std::vector<float> row;      // [head_dim] one key (KeyDiff)
   std::vector<double> anchor;  // [head_dim] (KeyDiff)
+  std::vector<float> guarded;  // [n] scores with the distinct= candidates raised (KeyDiff)
   // Per-head budgets (select_heads.h): per-head scores, kept slots and taken flags (the heads'
   // parts packed, from head_off), per-head counts, and the candidates competing over heads.
   struct Cand {

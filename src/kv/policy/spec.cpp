@@ -347,6 +347,16 @@ const std::vector<KeyDef>& key_defs() {
        },
        [](const PolicyConfig& c) { return fmt_f64(c.floor); },
        [](const PolicyConfig& c) { return c.heads != HeadRule::kUniform; }},
+      {"distinct",
+       [](std::string_view v, PolicyConfig& c) {
+         double x = 0;
+         if (!parse_f64(v, &x) || !(x >= 0.0 && x <= 1.0))
+           return bad_value(c.name, "distinct", v, "a number in [0, 1]");
+         c.distinct = x;
+         return Status();
+       },
+       [](const PolicyConfig& c) { return fmt_f64(c.distinct); },
+       [](const PolicyConfig& c) { return c.distinct != 0.0; }},
   };
   return defs;
 }
@@ -380,7 +390,7 @@ const std::vector<PresetDef>& presets() {
          c.sinks = 0;
          c.nm_n = c.nm_m = 1;
        },
-       {"sinks", "nm", "agg", "norm", "heads", "floor"}},
+       {"sinks", "nm", "agg", "norm", "heads", "floor", "distinct"}},
       {"snapkv",
        [](PolicyConfig& c) { c.selector = Selector::kSnapWindow; },
        {"window", "kernel", "pool", "agg", "heads", "floor"}},
@@ -420,7 +430,7 @@ const std::vector<PresetDef>& presets() {
          c.beta = 0.7;
        },
        {"sinks", "nm", "beta", "layers", "merge", "sim", "ema", "agg", "norm", "mscore", "mrope",
-        "decide", "protect", "mass", "heads", "floor"}},
+        "decide", "protect", "mass", "heads", "floor", "distinct"}},
       {"keydiff",
        [](PolicyConfig& c) {
          c.selector = Selector::kKeyDiff;
@@ -560,6 +570,11 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
   for (const auto& kv : items) has_floor = has_floor || kv.first == "floor";
   if (has_floor && c.heads != HeadRule::kAda)
     return invalid_argument("KV policy '" + name + "': floor= applies only with heads=ada");
+  if (c.heads == HeadRule::kAda && c.distinct > 0.0) {
+    return invalid_argument("KV policy '" + name +
+                            "': distinct= applies with heads=uniform (heads=ada shares the "
+                            "places over the heads by attention score alone)");
+  }
   if (c.heads == HeadRule::kAda && c.decide == MergeDecision::kToken) {
     return invalid_argument("KV policy '" + name +
                             "': heads=ada evicts different counts per "
