@@ -72,6 +72,13 @@ Status int_key(const std::string& policy, std::string_view key, std::string_view
   return {};
 }
 
+// A share: a number in [0, 1].
+Status share_key(const std::string& policy, std::string_view key, std::string_view v, double* out) {
+  if (!parse_f64(v, out) || !(*out >= 0.0 && *out <= 1.0))
+    return bad_value(policy, key, v, "a number in [0, 1]");
+  return {};
+}
+
 // One of a list of words; index into `words` on success.
 Status word_key(const std::string& policy, std::string_view key, std::string_view v,
                 const std::vector<const char*>& words, int* out) {
@@ -338,22 +345,12 @@ const std::vector<KeyDef>& key_defs() {
        [](const PolicyConfig& c) { return std::string(kHeadsWords[static_cast<size_t>(c.heads)]); },
        [](const PolicyConfig& c) { return c.heads != HeadRule::kUniform; }},
       {"floor",
-       [](std::string_view v, PolicyConfig& c) {
-         double x = 0;
-         if (!parse_f64(v, &x) || !(x >= 0.0 && x <= 1.0))
-           return bad_value(c.name, "floor", v, "a number in [0, 1]");
-         c.floor = x;
-         return Status();
-       },
+       [](std::string_view v, PolicyConfig& c) { return share_key(c.name, "floor", v, &c.floor); },
        [](const PolicyConfig& c) { return fmt_f64(c.floor); },
        [](const PolicyConfig& c) { return c.heads != HeadRule::kUniform; }},
       {"distinct",
        [](std::string_view v, PolicyConfig& c) {
-         double x = 0;
-         if (!parse_f64(v, &x) || !(x >= 0.0 && x <= 1.0))
-           return bad_value(c.name, "distinct", v, "a number in [0, 1]");
-         c.distinct = x;
-         return Status();
+         return share_key(c.name, "distinct", v, &c.distinct);
        },
        [](const PolicyConfig& c) { return fmt_f64(c.distinct); },
        [](const PolicyConfig& c) { return c.distinct != 0.0; }},
