@@ -1,0 +1,46 @@
+// The keys of policy spec strings (spec.cpp): how each value is parsed and printed, and the
+// value parsers the grammar shares with them. Internal to the spec parser.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "d2o/status.h"
+#include "kv/policy/config.h"
+
+namespace d2o::spec_detail {
+
+std::string_view trim(std::string_view s);
+bool parse_f64(std::string_view v, double* out);
+// Shortest round-trip form.
+std::string fmt_f64(double x);
+Status bad_value(const std::string& policy, std::string_view key, std::string_view value,
+                 const std::string& allowed);
+// An integer key within [lo, hi].
+Status int_key(const std::string& policy, std::string_view key, std::string_view v, int64_t lo,
+               int64_t hi, int64_t* out);
+// One of a list of words; index into `words` on success.
+Status word_key(const std::string& policy, std::string_view key, std::string_view v,
+                const std::vector<const char*>& words, int* out);
+
+// d2o's reading= values (a shorthand applied before the other keys, not a KeyDef).
+extern const std::vector<const char*> kReadingWords;
+
+using ParseFn = Status (*)(std::string_view v, PolicyConfig& c);
+using PrintFn = std::string (*)(const PolicyConfig& c);
+
+struct KeyDef {
+  const char* name;
+  ParseFn parse;
+  PrintFn print;
+  // Non-null: the canonical form shows the key only when this says so (keys added after specs
+  // were recorded, printed only when they differ from the behaviour those specs had).
+  bool (*shown)(const PolicyConfig& c) = nullptr;
+};
+
+// The key called `name`, or null.
+const KeyDef* find_key(std::string_view name);
+
+}  // namespace d2o::spec_detail
