@@ -72,7 +72,8 @@ TEST(PolicyReference, D2oDiagnosisKeys) {
   for (const char* m :
        {"mscore=keep", "mscore=mean", "mscore=max", "mrope=pre", "decide=token", "protect=edges",
         "merge=sized", "mass=on", "decide=token,ema=research,merge=research",
-        "mrope=pre,merge=sized,mscore=mean,decide=token,sim=kv"}) {
+        "mrope=pre,merge=sized,mscore=mean,decide=token,sim=kv",
+        "mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries"}) {
     check_all_layouts(std::string("d2o:ratio=0.3,") + m, 40, 50, 1, 6);
   }
 }
@@ -123,7 +124,8 @@ TEST(PolicyReference, BudgetModeInChunks) {
         "h2o:budget=12", "roco:budget=12", "streaming:budget=10", "streaming:budget=10,pos=shift",
         "snapkv:budget=10,window=4", "pyramidkv:budget=10,window=4,pool=max", "cam:budget=10",
         "cam:budget=10,mb=2", "keydiff:budget=11", "keydiff:budget=10,sinks=2,recent=3",
-        "h2o:budget=12,distinct=0.5", "d2o:budget=14,distinct=0.5"}) {
+        "h2o:budget=12,distinct=0.5", "d2o:budget=14,distinct=0.5",
+        "d2o:budget=14,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries"}) {
     check_all_layouts(spec, 5, 14, 7, 6);
   }
 }
@@ -135,7 +137,8 @@ TEST(PolicyReference, WithAttentionStatistics) {
        {"d2o:ratio=0.3", "d2o:budget=20,agg=max", "d2o:ratio=0.3,mass=on,merge=sized",
         "h2o:ratio=0.3,agg=mean", "roco:budget=16", "snapkv:budget=16,window=4",
         "pyramidkv:ratio=0.4,window=4", "cam:ratio=0.3", "keydiff:ratio=0.3",
-        "keydiff:budget=13,sinks=1", "d2o:ratio=0.3,distinct=0.5"}) {
+        "keydiff:budget=13,sinks=1", "d2o:ratio=0.3,distinct=0.5",
+        "d2o:ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries"}) {
     for (int heads : {4, 2, 1}) {
       for (KvType type : {KvType::kF32, KvType::kF16}) {
         SCOPED_TRACE(std::string(spec) + " " + test::layout_name(heads) + " " + kv_type_name(type));
