@@ -49,10 +49,13 @@ const std::vector<AblationVariant>& d2o_ablation_variants() {
       {"merge mass", "proportional attention", "mass=on"},
       {"merge mass", "size-weighted merge", "merge=sized"},
       {"merge mass", "both", "mass=on,merge=sized"},
+      {"heavy-hitter score", "accumulated attention (paper)", ""},
+      {"heavy-hitter score", "mean attention (RoCo)", "norm=queries"},
       {"baselines", "d2o (paper)", ""},
       {"baselines", "h2o", "@h2o"},
       {"baselines", "streaming", "@streaming"},
       {"baselines", "snapkv", "@snapkv"},
+      {"baselines", "roco", "@roco"},
       {"combinations", "d2o (paper)", ""},
       {"combinations", "eviction only, uniform, 1:1", "merge=off,layers=uniform,nm=1:1"},
       {"combinations", "mass, sized, uniform", "mass=on,merge=sized,layers=uniform"},
@@ -61,6 +64,8 @@ const std::vector<AblationVariant>& d2o_ablation_variants() {
       {"combinations", "mass, sized, uniform, 1:1", "mass=on,merge=sized,layers=uniform,nm=1:1"},
       {"combinations", "mass, sized, pre-RoPE, uniform, 1:1",
        "mass=on,merge=sized,mrope=pre,layers=uniform,nm=1:1"},
+      {"combinations", "mass, sized, uniform, 1:1, mean attention",
+       "mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries"},
   };
   return kVariants;
 }
@@ -88,6 +93,7 @@ const std::vector<AblationGroup>& d2o_ablation_groups() {
       {"query heads", "none (scores of a KV head sum its query heads)", {}},
       {"protected layers", "none (the research code never compresses layers 0, 1 and L-1)", {}},
       {"merge mass", "none (a merged slot counts as one token in attention)", {}},
+      {"heavy-hitter score", "none (a slot's attention summed over the queries that saw it)", {}},
       {"baselines", "D2O beats StreamingLLM and H2O at ρ = 0.2 (LongBench)", {}},
       {"combinations", "none (variants beyond the paper)", {}},
   };

@@ -12,8 +12,9 @@
 // and the diagnosis of why D2O loses on small models (no claims): merged score (sum, keep, mean,
 // max), merge space (after or before RoPE), merge decision (per head or per token), query-head
 // aggregation, protected layers, merge mass (proportional attention, size-weighted merges),
-// baselines at the same ratio (H2O, StreamingLLM, SnapKV; a row's Δ KL vs h2o gives D2O's
-// standing) and combinations of the fixes.
+// heavy-hitter score (accumulated or mean attention), baselines at the same ratio (H2O,
+// StreamingLLM, SnapKV, RoCo; a row's Δ KL vs h2o gives D2O's standing) and combinations of the
+// fixes.
 // Every variant is D2O with one key changed from the paper defaults, except the baselines
 // ("@name" keys: another policy) and the combinations; identical specs run once.
 // All variants see the same samples, so differences are paired: the report gives each variant's

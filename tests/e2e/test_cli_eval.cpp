@@ -370,8 +370,8 @@ TEST(CliEval, AblateQuickRuns) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json j = check_outputs(dir, "ablate", 1);
   ASSERT_TRUE(j.contains("variants"));
-  // 20 ablations, 27 diagnosis rows (6 groups, 3 baselines at the same ratio, combinations).
-  EXPECT_EQ(j["variants"].size(), 47u);
+  // 20 ablations, 31 diagnosis rows (7 groups, 4 baselines at the same ratio, combinations).
+  EXPECT_EQ(j["variants"].size(), 51u);
   int n_h2o = 0;
   for (const auto& v : j["variants"]) {
     const std::string spec = v["spec"].get<std::string>();
