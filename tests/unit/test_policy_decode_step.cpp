@@ -46,6 +46,42 @@ TEST(DecodeStepKernels, LastMinIndexIsTheScalarScanOnEveryIsa) {
   EXPECT_GE(checked, 3000);  // every trial ran (at least the scalar level)
 }
 
+// Mean attention (norm=queries): every level gives the bits of the definition, one division of the
+// score by the count of queries as a float, counts past 2^24 (rounded to a float) and the clamp to
+// 1 (a slot at or past `next`) included, at lengths around every vector width.
+TEST(DecodeStepKernels, MeanAttentionIsTheDefinitionOnEveryIsa) {
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> score(0.0f, 40.0f);
+  int checked = 0;
+  for (int64_t next : {int64_t{1}, int64_t{300}, int64_t{70000}, int64_t{40000001},
+                       int64_t{2147483647}, int64_t{3000000000}}) {
+    for (int n : {0, 1, 7, 8, 9, 15, 16, 17, 33, 100}) {
+      std::uniform_int_distribution<int64_t> at(0, std::min<int64_t>(next + 2, INT32_MAX));
+      std::vector<float> s(static_cast<size_t>(n));
+      std::vector<int32_t> pos(static_cast<size_t>(n));
+      for (int j = 0; j < n; ++j) {
+        s[static_cast<size_t>(j)] = j % 5 == 0 ? 0.0f : score(rng);
+        pos[static_cast<size_t>(j)] = static_cast<int32_t>(at(rng));
+      }
+      std::vector<float> want(static_cast<size_t>(n));
+      for (int j = 0; j < n; ++j) {
+        const int64_t seen = std::max<int64_t>(1, next - pos[static_cast<size_t>(j)]);
+        want[static_cast<size_t>(j)] = s[static_cast<size_t>(j)] / static_cast<float>(seen);
+      }
+      for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+        if (!kernel_isa_available(isa)) continue;
+        std::vector<float> got(static_cast<size_t>(n) + 1, -1.0f);
+        mean_attention_isa(isa, s.data(), pos.data(), n, next, got.data());
+        EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)))
+            << kernel_isa_name(isa) << " next " << next << " n " << n;
+        EXPECT_EQ(got[static_cast<size_t>(n)], -1.0f) << "wrote past n";
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GE(checked, 60);
+}
+
 // `rows` rows of `dim` elements, F16 or F32, row r at byte 1 + r * *rb (odd addresses, a gap
 // after each row), element d of row r from gen(r, d).
 template <class Gen>

@@ -8,6 +8,7 @@
 #include "kv/policy/budgets.h"
 #include "kv/policy/select_heads.h"
 #include "kv/policy/select_keydiff.h"
+#include "kv/policy/similarity.h"
 
 namespace d2o {
 
@@ -156,7 +157,7 @@ Status ComposedPolicy::compact_layer(KvCache& cache, PolicyState& state, const P
   cache.apply(il, state.plans[static_cast<size_t>(il)], pass.pool);
   refresh_key_norms(cache, il, state.plans[static_cast<size_t>(il)], *own);
   release_merges(state.plans[static_cast<size_t>(il)]);
-  if (probes()) arm_probe(cache, il, state, *own);
+  if (probes()) arm_probe(cache, il, state, *own, pass.n_past - state.pos_shift);
   state.layer_compacted = true;
   return {};
 }
@@ -406,14 +407,8 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
           const float* score = L.score(g);
           if (cfg_.norm == ScoreNorm::kQueries) {
             // Mean attention: the slot at position p was seen by the queries at p .. next - 1.
-            const int64_t next = pass.n_past - state.pos_shift;
-            float* mean = ssc.score.data();
-            const int32_t* pos = L.pos(g);
-            for (int j = 0; j < n; ++j) {
-              const int64_t seen = std::max<int64_t>(1, next - pos[j]);
-              mean[j] = score[j] / static_cast<float>(seen);
-            }
-            score = mean;
+            mean_attention(score, L.pos(g), n, pass.n_past - state.pos_shift, ssc.score.data());
+            score = ssc.score.data();
           }
           if (cfg_.distinct > 0.0) score = guard_distinct(L, g, score, n, S, cfg_, ssc);
           select_heavy_recent(score, n, S, cfg_, keep, ssc.order.data());
@@ -567,10 +562,7 @@ void ComposedPolicy::plan_heads(const KvLayer& L, SelectScratch& sc, CompactionP
     if (cfg_.selector == Selector::kSnapWindow) {
       pool_window(L.window(g), n_g - r, cfg_.kernel, cfg_.pool, dst);
     } else if (cfg_.norm == ScoreNorm::kQueries) {
-      const float* score = L.score(g);
-      const int32_t* pos = L.pos(g);
-      for (int j = 0; j < n_g; ++j)
-        dst[j] = score[j] / static_cast<float>(std::max<int64_t>(1, next - pos[j]));
+      mean_attention(L.score(g), L.pos(g), n_g, next, dst);
     } else {
       std::copy_n(L.score(g), n_g, dst);
     }

@@ -115,9 +115,10 @@ class ComposedPolicy final : public KvPolicy {
  private:
   bool probes() const;
   // After layer il's compaction: the slot each of its heads would evict at the next one-token
-  // pass if that pass did not change the scores' order.
-  void arm_probe(const KvCache& cache, int il, const PolicyState& state,
-                 ComposedPolicyState& own) const;
+  // pass if that pass did not change the scores' order (`next`: this pass's query count for
+  // mean attention, n_past - pos_shift).
+  void arm_probe(const KvCache& cache, int il, const PolicyState& state, ComposedPolicyState& own,
+                 int64_t next) const;
   // The attention's dots of slot e's key with every slot of head g of layer il, formed by this
   // pass for that slot (AttnProbe), or null.
   static const float* probe_dots(const AttnProbe& P, const KvLayer& L, int il, int g, int e);

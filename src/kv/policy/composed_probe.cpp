@@ -15,8 +15,7 @@ bool ComposedPolicy::probes() const {
   return probe_on_ && cfg_.merger == Merger::kD2o && cfg_.merge != MergeRule::kOff &&
          cfg_.sim == SimOn::kKey && cfg_.mspace != MergeSpace::kUnrotated &&
          cfg_.heads != HeadRule::kAda && cfg_.decide != MergeDecision::kToken &&
-         cfg_.selector == Selector::kHeavyRecent && cfg_.norm != ScoreNorm::kQueries &&
-         cfg_.distinct == 0.0;
+         cfg_.selector == Selector::kHeavyRecent && cfg_.distinct == 0.0;
 }
 
 AttnProbe* ComposedPolicy::attention_probe(PolicyState& state) const {
@@ -26,7 +25,7 @@ AttnProbe* ComposedPolicy::attention_probe(PolicyState& state) const {
 }
 
 void ComposedPolicy::arm_probe(const KvCache& cache, int il, const PolicyState& state,
-                               ComposedPolicyState& own) const {
+                               ComposedPolicyState& own, int64_t next) const {
   const KvLayer& L = cache.layer(il);
   const int G = L.n_head_kv();
   AttnProbe& P = own.probe;
@@ -46,8 +45,23 @@ void ComposedPolicy::arm_probe(const KvCache& cache, int il, const PolicyState& 
   const int mid = n + 1 - recent - t;
   const bool steady = d2o_decode_dots(cfg_, L, 1, false) && L.uniform() && n == S && heavy >= 1 &&
                       mid == heavy + 1 && t + mid <= n;
-  for (int g = 0; g < G; ++g)
-    P.slot[base + static_cast<size_t>(g)] = steady ? t + last_min_index(L.score(g) + t, mid) : -1;
+  // Mean attention ranks by score over the queries that saw a slot: at the next pass one more.
+  const bool norm = cfg_.norm == ScoreNorm::kQueries;
+  std::vector<float>& mean = own.scratch[0].select.score;  // this layer's planning is done
+  if (steady && norm && mean.size() < static_cast<size_t>(mid))
+    mean.resize(static_cast<size_t>(mid));
+  for (int g = 0; g < G; ++g) {
+    int e = -1;
+    if (steady) {
+      const float* s = L.score(g) + t;
+      if (norm) {
+        mean_attention(s, L.pos(g) + t, mid, next + 1, mean.data());
+        s = mean.data();
+      }
+      e = t + last_min_index(s, mid);
+    }
+    P.slot[base + static_cast<size_t>(g)] = e;
+  }
 }
 
 const float* ComposedPolicy::probe_dots(const AttnProbe& P, const KvLayer& L, int il, int g,

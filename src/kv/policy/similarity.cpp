@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "core/assert.h"
@@ -120,6 +121,40 @@ int last_min_index_isa(KernelIsa isa, const float* s, int n) {
 int last_min_index(const float* s, int n) {
   D2O_ASSERT(n >= 1);
   return last_min_index_at(best_kernel_isa(), s, n);
+}
+
+namespace {
+
+void mean_attention_at(KernelIsa isa, const float* score, const int32_t* pos, int n, int64_t next,
+                       float* out) {
+  // The vector variants count in 32 bits (the same integers, so the same floats and quotients).
+  if (next >= 0 && next <= INT32_MAX) {
+    switch (isa) {
+      case KernelIsa::kAvx512:
+        return simd::mean_attention_avx512(score, pos, n, static_cast<int32_t>(next), out);
+      case KernelIsa::kAvx2:
+        return simd::mean_attention_avx2(score, pos, n, static_cast<int32_t>(next), out);
+      case KernelIsa::kScalar:
+        break;
+    }
+  }
+  for (int j = 0; j < n; ++j) {
+    const int64_t seen = std::max<int64_t>(1, next - pos[j]);
+    out[j] = score[j] / static_cast<float>(seen);
+  }
+}
+
+}  // namespace
+
+void mean_attention_isa(KernelIsa isa, const float* score, const int32_t* pos, int n, int64_t next,
+                        float* out) {
+  D2O_ASSERT(kernel_isa_available(isa) && n >= 0);
+  mean_attention_at(isa, score, pos, n, next, out);
+}
+
+void mean_attention(const float* score, const int32_t* pos, int n, int64_t next, float* out) {
+  D2O_ASSERT(n >= 0);
+  mean_attention_at(best_kernel_isa(), score, pos, n, next, out);
 }
 
 namespace {

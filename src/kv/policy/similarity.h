@@ -72,7 +72,16 @@ int scaled_argmax_isa(KernelIsa isa, const float* dot, const float* inv, int n, 
 int last_min_index(const float* s, int n);
 int last_min_index_isa(KernelIsa isa, const float* s, int n);
 
+// Mean attention (norm=queries): out_j = score_j / float(max(1, next - pos_j)), the slot at
+// position pos_j having been seen by the queries pos_j .. next - 1. One IEEE division per slot,
+// so every variant gives the same bits. Positions are non-negative.
+void mean_attention(const float* score, const int32_t* pos, int n, int64_t next, float* out);
+void mean_attention_isa(KernelIsa isa, const float* score, const int32_t* pos, int n, int64_t next,
+                        float* out);
+
 namespace simd {
+void mean_attention_avx2(const float* score, const int32_t* pos, int n, int32_t next, float* out);
+void mean_attention_avx512(const float* score, const int32_t* pos, int n, int32_t next, float* out);
 void row_dots_avx2(const RowDots& a);
 void row_dots_avx512(const RowDots& a);
 float row_inv_norm_avx2(const RowDots& a, int r);

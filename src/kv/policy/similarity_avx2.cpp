@@ -242,6 +242,14 @@ int scaled_argmax_avx2(const float* dot, const float* inv, int n, float f, float
       _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MAX)), _mm256_castsi256_ps(vidx), at)));
 }
 
+// A plain loop: this file's flags (-O3 and the ISA) vectorise it (subtract, max, convert, divide).
+void mean_attention_avx2(const float* score, const int32_t* pos, int n, int32_t next, float* out) {
+  for (int j = 0; j < n; ++j) {
+    const int32_t seen = std::max<int32_t>(1, next - pos[j]);
+    out[j] = score[j] / static_cast<float>(seen);
+  }
+}
+
 // Eight lanes each keep their smallest value and the last index holding it (<= replaces, so NaN
 // never enters; the last, partial block reads NaN past n); the answer is the largest index among
 // the lanes holding the overall smallest value, as the scalar running minimum.

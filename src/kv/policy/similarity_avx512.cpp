@@ -7,7 +7,9 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "kv/policy/similarity.h"
 
@@ -191,6 +193,15 @@ int scaled_argmax_avx512(const float* dot, const float* inv, int n, float f, flo
   const __mmask16 at = _mm512_cmp_ps_mask(vmax, _mm512_set1_ps(mx), _CMP_EQ_OQ);
   *best = mx;  // every s is 0 + x, so no -0 can stand for a +0
   return _mm512_mask_reduce_min_epi32(at, vidx);
+}
+
+// A plain loop: this file's flags (-O3 and the ISA) vectorise it (subtract, max, convert, divide).
+void mean_attention_avx512(const float* score, const int32_t* pos, int n, int32_t next,
+                           float* out) {
+  for (int j = 0; j < n; ++j) {
+    const int32_t seen = std::max<int32_t>(1, next - pos[j]);
+    out[j] = score[j] / static_cast<float>(seen);
+  }
 }
 
 // As last_min_index_avx2, sixteen lanes; the last block is masked, so no scalar tail.
