@@ -227,7 +227,7 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
       return invalid_argument("KV policy '" + name + "': unknown key '" + std::string(key) +
                               "' (allowed: " + allowed_keys(*preset) + ")");
     }
-    D2O_RETURN_IF_ERROR(find_key(key)->parse(value, c));
+    D2O_RETURN_IF_ERROR(find_key(key)->parse(key, value, c));
   }
   bool has_floor = false;
   for (const auto& kv : items) has_floor = has_floor || kv.first == "floor";

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 namespace d2o::spec_detail {
 
@@ -106,24 +107,50 @@ const std::vector<const char*> kHeadsWords = {"uniform", "ada"};
 
 constexpr int kMaxInt = std::numeric_limits<int>::max();
 
+// A key whose value is one of `Words`, stored as its index in the enum (or bool) `Member`.
+template <auto Member, const std::vector<const char*>& Words>
+KeyDef word_def(const char* name, ShownFn shown = nullptr) {
+  return {name,
+          [](std::string_view key, std::string_view v, PolicyConfig& c) {
+            int i = 0;
+            D2O_RETURN_IF_ERROR(word_key(c.name, key, v, Words, &i));
+            c.*Member = static_cast<std::remove_reference_t<decltype(c.*Member)>>(i);
+            return Status();
+          },
+          [](const PolicyConfig& c) { return std::string(Words[static_cast<size_t>(c.*Member)]); },
+          shown};
+}
+
+// An integer key within [lo, hi] stored in the int `Member`.
+template <int PolicyConfig::*Member, int64_t Lo, int64_t Hi>
+KeyDef int_def(const char* name) {
+  return {name,
+          [](std::string_view key, std::string_view v, PolicyConfig& c) {
+            int64_t x = 0;
+            D2O_RETURN_IF_ERROR(int_key(c.name, key, v, Lo, Hi, &x));
+            c.*Member = static_cast<int>(x);
+            return Status();
+          },
+          [](const PolicyConfig& c) { return std::to_string(c.*Member); }};
+}
+
+// Keys shown only away from the uniform per-head rule, or with a share of distinct keys (added
+// after specs were recorded).
+bool ada_shown(const PolicyConfig& c) {
+  return c.heads != HeadRule::kUniform;
+}
+
 const std::vector<KeyDef>& key_defs() {
   static const std::vector<KeyDef> defs = {
-      {"sinks",
-       [](std::string_view v, PolicyConfig& c) {
-         int64_t x = 0;
-         D2O_RETURN_IF_ERROR(int_key(c.name, "sinks", v, 0, 1 << 20, &x));
-         c.sinks = static_cast<int>(x);
-         return Status();
-       },
-       [](const PolicyConfig& c) { return std::to_string(c.sinks); }},
+      int_def<&PolicyConfig::sinks, 0, 1 << 20>("sinks"),
       {"nm",
-       [](std::string_view v, PolicyConfig& c) {
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
          const size_t colon = v.find(':');
          int64_t a = 0, b = 0;
          if (colon == std::string_view::npos || !parse_i64(v.substr(0, colon), &a) ||
              !parse_i64(v.substr(colon + 1), &b) || a <= 0 || b <= 0 || a > 1000000 ||
              b > 1000000) {
-           return bad_value(c.name, "nm", v, "N:M with two positive integers, e.g. 3:1");
+           return bad_value(c.name, key, v, "N:M with two positive integers, e.g. 3:1");
          }
          c.nm_n = static_cast<int>(a);
          c.nm_m = static_cast<int>(b);
@@ -131,150 +158,54 @@ const std::vector<KeyDef>& key_defs() {
        },
        [](const PolicyConfig& c) { return std::to_string(c.nm_n) + ":" + std::to_string(c.nm_m); }},
       {"beta",
-       [](std::string_view v, PolicyConfig& c) {
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
          double x = 0;
          if (!parse_f64(v, &x) || !(x > 0.0 && x < 1.0))
-           return bad_value(c.name, "beta", v, "a number in (0, 1)");
+           return bad_value(c.name, key, v, "a number in (0, 1)");
          c.beta = x;
          return Status();
        },
        [](const PolicyConfig& c) { return fmt_f64(c.beta); }},
-      {"layers",
-       [](std::string_view v, PolicyConfig& c) {
-         int i = 0;
-         D2O_RETURN_IF_ERROR(word_key(c.name, "layers", v, kLayerWords, &i));
-         c.layers = static_cast<LayerRule>(i);
-         return Status();
-       },
-       [](const PolicyConfig& c) {
-         return std::string(kLayerWords[static_cast<size_t>(c.layers)]);
-       }},
-      {"merge",
-       [](std::string_view v, PolicyConfig& c) {
-         int i = 0;
-         D2O_RETURN_IF_ERROR(word_key(c.name, "merge", v, kMergeWords, &i));
-         c.merge = static_cast<MergeRule>(i);
-         return Status();
-       },
-       [](const PolicyConfig& c) {
-         return std::string(kMergeWords[static_cast<size_t>(c.merge)]);
-       }},
-      {"sim",
-       [](std::string_view v, PolicyConfig& c) {
-         int i = 0;
-         D2O_RETURN_IF_ERROR(word_key(c.name, "sim", v, kSimWords, &i));
-         c.sim = static_cast<SimOn>(i);
-         return Status();
-       },
-       [](const PolicyConfig& c) { return std::string(kSimWords[static_cast<size_t>(c.sim)]); }},
-      {"ema",
-       [](std::string_view v, PolicyConfig& c) {
-         int i = 0;
-         D2O_RETURN_IF_ERROR(word_key(c.name, "ema", v, kEmaWords, &i));
-         c.ema = static_cast<EmaRule>(i);
-         return Status();
-       },
-       [](const PolicyConfig& c) { return std::string(kEmaWords[static_cast<size_t>(c.ema)]); }},
-      {"mscore",
-       [](std::string_view v, PolicyConfig& c) {
-         int i = 0;
-         D2O_RETURN_IF_ERROR(word_key(c.name, "mscore", v, kMscoreWords, &i));
-         c.mscore = static_cast<MergedScore>(i);
-         return Status();
-       },
-       [](const PolicyConfig& c) {
-         return std::string(kMscoreWords[static_cast<size_t>(c.mscore)]);
-       }},
-      {"mrope",
-       [](std::string_view v, PolicyConfig& c) {
-         int i = 0;
-         D2O_RETURN_IF_ERROR(word_key(c.name, "mrope", v, kMropeWords, &i));
-         c.mspace = static_cast<MergeSpace>(i);
-         return Status();
-       },
-       [](const PolicyConfig& c) {
-         return std::string(kMropeWords[static_cast<size_t>(c.mspace)]);
-       }},
-      {"decide",
-       [](std::string_view v, PolicyConfig& c) {
-         int i = 0;
-         D2O_RETURN_IF_ERROR(word_key(c.name, "decide", v, kDecideWords, &i));
-         c.decide = static_cast<MergeDecision>(i);
-         return Status();
-       },
-       [](const PolicyConfig& c) {
-         return std::string(kDecideWords[static_cast<size_t>(c.decide)]);
-       }},
-      {"protect",
-       [](std::string_view v, PolicyConfig& c) {
-         int i = 0;
-         D2O_RETURN_IF_ERROR(word_key(c.name, "protect", v, kProtectWords, &i));
-         c.protect = static_cast<ProtectRule>(i);
-         return Status();
-       },
-       [](const PolicyConfig& c) {
-         return std::string(kProtectWords[static_cast<size_t>(c.protect)]);
-       }},
-      {"mass",
-       [](std::string_view v, PolicyConfig& c) {
-         int i = 0;
-         D2O_RETURN_IF_ERROR(word_key(c.name, "mass", v, kOnOffWords, &i));
-         c.mass = i == 1;
-         return Status();
-       },
-       [](const PolicyConfig& c) { return std::string(kOnOffWords[c.mass ? 1 : 0]); }},
-      {"window",
-       [](std::string_view v, PolicyConfig& c) {
-         int64_t x = 0;
-         D2O_RETURN_IF_ERROR(int_key(c.name, "window", v, 1, 1 << 20, &x));
-         c.window = static_cast<int>(x);
-         return Status();
-       },
-       [](const PolicyConfig& c) { return std::to_string(c.window); }},
+      word_def<&PolicyConfig::layers, kLayerWords>("layers"),
+      word_def<&PolicyConfig::merge, kMergeWords>("merge"),
+      word_def<&PolicyConfig::sim, kSimWords>("sim"),
+      word_def<&PolicyConfig::ema, kEmaWords>("ema"),
+      word_def<&PolicyConfig::mscore, kMscoreWords>("mscore"),
+      word_def<&PolicyConfig::mspace, kMropeWords>("mrope"),
+      word_def<&PolicyConfig::decide, kDecideWords>("decide"),
+      word_def<&PolicyConfig::protect, kProtectWords>("protect"),
+      word_def<&PolicyConfig::mass, kOnOffWords>("mass"),
+      int_def<&PolicyConfig::window, 1, 1 << 20>("window"),
       {"kernel",
-       [](std::string_view v, PolicyConfig& c) {
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
          int64_t x = 0;
          if (!parse_i64(v, &x) || x < 1 || x > 1001 || x % 2 == 0) {
-           return bad_value(c.name, "kernel", v, "an odd integer from 1 to 1001");
+           return bad_value(c.name, key, v, "an odd integer from 1 to 1001");
          }
          c.kernel = static_cast<int>(x);
          return Status();
        },
        [](const PolicyConfig& c) { return std::to_string(c.kernel); }},
-      {"pool",
-       [](std::string_view v, PolicyConfig& c) {
-         int i = 0;
-         D2O_RETURN_IF_ERROR(word_key(c.name, "pool", v, kPoolWords, &i));
-         c.pool = static_cast<PoolKind>(i);
-         return Status();
-       },
-       [](const PolicyConfig& c) { return std::string(kPoolWords[static_cast<size_t>(c.pool)]); }},
+      word_def<&PolicyConfig::pool, kPoolWords>("pool"),
       {"pbeta",
-       [](std::string_view v, PolicyConfig& c) {
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
          double x = 0;
          if (!parse_f64(v, &x) || !(x >= 1.0 && x <= 1e6))
-           return bad_value(c.name, "pbeta", v, "a number >= 1");
+           return bad_value(c.name, key, v, "a number >= 1");
          c.pbeta = x;
          return Status();
        },
        [](const PolicyConfig& c) { return fmt_f64(c.pbeta); }},
-      {"pos",
-       [](std::string_view v, PolicyConfig& c) {
-         int i = 0;
-         D2O_RETURN_IF_ERROR(word_key(c.name, "pos", v, kPosWords, &i));
-         c.pos = static_cast<PosMode>(i);
-         return Status();
-       },
-       [](const PolicyConfig& c) { return std::string(kPosWords[static_cast<size_t>(c.pos)]); }},
+      word_def<&PolicyConfig::pos, kPosWords>("pos"),
       {"mb",
-       [](std::string_view v, PolicyConfig& c) {
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
          if (v == "recent") {
            c.cam_targets = 0;
            return Status();
          }
          int64_t x = 0;
          if (!parse_i64(v, &x) || x < 1 || x > (1 << 20)) {
-           return bad_value(c.name, "mb", v, "'recent' or a positive integer");
+           return bad_value(c.name, key, v, "'recent' or a positive integer");
          }
          c.cam_targets = static_cast<int>(x);
          return Status();
@@ -283,53 +214,25 @@ const std::vector<KeyDef>& key_defs() {
          return c.cam_targets == 0 ? std::string("recent") : std::to_string(c.cam_targets);
        }},
       {"seed",
-       [](std::string_view v, PolicyConfig& c) {
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
          uint64_t x = 0;
-         if (!parse_u64(v, &x)) return bad_value(c.name, "seed", v, "a non-negative integer");
+         if (!parse_u64(v, &x)) return bad_value(c.name, key, v, "a non-negative integer");
          c.seed = x;
          return Status();
        },
        [](const PolicyConfig& c) { return std::to_string(c.seed); }},
-      {"agg",
-       [](std::string_view v, PolicyConfig& c) {
-         int i = 0;
-         D2O_RETURN_IF_ERROR(word_key(c.name, "agg", v, kAggWords, &i));
-         c.agg = static_cast<ScoreAgg>(i);
-         return Status();
-       },
-       [](const PolicyConfig& c) { return std::string(kAggWords[static_cast<size_t>(c.agg)]); }},
-      {"norm",
-       [](std::string_view v, PolicyConfig& c) {
-         int i = 0;
-         D2O_RETURN_IF_ERROR(word_key(c.name, "norm", v, kNormWords, &i));
-         c.norm = static_cast<ScoreNorm>(i);
-         return Status();
-       },
-       [](const PolicyConfig& c) { return std::string(kNormWords[static_cast<size_t>(c.norm)]); }},
-      {"recent",
-       [](std::string_view v, PolicyConfig& c) {
-         int64_t x = 0;
-         D2O_RETURN_IF_ERROR(int_key(c.name, "recent", v, 0, 1 << 20, &x));
-         c.recent = static_cast<int>(x);
-         return Status();
-       },
-       [](const PolicyConfig& c) { return std::to_string(c.recent); }},
-      {"heads",
-       [](std::string_view v, PolicyConfig& c) {
-         int i = 0;
-         D2O_RETURN_IF_ERROR(word_key(c.name, "heads", v, kHeadsWords, &i));
-         c.heads = static_cast<HeadRule>(i);
-         return Status();
-       },
-       [](const PolicyConfig& c) { return std::string(kHeadsWords[static_cast<size_t>(c.heads)]); },
-       [](const PolicyConfig& c) { return c.heads != HeadRule::kUniform; }},
+      word_def<&PolicyConfig::agg, kAggWords>("agg"),
+      word_def<&PolicyConfig::norm, kNormWords>("norm"),
+      int_def<&PolicyConfig::recent, 0, 1 << 20>("recent"),
+      word_def<&PolicyConfig::heads, kHeadsWords>("heads", ada_shown),
       {"floor",
-       [](std::string_view v, PolicyConfig& c) { return share_key(c.name, "floor", v, &c.floor); },
-       [](const PolicyConfig& c) { return fmt_f64(c.floor); },
-       [](const PolicyConfig& c) { return c.heads != HeadRule::kUniform; }},
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
+         return share_key(c.name, key, v, &c.floor);
+       },
+       [](const PolicyConfig& c) { return fmt_f64(c.floor); }, ada_shown},
       {"distinct",
-       [](std::string_view v, PolicyConfig& c) {
-         return share_key(c.name, "distinct", v, &c.distinct);
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
+         return share_key(c.name, key, v, &c.distinct);
        },
        [](const PolicyConfig& c) { return fmt_f64(c.distinct); },
        [](const PolicyConfig& c) { return c.distinct != 0.0; }},

@@ -28,8 +28,10 @@ Status word_key(const std::string& policy, std::string_view key, std::string_vie
 // d2o's reading= values (a shorthand applied before the other keys, not a KeyDef).
 extern const std::vector<const char*> kReadingWords;
 
-using ParseFn = Status (*)(std::string_view v, PolicyConfig& c);
+// Parses value `v` of key `key` (the key's name, for error messages) into `c`.
+using ParseFn = Status (*)(std::string_view key, std::string_view v, PolicyConfig& c);
 using PrintFn = std::string (*)(const PolicyConfig& c);
+using ShownFn = bool (*)(const PolicyConfig& c);
 
 struct KeyDef {
   const char* name;
@@ -37,7 +39,7 @@ struct KeyDef {
   PrintFn print;
   // Non-null: the canonical form shows the key only when this says so (keys added after specs
   // were recorded, printed only when they differ from the behaviour those specs had).
-  bool (*shown)(const PolicyConfig& c) = nullptr;
+  ShownFn shown = nullptr;
 };
 
 // The key called `name`, or null.
