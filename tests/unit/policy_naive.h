@@ -42,6 +42,7 @@ struct State {
   std::vector<bool> tau_ready;
   std::vector<int64_t> evicted, merged;
   int64_t pos_shift = 0;
+  bool compacted = false;  // a compaction has removed slots (prompt=, pmerge= act before that)
   // Every merge group of the last compaction: its weights (the retained slot's first).
   std::vector<std::vector<double>> last_groups;
 };
@@ -352,10 +353,42 @@ inline std::vector<double> keydiff_scores(const Head& h) {
   return score;
 }
 
-inline std::vector<int> keep_list(const PolicyConfig& c, const Head& h, int S, int64_t next_pos) {
+// max over score[j - half .. j + half] within [0, n), or the sum over the kernel / kernel (the
+// padding counted as zeros) with avg: SnapKV's 1-D pooling.
+inline std::vector<double> pooled(const std::vector<double>& score, int kernel, PoolKind pool) {
+  const int n = static_cast<int>(score.size());
+  std::vector<double> out(score.size());
+  for (int j = 0; j < n; ++j) {
+    double acc = pool == PoolKind::kMax ? -1e300 : 0.0;
+    for (int i = j - kernel / 2; i <= j + kernel / 2; ++i) {
+      if (i < 0 || i >= n) continue;
+      acc = pool == PoolKind::kMax ? std::max(acc, score[static_cast<size_t>(i)])
+                                   : acc + score[static_cast<size_t>(i)];
+    }
+    out[static_cast<size_t>(j)] = pool == PoolKind::kMax ? acc : acc / kernel;
+  }
+  return out;
+}
+
+// first: the first compaction of the sequence (prompt=window ranks it by the pooled window).
+inline std::vector<int> keep_list(const PolicyConfig& c, const Head& h, int S, int64_t next_pos,
+                                  bool first = false) {
   const int n = static_cast<int>(h.size());
   std::vector<int> keep;
-  if (c.selector == Selector::kSnapWindow) {
+  if (first && c.selector == Selector::kHeavyRecent && c.prompt == PromptScore::kWindow) {
+    // The prompt's compaction is SnapKV's with the sinks kept: the first t, the last w, the
+    // best S - t - w of [t, n - w) by the window attention pooled over [0, n - w).
+    const int t = std::min(c.sinks, S);
+    const int w = std::min(c.window, S - t);
+    std::vector<double> win(static_cast<size_t>(n - w));
+    for (int j = 0; j < n - w; ++j) win[static_cast<size_t>(j)] = h[static_cast<size_t>(j)].window;
+    const std::vector<double> pooled_win = pooled(win, c.kernel, c.pool);
+    std::vector<int> cand;
+    for (int j = t; j < n - w; ++j) cand.push_back(j);
+    for (int j = 0; j < t; ++j) keep.push_back(j);
+    for (int j : best_k(cand, pooled_win, S - t - w)) keep.push_back(j);
+    for (int j = n - w; j < n; ++j) keep.push_back(j);
+  } else if (c.selector == Selector::kSnapWindow) {
     const int w = std::min(c.window, S);
     const int prefix = n - w;
     std::vector<double> pooled(static_cast<size_t>(n), 0.0);
@@ -699,8 +732,9 @@ inline int cam_merge(const PolicyConfig& c, Head& h, int S, int il, int g) {
 // ---- the policy ------------------------------------------------------------------------------
 
 // Compacts `cache` after a pass; n_past = tokens processed so far; rope_base for pos=shift.
+// n_tokens: the pass's tokens (the prompt's compaction is the first after a pass of more than one).
 inline void compact(const PolicyConfig& c, Cache& cache, State& st, int64_t n_past,
-                    double rope_base = 10000.0) {
+                    double rope_base = 10000.0, int n_tokens = 1) {
   const int L = cache.L, G = cache.G;
   if (st.evicted.empty()) {
     st.evicted.assign(static_cast<size_t>(L), 0);
@@ -709,6 +743,7 @@ inline void compact(const PolicyConfig& c, Cache& cache, State& st, int64_t n_pa
     st.tau_ready.assign(static_cast<size_t>(L * G), false);
   }
   st.last_groups.clear();
+  const bool first = !st.compacted && n_tokens > 1;
   if (!st.budgets_set) {
     const int64_t n = static_cast<int64_t>(cache.h[0][0].size());
     if (n == 0) return;
@@ -719,6 +754,8 @@ inline void compact(const PolicyConfig& c, Cache& cache, State& st, int64_t n_pa
     return;
   }
   int64_t removed = 0;
+  // pmerge=off: the first compaction only evicts.
+  const bool merging = c.merger == Merger::kD2o && (c.prompt_merge || !first);
   for (int l = 0; l < L; ++l) {
     const int S = st.budgets[static_cast<size_t>(l)];
     if (c.heads == HeadRule::kAda) {
@@ -727,10 +764,11 @@ inline void compact(const PolicyConfig& c, Cache& cache, State& st, int64_t n_pa
       for (const Head& h : hs) held += static_cast<int64_t>(h.size());
       if (S < 0 || held <= static_cast<int64_t>(S) * G) continue;
       const std::vector<std::vector<int>> keeps = ada_keep_lists(c, hs, S, n_past - st.pos_shift);
+      st.compacted = true;
       for (int g = 0; g < G; ++g) {
         Head& h = hs[static_cast<size_t>(g)];
         const std::vector<int>& keep = keeps[static_cast<size_t>(g)];
-        if (c.merger == Merger::kD2o) {
+        if (merging) {
           const size_t ti = static_cast<size_t>(l * G + g);
           bool ready = st.tau_ready[ti];
           st.merged[static_cast<size_t>(l)] +=
@@ -746,8 +784,8 @@ inline void compact(const PolicyConfig& c, Cache& cache, State& st, int64_t n_pa
     }
     // decide=token: the i-th evicted token of every head merges when the mean over the heads of
     // its similarity reaches the layer's threshold (kept at index l * G).
-    const bool by_token = c.merger == Merger::kD2o && c.decide == MergeDecision::kToken &&
-                          c.merge != MergeRule::kOff;
+    const bool by_token =
+        merging && c.decide == MergeDecision::kToken && c.merge != MergeRule::kOff;
     if (by_token) {
       const int n = static_cast<int>(cache.h[static_cast<size_t>(l)][0].size());
       if (S < 0 || n <= S) continue;
@@ -756,10 +794,11 @@ inline void compact(const PolicyConfig& c, Cache& cache, State& st, int64_t n_pa
       std::vector<double> mean(static_cast<size_t>(n - S), 0.0);
       for (int g = 0; g < G; ++g) {
         const Head& h = cache.h[static_cast<size_t>(l)][static_cast<size_t>(g)];
-        keeps.push_back(keep_list(c, h, S, n_past - st.pos_shift));
+        keeps.push_back(keep_list(c, h, S, n_past - st.pos_shift, first));
         nrs.push_back(d2o_nearest(c, h, keeps.back(), rope_base));
         for (int e = 0; e < n - S; ++e) mean[static_cast<size_t>(e)] += nrs.back().m[e] / G;
       }
+      st.compacted = true;
       const size_t ti = static_cast<size_t>(l * G);
       bool ready = st.tau_ready[ti];
       const std::vector<bool> merge = d2o_decide(c, mean, st.tau[ti], ready);
@@ -780,8 +819,9 @@ inline void compact(const PolicyConfig& c, Cache& cache, State& st, int64_t n_pa
       Head& h = cache.h[static_cast<size_t>(l)][static_cast<size_t>(g)];
       const int n = static_cast<int>(h.size());
       if (S < 0 || n <= S) continue;
-      const std::vector<int> keep = keep_list(c, h, S, n_past - st.pos_shift);
-      if (c.merger == Merger::kD2o) {
+      const std::vector<int> keep = keep_list(c, h, S, n_past - st.pos_shift, first);
+      st.compacted = true;
+      if (merging) {
         const size_t ti = static_cast<size_t>(l * G + g);
         bool ready = st.tau_ready[ti];
         st.merged[static_cast<size_t>(l)] +=

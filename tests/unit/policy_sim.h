@@ -91,14 +91,14 @@ class PolicySim {
   std::string compact() {
     naive::Cache ref_cache = naive::snapshot(cache);
     PassInfo pi;
-    pi.n_tokens = 1;
+    pi.n_tokens = last_pass;
     pi.n_past = n_past;
     pi.first_pass = passes == 1;
     pi.rope = &rope;
     pi.pool = pool;
     const Status s = policy->compact(cache, state, pi);
     if (!s.ok()) return "compact failed: " + s.message();
-    naive::compact(ref_cfg, ref_cache, ref, n_past, rope.freq_base);
+    naive::compact(ref_cfg, ref_cache, ref, n_past, rope.freq_base, last_pass);
     std::string diff = naive::compare(cache, ref_cache, tol);
     if (!diff.empty()) return diff;
     if (state.budgets_set != ref.budgets_set) return "budgets_set differs";
@@ -149,6 +149,7 @@ class PolicySim {
   }
 
   std::string pass(int n_tok) {
+    last_pass = n_tok;
     feed(n_tok);
     if (::testing::Test::HasFatalFailure()) return "feed failed";
     return compact();
@@ -164,6 +165,7 @@ class PolicySim {
   std::mt19937 rng;
   int64_t n_past = 0;
   int passes = 0;
+  int last_pass = 1;           // tokens of the last pass (PassInfo::n_tokens)
   ThreadPool* pool = nullptr;  // optional: layers planned in parallel
   double tol = 1e-6;
 };

@@ -116,6 +116,37 @@ TEST(PolicyReference, DistinctShare) {
   check_all_layouts("h2o:ratio=0.3,distinct=0.5,norm=queries", 37, 50, 1, 5);
 }
 
+// prompt=window: the prompt's heavy hitters ranked by SnapKV's pooled window attention, later
+// compactions by the accumulated score; pmerge=off: D2O's first compaction only evicts.
+TEST(PolicyReference, PromptWindowAndPromptMerge) {
+  check_all_layouts("h2o:ratio=0.3,prompt=window,kernel=5,window=4", 40, 50, 1);
+  check_all_layouts("h2o:ratio=0.3,prompt=window,kernel=7,pool=max,window=6,norm=queries", 40, 50,
+                    1);
+  check_all_layouts("roco:ratio=0.35,prompt=window,window=3", 37, 50, 1, 5);
+  check_all_layouts("d2o:ratio=0.3,prompt=window,kernel=21,window=5", 40, 50, 1, 6);
+  check_all_layouts("d2o:ratio=0.3,prompt=window", 40, 50, 1);  // the window takes S - sinks
+  check_all_layouts("d2o:ratio=0.3,pmerge=off", 40, 50, 1);
+  check_all_layouts(
+      "d2o:ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries,prompt=window,"
+      "kernel=21,pmerge=off,window=4",
+      40, 50, 1);
+  check_all_layouts("d2o:ratio=0.3,decide=token,pmerge=off,prompt=window,window=2", 40, 50, 1);
+  check_all_layouts("d2o:ratio=0.3,heads=ada,pmerge=off", 40, 50, 1);
+}
+
+// Fed token by token, no compaction is the prompt's: the keys change nothing.
+TEST(PolicyReference, PromptKeysDoNothingTokenByToken) {
+  for (const char* spec : {"d2o:budget=14,prompt=window,pmerge=off,mass=on,merge=sized,nm=1:1",
+                           "h2o:budget=12,prompt=window,kernel=5"}) {
+    SCOPED_TRACE(spec);
+    SimSetup s;
+    PolicySim sim(spec, s);
+    sim.ref_cfg.prompt = PromptScore::kAccumulated;
+    sim.ref_cfg.prompt_merge = true;
+    EXPECT_EQ(run(sim, 1, 40, 1), "");
+  }
+}
+
 // Streaming with a fixed capacity: chunks of 7 tokens, compaction whenever a layer overflows.
 TEST(PolicyReference, BudgetModeInChunks) {
   for (const char* spec :
@@ -125,7 +156,9 @@ TEST(PolicyReference, BudgetModeInChunks) {
         "snapkv:budget=10,window=4", "pyramidkv:budget=10,window=4,pool=max", "cam:budget=10",
         "cam:budget=10,mb=2", "keydiff:budget=11", "keydiff:budget=10,sinks=2,recent=3",
         "h2o:budget=12,distinct=0.5", "d2o:budget=14,distinct=0.5",
-        "d2o:budget=14,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries"}) {
+        "d2o:budget=14,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries",
+        "d2o:budget=14,prompt=window,window=4,kernel=3,pmerge=off",
+        "h2o:budget=12,prompt=window"}) {
     check_all_layouts(spec, 5, 14, 7, 6);
   }
 }
@@ -138,7 +171,9 @@ TEST(PolicyReference, WithAttentionStatistics) {
         "h2o:ratio=0.3,agg=mean", "roco:budget=16", "snapkv:budget=16,window=4",
         "pyramidkv:ratio=0.4,window=4", "cam:ratio=0.3", "keydiff:ratio=0.3",
         "keydiff:budget=13,sinks=1", "d2o:ratio=0.3,distinct=0.5",
-        "d2o:ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries"}) {
+        "d2o:ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries",
+        "d2o:ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries,prompt=window,"
+        "window=4,kernel=5,pmerge=off"}) {
     for (int heads : {4, 2, 1}) {
       for (KvType type : {KvType::kF32, KvType::kF16}) {
         SCOPED_TRACE(std::string(spec) + " " + test::layout_name(heads) + " " + kv_type_name(type));
@@ -226,6 +261,11 @@ TEST(PolicyReference, NaiveCatchesWrongVariants) {
       {"h2o:ratio=0.3", [](PolicyConfig& c) { c.distinct = 0.5; }},
       {"h2o:ratio=0.3,distinct=0.5", [](PolicyConfig& c) { c.distinct = 0.25; }},
       {"d2o:ratio=0.3,distinct=1", [](PolicyConfig& c) { c.distinct = 0; }},
+      {"h2o:ratio=0.3,prompt=window,window=4",
+       [](PolicyConfig& c) { c.prompt = PromptScore::kAccumulated; }},
+      {"h2o:ratio=0.3,prompt=window,window=4", [](PolicyConfig& c) { c.kernel = 3; }},
+      {"d2o:ratio=0.3,pmerge=off", [](PolicyConfig& c) { c.prompt_merge = true; }},
+      {"d2o:ratio=0.3,prompt=window,window=4", [](PolicyConfig& c) { c.sinks = 0; }},
   };
   for (const Wrong& w : wrongs) {
     SCOPED_TRACE(w.spec);

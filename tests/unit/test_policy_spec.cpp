@@ -40,6 +40,16 @@ TEST(PolicySpec, DefaultsAreThePapers) {
   EXPECT_EQ(canonical("h2o:distinct=0.5"),
             "h2o:ratio=0.2,sinks=0,nm=1:1,agg=sum,norm=none,distinct=0.5");
   EXPECT_EQ(canonical("h2o:distinct=0"), canonical("h2o"));
+  // So are prompt= (with the window keys it brings) and pmerge=.
+  EXPECT_EQ(canonical("h2o:prompt=window"),
+            "h2o:ratio=0.2,sinks=0,nm=1:1,agg=sum,norm=none,prompt=window,window=32,kernel=7,"
+            "pool=avg");
+  EXPECT_EQ(canonical("d2o:pmerge=off,prompt=acc"), canonical("d2o") + ",pmerge=off");
+  EXPECT_EQ(canonical("d2o:pmerge=on"), canonical("d2o"));
+  const StatsNeeds pw = parse_kv_policy("h2o:prompt=window,window=16").value()->needs();
+  EXPECT_EQ(pw.window, 16);
+  EXPECT_TRUE(pw.accumulate);
+  EXPECT_EQ(parse_kv_policy("h2o").value()->needs().window, 0);
   EXPECT_EQ(canonical("full"), "full");
   EXPECT_EQ(canonical(""), "full");
   EXPECT_TRUE(parse_kv_policy("full").value()->is_full());
@@ -66,6 +76,8 @@ TEST(PolicySpec, CanonicalFormRoundTrips) {
       "keydiff: recent = 8 , budget = 8",
       "h2o:ratio=0.2,distinct=0.5",
       "d2o:ratio=0.2,nm=1:1,distinct=0.25,merge=off",
+      "d2o:ratio=0.2,prompt=window,kernel=21,pool=max,window=16,pmerge=off",
+      "roco:budget=64,prompt=window",
   };
   for (const std::string& s : specs) {
     SCOPED_TRACE(s);
@@ -136,7 +148,8 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"d2o:foo=1",
        {"unknown key 'foo'",
         "ratio, budget, sinks, nm, beta, layers, merge, sim, ema, agg, norm, mscore, mrope, "
-        "decide, protect, mass, heads, floor, distinct, reading"}},
+        "decide, protect, mass, heads, floor, distinct, prompt, window, kernel, pool, pmerge, "
+        "reading"}},
       {"d2o:mscore=median", {"mscore=median", "sum, keep, mean, max"}},
       {"d2o:mrope=both", {"mrope=both", "post, pre"}},
       {"d2o:decide=layer", {"decide=layer", "head, token"}},
@@ -146,6 +159,14 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"h2o:distinct=-0.1", {"distinct=-0.1", "[0, 1]"}},
       {"h2o:heads=ada,distinct=0.5", {"distinct= applies with heads=uniform"}},
       {"snapkv:distinct=0.5", {"unknown key 'distinct'"}},
+      {"h2o:kernel=21", {"kernel= applies only with prompt=window"}},
+      {"d2o:window=8,prompt=acc", {"window= applies only with prompt=window"}},
+      {"h2o:prompt=snap", {"prompt=snap", "acc, window"}},
+      {"d2o:prompt=window,kernel=4", {"kernel=4", "odd"}},
+      {"h2o:heads=ada,prompt=window", {"prompt=window applies with heads=uniform"}},
+      {"d2o:prompt=window,distinct=0.5", {"distinct= does not apply"}},
+      {"h2o:pmerge=off", {"unknown key 'pmerge'"}},
+      {"d2o:pmerge=no", {"pmerge=no", "off, on"}},
       {"h2o:mass=on", {"unknown key 'mass'"}},
       {"h2o:beta=0.5", {"unknown key 'beta'", "ratio, budget, sinks, nm, agg, norm"}},
       {"streaming:window=8", {"unknown key 'window'", "sinks, pos"}},

@@ -339,7 +339,15 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
     plan.reset(G, S);
   }
   plan.merged_score = cfg_.mscore;
-  const bool d2o = cfg_.merger == Merger::kD2o;
+  // The prompt's compaction: the sequence's first, after a pass of more than one token (a token
+  // by token feed has none). prompt=window ranks its heavy hitters by the window's attention;
+  // with pmerge=off it only evicts.
+  const bool prompt_pass = state.n_compactions == 0 && pass.n_tokens > 1;
+  const bool d2o = cfg_.merger == Merger::kD2o && (cfg_.prompt_merge || !prompt_pass);
+  if (cfg_.merger == Merger::kD2o && !d2o &&
+      own.key_inv.size() == static_cast<size_t>(cache.n_layer()) * G) {
+    for (int g = 0; g < G; ++g) own.key_inv[static_cast<size_t>(il) * G + g].clear();
+  }
   // A decode step's terms fit without growth, in exactly what state_bytes reserves.
   release_merges(plan);
   if (d2o && plan.merges.capacity() < kKeptTermsPerHead * static_cast<size_t>(G))
@@ -405,6 +413,13 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
           break;
         case Selector::kHeavyRecent: {
           const float* score = L.score(g);
+          if (cfg_.prompt == PromptScore::kWindow && prompt_pass) {
+            // The prompt's compaction is SnapKV's, with the policy's sinks kept.
+            const int w = std::min(cfg_.window, S - std::min(cfg_.sinks, S));
+            pool_window(L.window(g), n - w, cfg_.kernel, cfg_.pool, ssc.score.data());
+            select_snap(ssc.score.data(), n, S, w, keep, ssc.order.data(), cfg_.sinks);
+            break;
+          }
           if (cfg_.norm == ScoreNorm::kQueries) {
             // Mean attention: the slot at position p was seen by the queries at p .. next - 1.
             mean_attention(score, L.pos(g), n, pass.n_past - state.pos_shift, ssc.score.data());

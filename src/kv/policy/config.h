@@ -57,6 +57,15 @@ enum class ScoreNorm {
 
 enum class PoolKind { kMax, kAvg };
 
+// H2O / RoCo / D2O: what ranks the heavy hitters at the prompt's compaction (the sequence's first,
+// when the pass that triggers it holds more than one token).
+enum class PromptScore {
+  kAccumulated,  // the score every compaction ranks by (accumulated or mean attention)
+  kWindow,       // the compaction is SnapKV's with the sinks kept: the sinks, the last `window`
+                 // slots, the rest by the pass's last `window` queries' attention pooled over
+                 // `kernel` slots (pool=); later compactions rank by the usual score
+};
+
 // What happens to evicted slots.
 enum class Merger { kNone, kD2o, kCam };
 
@@ -159,6 +168,10 @@ struct PolicyConfig {
   // H2O / D2O: the share of the heavy-hitter places that go to the candidates KeyDiff ranks
   // highest (distinct=F; 0 = none, every place by attention score).
   double distinct = 0.0;
+  PromptScore prompt = PromptScore::kAccumulated;
+  // D2O: false (pmerge=off): the prompt's compaction (as for `prompt`) evicts without merging;
+  // the merges start with the next compaction.
+  bool prompt_merge = true;
 
   // Per-head budgets (heads=ada, floor=alpha).
   HeadRule heads = HeadRule::kUniform;
@@ -168,7 +181,10 @@ struct PolicyConfig {
   bool needs_accumulate() const {
     return selector == Selector::kHeavyRecent || merger == Merger::kCam;
   }
-  bool needs_window() const { return selector == Selector::kSnapWindow; }
+  bool needs_window() const {
+    return selector == Selector::kSnapWindow ||
+           (selector == Selector::kHeavyRecent && prompt == PromptScore::kWindow);
+  }
 
   bool operator==(const PolicyConfig&) const = default;
 

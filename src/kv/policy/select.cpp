@@ -97,10 +97,13 @@ void pool_window(const float* window, int n_prefix, int kernel, PoolKind pool, f
   }
 }
 
-void select_snap(const float* pooled, int n, int S, int window, int32_t* keep, int32_t* scratch) {
+void select_snap(const float* pooled, int n, int S, int window, int32_t* keep, int32_t* scratch,
+                 int sinks) {
   D2O_ASSERT(S <= n);
-  const int w = std::min(window, S);
-  select_top(pooled, 0, n - w, S - w, keep, scratch);
+  const int t = std::min(sinks, S);
+  const int w = std::min(window, S - t);
+  write_range(keep, 0, t);
+  select_top(pooled, t, n - w - t, S - t - w, keep + t, scratch);
   write_range(keep + (S - w), n - w, w);
 }
 

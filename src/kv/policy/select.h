@@ -56,7 +56,10 @@ void select_heavy_recent(const float* score, int n, int S, const PolicyConfig& c
 void pool_window(const float* window, int n_prefix, int kernel, PoolKind pool, float* out);
 
 // SnapKV / PyramidKV: the top (S - w) pooled slots of the prefix [0, n - w) plus the last w.
-// pooled: [n - w] (pool_window output).
-void select_snap(const float* pooled, int n, int S, int window, int32_t* keep, int32_t* scratch);
+// pooled: [n - w] (pool_window output). With sinks T > 0 (prompt=window of the heavy-hitter
+// policies): the first t = min(T, S) slots, the last w = min(window, S - t), and the top
+// S - t - w pooled slots of [t, n - w).
+void select_snap(const float* pooled, int n, int S, int window, int32_t* keep, int32_t* scratch,
+                 int sinks = 0);
 
 }  // namespace d2o

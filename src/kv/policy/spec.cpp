@@ -53,7 +53,8 @@ const std::vector<PresetDef>& presets() {
          c.sinks = 0;
          c.nm_n = c.nm_m = 1;
        },
-       {"sinks", "nm", "agg", "norm", "heads", "floor", "distinct"}},
+       {"sinks", "nm", "agg", "norm", "heads", "floor", "distinct", "prompt", "window", "kernel",
+        "pool"}},
       {"snapkv",
        [](PolicyConfig& c) { c.selector = Selector::kSnapWindow; },
        {"window", "kernel", "pool", "agg", "heads", "floor"}},
@@ -70,7 +71,7 @@ const std::vector<PresetDef>& presets() {
          c.nm_n = c.nm_m = 1;
          c.norm = ScoreNorm::kQueries;
        },
-       {"sinks", "nm", "agg", "heads", "floor"}},
+       {"sinks", "nm", "agg", "heads", "floor", "prompt", "window", "kernel", "pool"}},
       {"cam",
        [](PolicyConfig& c) {
          c.selector = Selector::kSinkRecent;
@@ -92,8 +93,9 @@ const std::vector<PresetDef>& presets() {
          c.ema = EmaRule::kPaper;
          c.beta = 0.7;
        },
-       {"sinks", "nm", "beta", "layers", "merge", "sim", "ema", "agg", "norm", "mscore", "mrope",
-        "decide", "protect", "mass", "heads", "floor", "distinct"}},
+       {"sinks",    "nm",     "beta",   "layers", "merge",   "sim",   "ema",   "agg",
+        "norm",     "mscore", "mrope",  "decide", "protect", "mass",  "heads", "floor",
+        "distinct", "prompt", "window", "kernel", "pool",    "pmerge"}},
       {"keydiff",
        [](PolicyConfig& c) {
          c.selector = Selector::kKeyDiff;
@@ -231,12 +233,27 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
   }
   bool has_floor = false;
   for (const auto& kv : items) has_floor = has_floor || kv.first == "floor";
+  for (const auto& kv : items) {
+    if (c.selector == Selector::kHeavyRecent && c.prompt == PromptScore::kAccumulated &&
+        (kv.first == "window" || kv.first == "kernel" || kv.first == "pool")) {
+      return invalid_argument("KV policy '" + name + "': " + std::string(kv.first) +
+                              "= applies only with prompt=window");
+    }
+  }
   if (has_floor && c.heads != HeadRule::kAda)
     return invalid_argument("KV policy '" + name + "': floor= applies only with heads=ada");
   if (c.heads == HeadRule::kAda && c.distinct > 0.0) {
     return invalid_argument("KV policy '" + name +
                             "': distinct= applies with heads=uniform (heads=ada shares the "
                             "places over the heads by attention score alone)");
+  }
+  if (c.distinct > 0.0 && c.prompt != PromptScore::kAccumulated) {
+    return invalid_argument("KV policy '" + name +
+                            "': prompt=window makes the prompt's compaction SnapKV's, which "
+                            "distinct= does not apply to; use one of them");
+  }
+  if (c.heads == HeadRule::kAda && c.prompt != PromptScore::kAccumulated) {
+    return invalid_argument("KV policy '" + name + "': prompt=window applies with heads=uniform");
   }
   if (c.heads == HeadRule::kAda && c.decide == MergeDecision::kToken) {
     return invalid_argument("KV policy '" + name +

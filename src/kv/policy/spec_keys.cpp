@@ -92,6 +92,7 @@ Status share_key(const std::string& policy, std::string_view key, std::string_vi
 const std::vector<const char*> kAggWords = {"sum", "mean", "max"};
 const std::vector<const char*> kNormWords = {"none", "queries"};
 const std::vector<const char*> kPoolWords = {"max", "avg"};
+const std::vector<const char*> kPromptWords = {"acc", "window"};
 const std::vector<const char*> kPosWords = {"original", "shift"};
 const std::vector<const char*> kLayerWords = {"uniform", "variance", "reciprocal",
                                               "exp",     "pyramid",  "research"};
@@ -123,7 +124,7 @@ KeyDef word_def(const char* name, ShownFn shown = nullptr) {
 
 // An integer key within [lo, hi] stored in the int `Member`.
 template <int PolicyConfig::*Member, int64_t Lo, int64_t Hi>
-KeyDef int_def(const char* name) {
+KeyDef int_def(const char* name, ShownFn shown = nullptr) {
   return {name,
           [](std::string_view key, std::string_view v, PolicyConfig& c) {
             int64_t x = 0;
@@ -131,7 +132,27 @@ KeyDef int_def(const char* name) {
             c.*Member = static_cast<int>(x);
             return Status();
           },
-          [](const PolicyConfig& c) { return std::to_string(c.*Member); }};
+          [](const PolicyConfig& c) { return std::to_string(c.*Member); }, shown};
+}
+
+// An odd integer key from 1 to 1001 (a pooling kernel) stored in the int `Member`.
+template <int PolicyConfig::*Member>
+KeyDef odd_def(const char* name, ShownFn shown = nullptr) {
+  return {name,
+          [](std::string_view key, std::string_view v, PolicyConfig& c) {
+            int64_t x = 0;
+            if (!parse_i64(v, &x) || x < 1 || x > 1001 || x % 2 == 0) {
+              return bad_value(c.name, key, v, "an odd integer from 1 to 1001");
+            }
+            c.*Member = static_cast<int>(x);
+            return Status();
+          },
+          [](const PolicyConfig& c) { return std::to_string(c.*Member); }, shown};
+}
+
+// SnapKV's window keys: always for its selector, for the heavy-hitter ones with prompt=window.
+bool window_shown(const PolicyConfig& c) {
+  return c.needs_window();
 }
 
 // Keys shown only away from the uniform per-head rule, or with a share of distinct keys (added
@@ -175,18 +196,9 @@ const std::vector<KeyDef>& key_defs() {
       word_def<&PolicyConfig::decide, kDecideWords>("decide"),
       word_def<&PolicyConfig::protect, kProtectWords>("protect"),
       word_def<&PolicyConfig::mass, kOnOffWords>("mass"),
-      int_def<&PolicyConfig::window, 1, 1 << 20>("window"),
-      {"kernel",
-       [](std::string_view key, std::string_view v, PolicyConfig& c) {
-         int64_t x = 0;
-         if (!parse_i64(v, &x) || x < 1 || x > 1001 || x % 2 == 0) {
-           return bad_value(c.name, key, v, "an odd integer from 1 to 1001");
-         }
-         c.kernel = static_cast<int>(x);
-         return Status();
-       },
-       [](const PolicyConfig& c) { return std::to_string(c.kernel); }},
-      word_def<&PolicyConfig::pool, kPoolWords>("pool"),
+      int_def<&PolicyConfig::window, 1, 1 << 20>("window", window_shown),
+      odd_def<&PolicyConfig::kernel>("kernel", window_shown),
+      word_def<&PolicyConfig::pool, kPoolWords>("pool", window_shown),
       {"pbeta",
        [](std::string_view key, std::string_view v, PolicyConfig& c) {
          double x = 0;
@@ -236,6 +248,10 @@ const std::vector<KeyDef>& key_defs() {
        },
        [](const PolicyConfig& c) { return fmt_f64(c.distinct); },
        [](const PolicyConfig& c) { return c.distinct != 0.0; }},
+      word_def<&PolicyConfig::prompt_merge, kOnOffWords>(
+          "pmerge", [](const PolicyConfig& c) { return !c.prompt_merge; }),
+      word_def<&PolicyConfig::prompt, kPromptWords>(
+          "prompt", [](const PolicyConfig& c) { return c.prompt != PromptScore::kAccumulated; }),
   };
   return defs;
 }
