@@ -195,7 +195,7 @@ TEST(PolicyReference, ThreadPoolGivesIdenticalResults) {
   for (const char* spec :
        {"d2o:ratio=0.3", "d2o:budget=14,sim=kv", "cam:ratio=0.3", "h2o:budget=12",
         "streaming:budget=10,pos=shift", "snapkv:budget=10,window=4", "keydiff:budget=12",
-        "d2o:ratio=0.3,distinct=0.5"}) {
+        "d2o:ratio=0.3,distinct=0.5", "d2o:ratio=0.3,prompt=window,window=4,pmerge=off"}) {
     for (KvType type : {KvType::kF32, KvType::kF16}) {
       SCOPED_TRACE(std::string(spec) + " " + kv_type_name(type));
       SimSetup s;
