@@ -375,10 +375,12 @@ inline std::vector<int> keep_list(const PolicyConfig& c, const Head& h, int S, i
                                   bool first = false) {
   const int n = static_cast<int>(h.size());
   std::vector<int> keep;
-  if (first && c.selector == Selector::kHeavyRecent && c.prompt == PromptScore::kWindow) {
-    // The prompt's compaction is SnapKV's with the sinks kept: the first t, the last w, the
-    // best S - t - w of [t, n - w) by the window attention pooled over [0, n - w).
-    const int t = std::min(c.sinks, S);
+  if (c.selector == Selector::kSnapWindow ||
+      (first && c.selector == Selector::kHeavyRecent && c.prompt == PromptScore::kWindow)) {
+    // SnapKV: the last w slots and the best S - w of [0, n - w) by the window attention pooled
+    // over [0, n - w). prompt=window of the heavy-hitter policies: the same at the prompt's
+    // compaction, the first t = min(sinks, S) slots kept as well.
+    const int t = c.selector == Selector::kSnapWindow ? 0 : std::min(c.sinks, S);
     const int w = std::min(c.window, S - t);
     std::vector<double> win(static_cast<size_t>(n - w));
     for (int j = 0; j < n - w; ++j) win[static_cast<size_t>(j)] = h[static_cast<size_t>(j)].window;
@@ -388,26 +390,6 @@ inline std::vector<int> keep_list(const PolicyConfig& c, const Head& h, int S, i
     for (int j = 0; j < t; ++j) keep.push_back(j);
     for (int j : best_k(cand, pooled_win, S - t - w)) keep.push_back(j);
     for (int j = n - w; j < n; ++j) keep.push_back(j);
-  } else if (c.selector == Selector::kSnapWindow) {
-    const int w = std::min(c.window, S);
-    const int prefix = n - w;
-    std::vector<double> pooled(static_cast<size_t>(n), 0.0);
-    for (int j = 0; j < prefix; ++j) {
-      double acc = c.pool == PoolKind::kMax ? -1e300 : 0.0;
-      for (int i = j - c.kernel / 2; i <= j + c.kernel / 2; ++i) {
-        const bool inside = i >= 0 && i < prefix;
-        if (c.pool == PoolKind::kMax) {
-          if (inside) acc = std::max(acc, h[static_cast<size_t>(i)].window);
-        } else {
-          acc += inside ? h[static_cast<size_t>(i)].window : 0.0;
-        }
-      }
-      pooled[static_cast<size_t>(j)] = c.pool == PoolKind::kMax ? acc : acc / c.kernel;
-    }
-    std::vector<int> cand(static_cast<size_t>(prefix));
-    std::iota(cand.begin(), cand.end(), 0);
-    keep = best_k(cand, pooled, S - w);
-    for (int j = prefix; j < n; ++j) keep.push_back(j);
   } else if (c.selector == Selector::kKeyDiff) {
     const std::vector<double> score = keydiff_scores(h);
     const int t = std::min(c.sinks, S);

@@ -343,11 +343,8 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
   // by token feed has none). prompt=window ranks its heavy hitters by the window's attention;
   // with pmerge=off it only evicts.
   const bool prompt_pass = state.n_compactions == 0 && pass.n_tokens > 1;
+  // (No compaction has run, so no kept key norms exist that skipping the merges could leave stale.)
   const bool d2o = cfg_.merger == Merger::kD2o && (cfg_.prompt_merge || !prompt_pass);
-  if (cfg_.merger == Merger::kD2o && !d2o &&
-      own.key_inv.size() == static_cast<size_t>(cache.n_layer()) * G) {
-    for (int g = 0; g < G; ++g) own.key_inv[static_cast<size_t>(il) * G + g].clear();
-  }
   // A decode step's terms fit without growth, in exactly what state_bytes reserves.
   release_merges(plan);
   if (d2o && plan.merges.capacity() < kKeptTermsPerHead * static_cast<size_t>(G))

@@ -135,21 +135,6 @@ KeyDef int_def(const char* name, ShownFn shown = nullptr) {
           [](const PolicyConfig& c) { return std::to_string(c.*Member); }, shown};
 }
 
-// An odd integer key from 1 to 1001 (a pooling kernel) stored in the int `Member`.
-template <int PolicyConfig::*Member>
-KeyDef odd_def(const char* name, ShownFn shown = nullptr) {
-  return {name,
-          [](std::string_view key, std::string_view v, PolicyConfig& c) {
-            int64_t x = 0;
-            if (!parse_i64(v, &x) || x < 1 || x > 1001 || x % 2 == 0) {
-              return bad_value(c.name, key, v, "an odd integer from 1 to 1001");
-            }
-            c.*Member = static_cast<int>(x);
-            return Status();
-          },
-          [](const PolicyConfig& c) { return std::to_string(c.*Member); }, shown};
-}
-
 // SnapKV's window keys: always for its selector, for the heavy-hitter ones with prompt=window.
 bool window_shown(const PolicyConfig& c) {
   return c.needs_window();
@@ -197,7 +182,16 @@ const std::vector<KeyDef>& key_defs() {
       word_def<&PolicyConfig::protect, kProtectWords>("protect"),
       word_def<&PolicyConfig::mass, kOnOffWords>("mass"),
       int_def<&PolicyConfig::window, 1, 1 << 20>("window", window_shown),
-      odd_def<&PolicyConfig::kernel>("kernel", window_shown),
+      {"kernel",
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
+         int64_t x = 0;
+         if (!parse_i64(v, &x) || x < 1 || x > 1001 || x % 2 == 0) {
+           return bad_value(c.name, key, v, "an odd integer from 1 to 1001");
+         }
+         c.kernel = static_cast<int>(x);
+         return Status();
+       },
+       [](const PolicyConfig& c) { return std::to_string(c.kernel); }, window_shown},
       word_def<&PolicyConfig::pool, kPoolWords>("pool", window_shown),
       {"pbeta",
        [](std::string_view key, std::string_view v, PolicyConfig& c) {
