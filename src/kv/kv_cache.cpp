@@ -412,6 +412,13 @@ void KvCache::replace_value(int il, int h, int j, const float* row) {
   L.store_value(h, j, row);
 }
 
+void KvCache::replace_scores(int il, int h, int first, int count, const float* scores) {
+  KvLayer& L = layers_[static_cast<size_t>(il)];
+  D2O_ASSERT(h >= 0 && h < L.n_head_kv_ && first >= 0 && count >= 0 &&
+             first + count <= L.n_slot(h));
+  std::copy_n(scores, count, L.score_accum(h) + first);
+}
+
 void KvCache::reset_score_stats(int il) {
   KvLayer& L = layers_[static_cast<size_t>(il)];
   if (L.n_slot_ == 0) return;  // nothing stored yet (maybe not even allocated)

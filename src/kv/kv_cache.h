@@ -378,6 +378,11 @@ class KvCache {
   // values of every layer. Layers are independent: different layers may be written in parallel.
   void replace_value(int il, int h, int j, const float* row);
 
+  // While planning layer il: slots [first, first + count) of head h get the accumulated scores
+  // `scores` (prompt=window with pscore=window), before the plan's merges combine them. Layers
+  // are independent, and so are heads.
+  void replace_scores(int il, int h, int first, int count, const float* scores);
+
   // Sliding-window layer il, before a pass of n_tok tokens is appended: drops the oldest slots
   // if the layer would otherwise exceed sliding_capacity(W, n_tok), keeping the last W - 1 (all
   // the pass's first query can see). Returns the slots dropped.

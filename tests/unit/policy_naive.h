@@ -370,6 +370,22 @@ inline std::vector<double> pooled(const std::vector<double>& score, int kernel, 
   return out;
 }
 
+// pscore=window, at the prompt's compaction: every slot of [t, n - w) (t sinks, w the window's
+// kept slots, as keep_list has them) takes the window's pooled attention per window query times
+// the queries that have seen it, before any merge.
+inline void carry_window(const PolicyConfig& c, Head& h, int S, int64_t next_pos, int n_tokens) {
+  const int n = static_cast<int>(h.size());
+  const int t = std::min(c.sinks, S), w = std::min(c.window, S - t);
+  std::vector<double> win(static_cast<size_t>(n - w));
+  for (int j = 0; j < n - w; ++j) win[static_cast<size_t>(j)] = h[static_cast<size_t>(j)].window;
+  const std::vector<double> p = pooled(win, c.kernel, c.pool);
+  const int queries = std::min(c.window, n_tokens);
+  for (int j = t; j < n - w; ++j) {
+    Tok& tk = h[static_cast<size_t>(j)];
+    tk.score = p[static_cast<size_t>(j)] / queries * static_cast<double>(next_pos - tk.pos);
+  }
+}
+
 // first: the first compaction of the sequence (prompt=window ranks it by the pooled window).
 inline std::vector<int> keep_list(const PolicyConfig& c, const Head& h, int S, int64_t next_pos,
                                   bool first = false) {
@@ -738,6 +754,8 @@ inline void compact(const PolicyConfig& c, Cache& cache, State& st, int64_t n_pa
   int64_t removed = 0;
   // pmerge=off: the first compaction only evicts.
   const bool merging = c.merger == Merger::kD2o && (c.prompt_merge || !first);
+  const bool carry = first && c.selector == Selector::kHeavyRecent &&
+                     c.prompt == PromptScore::kWindow && c.pscore == PromptScore::kWindow;
   for (int l = 0; l < L; ++l) {
     const int S = st.budgets[static_cast<size_t>(l)];
     if (c.heads == HeadRule::kAda) {
@@ -781,6 +799,9 @@ inline void compact(const PolicyConfig& c, Cache& cache, State& st, int64_t n_pa
         for (int e = 0; e < n - S; ++e) mean[static_cast<size_t>(e)] += nrs.back().m[e] / G;
       }
       st.compacted = true;
+      for (int g = 0; carry && g < G; ++g)
+        carry_window(c, cache.h[static_cast<size_t>(l)][static_cast<size_t>(g)], S,
+                     n_past - st.pos_shift, n_tokens);
       const size_t ti = static_cast<size_t>(l * G);
       bool ready = st.tau_ready[ti];
       const std::vector<bool> merge = d2o_decide(c, mean, st.tau[ti], ready);
@@ -803,6 +824,7 @@ inline void compact(const PolicyConfig& c, Cache& cache, State& st, int64_t n_pa
       if (S < 0 || n <= S) continue;
       const std::vector<int> keep = keep_list(c, h, S, n_past - st.pos_shift, first);
       st.compacted = true;
+      if (carry) carry_window(c, h, S, n_past - st.pos_shift, n_tokens);
       if (merging) {
         const size_t ti = static_cast<size_t>(l * G + g);
         bool ready = st.tau_ready[ti];

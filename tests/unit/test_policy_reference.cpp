@@ -132,16 +132,27 @@ TEST(PolicyReference, PromptWindowAndPromptMerge) {
       40, 50, 1);
   check_all_layouts("d2o:ratio=0.3,decide=token,pmerge=off,prompt=window,window=2", 40, 50, 1);
   check_all_layouts("d2o:ratio=0.3,heads=ada,pmerge=off", 40, 50, 1);
+  // pscore=window: the prompt's slots carry the window's pooled scores into the decode steps.
+  check_all_layouts("h2o:ratio=0.3,prompt=window,kernel=5,window=4,pscore=window", 40, 50, 1);
+  check_all_layouts("roco:ratio=0.35,prompt=window,window=3,pscore=window,pool=max", 37, 50, 1, 5);
+  check_all_layouts("d2o:ratio=0.3,prompt=window,kernel=7,window=5,pscore=window", 40, 50, 1, 6);
+  check_all_layouts(
+      "d2o:ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries,prompt=window,"
+      "kernel=21,pmerge=off,window=4,pscore=window",
+      40, 50, 1);
+  check_all_layouts("d2o:ratio=0.3,decide=token,prompt=window,window=2,pscore=window,mscore=max",
+                    40, 50, 1);
 }
 
 // Fed token by token, no compaction is the prompt's: the keys change nothing.
 TEST(PolicyReference, PromptKeysDoNothingTokenByToken) {
   for (const char* spec : {"d2o:budget=14,prompt=window,pmerge=off,mass=on,merge=sized,nm=1:1",
-                           "h2o:budget=12,prompt=window,kernel=5"}) {
+                           "h2o:budget=12,prompt=window,kernel=5,pscore=window"}) {
     SCOPED_TRACE(spec);
     SimSetup s;
     PolicySim sim(spec, s);
     sim.ref_cfg.prompt = PromptScore::kAccumulated;
+    sim.ref_cfg.pscore = PromptScore::kAccumulated;
     sim.ref_cfg.prompt_merge = true;
     EXPECT_EQ(run(sim, 1, 40, 1), "");
   }
@@ -158,6 +169,7 @@ TEST(PolicyReference, BudgetModeInChunks) {
         "h2o:budget=12,distinct=0.5", "d2o:budget=14,distinct=0.5",
         "d2o:budget=14,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries",
         "d2o:budget=14,prompt=window,window=4,kernel=3,pmerge=off",
+        "d2o:budget=14,prompt=window,window=4,kernel=3,pmerge=off,pscore=window",
         "h2o:budget=12,prompt=window"}) {
     check_all_layouts(spec, 5, 14, 7, 6);
   }
@@ -173,7 +185,9 @@ TEST(PolicyReference, WithAttentionStatistics) {
         "keydiff:budget=13,sinks=1", "d2o:ratio=0.3,distinct=0.5",
         "d2o:ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries",
         "d2o:ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries,prompt=window,"
-        "window=4,kernel=5,pmerge=off"}) {
+        "window=4,kernel=5,pmerge=off",
+        "d2o:ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries,prompt=window,"
+        "window=4,kernel=5,pmerge=off,pscore=window"}) {
     for (int heads : {4, 2, 1}) {
       for (KvType type : {KvType::kF32, KvType::kF16}) {
         SCOPED_TRACE(std::string(spec) + " " + test::layout_name(heads) + " " + kv_type_name(type));
@@ -195,7 +209,8 @@ TEST(PolicyReference, ThreadPoolGivesIdenticalResults) {
   for (const char* spec :
        {"d2o:ratio=0.3", "d2o:budget=14,sim=kv", "cam:ratio=0.3", "h2o:budget=12",
         "streaming:budget=10,pos=shift", "snapkv:budget=10,window=4", "keydiff:budget=12",
-        "d2o:ratio=0.3,distinct=0.5", "d2o:ratio=0.3,prompt=window,window=4,pmerge=off"}) {
+        "d2o:ratio=0.3,distinct=0.5", "d2o:ratio=0.3,prompt=window,window=4,pmerge=off",
+        "d2o:ratio=0.3,prompt=window,window=4,pscore=window"}) {
     for (KvType type : {KvType::kF32, KvType::kF16}) {
       SCOPED_TRACE(std::string(spec) + " " + kv_type_name(type));
       SimSetup s;
@@ -266,6 +281,10 @@ TEST(PolicyReference, NaiveCatchesWrongVariants) {
       {"h2o:ratio=0.3,prompt=window,window=4", [](PolicyConfig& c) { c.kernel = 3; }},
       {"d2o:ratio=0.3,pmerge=off", [](PolicyConfig& c) { c.prompt_merge = true; }},
       {"d2o:ratio=0.3,prompt=window,window=4", [](PolicyConfig& c) { c.sinks = 0; }},
+      {"h2o:ratio=0.3,prompt=window,window=4,pscore=window",
+       [](PolicyConfig& c) { c.pscore = PromptScore::kAccumulated; }},
+      {"d2o:ratio=0.3,prompt=window,window=4,norm=queries",
+       [](PolicyConfig& c) { c.pscore = PromptScore::kWindow; }},
   };
   for (const Wrong& w : wrongs) {
     SCOPED_TRACE(w.spec);

@@ -46,6 +46,9 @@ TEST(PolicySpec, DefaultsAreThePapers) {
             "pool=avg");
   EXPECT_EQ(canonical("d2o:pmerge=off,prompt=acc"), canonical("d2o") + ",pmerge=off");
   EXPECT_EQ(canonical("d2o:pmerge=on"), canonical("d2o"));
+  EXPECT_EQ(canonical("roco:prompt=window,pscore=window"),
+            canonical("roco:prompt=window") + ",pscore=window");
+  EXPECT_EQ(canonical("h2o:prompt=window,pscore=acc"), canonical("h2o:prompt=window"));
   const StatsNeeds pw = parse_kv_policy("h2o:prompt=window,window=16").value()->needs();
   EXPECT_EQ(pw.window, 16);
   EXPECT_TRUE(pw.accumulate);
@@ -78,6 +81,8 @@ TEST(PolicySpec, CanonicalFormRoundTrips) {
       "d2o:ratio=0.2,nm=1:1,distinct=0.25,merge=off",
       "d2o:ratio=0.2,prompt=window,kernel=21,pool=max,window=16,pmerge=off",
       "roco:budget=64,prompt=window",
+      "h2o:ratio=0.2,prompt=window,pscore=window,kernel=21",
+      "d2o:ratio=0.2,prompt=window,pscore=window,pmerge=off,norm=queries",
   };
   for (const std::string& s : specs) {
     SCOPED_TRACE(s);
@@ -149,7 +154,7 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
        {"unknown key 'foo'",
         "ratio, budget, sinks, nm, beta, layers, merge, sim, ema, agg, norm, mscore, mrope, "
         "decide, protect, mass, heads, floor, distinct, prompt, window, kernel, pool, pmerge, "
-        "reading"}},
+        "pscore, reading"}},
       {"d2o:mscore=median", {"mscore=median", "sum, keep, mean, max"}},
       {"d2o:mrope=both", {"mrope=both", "post, pre"}},
       {"d2o:decide=layer", {"decide=layer", "head, token"}},
@@ -166,6 +171,9 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"h2o:heads=ada,prompt=window", {"prompt=window applies with heads=uniform"}},
       {"d2o:prompt=window,distinct=0.5", {"distinct= does not apply"}},
       {"h2o:pmerge=off", {"unknown key 'pmerge'"}},
+      {"h2o:pscore=window", {"pscore= applies only with prompt=window"}},
+      {"d2o:prompt=window,pscore=pooled", {"pscore=pooled", "acc, window"}},
+      {"snapkv:pscore=window", {"unknown key 'pscore'"}},
       {"d2o:pmerge=no", {"pmerge=no", "off, on"}},
       {"h2o:mass=on", {"unknown key 'mass'"}},
       {"h2o:beta=0.5", {"unknown key 'beta'", "ratio, budget, sinks, nm, agg, norm"}},

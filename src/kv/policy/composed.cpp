@@ -415,6 +415,13 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
             const int w = std::min(cfg_.window, S - std::min(cfg_.sinks, S));
             pool_window(L.window(g), n - w, cfg_.kernel, cfg_.pool, ssc.score.data());
             select_snap(ssc.score.data(), n, S, w, keep, ssc.order.data(), cfg_.sinks);
+            if (cfg_.pscore == PromptScore::kWindow) {  // (the pooled scores, in place)
+              const int t = std::min(cfg_.sinks, S);
+              window_scores(ssc.score.data(), L.pos(g), t, n - w,
+                            std::min(cfg_.window, pass.n_tokens), pass.n_past - state.pos_shift,
+                            ssc.score.data());
+              cache.replace_scores(il, g, t, n - w - t, ssc.score.data() + t);
+            }
             break;
           }
           if (cfg_.norm == ScoreNorm::kQueries) {

@@ -169,6 +169,13 @@ struct PolicyConfig {
   // highest (distinct=F; 0 = none, every place by attention score).
   double distinct = 0.0;
   PromptScore prompt = PromptScore::kAccumulated;
+  // With prompt=window: the scores the prompt's compaction leaves (pscore=). kAccumulated: every
+  // slot keeps its accumulated attention. kWindow: every slot between the sinks and the last
+  // `window` slots takes the window's pooled attention per window query times the queries that
+  // have seen it (so mean attention reads the pooled score), before any merge combines scores:
+  // later compactions rank the prompt's slots as its compaction did, until new attention moves
+  // them.
+  PromptScore pscore = PromptScore::kAccumulated;
   // D2O: false (pmerge=off): the prompt's compaction (as for `prompt`) evicts without merging;
   // the merges start with the next compaction.
   bool prompt_merge = true;

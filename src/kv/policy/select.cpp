@@ -97,6 +97,12 @@ void pool_window(const float* window, int n_prefix, int kernel, PoolKind pool, f
   }
 }
 
+void window_scores(const float* pooled, const int32_t* pos, int first, int end, int n_queries,
+                   int64_t next_pos, float* out) {
+  for (int j = first; j < end; ++j)
+    out[j] = pooled[j] / static_cast<float>(n_queries) * static_cast<float>(next_pos - pos[j]);
+}
+
 void select_snap(const float* pooled, int n, int S, int window, int32_t* keep, int32_t* scratch,
                  int sinks) {
   D2O_ASSERT(S <= n);

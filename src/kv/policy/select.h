@@ -55,6 +55,12 @@ void select_heavy_recent(const float* score, int n, int S, const PolicyConfig& c
 // avg_pool1d default, count_include_pad): sum / k; max ignores the padding.
 void pool_window(const float* window, int n_prefix, int kernel, PoolKind pool, float* out);
 
+// pscore=window: out[j] = pooled[j] / n_queries * (next_pos - pos[j]) for j in [first, end): the
+// window's pooled attention per window query, as a score accumulated over the queries that have
+// seen slot j (so its mean attention is the pooled score). out may be pooled.
+void window_scores(const float* pooled, const int32_t* pos, int first, int end, int n_queries,
+                   int64_t next_pos, float* out);
+
 // SnapKV / PyramidKV: the top (S - w) pooled slots of the prefix [0, n - w) plus the last w.
 // pooled: [n - w] (pool_window output). With sinks T > 0 (prompt=window of the heavy-hitter
 // policies): the first t = min(T, S) slots, the last w = min(window, S - t), and the top

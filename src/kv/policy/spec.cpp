@@ -54,7 +54,7 @@ const std::vector<PresetDef>& presets() {
          c.nm_n = c.nm_m = 1;
        },
        {"sinks", "nm", "agg", "norm", "heads", "floor", "distinct", "prompt", "window", "kernel",
-        "pool"}},
+        "pool", "pscore"}},
       {"snapkv",
        [](PolicyConfig& c) { c.selector = Selector::kSnapWindow; },
        {"window", "kernel", "pool", "agg", "heads", "floor"}},
@@ -71,7 +71,7 @@ const std::vector<PresetDef>& presets() {
          c.nm_n = c.nm_m = 1;
          c.norm = ScoreNorm::kQueries;
        },
-       {"sinks", "nm", "agg", "heads", "floor", "prompt", "window", "kernel", "pool"}},
+       {"sinks", "nm", "agg", "heads", "floor", "prompt", "window", "kernel", "pool", "pscore"}},
       {"cam",
        [](PolicyConfig& c) {
          c.selector = Selector::kSinkRecent;
@@ -93,9 +93,9 @@ const std::vector<PresetDef>& presets() {
          c.ema = EmaRule::kPaper;
          c.beta = 0.7;
        },
-       {"sinks",    "nm",     "beta",   "layers", "merge",   "sim",   "ema",   "agg",
-        "norm",     "mscore", "mrope",  "decide", "protect", "mass",  "heads", "floor",
-        "distinct", "prompt", "window", "kernel", "pool",    "pmerge"}},
+       {"sinks",    "nm",     "beta",   "layers", "merge",   "sim",    "ema",   "agg",
+        "norm",     "mscore", "mrope",  "decide", "protect", "mass",   "heads", "floor",
+        "distinct", "prompt", "window", "kernel", "pool",    "pmerge", "pscore"}},
       {"keydiff",
        [](PolicyConfig& c) {
          c.selector = Selector::kKeyDiff;
@@ -235,7 +235,8 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
   for (const auto& kv : items) has_floor = has_floor || kv.first == "floor";
   for (const auto& kv : items) {
     if (c.selector == Selector::kHeavyRecent && c.prompt == PromptScore::kAccumulated &&
-        (kv.first == "window" || kv.first == "kernel" || kv.first == "pool")) {
+        (kv.first == "window" || kv.first == "kernel" || kv.first == "pool" ||
+         kv.first == "pscore")) {
       return invalid_argument("KV policy '" + name + "': " + std::string(kv.first) +
                               "= applies only with prompt=window");
     }

@@ -246,6 +246,8 @@ const std::vector<KeyDef>& key_defs() {
           "pmerge", [](const PolicyConfig& c) { return !c.prompt_merge; }),
       word_def<&PolicyConfig::prompt, kPromptWords>(
           "prompt", [](const PolicyConfig& c) { return c.prompt != PromptScore::kAccumulated; }),
+      word_def<&PolicyConfig::pscore, kPromptWords>(
+          "pscore", [](const PolicyConfig& c) { return c.pscore != PromptScore::kAccumulated; }),
   };
   return defs;
 }
