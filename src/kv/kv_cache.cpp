@@ -427,7 +427,9 @@ void KvCache::reset_score_stats(int il) {
 
 void KvCache::reset_window_stats(int il) {
   KvLayer& L = layers_[static_cast<size_t>(il)];
-  if (L.n_slot_ == 0) return;  // nothing stored yet (maybe not even allocated)
+  // Nothing stored yet (maybe not even allocated), or all zeros: appends write zeros, and only an
+  // attention pass that opened them (or a restore) writes anything else.
+  if (L.n_slot_ == 0 || !L.window_live_) return;
   for (int h = 0; h < L.n_head_kv_; ++h) std::fill_n(L.window_accum(h), L.n_slot_, 0.0f);
   L.window_live_ = false;
 }

@@ -152,6 +152,13 @@ class KvPolicy {
   // back an identical policy.
   virtual std::string spec() const = 0;
   virtual StatsNeeds needs() const = 0;
+  // The statistics the next pass must collect in `state`: needs() (the most any pass asks for,
+  // which chunking and validation plan by) or less. A prompt=window policy asks for the window
+  // only until its first compaction, the only one that reads it.
+  virtual StatsNeeds pass_needs(const PolicyState& state) const {
+    (void)state;
+    return needs();
+  }
   // True when the policy never removes anything (the engine then skips statistics entirely).
   virtual bool is_full() const { return false; }
   // Compacts the cache after a forward pass (no-op when within budget).

@@ -70,7 +70,8 @@ Status Engine::validate(std::span<const BatchEntry> batch) const {
 Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink) {
   // Validate everything before touching any sequence.
   D2O_RETURN_IF_ERROR(validate(batch));
-  // SnapKV-style window statistics cover only this pass.
+  // SnapKV-style window statistics cover only this pass (a no-op for a cache whose window
+  // statistics no pass has collected since the last reset).
   for (const BatchEntry& be : batch) {
     if (be.seq->policy().needs().window <= 0) continue;
     KvCache& c = be.seq->cache();
@@ -166,7 +167,7 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, const LogitsSink& s
     sr.r1 = r1;
     const KvPolicy& pol = be.seq->policy();
     if (!pol.is_full()) {
-      const StatsNeeds needs = pol.needs();
+      const StatsNeeds needs = pol.pass_needs(be.seq->policy_state());
       sr.stats.accumulate = needs.accumulate;
       sr.stats.agg = needs.agg;
       sr.stats.mass = needs.mass;

@@ -128,7 +128,7 @@ class PolicySim {
 
   // Statistics as the engine produces them: window cleared, then attention of the new queries.
   void attend(KvLayer& L, int n_tok, std::normal_distribution<float>& nd) {
-    const StatsNeeds needs = policy->needs();
+    const StatsNeeds needs = policy->pass_needs(state);
     AttnStatsRequest req;
     req.accumulate = needs.accumulate;
     req.agg = needs.agg;

@@ -137,6 +137,18 @@ TEST(PolicySpec, NeedsMatchThePolicy) {
   EXPECT_EQ(needs("keydiff").window, 0);
   EXPECT_FALSE(needs("keydiff:budget=64,sinks=4,recent=8").accumulate);
   EXPECT_FALSE(parse_kv_policy("d2o").value()->is_full());
+  // A pass asks for the window only while a compaction may still read it: prompt=window until
+  // the sequence's first compaction, SnapKV always (a fixed capacity compacts again).
+  PolicyState fresh, compacted;
+  compacted.n_compactions = 1;
+  for (const char* spec : {"h2o:prompt=window,window=16", "d2o:prompt=window,window=16,pmerge=off",
+                           "snapkv:window=16"}) {
+    SCOPED_TRACE(spec);
+    auto p = parse_kv_policy(spec).value();
+    EXPECT_EQ(p->pass_needs(fresh).window, 16);
+    EXPECT_EQ(p->pass_needs(compacted).window, spec[0] == 's' ? 16 : 0);
+    EXPECT_EQ(p->pass_needs(compacted).accumulate, p->needs().accumulate);
+  }
 }
 
 struct ErrorCase {

@@ -131,6 +131,13 @@ StatsNeeds ComposedPolicy::needs() const {
   return n;
 }
 
+StatsNeeds ComposedPolicy::pass_needs(const PolicyState& state) const {
+  StatsNeeds n = needs();
+  // prompt=window reads the window at the prompt's compaction only (the sequence's first).
+  if (cfg_.selector == Selector::kHeavyRecent && state.n_compactions > 0) n.window = 0;
+  return n;
+}
+
 bool ComposedPolicy::compacts_per_layer(const PolicyState& state) const {
   return state.budgets_set && cfg_.compact_after_first && cfg_.pos != PosMode::kShift;
 }
