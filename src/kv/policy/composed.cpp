@@ -122,22 +122,6 @@ std::string ComposedPolicy::spec() const {
   return format_policy_spec(cfg_);
 }
 
-StatsNeeds ComposedPolicy::needs() const {
-  StatsNeeds n;
-  n.accumulate = cfg_.needs_accumulate();
-  n.agg = cfg_.agg;
-  n.window = cfg_.needs_window() ? cfg_.window : 0;
-  n.mass = cfg_.merger == Merger::kD2o && cfg_.mass;
-  return n;
-}
-
-StatsNeeds ComposedPolicy::pass_needs(const PolicyState& state) const {
-  StatsNeeds n = needs();
-  // prompt=window reads the window at the prompt's compaction only (the sequence's first).
-  if (cfg_.selector == Selector::kHeavyRecent && state.n_compactions > 0) n.window = 0;
-  return n;
-}
-
 bool ComposedPolicy::compacts_per_layer(const PolicyState& state) const {
   return state.budgets_set && cfg_.compact_after_first && cfg_.pos != PosMode::kShift;
 }

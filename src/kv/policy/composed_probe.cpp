@@ -3,6 +3,7 @@
 // one-token pass to evict; that pass's attention forms the slot key's dots with every key while
 // it reads them, and the layer's next compaction takes them when the slot evicted is the armed one.
 // Otherwise d2o_nearest forms the same dots with the same kernel, so results never depend on it.
+// Also here: the statistics the policy asks the attention pass for (needs, pass_needs).
 #include <algorithm>
 
 #include "kv/policy/composed.h"
@@ -10,6 +11,22 @@
 #include "kv/policy/similarity.h"
 
 namespace d2o {
+
+StatsNeeds ComposedPolicy::needs() const {
+  StatsNeeds n;
+  n.accumulate = cfg_.needs_accumulate();
+  n.agg = cfg_.agg;
+  n.window = cfg_.needs_window() ? cfg_.window : 0;
+  n.mass = cfg_.merger == Merger::kD2o && cfg_.mass;
+  return n;
+}
+
+StatsNeeds ComposedPolicy::pass_needs(const PolicyState& state) const {
+  StatsNeeds n = needs();
+  // prompt=window reads the window at the prompt's compaction only (the sequence's first).
+  if (cfg_.selector == Selector::kHeavyRecent && state.n_compactions > 0) n.window = 0;
+  return n;
+}
 
 bool ComposedPolicy::probes() const {
   return probe_on_ && cfg_.merger == Merger::kD2o && cfg_.merge != MergeRule::kOff &&
