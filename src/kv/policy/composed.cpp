@@ -403,11 +403,10 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
           const float* score = L.score(g);
           if (cfg_.prompt == PromptScore::kWindow && prompt_pass) {
             // The prompt's compaction is SnapKV's, with the policy's sinks kept.
-            const int w = std::min(cfg_.window, S - std::min(cfg_.sinks, S));
+            const int t = std::min(cfg_.sinks, S), w = std::min(cfg_.window, S - t);
             pool_window(L.window(g), n - w, cfg_.kernel, cfg_.pool, ssc.score.data());
             select_snap(ssc.score.data(), n, S, w, keep, ssc.order.data(), cfg_.sinks);
             if (cfg_.pscore == PromptScore::kWindow) {  // (the pooled scores, in place)
-              const int t = std::min(cfg_.sinks, S);
               window_scores(ssc.score.data(), L.pos(g), t, n - w,
                             std::min(cfg_.window, pass.n_tokens), pass.n_past - state.pos_shift,
                             ssc.score.data());
