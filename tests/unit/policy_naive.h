@@ -370,15 +370,21 @@ inline std::vector<double> pooled(const std::vector<double>& score, int kernel, 
   return out;
 }
 
+// The window statistics of h's first n - w slots, pooled as c says.
+inline std::vector<double> pooled_prefix(const PolicyConfig& c, const Head& h, int w) {
+  const int n = static_cast<int>(h.size());
+  std::vector<double> win(static_cast<size_t>(n - w));
+  for (int j = 0; j < n - w; ++j) win[static_cast<size_t>(j)] = h[static_cast<size_t>(j)].window;
+  return pooled(win, c.kernel, c.pool);
+}
+
 // pscore=window, at the prompt's compaction: every slot of [t, n - w) (t sinks, w the window's
 // kept slots, as keep_list has them) takes the window's pooled attention per window query times
 // the queries that have seen it, before any merge.
 inline void carry_window(const PolicyConfig& c, Head& h, int S, int64_t next_pos, int n_tokens) {
   const int n = static_cast<int>(h.size());
   const int t = std::min(c.sinks, S), w = std::min(c.window, S - t);
-  std::vector<double> win(static_cast<size_t>(n - w));
-  for (int j = 0; j < n - w; ++j) win[static_cast<size_t>(j)] = h[static_cast<size_t>(j)].window;
-  const std::vector<double> p = pooled(win, c.kernel, c.pool);
+  const std::vector<double> p = pooled_prefix(c, h, w);
   const int queries = std::min(c.window, n_tokens);
   for (int j = t; j < n - w; ++j) {
     Tok& tk = h[static_cast<size_t>(j)];
@@ -398,9 +404,7 @@ inline std::vector<int> keep_list(const PolicyConfig& c, const Head& h, int S, i
     // compaction, the first t = min(sinks, S) slots kept as well.
     const int t = c.selector == Selector::kSnapWindow ? 0 : std::min(c.sinks, S);
     const int w = std::min(c.window, S - t);
-    std::vector<double> win(static_cast<size_t>(n - w));
-    for (int j = 0; j < n - w; ++j) win[static_cast<size_t>(j)] = h[static_cast<size_t>(j)].window;
-    const std::vector<double> pooled_win = pooled(win, c.kernel, c.pool);
+    const std::vector<double> pooled_win = pooled_prefix(c, h, w);
     std::vector<int> cand;
     for (int j = t; j < n - w; ++j) cand.push_back(j);
     for (int j = 0; j < t; ++j) keep.push_back(j);
