@@ -88,10 +88,12 @@ text=()
 [ -n "${TEXT:-}" ] && text=(-f "$TEXT")
 hay=()
 [ -n "${HAYSTACK:-}" ] && hay=(-f "$HAYSTACK")
-all="full;streaming;h2o;snapkv;pyramidkv;roco;cam;keydiff;d2o;d2o:mass=on,merge=sized,layers=uniform,nm=1:1;d2o:mass=on,nm=1:3"
+# The paper's D2O is `d2o:reading=paper` (and its variants, `d2o:reading=paper,KEYS`): the
+# reports of docs/results were recorded when it was `d2o`'s default, under the label `d2o`.
+all="full;streaming;h2o;snapkv;pyramidkv;roco;cam;keydiff;d2o:reading=paper;d2o:reading=paper,mass=on,merge=sized,layers=uniform,nm=1:1;d2o:reading=paper,mass=on,nm=1:3"
 # Per-head budgets (Ada-KV) on the three scorings they apply to: in the full run's ppl, fidelity
 # and ruler protocols (not the quick smoke run, nor niah, to keep their time).
-ada=";h2o:heads=ada;snapkv:heads=ada;d2o:heads=ada"
+ada=";h2o:heads=ada;snapkv:heads=ada;d2o:reading=paper,heads=ada"
 
 run() {
   # --only: an evaluation whose report (its --name, else its protocol) is not listed is skipped.
@@ -124,10 +126,10 @@ if [ $summary_only -eq 0 ] && [ "$model" = gemma3 ]; then
   # on an AVX-512 machine gives the same figures; the notes say what the AVX-512 kernels change).
   mkdir -p "$gout"
   gemma=(-t "$threads" --seed "$seed" -o "$gout" -m "${MODEL:-gemma3}")
-  gpol="full;streaming;h2o;snapkv;pyramidkv;d2o"
-  gpol+=";d2o:mass=on,merge=sized,layers=uniform,nm=1:1;d2o:mass=on,nm=1:3"
-  gall="full;streaming;h2o;snapkv;pyramidkv;roco;cam;keydiff;d2o"
-  gall+=";d2o:mass=on,merge=sized,layers=uniform,nm=1:1;d2o:mass=on,nm=1:3"
+  gpol="full;streaming;h2o;snapkv;pyramidkv;d2o:reading=paper"
+  gpol+=";d2o:reading=paper,mass=on,merge=sized,layers=uniform,nm=1:1;d2o:reading=paper,mass=on,nm=1:3"
+  gall="full;streaming;h2o;snapkv;pyramidkv;roco;cam;keydiff;d2o:reading=paper"
+  gall+=";d2o:reading=paper,mass=on,merge=sized,layers=uniform,nm=1:1;d2o:reading=paper,mass=on,nm=1:3"
   # fidelity: 8 prompts of 2048 tokens (four sliding windows), 64 teacher-forced tokens each.
   run eval fidelity "${gemma[@]}" "${text[@]}" --policies "$gall" --ratios 0.2,0.4 \
     --prompt 2048 --samples 8 --continue 64
@@ -160,7 +162,7 @@ if [ $summary_only -eq 0 ] && [ "$model" = gemma3 ]; then
   # (about 28 minutes: three prompt passes of 24K tokens per prompt).
   run eval fidelity "${gemma[@]}" "${text[@]}" --name fidelity_bytes --bytes 0.1,0.2 \
     --kv-types f16,q8_0,q4_0r --prompt 24576 --samples 4 --continue 32 \
-    --policies "full;h2o;snapkv;streaming;d2o;d2o:mass=on,nm=1:3"
+    --policies "full;h2o;snapkv;streaming;d2o:reading=paper;d2o:reading=paper,mass=on,nm=1:3"
 elif [ $summary_only -eq 0 ]; then
   if [ $quick -eq 1 ]; then
     # The smoke subset: every protocol end to end on a small grid.
@@ -171,7 +173,7 @@ elif [ $summary_only -eq 0 ]; then
     run eval ruler --quick "${common[@]}" "${hay[@]}" --policies "full;streaming;h2o;d2o"
     run eval ablate --quick "${common[@]}" "${text[@]}" --samples 1 --continue 8
     run eval fidelity --quick "${common[@]}" "${text[@]}" --name fidelity_bytes --bytes 0.2,0.4 \
-      --kv-types f16,q4_0r --policies "full;h2o;d2o"
+      --kv-types f16,q4_0r --policies "full;h2o;d2o:reading=paper"
   else
     # About 5 hours on 2 cores in all (each report's time: the run table of results.md).
     # ppl: the PG-19 protocol, token by token through 4096 tokens (half the trained context).
@@ -196,28 +198,28 @@ elif [ $summary_only -eq 0 ]; then
     # combination A. About 45 minutes on 2 cores (a 4K trial with 6 policies takes about 9 s).
     run eval ruler "${common[@]}" "${hay[@]}" --name ruler_4k --ratio 0.2 --lengths 4096 \
       --trials 50 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,fwe \
-      --policies "full;streaming;h2o;snapkv;d2o;d2o:mass=on,merge=sized,layers=uniform,nm=1:1"
+      --policies "full;streaming;h2o;snapkv;d2o:reading=paper;d2o:reading=paper,mass=on,merge=sized,layers=uniform,nm=1:1"
     # ruler_8k: 8K tokens (the trained context), one task only (niah_single, 50 trials): an 8K
     # trial takes about 30 s with these policies, so the six tasks would take two and a half hours.
     run eval ruler "${common[@]}" "${hay[@]}" --name ruler_8k --ratio 0.2 --lengths 8192 \
       --trials 50 --tasks niah_single \
-      --policies "full;streaming;h2o;snapkv;d2o;d2o:mass=on,merge=sized,layers=uniform,nm=1:1"
+      --policies "full;streaming;h2o;snapkv;d2o:reading=paper;d2o:reading=paper,mass=on,merge=sized,layers=uniform,nm=1:1"
     # ruler_8k_more: two more tasks at 8K with the same policies, 50 trials each: niah_multikey
     # and fwe, whose full-cache scores at 4K (38% and 32%) leave room to tell policies apart (vt:
     # 7%). About 50 minutes on 2 cores.
     run eval ruler "${common[@]}" "${hay[@]}" --name ruler_8k_more --ratio 0.2 --lengths 8192 \
       --trials 50 --tasks niah_multikey,fwe \
-      --policies "full;streaming;h2o;snapkv;d2o;d2o:mass=on,merge=sized,layers=uniform,nm=1:1"
+      --policies "full;streaming;h2o;snapkv;d2o:reading=paper;d2o:reading=paper,mass=on,merge=sized,layers=uniform,nm=1:1"
     # ruler_8k_rest: the other three tasks of the 2K and 4K grids at 8K, so that every task has
     # run at every length: niah_multivalue, niah_multiquery and vt, 50 trials each, the same
     # policies. About 75 minutes on 2 cores. (vt's full-cache score at 4K, 7%, leaves little room.)
     run eval ruler "${common[@]}" "${hay[@]}" --name ruler_8k_rest --ratio 0.2 --lengths 8192 \
       --trials 50 --tasks niah_multivalue,niah_multiquery,vt \
-      --policies "full;streaming;h2o;snapkv;d2o;d2o:mass=on,merge=sized,layers=uniform,nm=1:1"
+      --policies "full;streaming;h2o;snapkv;d2o:reading=paper;d2o:reading=paper,mass=on,merge=sized,layers=uniform,nm=1:1"
     # Equal KV bytes, RULER (ruler_bytes at 20%, ruler_bytes_10 at 10% of the F16 full cache's
     # bytes): the tasks above with every policy in F16, Q8_0 and rotated Q4_0 storage, each
     # keeping what fits. About 13 minutes each on 2 cores.
-    rb=(--policies "full;h2o;snapkv;streaming;d2o;d2o:mass=on,nm=1:3" --kv-types f16,q8_0,q4_0r
+    rb=(--policies "full;h2o;snapkv;streaming;d2o:reading=paper;d2o:reading=paper,mass=on,nm=1:3" --kv-types f16,q8_0,q4_0r
       --lengths 2048 --trials 8 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,fwe)
     run eval ruler "${common[@]}" "${hay[@]}" --name ruler_bytes --bytes 0.2 "${rb[@]}"
     run eval ruler "${common[@]}" "${hay[@]}" --name ruler_bytes_10 --bytes 0.1 "${rb[@]}"
@@ -227,7 +229,7 @@ elif [ $summary_only -eq 0 ]; then
     # 2 busy cores.
     run eval fidelity "${common[@]}" "${text[@]}" --name fidelity_bytes --bytes 0.1,0.2 \
       --kv-types f16,q8_0,q4_0r --prompt 2048 --samples 6 --continue 64 \
-      --policies "full;h2o;snapkv;streaming;d2o;d2o:mass=on,nm=1:3;h2o@q4_0"
+      --policies "full;h2o;snapkv;streaming;d2o:reading=paper;d2o:reading=paper,mass=on,nm=1:3;h2o@q4_0"
   fi
 fi
 

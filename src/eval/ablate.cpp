@@ -109,7 +109,10 @@ Result<AblationPlan> plan_ablation(double rho) {
     const bool other = !v.keys.empty() && v.keys[0] == '@';
     const std::string spec =
         other ? v.keys.substr(1) + ":ratio=" + plan.ratio
-              : "d2o:ratio=" + plan.ratio + (v.keys.empty() ? "" : "," + v.keys);
+        : v.keys.find("reading=") != std::string::npos
+            ? "d2o:ratio=" + plan.ratio + "," + v.keys
+            // Every variant is one change to the paper's D2O.
+            : "d2o:reading=paper,ratio=" + plan.ratio + (v.keys.empty() ? "" : "," + v.keys);
     const std::string label =
         v.keys.empty() ? "d2o (paper defaults)" : other ? v.keys.substr(1) : v.keys;
     D2O_ASSIGN_OR_RETURN(PolicyUnderTest t, make_policy(spec, label));

@@ -59,6 +59,53 @@ bool is_d2o_default(const std::string& spec) {
   return spec_preset(spec) == "d2o";
 }
 
+// A report recorded while d2o's defaults were the paper's: its canonical d2o specs have no
+// prompt= (today's always print it).
+bool paper_defaults_report(const json& j) {
+  if (j.is_object() || j.is_array()) {
+    for (const json& x : j) {
+      if (paper_defaults_report(x)) return true;
+    }
+    return false;
+  }
+  if (!j.is_string()) return false;
+  const std::string& s = j.get_ref<const std::string&>();
+  return s.rfind("d2o:", 0) == 0 && s.find(",sinks=") != std::string::npos &&
+         s.find("prompt=") == std::string::npos;
+}
+
+const char* const kPaperDefaultsNote =
+    "*Recorded while `d2o`'s defaults were the paper's: here a `d2o` label or spec is the "
+    "paper's reading with the keys shown. Today `d2o:reading=paper,` followed by those keys "
+    "runs it (`d2o` alone is E, the best D2O found).*\n\n";
+
+// `note` after the report's first line (its title) and the blank line that follows it.
+std::string insert_after_title(const std::string& md, const std::string& note) {
+  const size_t eol = md.find('\n');
+  if (eol == std::string::npos) return md + "\n\n" + note;
+  size_t at = eol + 1;
+  if (at < md.size() && md[at] == '\n') ++at;
+  return md.substr(0, at) + note + md.substr(at);
+}
+
+// The row the verdicts are about: `d2o` where a report has it, else `d2o:reading=paper` (the
+// paper's D2O, which reports recorded before d2o's defaults became E label `d2o`).
+std::string d2o_row(const std::vector<std::string>& labels) {
+  std::string found;
+  for (const std::string& l : labels) {
+    if (l == "d2o") return l;
+    if (l == "d2o:reading=paper") found = l;
+  }
+  return found;
+}
+
+template <typename Get>
+std::string d2o_row_of(const json& items, Get get) {
+  std::vector<std::string> labels;
+  for (const json& x : items) labels.push_back(get(x));
+  return d2o_row(labels);
+}
+
 // The reports a results directory may hold, in page order: the fixed protocols, with the other
 // RULER runs after `ruler`: first those at other lengths (ruler_*.json, e.g. ruler_4k), then the
 // equal-bytes ones (ruler_bytes*.json, one per bytes value), each group in name order.
@@ -142,9 +189,12 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
       "Paired differences, signed so that a positive number favours D2O; ± one standard error.\n\n";
   std::vector<std::vector<std::string>> rows;
   if (rep.count("ppl")) {
-    for (const json& c : rep["ppl"].value("comparisons", json::array())) {
-      // The paper's D2O (the `d2o` row); its variants are rows of the tables, not this verdict.
-      if (c.value("a", std::string()) != "d2o") continue;
+    const json cmps = rep["ppl"].value("comparisons", json::array());
+    const std::string row =
+        d2o_row_of(cmps, [](const json& c) { return c.value("a", std::string()); });
+    for (const json& c : cmps) {
+      // The D2O row (d2o_row); its variants are rows of the tables, not this verdict.
+      if (row.empty() || c.value("a", std::string()) != row) continue;
       const double d = c["delta_nll"], se = c["se"];
       rows.push_back({"ppl, capacity " + std::to_string(c["capacity"].get<int>()),
                       c["b"].get<std::string>(), "tail NLL (nats), D2O − other = " + pm(d, se, 4),
@@ -153,8 +203,9 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
   }
   if (rep.count("fidelity")) {
     const json& cases = rep["fidelity"]["cases"];
+    const std::string row = d2o_row_of(cases, [](const json& c) { return c.value("row", ""); });
     for (const json& a : cases) {
-      if (!is_d2o_default(a["spec"]) || a["row"] != "d2o") continue;
+      if (!is_d2o_default(a["spec"]) || row.empty() || a["row"] != row) continue;
       for (const json& b : cases) {
         if (b["column"] != a["column"] || b["row"] == a["row"] || b["row"] == "full") continue;
         std::vector<double> dk, dt;
@@ -187,8 +238,9 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
     }
     const json& pols = n["policies"];
     int d2o = -1;
+    const std::string row = d2o_row_of(pols, [](const json& p) { return p.value("label", ""); });
     for (size_t i = 0; i < pols.size(); ++i) {
-      if (pols[i]["label"] == "d2o") d2o = static_cast<int>(i);
+      if (!row.empty() && pols[i]["label"] == row) d2o = static_cast<int>(i);
     }
     if (d2o >= 0) {
       for (const json& task : n["params"]["tasks"]) {
@@ -242,9 +294,12 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
     }
     for (auto& [cap, v] : by_cap) {
       std::sort(v.begin(), v.end());
+      std::vector<std::string> labels;
+      for (const auto& e : v) labels.push_back(e.second);
+      const std::string row = d2o_row(labels);
       int rank = 0;
       for (size_t i = 0; i < v.size(); ++i) {
-        if (v[i].second == "d2o") rank = static_cast<int>(i) + 1;
+        if (!row.empty() && v[i].second == row) rank = static_cast<int>(i) + 1;
       }
       int wins = 0, losses = 0, n = 0;
       for (const json& c : rep["ppl"]["comparisons"]) {
@@ -295,19 +350,22 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
                       fmt_num("%.0f", 100 * s["ci95"][0].get<double>()) + "–" +
                       fmt_num("%.0f%%", 100 * s["ci95"][1].get<double>()) + "]"};
     }
+    const std::string row =
+        d2o_row_of(n["summary"], [](const json& x) { return x.value("policy", ""); });
     for (const json& task : n["params"]["tasks"]) {
       const std::string t = task;
-      if (!acc.count(t + "/d2o") || !acc.count(t + "/h2o") || !acc.count(t + "/streaming"))
+      if (row.empty() || !acc.count(t + "/" + row) || !acc.count(t + "/h2o") ||
+          !acc.count(t + "/streaming"))
         continue;
-      const double d = acc[t + "/d2o"].first, h = acc[t + "/h2o"].first,
+      const double d = acc[t + "/" + row].first, h = acc[t + "/h2o"].first,
                    s = acc[t + "/streaming"].first;
-      claims.push_back({"Needle in a haystack: D2O 94.5% > H2O 82.3% > StreamingLLM 62.8%",
-                        t + ": D2O " + acc[t + "/d2o"].second + ", H2O " + acc[t + "/h2o"].second +
-                            ", StreamingLLM " + acc[t + "/streaming"].second + " (95% Wilson)",
-                        (d > h && h > s) ? "agrees (order)"
-                        : (d >= h && d >= s)
-                            ? "partly"
-                            : "disagrees in order (see the paired differences above)"});
+      claims.push_back(
+          {"Needle in a haystack: D2O 94.5% > H2O 82.3% > StreamingLLM 62.8%",
+           t + ": D2O " + acc[t + "/" + row].second + ", H2O " + acc[t + "/h2o"].second +
+               ", StreamingLLM " + acc[t + "/streaming"].second + " (95% Wilson)",
+           (d > h && h > s)     ? "agrees (order)"
+           : (d >= h && d >= s) ? "partly"
+                                : "disagrees in order (see the paired differences above)"});
     }
   }
   if (rep.count("ablate")) {
@@ -357,7 +415,9 @@ Result<std::string> build_results_markdown(const SummaryOptions& o) {
   // ---- The reports ---------------------------------------------------------------------------
   for (const std::string& name : names) {
     if (!mds.count(name) || mds[name].empty()) continue;
-    md += embed(mds[name], o.image_prefix) + "\n";
+    std::string report = embed(mds[name], o.image_prefix);
+    if (paper_defaults_report(rep[name])) report = insert_after_title(report, kPaperDefaultsNote);
+    md += report + "\n";
   }
   return md;
 }

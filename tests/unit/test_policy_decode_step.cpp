@@ -249,8 +249,9 @@ int check_cached_norms(const PolicySim& sim) {
 }
 
 TEST(D2oKeyNorms, CachedNormsFollowEvictionsAndMerges) {
-  for (const char* spec : {"d2o:budget=12", "d2o:ratio=0.3,decide=token", "d2o:budget=10,nm=1:1",
-                           "d2o:budget=12,heads=ada"}) {
+  for (const char* spec :
+       {"d2o:reading=paper,budget=12", "d2o:reading=paper,ratio=0.3,decide=token",
+        "d2o:reading=paper,budget=10,nm=1:1", "d2o:reading=paper,budget=12,heads=ada"}) {
     for (KvType type : {KvType::kF32, KvType::kF16}) {
       SCOPED_TRACE(std::string(spec) + " " + kv_type_name(type));
       SimSetup s;
@@ -280,7 +281,7 @@ TEST(D2oKeyNorms, DroppedNormsGiveTheSameCache) {
   s.n_head_kv = 2;
   s.head_dim = 64;
   s.type = KvType::kF16;
-  PolicySim a("d2o:budget=16", s), b("d2o:budget=16", s);
+  PolicySim a("d2o:reading=paper,budget=16", s), b("d2o:reading=paper,budget=16", s);
   ASSERT_EQ(a.pass(48), "");
   ASSERT_EQ(b.pass(48), "");
   for (int step = 0; step < 30; ++step) {
@@ -318,7 +319,7 @@ SimSetup three_layer_f16() {
 // every kept key; what a sequence holds afterwards must not stay sized by its prompt.
 TEST(D2oState, APromptsCompactionLeavesNothingSizedByThePrompt) {
   const SimSetup s = three_layer_f16();
-  PolicySim sim("d2o:budget=16", s);
+  PolicySim sim("d2o:reading=paper,budget=16", s);
   ASSERT_EQ(sim.pass(600), "");  // 584 evicted per head, merged into 16 slots
   ASSERT_GT(sim.state.merged[0], 64);
   const ComposedPolicyState* own = composed_state(sim.state);
@@ -333,7 +334,7 @@ TEST(D2oState, APromptsCompactionLeavesNothingSizedByThePrompt) {
 // conversation): its merge terms and its search over the unit rows of the kept keys.
 TEST(D2oState, ANewTurnsCompactionLeavesNothingSizedByIt) {
   const SimSetup s = three_layer_f16();
-  PolicySim sim("d2o:budget=16", s);
+  PolicySim sim("d2o:reading=paper,budget=16", s);
   ASSERT_EQ(sim.pass(48), "");
   for (int step = 0; step < 3; ++step) ASSERT_EQ(sim.pass(1), "");
   const int64_t merged = sim.state.merged[0];
@@ -362,7 +363,7 @@ size_t plans_held(const PolicyState& state) {
 
 TEST(D2oState, ItsPerSlotListsFitWhatItReserves) {
   const SimSetup s = three_layer_f16();
-  PolicySim sim("d2o:budget=16", s);
+  PolicySim sim("d2o:reading=paper,budget=16", s);
   ASSERT_EQ(sim.pass(48), "");
   for (int step = 0; step < 20; ++step) ASSERT_EQ(sim.pass(1), "");
   const ComposedPolicyState* own = composed_state(sim.state);

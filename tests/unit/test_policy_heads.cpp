@@ -65,33 +65,36 @@ void check_layouts(const std::string& spec, int n_prompt, int steps, int chunk, 
 }
 
 TEST(PolicyHeads, MatchesNaiveReference) {
-  for (const char* spec :
-       {"h2o:ratio=0.3,heads=ada", "h2o:ratio=0.3,heads=ada,floor=0",
-        "h2o:ratio=0.3,heads=ada,floor=0.5,sinks=2,nm=3:1", "roco:ratio=0.3,heads=ada",
-        "d2o:ratio=0.3,heads=ada", "d2o:ratio=0.3,heads=ada,mass=on,merge=sized,floor=0.1",
-        "snapkv:ratio=0.4,window=4,kernel=3,heads=ada",
-        "pyramidkv:ratio=0.4,window=4,pool=max,heads=ada"}) {
+  for (const char* spec : {"h2o:ratio=0.3,heads=ada", "h2o:ratio=0.3,heads=ada,floor=0",
+                           "h2o:ratio=0.3,heads=ada,floor=0.5,sinks=2,nm=3:1",
+                           "roco:ratio=0.3,heads=ada", "d2o:reading=paper,ratio=0.3,heads=ada",
+                           "d2o:reading=paper,ratio=0.3,heads=ada,mass=on,merge=sized,floor=0.1",
+                           "snapkv:ratio=0.4,window=4,kernel=3,heads=ada",
+                           "pyramidkv:ratio=0.4,window=4,pool=max,heads=ada"}) {
     check_layouts(spec, 40, 40, 1);
   }
 }
 
 TEST(PolicyHeads, BudgetModeInChunks) {
-  for (const char* spec : {"h2o:budget=12,heads=ada", "d2o:budget=14,heads=ada,floor=0.3",
-                           "snapkv:budget=10,window=4,heads=ada"}) {
+  for (const char* spec :
+       {"h2o:budget=12,heads=ada", "d2o:reading=paper,budget=14,heads=ada,floor=0.3",
+        "snapkv:budget=10,window=4,heads=ada"}) {
     check_layouts(spec, 5, 14, 7);
   }
 }
 
 TEST(PolicyHeads, WithAttentionStatistics) {
-  for (const char* spec : {"h2o:ratio=0.3,heads=ada", "d2o:budget=20,heads=ada,agg=max",
-                           "snapkv:budget=16,window=4,heads=ada"}) {
+  for (const char* spec :
+       {"h2o:ratio=0.3,heads=ada", "d2o:reading=paper,budget=20,heads=ada,agg=max",
+        "snapkv:budget=16,window=4,heads=ada"}) {
     check_layouts(spec, 48, 20, 1, 4);
   }
 }
 
 // floor=1: every head keeps its own K best, nothing is shared: the uniform policy, bit for bit.
 TEST(PolicyHeads, FloorOneIsTheUniformPolicy) {
-  for (const char* base : {"h2o:ratio=0.3", "d2o:ratio=0.3", "snapkv:budget=10,window=4"}) {
+  for (const char* base :
+       {"h2o:ratio=0.3", "d2o:reading=paper,ratio=0.3", "snapkv:budget=10,window=4"}) {
     SCOPED_TRACE(base);
     SimSetup s;
     s.n_head_kv = 4;
@@ -126,7 +129,7 @@ TEST(PolicyHeads, NaiveCatchesWrongVariants) {
       {"h2o:ratio=0.3,heads=ada,floor=0.8", [](PolicyConfig& c) { c.floor = 0.2; }},
       {"h2o:ratio=0.3,heads=ada,floor=0", [](PolicyConfig& c) { c.floor = 0.5; }},
       {"h2o:ratio=0.3", [](PolicyConfig& c) { c.heads = HeadRule::kAda; }},
-      {"d2o:ratio=0.3,heads=ada", [](PolicyConfig& c) { c.nm_n = 1; }},
+      {"d2o:reading=paper,ratio=0.3,heads=ada", [](PolicyConfig& c) { c.nm_n = 1; }},
       {"snapkv:ratio=0.4,window=4,heads=ada", [](PolicyConfig& c) { c.kernel = 5; }},
   };
   for (const Wrong& w : wrongs) {
@@ -154,12 +157,13 @@ TEST(PolicyHeads, SpecKeys) {
   EXPECT_NE(spec_of("snapkv:ratio=0.2,heads=ada,floor=0.5").find("floor=0.5"), std::string::npos);
   spec_of("pyramidkv:ratio=0.2,heads=ada");
   spec_of("roco:ratio=0.2,heads=ada");
-  spec_of("d2o:ratio=0.2,heads=ada,floor=0");
+  spec_of("d2o:reading=paper,ratio=0.2,heads=ada,floor=0");
   for (const char* bad :
        {"streaming:ratio=0.2,heads=ada", "cam:ratio=0.2,heads=ada", "keydiff:ratio=0.2,heads=ada",
         "streaming:ratio=0.2,floor=0.2", "h2o:ratio=0.2,floor=0.3", "h2o:ratio=0.2,heads=all",
         "h2o:ratio=0.2,heads=ada,floor=1.5", "h2o:ratio=0.2,heads=ada,floor=-0.1",
-        "d2o:ratio=0.2,heads=ada,decide=token", "d2o:ratio=0.2,heads=ada,reading=research"}) {
+        "d2o:reading=paper,ratio=0.2,heads=ada,decide=token",
+        "d2o:ratio=0.2,heads=ada,reading=research"}) {
     auto p = parse_kv_policy(bad);
     EXPECT_FALSE(p.ok()) << bad;
     if (!p.ok()) {

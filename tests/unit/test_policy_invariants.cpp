@@ -41,11 +41,11 @@ using test::PolicySim;
 using test::SimSetup;
 
 TEST(PolicyInvariants, SlotsEqualBudgetAfterEveryDecodeStep) {
-  for (const char* spec :
-       {"d2o:ratio=0.3", "d2o:budget=16", "d2o:ratio=0.3,layers=research", "h2o:ratio=0.25",
-        "roco:budget=12", "streaming:budget=10,pos=shift", "cam:ratio=0.3",
-        "snapkv:budget=12,window=4", "pyramidkv:budget=12,window=4", "keydiff:ratio=0.3",
-        "keydiff:budget=12,sinks=2,recent=3"}) {
+  for (const char* spec : {"d2o:reading=paper,ratio=0.3", "d2o:reading=paper,budget=16",
+                           "d2o:reading=paper,ratio=0.3,layers=research", "h2o:ratio=0.25",
+                           "roco:budget=12", "streaming:budget=10,pos=shift", "cam:ratio=0.3",
+                           "snapkv:budget=12,window=4", "pyramidkv:budget=12,window=4",
+                           "keydiff:ratio=0.3", "keydiff:budget=12,sinks=2,recent=3"}) {
     for (int heads : {4, 2, 1}) {
       SCOPED_TRACE(std::string(spec) + " " + test::layout_name(heads));
       SimSetup s;
@@ -89,7 +89,8 @@ TEST(PolicyInvariants, SlotsEqualBudgetAfterEveryDecodeStep) {
 
 TEST(PolicyInvariants, MergeWeightsSumToOne) {
   for (const char* spec :
-       {"d2o:ratio=0.3", "d2o:ratio=0.3,merge=average", "d2o:ratio=0.3,sim=kv"}) {
+       {"d2o:reading=paper,ratio=0.3", "d2o:reading=paper,ratio=0.3,merge=average",
+        "d2o:reading=paper,ratio=0.3,sim=kv"}) {
     SCOPED_TRACE(spec);
     SimSetup s;
     s.head_dim = 4;  // small dimension: high similarities, many merges, some many-to-one
@@ -140,7 +141,8 @@ TEST(PolicyInvariants, D2oBudgetsSumExactlyWithinClamps) {
         SimSetup s;
         s.n_layer = 8;
         s.head_dim = 4;
-        PolicySim sim("d2o:ratio=" + std::to_string(ratio) + ",merge=off,layers=" + rule, s);
+        PolicySim sim(
+            "d2o:reading=paper,ratio=" + std::to_string(ratio) + ",merge=off,layers=" + rule, s);
         sim.feed(n_prompt);
         ASSERT_EQ(sim.compact(), "");
         const int64_t n = n_prompt, lo = std::min<int64_t>(8, n);
@@ -199,7 +201,7 @@ TEST(PolicyInvariants, AllocatorProportionalClampedExact) {
 
 // A budget at least the sequence length keeps the cache bit for bit identical to the full cache.
 TEST(PolicyInvariants, LargeBudgetLeavesCacheUntouched) {
-  for (const char* spec : {"d2o:budget=80", "h2o:budget=80", "roco:budget=80",
+  for (const char* spec : {"d2o:reading=paper,budget=80", "h2o:budget=80", "roco:budget=80",
                            "streaming:budget=80,pos=shift", "snapkv:budget=80,window=4",
                            "pyramidkv:budget=80,window=4", "cam:budget=80", "keydiff:budget=80"}) {
     for (KvType type : {KvType::kF32, KvType::kF16}) {
@@ -251,12 +253,12 @@ TEST(PolicyInvariants, PeakSlotsBoundsWhatASequenceHolds) {
       {"cam:ratio=0.25", 40, 100, 40, false},
       {"keydiff:budget=20", 50, 120, 7, true},
       {"keydiff:ratio=0.3", 40, 100, 40, false},
-      {"d2o:budget=20", 50, 120, 7, false},
-      {"d2o:ratio=0.3", 40, 100, 40, false},
+      {"d2o:reading=paper,budget=20", 50, 120, 7, false},
+      {"d2o:reading=paper,ratio=0.3", 40, 100, 40, false},
       {"snapkv:ratio=0.5,window=4", 40, 100, 40, true},
       {"snapkv:budget=20,window=4", 40, 100, 40, false},
       {"pyramidkv:budget=20,window=4", 30, 90, 5, false},
-      {"d2o:ratio=0.3,layers=research", 40, 100, 40, true},
+      {"d2o:reading=paper,ratio=0.3,layers=research", 40, 100, 40, true},
       {"h2o:budget=200", 40, 100, 40, true},
   };
   for (const Case& c : cases) {
@@ -330,7 +332,7 @@ TEST(PolicyInvariants, SteadyStateDecodeAllocatesNothing) {
     g_count_allocations = false;
     ASSERT_EQ(g_allocations.load(), 1);
     // The first compaction does allocate (budgets, plans, scratch).
-    PolicySim sim("d2o:ratio=0.3", SimSetup{});
+    PolicySim sim("d2o:reading=paper,ratio=0.3", SimSetup{});
     sim.feed(40);
     PassInfo pi;
     pi.n_past = sim.n_past;
@@ -341,11 +343,11 @@ TEST(PolicyInvariants, SteadyStateDecodeAllocatesNothing) {
     EXPECT_GT(g_allocations.load(), 0);
   }
   for (const char* spec :
-       {"d2o:ratio=0.3", "d2o:budget=20,sim=kv,reading=research", "h2o:budget=16,norm=queries",
-        "streaming:budget=12,pos=shift", "snapkv:budget=16,window=4", "cam:ratio=0.3",
-        "pyramidkv:budget=16,window=4", "keydiff:ratio=0.3", "keydiff:budget=16,recent=4",
-        "h2o:budget=16,heads=ada", "d2o:ratio=0.3,heads=ada",
-        "snapkv:budget=16,window=4,heads=ada"}) {
+       {"d2o:reading=paper,ratio=0.3", "d2o:budget=20,sim=kv,reading=research",
+        "h2o:budget=16,norm=queries", "streaming:budget=12,pos=shift", "snapkv:budget=16,window=4",
+        "cam:ratio=0.3", "pyramidkv:budget=16,window=4", "keydiff:ratio=0.3",
+        "keydiff:budget=16,recent=4", "h2o:budget=16,heads=ada",
+        "d2o:reading=paper,ratio=0.3,heads=ada", "snapkv:budget=16,window=4,heads=ada"}) {
     for (KvType type : {KvType::kF32, KvType::kF16}) {
       SCOPED_TRACE(spec);
       SimSetup s;
@@ -371,7 +373,7 @@ TEST(PolicyInvariants, SteadyStateDecodeAllocatesNothing) {
 
 TEST(PolicyInvariants, StateFromAnotherCacheIsRejected) {
   SimSetup s;
-  PolicySim sim("d2o:ratio=0.3", s);
+  PolicySim sim("d2o:reading=paper,ratio=0.3", s);
   ASSERT_EQ(sim.pass(30), "");
   KvCache other(KvCacheConfig{s.n_layer + 1, s.n_head_kv, s.head_dim, s.type});
   PassInfo pi;
@@ -460,7 +462,7 @@ TEST(PolicyInvariants, D2oDecodeStepCost) {
     s.n_head_kv = 3;
     s.head_dim = 64;
     s.type = type;
-    PolicySim sim("d2o:budget=1638", s);
+    PolicySim sim("d2o:reading=paper,budget=1638", s);
     sim.feed(1639);
     PassInfo pi;
     pi.n_past = sim.n_past;
@@ -543,11 +545,13 @@ TEST(PolicyInvariants, D2oDecodeStepCost) {
 TEST(PolicyInvariants, LayerwiseCompactionEqualsWholePass) {
   ThreadPool pool(2);
   for (const char* spec :
-       {"d2o:ratio=0.3", "d2o:budget=16", "d2o:ratio=0.3,layers=research", "h2o:ratio=0.25",
-        "roco:budget=12", "cam:ratio=0.3", "streaming:budget=10", "snapkv:budget=12,window=4",
-        "keydiff:budget=12,sinks=1", "d2o:budget=16,heads=ada",
-        "snapkv:budget=12,window=4,heads=ada", "d2o:budget=16,decide=token",
-        "d2o:ratio=0.3,mass=on,merge=sized,nm=1:1", "d2o:budget=16,sim=kv"}) {
+       {"d2o:reading=paper,ratio=0.3", "d2o:reading=paper,budget=16",
+        "d2o:reading=paper,ratio=0.3,layers=research", "h2o:ratio=0.25", "roco:budget=12",
+        "cam:ratio=0.3", "streaming:budget=10", "snapkv:budget=12,window=4",
+        "keydiff:budget=12,sinks=1", "d2o:reading=paper,budget=16,heads=ada",
+        "snapkv:budget=12,window=4,heads=ada", "d2o:reading=paper,budget=16,decide=token",
+        "d2o:reading=paper,ratio=0.3,mass=on,merge=sized,nm=1:1",
+        "d2o:reading=paper,budget=16,sim=kv"}) {
     SCOPED_TRACE(spec);
     SimSetup s;
     s.n_layer = 5;
@@ -609,7 +613,7 @@ TEST(PolicyInvariants, LayerwiseCompactionEqualsWholePass) {
   pi.n_past = sh.n_past;
   EXPECT_FALSE(sh.policy->compact_layer(sh.cache, sh.state, pi, 0).ok());
   // Before the first compaction (budgets not decided) neither.
-  PolicySim fresh("d2o:ratio=0.3", SimSetup{});
+  PolicySim fresh("d2o:reading=paper,ratio=0.3", SimSetup{});
   fresh.feed(10);
   EXPECT_FALSE(fresh.policy->compacts_per_layer(fresh.state));
 }

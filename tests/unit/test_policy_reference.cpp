@@ -53,18 +53,18 @@ void check_all_layouts(const std::string& spec, int n_prompt, int steps, int chu
 
 // Prompt-then-compress: a 40-token prompt compacted at once, then 50 decode steps.
 TEST(PolicyReference, D2oPaperDefaults) {
-  check_all_layouts("d2o:ratio=0.3", 40, 50, 1);
-  check_all_layouts("d2o:ratio=0.25", 90, 50, 1, 8);  // budgets away from the clamps
+  check_all_layouts("d2o:reading=paper,ratio=0.3", 40, 50, 1);
+  check_all_layouts("d2o:reading=paper,ratio=0.25", 90, 50, 1, 8);  // budgets away from the clamps
 }
 TEST(PolicyReference, D2oLayerRules) {
   for (const char* rule : {"uniform", "reciprocal", "exp", "pyramid", "research"}) {
-    check_all_layouts(std::string("d2o:ratio=0.3,layers=") + rule, 40, 50, 1, 6);
+    check_all_layouts(std::string("d2o:reading=paper,ratio=0.3,layers=") + rule, 40, 50, 1, 6);
   }
 }
 TEST(PolicyReference, D2oMergeAblations) {
   for (const char* m : {"merge=average", "merge=research", "merge=off", "sim=value", "sim=kv",
                         "ema=research", "nm=1:1,sinks=2", "norm=queries,agg=mean", "beta=0.5"}) {
-    check_all_layouts(std::string("d2o:ratio=0.3,") + m, 40, 50, 1);
+    check_all_layouts(std::string("d2o:reading=paper,ratio=0.3,") + m, 40, 50, 1);
   }
 }
 // The keys that separate D2O's pieces (docs/results.md, "Why D2O loses"), alone and together.
@@ -74,7 +74,7 @@ TEST(PolicyReference, D2oDiagnosisKeys) {
         "merge=sized", "mass=on", "decide=token,ema=research,merge=research",
         "mrope=pre,merge=sized,mscore=mean,decide=token,sim=kv",
         "mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries"}) {
-    check_all_layouts(std::string("d2o:ratio=0.3,") + m, 40, 50, 1, 6);
+    check_all_layouts(std::string("d2o:reading=paper,ratio=0.3,") + m, 40, 50, 1, 6);
   }
 }
 TEST(PolicyReference, D2oResearchReading) {
@@ -110,9 +110,10 @@ TEST(PolicyReference, KeyDiff) {
 TEST(PolicyReference, DistinctShare) {
   check_all_layouts("h2o:ratio=0.3,distinct=0.5", 40, 50, 1);
   check_all_layouts("h2o:ratio=0.3,nm=3:1,distinct=1", 40, 50, 1);
-  check_all_layouts("d2o:ratio=0.3,distinct=0.25", 40, 50, 1, 6);
-  check_all_layouts("d2o:ratio=0.3,distinct=1,layers=uniform,merge=off", 40, 50, 1);
-  check_all_layouts("d2o:ratio=0.3,distinct=0.5,mass=on,merge=sized,nm=1:1", 40, 50, 1);
+  check_all_layouts("d2o:reading=paper,ratio=0.3,distinct=0.25", 40, 50, 1, 6);
+  check_all_layouts("d2o:reading=paper,ratio=0.3,distinct=1,layers=uniform,merge=off", 40, 50, 1);
+  check_all_layouts("d2o:reading=paper,ratio=0.3,distinct=0.5,mass=on,merge=sized,nm=1:1", 40, 50,
+                    1);
   check_all_layouts("h2o:ratio=0.3,distinct=0.5,norm=queries", 37, 50, 1, 5);
 }
 
@@ -123,31 +124,41 @@ TEST(PolicyReference, PromptWindowAndPromptMerge) {
   check_all_layouts("h2o:ratio=0.3,prompt=window,kernel=7,pool=max,window=6,norm=queries", 40, 50,
                     1);
   check_all_layouts("roco:ratio=0.35,prompt=window,window=3", 37, 50, 1, 5);
-  check_all_layouts("d2o:ratio=0.3,prompt=window,kernel=21,window=5", 40, 50, 1, 6);
-  check_all_layouts("d2o:ratio=0.3,prompt=window", 40, 50, 1);  // the window takes S - sinks
-  check_all_layouts("d2o:ratio=0.3,pmerge=off", 40, 50, 1);
+  check_all_layouts("d2o:reading=paper,ratio=0.3,prompt=window,kernel=21,window=5", 40, 50, 1, 6);
+  check_all_layouts("d2o:reading=paper,ratio=0.3,prompt=window", 40, 50,
+                    1);  // the window takes S - sinks
+  check_all_layouts("d2o:reading=paper,ratio=0.3,pmerge=off", 40, 50, 1);
   check_all_layouts(
-      "d2o:ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries,prompt=window,"
+      "d2o:reading=paper,ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries,prompt="
+      "window,"
       "kernel=21,pmerge=off,window=4",
       40, 50, 1);
-  check_all_layouts("d2o:ratio=0.3,decide=token,pmerge=off,prompt=window,window=2", 40, 50, 1);
-  check_all_layouts("d2o:ratio=0.3,heads=ada,pmerge=off", 40, 50, 1);
+  check_all_layouts("d2o:reading=paper,ratio=0.3,decide=token,pmerge=off,prompt=window,window=2",
+                    40, 50, 1);
+  check_all_layouts("d2o:reading=paper,ratio=0.3,heads=ada,pmerge=off", 40, 50, 1);
   // pscore=window: the prompt's slots carry the window's pooled scores into the decode steps.
   check_all_layouts("h2o:ratio=0.3,prompt=window,kernel=5,window=4,pscore=window", 40, 50, 1);
   check_all_layouts("roco:ratio=0.35,prompt=window,window=3,pscore=window,pool=max", 37, 50, 1, 5);
-  check_all_layouts("d2o:ratio=0.3,prompt=window,kernel=7,window=5,pscore=window", 40, 50, 1, 6);
+  check_all_layouts("d2o:reading=paper,ratio=0.3,prompt=window,kernel=7,window=5,pscore=window", 40,
+                    50, 1, 6);
   check_all_layouts(
-      "d2o:ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries,prompt=window,"
+      "d2o:reading=paper,ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries,prompt="
+      "window,"
       "kernel=21,pmerge=off,window=4,pscore=window",
       40, 50, 1);
-  check_all_layouts("d2o:ratio=0.3,decide=token,prompt=window,window=2,pscore=window,mscore=max",
-                    40, 50, 1);
+  check_all_layouts(
+      "d2o:reading=paper,ratio=0.3,decide=token,prompt=window,window=2,pscore=window,mscore=max",
+      40, 50, 1);
+  // d2o's defaults are the combination above (E).
+  check_all_layouts("d2o:ratio=0.3,window=4", 40, 50, 1);
+  check_all_layouts("d2o:ratio=0.3", 40, 50, 1, 6);
 }
 
 // Fed token by token, no compaction is the prompt's: the keys change nothing.
 TEST(PolicyReference, PromptKeysDoNothingTokenByToken) {
-  for (const char* spec : {"d2o:budget=14,prompt=window,pmerge=off,mass=on,merge=sized,nm=1:1",
-                           "h2o:budget=12,prompt=window,kernel=5,pscore=window"}) {
+  for (const char* spec :
+       {"d2o:reading=paper,budget=14,prompt=window,pmerge=off,mass=on,merge=sized,nm=1:1",
+        "h2o:budget=12,prompt=window,kernel=5,pscore=window"}) {
     SCOPED_TRACE(spec);
     SimSetup s;
     PolicySim sim(spec, s);
@@ -161,15 +172,15 @@ TEST(PolicyReference, PromptKeysDoNothingTokenByToken) {
 // Streaming with a fixed capacity: chunks of 7 tokens, compaction whenever a layer overflows.
 TEST(PolicyReference, BudgetModeInChunks) {
   for (const char* spec :
-       {"d2o:budget=14", "d2o:budget=14,layers=research",
-        "d2o:budget=14,mrope=pre,decide=token,merge=sized,protect=edges,mscore=max",
+       {"d2o:reading=paper,budget=14", "d2o:reading=paper,budget=14,layers=research",
+        "d2o:reading=paper,budget=14,mrope=pre,decide=token,merge=sized,protect=edges,mscore=max",
         "h2o:budget=12", "roco:budget=12", "streaming:budget=10", "streaming:budget=10,pos=shift",
         "snapkv:budget=10,window=4", "pyramidkv:budget=10,window=4,pool=max", "cam:budget=10",
         "cam:budget=10,mb=2", "keydiff:budget=11", "keydiff:budget=10,sinks=2,recent=3",
-        "h2o:budget=12,distinct=0.5", "d2o:budget=14,distinct=0.5",
-        "d2o:budget=14,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries",
-        "d2o:budget=14,prompt=window,window=4,kernel=3,pmerge=off",
-        "d2o:budget=14,prompt=window,window=4,kernel=3,pmerge=off,pscore=window",
+        "h2o:budget=12,distinct=0.5", "d2o:reading=paper,budget=14,distinct=0.5",
+        "d2o:reading=paper,budget=14,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries",
+        "d2o:reading=paper,budget=14,prompt=window,window=4,kernel=3,pmerge=off",
+        "d2o:reading=paper,budget=14,prompt=window,window=4,kernel=3,pmerge=off,pscore=window",
         "h2o:budget=12,prompt=window"}) {
     check_all_layouts(spec, 5, 14, 7, 6);
   }
@@ -179,14 +190,17 @@ TEST(PolicyReference, BudgetModeInChunks) {
 // engine produces them for each policy's needs().
 TEST(PolicyReference, WithAttentionStatistics) {
   for (const char* spec :
-       {"d2o:ratio=0.3", "d2o:budget=20,agg=max", "d2o:ratio=0.3,mass=on,merge=sized",
-        "h2o:ratio=0.3,agg=mean", "roco:budget=16", "snapkv:budget=16,window=4",
-        "pyramidkv:ratio=0.4,window=4", "cam:ratio=0.3", "keydiff:ratio=0.3",
-        "keydiff:budget=13,sinks=1", "d2o:ratio=0.3,distinct=0.5",
-        "d2o:ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries",
-        "d2o:ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries,prompt=window,"
+       {"d2o:reading=paper,ratio=0.3", "d2o:reading=paper,budget=20,agg=max",
+        "d2o:reading=paper,ratio=0.3,mass=on,merge=sized", "h2o:ratio=0.3,agg=mean",
+        "roco:budget=16", "snapkv:budget=16,window=4", "pyramidkv:ratio=0.4,window=4",
+        "cam:ratio=0.3", "keydiff:ratio=0.3", "keydiff:budget=13,sinks=1",
+        "d2o:reading=paper,ratio=0.3,distinct=0.5",
+        "d2o:reading=paper,ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries",
+        "d2o:reading=paper,ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries,prompt="
+        "window,"
         "window=4,kernel=5,pmerge=off",
-        "d2o:ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries,prompt=window,"
+        "d2o:reading=paper,ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries,prompt="
+        "window,"
         "window=4,kernel=5,pmerge=off,pscore=window"}) {
     for (int heads : {4, 2, 1}) {
       for (KvType type : {KvType::kF32, KvType::kF16}) {
@@ -207,10 +221,11 @@ TEST(PolicyReference, WithAttentionStatistics) {
 TEST(PolicyReference, ThreadPoolGivesIdenticalResults) {
   ThreadPool pool(3);
   for (const char* spec :
-       {"d2o:ratio=0.3", "d2o:budget=14,sim=kv", "cam:ratio=0.3", "h2o:budget=12",
-        "streaming:budget=10,pos=shift", "snapkv:budget=10,window=4", "keydiff:budget=12",
-        "d2o:ratio=0.3,distinct=0.5", "d2o:ratio=0.3,prompt=window,window=4,pmerge=off",
-        "d2o:ratio=0.3,prompt=window,window=4,pscore=window"}) {
+       {"d2o:reading=paper,ratio=0.3", "d2o:reading=paper,budget=14,sim=kv", "cam:ratio=0.3",
+        "h2o:budget=12", "streaming:budget=10,pos=shift", "snapkv:budget=10,window=4",
+        "keydiff:budget=12", "d2o:reading=paper,ratio=0.3,distinct=0.5",
+        "d2o:reading=paper,ratio=0.3,prompt=window,window=4,pmerge=off",
+        "d2o:reading=paper,ratio=0.3,prompt=window,window=4,pscore=window"}) {
     for (KvType type : {KvType::kF32, KvType::kF16}) {
       SCOPED_TRACE(std::string(spec) + " " + kv_type_name(type));
       SimSetup s;
@@ -249,20 +264,23 @@ TEST(PolicyReference, NaiveCatchesWrongVariants) {
     std::function<void(PolicyConfig&)> change;
   };
   const std::vector<Wrong> wrongs = {
-      {"d2o:ratio=0.3", [](PolicyConfig& c) { c.beta = 0.5; }},
-      {"d2o:ratio=0.3", [](PolicyConfig& c) { c.nm_n = 1; }},
-      {"d2o:ratio=0.3", [](PolicyConfig& c) { c.merge = MergeRule::kAverage; }},
-      {"d2o:ratio=0.3", [](PolicyConfig& c) { c.sim = SimOn::kValue; }},
-      {"d2o:ratio=0.3", [](PolicyConfig& c) { c.layers = LayerRule::kReciprocal; }},
-      {"d2o:ratio=0.3", [](PolicyConfig& c) { c.sinks = 3; }},
-      {"d2o:ratio=0.3,ema=research", [](PolicyConfig& c) { c.ema = EmaRule::kPaper; }},
-      {"d2o:ratio=0.3,layers=research", [](PolicyConfig& c) { c.layers = LayerRule::kVariance; }},
-      {"d2o:ratio=0.3", [](PolicyConfig& c) { c.mscore = MergedScore::kKeep; }},
-      {"d2o:ratio=0.3,mscore=mean", [](PolicyConfig& c) { c.mscore = MergedScore::kMax; }},
-      {"d2o:ratio=0.3", [](PolicyConfig& c) { c.mspace = MergeSpace::kUnrotated; }},
-      {"d2o:ratio=0.3", [](PolicyConfig& c) { c.decide = MergeDecision::kToken; }},
-      {"d2o:ratio=0.3", [](PolicyConfig& c) { c.protect = ProtectRule::kEdges; }},
-      {"d2o:ratio=0.3", [](PolicyConfig& c) { c.merge = MergeRule::kSized; }},
+      {"d2o:reading=paper,ratio=0.3", [](PolicyConfig& c) { c.beta = 0.5; }},
+      {"d2o:reading=paper,ratio=0.3", [](PolicyConfig& c) { c.nm_n = 1; }},
+      {"d2o:reading=paper,ratio=0.3", [](PolicyConfig& c) { c.merge = MergeRule::kAverage; }},
+      {"d2o:reading=paper,ratio=0.3", [](PolicyConfig& c) { c.sim = SimOn::kValue; }},
+      {"d2o:reading=paper,ratio=0.3", [](PolicyConfig& c) { c.layers = LayerRule::kReciprocal; }},
+      {"d2o:reading=paper,ratio=0.3", [](PolicyConfig& c) { c.sinks = 3; }},
+      {"d2o:reading=paper,ratio=0.3,ema=research",
+       [](PolicyConfig& c) { c.ema = EmaRule::kPaper; }},
+      {"d2o:reading=paper,ratio=0.3,layers=research",
+       [](PolicyConfig& c) { c.layers = LayerRule::kVariance; }},
+      {"d2o:reading=paper,ratio=0.3", [](PolicyConfig& c) { c.mscore = MergedScore::kKeep; }},
+      {"d2o:reading=paper,ratio=0.3,mscore=mean",
+       [](PolicyConfig& c) { c.mscore = MergedScore::kMax; }},
+      {"d2o:reading=paper,ratio=0.3", [](PolicyConfig& c) { c.mspace = MergeSpace::kUnrotated; }},
+      {"d2o:reading=paper,ratio=0.3", [](PolicyConfig& c) { c.decide = MergeDecision::kToken; }},
+      {"d2o:reading=paper,ratio=0.3", [](PolicyConfig& c) { c.protect = ProtectRule::kEdges; }},
+      {"d2o:reading=paper,ratio=0.3", [](PolicyConfig& c) { c.merge = MergeRule::kSized; }},
       {"h2o:ratio=0.3", [](PolicyConfig& c) { c.norm = ScoreNorm::kQueries; }},
       {"snapkv:ratio=0.4,window=4", [](PolicyConfig& c) { c.pool = PoolKind::kMax; }},
       {"snapkv:ratio=0.4,window=4", [](PolicyConfig& c) { c.kernel = 5; }},
@@ -275,15 +293,15 @@ TEST(PolicyReference, NaiveCatchesWrongVariants) {
       {"keydiff:ratio=0.3", [](PolicyConfig& c) { c.selector = Selector::kSinkRecent; }},
       {"h2o:ratio=0.3", [](PolicyConfig& c) { c.distinct = 0.5; }},
       {"h2o:ratio=0.3,distinct=0.5", [](PolicyConfig& c) { c.distinct = 0.25; }},
-      {"d2o:ratio=0.3,distinct=1", [](PolicyConfig& c) { c.distinct = 0; }},
+      {"d2o:reading=paper,ratio=0.3,distinct=1", [](PolicyConfig& c) { c.distinct = 0; }},
       {"h2o:ratio=0.3,prompt=window,window=4",
        [](PolicyConfig& c) { c.prompt = PromptScore::kAccumulated; }},
       {"h2o:ratio=0.3,prompt=window,window=4", [](PolicyConfig& c) { c.kernel = 3; }},
-      {"d2o:ratio=0.3,pmerge=off", [](PolicyConfig& c) { c.prompt_merge = true; }},
-      {"d2o:ratio=0.3,prompt=window,window=4", [](PolicyConfig& c) { c.sinks = 0; }},
+      {"d2o:reading=paper,ratio=0.3,pmerge=off", [](PolicyConfig& c) { c.prompt_merge = true; }},
+      {"d2o:reading=paper,ratio=0.3,prompt=window,window=4", [](PolicyConfig& c) { c.sinks = 0; }},
       {"h2o:ratio=0.3,prompt=window,window=4,pscore=window",
        [](PolicyConfig& c) { c.pscore = PromptScore::kAccumulated; }},
-      {"d2o:ratio=0.3,prompt=window,window=4,norm=queries",
+      {"d2o:reading=paper,ratio=0.3,prompt=window,window=4,norm=queries",
        [](PolicyConfig& c) { c.pscore = PromptScore::kWindow; }},
   };
   for (const Wrong& w : wrongs) {

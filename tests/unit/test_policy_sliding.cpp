@@ -44,9 +44,9 @@ TEST(PolicySliding, SlidingLayersKeepEverythingAndGlobalOnesShareTheBudget) {
   // layers 2 and 5 global.
   const std::vector<int> windows = {64, 64, 0, 64, 64, 0};
   for (const std::string spec :
-       {"d2o:ratio=0.25", "h2o:ratio=0.25", "streaming:ratio=0.25", "pyramidkv:ratio=0.25",
-        "snapkv:ratio=0.25,window=8", "d2o:ratio=0.25,heads=ada",
-        "snapkv:ratio=0.25,window=8,heads=ada"}) {
+       {"d2o:reading=paper,ratio=0.25", "h2o:ratio=0.25", "streaming:ratio=0.25",
+        "pyramidkv:ratio=0.25", "snapkv:ratio=0.25,window=8",
+        "d2o:reading=paper,ratio=0.25,heads=ada", "snapkv:ratio=0.25,window=8,heads=ada"}) {
     SCOPED_TRACE(spec);
     auto parsed = parse_kv_policy(spec);
     ASSERT_TRUE(parsed.ok()) << parsed.status().message();

@@ -1,4 +1,4 @@
-// Policy spec strings: canonical round trips, paper defaults, what each policy asks of the
+// Policy spec strings: canonical round trips, defaults and readings, what each policy asks of the
 // attention kernel, and every error with its message.
 #include <gtest/gtest.h>
 
@@ -24,10 +24,36 @@ std::string canonical(const std::string& spec) {
   return p.ok() ? (*p)->spec() : "";
 }
 
-TEST(PolicySpec, DefaultsAreThePapers) {
+// The paper's D2O, canonical: what reading=paper gives.
+const char* const kPaperD2o =
+    "d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7,layers=variance,merge=weighted,sim=key,ema=paper,"
+    "agg=sum,norm=none,mscore=sum,mrope=post,decide=head,protect=none,mass=off,prompt=acc,"
+    "pmerge=on";
+
+TEST(PolicySpec, DefaultsAreTheBestMeasuredAndThePapers) {
+  // d2o's defaults: E of docs/results.md, printed as its reports recorded it.
   EXPECT_EQ(canonical("d2o"),
-            "d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7,layers=variance,merge=weighted,sim=key,ema="
-            "paper,agg=sum,norm=none,mscore=sum,mrope=post,decide=head,protect=none,mass=off");
+            "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=sized,sim=key,ema=paper,"
+            "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,"
+            "prompt=window,window=32,kernel=21,pool=avg,pmerge=off,pscore=window");
+  EXPECT_EQ(canonical("d2o:mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries,prompt=window,"
+                      "kernel=21,pmerge=off,pscore=window"),
+            canonical("d2o"));
+  EXPECT_EQ(canonical("d2o:reading=paper"), kPaperD2o);
+  // The paper's keys, given one by one over d2o's defaults, are the paper's reading.
+  EXPECT_EQ(canonical("d2o:nm=3:1,layers=variance,merge=weighted,mass=off,norm=none,prompt=acc,"
+                      "pmerge=on"),
+            kPaperD2o);
+  // Keys that differ from the defaults are printed, those that do not apply are not: the paper's
+  // prompt compaction with E's other keys keeps pmerge=off and drops the window keys.
+  EXPECT_EQ(canonical("d2o:prompt=acc"),
+            "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=sized,sim=key,ema=paper,"
+            "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,"
+            "prompt=acc,pmerge=off");
+  EXPECT_EQ(canonical("d2o:pscore=acc"),
+            canonical("d2o").substr(0, canonical("d2o").size() - 6) + "acc");
+  EXPECT_TRUE(config_of(*parse_kv_policy("d2o:prompt=acc").value()) ==
+              config_of(*parse_kv_policy(canonical("d2o:prompt=acc")).value()));
   EXPECT_EQ(canonical("h2o"), "h2o:ratio=0.2,sinks=0,nm=1:1,agg=sum,norm=none");
   EXPECT_EQ(canonical("streaming"), "streaming:ratio=0.2,sinks=4,pos=original");
   EXPECT_EQ(canonical("snapkv"), "snapkv:ratio=0.2,window=32,kernel=7,pool=avg,agg=sum");
@@ -44,8 +70,9 @@ TEST(PolicySpec, DefaultsAreThePapers) {
   EXPECT_EQ(canonical("h2o:prompt=window"),
             "h2o:ratio=0.2,sinks=0,nm=1:1,agg=sum,norm=none,prompt=window,window=32,kernel=7,"
             "pool=avg");
-  EXPECT_EQ(canonical("d2o:pmerge=off,prompt=acc"), canonical("d2o") + ",pmerge=off");
-  EXPECT_EQ(canonical("d2o:pmerge=on"), canonical("d2o"));
+  EXPECT_EQ(canonical("d2o:reading=paper,pmerge=off"),
+            std::string(kPaperD2o).substr(0, std::string(kPaperD2o).size() - 2) + "off");
+  EXPECT_EQ(canonical("d2o:reading=paper,pmerge=on"), kPaperD2o);
   EXPECT_EQ(canonical("roco:prompt=window,pscore=window"),
             canonical("roco:prompt=window") + ",pscore=window");
   EXPECT_EQ(canonical("h2o:prompt=window,pscore=acc"), canonical("h2o:prompt=window"));
@@ -78,8 +105,16 @@ TEST(PolicySpec, CanonicalFormRoundTrips) {
       "keydiff:budget=64,sinks=4,recent=16",
       "keydiff: recent = 8 , budget = 8",
       "h2o:ratio=0.2,distinct=0.5",
-      "d2o:ratio=0.2,nm=1:1,distinct=0.25,merge=off",
+      "d2o:ratio=0.2,nm=1:1,distinct=0.25,merge=off,prompt=acc",
+      "d2o:reading=paper,ratio=0.2,nm=1:1,distinct=0.25,merge=off",
       "d2o:ratio=0.2,prompt=window,kernel=21,pool=max,window=16,pmerge=off",
+      "d2o:reading=paper,ratio=0.2,prompt=window,kernel=21,pool=max,window=16,pmerge=off",
+      "d2o",
+      "d2o:reading=paper",
+      "d2o:prompt=acc",
+      "d2o:pscore=acc,pmerge=on,kernel=7",
+      "d2o:reading=paper,heads=ada,floor=0.5",
+      "d2o:prompt=acc,heads=ada",
       "roco:budget=64,prompt=window",
       "h2o:ratio=0.2,prompt=window,pscore=window,kernel=21",
       "d2o:ratio=0.2,prompt=window,pscore=window,pmerge=off,norm=queries",
@@ -105,24 +140,36 @@ TEST(PolicySpec, CanonicalFormRoundTrips) {
             "keydiff:budget=256,sinks=4,recent=32");
 }
 
-TEST(PolicySpec, ResearchReadingSetsItsDefaultsAndKeysOverride) {
+TEST(PolicySpec, ReadingsSetTheirDefaultsAndKeysOverride) {
   EXPECT_EQ(canonical("d2o:reading=research"),
             "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=research,merge=research,sim=key,ema="
-            "research,agg=sum,norm=none,mscore=sum,mrope=post,decide=token,protect=none,mass=off");
+            "research,agg=sum,norm=none,mscore=sum,mrope=post,decide=token,protect=none,mass=off,"
+            "prompt=acc,pmerge=on");
   // Explicit keys win whatever their position.
   EXPECT_EQ(canonical("d2o:nm=3:1,reading=research"),
             "d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7,layers=research,merge=research,sim=key,ema="
-            "research,agg=sum,norm=none,mscore=sum,mrope=post,decide=token,protect=none,mass=off");
+            "research,agg=sum,norm=none,mscore=sum,mrope=post,decide=token,protect=none,mass=off,"
+            "prompt=acc,pmerge=on");
   EXPECT_EQ(canonical("d2o:reading=research,decide=head"),
             "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=research,merge=research,sim=key,ema="
-            "research,agg=sum,norm=none,mscore=sum,mrope=post,decide=head,protect=none,mass=off");
-  EXPECT_EQ(canonical("d2o:reading=paper"), canonical("d2o"));
+            "research,agg=sum,norm=none,mscore=sum,mrope=post,decide=head,protect=none,mass=off,"
+            "prompt=acc,pmerge=on");
+  EXPECT_EQ(canonical("d2o:mass=on,reading=paper"),
+            std::string(kPaperD2o).replace(std::string(kPaperD2o).find("mass=off"), 8, "mass=on"));
+  // Over the paper's reading, the window keys of the defaults come back with prompt=window.
+  EXPECT_EQ(
+      canonical("d2o:reading=paper,prompt=window"),
+      "d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7,layers=variance,merge=weighted,sim=key,ema=paper,"
+      "agg=sum,norm=none,mscore=sum,mrope=post,decide=head,protect=none,mass=off,"
+      "prompt=window,window=32,kernel=7,pool=avg,pmerge=on,pscore=acc");
 }
 
 TEST(PolicySpec, NeedsMatchThePolicy) {
   auto needs = [](const std::string& s) { return parse_kv_policy(s).value()->needs(); };
   EXPECT_TRUE(needs("d2o").accumulate);
-  EXPECT_EQ(needs("d2o").window, 0);
+  EXPECT_EQ(needs("d2o").window, 32);
+  EXPECT_EQ(needs("d2o:reading=paper").window, 0);
+  EXPECT_EQ(needs("d2o:prompt=acc").window, 0);
   EXPECT_EQ(needs("d2o:agg=max").agg, ScoreAgg::kMax);
   EXPECT_TRUE(needs("h2o").accumulate);
   EXPECT_TRUE(needs("roco").accumulate);
@@ -182,6 +229,11 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"d2o:prompt=window,kernel=4", {"kernel=4", "odd"}},
       {"h2o:heads=ada,prompt=window", {"prompt=window applies with heads=uniform"}},
       {"d2o:prompt=window,distinct=0.5", {"distinct= does not apply"}},
+      // d2o's defaults compact the prompt by its window: the message says how to leave it.
+      {"d2o:distinct=0.5", {"distinct= does not apply", "by default: add prompt=acc"}},
+      {"d2o:heads=ada", {"prompt=window applies with heads=uniform", "by default: add prompt=acc"}},
+      {"d2o:reading=paper,prompt=window,heads=ada", {"prompt=window applies with heads=uniform"}},
+      {"d2o:reading=novel", {"reading=novel", "paper, research"}},
       {"h2o:pmerge=off", {"unknown key 'pmerge'"}},
       {"h2o:pscore=window", {"pscore= applies only with prompt=window"}},
       {"d2o:prompt=window,pscore=pooled", {"pscore=pooled", "acc, window"}},

@@ -132,8 +132,8 @@ TEST_F(SchedulerTest, MixedPoliciesInOneBatchEqualAlone) {
                                           "pyramidkv:ratio=0.3,window=8",
                                           "roco:ratio=0.3",
                                           "cam:ratio=0.3",
-                                          "d2o:ratio=0.3",
-                                          "d2o:budget=20",
+                                          "d2o:reading=paper,ratio=0.3",
+                                          "d2o:reading=paper,budget=20",
                                           "h2o:budget=16"};
   ThreadPool pool(2);
   EngineOptions eo;
@@ -178,7 +178,7 @@ TEST_F(SchedulerTest, SteadyStateDecodeStepAllocatesNothing) {
   auto s = Scheduler::create(engine, params(size_t{64} << 20));
   ASSERT_TRUE(s.ok());
   const std::vector<std::string> specs = {"full",
-                                          "d2o:ratio=0.3",
+                                          "d2o:reading=paper,ratio=0.3",
                                           "h2o:budget=16",
                                           "snapkv:ratio=0.3,window=8",
                                           "streaming:budget=12",
@@ -478,7 +478,7 @@ TEST_F(SchedulerTest, AKeptSequenceWithLargeLayerBudgetsContinuesWithinItsLimit)
   ASSERT_TRUE(s.ok());
   Scheduler& sched = **s;
   Request r1 = request(prompt(48, 4), 3);
-  r1.kv_spec = "d2o:budget=16";
+  r1.kv_spec = "d2o:reading=paper,budget=16";
   r1.keep_sequence = true;
   ASSERT_TRUE(sched.submit(std::move(r1)).ok());
   ASSERT_TRUE(sched.run().ok());
@@ -493,7 +493,7 @@ TEST_F(SchedulerTest, AKeptSequenceWithLargeLayerBudgetsContinuesWithinItsLimit)
   ASSERT_TRUE(seq->cache().shrink_to_fit(0).ok());
   ASSERT_TRUE(seq->cache().set_slot_limit(0).ok());
   Request r2 = request(prompt(2, 5), 3);
-  r2.kv_spec = "d2o:budget=16";
+  r2.kv_spec = "d2o:reading=paper,budget=16";
   r2.resume = seq;
   seq.reset();
   ASSERT_TRUE(sched.submit(std::move(r2)).ok());

@@ -3,9 +3,10 @@
 // spec_keys.cpp lists every key (how it is parsed and printed). docs/ADDING_A_POLICY.md has the
 // reference table.
 //
-// Canonical form (spec()): the name, then ratio=... or budget=..., then every key the preset
-// accepts in registry order, numbers in their shortest round-trip form. Parsing it gives back an
-// identical PolicyConfig.
+// Canonical form (spec()): the name, then ratio=... or budget=..., then the keys the preset
+// accepts in registry order (a key with a `shown` rule only where it says so or where it differs
+// from the preset's default; a key with an `applies` rule only where that holds), numbers in
+// their shortest round-trip form. Parsing it gives back an identical PolicyConfig.
 #include <limits>
 #include <string>
 #include <vector>
@@ -38,6 +39,29 @@ struct PresetDef {
   void (*defaults)(PolicyConfig& c);
   std::vector<const char*> keys;  // accepted keys besides ratio/budget, in canonical order
 };
+
+// D2O as the paper states it (reading=paper): variance budgets, 3:1, weighted merges, the prompt
+// compacted by its accumulated attention.
+void paper_d2o(PolicyConfig& c) {
+  const PolicyConfig plain;
+  c.selector = Selector::kHeavyRecent;
+  c.exact_total = true;
+  c.layers = LayerRule::kVariance;
+  c.sinks = 4;
+  c.nm_n = 3;
+  c.nm_m = 1;
+  c.merger = Merger::kD2o;
+  c.merge = MergeRule::kWeighted;
+  c.sim = SimOn::kKey;
+  c.ema = EmaRule::kPaper;
+  c.beta = 0.7;
+  c.mass = plain.mass;
+  c.norm = plain.norm;
+  c.prompt = plain.prompt;
+  c.kernel = plain.kernel;
+  c.prompt_merge = plain.prompt_merge;
+  c.pscore = plain.pscore;
+}
 
 const std::vector<PresetDef>& presets() {
   static const std::vector<PresetDef> defs = {
@@ -81,17 +105,21 @@ const std::vector<PresetDef>& presets() {
        {"sinks", "mb", "seed", "agg"}},
       {"d2o",
        [](PolicyConfig& c) {
-         c.selector = Selector::kHeavyRecent;
-         c.exact_total = true;
-         c.layers = LayerRule::kVariance;
-         c.sinks = 4;
-         c.nm_n = 3;
-         c.nm_m = 1;
-         c.merger = Merger::kD2o;
-         c.merge = MergeRule::kWeighted;
-         c.sim = SimOn::kKey;
-         c.ema = EmaRule::kPaper;
-         c.beta = 0.7;
+         paper_d2o(c);
+         // The best D2O measured (docs/results.md, "E, the best D2O found"): merges that carry
+         // their sources' attention mass into size-weighted keys, uniform layer budgets, a 1:1
+         // heavy/recent split, mean attention as the score, and the prompt compacted by its
+         // last queries' pooled attention (SnapKV's window, kernel 21, no merges there), whose
+         // ranking the decode steps start from. reading=paper gives the paper's keys.
+         c.layers = LayerRule::kUniform;
+         c.nm_n = c.nm_m = 1;
+         c.merge = MergeRule::kSized;
+         c.mass = true;
+         c.norm = ScoreNorm::kQueries;
+         c.prompt = PromptScore::kWindow;
+         c.kernel = 21;
+         c.prompt_merge = false;
+         c.pscore = PromptScore::kWindow;
        },
        {"sinks",    "nm",     "beta",   "layers", "merge",   "sim",    "ema",   "agg",
         "norm",     "mscore", "mrope",  "decide", "protect", "mass",   "heads", "floor",
@@ -135,9 +163,14 @@ std::string format_policy_spec(const PolicyConfig& c) {
                                     : "budget=" + std::to_string(c.budget);
   for (const PresetDef& p : presets()) {
     if (c.name != p.name) continue;
+    PolicyConfig dflt;
+    dflt.name = c.name;
+    p.defaults(dflt);
     for (const char* k : p.keys) {
       const KeyDef* d = find_key(k);
-      if (!d->shown || d->shown(c)) s += std::string(",") + k + "=" + d->print(c);
+      if (d->applies && !d->applies(c)) continue;
+      if (!d->shown || d->shown(c) || d->print(c) != d->print(dflt))
+        s += std::string(",") + k + "=" + d->print(c);
     }
   }
   return s;
@@ -188,11 +221,12 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
   PolicyConfig c;
   c.name = name;
   preset->defaults(c);
-  // The research-code reading of D2O is a set of defaults: apply it before the explicit keys.
+  // A reading of D2O is a set of defaults: apply it before the explicit keys.
   for (const auto& [key, value] : items) {
     if (key != "reading" || name != "d2o") continue;
     int i = 0;
     D2O_RETURN_IF_ERROR(word_key(name, key, value, kReadingWords, &i));
+    paper_d2o(c);
     if (i == 1) {
       c.layers = LayerRule::kResearch;
       c.nm_n = c.nm_m = 1;
@@ -231,8 +265,14 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
     }
     D2O_RETURN_IF_ERROR(find_key(key)->parse(key, value, c));
   }
-  bool has_floor = false;
-  for (const auto& kv : items) has_floor = has_floor || kv.first == "floor";
+  bool has_floor = false, has_prompt = false;
+  for (const auto& kv : items) {
+    has_floor = has_floor || kv.first == "floor";
+    has_prompt = has_prompt || kv.first == "prompt" || kv.first == "reading";
+  }
+  // Where prompt=window comes from d2o's defaults, say how to leave it.
+  const std::string by_default =
+      has_prompt ? "" : " (d2o compacts the prompt by its window by default: add prompt=acc)";
   for (const auto& kv : items) {
     if (c.selector == Selector::kHeavyRecent && c.prompt == PromptScore::kAccumulated &&
         (kv.first == "window" || kv.first == "kernel" || kv.first == "pool" ||
@@ -251,10 +291,12 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
   if (c.distinct > 0.0 && c.prompt != PromptScore::kAccumulated) {
     return invalid_argument("KV policy '" + name +
                             "': prompt=window makes the prompt's compaction SnapKV's, which "
-                            "distinct= does not apply to; use one of them");
+                            "distinct= does not apply to; use one of them" +
+                            by_default);
   }
   if (c.heads == HeadRule::kAda && c.prompt != PromptScore::kAccumulated) {
-    return invalid_argument("KV policy '" + name + "': prompt=window applies with heads=uniform");
+    return invalid_argument("KV policy '" + name + "': prompt=window applies with heads=uniform" +
+                            by_default);
   }
   if (c.heads == HeadRule::kAda && c.decide == MergeDecision::kToken) {
     return invalid_argument("KV policy '" + name +
@@ -284,6 +326,15 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
                               " is below the smallest usable budget " +
                               std::to_string(c.min_budget()) + ", " + why);
     }
+  }
+  // Keys that do not apply take their plain values, so that equal canonical specs give equal
+  // configs (d2o:prompt=acc drops the window keys of d2o's defaults).
+  if (c.selector == Selector::kHeavyRecent && c.prompt == PromptScore::kAccumulated) {
+    const PolicyConfig plain;
+    c.window = plain.window;
+    c.kernel = plain.kernel;
+    c.pool = plain.pool;
+    c.pscore = plain.pscore;
   }
   // SnapKV and PyramidKV compress the prompt only; in budget mode they keep the capacity.
   if (c.selector == Selector::kSnapWindow) c.compact_after_first = c.mode == BudgetMode::kBudget;

@@ -110,7 +110,7 @@ constexpr int kMaxInt = std::numeric_limits<int>::max();
 
 // A key whose value is one of `Words`, stored as its index in the enum (or bool) `Member`.
 template <auto Member, const std::vector<const char*>& Words>
-KeyDef word_def(const char* name, ShownFn shown = nullptr) {
+KeyDef word_def(const char* name, ShownFn shown = nullptr, ShownFn applies = nullptr) {
   return {name,
           [](std::string_view key, std::string_view v, PolicyConfig& c) {
             int i = 0;
@@ -119,12 +119,12 @@ KeyDef word_def(const char* name, ShownFn shown = nullptr) {
             return Status();
           },
           [](const PolicyConfig& c) { return std::string(Words[static_cast<size_t>(c.*Member)]); },
-          shown};
+          shown, applies};
 }
 
 // An integer key within [lo, hi] stored in the int `Member`.
 template <int PolicyConfig::*Member, int64_t Lo, int64_t Hi>
-KeyDef int_def(const char* name, ShownFn shown = nullptr) {
+KeyDef int_def(const char* name, ShownFn shown = nullptr, ShownFn applies = nullptr) {
   return {name,
           [](std::string_view key, std::string_view v, PolicyConfig& c) {
             int64_t x = 0;
@@ -132,10 +132,11 @@ KeyDef int_def(const char* name, ShownFn shown = nullptr) {
             c.*Member = static_cast<int>(x);
             return Status();
           },
-          [](const PolicyConfig& c) { return std::to_string(c.*Member); }, shown};
+          [](const PolicyConfig& c) { return std::to_string(c.*Member); }, shown, applies};
 }
 
-// SnapKV's window keys: always for its selector, for the heavy-hitter ones with prompt=window.
+// SnapKV's window keys (and pscore=): always for its selector, for the heavy-hitter ones with
+// prompt=window.
 bool window_shown(const PolicyConfig& c) {
   return c.needs_window();
 }
@@ -181,7 +182,7 @@ const std::vector<KeyDef>& key_defs() {
       word_def<&PolicyConfig::decide, kDecideWords>("decide"),
       word_def<&PolicyConfig::protect, kProtectWords>("protect"),
       word_def<&PolicyConfig::mass, kOnOffWords>("mass"),
-      int_def<&PolicyConfig::window, 1, 1 << 20>("window", window_shown),
+      int_def<&PolicyConfig::window, 1, 1 << 20>("window", nullptr, window_shown),
       {"kernel",
        [](std::string_view key, std::string_view v, PolicyConfig& c) {
          int64_t x = 0;
@@ -191,8 +192,8 @@ const std::vector<KeyDef>& key_defs() {
          c.kernel = static_cast<int>(x);
          return Status();
        },
-       [](const PolicyConfig& c) { return std::to_string(c.kernel); }, window_shown},
-      word_def<&PolicyConfig::pool, kPoolWords>("pool", window_shown),
+       [](const PolicyConfig& c) { return std::to_string(c.kernel); }, nullptr, window_shown},
+      word_def<&PolicyConfig::pool, kPoolWords>("pool", nullptr, window_shown),
       {"pbeta",
        [](std::string_view key, std::string_view v, PolicyConfig& c) {
          double x = 0;
@@ -247,7 +248,8 @@ const std::vector<KeyDef>& key_defs() {
       word_def<&PolicyConfig::prompt, kPromptWords>(
           "prompt", [](const PolicyConfig& c) { return c.prompt != PromptScore::kAccumulated; }),
       word_def<&PolicyConfig::pscore, kPromptWords>(
-          "pscore", [](const PolicyConfig& c) { return c.pscore != PromptScore::kAccumulated; }),
+          "pscore", [](const PolicyConfig& c) { return c.pscore != PromptScore::kAccumulated; },
+          window_shown),
   };
   return defs;
 }

@@ -37,9 +37,13 @@ struct KeyDef {
   const char* name;
   ParseFn parse;
   PrintFn print;
-  // Non-null: the canonical form shows the key only when this says so (keys added after specs
-  // were recorded, printed only when they differ from the behaviour those specs had).
+  // Non-null: the canonical form shows the key when this says so (keys added after specs were
+  // recorded, printed when they differ from the behaviour those specs had) or when its value
+  // differs from the preset's default (so that the form parses back to the same config).
   ShownFn shown = nullptr;
+  // Non-null: the key means something only when this says so (SnapKV's window keys, for the
+  // heavy-hitter policies only with prompt=window); otherwise it is never shown.
+  ShownFn applies = nullptr;
 };
 
 // The key called `name`, or null.
