@@ -1,10 +1,14 @@
 #include "ops/kernel_isa.h"
 
+#include <iterator>
+
 #include "core/cpu.h"
 
 namespace d2o {
 
-bool kernel_isa_available(KernelIsa isa) {
+namespace {
+
+bool isa_available(KernelIsa isa) {
   const CpuFeatures& f = cpu_features();
   const bool avx2 = f.avx2 && f.fma && f.f16c;
   switch (isa) {
@@ -18,6 +22,17 @@ bool kernel_isa_available(KernelIsa isa) {
       return avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni;
   }
   return false;
+}
+
+}  // namespace
+
+bool kernel_isa_available(KernelIsa isa) {
+  // Asked in the kernels' asserts on every call: the answers, once.
+  static const bool available[] = {isa_available(KernelIsa::kScalar),
+                                   isa_available(KernelIsa::kAvx2),
+                                   isa_available(KernelIsa::kAvx512)};
+  const auto i = static_cast<size_t>(isa);
+  return i < std::size(available) && available[i];
 }
 
 KernelIsa best_kernel_isa() {

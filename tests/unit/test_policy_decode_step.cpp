@@ -84,6 +84,38 @@ TEST(DecodeStepKernels, MeanAttentionIsTheDefinitionOnEveryIsa) {
   EXPECT_GE(checked, 60);
 }
 
+// The fused index: last_min_index of what mean_attention writes, on every level, with ties (few
+// distinct scores and positions), zeros, infinities, NaN, counts clamped to 1 and past 2^31.
+TEST(DecodeStepKernels, LastMinMeanIndexIsTheIndexOfTheMeans) {
+  std::mt19937 rng(21);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> vals = {0.0f, 0.5f, 1.0f, 2.0f, 3.0f, 6.0f, inf, nan};
+  std::uniform_int_distribution<size_t> pick(0, vals.size() - 1);
+  std::uniform_int_distribution<int> len(1, 70);
+  int checked = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int n = len(rng);
+    const int64_t next = trial % 7 == 0 ? int64_t{3000000000} : int64_t{40} + trial % 9;
+    std::uniform_int_distribution<int32_t> at(30, 42);  // some at or past next: count 1
+    std::vector<float> s(static_cast<size_t>(n)), mean(static_cast<size_t>(n));
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) {
+      s[static_cast<size_t>(j)] = vals[trial % 3 == 0 ? pick(rng) : pick(rng) % 6];
+      pos[static_cast<size_t>(j)] = at(rng);
+    }
+    mean_attention_isa(KernelIsa::kScalar, s.data(), pos.data(), n, next, mean.data());
+    const int want = last_min_index_isa(KernelIsa::kScalar, mean.data(), n);
+    for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+      if (!kernel_isa_available(isa)) continue;
+      ASSERT_EQ(last_min_mean_index_isa(isa, s.data(), pos.data(), n, next), want)
+          << kernel_isa_name(isa) << " trial " << trial << " n " << n;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 3000);
+}
+
 // `rows` rows of `dim` elements, F16 or F32, row r at byte 1 + r * *rb (odd addresses, a gap
 // after each row), element d of row r from gen(r, d).
 template <class Gen>

@@ -64,18 +64,11 @@ void ComposedPolicy::arm_probe(const KvCache& cache, int il, const PolicyState& 
                       mid == heavy + 1 && t + mid <= n;
   // Mean attention ranks by score over the queries that saw a slot: at the next pass one more.
   const bool norm = cfg_.norm == ScoreNorm::kQueries;
-  std::vector<float>& mean = own.scratch[0].select.score;  // this layer's planning is done
-  if (steady && norm && mean.size() < static_cast<size_t>(mid))
-    mean.resize(static_cast<size_t>(mid));
   for (int g = 0; g < G; ++g) {
     int e = -1;
     if (steady) {
       const float* s = L.score(g) + t;
-      if (norm) {
-        mean_attention(s, L.pos(g) + t, mid, next + 1, mean.data());
-        s = mean.data();
-      }
-      e = t + last_min_index(s, mid);
+      e = t + (norm ? last_min_mean_index(s, L.pos(g) + t, mid, next + 1) : last_min_index(s, mid));
     }
     P.slot[base + static_cast<size_t>(g)] = e;
   }

@@ -159,6 +159,48 @@ void mean_attention(const float* score, const int32_t* pos, int n, int64_t next,
 
 namespace {
 
+int last_min_mean_index_at(KernelIsa isa, const float* score, const int32_t* pos, int n,
+                           int64_t next) {
+  if (next >= 0 && next <= INT32_MAX) {  // (as mean_attention_at: 32-bit counts, same integers)
+    switch (isa) {
+      case KernelIsa::kAvx512:
+        return simd::last_min_mean_index_avx512(score, pos, n, static_cast<int32_t>(next));
+      case KernelIsa::kAvx2:
+        return simd::last_min_mean_index_avx2(score, pos, n, static_cast<int32_t>(next));
+      case KernelIsa::kScalar:
+        break;
+    }
+  }
+  auto mean = [&](int j) {
+    return score[j] / static_cast<float>(std::max<int64_t>(1, next - pos[j]));
+  };
+  int b = 0;
+  float bs = mean(0);
+  for (int j = 1; j < n; ++j) {
+    const float m = mean(j);
+    if (m <= bs) {
+      bs = m;
+      b = j;
+    }
+  }
+  return b;
+}
+
+}  // namespace
+
+int last_min_mean_index_isa(KernelIsa isa, const float* score, const int32_t* pos, int n,
+                            int64_t next) {
+  D2O_ASSERT(kernel_isa_available(isa) && n >= 1);
+  return last_min_mean_index_at(isa, score, pos, n, next);
+}
+
+int last_min_mean_index(const float* score, const int32_t* pos, int n, int64_t next) {
+  D2O_ASSERT(n >= 1);
+  return last_min_mean_index_at(best_kernel_isa(), score, pos, n, next);
+}
+
+namespace {
+
 void row_dots_at(KernelIsa isa, const RowDots& a);
 
 // Quantised rows (Q8_0 / Q4_0 KV storage): a few rows at a time are dequantised at the given level

@@ -79,7 +79,15 @@ void mean_attention(const float* score, const int32_t* pos, int n, int64_t next,
 void mean_attention_isa(KernelIsa isa, const float* score, const int32_t* pos, int n, int64_t next,
                         float* out);
 
+// last_min_index of the mean attention mean_attention would write, without writing it: the
+// same quotients, so the same index on every variant. n >= 1.
+int last_min_mean_index(const float* score, const int32_t* pos, int n, int64_t next);
+int last_min_mean_index_isa(KernelIsa isa, const float* score, const int32_t* pos, int n,
+                            int64_t next);
+
 namespace simd {
+int last_min_mean_index_avx2(const float* score, const int32_t* pos, int n, int32_t next);
+int last_min_mean_index_avx512(const float* score, const int32_t* pos, int n, int32_t next);
 void mean_attention_avx2(const float* score, const int32_t* pos, int n, int32_t next, float* out);
 void mean_attention_avx512(const float* score, const int32_t* pos, int n, int32_t next, float* out);
 void row_dots_avx2(const RowDots& a);

@@ -273,6 +273,35 @@ int last_min_index_avx2(const float* s, int n) {
       _mm256_blendv_ps(_mm256_castsi256_ps(_mm256_set1_epi32(-1)), _mm256_castsi256_ps(vidx), at)));
 }
 
+// last_min_index_avx2 over score_j / float(max(1, next - pos_j)), formed in the registers.
+int last_min_mean_index_avx2(const float* score, const int32_t* pos, int n, int32_t next) {
+  const __m256i vnext = _mm256_set1_epi32(next), one = _mm256_set1_epi32(1);
+  auto mean8 = [&](__m256 s, __m256i p) {
+    return _mm256_div_ps(s, _mm256_cvtepi32_ps(_mm256_max_epi32(one, _mm256_sub_epi32(vnext, p))));
+  };
+  const float m0 = score[0] / static_cast<float>(std::max<int32_t>(1, next - pos[0]));
+  if (m0 != m0) return 0;  // NaN mean_0: nothing is <= it
+  const __m256 nan = _mm256_set1_ps(NAN);
+  __m256 vmin = _mm256_set1_ps(INFINITY);
+  __m256i vidx = _mm256_set1_epi32(-1);
+  __m256i cur = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  auto update = [&](__m256 x) { lane_update<_CMP_LE_OQ>(x, vmin, vidx, cur); };
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    update(mean8(_mm256_loadu_ps(score + i),
+                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pos + i))));
+  }
+  if (i < n) {
+    const __m256i m = first_lanes(n - i);
+    const __m256 x = mean8(_mm256_maskload_ps(score + i, m), _mm256_maskload_epi32(pos + i, m));
+    update(_mm256_blendv_ps(nan, x, _mm256_castsi256_ps(m)));
+  }
+  const float mn = hmin8(vmin);
+  const __m256 at = _mm256_cmp_ps(vmin, _mm256_set1_ps(mn), _CMP_EQ_OQ);
+  return hmax8_epi32(_mm256_castps_si256(
+      _mm256_blendv_ps(_mm256_castsi256_ps(_mm256_set1_epi32(-1)), _mm256_castsi256_ps(vidx), at)));
+}
+
 namespace {
 
 template <bool kF16>
