@@ -8,6 +8,7 @@
 #include "core/thread_pool.h"
 #include "kv/kv_cache.h"
 #include "ops/ops.h"
+#include "ops/quant.h"
 
 namespace d2o {
 
@@ -80,14 +81,26 @@ void KvCache::apply(int il, const CompactionPlan& plan, ThreadPool* pool) {
       const MergeTerm& m = plan.merges[e];
       if (prefetch) prefetch_term(e + kAhead);
       D2O_ASSERT(m.src >= 0 && m.src < L.n_slot(head));
-      L.load_key(head, m.src, tmp_k_.data());
-      L.load_value(head, m.src, tmp_v_.data());
-      if (plan.rope && m.src != dst) {
-        const int32_t src_pos = L.pos_[L.meta_index(head, m.src)];
-        rope_apply(*plan.rope, static_cast<float>(dst_pos - src_pos), 1, tmp_k_.data());
+      // F16 rows go into the sums as they are converted (the same products and sums as
+      // add_scaled of the converted row); a key rotated to the kept slot's position first
+      // (mrope=pre), and other storage types, through a converted row.
+      const bool rotate = plan.rope && m.src != dst;
+      if (L.type_.k == KvElemType::kF16 && !rotate) {
+        fp16_axpy_row(acc_k_.data(), L.key_row(head, m.src), m.w, hd);
+      } else {
+        L.load_key(head, m.src, tmp_k_.data());
+        if (rotate) {
+          const int32_t src_pos = L.pos_[L.meta_index(head, m.src)];
+          rope_apply(*plan.rope, static_cast<float>(dst_pos - src_pos), 1, tmp_k_.data());
+        }
+        add_scaled(acc_k_.data(), tmp_k_.data(), m.w, acc_k_.size());
       }
-      add_scaled(acc_k_.data(), tmp_k_.data(), m.w, acc_k_.size());
-      add_scaled(acc_v_.data(), tmp_v_.data(), m.w, acc_v_.size());
+      if (L.type_.v == KvElemType::kF16) {
+        fp16_axpy_row(acc_v_.data(), L.value_row(head, m.src), m.w, hd);
+      } else {
+        L.load_value(head, m.src, tmp_v_.data());
+        add_scaled(acc_v_.data(), tmp_v_.data(), m.w, acc_v_.size());
+      }
       const size_t mi = L.meta_index(head, m.src);
       score_sum += L.score_[mi];
       score_max = n_terms == 0 ? L.score_[mi] : std::max(score_max, L.score_[mi]);

@@ -299,6 +299,22 @@ void fp16_to_fp32_row_isa(KernelIsa isa, const uint16_t* src, float* dst, int64_
   }
 }
 
+void fp16_axpy_row_isa(KernelIsa isa, float* acc, const void* x, float w, int64_t n) {
+  D2O_ASSERT(kernel_isa_available(isa));
+  if (isa != KernelIsa::kScalar) return simd::fp16_axpy_row_avx2(acc, x, w, n);
+  const auto* p = static_cast<const uint8_t*>(x);
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * i, sizeof h);
+    const float prod = w * fp16_to_fp32(h);
+    acc[i] = acc[i] + prod;
+  }
+}
+
+void fp16_axpy_row(float* acc, const void* x, float w, int64_t n) {
+  fp16_axpy_row_isa(best_kernel_isa(), acc, x, w, n);
+}
+
 void fp32_to_fp16_row(const float* src, uint16_t* dst, int64_t n) {
   fp32_to_fp16_row_isa(best_kernel_isa(), src, dst, n);
 }

@@ -132,11 +132,15 @@ void quantize_row(GgmlType type, const float* x, void* y, int64_t n);
 // value (NaNs stay NaN).
 void fp32_to_fp16_row(const float* src, uint16_t* dst, int64_t n);
 void fp16_to_fp32_row(const uint16_t* src, float* dst, int64_t n);
+// acc[i] = acc[i] + w * fp16_to_fp32(x[i]) for i < n: a product, then a sum, each rounded (no
+// fused multiply-add), so every level gives the bits of that loop. x: F16 values at any address.
+void fp16_axpy_row(float* acc, const void* x, float w, int64_t n);
 
 // The same at a given instruction-set level (which must be available; a level that has no
 // variant of its own for `type` uses the next lower one). For tests and benchmarks.
 void dequantize_row_isa(KernelIsa isa, GgmlType type, const void* src, float* dst, int64_t n);
 void fp32_to_fp16_row_isa(KernelIsa isa, const float* src, uint16_t* dst, int64_t n);
 void fp16_to_fp32_row_isa(KernelIsa isa, const uint16_t* src, float* dst, int64_t n);
+void fp16_axpy_row_isa(KernelIsa isa, float* acc, const void* x, float w, int64_t n);
 
 }  // namespace d2o

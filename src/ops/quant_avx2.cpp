@@ -233,6 +233,23 @@ void fp16_to_fp32_row_avx2(const uint16_t* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
 }
 
+void fp16_axpy_row_avx2(float* acc, const void* x, float w, int64_t n) {
+  const auto* p = static_cast<const uint8_t*>(x);
+  const __m256 vw = _mm256_set1_ps(w);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i));
+    const __m256 prod = _mm256_mul_ps(vw, _mm256_cvtph_ps(h));
+    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), prod));
+  }
+  for (; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * i, sizeof h);
+    const float prod = w * fp16_to_fp32(h);
+    acc[i] = acc[i] + prod;
+  }
+}
+
 void fp32_to_fp16_row_avx2(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {

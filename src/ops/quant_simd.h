@@ -15,6 +15,7 @@ bool dequantize_row_avx512(GgmlType type, const void* src, float* dst, int64_t n
 
 void fp32_to_fp16_row_avx2(const float* src, uint16_t* dst, int64_t n);
 void fp16_to_fp32_row_avx2(const uint16_t* src, float* dst, int64_t n);
+void fp16_axpy_row_avx2(float* acc, const void* x, float w, int64_t n);
 void fp32_to_fp16_row_avx512(const float* src, uint16_t* dst, int64_t n);
 void fp16_to_fp32_row_avx512(const uint16_t* src, float* dst, int64_t n);
 

@@ -196,6 +196,45 @@ TEST(Fp16Row, ToFp32MatchesScalarOnAllHalves) {
   }
 }
 
+// acc += w * x over F16 x: on every level the bits of the product-then-sum loop (no fused
+// multiply-add), every half, at an odd byte address and odd lengths, with weights whose products
+// round.
+TEST(Fp16Row, AxpyIsTheRoundedProductThenSumOnEveryLevel) {
+  std::vector<uint8_t> bytes(2 * 65536 + 1);
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const uint16_t v = static_cast<uint16_t>(h * 40503u);  // every half, scattered
+    std::memcpy(bytes.data() + 1 + 2 * h, &v, 2);
+  }
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> acc0(-3.0f, 3.0f);
+  for (float w : {0.3f, 1.0f / 3.0f, -0.7071f, 0.0f}) {
+    for (int64_t n :
+         {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{64}, int64_t{65536}}) {
+      std::vector<float> init(static_cast<size_t>(n));
+      for (float& a : init) a = acc0(rng);
+      std::vector<float> want = init;
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, bytes.data() + 1 + 2 * i, 2);
+        volatile float prod = w * fp16_to_fp32(h);
+        want[static_cast<size_t>(i)] = want[static_cast<size_t>(i)] + prod;
+      }
+      for (KernelIsa isa : available_isas()) {
+        std::vector<float> got = init;
+        fp16_axpy_row_isa(isa, got.data(), bytes.data() + 1, w, n);
+        for (int64_t i = 0; i < n; ++i) {
+          const float a = want[static_cast<size_t>(i)], b = got[static_cast<size_t>(i)];
+          if (std::isnan(a)) {
+            ASSERT_TRUE(std::isnan(b)) << kernel_isa_name(isa) << " i " << i;
+          } else {
+            ASSERT_EQ(fp32_to_bits(b), fp32_to_bits(a)) << kernel_isa_name(isa) << " i " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 // fp32 -> fp16: every half's exact value, the midpoints between neighbouring halves (ties go to
 // even) and random floats of all magnitudes, at every level.
 TEST(Fp16Row, ToFp16MatchesScalarRounding) {
