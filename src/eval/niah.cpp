@@ -276,11 +276,11 @@ Result<NiahResult> run_niah(Engine& engine, const Tokenizer& tok, const NiahBuil
       for (size_t di = 0; di < p.depths.size(); ++di) {
         for (int trial = 0; trial < p.trials; ++trial) {
           // One seed per cell and trial, derived from the run's seed (cells are independent).
-          SplitMix64 mix(p.seed ^ (static_cast<uint64_t>(task == NiahTask::kNeedle ? 1 : 2) << 56) ^
-                         (static_cast<uint64_t>(len) << 24) ^ (static_cast<uint64_t>(di) << 12) ^
-                         static_cast<uint64_t>(trial));
-          D2O_ASSIGN_OR_RETURN(NiahBuilder::Trial t,
-                               builder.build(task, len, p.depths[di], mix.next()));
+          const uint64_t seed = cell_seed(
+              p.seed, (static_cast<uint64_t>(task == NiahTask::kNeedle ? 1 : 2) << 56) ^
+                          (static_cast<uint64_t>(len) << 24) ^ (static_cast<uint64_t>(di) << 12) ^
+                          static_cast<uint64_t>(trial));
+          D2O_ASSIGN_OR_RETURN(NiahBuilder::Trial t, builder.build(task, len, p.depths[di], seed));
           D2O_ASSIGN_OR_RETURN(
               std::vector<NiahAnswer> answers,
               answer_greedy(engine, tok, t.prompt, p.policies, max_new, p.kv_type));

@@ -73,9 +73,9 @@ Result<RulerResult> run_ruler(Engine& engine, const Tokenizer& tok, const RulerB
   if (p.tasks.empty() || p.lengths.empty()) return invalid_argument("empty ruler grid");
   if (p.trials < 1) return invalid_argument("--trials must be at least 1");
   auto cell_seed = [&](size_t ti, int len, int trial) {
-    SplitMix64 mix(p.seed ^ ((static_cast<uint64_t>(p.tasks[ti]) + 1) << 56) ^
-                   (static_cast<uint64_t>(len) << 24) ^ static_cast<uint64_t>(trial));
-    return mix.next();
+    return eval::cell_seed(p.seed, ((static_cast<uint64_t>(p.tasks[ti]) + 1) << 56) ^
+                                       (static_cast<uint64_t>(len) << 24) ^
+                                       static_cast<uint64_t>(trial));
   };
   // Every cell is checked before the first (slow) trial runs.
   for (size_t ti = 0; ti < p.tasks.size(); ++ti) {

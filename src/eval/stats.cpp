@@ -133,4 +133,10 @@ std::string paired_verdict(double favour, double se, int64_t n) {
   return buf;
 }
 
+uint64_t cell_seed(uint64_t run_seed, uint64_t cell) {
+  constexpr uint64_t kSpread = 0x9E3779B97F4A7C15ull;
+  SplitMix64 mix(cell ^ 1u ^ ((run_seed - 1u) * kSpread));
+  return mix.next();
+}
+
 }  // namespace d2o::eval

@@ -60,4 +60,10 @@ class SplitMix64 {
   uint64_t state_;
 };
 
+// The seed of one cell of a run (a task, length, depth and trial packed into `cell` by the
+// caller): the run's seed times an odd 64-bit constant, so that it reaches bits no cell key
+// uses and two seeds give different trials (a seed XORed in as it is made seed 2's trials those
+// of seed 1 in another order). Seed 1 gives the cells it always gave.
+uint64_t cell_seed(uint64_t run_seed, uint64_t cell);
+
 }  // namespace d2o::eval
