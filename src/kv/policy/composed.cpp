@@ -417,23 +417,12 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
           if (cfg_.norm == ScoreNorm::kQueries) {
             // Mean attention: the slot at position p was seen by the queries at p .. next - 1.
             const int64_t next = pass.n_past - state.pos_shift;
-            if (cfg_.distinct > 0.0) {
-              mean_attention(score, L.pos(g), n, next, ssc.score.data());
-            } else {
-              // Only the candidates between the sinks and the recent window are ranked.
-              int heavy = 0, recent = 0;
-              split_heavy_recent(S, cfg_.sinks, cfg_.nm_n, cfg_.nm_m, &heavy, &recent);
-              const int t = std::min(cfg_.sinks, S), mid = n - recent - t;
-              if (heavy == mid - 1) {
-                // One eviction (a decode step): select_heavy_recent's choice, the means formed
-                // in the registers.
-                const int worst = t + last_min_mean_index(score + t, L.pos(g) + t, mid, next);
-                write_range(keep, 0, worst);
-                write_range(keep + worst, worst + 1, n - worst - 1);
-                break;
-              }
-              mean_attention(score + t, L.pos(g) + t, mid, next, ssc.score.data() + t);
+            if (cfg_.distinct == 0.0) {
+              select_heavy_recent_mean(score, L.pos(g), next, n, S, cfg_, keep, ssc.order.data(),
+                                       ssc.score.data());
+              break;
             }
+            mean_attention(score, L.pos(g), n, next, ssc.score.data());
             score = ssc.score.data();
           }
           if (cfg_.distinct > 0.0) score = guard_distinct(L, g, score, n, S, cfg_, ssc);

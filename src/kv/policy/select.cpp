@@ -81,6 +81,24 @@ void select_heavy_recent(const float* score, int n, int S, const PolicyConfig& c
   D2O_ASSERT(t + heavy + recent == S);
 }
 
+void select_heavy_recent_mean(const float* score, const int32_t* pos, int64_t next, int n, int S,
+                              const PolicyConfig& cfg, int32_t* keep, int32_t* scratch,
+                              float* mean) {
+  D2O_ASSERT(S <= n);
+  int heavy = 0, recent = 0;
+  split_heavy_recent(S, cfg.sinks, cfg.nm_n, cfg.nm_m, &heavy, &recent);
+  const int t = std::min(cfg.sinks, S), mid = n - recent - t;
+  if (heavy == mid - 1) {
+    // One eviction (a decode step): select_top's choice, without storing the means.
+    const int worst = t + last_min_mean_index(score + t, pos + t, mid, next);
+    write_range(keep, 0, worst);
+    write_range(keep + worst, worst + 1, n - worst - 1);
+    return;
+  }
+  mean_attention(score + t, pos + t, mid, next, mean + t);
+  select_heavy_recent(mean, n, S, cfg, keep, scratch);
+}
+
 void pool_window(const float* window, int n_prefix, int kernel, PoolKind pool, float* out) {
   const int half = kernel / 2;
   for (int j = 0; j < n_prefix; ++j) {

@@ -50,6 +50,13 @@ void select_sink_recent(int n, int S, int sinks, int32_t* keep);
 void select_heavy_recent(const float* score, int n, int S, const PolicyConfig& cfg, int32_t* keep,
                          int32_t* scratch);
 
+// select_heavy_recent by mean attention (norm=queries; mean_attention of score, pos, next),
+// forming only what it ranks: for one eviction the candidates' means in the registers
+// (last_min_mean_index), otherwise the candidates' means in mean[t, n - recent).
+void select_heavy_recent_mean(const float* score, const int32_t* pos, int64_t next, int n, int S,
+                              const PolicyConfig& cfg, int32_t* keep, int32_t* scratch,
+                              float* mean);
+
 // SnapKV: 1-D pooling (stride 1, kernel k odd, padding k/2) of the window attention of the
 // n_prefix slots before the observation window. avg counts the zero padding (PyTorch
 // avg_pool1d default, count_include_pad): sum / k; max ignores the padding.
