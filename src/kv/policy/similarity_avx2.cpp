@@ -252,54 +252,56 @@ void mean_attention_avx2(const float* score, const int32_t* pos, int n, int32_t 
 
 // Eight lanes each keep their smallest value and the last index holding it (<= replaces, so NaN
 // never enters; the last, partial block reads NaN past n); the answer is the largest index among
-// the lanes holding the overall smallest value, as the scalar running minimum.
-int last_min_index_avx2(const float* s, int n) {
-  if (s[0] != s[0]) return 0;  // NaN s_0: nothing is <= it
+// the lanes holding the overall smallest value, as the scalar running minimum. full(i): the
+// eight values at i; part(i, m): the lanes m of the last, partial block.
+namespace {
+
+template <class Full, class Part>
+int last_min_scan(int n, Full full, Part part) {
   const __m256 nan = _mm256_set1_ps(NAN);
   __m256 vmin = _mm256_set1_ps(INFINITY);
   __m256i vidx = _mm256_set1_epi32(-1);
   __m256i cur = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   auto update = [&](__m256 x) { lane_update<_CMP_LE_OQ>(x, vmin, vidx, cur); };
   int i = 0;
-  for (; i + 8 <= n; i += 8) update(_mm256_loadu_ps(s + i));
+  for (; i + 8 <= n; i += 8) update(full(i));
   if (i < n) {
     const __m256i m = first_lanes(n - i);
-    update(_mm256_blendv_ps(nan, _mm256_maskload_ps(s + i, m), _mm256_castsi256_ps(m)));
+    update(_mm256_blendv_ps(nan, part(i, m), _mm256_castsi256_ps(m)));
   }
-  // Lane 0 holds s_0 at least (not NaN, <= infinity); lanes never written keep index -1.
+  // Lane 0 holds the first value at least (not NaN, <= infinity); lanes never written keep -1.
   const float mn = hmin8(vmin);
   const __m256 at = _mm256_cmp_ps(vmin, _mm256_set1_ps(mn), _CMP_EQ_OQ);
   return hmax8_epi32(_mm256_castps_si256(
       _mm256_blendv_ps(_mm256_castsi256_ps(_mm256_set1_epi32(-1)), _mm256_castsi256_ps(vidx), at)));
 }
 
+}  // namespace
+
+int last_min_index_avx2(const float* s, int n) {
+  if (s[0] != s[0]) return 0;  // NaN s_0: nothing is <= it
+  return last_min_scan(
+      n, [&](int i) { return _mm256_loadu_ps(s + i); },
+      [&](int i, __m256i m) { return _mm256_maskload_ps(s + i, m); });
+}
+
 // last_min_index_avx2 over score_j / float(max(1, next - pos_j)), formed in the registers.
 int last_min_mean_index_avx2(const float* score, const int32_t* pos, int n, int32_t next) {
+  const float m0 = score[0] / static_cast<float>(std::max<int32_t>(1, next - pos[0]));
+  if (m0 != m0) return 0;  // NaN mean_0: nothing is <= it
   const __m256i vnext = _mm256_set1_epi32(next), one = _mm256_set1_epi32(1);
   auto mean8 = [&](__m256 s, __m256i p) {
     return _mm256_div_ps(s, _mm256_cvtepi32_ps(_mm256_max_epi32(one, _mm256_sub_epi32(vnext, p))));
   };
-  const float m0 = score[0] / static_cast<float>(std::max<int32_t>(1, next - pos[0]));
-  if (m0 != m0) return 0;  // NaN mean_0: nothing is <= it
-  const __m256 nan = _mm256_set1_ps(NAN);
-  __m256 vmin = _mm256_set1_ps(INFINITY);
-  __m256i vidx = _mm256_set1_epi32(-1);
-  __m256i cur = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  auto update = [&](__m256 x) { lane_update<_CMP_LE_OQ>(x, vmin, vidx, cur); };
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    update(mean8(_mm256_loadu_ps(score + i),
-                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pos + i))));
-  }
-  if (i < n) {
-    const __m256i m = first_lanes(n - i);
-    const __m256 x = mean8(_mm256_maskload_ps(score + i, m), _mm256_maskload_epi32(pos + i, m));
-    update(_mm256_blendv_ps(nan, x, _mm256_castsi256_ps(m)));
-  }
-  const float mn = hmin8(vmin);
-  const __m256 at = _mm256_cmp_ps(vmin, _mm256_set1_ps(mn), _CMP_EQ_OQ);
-  return hmax8_epi32(_mm256_castps_si256(
-      _mm256_blendv_ps(_mm256_castsi256_ps(_mm256_set1_epi32(-1)), _mm256_castsi256_ps(vidx), at)));
+  return last_min_scan(
+      n,
+      [&](int i) {
+        return mean8(_mm256_loadu_ps(score + i),
+                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pos + i)));
+      },
+      [&](int i, __m256i m) {
+        return mean8(_mm256_maskload_ps(score + i, m), _mm256_maskload_epi32(pos + i, m));
+      });
 }
 
 namespace {

@@ -204,9 +204,12 @@ void mean_attention_avx512(const float* score, const int32_t* pos, int n, int32_
   }
 }
 
-// As last_min_index_avx2, sixteen lanes; the last block is masked, so no scalar tail.
-int last_min_index_avx512(const float* s, int n) {
-  if (s[0] != s[0]) return 0;  // NaN s_0: nothing is <= it
+// As last_min_scan of the AVX2 file, sixteen lanes; the last block is masked, so no scalar tail.
+// x(i, m): the values at i, lanes m.
+namespace {
+
+template <class Values>
+int last_min_scan(int n, Values x) {
   __m512 vmin = _mm512_set1_ps(INFINITY);
   __m512i vidx = _mm512_set1_epi32(-1);
   __m512i cur = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -214,16 +217,23 @@ int last_min_index_avx512(const float* s, int n) {
   for (int i = 0; i < n; i += 16) {
     const __mmask16 m =
         n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
-    const __m512 x = _mm512_maskz_loadu_ps(m, s + i);
-    const __mmask16 le = _mm512_mask_cmp_ps_mask(m, x, vmin, _CMP_LE_OQ);
-    vmin = _mm512_mask_mov_ps(vmin, le, x);
+    const __m512 v = x(i, m);
+    const __mmask16 le = _mm512_mask_cmp_ps_mask(m, v, vmin, _CMP_LE_OQ);
+    vmin = _mm512_mask_mov_ps(vmin, le, v);
     vidx = _mm512_mask_mov_epi32(vidx, le, cur);
     cur = _mm512_add_epi32(cur, step);
   }
-  // Lane 0 holds s_0 at least (not NaN, <= infinity); lanes never written keep index -1.
+  // Lane 0 holds the first value at least (not NaN, <= infinity); lanes never written keep -1.
   const float mn = _mm512_reduce_min_ps(vmin);
   const __mmask16 at = _mm512_cmp_ps_mask(vmin, _mm512_set1_ps(mn), _CMP_EQ_OQ);
   return _mm512_mask_reduce_max_epi32(at, vidx);
+}
+
+}  // namespace
+
+int last_min_index_avx512(const float* s, int n) {
+  if (s[0] != s[0]) return 0;  // NaN s_0: nothing is <= it
+  return last_min_scan(n, [&](int i, __mmask16 m) { return _mm512_maskz_loadu_ps(m, s + i); });
 }
 
 // last_min_index_avx512 over score_j / float(max(1, next - pos_j)), formed in the registers.
@@ -231,24 +241,11 @@ int last_min_mean_index_avx512(const float* score, const int32_t* pos, int n, in
   const float m0 = score[0] / static_cast<float>(std::max<int32_t>(1, next - pos[0]));
   if (m0 != m0) return 0;  // NaN mean_0: nothing is <= it
   const __m512i vnext = _mm512_set1_epi32(next), one = _mm512_set1_epi32(1);
-  __m512 vmin = _mm512_set1_ps(INFINITY);
-  __m512i vidx = _mm512_set1_epi32(-1);
-  __m512i cur = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i step = _mm512_set1_epi32(16);
-  for (int i = 0; i < n; i += 16) {
-    const __mmask16 m =
-        n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+  return last_min_scan(n, [&](int i, __mmask16 m) {
     const __m512i seen =
         _mm512_max_epi32(one, _mm512_sub_epi32(vnext, _mm512_maskz_loadu_epi32(m, pos + i)));
-    const __m512 x = _mm512_div_ps(_mm512_maskz_loadu_ps(m, score + i), _mm512_cvtepi32_ps(seen));
-    const __mmask16 le = _mm512_mask_cmp_ps_mask(m, x, vmin, _CMP_LE_OQ);
-    vmin = _mm512_mask_mov_ps(vmin, le, x);
-    vidx = _mm512_mask_mov_epi32(vidx, le, cur);
-    cur = _mm512_add_epi32(cur, step);
-  }
-  const float mn = _mm512_reduce_min_ps(vmin);
-  const __mmask16 at = _mm512_cmp_ps_mask(vmin, _mm512_set1_ps(mn), _CMP_EQ_OQ);
-  return _mm512_mask_reduce_max_epi32(at, vidx);
+    return _mm512_div_ps(_mm512_maskz_loadu_ps(m, score + i), _mm512_cvtepi32_ps(seen));
+  });
 }
 
 namespace {
