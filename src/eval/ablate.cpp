@@ -107,12 +107,12 @@ Result<AblationPlan> plan_ablation(double rho) {
   for (const AblationVariant& v : d2o_ablation_variants()) {
     // "@name": another policy at the same ratio (a baseline row).
     const bool other = !v.keys.empty() && v.keys[0] == '@';
+    // Every variant is one change to the paper's D2O (or a reading of its own).
+    const std::string d2o =
+        v.keys.find("reading=") != std::string::npos ? "d2o:" : "d2o:reading=paper,";
     const std::string spec =
         other ? v.keys.substr(1) + ":ratio=" + plan.ratio
-        : v.keys.find("reading=") != std::string::npos
-            ? "d2o:ratio=" + plan.ratio + "," + v.keys
-            // Every variant is one change to the paper's D2O.
-            : "d2o:reading=paper,ratio=" + plan.ratio + (v.keys.empty() ? "" : "," + v.keys);
+              : d2o + "ratio=" + plan.ratio + (v.keys.empty() ? "" : "," + v.keys);
     const std::string label =
         v.keys.empty() ? "d2o (paper defaults)" : other ? v.keys.substr(1) : v.keys;
     D2O_ASSIGN_OR_RETURN(PolicyUnderTest t, make_policy(spec, label));

@@ -59,8 +59,8 @@ bool is_d2o_default(const std::string& spec) {
   return spec_preset(spec) == "d2o";
 }
 
-// A report recorded while d2o's defaults were the paper's: its canonical d2o specs have no
-// prompt= (today's always print it).
+// A report recorded while d2o's defaults were the paper's: a canonical d2o spec in it reads as
+// another policy today (paper_era_d2o_spec).
 bool paper_defaults_report(const json& j) {
   if (j.is_object() || j.is_array()) {
     for (const json& x : j) {
@@ -70,8 +70,7 @@ bool paper_defaults_report(const json& j) {
   }
   if (!j.is_string()) return false;
   const std::string& s = j.get_ref<const std::string&>();
-  return s.rfind("d2o:", 0) == 0 && s.find(",sinks=") != std::string::npos &&
-         s.find("prompt=") == std::string::npos;
+  return s.find(",sinks=") != std::string::npos && !paper_era_d2o_spec(s).empty();
 }
 
 const char* const kPaperDefaultsNote =

@@ -210,4 +210,10 @@ class FullPolicy final : public KvPolicy {
 // the bad key or value and list what is allowed. Implemented in src/kv/policy/spec.cpp.
 Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec);
 
+// A canonical d2o spec of the time d2o's defaults were the paper's, which today's grammar reads
+// as another policy (that form leaves out prompt=acc, pmerge=on and pscore=acc where they
+// held): the same policy in today's canonical form (d2o:reading=paper,...). "" for any other
+// string. Session files and the results page read specs recorded then through it.
+std::string paper_era_d2o_spec(const std::string& spec);
+
 }  // namespace d2o

@@ -1,6 +1,5 @@
 #include "serve/session_file.h"
 
-#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -248,26 +247,6 @@ Status decode_layer(Reader& r, const SessionFileContext& ctx, int il, int64_t n_
 
 }  // namespace
 
-std::string paper_d2o_spec(const std::string& spec) {
-  // Canonical d2o specs written while the defaults were the paper's omit the keys that now
-  // differ from E's defaults wherever they had the paper's value: read with reading=paper, the
-  // spec must print as it was written once those keys are left out again.
-  if (spec.rfind("d2o:", 0) != 0 || spec.find("reading=") != std::string::npos) return "";
-  auto p = parse_kv_policy("d2o:reading=paper," + spec.substr(4));
-  if (!p.ok()) return "";
-  const std::string now = (*p)->spec();
-  std::string then;
-  size_t at = 0;
-  while (at <= now.size()) {
-    const size_t comma = std::min(now.find(',', at), now.size());
-    const std::string item = now.substr(at, comma - at);
-    if (item != "prompt=acc" && item != "pmerge=on" && item != "pscore=acc")
-      then += (then.empty() ? "" : ",") + item;
-    at = comma + 1;
-  }
-  return then == spec ? now : "";
-}
-
 uint64_t fnv1a64(const uint8_t* data, size_t size, uint64_t h) {
   constexpr uint64_t kPrime = 0x100000001b3ull;
   size_t i = 0;
@@ -434,7 +413,7 @@ Result<SessionData> decode_session(const SessionFileContext& ctx, const uint8_t*
   auto policy = parse_kv_policy(d.kv_spec);
   if (!policy.ok()) return bad("bad policy spec: " + policy.status().message());
   if ((*policy)->spec() != d.kv_spec) {
-    const std::string paper = paper_d2o_spec(d.kv_spec);
+    const std::string paper = paper_era_d2o_spec(d.kv_spec);
     if (paper.empty()) return bad("the policy spec is not canonical");
     d.kv_spec = paper;  // the policy the file was written under, in today's spelling
   }

@@ -84,10 +84,4 @@ Result<SessionData> decode_session(const SessionFileContext& ctx, const uint8_t*
 // checksum and the model header's hash).
 uint64_t fnv1a64(const uint8_t* data, size_t size, uint64_t h = 0xcbf29ce484222325ull);
 
-// A d2o spec as canonical while d2o's defaults were the paper's (no prompt=acc, pmerge=on or
-// pscore=acc where they held): the same policy in today's canonical form
-// (d2o:reading=paper,...), or "" when `spec` is not such a spec. decode_session reads files
-// written then through it.
-std::string paper_d2o_spec(const std::string& spec);
-
 }  // namespace d2o::serve

@@ -2,6 +2,7 @@
 // attention kernel, and every error with its message.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -162,6 +163,32 @@ TEST(PolicySpec, ReadingsSetTheirDefaultsAndKeysOverride) {
       "d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7,layers=variance,merge=weighted,sim=key,ema=paper,"
       "agg=sum,norm=none,mscore=sum,mrope=post,decide=head,protect=none,mass=off,"
       "prompt=window,window=32,kernel=7,pool=avg,pmerge=on,pscore=acc");
+}
+
+// Specs recorded while d2o's defaults were the paper's: read as the same policy, in today's form.
+TEST(PolicySpec, PaperEraSpecsReadAsThePapersPolicy) {
+  for (const char* keys : {"", ",mass=on,nm=1:3", ",prompt=window,kernel=21,pmerge=off"}) {
+    const std::string today = canonical(std::string("d2o:reading=paper") + keys);
+    std::string then = today;
+    for (const char* drop : {",prompt=acc", ",pmerge=on", ",pscore=acc"}) {
+      const size_t at = then.find(drop);
+      if (at != std::string::npos) then.erase(at, std::strlen(drop));
+    }
+    SCOPED_TRACE(then);
+    ASSERT_NE(then, today);
+    EXPECT_EQ(paper_era_d2o_spec(then), today);
+  }
+  // The paper's D2O as its reports recorded it.
+  EXPECT_EQ(paper_era_d2o_spec("d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7,layers=variance,merge="
+                               "weighted,sim=key,ema=paper,agg=sum,norm=none,mscore=sum,mrope=post,"
+                               "decide=head,protect=none,mass=off"),
+            kPaperD2o);
+  // Not such a spec: today's canonical form, one canonical in neither era, another preset.
+  EXPECT_EQ(paper_era_d2o_spec(canonical("d2o")), "");
+  EXPECT_EQ(paper_era_d2o_spec(kPaperD2o), "");
+  EXPECT_EQ(paper_era_d2o_spec("d2o:budget=32,nm=3:1"), "");
+  EXPECT_EQ(paper_era_d2o_spec(canonical("h2o")), "");
+  EXPECT_EQ(paper_era_d2o_spec("d2o"), "");
 }
 
 TEST(PolicySpec, NeedsMatchThePolicy) {

@@ -7,6 +7,7 @@
 // accepts in registry order (a key with a `shown` rule only where it says so or where it differs
 // from the preset's default; a key with an `applies` rule only where that holds), numbers in
 // their shortest round-trip form. Parsing it gives back an identical PolicyConfig.
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <vector>
@@ -265,14 +266,14 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
     }
     D2O_RETURN_IF_ERROR(find_key(key)->parse(key, value, c));
   }
-  bool has_floor = false, has_prompt = false;
+  bool has_floor = false, prompt_chosen = false;  // (prompt= given, or set by a reading)
   for (const auto& kv : items) {
     has_floor = has_floor || kv.first == "floor";
-    has_prompt = has_prompt || kv.first == "prompt" || kv.first == "reading";
+    prompt_chosen = prompt_chosen || kv.first == "prompt" || kv.first == "reading";
   }
   // Where prompt=window comes from d2o's defaults, say how to leave it.
   const std::string by_default =
-      has_prompt ? "" : " (d2o compacts the prompt by its window by default: add prompt=acc)";
+      prompt_chosen ? "" : " (d2o compacts the prompt by its window by default: add prompt=acc)";
   for (const auto& kv : items) {
     if (c.selector == Selector::kHeavyRecent && c.prompt == PromptScore::kAccumulated &&
         (kv.first == "window" || kv.first == "kernel" || kv.first == "pool" ||
@@ -339,6 +340,28 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
   // SnapKV and PyramidKV compress the prompt only; in budget mode they keep the capacity.
   if (c.selector == Selector::kSnapWindow) c.compact_after_first = c.mode == BudgetMode::kBudget;
   return std::unique_ptr<KvPolicy>(new ComposedPolicy(std::move(c)));
+}
+
+std::string paper_era_d2o_spec(const std::string& spec) {
+  // Canonical d2o specs written while the defaults were the paper's omit the keys that now
+  // differ from E's defaults wherever they had the paper's value: read with reading=paper, the
+  // spec must print as it was written once those keys are left out again.
+  if (spec.rfind("d2o:", 0) != 0 || spec.find("reading=") != std::string::npos) return "";
+  auto today = parse_kv_policy(spec);
+  if (today.ok() && (*today)->spec() == spec) return "";  // today's canonical form
+  auto p = parse_kv_policy("d2o:reading=paper," + spec.substr(4));
+  if (!p.ok()) return "";
+  const std::string now = (*p)->spec();
+  std::string then;
+  size_t at = 0;
+  while (at <= now.size()) {
+    const size_t comma = std::min(now.find(',', at), now.size());
+    const std::string item = now.substr(at, comma - at);
+    if (item != "prompt=acc" && item != "pmerge=on" && item != "pscore=acc")
+      then += (then.empty() ? "" : ",") + item;
+    at = comma + 1;
+  }
+  return then == spec ? now : "";
 }
 
 }  // namespace d2o
