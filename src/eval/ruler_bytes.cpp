@@ -54,9 +54,10 @@ Result<std::string> ruler_bytes_section(const RulerResult& r, const RulerParams&
       "Every policy keeps, in each storage type, the share of the prompt's slots whose key and "
       "value rows fit `" +
       p.compression +
-      "` (quantized rows with their block scales; to the nearest slot, as a ratio). KV bytes: "
-      "slots kept right after the prompt's compaction, as a share of a full F16 cache's bytes "
-      "for the prompt. Scores pooled over tasks and lengths, ± one standard error over trials; "
+      "` (quantized rows with their block scales; to the nearest slot, as a ratio) and holds "
+      "them while it answers (SnapKV and PyramidKV with `hold=on`). KV bytes: slots kept right "
+      "after the prompt's compaction, as a share of a full F16 cache's bytes for the prompt. "
+      "Scores pooled over tasks and lengths, ± one standard error over trials; "
       "the difference to the best combination of eviction and quantization is paired by "
       "trial; a single method (eviction alone, or a full cache in a quantized type) counts as "
       "beaten beyond two standard errors.\n\n";

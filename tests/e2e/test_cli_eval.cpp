@@ -325,11 +325,15 @@ TEST(CliEval, RulerQuickRunsIsDeterministicAndSummaryPicksItUp) {
   // table and embeds it after the ratio run, under its own title.
   const std::string bytes_args =
       "eval ruler --quick --tasks vt --lengths 640 --trials 1 -m " + model +
-      " -t 1 --quiet --policies 'full;h2o' --bytes 0.5 --kv-types f16,q8_0 --seed 4 "
+      " -t 1 --quiet --policies 'full;h2o;snapkv' --bytes 0.5 --kv-types f16,q8_0 --seed 4 "
       "--name ruler_bytes -o " +
       a;
   auto rb = run_d2o(bytes_args);
   ASSERT_EQ(rb.exit_code, 0) << rb.output;
+  // SnapKV holds the prompt's budget while it answers (hold=on), as the other policies do.
+  const std::string bytes_md = test::read_file(a + "/ruler_bytes.md");
+  EXPECT_TRUE(has(bytes_md, "`snapkv:ratio=0.5,window=32,kernel=7,pool=avg,agg=sum,hold=on`"))
+      << bytes_md;
   s = run_d2o("eval summary --dir " + a);
   ASSERT_EQ(s.exit_code, 0) << s.output;
   const std::string page2 = test::read_file(a + "/summary.md");

@@ -752,8 +752,8 @@ inline void compact(const PolicyConfig& c, Cache& cache, State& st, int64_t n_pa
     if (c.mode == BudgetMode::kBudget && n <= c.budget) return;
     st.budgets = budgets(c, cache, n);
     st.budgets_set = true;
-  } else if (c.selector == Selector::kSnapWindow && c.mode == BudgetMode::kRatio) {
-    return;
+  } else if (c.selector == Selector::kSnapWindow && c.mode == BudgetMode::kRatio && !c.hold) {
+    return;  // SnapKV / PyramidKV at a ratio compress the prompt only, unless they hold it
   }
   int64_t removed = 0;
   // pmerge=off: the first compaction only evicts.

@@ -256,6 +256,8 @@ TEST(PolicyInvariants, PeakSlotsBoundsWhatASequenceHolds) {
       {"d2o:reading=paper,budget=20", 50, 120, 7, false},
       {"d2o:reading=paper,ratio=0.3", 40, 100, 40, false},
       {"snapkv:ratio=0.5,window=4", 40, 100, 40, true},
+      {"snapkv:ratio=0.5,window=4,hold=on", 40, 100, 40, false},
+      {"pyramidkv:ratio=0.5,window=4,hold=on", 30, 90, 5, false},
       {"snapkv:budget=20,window=4", 40, 100, 40, false},
       {"pyramidkv:budget=20,window=4", 30, 90, 5, false},
       {"d2o:reading=paper,ratio=0.3,layers=research", 40, 100, 40, true},
@@ -548,8 +550,9 @@ TEST(PolicyInvariants, LayerwiseCompactionEqualsWholePass) {
        {"d2o:reading=paper,ratio=0.3", "d2o:reading=paper,budget=16",
         "d2o:reading=paper,ratio=0.3,layers=research", "h2o:ratio=0.25", "roco:budget=12",
         "cam:ratio=0.3", "streaming:budget=10", "snapkv:budget=12,window=4",
-        "keydiff:budget=12,sinks=1", "d2o:reading=paper,budget=16,heads=ada",
-        "snapkv:budget=12,window=4,heads=ada", "d2o:reading=paper,budget=16,decide=token",
+        "snapkv:ratio=0.3,window=4,hold=on", "keydiff:budget=12,sinks=1",
+        "d2o:reading=paper,budget=16,heads=ada", "snapkv:budget=12,window=4,heads=ada",
+        "d2o:reading=paper,budget=16,decide=token",
         "d2o:reading=paper,ratio=0.3,mass=on,merge=sized,nm=1:1",
         "d2o:reading=paper,budget=16,sim=kv"}) {
     SCOPED_TRACE(spec);

@@ -93,6 +93,9 @@ TEST(PolicyReference, SnapKvAndPyramidKv) {
   check_all_layouts("snapkv:ratio=0.4,window=4,kernel=3", 40, 50, 1);
   check_all_layouts("snapkv:ratio=0.4,window=4,kernel=5,pool=max", 40, 50, 1);
   check_all_layouts("pyramidkv:ratio=0.4,window=4,kernel=3", 40, 50, 1, 6);
+  // hold=on: the prompt's budget kept through the decode steps.
+  check_all_layouts("snapkv:ratio=0.4,window=4,kernel=3,hold=on", 40, 50, 1);
+  check_all_layouts("pyramidkv:ratio=0.4,window=4,kernel=3,hold=on", 40, 50, 1, 6);
 }
 TEST(PolicyReference, Cam) {
   check_all_layouts("cam:ratio=0.3", 40, 50, 1);
@@ -193,8 +196,8 @@ TEST(PolicyReference, WithAttentionStatistics) {
        {"d2o:reading=paper,ratio=0.3", "d2o:reading=paper,budget=20,agg=max",
         "d2o:reading=paper,ratio=0.3,mass=on,merge=sized", "h2o:ratio=0.3,agg=mean",
         "roco:budget=16", "snapkv:budget=16,window=4", "pyramidkv:ratio=0.4,window=4",
-        "cam:ratio=0.3", "keydiff:ratio=0.3", "keydiff:budget=13,sinks=1",
-        "d2o:reading=paper,ratio=0.3,distinct=0.5",
+        "snapkv:ratio=0.3,window=4,hold=on", "cam:ratio=0.3", "keydiff:ratio=0.3",
+        "keydiff:budget=13,sinks=1", "d2o:reading=paper,ratio=0.3,distinct=0.5",
         "d2o:reading=paper,ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries",
         "d2o:reading=paper,ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries,prompt="
         "window,"
@@ -284,6 +287,8 @@ TEST(PolicyReference, NaiveCatchesWrongVariants) {
       {"h2o:ratio=0.3", [](PolicyConfig& c) { c.norm = ScoreNorm::kQueries; }},
       {"snapkv:ratio=0.4,window=4", [](PolicyConfig& c) { c.pool = PoolKind::kMax; }},
       {"snapkv:ratio=0.4,window=4", [](PolicyConfig& c) { c.kernel = 5; }},
+      {"snapkv:ratio=0.4,window=4", [](PolicyConfig& c) { c.hold = true; }},
+      {"snapkv:ratio=0.4,window=4,hold=on", [](PolicyConfig& c) { c.hold = false; }},
       {"pyramidkv:ratio=0.4,window=4", [](PolicyConfig& c) { c.pbeta = 4; }},
       {"streaming:ratio=0.3", [](PolicyConfig& c) { c.pos = PosMode::kShift; }},
       {"cam:ratio=0.3", [](PolicyConfig& c) { c.seed = 1; }},

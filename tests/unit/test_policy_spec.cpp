@@ -119,6 +119,8 @@ TEST(PolicySpec, CanonicalFormRoundTrips) {
       "roco:budget=64,prompt=window",
       "h2o:ratio=0.2,prompt=window,pscore=window,kernel=21",
       "d2o:ratio=0.2,prompt=window,pscore=window,pmerge=off,norm=queries",
+      "snapkv:ratio=0.2,hold=on",
+      "pyramidkv:ratio=0.1,hold=on,pbeta=8.5",
   };
   for (const std::string& s : specs) {
     SCOPED_TRACE(s);
@@ -139,6 +141,26 @@ TEST(PolicySpec, CanonicalFormRoundTrips) {
   EXPECT_EQ(canonical("cam:mb=16,seed=7"), "cam:ratio=0.2,sinks=4,mb=16,seed=7,agg=sum");
   EXPECT_EQ(canonical("keydiff:recent=32,budget=256,sinks=4"),
             "keydiff:budget=256,sinks=4,recent=32");
+}
+
+// hold=on keeps SnapKV's and PyramidKV's prompt budget through the decode steps in ratio mode; it
+// prints only there and only when on, so the specs recorded without it read as before.
+TEST(PolicySpec, HoldKeepsThePromptsBudgetInRatioMode) {
+  EXPECT_EQ(canonical("snapkv:hold=on"),
+            "snapkv:ratio=0.2,window=32,kernel=7,pool=avg,agg=sum,hold=on");
+  EXPECT_EQ(canonical("snapkv:hold=off"), canonical("snapkv"));
+  EXPECT_EQ(canonical("snapkv:budget=64,hold=on"), canonical("snapkv:budget=64"));
+  for (const char* spec :
+       {"snapkv:hold=on", "pyramidkv:hold=on", "snapkv:budget=64", "snapkv:budget=64,hold=on"}) {
+    auto p = parse_kv_policy(spec);
+    ASSERT_TRUE(p.ok()) << spec;
+    EXPECT_TRUE(config_of(**p).compact_after_first) << spec;
+  }
+  for (const char* spec : {"snapkv", "pyramidkv:ratio=0.3", "snapkv:hold=off"}) {
+    auto p = parse_kv_policy(spec);
+    ASSERT_TRUE(p.ok()) << spec;
+    EXPECT_FALSE(config_of(**p).compact_after_first) << spec;
+  }
 }
 
 TEST(PolicySpec, ReadingsSetTheirDefaultsAndKeysOverride) {
@@ -250,6 +272,8 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"h2o:distinct=-0.1", {"distinct=-0.1", "[0, 1]"}},
       {"h2o:heads=ada,distinct=0.5", {"distinct= applies with heads=uniform"}},
       {"snapkv:distinct=0.5", {"unknown key 'distinct'"}},
+      {"h2o:hold=on", {"unknown key 'hold'"}},
+      {"snapkv:hold=yes", {"hold=yes", "off, on"}},
       {"h2o:kernel=21", {"kernel= applies only with prompt=window"}},
       {"d2o:window=8,prompt=acc", {"window= applies only with prompt=window"}},
       {"h2o:prompt=snap", {"prompt=snap", "acc, window"}},

@@ -16,8 +16,9 @@ namespace {
 
 // --bytes: every (policy, storage type) as a policy of its own. RULER's prompts vary in length,
 // so the share becomes a ratio per storage type (share x F16 slot bytes / the type's slot bytes,
-// exact for models whose layers are all compressible); "full" runs in each type as it is. The
-// full F16 reference ("full") is added by the caller's list as usual.
+// exact for models whose layers are all compressible), held through the answer (SnapKV and
+// PyramidKV with hold=on); "full" runs in each type as it is. The full F16 reference ("full") is
+// added by the caller's list as usual.
 Result<std::vector<eval::PolicyUnderTest>> bytes_policies(const std::vector<std::string>& bases,
                                                           double share, const std::string& kv_types,
                                                           const ModelHParams& hp, KvType run) {
@@ -54,6 +55,12 @@ Result<std::vector<eval::PolicyUnderTest>> bytes_policies(const std::vector<std:
         D2O_ASSIGN_OR_RETURN(
             spec, eval::spec_with_compression(
                       base, "ratio=" + eval::fmt_num("%.6f", std::floor(r * 1e6) / 1e6)));
+        // SnapKV and PyramidKV at a ratio compress the prompt only and then grow by the answer;
+        // hold=on keeps them at the prompt's budget, as every other policy is.
+        const std::string preset = eval::spec_preset(base);
+        if ((preset == "snapkv" || preset == "pyramidkv") &&
+            base.find("hold=") == std::string::npos)
+          spec += ",hold=on";
       }
       D2O_ASSIGN_OR_RETURN(eval::PolicyUnderTest t, eval::make_policy(spec, label));
       t.kv_type = type;
@@ -227,7 +234,8 @@ Action add_eval_ruler(CLI::App* eval) {
   sub->add_option("--bytes", o->bytes,
                   "Equal KV bytes instead of a ratio: a share of a full F16 cache's key and value "
                   "bytes; each policy in each --kv-types type keeps what fits (the ratio that "
-                  "share gives in that type, to the nearest slot)");
+                  "share gives in that type, to the nearest slot) until the answer ends "
+                  "(snapkv and pyramidkv with hold=on)");
   sub->add_option("--kv-types", o->kv_types,
                   "With --bytes: storage types each policy runs in, e.g. f16,q8_0,q4_0r "
                   "(POLICY@TYPE: that type only)");

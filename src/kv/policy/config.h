@@ -142,6 +142,10 @@ struct PolicyConfig {
   // False: only the first compaction evicts (SnapKV / PyramidKV in ratio mode: decode tokens are
   // appended without eviction, as in the original).
   bool compact_after_first = true;
+  // SnapKV / PyramidKV in ratio mode (hold=on): the prompt's compaction sets the budget, and the
+  // cache then stays at it (one eviction per later token, as in budget mode), so that it holds
+  // what a decode-time policy at the same ratio holds. Off in budget mode, where it is implied.
+  bool hold = false;
 
   // StreamingLLM.
   PosMode pos = PosMode::kOriginal;

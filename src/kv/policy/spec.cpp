@@ -82,13 +82,13 @@ const std::vector<PresetDef>& presets() {
         "pool", "pscore"}},
       {"snapkv",
        [](PolicyConfig& c) { c.selector = Selector::kSnapWindow; },
-       {"window", "kernel", "pool", "agg", "heads", "floor"}},
+       {"window", "kernel", "pool", "agg", "heads", "floor", "hold"}},
       {"pyramidkv",
        [](PolicyConfig& c) {
          c.selector = Selector::kSnapWindow;
          c.layers = LayerRule::kPyramid;
        },
-       {"window", "kernel", "pool", "pbeta", "agg", "heads", "floor"}},
+       {"window", "kernel", "pool", "pbeta", "agg", "heads", "floor", "hold"}},
       {"roco",
        [](PolicyConfig& c) {
          c.selector = Selector::kHeavyRecent;
@@ -337,8 +337,11 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
     c.pool = plain.pool;
     c.pscore = plain.pscore;
   }
-  // SnapKV and PyramidKV compress the prompt only; in budget mode they keep the capacity.
-  if (c.selector == Selector::kSnapWindow) c.compact_after_first = c.mode == BudgetMode::kBudget;
+  // SnapKV and PyramidKV compress the prompt only; in budget mode, or in ratio mode with hold=on,
+  // they keep the capacity. (hold takes its plain value where budget mode implies it.)
+  if (c.mode == BudgetMode::kBudget) c.hold = false;
+  if (c.selector == Selector::kSnapWindow)
+    c.compact_after_first = c.mode == BudgetMode::kBudget || c.hold;
   return std::unique_ptr<KvPolicy>(new ComposedPolicy(std::move(c)));
 }
 

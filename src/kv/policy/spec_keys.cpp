@@ -250,6 +250,9 @@ const std::vector<KeyDef>& key_defs() {
       word_def<&PolicyConfig::pscore, kPromptWords>(
           "pscore", [](const PolicyConfig& c) { return c.pscore != PromptScore::kAccumulated; },
           window_shown),
+      word_def<&PolicyConfig::hold, kOnOffWords>(
+          "hold", [](const PolicyConfig& c) { return c.hold; },
+          [](const PolicyConfig& c) { return c.mode == BudgetMode::kRatio; }),
   };
   return defs;
 }
