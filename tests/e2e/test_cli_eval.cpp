@@ -334,6 +334,12 @@ TEST(CliEval, RulerQuickRunsIsDeterministicAndSummaryPicksItUp) {
   const std::string bytes_md = test::read_file(a + "/ruler_bytes.md");
   EXPECT_TRUE(has(bytes_md, "`snapkv:ratio=0.5,window=32,kernel=7,pool=avg,agg=sum,hold=on`"))
       << bytes_md;
+  // A policy told not to hold would grow past its bytes: refused, saying why.
+  auto no_hold = run_d2o("eval ruler --quick --tasks vt --lengths 640 --trials 1 -m " + model +
+                         " -t 1 --quiet --policies 'full;snapkv:hold=off' --bytes 0.5 -o " +
+                         out_dir("ruler_no_hold"));
+  EXPECT_NE(no_hold.exit_code, 0);
+  EXPECT_TRUE(has(no_hold.output, "holds every policy at its bytes")) << no_hold.output;
   s = run_d2o("eval summary --dir " + a);
   ASSERT_EQ(s.exit_code, 0) << s.output;
   const std::string page2 = test::read_file(a + "/summary.md");

@@ -35,7 +35,8 @@ std::string run(PolicySim& sim, int n_prompt, int steps, int chunk, bool* ragged
       const KvLayer& L = sim.cache.layer(il);
       if (!L.uniform() && ragged) *ragged = true;
       const int S = sim.state.budgets_set ? sim.state.budgets[static_cast<size_t>(il)] : -1;
-      if (S >= 0 && sim.ref_cfg.compact_after_first && L.held_slots() > int64_t{S} * L.n_head_kv())
+      if (S >= 0 && sim.ref_cfg.compacts_after_first() &&
+          L.held_slots() > int64_t{S} * L.n_head_kv())
         return "layer " + std::to_string(il) + " holds more than its budget";
     }
   }

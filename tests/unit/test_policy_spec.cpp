@@ -154,12 +154,12 @@ TEST(PolicySpec, HoldKeepsThePromptsBudgetInRatioMode) {
        {"snapkv:hold=on", "pyramidkv:hold=on", "snapkv:budget=64", "snapkv:budget=64,hold=on"}) {
     auto p = parse_kv_policy(spec);
     ASSERT_TRUE(p.ok()) << spec;
-    EXPECT_TRUE(config_of(**p).compact_after_first) << spec;
+    EXPECT_TRUE(config_of(**p).compacts_after_first()) << spec;
   }
   for (const char* spec : {"snapkv", "pyramidkv:ratio=0.3", "snapkv:hold=off"}) {
     auto p = parse_kv_policy(spec);
     ASSERT_TRUE(p.ok()) << spec;
-    EXPECT_FALSE(config_of(**p).compact_after_first) << spec;
+    EXPECT_FALSE(config_of(**p).compacts_after_first()) << spec;
   }
 }
 

@@ -8,6 +8,7 @@
 #include "core/timer.h"
 #include "eval/kv_bytes.h"
 #include "eval/ruler.h"
+#include "kv/policy/composed.h"
 #include "model/layer_desc.h"
 
 namespace d2o::cli {
@@ -55,14 +56,21 @@ Result<std::vector<eval::PolicyUnderTest>> bytes_policies(const std::vector<std:
         D2O_ASSIGN_OR_RETURN(
             spec, eval::spec_with_compression(
                       base, "ratio=" + eval::fmt_num("%.6f", std::floor(r * 1e6) / 1e6)));
-        // SnapKV and PyramidKV at a ratio compress the prompt only and then grow by the answer;
-        // hold=on keeps them at the prompt's budget, as every other policy is.
-        const std::string preset = eval::spec_preset(base);
-        if ((preset == "snapkv" || preset == "pyramidkv") &&
-            base.find("hold=") == std::string::npos)
-          spec += ",hold=on";
       }
       D2O_ASSIGN_OR_RETURN(eval::PolicyUnderTest t, eval::make_policy(spec, label));
+      const auto* composed = dynamic_cast<const ComposedPolicy*>(t.policy.get());
+      if (composed && !composed->config().compacts_after_first()) {
+        // A policy that compresses the prompt only (SnapKV, PyramidKV at a ratio) would grow by
+        // the answer: hold=on keeps it at the prompt's budget, as every other policy is.
+        auto held = eval::make_policy(spec + ",hold=on", label);
+        if (!held.ok()) {
+          return invalid_argument(
+              "ruler --bytes holds every policy at its bytes while it "
+              "answers (hold=on); '" +
+              given + "' does not allow it: " + held.status().message());
+        }
+        t = std::move(held).value();
+      }
       t.kv_type = type;
       out.push_back(std::move(t));
     }

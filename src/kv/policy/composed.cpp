@@ -123,7 +123,7 @@ std::string ComposedPolicy::spec() const {
 }
 
 bool ComposedPolicy::compacts_per_layer(const PolicyState& state) const {
-  return state.budgets_set && cfg_.compact_after_first && cfg_.pos != PosMode::kShift;
+  return state.budgets_set && cfg_.compacts_after_first() && cfg_.pos != PosMode::kShift;
 }
 
 Status ComposedPolicy::compact_layer(KvCache& cache, PolicyState& state, const PassInfo& pass,
@@ -232,7 +232,7 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
     state.budgets = std::move(lb.budgets);
     own.layer_variance = std::move(lb.variance);
     state.budgets_set = true;
-  } else if (!cfg_.compact_after_first) {
+  } else if (!cfg_.compacts_after_first()) {
     return {};
   }
 

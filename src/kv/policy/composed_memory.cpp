@@ -31,7 +31,7 @@ int64_t ComposedPolicy::peak_slots(int64_t n_prompt, int64_t n_total, int max_ch
     n_first = std::min(n_total, cfg_.budget + chunk);
     s_max = variable ? n_first : cfg_.budget;
   }
-  if (!cfg_.compact_after_first) return std::max(n_first, s_max + (n_total - n_first));
+  if (!cfg_.compacts_after_first()) return std::max(n_first, s_max + (n_total - n_first));
   return std::max(n_first, std::min(n_total, s_max + chunk));
 }
 
@@ -75,7 +75,7 @@ int64_t ComposedPolicy::peak_slots_for(const FeedPlan& f) const {
         variable ? n_prompt
                  : std::clamp<int64_t>(std::llround(cfg_.ratio * static_cast<double>(n_prompt)), lo,
                                        n_prompt);
-    if (!cfg_.compact_after_first) return std::max(n_prompt, s_max + (n_total - n_prompt));
+    if (!cfg_.compacts_after_first()) return std::max(n_prompt, s_max + (n_total - n_prompt));
     return std::max(n_prompt, std::min(n_total, s_max + dc));
   }
   // Budget mode: compaction whenever a layer holds more than B slots, prompt chunks included.
@@ -84,7 +84,7 @@ int64_t ComposedPolicy::peak_slots_for(const FeedPlan& f) const {
   const int64_t n_first = std::min(n_total, cfg_.budget + (in_prompt ? pc : dc));
   const int64_t s_max = variable ? n_first : cfg_.budget;
   const int64_t pass = in_prompt ? std::max(pc, dc) : dc;  // passes after the first compaction
-  if (!cfg_.compact_after_first) return std::max(n_first, s_max + (n_total - n_first));
+  if (!cfg_.compacts_after_first()) return std::max(n_first, s_max + (n_total - n_first));
   return std::max(n_first, std::min(n_total, s_max + pass));
 }
 

@@ -139,9 +139,6 @@ struct PolicyConfig {
   int kernel = 7;   // pooling kernel (odd)
   PoolKind pool = PoolKind::kAvg;
   double pbeta = 20.0;  // PyramidKV beta: the last layer gets 1/beta of the average top-k budget
-  // False: only the first compaction evicts (SnapKV / PyramidKV in ratio mode: decode tokens are
-  // appended without eviction, as in the original).
-  bool compact_after_first = true;
   // SnapKV / PyramidKV in ratio mode (hold=on): the prompt's compaction sets the budget, and the
   // cache then stays at it (one eviction per later token, as in budget mode), so that it holds
   // what a decode-time policy at the same ratio holds. Off in budget mode, where it is implied.
@@ -191,6 +188,11 @@ struct PolicyConfig {
   // Statistics the attention kernel must produce.
   bool needs_accumulate() const {
     return selector == Selector::kHeavyRecent || merger == Merger::kCam;
+  }
+  // False: only the first compaction evicts (SnapKV / PyramidKV in ratio mode without hold=on:
+  // decode tokens are appended without eviction, as in the original).
+  bool compacts_after_first() const {
+    return selector != Selector::kSnapWindow || mode == BudgetMode::kBudget || hold;
   }
   bool needs_window() const {
     return selector == Selector::kSnapWindow ||

@@ -337,11 +337,8 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
     c.pool = plain.pool;
     c.pscore = plain.pscore;
   }
-  // SnapKV and PyramidKV compress the prompt only; in budget mode, or in ratio mode with hold=on,
-  // they keep the capacity. (hold takes its plain value where budget mode implies it.)
+  // hold takes its plain value where budget mode implies it (PolicyConfig::compacts_after_first).
   if (c.mode == BudgetMode::kBudget) c.hold = false;
-  if (c.selector == Selector::kSnapWindow)
-    c.compact_after_first = c.mode == BudgetMode::kBudget || c.hold;
   return std::unique_ptr<KvPolicy>(new ComposedPolicy(std::move(c)));
 }
 
