@@ -90,6 +90,20 @@ TEST(CliEval, PplQuickRunsAndKeepsItsInvariants) {
   EXPECT_EQ(n_full, 1);
 }
 
+TEST(CliEval, PplWithoutTheFullCacheSaysItHasNoDifference) {
+  D2O_REQUIRE_MODEL(model);
+  REQUIRE_DEFAULT_TEXT();
+  const std::string dir = out_dir("ppl_nofull");
+  auto r = run_d2o("eval ppl --quick -m " + model + " -t 1 -o " + dir +
+                   " --policies 'h2o;d2o' --capacities 96");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "tail Δ - (no full cache in --policies)")) << r.output;
+  EXPECT_FALSE(has(r.output, "nan")) << r.output;
+  const nlohmann::json j = check_outputs(dir, "ppl", 1);
+  ASSERT_TRUE(j.contains("comparisons"));
+  EXPECT_FALSE(j["comparisons"].empty());  // the policies are still compared with each other
+}
+
 TEST(CliEval, FidelityQuickFullCacheHasZeroKl) {
   D2O_REQUIRE_MODEL(model);
   REQUIRE_DEFAULT_TEXT();

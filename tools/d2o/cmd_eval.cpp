@@ -280,9 +280,14 @@ int run_ppl(PplOptions& o) {
   }
   for (const auto& r : res->runs) {
     const eval::StreamPplSummary sm = eval::summarize_run(r, full, eval::kNllBlock);
-    std::printf("%-12s cap %5d  PPL %8.3f  mean NLL %.4f ± %.4f  tail Δ %+.4f ± %.4f\n",
-                r.label.c_str(), r.capacity, sm.ppl, sm.mean_nll, sm.se_nll, sm.delta_nll,
-                sm.delta_se);
+    std::printf("%-12s cap %5d  PPL %8.3f  mean NLL %.4f ± %.4f", r.label.c_str(), r.capacity,
+                sm.ppl, sm.mean_nll, sm.se_nll);
+    // The tail's difference is against the full cache's run: none without it in the list.
+    if (full) {
+      std::printf("  tail Δ %+.4f ± %.4f\n", sm.delta_nll, sm.delta_se);
+    } else {
+      std::printf("  tail Δ - (no full cache in --policies)\n");
+    }
   }
   print_report_paths(files);
   return 0;
