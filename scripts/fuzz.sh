@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # d2o fuzzing: builds the libFuzzer targets of fuzz/ with clang (ASan + UBSan) and runs each for
-# SECONDS (default 10), one after the other, on one core.
+# SECONDS (default 10), as many at a time as there are cores.
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
 # Each target starts from its seed corpus (fuzz/corpus/TARGET, checked in) plus what earlier runs
 # found (build-fuzz/corpus/TARGET, not checked in). A crash, a leak, an input that takes over 1 s
@@ -42,11 +42,11 @@ run_target() {
     "${dict[@]}" "build-fuzz/corpus/$t" "fuzz/corpus/$t" >>"build-fuzz/$t.log" 2>&1
 }
 
-failed=()
-for t in "${targets[@]}"; do
+# fuzz_one TARGET: runs TARGET for SECONDS; prints what it found and returns 1 on a finding.
+fuzz_one() {
+  local t=$1 end before new
   mkdir -p "build-fuzz/corpus/$t" "fuzz/crashes/$t"
   : >"build-fuzz/$t.log"
-  echo "== $t: ${seconds}s"
   end=$((SECONDS + seconds))
   while :; do
     before=$(ls "fuzz/crashes/$t" | wc -l)
@@ -62,13 +62,36 @@ for t in "${targets[@]}"; do
       [ $SECONDS -lt $((end - 1)) ] && continue
       break
     fi
-    failed+=("$t")
     grep -E "^==[0-9]+==ERROR|^SUMMARY|^artifact_prefix|Test unit written|^    #[0-9] " \
       "build-fuzz/$t.log" | head -n 20 || true
     echo "(full log: build-fuzz/$t.log)"
-    break
+    grep -E "^#[0-9]+[[:space:]]+DONE" "build-fuzz/$t.log" | tail -n 1 || true
+    return 1
   done
   grep -E "^#[0-9]+[[:space:]]+DONE" "build-fuzz/$t.log" | tail -n 1 || true
+  return 0
+}
+
+# The targets run $jobs at a time (one a core: each is single-threaded), each printing its lines
+# when it ends.
+failed=()
+i=0
+while [ $i -lt ${#targets[@]} ]; do
+  lane=("${targets[@]:i:jobs}")
+  pids=()
+  for t in "${lane[@]}"; do
+    fuzz_one "$t" >"build-fuzz/$t.out" 2>&1 &
+    pids+=($!)
+  done
+  for k in "${!lane[@]}"; do
+    t=${lane[$k]}
+    status=0
+    wait "${pids[$k]}" || status=$?
+    echo "== $t: ${seconds}s"
+    cat "build-fuzz/$t.out"
+    [ $status -eq 0 ] || failed+=("$t")
+  done
+  i=$((i + jobs))
 done
 if [ ${#failed[@]} -gt 0 ]; then
   echo "fuzz: FAILED: ${failed[*]} (reproducers in fuzz/crashes/)" >&2
