@@ -11,7 +11,7 @@
 #      suite with the sanitizers took about a third of this stage's build.
 #   3. Fuzz smoke: every libFuzzer target of fuzz/ built with clang (libFuzzer + ASan + UBSan;
 #      scripts/setup.sh --fuzz installs clang 14 when it is missing) and run for 8 s from its
-#      seeds, one target a core (scripts/fuzz.sh 8; 4 minutes on a 2-vCPU Zen 3, build included);
+#      seeds, one target a core (scripts/fuzz.sh 8; with its build, 4 minutes on 2 AVX2 vCPUs);
 #      a crash, leak, timeout or memory blow-up fails the run and leaves its reproducer in
 #      fuzz/crashes/. The long runs are for people (fuzz/README.md).
 #   scripts/test.sh --tsan: instead, a ThreadSanitizer build of only the tests that run code on
