@@ -44,7 +44,7 @@ run_target() {
 
 # fuzz_one TARGET: runs TARGET for SECONDS; prints what it found and returns 1 on a finding.
 fuzz_one() {
-  local t=$1 end before new
+  local t=$1 end before new found=0
   mkdir -p "build-fuzz/corpus/$t" "fuzz/crashes/$t"
   : >"build-fuzz/$t.log"
   end=$((SECONDS + seconds))
@@ -65,11 +65,11 @@ fuzz_one() {
     grep -E "^==[0-9]+==ERROR|^SUMMARY|^artifact_prefix|Test unit written|^    #[0-9] " \
       "build-fuzz/$t.log" | head -n 20 || true
     echo "(full log: build-fuzz/$t.log)"
-    grep -E "^#[0-9]+[[:space:]]+DONE" "build-fuzz/$t.log" | tail -n 1 || true
-    return 1
+    found=1
+    break
   done
   grep -E "^#[0-9]+[[:space:]]+DONE" "build-fuzz/$t.log" | tail -n 1 || true
-  return 0
+  return $found
 }
 
 # The targets run $jobs at a time (one a core: each is single-threaded), each printing its lines
