@@ -152,7 +152,7 @@ std::vector<TokenId> run(Engine& engine, Sequence& seq, const std::vector<TokenI
   return out;
 }
 
-bool same_cache(const KvCache& a, const KvCache& b) {
+bool same_slots(const KvCache& a, const KvCache& b) {
   for (int il = 0; il < a.n_layer(); ++il) {
     const KvLayer& x = a.layer(il);
     const KvLayer& y = b.layer(il);
@@ -190,12 +190,12 @@ TEST_F(ChunkedPrefillModel, AnnouncedChunksCompressThePromptOnceLikeOnePass) {
     const auto a = run(engine, whole, prompt, {64}, true, 12);
     const auto b = run(engine, chunked, prompt, chunks, true, 12);
     EXPECT_EQ(a, b);
-    EXPECT_TRUE(same_cache(whole.cache(), chunked.cache()));
+    EXPECT_TRUE(same_slots(whole.cache(), chunked.cache()));
     EXPECT_EQ(whole.policy_state().budgets, chunked.policy_state().budgets);
     EXPECT_EQ(whole.policy_state().n_compactions, chunked.policy_state().n_compactions);
     // Without the announcement the first chunk alone is compressed: a different cache.
     run(engine, plain, prompt, chunks, false, 12);
-    if (!same_cache(whole.cache(), plain.cache())) ++differs_unannounced;
+    if (!same_slots(whole.cache(), plain.cache())) ++differs_unannounced;
   }
   EXPECT_EQ(differs_unannounced, 7);  // every compressing policy
 }

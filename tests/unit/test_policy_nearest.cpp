@@ -19,11 +19,11 @@
 namespace d2o {
 namespace {
 
-struct Case {
+struct NearestCase {
   int s, dim, n_q;
 };
 
-void check_variant(KernelIsa isa, const Case& k, bool negative, bool ties, uint32_t seed) {
+void check_variant(KernelIsa isa, const NearestCase& k, bool negative, bool ties, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<float> rows(static_cast<size_t>(k.s) * k.dim), q(static_cast<size_t>(k.n_q) * k.dim);
@@ -72,12 +72,13 @@ void check_variant(KernelIsa isa, const Case& k, bool negative, bool ties, uint3
 }
 
 TEST(PolicyNearest, EveryVariantFindsTheBruteForceMaximum) {
-  const Case cases[] = {{1, 64, 1},  {5, 64, 3},  {16, 3, 4},   {31, 64, 4},   {32, 128, 2},
-                        {33, 64, 4}, {47, 17, 1}, {100, 64, 4}, {257, 128, 3}, {1531, 64, 4}};
+  const NearestCase cases[] = {{1, 64, 1},    {5, 64, 3},   {16, 3, 4},  {31, 64, 4},
+                               {32, 128, 2},  {33, 64, 4},  {47, 17, 1}, {100, 64, 4},
+                               {257, 128, 3}, {1531, 64, 4}};
   uint32_t seed = 1;
   for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
     if (!kernel_isa_available(isa)) continue;
-    for (const Case& k : cases) {
+    for (const NearestCase& k : cases) {
       for (bool negative : {false, true}) {
         for (bool ties : {false, true}) check_variant(isa, k, negative, ties, seed++);
       }

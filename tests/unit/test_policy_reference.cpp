@@ -21,7 +21,7 @@ using test::SimSetup;
 
 // Runs a prompt of n_prompt tokens then `steps` passes of `chunk` tokens; returns the first
 // disagreement ("" if none).
-std::string run(PolicySim& sim, int n_prompt, int steps, int chunk) {
+std::string run_policy(PolicySim& sim, int n_prompt, int steps, int chunk) {
   std::string d = sim.pass(n_prompt);
   if (!d.empty()) return "prompt: " + d;
   for (int s = 0; s < steps; ++s) {
@@ -45,7 +45,7 @@ void check_all_layouts(const std::string& spec, int n_prompt, int steps, int chu
       PolicySim sim(spec, s);
       if (sim.ref_cfg.pos == PosMode::kShift || sim.ref_cfg.mspace == MergeSpace::kUnrotated)
         sim.tol = type == KvType::kF32 ? 1e-4 : 3e-3;
-      EXPECT_EQ(run(sim, n_prompt, steps, chunk), "");
+      EXPECT_EQ(run_policy(sim, n_prompt, steps, chunk), "");
       EXPECT_TRUE(sim.state.budgets_set);
     }
   }
@@ -168,7 +168,7 @@ TEST(PolicyReference, PromptKeysDoNothingTokenByToken) {
     sim.ref_cfg.prompt = PromptScore::kAccumulated;
     sim.ref_cfg.pscore = PromptScore::kAccumulated;
     sim.ref_cfg.prompt_merge = true;
-    EXPECT_EQ(run(sim, 1, 40, 1), "");
+    EXPECT_EQ(run_policy(sim, 1, 40, 1), "");
   }
 }
 
@@ -213,7 +213,7 @@ TEST(PolicyReference, WithAttentionStatistics) {
         s.n_head = 4;
         s.type = type;
         PolicySim sim(spec, s);
-        EXPECT_EQ(run(sim, 48, 30, 1), "");
+        EXPECT_EQ(run_policy(sim, 48, 30, 1), "");
       }
     }
   }
@@ -315,7 +315,7 @@ TEST(PolicyReference, NaiveCatchesWrongVariants) {
     s.n_layer = 6;
     PolicySim sim(w.spec, s);
     w.change(sim.ref_cfg);
-    EXPECT_NE(run(sim, 40, 20, 1), "");
+    EXPECT_NE(run_policy(sim, 40, 20, 1), "");
   }
 }
 

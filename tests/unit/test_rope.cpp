@@ -55,7 +55,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
 // multiplication, as llama.cpp builds it): tolerance for |x| <= 1.
 double tolerance(double pos) { return 2e-6 + 4e-7 * pos; }
 
-constexpr int kHeadDim = 64, kHeads = 3;
+constexpr int kHeadDim = 64, kRopeHeads = 3;
 const std::vector<float>& llama31_factors() {
   // The converter's formula for Llama 3.1 (factor 8, low 1, high 4, original context 8192) with
   // base 500000: 1 for the high frequencies, 8 for the low ones, a blend between.
@@ -82,12 +82,13 @@ TEST(Rope, EveryVariantMatchesADoubleReference) {
     SCOPED_TRACE(::testing::Message() << (type == RopeType::kNorm ? "norm" : "neox") << " n_rot "
                                       << n_rot << " scale " << freq_scale << " factors "
                                       << factors << " pos " << pos);
-    const std::vector<float> x = random_heads(kHeadDim * kHeads, static_cast<uint32_t>(n_checked));
+    const std::vector<float> x =
+        random_heads(kHeadDim * kRopeHeads, static_cast<uint32_t>(n_checked));
     std::vector<float> y = x;
-    rope_apply(p, static_cast<float>(pos), kHeads, y.data());
-    EXPECT_LE(max_abs_diff(y, reference(p, pos, kHeads, x)), tolerance(pos));
+    rope_apply(p, static_cast<float>(pos), kRopeHeads, y.data());
+    EXPECT_LE(max_abs_diff(y, reference(p, pos, kRopeHeads, x)), tolerance(pos));
     // Unrotated dimensions are left exactly as they were.
-    for (int h = 0; h < kHeads; ++h)
+    for (int h = 0; h < kRopeHeads; ++h)
       for (int d = n_rot; d < kHeadDim; ++d)
         EXPECT_EQ(y[static_cast<size_t>(h * kHeadDim + d)],
                   x[static_cast<size_t>(h * kHeadDim + d)]);
@@ -106,17 +107,17 @@ TEST(Rope, TheReferenceComparisonSeesMissingFactorsAndScales) {
   p.freq_base = 500000.0f;
   p.freq_factors = llama31_factors().data();
   const double pos = 4000.0;
-  const std::vector<float> x = random_heads(kHeadDim * kHeads, 7);
-  const std::vector<double> want = reference(p, pos, kHeads, x);
+  const std::vector<float> x = random_heads(kHeadDim * kRopeHeads, 7);
+  const std::vector<double> want = reference(p, pos, kRopeHeads, x);
   RopeParams no_factors = p;
   no_factors.freq_factors = nullptr;
   std::vector<float> y = x;
-  rope_apply(no_factors, static_cast<float>(pos), kHeads, y.data());
+  rope_apply(no_factors, static_cast<float>(pos), kRopeHeads, y.data());
   EXPECT_GT(max_abs_diff(y, want), 100 * tolerance(pos));
   RopeParams scaled = p;
   scaled.freq_scale = 0.5f;
   y = x;
-  rope_apply(scaled, static_cast<float>(pos), kHeads, y.data());
+  rope_apply(scaled, static_cast<float>(pos), kRopeHeads, y.data());
   EXPECT_GT(max_abs_diff(y, want), 100 * tolerance(pos));
 }
 
@@ -156,18 +157,18 @@ TEST(Rope, TablesAndRerotationAgree) {
   p.n_rot = kHeadDim;
   p.freq_base = 500000.0f;
   p.freq_factors = llama31_factors().data();
-  const std::vector<float> x = random_heads(kHeadDim * kHeads, 11);
+  const std::vector<float> x = random_heads(kHeadDim * kRopeHeads, 11);
   std::vector<float> a = x, b = x;
-  rope_apply(p, 300.0f, kHeads, a.data());
+  rope_apply(p, 300.0f, kRopeHeads, a.data());
   float cos_t[kRopeMaxPairs], sin_t[kRopeMaxPairs];
   rope_tables(p, 300.0f, cos_t, sin_t);
-  rope_apply_tables(p, cos_t, sin_t, kHeads, b.data());
+  rope_apply_tables(p, cos_t, sin_t, kRopeHeads, b.data());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
 
   std::vector<float> twice = x;
-  rope_apply(p, 1000.0f, kHeads, twice.data());
-  rope_apply(p, -250.0f, kHeads, twice.data());
-  EXPECT_LE(max_abs_diff(twice, reference(p, 750.0, kHeads, x)), 2 * tolerance(1000.0));
+  rope_apply(p, 1000.0f, kRopeHeads, twice.data());
+  rope_apply(p, -250.0f, kRopeHeads, twice.data());
+  EXPECT_LE(max_abs_diff(twice, reference(p, 750.0, kRopeHeads, x)), 2 * tolerance(1000.0));
 }
 
 }  // namespace

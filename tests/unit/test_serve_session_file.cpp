@@ -28,15 +28,15 @@ namespace {
 class SessionFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    test::RandomModelConfig cfg;
+    d2o::test::RandomModelConfig cfg;
     cfg.n_layer = 3;
     cfg.n_embd = 128;  // head_dim 32: Q8_0 rows
     cfg.n_head = 4;
     cfg.n_head_kv = 2;
     cfg.n_vocab = 300;
     cfg.seed = 9;
-    const std::string path = test::scratch_path("session_file_random.gguf");
-    ASSERT_TRUE(test::make_random_model(cfg).write(path).ok());
+    const std::string path = d2o::test::scratch_path("session_file_random.gguf");
+    ASSERT_TRUE(d2o::test::make_random_model(cfg).write(path).ok());
     auto m = Model::load(path);
     ASSERT_TRUE(m.ok()) << m.status().to_string();
     model_ = std::move(m).value();
@@ -144,8 +144,8 @@ TEST_P(SessionFileRoundTrip, SameBytesSameStateSameLogitsAfterward) {
     ASSERT_EQ(la.n_slot(), lb.n_slot());
     const size_t n = static_cast<size_t>(la.n_slot());
     for (int h = 0; h < la.n_head_kv() && n > 0; ++h) {
-      EXPECT_EQ(test::compare_keys(la, lb, h, n), 0);
-      EXPECT_EQ(test::compare_values(la, lb, h, n), 0);
+      EXPECT_EQ(d2o::test::compare_keys(la, lb, h, n), 0);
+      EXPECT_EQ(d2o::test::compare_values(la, lb, h, n), 0);
       EXPECT_EQ(std::memcmp(la.pos(h), lb.pos(h), n * 4), 0);
       EXPECT_EQ(std::memcmp(la.score(h), lb.score(h), n * 4), 0);
       EXPECT_EQ(std::memcmp(la.window(h), lb.window(h), n * 4), 0);
@@ -358,7 +358,7 @@ TEST_F(SessionFileTest, SpecsWrittenUnderThePapersDefaultsReadAsThePapersD2o) {
 }
 
 TEST_F(SessionFileTest, DirectoryWritesAtomicallyUnderSafeNamesAndReadsBack) {
-  const std::string dir = test::scratch_path("session_dir_test");
+  const std::string dir = d2o::test::scratch_path("session_dir_test");
   std::filesystem::remove_all(dir);
   const SessionFileContext ctx = context(KvType::kF16);
   auto sd = SessionDir::open(dir, ctx);
@@ -402,7 +402,7 @@ TEST_F(SessionFileTest, DirectoryWritesAtomicallyUnderSafeNamesAndReadsBack) {
 }
 
 TEST_F(SessionFileTest, StoreWritesSessionsThatLeaveMemoryAndAdoptsThemBack) {
-  const std::string dir = test::scratch_path("session_store_dir_test");
+  const std::string dir = d2o::test::scratch_path("session_store_dir_test");
   std::filesystem::remove_all(dir);
   auto sd = SessionDir::open(dir, context(KvType::kF16));
   ASSERT_TRUE(sd.ok());

@@ -15,15 +15,15 @@ namespace {
 class SessionStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    test::RandomModelConfig cfg;
+    d2o::test::RandomModelConfig cfg;
     cfg.n_layer = 2;
     cfg.n_embd = 64;
     cfg.n_head = 4;
     cfg.n_head_kv = 2;
     cfg.n_vocab = 300;
     cfg.seed = 5;
-    const std::string path = test::scratch_path("sessions_random.gguf");
-    ASSERT_TRUE(test::make_random_model(cfg).write(path).ok());
+    const std::string path = d2o::test::scratch_path("sessions_random.gguf");
+    ASSERT_TRUE(d2o::test::make_random_model(cfg).write(path).ok());
     auto m = Model::load(path);
     ASSERT_TRUE(m.ok()) << m.status().to_string();
     model_ = std::move(m).value();

@@ -61,13 +61,13 @@ uint64_t fnv1a64(const std::vector<TokenId>& ids) {
 }
 
 // Keeps the GGUF mapping alive as long as the tokenizer is used.
-struct Loaded {
+struct LoadedCorpus {
   std::unique_ptr<GgufFile> file;
   std::unique_ptr<Tokenizer> tok;
 };
 
-const Loaded* load_cached(const std::string& path) {
-  static std::map<std::string, std::unique_ptr<Loaded>> cache;
+const LoadedCorpus* load_cached(const std::string& path) {
+  static std::map<std::string, std::unique_ptr<LoadedCorpus>> cache;
   auto it = cache.find(path);
   if (it != cache.end()) return it->second.get();
   auto file = GgufFile::open(path);
@@ -76,14 +76,15 @@ const Loaded* load_cached(const std::string& path) {
   auto tok = Tokenizer::from_gguf(**file);
   EXPECT_TRUE(tok.ok()) << tok.status().to_string();
   if (!tok.ok()) return nullptr;
-  auto l = std::make_unique<Loaded>(Loaded{std::move(file).value(), std::move(tok).value()});
+  auto l =
+      std::make_unique<LoadedCorpus>(LoadedCorpus{std::move(file).value(), std::move(tok).value()});
   return (cache[path] = std::move(l)).get();
 }
 
 const Tokenizer* smollm() {
   const std::string path = test::smollm_path();
   if (path.empty()) return nullptr;
-  const Loaded* l = load_cached(path);
+  const LoadedCorpus* l = load_cached(path);
   return l ? l->tok.get() : nullptr;
 }
 
@@ -183,7 +184,7 @@ TEST(VocabCorpus, IdHashesMatchLlamaCpp) {
       ++skipped_gemma;
       continue;
     }
-    const Loaded* l =
+    const LoadedCorpus* l =
         load_cached(vocab == "gemma3" ? gemma : dir + "/ggml-vocab-" + vocab + ".gguf");
     ASSERT_NE(l, nullptr);
     EncodeOptions opts;
