@@ -17,6 +17,7 @@
 #include "core/fp16.h"
 #include "ops/matmul.h"
 #include "ops/quant.h"
+#include "unit/unit_helpers.h"
 
 namespace d2o {
 namespace {
@@ -200,14 +201,6 @@ Reference reference(GgmlType type, const std::vector<uint8_t>& bytes, int64_t n_
   return ref;
 }
 
-std::vector<KernelIsa> available_isas() {
-  std::vector<KernelIsa> out;
-  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
-    if (kernel_isa_available(isa)) out.push_back(isa);
-  }
-  return out;
-}
-
 bool is_packed_type(GgmlType t) {
   return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ5_0 ||
          t == GgmlType::kQ8_0 || t == GgmlType::kQ4_K || t == GgmlType::kQ5_K ||
@@ -264,7 +257,7 @@ TEST_P(MatmulType, MatchesReferenceOnRandomMatrices) {
       const auto x = random_acts(n_tok, s.cols, Fill::kRealistic, rng);
       const Reference ref = reference(type, bytes, s.rows, s.cols, x, n_tok, act_block_of(type));
       std::vector<float> first;
-      for (KernelIsa isa : available_isas()) {
+      for (KernelIsa isa : test::available_isas()) {
         const std::vector<float> y = run_misaligned(w, x, n_tok, pool, isa);
         for (size_t i = 0; i < y.size(); ++i) {
           // fp32 rounding of the accumulation (a generous n * 2^-23 of sum |w x|) plus, for the
@@ -301,7 +294,7 @@ TEST_P(MatmulType, ExactWhenArithmeticIsExact) {
     const int64_t n_tok = 5;
     const auto x = random_acts(n_tok, s.cols, Fill::kInteger, rng);
     const Reference ref = reference(type, bytes, s.rows, s.cols, x, n_tok, act_block_of(type));
-    for (KernelIsa isa : available_isas()) {
+    for (KernelIsa isa : test::available_isas()) {
       const std::vector<float> y = run_misaligned(w, x, n_tok, pool, isa);
       for (size_t i = 0; i < y.size(); ++i) {
         ASSERT_EQ(y[i], ref.y[i]) << ggml_type_name(type) << " " << kernel_isa_name(isa)
@@ -321,7 +314,7 @@ TEST_P(MatmulType, DeterministicAcrossThreadsAndGrouping) {
   const auto bytes = random_weights(type, n_rows, n_cols, Fill::kRealistic, rng);
   const QMatrix w = make_matrix(type, n_rows, n_cols, bytes);
   const auto x = random_acts(n_tok, n_cols, Fill::kRealistic, rng);
-  for (KernelIsa isa : available_isas()) {
+  for (KernelIsa isa : test::available_isas()) {
     std::vector<float> base;
     for (int threads : {1, 2, 3}) {
       ThreadPool pool(threads);
@@ -403,7 +396,7 @@ TEST(Matmul, ActivationEdgeCases) {
     }
     const Reference ref = reference(type, bytes, n_rows, n_cols, x, n_tok, act_block_of(type));
     std::vector<float> first;
-    for (KernelIsa isa : available_isas()) {
+    for (KernelIsa isa : test::available_isas()) {
       std::vector<float> y(static_cast<size_t>(n_rows * n_tok));
       matmul_isa(w, x.data(), n_tok, y.data(), pool, isa);
       for (int64_t r = 0; r < n_rows; ++r) EXPECT_EQ(y[r], 0.0f);
@@ -440,7 +433,7 @@ TEST(Matmul, ExtremeQuantsAreExact) {
         x[3 * n_cols + c] = (c / 16) % 2 ? 127.0f : -127.0f;
       }
       const Reference ref = reference(type, bytes, n_rows, n_cols, x, n_tok, 32);
-      for (KernelIsa isa : available_isas()) {
+      for (KernelIsa isa : test::available_isas()) {
         std::vector<float> y(static_cast<size_t>(n_rows * n_tok));
         matmul_isa(w, x.data(), n_tok, y.data(), pool, isa);
         for (size_t i = 0; i < y.size(); ++i) {
@@ -473,7 +466,7 @@ TEST(Matmul, ManyEqualsSeparateCalls) {
       ws.push_back(make_matrix(sp.type, sp.rows, sp.cols,
                                random_weights(sp.type, sp.rows, sp.cols, Fill::kRealistic, rng)));
     }
-    for (KernelIsa isa : available_isas()) {
+    for (KernelIsa isa : test::available_isas()) {
       for (int threads : {1, 3}) {
         ThreadPool pool(threads);
         std::vector<std::vector<float>> many(ws.size()), single(ws.size());
@@ -530,7 +523,7 @@ TEST_P(LlamaCppMatmul, ReproducesGgmlMulMat) {
   const QMatrix w = make_matrix(type, n_rows, n_cols, bytes);
   const Reference exact = reference(type, bytes, n_rows, n_cols, x, n_tok, act_block_of(type));
   ThreadPool pool(2);
-  for (KernelIsa isa : available_isas()) {
+  for (KernelIsa isa : test::available_isas()) {
     const std::vector<float> y = run_misaligned(w, x, n_tok, pool, isa);
     double max_vs_ggml = 0, max_vs_exact = 0;
     for (size_t i = 0; i < y.size(); ++i) {

@@ -8,16 +8,10 @@
 #include <vector>
 
 #include "ops/ops.h"
+#include "unit/unit_helpers.h"
 
 namespace d2o {
 namespace {
-
-std::vector<KernelIsa> levels() {
-  std::vector<KernelIsa> v;
-  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512})
-    if (kernel_isa_available(isa)) v.push_back(isa);
-  return v;
-}
 
 double ulp_distance(float a, float b) {
   if (a == b) return 0.0;
@@ -38,7 +32,7 @@ TEST(Ops, SwigluEveryLevelNearDoubleReference) {
     // Extremes: exp(-g) overflows (g very negative) or vanishes (g very positive).
     const float extremes[] = {-200.0f, -100.0f, -88.5f, -87.0f, 0.0f, -0.0f, 88.0f, 100.0f, 300.0f};
     for (int i = 0; i < n && i < 9; ++i) g[static_cast<size_t>(i * n / 9)] = extremes[i];
-    for (KernelIsa isa : levels()) {
+    for (KernelIsa isa : test::available_isas()) {
       std::vector<float> y(static_cast<size_t>(n));
       swiglu_isa(isa, g.data(), u.data(), n, y.data());
       for (int i = 0; i < n; ++i) {
@@ -73,7 +67,7 @@ TEST(Ops, GegluTanhEveryLevelNearDoubleReference) {
     // Extremes: the exponent clamps (g very negative) or the exp vanishes (g very positive).
     const float extremes[] = {-300.0f, -12.0f, -10.0f, -5.0f, 0.0f, -0.0f, 10.0f, 100.0f, 300.0f};
     for (int i = 0; i < n && i < 9; ++i) g[static_cast<size_t>(i * n / 9)] = extremes[i];
-    for (KernelIsa isa : levels()) {
+    for (KernelIsa isa : test::available_isas()) {
       std::vector<float> y(static_cast<size_t>(n));
       geglu_tanh_isa(isa, g.data(), u.data(), n, y.data());
       for (int i = 0; i < n; ++i) {
@@ -115,7 +109,7 @@ TEST(Ops, RmsnormEveryLevelNearDoubleReference) {
     for (float v : x) ss += static_cast<double>(v) * v;
     const double scale = 1.0 / std::sqrt(ss / n + 1e-5);
     std::vector<float> y0;
-    for (KernelIsa isa : levels()) {
+    for (KernelIsa isa : test::available_isas()) {
       std::vector<float> y(static_cast<size_t>(n));
       rmsnorm_isa(isa, x.data(), w.data(), 1e-5f, n, y.data());
       for (int i = 0; i < n; ++i) {

@@ -16,15 +16,10 @@
 #include "kv/policy.h"
 #include "kv/policy/composed.h"
 #include "unit/kv_test_access.h"
+#include "unit/unit_helpers.h"
 
 namespace d2o {
 namespace {
-
-std::unique_ptr<KvPolicy> policy_of(const std::string& spec) {
-  auto p = parse_kv_policy(spec);
-  EXPECT_TRUE(p.ok()) << p.status().message();
-  return std::move(p).value();
-}
 
 // A stream of `steps` one-token passes into a cam cache of budget B; every query gives a share
 // `sink_share` of its attention to slot 0 and spreads the rest over the other slots at random
@@ -33,7 +28,7 @@ std::unique_ptr<KvPolicy> policy_of(const std::string& spec) {
 double cam_stream_growth(const std::string& spec, int steps, float sink_share) {
   const int hd = 16, G = 2;
   KvCache cache(KvCacheConfig{1, G, hd, KvType::kF32});
-  auto p = policy_of(spec);
+  auto p = test::policy_of(spec);
   PolicyState state;
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -171,7 +166,7 @@ TEST(PolicyCam, MergeProbabilityIsAtMostOne) {
     PassInfo pi;
     pi.n_past = n;
     pi.first_pass = true;
-    ASSERT_TRUE(policy_of("cam:ratio=0.25,sinks=1")->compact(cache, state, pi).ok());
+    ASSERT_TRUE(test::policy_of("cam:ratio=0.25,sinks=1")->compact(cache, state, pi).ok());
     if (sink == 1.0f)
       EXPECT_EQ(state.merged[0], n - 10);  // S = 10: 1 sink + 9 recent, 30 evicted, all merged
     else
@@ -186,7 +181,7 @@ TEST(PolicyCam, BudgetNoLargerThanTheSinksDropsWithoutMerging) {
   // slots kept.
   KvCache cache(KvCacheConfig{1, 1, 4, KvType::kF32});
   const std::vector<float> k(4, 1.0f), v(4, 1.0f);
-  auto policy = policy_of("cam:ratio=0.2,sinks=4");
+  auto policy = test::policy_of("cam:ratio=0.2,sinks=4");
   PolicyState state;
   for (int32_t t = 0; t < 40; ++t) {
     ASSERT_TRUE(cache.reserve(0, cache.layer(0).n_slot() + 1, false).ok());

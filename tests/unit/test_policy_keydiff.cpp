@@ -9,15 +9,10 @@
 #include "kv/kv_cache.h"
 #include "kv/policy.h"
 #include "kv/policy/composed.h"
+#include "unit/unit_helpers.h"
 
 namespace d2o {
 namespace {
-
-std::unique_ptr<KvPolicy> keydiff_policy(const std::string& spec) {
-  auto p = parse_kv_policy(spec);
-  EXPECT_TRUE(p.ok()) << p.status().message();
-  return std::move(p).value();
-}
 
 TEST(PolicyKeyDiff, KeepsTheKeysLeastLikeTheMeanOfTheUnitKeys) {
   // Unit keys (1,0) (0,1) (0,1) (.707,.707): anchor (0.427, 0.677); cosines 0.533, 0.846, 0.846,
@@ -31,7 +26,7 @@ TEST(PolicyKeyDiff, KeepsTheKeysLeastLikeTheMeanOfTheUnitKeys) {
     const int32_t pos[] = {0, 1, 2, 3};
     ASSERT_TRUE(cache.reserve(0, 4, false).ok());
     cache.append(0, k, v, pos, 4);
-    auto p = keydiff_policy("keydiff:budget=2");
+    auto p = test::policy_of("keydiff:budget=2");
     PolicyState state;
     PassInfo pi;
     pi.n_tokens = 4;
@@ -47,7 +42,7 @@ TEST(PolicyKeyDiff, KeepsTheKeysLeastLikeTheMeanOfTheUnitKeys) {
     ASSERT_TRUE(c2.reserve(0, 4, false).ok());
     c2.append(0, k, v, pos, 4);
     PolicyState s2;
-    ASSERT_TRUE(keydiff_policy("keydiff:budget=2,recent=1")->compact(c2, s2, pi).ok());
+    ASSERT_TRUE(test::policy_of("keydiff:budget=2,recent=1")->compact(c2, s2, pi).ok());
     EXPECT_EQ(c2.layer(0).pos(0)[0], 0);
     EXPECT_EQ(c2.layer(0).pos(0)[1], 3);
   }
@@ -65,7 +60,7 @@ TEST(PolicyKeyDiff, ZeroKeysScoreZero) {
   PolicyState state;
   PassInfo pi;
   pi.n_past = 5;
-  ASSERT_TRUE(keydiff_policy("keydiff:budget=2")->compact(cache, state, pi).ok());
+  ASSERT_TRUE(test::policy_of("keydiff:budget=2")->compact(cache, state, pi).ok());
   EXPECT_EQ(cache.layer(0).pos(0)[0], 1);  // the zero key
   EXPECT_EQ(cache.layer(0).pos(0)[1], 3);  // the key against the anchor
 }

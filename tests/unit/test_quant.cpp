@@ -16,6 +16,7 @@
 #include "common/test_util.h"
 #include "core/fp16.h"
 #include "ops/quant.h"
+#include "unit/unit_helpers.h"
 
 namespace d2o {
 namespace {
@@ -50,14 +51,6 @@ bool load_fixture(const std::string& name, QuantFile* f, std::string* error) {
     return false;
   }
   return true;
-}
-
-std::vector<KernelIsa> quant_isas() {
-  std::vector<KernelIsa> out;
-  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
-    if (kernel_isa_available(isa)) out.push_back(isa);
-  }
-  return out;
 }
 
 class DequantFixture : public ::testing::TestWithParam<const char*> {};
@@ -96,7 +89,7 @@ TEST_P(DequantFixture, BitIdenticalToGgufPackage) {
   EXPECT_EQ(out[n], -1.0f) << "wrote past the end";
   out.resize(n);
   check(out, "reference");
-  for (KernelIsa isa : quant_isas()) {
+  for (KernelIsa isa : test::available_isas()) {
     std::vector<float> simd(n, -1.0f);
     dequantize_row_isa(isa, f.type, base + offset, simd.data(), n);
     check(simd, kernel_isa_name(isa));
@@ -140,7 +133,7 @@ TEST(Dequant, SimdMatchesReferenceOnRandomBlocks) {
     for (size_t i = 0; i + 1 < raw.size(); i += 2) raw[i + 1] &= 0xBB;
     std::vector<float> ref(n), got(n);
     dequantize_row_ref(type, raw.data(), ref.data(), n);
-    for (KernelIsa isa : quant_isas()) {
+    for (KernelIsa isa : test::available_isas()) {
       dequantize_row_isa(isa, type, raw.data(), got.data(), n);
       for (int64_t i = 0; i < n; ++i) {
         ASSERT_EQ(fp32_to_bits(got[i]), fp32_to_bits(ref[i]))
@@ -179,7 +172,7 @@ TEST(Dequant, ScaleMinPackingRoundTrips) {
 TEST(Fp16Row, ToFp32MatchesScalarOnAllHalves) {
   std::vector<uint16_t> halves(65536 + 3);
   for (uint32_t h = 0; h < 65536; ++h) halves[h + 3] = static_cast<uint16_t>(h);
-  for (KernelIsa isa : quant_isas()) {
+  for (KernelIsa isa : test::available_isas()) {
     std::vector<float> out(65536 + 3);
     // Offset 3 elements: the source and destination are not vector aligned.
     fp16_to_fp32_row_isa(isa, halves.data() + 3, out.data() + 3, 65536);
@@ -219,7 +212,7 @@ TEST(Fp16Row, AxpyIsTheRoundedProductThenSumOnEveryLevel) {
         volatile float prod = w * fp16_to_fp32(h);
         want[static_cast<size_t>(i)] = want[static_cast<size_t>(i)] + prod;
       }
-      for (KernelIsa isa : quant_isas()) {
+      for (KernelIsa isa : test::available_isas()) {
         std::vector<float> got = init;
         fp16_axpy_row_isa(isa, got.data(), bytes.data() + 1, w, n);
         for (int64_t i = 0; i < n; ++i) {
@@ -253,7 +246,7 @@ TEST(Fp16Row, ToFp16MatchesScalarRounding) {
   src.push_back(70000.0f);
   src.push_back(-1e-10f);
   const int64_t n = static_cast<int64_t>(src.size());
-  for (KernelIsa isa : quant_isas()) {
+  for (KernelIsa isa : test::available_isas()) {
     std::vector<uint16_t> out(n);
     fp32_to_fp16_row_isa(isa, src.data(), out.data(), n);
     for (int64_t i = 0; i < n; ++i) {
