@@ -4,9 +4,9 @@
 Usage: serve_session_restart_test.py PATH_TO_D2O
 Needs $D2O_MODEL (SmolLM2-135M-Instruct); exits 77 (skipped) without it.
 
-A server with `--session-save evict` holds a d2o:budget=256 conversation of three turns (the
-first longer than the budget, so the cache is compressed with merges); SIGTERM writes it to the
-directory. A new server on the same directory continues it: the fourth turn prefills only
+A server with `--session-save evict` holds a d2o:budget=256,merge=sized conversation of three
+turns (the first longer than the budget, so the cache is compressed with merges); SIGTERM writes
+it to the directory. A new server on the same directory continues it: the fourth turn prefills only
 itself and gives the greedy answer of the same conversation held in memory without a restart
 (the same four turns replayed on the new server under another session id). A damaged session
 file is refused and its session rebuilt, and the server goes on serving. A non-streaming request
@@ -30,7 +30,7 @@ from serve_common import check, fail, require_model, start_server
 D2O = sys.argv[1]
 MODEL = require_model()
 
-KV = "d2o:budget=256"
+KV = "d2o:budget=256,merge=sized"
 N = 12  # tokens per greedy answer
 TEXT = ("The lighthouse keeper walked up the spiral stairs every evening, counting the steps "
         "and listening to the wind against the glass. Ships passed far out at sea, their lights "

@@ -123,7 +123,7 @@ ProbeRun run(int threads, const std::string& spec, bool probe, std::unique_ptr<S
 TEST_F(ProbeModel, TheSearchThroughTheAttentionPassGivesTheBitsOfTheSearchAlone) {
   for (int threads : {1, 2}) {
     for (const char* spec :
-         {"d2o:ratio=0.3", "d2o:ratio=0.25,nm=1:1,mscore=keep",
+         {"d2o:ratio=0.3,merge=sized", "d2o:ratio=0.25,nm=1:1,mscore=keep,merge=sized",
           "d2o:ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries"}) {
       SCOPED_TRACE(std::string(spec) + ", threads " + std::to_string(threads));
       std::unique_ptr<Sequence> on[2], off[2];

@@ -32,14 +32,22 @@ const char* const kPaperD2o =
     "pmerge=on";
 
 TEST(PolicySpec, DefaultsAreTheBestMeasuredAndThePapers) {
-  // d2o's defaults: E of docs/results.md, printed as its reports recorded it.
+  // d2o's defaults: F of docs/results.md (E without merging), printed as its reports recorded it.
   EXPECT_EQ(canonical("d2o"),
+            "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=off,sim=key,ema=paper,"
+            "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,"
+            "prompt=window,window=32,kernel=21,pool=avg,pmerge=off,pscore=window");
+  EXPECT_EQ(canonical("d2o:mass=on,merge=off,layers=uniform,nm=1:1,norm=queries,prompt=window,"
+                      "kernel=21,pmerge=off,pscore=window"),
+            canonical("d2o"));
+  // E, the default before it, as its reports recorded it: d2o with merges.
+  EXPECT_EQ(canonical("d2o:merge=sized"),
             "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=sized,sim=key,ema=paper,"
             "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,"
             "prompt=window,window=32,kernel=21,pool=avg,pmerge=off,pscore=window");
   EXPECT_EQ(canonical("d2o:mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries,prompt=window,"
                       "kernel=21,pmerge=off,pscore=window"),
-            canonical("d2o"));
+            canonical("d2o:merge=sized"));
   EXPECT_EQ(canonical("d2o:reading=paper"), kPaperD2o);
   // The paper's keys, given one by one over d2o's defaults, are the paper's reading.
   EXPECT_EQ(canonical("d2o:nm=3:1,layers=variance,merge=weighted,mass=off,norm=none,prompt=acc,"
@@ -48,7 +56,7 @@ TEST(PolicySpec, DefaultsAreTheBestMeasuredAndThePapers) {
   // Keys that differ from the defaults are printed, those that do not apply are not: the paper's
   // prompt compaction with E's other keys keeps pmerge=off and drops the window keys.
   EXPECT_EQ(canonical("d2o:prompt=acc"),
-            "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=sized,sim=key,ema=paper,"
+            "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=off,sim=key,ema=paper,"
             "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,"
             "prompt=acc,pmerge=off");
   EXPECT_EQ(canonical("d2o:pscore=acc"),
