@@ -20,7 +20,7 @@ std::string BenchTest::name() const {
 
 namespace {
 
-std::string_view trim(std::string_view s) {
+std::string_view trim_blanks(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
   return s;
@@ -28,7 +28,7 @@ std::string_view trim(std::string_view s) {
 
 // A whole non-negative decimal number, or false.
 bool parse_whole(std::string_view s, int64_t* out) {
-  s = trim(s);
+  s = trim_blanks(s);
   if (s.empty()) return false;
   const auto r = std::from_chars(s.data(), s.data() + s.size(), *out);
   return r.ec == std::errc() && r.ptr == s.data() + s.size() && *out >= 0;
@@ -56,11 +56,11 @@ Result<std::vector<int>> parse_int_list(std::string_view s, std::string_view wha
     out.push_back(static_cast<int>(v));
     return {};
   };
-  std::string_view rest = trim(s);
+  std::string_view rest = trim_blanks(s);
   if (rest.empty()) return invalid_argument(w + ": empty list");
   while (true) {
     const size_t comma = rest.find(',');
-    const std::string_view item = trim(rest.substr(0, comma));
+    const std::string_view item = trim_blanks(rest.substr(0, comma));
     if (item.empty()) return bad(item, "is empty");
     const size_t dash = item.find('-');
     if (dash == std::string_view::npos) {

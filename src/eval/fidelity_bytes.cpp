@@ -15,7 +15,7 @@ namespace {
 // quantize only (a full cache in a quantized type); a combination evicts and quantizes.
 enum class Kind { kFull, kEviction, kCombination };
 
-bool type_quantized(KvType t) {
+bool kv_type_quantized(KvType t) {
   return kv_quantized(t.k) || kv_quantized(t.v);
 }
 
@@ -24,7 +24,7 @@ bool type_quantized(KvType t) {
 Kind kind_of(const FidelityParams& p, const FidelityResult& r, size_t i) {
   const bool evicts = r.cases[i].evicted > 0 || r.cases[i].merged > 0;
   if (p.cases[i].policy.policy->is_full() || !evicts) return Kind::kFull;
-  return type_quantized(case_kv_type(p, i)) ? Kind::kCombination : Kind::kEviction;
+  return kv_type_quantized(case_kv_type(p, i)) ? Kind::kCombination : Kind::kEviction;
 }
 
 const char* kind_name(Kind k) {
@@ -43,7 +43,7 @@ bool on_axis(const FidelityParams& p, size_t i) {
   return p.cases[i].share > 0 || (p.cases[i].kv_type && p.cases[i].policy.policy->is_full());
 }
 
-MeanSe paired(const std::vector<double>& a, const std::vector<double>& b) {
+MeanSe paired_by_sample(const std::vector<double>& a, const std::vector<double>& b) {
   std::vector<double> d(a.size());
   for (size_t i = 0; i < d.size(); ++i) d[i] = a[i] - b[i];
   return mean_se(d);
@@ -58,7 +58,7 @@ std::string verdict(const MeanSe& d) {
   return "not resolved";
 }
 
-std::string pct(double v) {
+std::string share_pct(double v) {
   return fmt_num("%.1f%%", 100 * v);
 }
 
@@ -101,9 +101,9 @@ Result<std::string> fidelity_bytes_section(const FidelityResult& r, const Fideli
     if (!p.cases[i].policy.policy->is_full() || !on_axis(p, i)) continue;
     std::string at;
     for (double s : shares) {
-      if (share_end(i) <= s + 1e-9) at += (at.empty() ? "" : ", ") + pct(s);
+      if (share_end(i) <= s + 1e-9) at += (at.empty() ? "" : ", ") + share_pct(s);
     }
-    md += "- `" + p.cases[i].row + "` holds " + pct(share_end(i)) +
+    md += "- `" + p.cases[i].row + "` holds " + share_pct(share_end(i)) +
           " of the F16 full cache's bytes: " +
           (at.empty() ? "above every bytes value of this run; it is on the chart only"
                       : "compared at " + at) +
@@ -131,9 +131,9 @@ Result<std::string> fidelity_bytes_section(const FidelityResult& r, const Fideli
     }
     md += label.rfind("mem ", 0) == 0
               ? "### KV memory " + label.substr(4) +
-                    " per sequence (keys, values and slot metadata; " + pct(s) +
+                    " per sequence (keys, values and slot metadata; " + share_pct(s) +
                     " of the F16 full cache's key and value bytes for the prompt)\n\n"
-              : "### Bytes = " + pct(s) + " of the F16 full cache\n\n";
+              : "### Bytes = " + share_pct(s) + " of the F16 full cache\n\n";
     std::vector<std::vector<std::string>> rows;
     nlohmann::json jm = nlohmann::json::array();
     int singles = 0, beaten = 0;
@@ -145,7 +145,7 @@ Result<std::string> fidelity_bytes_section(const FidelityResult& r, const Fideli
       std::string diff = "-", v = "-";
       MeanSe d;
       if (best < n && i != best) {
-        d = paired(r.cases[i].kl, r.cases[best].kl);
+        d = paired_by_sample(r.cases[i].kl, r.cases[best].kl);
         diff = fmt_pm(d.mean, d.se, 4);
         if (k != Kind::kCombination) {
           v = verdict(d);
@@ -156,7 +156,7 @@ Result<std::string> fidelity_bytes_section(const FidelityResult& r, const Fideli
       if (i == best) v = "best combination";
       rows.push_back({"`" + p.cases[i].row + "`", kind_name(k),
                       k == Kind::kFull ? "all" : std::to_string(p.cases[i].budget),
-                      pct(share_end(i)), fmt_pm(m.mean, m.se, 4),
+                      share_pct(share_end(i)), fmt_pm(m.mean, m.se, 4),
                       fmt_pm(100 * t1.mean, 100 * t1.se, 1), diff, v});
       jm.push_back({{"row", p.cases[i].row},
                     {"kind", kind_name(k)},
@@ -175,7 +175,7 @@ Result<std::string> fidelity_bytes_section(const FidelityResult& r, const Fideli
           "\n";
     const bool all = best < n && singles > 0 && beaten == singles;
     if (best < n) {
-      md += "Best combination at " + pct(s) + ": `" + p.cases[best].row + "` (KL " +
+      md += "Best combination at " + share_pct(s) + ": `" + p.cases[best].row + "` (KL " +
             fmt_pm(kl(best).mean, kl(best).se, 4) + "); better than " + std::to_string(beaten) +
             " of " + std::to_string(singles) + " single methods beyond two standard errors: " +
             (all ? "**better than every single method**."
@@ -227,7 +227,7 @@ Result<std::string> fidelity_bytes_section(const FidelityResult& r, const Fideli
       ls.hi.push_back(m.mean + m.se);
       const KvType t = case_kv_type(p, i);
       const bool q4 = t.k == KvElemType::kQ4_0 || t.v == KvElemType::kQ4_0;
-      ls.dash = q4 ? "2 3" : type_quantized(t) ? "7 4" : "";
+      ls.dash = q4 ? "2 3" : kv_type_quantized(t) ? "7 4" : "";
     }
     chart.series.push_back(ls);
   }

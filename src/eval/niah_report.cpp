@@ -11,7 +11,7 @@ namespace d2o::eval {
 
 namespace {
 
-std::string pct(double v) {
+std::string acc_pct(double v) {
   return fmt_num("%.0f%%", 100.0 * v);
 }
 
@@ -97,7 +97,7 @@ Status write_niah_report(const NiahResult& r, const NiahParams& p, const RunMeta
         ++t.n;
       }
       const Interval ci = wilson_interval(t.k, t.n, kZ);
-      line.push_back(pct(t.acc()) + " (" + pct(ci.lo) + "–" + pct(ci.hi) + "), " +
+      line.push_back(acc_pct(t.acc()) + " (" + acc_pct(ci.lo) + "–" + acc_pct(ci.hi) + "), " +
                      std::to_string(t.k) + "/" + std::to_string(t.n));
       summary.push_back({{"policy", p.policies[pi].label},
                          {"task", niah_task_name(task)},
@@ -126,7 +126,8 @@ Status write_niah_report(const NiahResult& r, const NiahParams& p, const RunMeta
           t.k += o.correct[pi];
           ++t.n;
         }
-        line.push_back(pct(t.acc()) + " (" + std::to_string(t.k) + "/" + std::to_string(t.n) + ")");
+        line.push_back(acc_pct(t.acc()) + " (" + std::to_string(t.k) + "/" + std::to_string(t.n) +
+                       ")");
       }
       body.push_back(line);
     }

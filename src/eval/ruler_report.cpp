@@ -10,7 +10,7 @@ namespace d2o::eval {
 
 namespace {
 
-std::string pct(double v) {
+std::string score_pct(double v) {
   return std::isfinite(v) ? fmt_num("%.1f", 100.0 * v) : "-";
 }
 
@@ -203,7 +203,7 @@ Status write_ruler_report(const RulerResult& r, const RulerParams& p, const RunM
         }
         const double f =
             full >= 0 ? mean_se(scores(r, p, c, static_cast<size_t>(full))).mean : std::nan("");
-        line.push_back(f > 0 ? pct(m.mean / f) + "%" : "- (full scores 0)");
+        line.push_back(f > 0 ? score_pct(m.mean / f) + "%" : "- (full scores 0)");
       }
       body.push_back(line);
     }

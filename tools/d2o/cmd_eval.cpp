@@ -234,7 +234,7 @@ namespace {
 
 // ---- ppl ---------------------------------------------------------------------------------------
 
-struct PplOptions {
+struct EvalPplOptions {
   EvalCommonOptions common;
   std::string capacities = "256,1024";
   int64_t tokens = 0;  // 0: the whole text (quick: 600)
@@ -242,7 +242,7 @@ struct PplOptions {
   int chunk = 1;
 };
 
-int run_ppl(PplOptions& o) {
+int run_ppl(EvalPplOptions& o) {
   const std::string text_path = o.common.text.empty() ? default_text_path() : o.common.text;
   auto caps = parse_int_list(o.capacities, "--capacities");
   if (!caps.ok()) return fail(caps.status());
@@ -436,7 +436,7 @@ Action add_eval_fidelity(CLI::App* eval) {
 }
 
 Action add_eval_ppl(CLI::App* eval) {
-  auto o = std::make_shared<PplOptions>();
+  auto o = std::make_shared<EvalPplOptions>();
   CLI::App* sub = eval->add_subcommand(
       "ppl", "Perplexity with a fixed-capacity cache (the paper's PG-19 protocol)");
   add_eval_common_options(sub, o->common,
