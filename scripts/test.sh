@@ -61,9 +61,11 @@ if [ "$tsan" = 1 ]; then
 fi
 
 stage "release build"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DD2O_WERROR=ON -DD2O_UNITY_TESTS=ON >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DD2O_WERROR=ON -DD2O_UNITY_TESTS=ON \
+  -DD2O_UNITY_LIB=ON >/dev/null
 # The unit suite runs under the sanitizers (below), not here. The test suites compile in unity
-# batches (D2O_UNITY_TESTS: tests/CMakeLists.txt); the d2o library and binary file by file.
+# batches (D2O_UNITY_TESTS: tests/CMakeLists.txt), and so do the libraries and the d2o binary
+# (D2O_UNITY_LIB: CMakeLists.txt; the SIMD kernels' files alone).
 cmake --build build -j"$jobs" --target d2o_cli d2o_model_tests d2o_e2e_tests
 stage "release tests"
 ctest --test-dir build --output-on-failure -j"$jobs" -L "^(model|e2e)$" "$@"
@@ -74,8 +76,9 @@ stage "sanitizer build (ASan + UBSan)"
 # D2O_SANITIZE compiles at -O1 but for the SIMD kernels (CMakeLists.txt). Only the unit suite is
 # built here: the model suite is reference-parity runs and the end-to-end suite drives the d2o
 # binary on the real model, both run in the release build above.
+# Unity batches for the test suites and the libraries, as in the release build.
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS=-g1 -DD2O_SANITIZE=ON \
-  -DD2O_WERROR=ON -DD2O_UNITY_TESTS=ON >/dev/null
+  -DD2O_WERROR=ON -DD2O_UNITY_TESTS=ON -DD2O_UNITY_LIB=ON >/dev/null
 cmake --build build-asan -j"$jobs" --target d2o_unit_tests
 stage "sanitizer tests"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
