@@ -222,7 +222,8 @@ elif [ $summary_only -eq 0 ]; then
     # Equal KV bytes, RULER (ruler_bytes at 20%, ruler_bytes_10 at 10% of the F16 full cache's
     # bytes): the tasks above with every policy in F16, Q8_0 and rotated Q4_0 storage, each
     # keeping what fits through the answer. About 15 minutes each on 2 cores (AVX2 kernels).
-    rb=(--policies "full;h2o;snapkv;snapkv:kernel=21;streaming;d2o;d2o:reading=paper" --kv-types f16,q8_0,q4_0r
+    # `d2o:merge=sized` is E, the `d2o` default when these two reports were recorded.
+    rb=(--policies "full;h2o;snapkv;snapkv:kernel=21;streaming;d2o:merge=sized;d2o:reading=paper" --kv-types f16,q8_0,q4_0r
       --lengths 2048 --trials 8 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,fwe)
     run eval ruler "${common[@]}" "${hay[@]}" --name ruler_bytes --bytes 0.2 "${rb[@]}"
     run eval ruler "${common[@]}" "${hay[@]}" --name ruler_bytes_10 --bytes 0.1 "${rb[@]}"
@@ -232,7 +233,7 @@ elif [ $summary_only -eq 0 ]; then
     # 2 busy cores.
     run eval fidelity "${common[@]}" "${text[@]}" --name fidelity_bytes --bytes 0.1,0.2 \
       --kv-types f16,q8_0,q4_0r --prompt 2048 --samples 6 --continue 64 \
-      --policies "full;h2o;snapkv;streaming;d2o;d2o:reading=paper;d2o:reading=paper,mass=on,nm=1:3;h2o@q4_0"
+      --policies "full;h2o;snapkv;streaming;d2o:merge=sized;d2o:reading=paper;d2o:reading=paper,mass=on,nm=1:3;h2o@q4_0"
   fi
 fi
 
