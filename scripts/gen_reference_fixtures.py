@@ -225,7 +225,7 @@ PPL_TOOL = ("llama.cpp (llama-cpp-python 0.3.36 sources): libllama driven by scr
 
 def perplexity(out_dir):
     kjv = open(os.path.join(CACHE, "texts", "kjv.txt"), encoding="utf-8").read()
-    passage = kjv[:40000]  # about 10.5K tokens: 5 chunks of 2048
+    passage = kjv[:25000]  # about 6.5K tokens: 3 chunks of 2048
     path = os.path.join(out_dir, "kjv_ppl.txt")
     with open(path, "w", encoding="utf-8") as f:
         f.write(passage)

@@ -1,4 +1,4 @@
-// `d2o perplexity` on a fixed KJV passage (about 10.5K tokens, context 2048) against llama.cpp's
+// `d2o perplexity` on a fixed KJV passage (about 6.5K tokens, context 2048) against llama.cpp's
 // perplexity tool on the same file and model (smollm2_ppl.json in the reference folder that
 // scripts/setup.sh --test-data fills: <cache>/test-data/reference or $D2O_REFERENCE_DIR).
 #include <gtest/gtest.h>
