@@ -152,9 +152,11 @@ TEST(PolicyReference, PromptWindowAndPromptMerge) {
   check_all_layouts(
       "d2o:reading=paper,ratio=0.3,decide=token,prompt=window,window=2,pscore=window,mscore=max",
       40, 50, 1);
-  // d2o's defaults are the combination above (E).
+  // d2o's defaults are the combination above without merges (F); merge=sized gives it back (E).
   check_all_layouts("d2o:ratio=0.3,window=4", 40, 50, 1);
   check_all_layouts("d2o:ratio=0.3", 40, 50, 1, 6);
+  check_all_layouts("d2o:ratio=0.3,window=4,merge=sized", 40, 50, 1);
+  check_all_layouts("d2o:ratio=0.3,merge=sized", 40, 50, 1, 6);
 }
 
 // Fed token by token, no compaction is the prompt's: the keys change nothing.
@@ -204,7 +206,8 @@ TEST(PolicyReference, WithAttentionStatistics) {
         "window=4,kernel=5,pmerge=off",
         "d2o:reading=paper,ratio=0.3,mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries,prompt="
         "window,"
-        "window=4,kernel=5,pmerge=off,pscore=window"}) {
+        "window=4,kernel=5,pmerge=off,pscore=window",
+        "d2o:ratio=0.3,window=4,kernel=5"}) {
     for (int heads : {4, 2, 1}) {
       for (KvType type : {KvType::kF32, KvType::kF16}) {
         SCOPED_TRACE(std::string(spec) + " " + test::layout_name(heads) + " " + kv_type_name(type));
