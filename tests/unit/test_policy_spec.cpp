@@ -228,6 +228,10 @@ TEST(PolicySpec, NeedsMatchThePolicy) {
   EXPECT_EQ(needs("d2o:reading=paper").window, 0);
   EXPECT_EQ(needs("d2o:prompt=acc").window, 0);
   EXPECT_EQ(needs("d2o:agg=max").agg, ScoreAgg::kMax);
+  // Proportional attention only where slots can stand for merged tokens.
+  EXPECT_FALSE(needs("d2o").mass);
+  EXPECT_TRUE(needs("d2o:merge=sized").mass);
+  EXPECT_FALSE(needs("d2o:reading=paper").mass);
   EXPECT_TRUE(needs("h2o").accumulate);
   EXPECT_TRUE(needs("roco").accumulate);
   EXPECT_TRUE(needs("cam").accumulate);

@@ -17,7 +17,9 @@ StatsNeeds ComposedPolicy::needs() const {
   n.accumulate = cfg_.needs_accumulate();
   n.agg = cfg_.agg;
   n.window = cfg_.needs_window() ? cfg_.window : 0;
-  n.mass = cfg_.merger == Merger::kD2o && cfg_.mass;
+  // Proportional attention reads the merged counts, which stay 0 without merges (merge=off: F,
+  // d2o's default), so the attention pass is not asked to scan them then.
+  n.mass = cfg_.merger == Merger::kD2o && cfg_.mass && cfg_.merge != MergeRule::kOff;
   return n;
 }
 
