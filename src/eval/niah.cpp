@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/timer.h"
+#include "eval/answer.h"
 #include "eval/fork.h"
 #include "eval/stats.h"
 
@@ -72,9 +73,18 @@ const char* niah_task_name(NiahTask t) {
 }
 
 Result<NiahBuilder> NiahBuilder::create(const Tokenizer& tok, const ChatTemplate* chat,
-                                        std::string_view haystack) {
+                                        std::string_view haystack, NiahShape shape) {
+  if (shape.questions < 1 || shape.questions > kMaxNiahQuestions) {
+    return invalid_argument("--questions must be in [1, " + std::to_string(kMaxNiahQuestions) +
+                            "]");
+  }
+  if (shape.questions > 1 && shape.setting != QuestionSetting::kAfter) {
+    return invalid_argument(
+        "--questions K asks K questions of one compressed context: it needs --question after");
+  }
   NiahBuilder b(tok);
-  if (chat) D2O_RETURN_IF_ERROR(chat_turn_parts(tok, *chat, &b.chat_prefix_, &b.chat_suffix_));
+  b.shape_ = shape;
+  D2O_ASSIGN_OR_RETURN(b.turns_, TurnTexts::create(tok, chat, shape.setting));
   D2O_ASSIGN_OR_RETURN(b.haystack_, b.encode(std::string(haystack), false));
   D2O_ASSIGN_OR_RETURN(b.filler_unit_, b.encode(kFillerUnit, false));
   if (b.filler_unit_.empty()) return internal_error("the passkey filler produced no tokens");
@@ -106,9 +116,10 @@ int NiahBuilder::min_length(NiahTask task) const {
     auto r = encode(s, special);
     return r.ok() ? static_cast<int>(r->size()) : 0;
   };
-  const int fixed =
-      n(chat_prefix_ + t.instruction + "\n\n", true) + n(t.needle, false) +
-      n("\n\n" + t.question + (uses_chat_template() ? chat_suffix_ : " ") + t.answer_prefix, false);
+  const auto tail = turns_.tail("\n\n", t.question, t.answer_prefix);
+  const int needles = task == NiahTask::kNeedle ? shape_.questions : 1;
+  const int fixed = n(turns_.prefix() + t.instruction + "\n\n", true) +
+                    needles * n(t.needle, false) + n(tail.first, false) + n(tail.second, false);
   return fixed + 16;  // at least a little context around the needle
 }
 
@@ -126,22 +137,49 @@ Result<NiahBuilder::Trial> NiahBuilder::build(NiahTask task, int length, double 
   } else {
     t.key = std::to_string(10000 + rng.below(90000));
   }
-  const TaskText tt = task_text(task, t.key, t.word);
+  // NiahShape: the needle task's questions 2..K, each with a word and a key of its own.
+  const size_t n_needles = task == NiahTask::kNeedle ? static_cast<size_t>(shape_.questions) : 1;
+  std::vector<std::string> keys = {t.key}, words = {t.word};
+  while (keys.size() < n_needles) {
+    const std::string k = std::to_string(1000000 + rng.below(9000000));
+    const std::string w = kWords[rng.below(sizeof kWords / sizeof kWords[0])];
+    if (std::find(words.begin(), words.end(), w) != words.end() ||
+        std::find(keys.begin(), keys.end(), k) != keys.end())
+      continue;
+    keys.push_back(k);
+    words.push_back(w);
+  }
+  std::vector<TaskText> texts;
+  for (size_t i = 0; i < n_needles; ++i) texts.push_back(task_text(task, keys[i], words[i]));
+  const TaskText& tt = texts[0];
   D2O_ASSIGN_OR_RETURN(std::vector<TokenId> head,
-                       encode(chat_prefix_ + tt.instruction + "\n\n", true));
-  D2O_ASSIGN_OR_RETURN(std::vector<TokenId> needle, encode(tt.needle, false));
-  D2O_ASSIGN_OR_RETURN(
-      std::vector<TokenId> tail,
-      encode("\n\n" + tt.question + (uses_chat_template() ? chat_suffix_ : " ") + tt.answer_prefix,
-             false));
-  const int64_t n_ctx = static_cast<int64_t>(length) -
-                        static_cast<int64_t>(head.size() + needle.size() + tail.size());
+                       encode(turns_.prefix() + tt.instruction + "\n\n", true));
+  std::vector<std::vector<TokenId>> needles;
+  size_t n_needle = 0;
+  for (const TaskText& x : texts) {
+    D2O_ASSIGN_OR_RETURN(std::vector<TokenId> ids, encode(x.needle, false));
+    n_needle += ids.size();
+    needles.push_back(std::move(ids));
+  }
+  // Each question's tail: {the end of the context turn, the question turn}.
+  std::vector<std::vector<TokenId>> turn_end, question;
+  size_t n_tail = 0;  // the longest, so that every question's prompt fits the length
+  for (const TaskText& x : texts) {
+    const auto tail = turns_.tail("\n\n", x.question, x.answer_prefix);
+    D2O_ASSIGN_OR_RETURN(std::vector<TokenId> a, encode(tail.first, false));
+    D2O_ASSIGN_OR_RETURN(std::vector<TokenId> b, encode(tail.second, false));
+    n_tail = std::max(n_tail, a.size() + b.size());
+    turn_end.push_back(std::move(a));
+    question.push_back(std::move(b));
+  }
+  const int64_t n_ctx =
+      static_cast<int64_t>(length) - static_cast<int64_t>(head.size() + n_needle + n_tail);
   if (n_ctx < 16) {
     return invalid_argument(
         "a " + std::string(niah_task_name(task)) + " prompt of " + std::to_string(length) +
         " tokens leaves no room for the haystack (instruction, needle and question take " +
-        std::to_string(head.size() + needle.size() + tail.size()) +
-        " tokens); use lengths of at least " + std::to_string(min_length(task)));
+        std::to_string(head.size() + n_needle + n_tail) + " tokens); use lengths of at least " +
+        std::to_string(min_length(task)));
   }
   std::vector<TokenId> ctx;
   ctx.reserve(static_cast<size_t>(n_ctx));
@@ -169,17 +207,37 @@ Result<NiahBuilder::Trial> NiahBuilder::build(NiahTask task, int length, double 
       }
     }
   }
-  const int64_t asked = std::llround(depth * static_cast<double>(n_ctx));
-  const int64_t at = depth >= 1.0 ? n_ctx : sentence_start(ctx, asked);
-  t.depth_used = static_cast<double>(at) / static_cast<double>(n_ctx);
+  // Where each needle goes: the cell's depth for the first, seeded random depths for the others.
+  std::vector<int64_t> at(n_needles);
+  for (size_t i = 0; i < n_needles; ++i) {
+    const double d = i == 0 ? depth : static_cast<double>(rng.below(1001)) / 1000.0;
+    const int64_t asked = std::llround(d * static_cast<double>(n_ctx));
+    at[i] = d >= 1.0 ? n_ctx : sentence_start(ctx, asked);
+  }
+  t.depth_used = static_cast<double>(at[0]) / static_cast<double>(n_ctx);
+  std::vector<size_t> order(n_needles);
+  for (size_t i = 0; i < n_needles; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return at[a] < at[b]; });
   t.prompt.reserve(static_cast<size_t>(length));
   t.prompt.insert(t.prompt.end(), head.begin(), head.end());
-  t.prompt.insert(t.prompt.end(), ctx.begin(), ctx.begin() + at);
-  t.prompt.insert(t.prompt.end(), needle.begin(), needle.end());
-  t.prompt.insert(t.prompt.end(), ctx.begin() + at, ctx.end());
-  t.prompt.insert(t.prompt.end(), tail.begin(), tail.end());
-  if (static_cast<int>(t.prompt.size()) != length)
+  int64_t prev = 0;
+  for (size_t i : order) {
+    t.prompt.insert(t.prompt.end(), ctx.begin() + prev, ctx.begin() + at[i]);
+    t.prompt.insert(t.prompt.end(), needles[i].begin(), needles[i].end());
+    prev = at[i];
+  }
+  t.prompt.insert(t.prompt.end(), ctx.begin() + prev, ctx.end());
+  t.prompt.insert(t.prompt.end(), turn_end[0].begin(), turn_end[0].end());
+  t.context_end = static_cast<int64_t>(t.prompt.size());
+  t.prompt.insert(t.prompt.end(), question[0].begin(), question[0].end());
+  if (turns_.setting() == QuestionSetting::kBefore)
+    t.context_end = static_cast<int64_t>(t.prompt.size());
+  if (n_needles == 1 && static_cast<int>(t.prompt.size()) != length)
     return internal_error("needle prompt length mismatch");
+  for (size_t i = 1; i < n_needles; ++i) {
+    t.more.push_back(
+        {question[i], keys[i], words[i], static_cast<double>(at[i]) / static_cast<double>(n_ctx)});
+  }
   return t;
 }
 
@@ -189,54 +247,6 @@ bool answer_matches(std::string_view answer, std::string_view key) {
   size_t j = i;
   while (j < answer.size() && answer[j] >= '0' && answer[j] <= '9') ++j;
   return j > i && answer.substr(i, j - i) == key;
-}
-
-Result<std::vector<NiahAnswer>> answer_greedy(Engine& engine, const Tokenizer& tok,
-                                              std::span<const TokenId> prompt,
-                                              std::span<const PolicyUnderTest> policies,
-                                              int max_new, KvType kv_type) {
-  if (max_new < 1) return invalid_argument("max_new must be at least 1");
-  std::vector<std::shared_ptr<const KvPolicy>> ps;
-  for (const PolicyUnderTest& p : policies) ps.push_back(p.policy);
-  D2O_ASSIGN_OR_RETURN(ForkedPrefill fork, prefill_forked(engine, prompt, ps, kv_type));
-  const int nv = engine.model().hparams().n_vocab;
-  const size_t n = policies.size();
-  std::vector<NiahAnswer> out(n);
-  // The same steps as generate() with greedy sampling: choose from the latest logits; stop at an
-  // end-of-generation token (not kept) or after max_new tokens; otherwise feed the token.
-  std::vector<TokenId> next(n, argmax(fork.last_logits.data(), nv));
-  std::vector<uint8_t> active(n, 1);
-  std::vector<BatchEntry> batch;
-  std::vector<size_t> who;
-  std::vector<TokenId> feed(n);
-  for (int step = 0; step < max_new; ++step) {
-    batch.clear();
-    who.clear();
-    for (size_t i = 0; i < n; ++i) {
-      if (!active[i]) continue;
-      if (tok.is_eog(next[i])) {
-        active[i] = 0;
-        continue;
-      }
-      out[i].tokens.push_back(next[i]);
-      if (static_cast<int>(out[i].tokens.size()) == max_new) {
-        active[i] = 0;
-        continue;
-      }
-      feed[i] = next[i];
-      batch.push_back(BatchEntry{fork.seqs[i].get(), {&feed[i], 1}, -1});
-      who.push_back(i);
-    }
-    if (batch.empty()) break;
-    D2O_RETURN_IF_ERROR(engine.forward(batch, [&](int e, int, const float* l) {
-      next[who[static_cast<size_t>(e)]] = argmax(l, nv);
-    }));
-  }
-  for (NiahAnswer& a : out) {
-    auto text = tok.decode(a.tokens, /*render_special=*/false);
-    a.text = text.ok() ? *text : std::string();
-  }
-  return out;
 }
 
 Result<NiahResult> run_niah(Engine& engine, const Tokenizer& tok, const NiahBuilder& builder,
@@ -281,13 +291,27 @@ Result<NiahResult> run_niah(Engine& engine, const Tokenizer& tok, const NiahBuil
                           (static_cast<uint64_t>(len) << 24) ^ (static_cast<uint64_t>(di) << 12) ^
                           static_cast<uint64_t>(trial));
           D2O_ASSIGN_OR_RETURN(NiahBuilder::Trial t, builder.build(task, len, p.depths[di], seed));
-          D2O_ASSIGN_OR_RETURN(
-              std::vector<NiahAnswer> answers,
-              answer_greedy(engine, tok, t.prompt, p.policies, max_new, p.kv_type));
-          NiahOutcome o{task, len, p.depths[di], t.depth_used, trial, t.key, t.word, {}, {}};
-          for (const NiahAnswer& a : answers) {
-            o.answers.push_back(a.text);
-            o.correct.push_back(answer_matches(a.text, t.key) ? 1 : 0);
+          AnswerRequest req;
+          req.policies = p.policies;
+          req.max_new = max_new;
+          req.kv_type = p.kv_type;
+          const std::span<const TokenId> prompt(t.prompt);
+          req.context = prompt.first(static_cast<size_t>(t.context_end));
+          if (t.context_end < static_cast<int64_t>(t.prompt.size())) {
+            req.questions.push_back(prompt.subspan(static_cast<size_t>(t.context_end)));
+            for (const NiahBuilder::Trial::FollowUp& f : t.more) req.questions.push_back(f.tokens);
+          }
+          D2O_ASSIGN_OR_RETURN(GreedyAnswers answers, answer_questions(engine, tok, req));
+          NiahOutcome o{task,   len, p.depths[di], t.depth_used, trial, t.key,
+                        t.word, {},  {},           {},           {},    {}};
+          o.answers = answers.text[0];
+          for (const std::string& a : o.answers) o.correct.push_back(answer_matches(a, t.key));
+          for (size_t m = 0; m < t.more.size(); ++m) {
+            o.more_keys.push_back(t.more[m].key);
+            o.more_answers.push_back(answers.text[m + 1]);
+            o.more_correct.emplace_back();
+            for (const std::string& a : answers.text[m + 1])
+              o.more_correct.back().push_back(answer_matches(a, t.more[m].key));
           }
           res.outcomes.push_back(std::move(o));
           if (progress) {

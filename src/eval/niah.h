@@ -27,6 +27,7 @@
 #include "d2o/status.h"
 #include "eval/harness.h"
 #include "eval/progress.h"
+#include "eval/turns.h"
 #include "runtime/chat_template.h"
 #include "runtime/engine.h"
 #include "runtime/tokenizer.h"
@@ -42,12 +43,24 @@ Status chat_turn_parts(const Tokenizer& tok, const ChatTemplate& chat, std::stri
 enum class NiahTask { kNeedle, kPasskey };
 const char* niah_task_name(NiahTask t);
 
+// Where the question stands (src/eval/turns.h) and how many are asked of one context: the
+// needle task then holds one needle per question (the first at the cell's depth, the others at
+// seeded random depths, each with its own word), each asked of a copy of the compressed context;
+// the passkey task has one key and asks once. One question builds exactly the single-question
+// trial.
+struct NiahShape {
+  QuestionSetting setting = QuestionSetting::kBefore;
+  int questions = 1;  // 1..kMaxNiahQuestions; more than one needs the after setting
+};
+inline constexpr int kMaxNiahQuestions = 8;
+
 // Builds the prompts. Tokenizes the haystack once.
 class NiahBuilder {
  public:
   // chat = nullptr: no template (plain text prompt). haystack: the needle task's prose.
+  // Errors: a shape out of range.
   static Result<NiahBuilder> create(const Tokenizer& tok, const ChatTemplate* chat,
-                                    std::string_view haystack);
+                                    std::string_view haystack, NiahShape shape = {});
 
   struct Trial {
     NiahTask task = NiahTask::kNeedle;
@@ -58,6 +71,17 @@ class NiahBuilder {
     std::string word;       // needle task: the key's name
     std::vector<TokenId> prompt;
     int64_t haystack_offset = 0;  // first haystack token used (needle task)
+    // prompt[0, context_end) is the context turn, compressed on its own in the after setting;
+    // prompt.size() in the before setting.
+    int64_t context_end = 0;
+    // Questions 2..K (NiahShape::questions): each replaces the first question's turn after the
+    // context.
+    struct FollowUp {
+      std::vector<TokenId> tokens;
+      std::string key, word;
+      double depth_used = 0;
+    };
+    std::vector<FollowUp> more;
   };
   // Errors: a length too short for the instruction, question and needle, or longer than the
   // haystack allows. The same (task, length, depth, seed) gives the same trial.
@@ -66,7 +90,7 @@ class NiahBuilder {
   // The smallest prompt length the task can be built at.
   int min_length(NiahTask task) const;
   int64_t haystack_tokens() const { return static_cast<int64_t>(haystack_.size()); }
-  bool uses_chat_template() const { return !chat_prefix_.empty() || !chat_suffix_.empty(); }
+  bool uses_chat_template() const { return turns_.chat(); }
 
  private:
   NiahBuilder(const Tokenizer& tok) : tok_(&tok) {}
@@ -75,21 +99,11 @@ class NiahBuilder {
   int64_t sentence_start(std::span<const TokenId> ctx, int64_t at) const;
 
   const Tokenizer* tok_;
-  std::string chat_prefix_, chat_suffix_;  // the template around the user message
+  NiahShape shape_;
+  TurnTexts turns_;  // the template around the messages
   std::vector<TokenId> haystack_;
   std::vector<TokenId> filler_unit_;  // one repetition of the passkey filler
 };
-
-// Greedy answers of several policies to one prompt: prompt-then-compress, then up to max_new
-// tokens each (stopping at an end-of-generation token, which is not included).
-struct NiahAnswer {
-  std::vector<TokenId> tokens;
-  std::string text;
-};
-Result<std::vector<NiahAnswer>> answer_greedy(Engine& engine, const Tokenizer& tok,
-                                              std::span<const TokenId> prompt,
-                                              std::span<const PolicyUnderTest> policies,
-                                              int max_new, KvType kv_type);
 
 // True when the first run of ASCII digits in `answer` equals `key`.
 bool answer_matches(std::string_view answer, std::string_view key);
@@ -104,6 +118,7 @@ struct NiahParams {
   uint64_t seed = 1;
   int n_ctx_train = 0;
   KvType kv_type = KvType::kF16;
+  NiahShape shape;  // the builder's, recorded
 };
 
 struct NiahOutcome {
@@ -112,8 +127,12 @@ struct NiahOutcome {
   double depth, depth_used;
   int trial;
   std::string key, word;
-  std::vector<std::string> answers;  // per policy
+  std::vector<std::string> answers;  // per policy (the question about the cell's needle)
   std::vector<uint8_t> correct;      // per policy
+  // Questions 2..K (NiahShape::questions): [question - 1][policy].
+  std::vector<std::string> more_keys;
+  std::vector<std::vector<std::string>> more_answers;
+  std::vector<std::vector<uint8_t>> more_correct;
 };
 
 struct NiahResult {

@@ -44,8 +44,14 @@ Status write_niah_report(const NiahResult& r, const NiahParams& p, const RunMeta
   j["meta"] = to_json(meta);
   std::vector<std::string> tasks;
   for (NiahTask t : p.tasks) tasks.push_back(niah_task_name(t));
-  j["params"] = {{"tasks", tasks},     {"lengths", p.lengths},         {"depths", p.depths},
-                 {"trials", p.trials}, {"compression", p.compression}, {"seed", p.seed}};
+  j["params"] = {{"tasks", tasks},
+                 {"lengths", p.lengths},
+                 {"depths", p.depths},
+                 {"trials", p.trials},
+                 {"compression", p.compression},
+                 {"seed", p.seed},
+                 {"question", question_setting_name(p.shape.setting)},
+                 {"questions", p.shape.questions}};
   j["haystack"] = {{"needle_task", text.haystack},
                    {"note", text.haystack_note},
                    {"chat_template", text.chat_template}};
@@ -66,15 +72,30 @@ Status write_niah_report(const NiahResult& r, const NiahParams& p, const RunMeta
                       {"word", o.word},
                       {"answers", o.answers},
                       {"correct", o.correct}});
+    if (!o.more_keys.empty()) {
+      trials.back()["more_keys"] = o.more_keys;
+      trials.back()["more_answers"] = o.more_answers;
+      trials.back()["more_correct"] = o.more_correct;
+    }
   }
   j["trials"] = trials;
 
-  std::string md = "# Needle in a haystack and passkey retrieval (`d2o eval niah`)\n\n";
-  md += "Model `" + meta.model_name + "`; compression `" + p.compression +
-        "` (prompt-then-compress: the whole prompt, "
-        "question included, in one pass, compacted after it; then a greedy answer of a few tokens, "
-        "evicting as it "
-        "goes). Needle haystack: " +
+  const bool after = p.shape.setting == QuestionSetting::kAfter;
+  std::string md = std::string("# Needle in a haystack and passkey retrieval (`d2o eval niah`") +
+                   (after ? ", question after compression" : "") + ")\n\n";
+  md += "Model `" + meta.model_name + "`; compression `" + p.compression + "` (" +
+        (after ? "question after compression: the context turn in one pass, compacted after it, "
+                 "then the question as the next turn, one pass, as a server session's next "
+                 "request" +
+                     (p.shape.questions > 1
+                          ? ", " + std::to_string(p.shape.questions) +
+                                " needles and questions per needle-task context, each question "
+                                "asked of a copy of the compacted context; the tables count the "
+                                "question about the cell's needle, the last one all of them"
+                          : std::string())
+               : std::string("question before compression: the whole prompt, question "
+                             "included, in one pass, compacted after it")) +
+        "; then a greedy answer of a few tokens, evicting as it goes). Needle haystack: " +
         text.haystack + (text.haystack_note.empty() ? "" : " (" + text.haystack_note + ")") +
         "; passkey filler: repeated sentences. Prompt " +
         (text.chat_template ? "in the model's chat template" : "as plain text (no chat template)") +
@@ -110,6 +131,27 @@ Status write_niah_report(const NiahResult& r, const NiahParams& p, const RunMeta
   }
   j["summary"] = summary;
   md += "## Accuracy\n\n" + md_table(header, rows) + "\n";
+  if (p.shape.questions > 1) {
+    // Every question of the needle task, the cell's and the follow-ups (questions about one
+    // context are not independent: the interval is indicative).
+    std::vector<std::vector<std::string>> all_rows;
+    for (size_t pi = 0; pi < n_pol; ++pi) {
+      Tally t;
+      for (const NiahOutcome& o : r.outcomes) {
+        if (o.task != NiahTask::kNeedle) continue;
+        t.k += o.correct[pi];
+        ++t.n;
+        for (const std::vector<uint8_t>& c : o.more_correct) t.k += c[pi], ++t.n;
+      }
+      const Interval ci = wilson_interval(t.k, t.n, kZ);
+      all_rows.push_back({p.policies[pi].label, acc_pct(t.acc()) + " (" + acc_pct(ci.lo) + "–" +
+                                                    acc_pct(ci.hi) + "), " + std::to_string(t.k) +
+                                                    "/" + std::to_string(t.n)});
+    }
+    md += "## needle: accuracy over all " + std::to_string(p.shape.questions) +
+          " questions of each context\n\n" + md_table({"policy", "accuracy (95% CI)"}, all_rows) +
+          "\n";
+  }
 
   // Accuracy by length, per task.
   for (NiahTask task : p.tasks) {

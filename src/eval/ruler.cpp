@@ -136,9 +136,18 @@ double ruler_score(std::string_view answer, std::span<const std::string> expecte
 }
 
 Result<RulerBuilder> RulerBuilder::create(const Tokenizer& tok, const ChatTemplate* chat,
-                                          std::string_view haystack) {
+                                          std::string_view haystack, RulerShape shape) {
+  if (shape.questions < 1 || shape.questions > kMaxRulerQuestions) {
+    return invalid_argument("--questions must be in [1, " + std::to_string(kMaxRulerQuestions) +
+                            "]");
+  }
+  if (shape.questions > 1 && shape.setting != QuestionSetting::kAfter) {
+    return invalid_argument(
+        "--questions K asks K questions of one compressed context: it needs --question after");
+  }
   RulerBuilder b(tok);
-  if (chat) D2O_RETURN_IF_ERROR(chat_turn_parts(tok, *chat, &b.chat_prefix_, &b.chat_suffix_));
+  b.shape_ = shape;
+  D2O_ASSIGN_OR_RETURN(b.turns_, TurnTexts::create(tok, chat, shape.setting));
   D2O_ASSIGN_OR_RETURN(b.haystack_, b.encode(std::string(haystack), false));
   D2O_ASSIGN_OR_RETURN(b.filler_, b.encode(kFiller, false));
   // Lowercase words of 4-12 letters, as they first occur (capitalised words are left out: names).
@@ -216,22 +225,37 @@ int64_t RulerBuilder::sentence_start(std::span<const TokenId> ctx, int64_t at) c
   return at;
 }
 
-Result<int64_t> RulerBuilder::fixed_tokens(const std::string& head, const std::string& tail) const {
-  D2O_ASSIGN_OR_RETURN(std::vector<TokenId> h, encode(chat_prefix_ + head, true));
-  D2O_ASSIGN_OR_RETURN(std::vector<TokenId> t, encode(tail, false));
-  return static_cast<int64_t>(h.size() + t.size());
+// The two parts of a tail are encoded apart: the compaction point of the after setting lies
+// between them (a chat marker there, so the cut does not change the tokens). In the before
+// setting the first part is empty and the tail is encoded whole.
+Result<int64_t> RulerBuilder::fixed_tokens(const std::string& head, const Tail& tail) const {
+  D2O_ASSIGN_OR_RETURN(std::vector<TokenId> h, encode(turns_.prefix() + head, true));
+  D2O_ASSIGN_OR_RETURN(std::vector<TokenId> t1, encode(tail.first, false));
+  D2O_ASSIGN_OR_RETURN(std::vector<TokenId> t2, encode(tail.second, false));
+  return static_cast<int64_t>(h.size() + t1.size() + t2.size());
 }
 
 Status RulerBuilder::assemble(Trial& t, const std::string& head, std::span<const TokenId> ctx,
-                              const std::string& tail) const {
-  D2O_ASSIGN_OR_RETURN(std::vector<TokenId> h, encode(chat_prefix_ + head, true));
-  D2O_ASSIGN_OR_RETURN(std::vector<TokenId> tl, encode(tail, false));
+                              const Tail& tail) const {
+  D2O_ASSIGN_OR_RETURN(std::vector<TokenId> h, encode(turns_.prefix() + head, true));
+  D2O_ASSIGN_OR_RETURN(std::vector<TokenId> t1, encode(tail.first, false));
+  D2O_ASSIGN_OR_RETURN(std::vector<TokenId> t2, encode(tail.second, false));
   t.prompt = std::move(h);
   t.prompt.insert(t.prompt.end(), ctx.begin(), ctx.end());
-  t.prompt.insert(t.prompt.end(), tl.begin(), tl.end());
+  t.prompt.insert(t.prompt.end(), t1.begin(), t1.end());
+  t.context_end = turns_.setting() == QuestionSetting::kAfter
+                      ? static_cast<int64_t>(t.prompt.size())
+                      : static_cast<int64_t>(t.prompt.size() + t2.size());
+  t.prompt.insert(t.prompt.end(), t2.begin(), t2.end());
   if (static_cast<int>(t.prompt.size()) > t.length - t.max_new)
     return internal_error("ruler prompt longer than its budget");
   return {};
+}
+
+Result<RulerBuilder::Trial::FollowUp> RulerBuilder::follow_up(const Tail& tail) const {
+  Trial::FollowUp f;
+  D2O_ASSIGN_OR_RETURN(f.tokens, encode(tail.second, false));
+  return f;
 }
 
 Result<RulerBuilder::Trial> RulerBuilder::build(RulerTask task, int length, uint64_t seed) const {
@@ -258,10 +282,13 @@ Status too_short(const RulerBuilder::Trial& t, int64_t fixed) {
 }  // namespace
 
 Result<RulerBuilder::Trial> RulerBuilder::build_niah(Trial t, SplitMix64& rng) const {
-  const bool multi_k = t.task == RulerTask::kNiahMultikey || t.task == RulerTask::kNiahMultiquery;
-  const size_t nk = multi_k ? 4 : 1;
+  // K questions (RulerShape): K times the keys one question asks (niah_multiquery asks four at
+  // once), plus niah_multikey's three distractors. K = 1 gives RULER's counts.
+  const size_t n_questions = static_cast<size_t>(shape_.questions);
+  const size_t nq_each = t.task == RulerTask::kNiahMultiquery ? 4 : 1;
+  const size_t nq = nq_each * n_questions;
+  const size_t nk = nq + (t.task == RulerTask::kNiahMultikey ? 3 : 0);
   const size_t nv = t.task == RulerTask::kNiahMultivalue ? 4 : 1;
-  const size_t nq = t.task == RulerTask::kNiahMultiquery ? 4 : 1;
   // Keys: two haystack words joined by a hyphen; values: distinct 7-digit numbers.
   const std::vector<size_t> wi = sample_indices(words_.size(), 2 * nk, rng);
   std::vector<std::string> keys;
@@ -286,27 +313,42 @@ Result<RulerBuilder::Trial> RulerBuilder::build_niah(Trial t, SplitMix64& rng) c
   }
   shuffle(needles, rng);
   const std::vector<size_t> asked = sample_indices(nk, nq, rng);
-  std::vector<std::string> queries;
-  for (size_t q : asked) {
-    queries.push_back(keys[q]);
-    for (const std::string& v : values[q]) t.expected.push_back(v);
-  }
-  t.query = queries.size() == 1
-                ? queries[0]
-                : join({queries.begin(), queries.end() - 1}, ", ") + ", and " + queries.back();
+  // Question i asks keys asked[i * nq_each, (i + 1) * nq_each).
+  struct Asked {
+    std::string query;
+    std::vector<std::string> expected;
+    Tail tail;
+  };
+  std::vector<Asked> questions(n_questions);
   // RULER's template, in the singular when one value is asked for.
-  const bool one = nq * nv == 1;
+  const bool one = nq_each * nv == 1;
   const std::string thing = one ? "number" : "numbers";
+  for (size_t i = 0; i < n_questions; ++i) {
+    std::vector<std::string> queries;
+    for (size_t j = i * nq_each; j < (i + 1) * nq_each; ++j) {
+      queries.push_back(keys[asked[j]]);
+      for (const std::string& v : values[asked[j]]) questions[i].expected.push_back(v);
+    }
+    const std::string query =
+        queries.size() == 1
+            ? queries[0]
+            : join({queries.begin(), queries.end() - 1}, ", ") + ", and " + queries.back();
+    questions[i].query = query;
+    questions[i].tail =
+        turns_.tail("\n",
+                    std::string(one ? "What is" : "What are all") + " the special magic " + thing +
+                        " for " + query + " mentioned in the provided text?",
+                    "The special magic " + thing + " for " + query +
+                        " mentioned in the provided text " + (one ? "is" : "are"));
+  }
+  t.query = questions[0].query;
+  t.expected = questions[0].expected;
+  const bool head_one = one && n_questions == 1;
   const std::string head =
-      std::string(one ? "A special magic number is" : "Some special magic numbers are") +
+      std::string(head_one ? "A special magic number is" : "Some special magic numbers are") +
       " hidden within the following text. Make sure to memorize it. I will "
       "quiz you about the " +
-      thing + " afterwards.\n";
-  const std::string tail =
-      "\n" + std::string(one ? "What is" : "What are all") + " the special magic " + thing +
-      " for " + t.query + " mentioned in the provided text?" +
-      (uses_chat_template() ? chat_suffix_ : " ") + "The special magic " + thing + " for " +
-      t.query + " mentioned in the provided text " + (one ? "is" : "are");
+      (head_one ? "number" : "numbers") + " afterwards.\n";
   std::vector<std::vector<TokenId>> ntok;
   int64_t n_needle = 0;
   for (const Needle& n : needles) {
@@ -315,7 +357,12 @@ Result<RulerBuilder::Trial> RulerBuilder::build_niah(Trial t, SplitMix64& rng) c
     ntok.push_back(std::move(ids));
     t.inserted.push_back(n.text.substr(1));
   }
-  D2O_ASSIGN_OR_RETURN(const int64_t fixed, fixed_tokens(head, tail));
+  // The context is sized for the longest question, so that every question's prompt fits.
+  int64_t fixed = 0;
+  for (const Asked& q : questions) {
+    D2O_ASSIGN_OR_RETURN(const int64_t f, fixed_tokens(head, q.tail));
+    fixed = std::max(fixed, f);
+  }
   const int64_t n_ctx = t.length - t.max_new - fixed - n_needle;
   if (n_ctx < 16) return too_short(t, fixed + n_needle);
   const int64_t n_hay = static_cast<int64_t>(haystack_.size());
@@ -351,21 +398,35 @@ Result<RulerBuilder::Trial> RulerBuilder::build_niah(Trial t, SplitMix64& rng) c
     prev = at[n];
   }
   full.insert(full.end(), ctx.begin() + prev, ctx.end());
-  for (size_t q : asked) {
-    for (size_t v = 0; v < nv; ++v) {
-      for (size_t n = 0; n < needles.size(); ++n) {
-        if (needles[n].k == q && needles[n].v == v) t.depths.push_back(needle_depth[n]);
+  // The depths of the needles each question asks for, in the order of its expected values.
+  auto depths_of = [&](size_t i) {
+    std::vector<double> d;
+    for (size_t j = i * nq_each; j < (i + 1) * nq_each; ++j) {
+      for (size_t v = 0; v < nv; ++v) {
+        for (size_t n = 0; n < needles.size(); ++n) {
+          if (needles[n].k == asked[j] && needles[n].v == v) d.push_back(needle_depth[n]);
+        }
       }
     }
-  }
-  D2O_RETURN_IF_ERROR(assemble(t, head, full, tail));
-  if (static_cast<int>(t.prompt.size()) != t.length - t.max_new)
+    return d;
+  };
+  t.depths = depths_of(0);
+  D2O_RETURN_IF_ERROR(assemble(t, head, full, questions[0].tail));
+  if (n_questions == 1 && static_cast<int>(t.prompt.size()) != t.length - t.max_new)
     return internal_error("niah prompt length mismatch");
+  for (size_t i = 1; i < n_questions; ++i) {
+    D2O_ASSIGN_OR_RETURN(Trial::FollowUp f, follow_up(questions[i].tail));
+    f.query = questions[i].query;
+    f.expected = questions[i].expected;
+    f.depths = depths_of(i);
+    t.more.push_back(std::move(f));
+  }
   return t;
 }
 
 Result<RulerBuilder::Trial> RulerBuilder::build_vt(Trial t, SplitMix64& rng) const {
   constexpr int kHops = 4;
+  constexpr size_t kChainLen = kHops + 1;  // statements of a chain
   // A chain: its names (distinct, `letters` capitals) and statements, the value first.
   auto chain = [&](int letters, std::vector<std::string>& names, std::string& value) {
     std::unordered_set<std::string> seen;
@@ -397,13 +458,33 @@ Result<RulerBuilder::Trial> RulerBuilder::build_vt(Trial t, SplitMix64& rng) con
   for (size_t i = 0; i < ex_st.size(); ++i) example += ex_st[i] + (i % 2 ? kFiller : "");
   example += question(ex_value) + " " + prefix(ex_value) + join(ex_names, " ") + "\n\n";
 
-  std::string value;
-  const std::vector<std::string> st = chain(5, t.expected, value);
-  t.query = value;
+  // K questions (RulerShape): K chains with distinct names and values, question i asking chain
+  // i's value (RULER's num_chains). Chains after the first are drawn again on any clash.
+  const size_t n_chains = static_cast<size_t>(shape_.questions);
+  std::vector<std::vector<std::string>> names(n_chains);
+  std::vector<std::string> values(n_chains);
+  std::vector<std::string> st = chain(5, names[0], values[0]);
+  std::unordered_set<std::string> taken(names[0].begin(), names[0].end());
+  taken.insert(values[0]);
+  for (size_t c = 1; c < n_chains; ++c) {
+    std::vector<std::string> more;
+    bool clash = true;
+    while (clash) {
+      more = chain(5, names[c], values[c]);
+      clash = taken.count(values[c]) > 0;
+      for (const std::string& n : names[c]) clash = clash || taken.count(n) > 0;
+    }
+    taken.insert(names[c].begin(), names[c].end());
+    taken.insert(values[c]);
+    st.insert(st.end(), more.begin(), more.end());
+  }
+  t.expected = names[0];
+  t.query = values[0];
   t.inserted = st;
   const std::string head = example + kVtInstruction;
-  const std::string tail =
-      "\n" + question(value) + (uses_chat_template() ? chat_suffix_ : " ") + prefix(value);
+  std::vector<Tail> tails;
+  for (size_t c = 0; c < n_chains; ++c)
+    tails.push_back(turns_.tail("\n", question(values[c]), prefix(values[c])));
   std::vector<std::vector<TokenId>> stok;
   int64_t n_st = 0;
   for (const std::string& s : st) {
@@ -411,7 +492,11 @@ Result<RulerBuilder::Trial> RulerBuilder::build_vt(Trial t, SplitMix64& rng) con
     n_st += static_cast<int64_t>(ids.size());
     stok.push_back(std::move(ids));
   }
-  D2O_ASSIGN_OR_RETURN(const int64_t fixed, fixed_tokens(head, tail));
+  int64_t fixed = 0;  // the longest question's
+  for (const Tail& tail : tails) {
+    D2O_ASSIGN_OR_RETURN(const int64_t f, fixed_tokens(head, tail));
+    fixed = std::max(fixed, f);
+  }
   const int64_t n_fill = t.length - t.max_new - fixed - n_st;
   const int64_t unit = static_cast<int64_t>(filler_.size());
   const int64_t n_units = unit > 0 ? n_fill / unit : 0;
@@ -421,21 +506,44 @@ Result<RulerBuilder::Trial> RulerBuilder::build_vt(Trial t, SplitMix64& rng) con
   // last, partial unit ends the context.
   std::vector<size_t> pos = sample_indices(static_cast<size_t>(n_units), st.size(), rng);
   std::sort(pos.begin(), pos.end());
+  // Which statement takes each position: one chain in order; several interleaved at random,
+  // each in its own order.
+  std::vector<size_t> order(st.size());
+  for (size_t i = 0; i < st.size(); ++i) order[i] = i;
+  if (n_chains > 1) {
+    std::vector<size_t> chain_of(st.size());
+    for (size_t i = 0; i < st.size(); ++i) chain_of[i] = i / kChainLen;
+    shuffle(chain_of, rng);
+    std::vector<size_t> taken_in(n_chains, 0);
+    for (size_t i = 0; i < st.size(); ++i)
+      order[i] = chain_of[i] * kChainLen + taken_in[chain_of[i]]++;
+  }
+  std::vector<std::vector<double>> depths(n_chains);
   std::vector<TokenId> ctx;
   ctx.reserve(static_cast<size_t>(n_fill + n_st));
   size_t next = 0;
   for (size_t u = 0; u < static_cast<size_t>(n_units); ++u) {
     if (next < pos.size() && pos[next] == u) {
-      t.depths.push_back(static_cast<double>(ctx.size()) / static_cast<double>(n_fill + n_st));
-      ctx.insert(ctx.end(), stok[next].begin(), stok[next].end());
+      const size_t which = order[next];
+      depths[which / kChainLen].push_back(static_cast<double>(ctx.size()) /
+                                          static_cast<double>(n_fill + n_st));
+      ctx.insert(ctx.end(), stok[which].begin(), stok[which].end());
       ++next;
     }
     ctx.insert(ctx.end(), filler_.begin(), filler_.end());
   }
   ctx.insert(ctx.end(), filler_.begin(), filler_.begin() + (n_fill - n_units * unit));
-  D2O_RETURN_IF_ERROR(assemble(t, head, ctx, tail));
-  if (static_cast<int>(t.prompt.size()) != t.length - t.max_new)
+  t.depths = depths[0];
+  D2O_RETURN_IF_ERROR(assemble(t, head, ctx, tails[0]));
+  if (n_chains == 1 && static_cast<int>(t.prompt.size()) != t.length - t.max_new)
     return internal_error("vt prompt length mismatch");
+  for (size_t c = 1; c < n_chains; ++c) {
+    D2O_ASSIGN_OR_RETURN(Trial::FollowUp f, follow_up(tails[c]));
+    f.query = values[c];
+    f.expected = names[c];
+    f.depths = depths[c];
+    t.more.push_back(std::move(f));
+  }
   return t;
 }
 
@@ -465,8 +573,7 @@ Result<RulerBuilder::Trial> RulerBuilder::build_cwe(Trial t, SplitMix64& rng) co
                               numbered(list(0, ex_words, ex_cw, ex_ucw, shuffle_seed)) + "\n" +
                               kCweQuestion + " " + kCweAnswer + " " + numbered(ex_common) + "\n";
   const std::string head = example + kCweInstruction;
-  const std::string tail =
-      "\n" + std::string(kCweQuestion) + (uses_chat_template() ? chat_suffix_ : " ") + kCweAnswer;
+  const Tail tail = turns_.tail("\n", kCweQuestion, kCweAnswer);
   D2O_ASSIGN_OR_RETURN(const int64_t fixed, fixed_tokens(head, tail));
   const int64_t budget = t.length - t.max_new - fixed;
   auto context = [&](size_t n) { return numbered(list(ex_words, n, cw, ucw, shuffle_seed + 1)); };
@@ -514,8 +621,7 @@ Result<RulerBuilder::Trial> RulerBuilder::build_fwe(Trial t, SplitMix64& rng) co
     return " " + join(w, " ");
   };
   const std::string head = kFweInstruction;
-  const std::string tail =
-      "\n" + std::string(kFweQuestion) + (uses_chat_template() ? chat_suffix_ : " ") + kFweAnswer;
+  const Tail tail = turns_.tail("\n", kFweQuestion, kFweAnswer);
   D2O_ASSIGN_OR_RETURN(const int64_t fixed, fixed_tokens(head, tail));
   const int64_t budget = t.length - t.max_new - fixed;
   int64_t lo = 0, hi = std::max<int64_t>(budget, 0);

@@ -30,12 +30,14 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "d2o/status.h"
 #include "eval/harness.h"
 #include "eval/progress.h"
 #include "eval/stats.h"
+#include "eval/turns.h"
 #include "runtime/chat_template.h"
 #include "runtime/engine.h"
 #include "runtime/tokenizer.h"
@@ -63,12 +65,26 @@ int ruler_max_new(RulerTask t);
 // `answer`. 0 when expected is empty.
 double ruler_score(std::string_view answer, std::span<const std::string> expected);
 
+// How a trial's question is put (src/eval/turns.h).
+struct RulerShape {
+  QuestionSetting setting = QuestionSetting::kBefore;
+  // Questions about one context (SCBench's shared-context protocol, its multi-request mode):
+  // each is asked of a copy of the context's compressed cache. 1..kMaxRulerQuestions; more than
+  // one needs the after setting. The niah tasks hold K times the needles they ask for (K keys,
+  // or K groups of four keys for niah_multiquery) and vt K chains, each question asking one;
+  // cwe and fwe have one question per context and ask it once. One question builds exactly the
+  // trial of the task's single-question form.
+  int questions = 1;
+};
+inline constexpr int kMaxRulerQuestions = 8;
+
 class RulerBuilder {
  public:
   // chat = nullptr: plain text prompt. Tokenizes the haystack once and collects its words.
-  // Errors: a haystack with too few distinct words for the keys and the cwe lists.
+  // Errors: a haystack with too few distinct words for the keys and the cwe lists; a shape out
+  // of range.
   static Result<RulerBuilder> create(const Tokenizer& tok, const ChatTemplate* chat,
-                                     std::string_view haystack);
+                                     std::string_view haystack, RulerShape shape = {});
 
   struct Trial {
     RulerTask task = RulerTask::kNiahSingle;
@@ -83,6 +99,19 @@ class RulerBuilder {
     std::vector<std::string> inserted;  // niah: every needle's text; vt: the statements
     int64_t haystack_offset = 0;        // niah: the first haystack token used
     int n_items = 0;                    // cwe: list entries; fwe: words; vt: filler sentences
+    // prompt[0, context_end) is the context turn: what the after setting compresses on its own
+    // before the question turn, prompt[context_end, end), comes as the next pass. Before:
+    // prompt.size() (everything is compressed together).
+    int64_t context_end = 0;
+    // Questions 2..K of RulerShape::questions (after setting): each replaces the first
+    // question's turn after prompt[0, context_end).
+    struct FollowUp {
+      std::vector<TokenId> tokens;
+      std::string query;
+      std::vector<std::string> expected;
+      std::vector<double> depths;
+    };
+    std::vector<FollowUp> more;
   };
   // The same (task, length, seed) gives the same trial. Errors: a length too short for the task,
   // a haystack shorter than the context needs.
@@ -90,9 +119,12 @@ class RulerBuilder {
 
   int64_t haystack_tokens() const { return static_cast<int64_t>(haystack_.size()); }
   size_t n_words() const { return words_.size(); }
-  bool uses_chat_template() const { return !chat_prefix_.empty() || !chat_suffix_.empty(); }
+  bool uses_chat_template() const { return turns_.chat(); }
+  const RulerShape& shape() const { return shape_; }
 
  private:
+  // The text after a task's context: {the end of the context turn, the question turn}.
+  using Tail = std::pair<std::string, std::string>;
   explicit RulerBuilder(const Tokenizer& tok) : tok_(&tok) {}
   Result<std::vector<TokenId>> encode(const std::string& text, bool add_special) const;
   template <class Int, class Context>
@@ -100,33 +132,25 @@ class RulerBuilder {
                         std::vector<TokenId>* best) const;
   int64_t sentence_start(std::span<const TokenId> ctx, int64_t at) const;
   // The prompt around a context: head (chat prefix, instruction) + ctx + tail (question, answer
-  // prefix). Fills t.prompt; errors when it exceeds the length.
+  // prefix). Fills t.prompt and t.context_end; errors when it exceeds the length.
   Status assemble(Trial& t, const std::string& head, std::span<const TokenId> ctx,
-                  const std::string& tail) const;
+                  const Tail& tail) const;
+  // A follow-up question's tokens (the question turn of `tail`).
+  Result<Trial::FollowUp> follow_up(const Tail& tail) const;
   Result<Trial> build_niah(Trial t, SplitMix64& rng) const;
   Result<Trial> build_vt(Trial t, SplitMix64& rng) const;
   Result<Trial> build_cwe(Trial t, SplitMix64& rng) const;
   Result<Trial> build_fwe(Trial t, SplitMix64& rng) const;
   // Head and tail token counts of a task's text (the chat template included).
-  Result<int64_t> fixed_tokens(const std::string& head, const std::string& tail) const;
+  Result<int64_t> fixed_tokens(const std::string& head, const Tail& tail) const;
 
   const Tokenizer* tok_;
-  std::string chat_prefix_, chat_suffix_;
+  RulerShape shape_;
+  TurnTexts turns_;
   std::vector<TokenId> haystack_;
   std::vector<std::string> words_;  // distinct lowercase words of the haystack, in first-seen order
   std::vector<TokenId> filler_;     // one filler unit (vt)
 };
-
-// The model's greedy answers for several policies on one prompt (prompt-then-compress with one
-// shared prefill per statistics group, src/eval/fork.h), with what each policy kept.
-struct RulerAnswer {
-  std::string text;
-  double kept = 1.0;  // slots per KV head and layer right after the compaction / prompt tokens
-};
-Result<std::vector<RulerAnswer>> ruler_answers(Engine& engine, const Tokenizer& tok,
-                                               std::span<const TokenId> prompt,
-                                               std::span<const PolicyUnderTest> policies,
-                                               int max_new, KvType kv_type, int* n_prefills);
 
 struct RulerParams {
   std::vector<RulerTask> tasks;
@@ -138,17 +162,26 @@ struct RulerParams {
   int n_ctx_train = 0;
   KvType kv_type = KvType::kF16;
   int head_dim = 0;  // the model's: KV bytes of the equal-bytes section
+  // The builder's (recorded in the report): where the question stands, how many per context.
+  RulerShape shape;
 };
 
 struct RulerOutcome {
   RulerTask task;
   int length = 0, trial = 0, prompt_tokens = 0;
+  int context_tokens = 0;  // the context turn (the after setting compresses it on its own)
   std::string query;
   std::vector<std::string> expected;
   std::vector<double> depths;
-  std::vector<std::string> answers;  // per policy
-  std::vector<double> scores;        // per policy, in [0, 1]
-  std::vector<double> kept;          // per policy
+  std::vector<std::string> answers;  // per policy (the first question's)
+  // Per policy, in [0, 1]: the mean score over the trial's questions (one score per trial, so
+  // that the questions of one context, which are not independent, count as one sample).
+  std::vector<double> scores;
+  std::vector<double> kept;  // per policy: slots per KV head and layer / context tokens
+  // Questions 2..K (RulerShape::questions): [question - 1][policy].
+  std::vector<std::string> more_queries;
+  std::vector<std::vector<std::string>> more_answers;
+  std::vector<std::vector<double>> more_scores;
 };
 
 struct RulerResult {

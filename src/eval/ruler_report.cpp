@@ -91,7 +91,9 @@ Status write_ruler_report(const RulerResult& r, const RulerParams& p, const RunM
                  {"lengths", p.lengths},
                  {"trials", p.trials},
                  {"compression", p.compression},
-                 {"seed", p.seed}};
+                 {"seed", p.seed},
+                 {"question", question_setting_name(p.shape.setting)},
+                 {"questions", p.shape.questions}};
   j["haystack"] = {
       {"name", text.haystack}, {"note", text.haystack_note}, {"chat_template", text.chat_template}};
   j["prefills_per_trial"] = r.n_prefills;
@@ -167,6 +169,13 @@ Status write_ruler_report(const RulerResult& r, const RulerParams& p, const RunM
                       {"answers", o.answers},
                       {"scores", o.scores},
                       {"kept", o.kept}});
+    if (p.shape.setting == QuestionSetting::kAfter)
+      trials.back()["context_tokens"] = o.context_tokens;
+    if (!o.more_queries.empty()) {
+      trials.back()["more_queries"] = o.more_queries;
+      trials.back()["more_answers"] = o.more_answers;
+      trials.back()["more_scores"] = o.more_scores;
+    }
   }
   j["trials"] = trials;
 
@@ -174,16 +183,30 @@ Status write_ruler_report(const RulerResult& r, const RulerParams& p, const RunM
   std::string lens;
   for (int len : p.lengths) lens += (lens.empty() ? "" : ", ") + std::to_string(len);
   const bool at_bytes = p.compression.rfind("bytes=", 0) == 0;  // --bytes
-  std::string md =
-      at_bytes ? "# RULER-style synthetic tasks at equal KV bytes (`d2o eval ruler "
-                 "--bytes`, " +
-                     p.compression + ")\n\n"
-               : "# RULER-style synthetic tasks, " + lens + " tokens (`d2o eval ruler`)\n\n";
-  md += "Model `" + meta.model_name + "`; compression `" + p.compression +
-        "` (prompt-then-compress: the whole prompt in one pass, compacted after it, then a greedy "
-        "answer, evicting as it goes). Haystack: " +
-        text.haystack + (text.haystack_note.empty() ? "" : " (" + text.haystack_note + ")") +
-        "; prompts " + (text.chat_template ? "in the model's chat template" : "as plain text") +
+  const bool after = p.shape.setting == QuestionSetting::kAfter;
+  std::string md = at_bytes
+                       ? "# RULER-style synthetic tasks at equal KV bytes (`d2o eval ruler "
+                         "--bytes`, " +
+                             p.compression + ")\n\n"
+                       : "# RULER-style synthetic tasks, " + lens + " tokens (`d2o eval ruler`" +
+                             (after ? ", question after compression" : "") + ")\n\n";
+  md += "Model `" + meta.model_name + "`; compression `" + p.compression + "` (" +
+        (after ? "question after compression: the context turn in one pass, compacted after "
+                 "it, then the question as the next turn, one pass, as a server session's "
+                 "next request" +
+                     (p.shape.questions > 1
+                          ? std::string(", ") + std::to_string(p.shape.questions) +
+                                " questions per context (niah and vt; cwe and fwe ask one), "
+                                "each asked of a copy of the compacted context; a trial's "
+                                "score is the mean over its questions"
+                          : std::string()) +
+                     ", then a greedy answer, evicting as it goes"
+               : std::string("question before compression: the whole prompt, question "
+                             "included, in one pass, compacted after it, then a greedy answer, "
+                             "evicting as it goes")) +
+        "). Haystack: " + text.haystack +
+        (text.haystack_note.empty() ? "" : " (" + text.haystack_note + ")") + "; prompts " +
+        (text.chat_template ? "in the model's chat template" : "as plain text") +
         " with RULER's answer prefix. Lengths (prompt + answer budget): " + lens + " tokens; " +
         std::to_string(p.trials) +
         " trial(s) per task and length. Score = share of the expected strings found in the "

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "common/test_util.h"
+#include "eval/answer.h"
 #include "eval/fidelity.h"
 #include "eval/niah.h"
 #include "eval/perplexity.h"
@@ -226,13 +227,15 @@ TEST(EvalParity, NiahPromptHasTheAskedLengthAndNeedle) {
   EXPECT_FALSE(b->build(eval::NiahTask::kNeedle, 20, 0.5, 1).ok());
 }
 
+// The harness's answers (src/eval/answer.h) are what a user gets from generate(): in the before
+// setting, the prompt then greedy decoding; in the after setting, as a session does it, the
+// context turn in one pass (compacted after it), then the question turn fed to the same sequence
+// by generate(), for each of two questions about one context.
 TEST(EvalParity, NiahGreedyAnswersEqualGenerate) {
   D2O_REQUIRE_MODEL(path);
   REQUIRE_KJV();
   Real r = load_real(path);
   const std::string hay = test::read_file(test::text_dir() + "/kjv.txt").substr(0, 200000);
-  auto b = eval::NiahBuilder::create(*r.tok, r.chat ? &*r.chat : nullptr, hay);
-  ASSERT_TRUE(b.ok());
   std::vector<eval::PolicyUnderTest> pols;
   for (const char* s :
        {"full", "d2o:ratio=0.2", "h2o:ratio=0.3", "snapkv:ratio=0.3", "streaming:budget=100"}) {
@@ -240,28 +243,75 @@ TEST(EvalParity, NiahGreedyAnswersEqualGenerate) {
     ASSERT_TRUE(t.ok());
     pols.push_back(*t);
   }
-  int full_correct = 0;
-  for (auto task : {eval::NiahTask::kNeedle, eval::NiahTask::kPasskey}) {
-    auto t = b->build(task, 400, 0.5, 5);
-    ASSERT_TRUE(t.ok());
-    const int max_new = 10;
-    auto answers = eval::answer_greedy(*r.engine, *r.tok, t->prompt, pols, max_new, KvType::kF16);
-    ASSERT_TRUE(answers.ok()) << answers.status().to_string();
-    full_correct += eval::answer_matches((*answers)[0].text, t->key);
-    for (size_t i = 0; i < pols.size(); ++i) {
-      Sequence seq(r.model->hparams(), KvType::kF16, pols[i].policy);
-      GenerateParams gp;
-      gp.n_predict = max_new;
-      gp.sampling.temperature = 0;
-      gp.stop_at_eog = true;
-      auto g = generate(*r.engine, *r.tok, seq, t->prompt, gp, nullptr);
-      ASSERT_TRUE(g.ok());
-      EXPECT_EQ((*answers)[i].tokens, g->tokens)
-          << pols[i].spec << ": harness '" << (*answers)[i].text << "' vs generate '" << g->text
-          << "'";
+  const int max_new = 10;
+  for (auto setting : {eval::QuestionSetting::kBefore, eval::QuestionSetting::kAfter}) {
+    SCOPED_TRACE(eval::question_setting_name(setting));
+    eval::NiahShape shape;
+    shape.setting = setting;
+    shape.questions = setting == eval::QuestionSetting::kAfter ? 2 : 1;
+    auto b = eval::NiahBuilder::create(*r.tok, r.chat ? &*r.chat : nullptr, hay, shape);
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    int full_correct = 0;
+    for (auto task : {eval::NiahTask::kNeedle, eval::NiahTask::kPasskey}) {
+      auto t = b->build(task, 400, 0.5, 5);
+      ASSERT_TRUE(t.ok()) << t.status().to_string();
+      const std::span<const TokenId> prompt(t->prompt);
+      eval::AnswerRequest req;
+      req.context = prompt.first(static_cast<size_t>(t->context_end));
+      std::vector<std::span<const TokenId>> turns;
+      std::vector<std::string> keys = {t->key};
+      if (setting == eval::QuestionSetting::kAfter) {
+        ASSERT_LT(t->context_end, static_cast<int64_t>(t->prompt.size()));
+        turns.push_back(prompt.subspan(static_cast<size_t>(t->context_end)));
+        for (const auto& f : t->more) {
+          turns.push_back(f.tokens);
+          keys.push_back(f.key);
+        }
+        // Two needles, two questions; the passkey task has one key and asks once.
+        EXPECT_EQ(turns.size(), task == eval::NiahTask::kNeedle ? 2u : 1u);
+      } else {
+        ASSERT_EQ(t->context_end, static_cast<int64_t>(t->prompt.size()));
+      }
+      req.questions = turns;
+      req.policies = pols;
+      req.max_new = max_new;
+      auto answers = eval::answer_questions(*r.engine, *r.tok, req);
+      ASSERT_TRUE(answers.ok()) << answers.status().to_string();
+      ASSERT_EQ(answers->tokens.size(), std::max<size_t>(1, turns.size()));
+      for (size_t q = 0; q < answers->tokens.size(); ++q)
+        full_correct += eval::answer_matches(answers->text[q][0], keys[q]);
+      for (size_t i = 0; i < pols.size(); ++i) {
+        GenerateParams gp;
+        gp.n_predict = max_new;
+        gp.sampling.temperature = 0;
+        gp.stop_at_eog = true;
+        if (turns.empty()) {
+          Sequence seq(r.model->hparams(), KvType::kF16, pols[i].policy);
+          auto g = generate(*r.engine, *r.tok, seq, t->prompt, gp, nullptr);
+          ASSERT_TRUE(g.ok());
+          EXPECT_EQ(answers->tokens[0][i], g->tokens)
+              << pols[i].spec << ": harness '" << answers->text[0][i] << "' vs generate '"
+              << g->text << "'";
+          continue;
+        }
+        for (size_t q = 0; q < turns.size(); ++q) {
+          Sequence seq(r.model->hparams(), KvType::kF16, pols[i].policy);
+          BatchEntry be;
+          be.seq = &seq;
+          be.tokens = req.context;
+          be.logits_from = BatchEntry::kNoLogits;
+          ASSERT_TRUE(r.engine->forward({&be, 1}, [](int, int, const float*) {}).ok());
+          auto g = generate(*r.engine, *r.tok, seq, turns[q], gp, nullptr);
+          ASSERT_TRUE(g.ok());
+          EXPECT_EQ(answers->tokens[q][i], g->tokens)
+              << pols[i].spec << " question " << q << ": harness '" << answers->text[q][i]
+              << "' vs generate '" << g->text << "'";
+        }
+      }
     }
+    // The full cache finds every key at this length.
+    EXPECT_EQ(full_correct, setting == eval::QuestionSetting::kAfter ? 3 : 2);
   }
-  EXPECT_EQ(full_correct, 2);  // the full cache finds both keys at this length
 }
 
 }  // namespace

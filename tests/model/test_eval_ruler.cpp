@@ -190,9 +190,8 @@ TEST_F(RulerGen, VariableTrackingChainIsInOrderAtTheDepths) {
       prev = at;
       EXPECT_NEAR(static_cast<double>(at) / static_cast<double>(ctx.size()), t->depths[i], 0.03);
       const std::string& name = t->expected[i];
-      EXPECT_TRUE(name.size() == 5 && std::all_of(name.begin(), name.end(), [](char ch) {
-                    return ch >= 'A' && ch <= 'Z';
-                  }))
+      EXPECT_TRUE(name.size() == 5 && std::all_of(name.begin(), name.end(),
+                                                  [](char ch) { return ch >= 'A' && ch <= 'Z'; }))
           << name;
     }
     EXPECT_EQ(count(ctx, "VAR "), 5u + 4u);  // 5 statements, 4 of them "= VAR"
@@ -264,6 +263,92 @@ TEST_F(RulerGen, TooShortLengthsAreRefused) {
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("haystack has"), std::string::npos);
   EXPECT_FALSE(eval::RulerBuilder::create(*t_.tok, nullptr, "a tiny text of few words").ok());
+}
+
+// The after setting (src/eval/turns.h): the context turn ends with the assistant's turn opened
+// (the compaction point); the question turn starts with the fixed acknowledgement, closes the
+// assistant's turn and opens a new user turn. Everything the answers need is in the context
+// turn. With K questions, niah and vt hold one needle set or chain per question, each asked by a
+// follow-up that fits the length; cwe and fwe ask once.
+TEST_F(RulerGen, QuestionAfterCompressionIsTheNextTurn) {
+  if (!t_.chat) GTEST_SKIP() << "the default model has no chat template";
+  for (int k : {1, 3}) {
+    eval::RulerShape shape;
+    shape.setting = eval::QuestionSetting::kAfter;
+    shape.questions = k;
+    auto b = eval::RulerBuilder::create(*t_.tok, &*t_.chat, hay_, shape);
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    for (eval::RulerTask task : eval::all_ruler_tasks()) {
+      SCOPED_TRACE(std::string(eval::ruler_task_name(task)) + " K=" + std::to_string(k));
+      auto t = b->build(task, 2048, 7);
+      ASSERT_TRUE(t.ok()) << t.status().to_string();
+      const int budget = 2048 - t->max_new;
+      ASSERT_GT(t->context_end, 0);
+      ASSERT_LT(t->context_end, static_cast<int64_t>(t->prompt.size()));
+      EXPECT_LE(static_cast<int>(t->prompt.size()), budget);
+      const std::vector<TokenId> ctx_ids(t->prompt.begin(), t->prompt.begin() + t->context_end);
+      const std::vector<TokenId> q_ids(t->prompt.begin() + t->context_end, t->prompt.end());
+      const std::string ctx = decode(*t_.tok, ctx_ids);
+      const std::string q = decode(*t_.tok, q_ids);
+      const std::string open = "<|im_end|>\n<|im_start|>assistant\n";
+      ASSERT_GE(ctx.size(), open.size());
+      EXPECT_EQ(ctx.substr(ctx.size() - open.size()), open);
+      EXPECT_EQ(q.rfind(std::string(eval::kAcknowledgement) + "<|im_end|>\n<|im_start|>user\n", 0),
+                0u)
+          << q.substr(0, 120);
+      EXPECT_EQ(count(ctx, "<|im_start|>user"), 1u);
+      EXPECT_EQ(count(q, "<|im_start|>assistant"), 1u);
+      for (const std::string& e : t->expected) EXPECT_NE(ctx.find(e), std::string::npos) << e;
+      const bool many = task != eval::RulerTask::kCwe && task != eval::RulerTask::kFwe;
+      ASSERT_EQ(t->more.size(), many ? static_cast<size_t>(k - 1) : 0u);
+      if (k == 1 && many) {
+        EXPECT_EQ(static_cast<int>(t->prompt.size()), budget);
+      }
+      std::vector<std::string> queries = {t->query};
+      for (const auto& f : t->more) {
+        EXPECT_LE(t->context_end + static_cast<int64_t>(f.tokens.size()), budget);
+        EXPECT_EQ(decode(*t_.tok, f.tokens).rfind(eval::kAcknowledgement, 0), 0u);
+        EXPECT_EQ(f.expected.size(), t->expected.size());
+        EXPECT_EQ(f.depths.size(), f.expected.size());
+        for (const std::string& e : f.expected) {
+          EXPECT_NE(ctx.find(e), std::string::npos) << e;
+          EXPECT_EQ(std::find(t->expected.begin(), t->expected.end(), e), t->expected.end()) << e;
+        }
+        EXPECT_NE(decode(*t_.tok, f.tokens).find(f.query), std::string::npos) << f.query;
+        queries.push_back(f.query);
+      }
+      std::sort(queries.begin(), queries.end());
+      EXPECT_EQ(std::unique(queries.begin(), queries.end()), queries.end())
+          << "a repeated question";
+    }
+  }
+  // Several questions need the after setting.
+  eval::RulerShape bad;
+  bad.questions = 2;
+  auto b = eval::RulerBuilder::create(*t_.tok, &*t_.chat, hay_, bad);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("--question after"), std::string::npos);
+}
+
+// Without a chat template the two settings give the same tokens: only the compaction point
+// moves, to the end of the context, before the question.
+TEST_F(RulerGen, PlainTextAfterSettingMovesOnlyTheCompactionPoint) {
+  eval::RulerShape after;
+  after.setting = eval::QuestionSetting::kAfter;
+  auto before_b = eval::RulerBuilder::create(*t_.tok, nullptr, hay_);
+  auto after_b = eval::RulerBuilder::create(*t_.tok, nullptr, hay_, after);
+  ASSERT_TRUE(before_b.ok() && after_b.ok());
+  for (eval::RulerTask task : eval::all_ruler_tasks()) {
+    auto x = before_b->build(task, 1024, 3);
+    auto y = after_b->build(task, 1024, 3);
+    ASSERT_TRUE(x.ok() && y.ok()) << eval::ruler_task_name(task);
+    EXPECT_EQ(x->prompt, y->prompt) << eval::ruler_task_name(task);
+    EXPECT_EQ(x->context_end, static_cast<int64_t>(x->prompt.size()));
+    ASSERT_LT(y->context_end, static_cast<int64_t>(y->prompt.size()));
+    const std::string q =
+        decode(*t_.tok, std::vector<TokenId>(y->prompt.begin() + y->context_end, y->prompt.end()));
+    EXPECT_EQ(q.rfind("\n", 0), 0u) << eval::ruler_task_name(task) << ": " << q.substr(0, 60);
+  }
 }
 
 }  // namespace

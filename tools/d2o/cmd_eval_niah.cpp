@@ -20,6 +20,8 @@ struct NiahOptions {
   double ratio = 0;
   int budget = 0;
   bool no_chat = false;
+  std::string question = "before";  // before | after (src/eval/turns.h)
+  int questions = 1;                // needle-task questions per context (after)
 };
 
 int run_niah_cmd(NiahOptions& o) {
@@ -79,7 +81,12 @@ int run_niah_cmd(NiahOptions& o) {
   note_haystack(*hay, s.meta);
   const ChatTemplate* chat =
       (!o.no_chat && s.loaded.chat_template) ? &*s.loaded.chat_template : nullptr;
-  auto builder = eval::NiahBuilder::create(*s.loaded.tokenizer, chat, hay->text);
+  eval::NiahShape shape;
+  auto setting = eval::parse_question_setting(o.question);
+  if (!setting.ok()) return fail(setting.status());
+  shape.setting = *setting;
+  shape.questions = o.questions;
+  auto builder = eval::NiahBuilder::create(*s.loaded.tokenizer, chat, hay->text, shape);
   if (!builder.ok()) return fail(builder.status());
   s.meta.text_tokens = builder->haystack_tokens();
 
@@ -92,6 +99,7 @@ int run_niah_cmd(NiahOptions& o) {
   p.seed = o.common.seed;
   p.n_ctx_train = n_ctx_train;
   p.kv_type = s.loaded.kv_type;
+  p.shape = shape;
   for (const std::string& base : eval_policies(o.common, all_policy_presets())) {
     std::string spec = base;
     if (eval::spec_preset(base) != "full" && !eval::spec_has_compression(base)) {
@@ -108,7 +116,9 @@ int run_niah_cmd(NiahOptions& o) {
   s.meta.command += " --tasks " + o.tasks + " --lengths " + len_list + " --depths " + o.depths +
                     " --trials " + std::to_string(o.trials) +
                     (o.budget > 0 ? " --budget " : " --ratio ") +
-                    compression.substr(compression.find('=') + 1) + (o.no_chat ? " --no-chat" : "");
+                    compression.substr(compression.find('=') + 1) +
+                    (o.no_chat ? " --no-chat" : "") + " --question " + o.question +
+                    (o.questions > 1 ? " --questions " + std::to_string(o.questions) : "");
   double total = 0;
   for (int len : lengths)
     total +=
@@ -155,6 +165,14 @@ Action add_eval_niah(CLI::App* eval) {
                   "Fixed budget in slots per KV head and layer instead of a ratio");
   sub->add_flag("--no-chat", o->no_chat,
                 "Plain-text prompt even when the model has a chat template");
+  sub->add_option("--question", o->question,
+                  "before: the question is in the prompt that is compressed; after: the context "
+                  "is compressed as a turn of its own, then the question comes as the next turn, "
+                  "as in a server session (default before)");
+  sub->add_option("--questions", o->questions,
+                  "Needle-task questions per context, one needle each, each asked of a copy of "
+                  "the compressed context (needs --question after; passkey asks one)")
+      ->check(CLI::Range(1, eval::kMaxNiahQuestions));
   return [o] { return run_niah_cmd(*o); };
 }
 

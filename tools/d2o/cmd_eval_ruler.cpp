@@ -92,6 +92,8 @@ struct RulerOptions {
   double bytes = 0;      // > 0: equal KV bytes, a share of the F16 full cache's
   std::string kv_types;  // with --bytes: the storage types each policy runs in
   bool no_chat = false;
+  std::string question = "before";  // before | after (src/eval/turns.h)
+  int questions = 1;                // questions per context (after)
   // Set when given on the command line (--quick shrinks only what was not given).
   CLI::Option *o_tasks = nullptr, *o_lengths = nullptr, *o_trials = nullptr, *o_policies = nullptr;
 };
@@ -138,7 +140,12 @@ int run_ruler_cmd(RulerOptions& o) {
   note_haystack(*hay, s.meta);
   const ChatTemplate* chat =
       (!o.no_chat && s.loaded.chat_template) ? &*s.loaded.chat_template : nullptr;
-  auto builder = eval::RulerBuilder::create(*s.loaded.tokenizer, chat, hay->text);
+  eval::RulerShape shape;
+  auto setting = eval::parse_question_setting(o.question);
+  if (!setting.ok()) return fail(setting.status());
+  shape.setting = *setting;
+  shape.questions = o.questions;
+  auto builder = eval::RulerBuilder::create(*s.loaded.tokenizer, chat, hay->text, shape);
   if (!builder.ok()) return fail(builder.status());
   s.meta.text_tokens = builder->haystack_tokens();
 
@@ -151,6 +158,7 @@ int run_ruler_cmd(RulerOptions& o) {
   p.n_ctx_train = s.loaded.model->hparams().n_ctx_train;
   p.kv_type = s.loaded.kv_type;
   p.head_dim = s.loaded.model->hparams().head_dim;
+  p.shape = shape;
   std::vector<std::string> bases = eval_policies(o.common, all_policy_presets());
   bool has_full = false;
   for (const std::string& b : bases) has_full = has_full || b == "full";
@@ -184,7 +192,8 @@ int run_ruler_cmd(RulerOptions& o) {
                                        (o.kv_types.empty() ? "" : " --kv-types " + o.kv_types)
                      : o.budget > 0 ? " --budget " + std::to_string(o.budget)
                                     : " --ratio " + compression.substr(compression.find('=') + 1)) +
-                    (o.no_chat ? " --no-chat" : "");
+                    (o.no_chat ? " --no-chat" : "") + " --question " + o.question +
+                    (o.questions > 1 ? " --questions " + std::to_string(o.questions) : "");
   double total = 0;
   for (int len : p.lengths)
     total += static_cast<double>(len) * static_cast<double>(tasks.size()) * o.trials;
@@ -249,6 +258,15 @@ Action add_eval_ruler(CLI::App* eval) {
                   "(POLICY@TYPE: that type only)");
   sub->add_flag("--no-chat", o->no_chat,
                 "Plain-text prompt even when the model has a chat template");
+  sub->add_option("--question", o->question,
+                  "before: the question is in the prompt that is compressed (RULER's protocol); "
+                  "after: the context is compressed as a turn of its own, then the question comes "
+                  "as the next turn, as in a server session (default before)");
+  sub->add_option("--questions", o->questions,
+                  "Questions per context, each asked of a copy of the compressed context "
+                  "(SCBench's shared context; needs --question after; niah and vt hold one "
+                  "needle set or chain per question, cwe and fwe ask one)")
+      ->check(CLI::Range(1, eval::kMaxRulerQuestions));
   return [o] { return run_ruler_cmd(*o); };
 }
 
