@@ -89,7 +89,23 @@ Result<FidelityResult> run_fidelity(Engine& engine, std::span<const TokenId> tok
   }
   for (const KvType& t : types)
     D2O_RETURN_IF_ERROR(check_kv_type(t, hp.head_dim).with_context("KV storage type"));
+  const bool in_turns = !p.turn_open.empty();
   res.context_end = static_cast<int64_t>(p.prompt_len) + p.n_continue;
+  if (in_turns) {
+    res.context_end += static_cast<int64_t>(p.turn_prefix.size() + p.turn_open.size());
+    if (p.turn_reply.size() >= static_cast<size_t>(p.n_continue)) {
+      return invalid_argument("the new user turn's " + std::to_string(p.turn_reply.size()) +
+                              " tokens leave no continuation text in " +
+                              std::to_string(p.n_continue) + " steps; use a larger --continue");
+    }
+    if (p.n_ctx_train > 0 &&
+        res.context_end + static_cast<int64_t>(p.turn_reply.size()) > p.n_ctx_train) {
+      return invalid_argument(
+          "the prompt, its chat turns and the continuation exceed the "
+          "model's trained context of " +
+          std::to_string(p.n_ctx_train) + " tokens; use a smaller --prompt");
+    }
+  }
   res.f16_full_bytes_end = static_cast<double>(
       full_kv_bytes(f16_config(kv_cache_config(hp, p.kv_type)), res.context_end));
   const size_t n_seq = policies.size();
@@ -102,20 +118,29 @@ Result<FidelityResult> run_fidelity(Engine& engine, std::span<const TokenId> tok
   for (int s = 0; s < p.n_samples; ++s) {
     const int64_t off = res.offsets[static_cast<size_t>(s)];
     std::vector<TokenId> prompt(tokens.begin() + off, tokens.begin() + off + p.prompt_len);
-    if (p.bos >= 0) prompt[0] = p.bos;
+    // The teacher-forced stream: input cont[t], target cont[t + 1].
+    std::vector<TokenId> cont(tokens.begin() + off + p.prompt_len,
+                              tokens.begin() + off + p.prompt_len + p.n_continue + 1);
+    if (in_turns) {
+      prompt.insert(prompt.begin(), p.turn_prefix.begin(), p.turn_prefix.end());
+      prompt.insert(prompt.end(), p.turn_open.begin(), p.turn_open.end());
+      cont.insert(cont.begin(), p.turn_reply.begin(), p.turn_reply.end());
+    } else if (p.bos >= 0) {
+      prompt[0] = p.bos;
+    }
     D2O_ASSIGN_OR_RETURN(ForkedPrefill fork, prefill_forked(engine, prompt, policies, types));
     res.n_prefills = fork.n_prefills;
     std::vector<double> sum_kl(n_cases, 0), sum_top1(n_cases, 0), sum_nll(n_cases, 0);
     double sum_nll_full = 0;
     std::vector<BatchEntry> batch(n_seq);
     for (int t = 0; t < p.n_continue; ++t) {
-      const size_t at = static_cast<size_t>(off + p.prompt_len + t);
+      const size_t at = static_cast<size_t>(t);
       for (size_t q = 0; q < n_seq; ++q)
-        batch[q] = BatchEntry{fork.seqs[q].get(), {&tokens[at], 1}, -1};
+        batch[q] = BatchEntry{fork.seqs[q].get(), {&cont[at], 1}, -1};
       D2O_RETURN_IF_ERROR(engine.forward(batch, [&](int e, int, const float* l) {
         std::copy(l, l + nv, logits.begin() + static_cast<ptrdiff_t>(e) * nv);
       }));
-      const TokenId target = tokens[at + 1];
+      const TokenId target = cont[at + 1];
       log_softmax(logits.data(), nv, ref_logp);
       const TokenId ref_top = argmax(logits.data(), nv);
       // The same function as the cases' NLL, so identical logits give identical NLLs.
@@ -205,6 +230,11 @@ Status write_fidelity_report(const FidelityResult& r, const FidelityParams& p, c
   j["params"] = {
       {"prompt_len", p.prompt_len}, {"n_samples", p.n_samples}, {"n_continue", p.n_continue}};
   if (p.bos >= 0) j["params"]["bos"] = p.bos;
+  if (!p.turn_open.empty()) {
+    j["params"]["continue_turn"] = {{"prefix_tokens", p.turn_prefix.size()},
+                                    {"open_tokens", p.turn_open.size()},
+                                    {"reply_tokens", p.turn_reply.size()}};
+  }
   j["offsets"] = r.offsets;
   j["prefills_per_sample"] = r.n_prefills;
   j["f16_full_bytes_end"] = r.f16_full_bytes_end;

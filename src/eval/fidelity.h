@@ -57,6 +57,14 @@ struct FidelityParams {
   // adds it): a window cut from the middle of the text then starts as the model's inputs always
   // do. Gemma 3 puts its attention sink on BOS; without it every prompt is out of distribution.
   TokenId bos = -1;
+  // Continuations that begin with a new user turn (the question-after setting of
+  // src/eval/turns.h), when turn_open is not empty: each window's prompt is a user message
+  // (turn_prefix, BOS included, before it; turn_open after it: the user's turn closed and the
+  // assistant's opened, where a server session compacts), and each continuation starts with
+  // turn_reply (the assistant's acknowledgement, its turn closed, a new user turn opened), then
+  // goes on with the text's next tokens as the user's next message. The n_continue steps count
+  // the turn_reply tokens; `bos` is not used (turn_prefix starts the prompt).
+  std::vector<TokenId> turn_prefix, turn_open, turn_reply;
 };
 
 struct FidelityCaseResult {

@@ -19,6 +19,7 @@
 #include "eval/fidelity.h"
 #include "eval/stats.h"
 #include "eval/stream_ppl.h"
+#include "eval/turns.h"
 #include "ops/kernel_isa.h"
 
 #ifndef D2O_DEFAULT_CACHE_DIR
@@ -65,8 +66,8 @@ Result<std::span<const TokenId>> tokens_after_skip(const std::vector<TokenId>& t
 
 const std::vector<std::string>& all_policy_presets() {
   // Every preset once (the default of --policies), d2o (its defaults: E) last.
-  static const std::vector<std::string> kAll = {"full", "streaming", "h2o",     "snapkv", "pyramidkv",
-                                                "roco", "cam",       "keydiff", "d2o"};
+  static const std::vector<std::string> kAll = {
+      "full", "streaming", "h2o", "snapkv", "pyramidkv", "roco", "cam", "keydiff", "d2o"};
   return kAll;
 }
 
@@ -301,7 +302,39 @@ struct FidelityOptions {
   CLI::Option* o_ratios = nullptr;
   BytesAxisOptions bytes;
   TeacherForcedOptions tf;
+  bool continue_turn = false;  // continuations begin with a new user turn
+  std::string chat_format;     // the chat template's family when the model has none
 };
+
+// --continue-turn: the chat tokens around a fidelity window (FidelityParams::turn_*), from the
+// model's chat template or a named family.
+Status set_continue_turn(const Loaded& l, const std::string& format, eval::FidelityParams& p) {
+  std::optional<ChatTemplate> named;
+  if (!format.empty()) {
+    auto t = ChatTemplate::from_name(format);
+    if (!t.ok()) return t.status().with_context("--chat-format");
+    named = *t;
+  }
+  const ChatTemplate* chat = named ? &*named : l.chat_template ? &*l.chat_template : nullptr;
+  if (!chat) {
+    return invalid_argument(
+        "--continue-turn needs a chat template and the model has none; name one with "
+        "--chat-format (e.g. gemma for Gemma's turn markers)");
+  }
+  D2O_ASSIGN_OR_RETURN(eval::TurnTexts turns,
+                       eval::TurnTexts::create(*l.tokenizer, chat, eval::QuestionSetting::kAfter));
+  auto encode = [&](const std::string& text, bool add_special) {
+    EncodeOptions o;
+    o.add_special = add_special;
+    o.parse_special = true;  // the chat markers become their special tokens
+    return l.tokenizer->encode(text, o);
+  };
+  D2O_ASSIGN_OR_RETURN(p.turn_prefix, encode(turns.prefix(), true));
+  D2O_ASSIGN_OR_RETURN(p.turn_open, encode(turns.reply_open(), false));
+  D2O_ASSIGN_OR_RETURN(p.turn_reply, encode(turns.next_user_turn(), false));
+  if (p.turn_open.empty()) return internal_error("the chat template opens no assistant turn");
+  return {};
+}
 
 }  // namespace
 
@@ -378,8 +411,17 @@ int run_fidelity_cmd(FidelityOptions& o) {
   p.kv_type = s.loaded.kv_type;
   p.n_ctx_train = s.loaded.model->hparams().n_ctx_train;
   if (s.loaded.tokenizer->add_bos()) p.bos = s.loaded.tokenizer->bos();
-  s.meta.command +=
-      (by_bytes ? bytes_axis_args(o.bytes) : " --ratios " + o.ratios) + teacher_forced_args(o.tf);
+  if (o.continue_turn) {
+    if (Status st = set_continue_turn(s.loaded, o.chat_format, p); !st.ok()) return fail(st);
+    // --quick's 16 steps would hold little more than the new turn's markers.
+    if (o.common.quick)
+      p.n_continue = std::max(p.n_continue, static_cast<int>(p.turn_reply.size()) + 16);
+  } else if (!o.chat_format.empty()) {
+    return fail(invalid_argument("--chat-format needs --continue-turn"));
+  }
+  s.meta.command += (by_bytes ? bytes_axis_args(o.bytes) : " --ratios " + o.ratios) +
+                    teacher_forced_args(o.tf) + (o.continue_turn ? " --continue-turn" : "") +
+                    (o.chat_format.empty() ? "" : " --chat-format " + o.chat_format);
   Stopwatch sw;
   auto bar =
       make_progress(o.common, "eval fidelity", static_cast<double>(p.n_samples) * p.n_continue);
@@ -409,6 +451,15 @@ int run_fidelity_cmd(FidelityOptions& o) {
         "evicts one slot per teacher-forced token. Only predictions made after the compression "
         "count.";
   }
+  if (o.continue_turn) {
+    text.intro +=
+        " Continuations begin with a new user turn (the question-after setting): each window is "
+        "a user message, compressed where a server session compresses (after the assistant's "
+        "turn opens); each continuation is the assistant's fixed acknowledgement, its turn "
+        "closed, a new user turn opened (" +
+        std::to_string(p.turn_reply.size()) +
+        " tokens, counted in the steps), then the text's next tokens as the user's next message.";
+  }
   if (Status st = eval::write_fidelity_report(*res, p, s.meta, text, files); !st.ok())
     return fail(st);
   for (size_t i = 0; i < p.cases.size(); ++i) {
@@ -432,6 +483,21 @@ Action add_eval_fidelity(CLI::App* eval) {
                                 "Compression ratios rho (fraction of the prompt kept)");
   add_bytes_axis_options(sub, o->bytes);
   add_teacher_forced_options(sub, o->tf, "Number of prompts (text windows, evenly spaced)");
+  sub->add_flag("--continue-turn", o->continue_turn,
+                "Continuations begin with a new user turn: each window is a user message "
+                "compressed when the assistant's turn opens, and the continuation is the "
+                "assistant's acknowledgement, then the user's next message (the text goes on)");
+  sub->add_option(
+      "--chat-format", o->chat_format,
+      "With --continue-turn, for a model without a chat template: the template "
+      "family whose turn markers to use (" +
+          [] {
+            std::string s;
+            for (const std::string& n : ChatTemplate::supported_names())
+              s += (s.empty() ? "" : ", ") + n;
+            return s;
+          }() +
+          ")");
   return [o] { return run_fidelity_cmd(*o); };
 }
 
