@@ -141,20 +141,9 @@ Result<ForkedPrefill> prefill_forked(Engine& engine, std::span<const TokenId> pr
         auto seq = std::make_unique<Sequence>(hp, kv_type, policies[i]);
         D2O_RETURN_IF_ERROR(copy_cache(pre.cache(), seq->cache()));
         clear_unused_stats(*policies[i], seq->cache());
-        seq->advance(static_cast<int64_t>(prompt.size()));
-        // What Engine::forward does after the prompt pass (a whole prompt: one-token passes
-        // follow).
-        PassInfo pass;
-        pass.n_tokens = static_cast<int>(prompt.size());
-        pass.n_past = seq->n_past();
-        pass.first_pass = true;
-        pass.rope = &engine.rope();
-        pass.pool = &engine.pool();
-        KvCache& cache = seq->cache();
-        const int64_t before = cache.total_slots();
-        D2O_RETURN_IF_ERROR(seq->policy().compact(cache, seq->policy_state(), pass));
-        if (cache.total_slots() < before)
-          D2O_RETURN_IF_ERROR(cache.trim(slack_after_compaction(pass.n_tokens, false)));
+        // What Engine::forward does after the prompt pass (the whole prompt, last-token logits).
+        be.seq = seq.get();
+        D2O_RETURN_IF_ERROR(engine.finish_pass(be, &engine.pool()));
         out.seqs[i] = std::move(seq);
       }
     }

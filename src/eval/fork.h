@@ -8,8 +8,8 @@
 // instead of once per policy divides the cost of a 20-policy comparison by about 20.
 // Exactness: the one prefill asks the attention kernel for the statistics every policy of its
 // group needs (accumulated scores with one aggregation, the largest observation window), then
-// the copy is handed to KvPolicy::compact with the PassInfo the engine would pass
-// (first_pass = true, n_tokens = n_past = prompt length). Policies whose statistics cannot be
+// each copy is finished by Engine::finish_pass, the engine's own step after a pass (advance,
+// compaction, trim), as if the prompt had been that sequence's pass. Policies whose statistics cannot be
 // computed together (different aggregations, different non-zero windows) get separate prefills.
 // tests/unit/test_eval_fork.cpp checks that a forked sequence continues bit for bit like a
 // sequence that ran the prompt through Engine::forward itself.

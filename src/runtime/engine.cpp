@@ -114,27 +114,7 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
   Stopwatch sw;
   compact_status_.assign(batch.size(), Status());
   auto compact = [&](size_t e, ThreadPool* layer_pool) {
-    const BatchEntry& be = batch[e];
-    const bool first = !be.seq->started();
-    be.seq->advance(static_cast<int64_t>(be.tokens.size()));
-    PassInfo pass;
-    pass.n_tokens = static_cast<int>(be.tokens.size());
-    pass.n_past = be.seq->n_past();
-    pass.first_pass = first;
-    pass.prompt_rest = be.prompt_rest;
-    pass.rope = &rope();
-    pass.pool = layer_pool;
-    be.seq->set_prompt_pending(be.prompt_rest);
-    KvCache& cache = be.seq->cache();
-    const int64_t before = cache.total_slots();
-    const bool layered = be.seq->policy_state().layer_compacted;  // compacted during the pass
-    Status st = be.seq->policy().compact(cache, be.seq->policy_state(), pass);
-    // A compaction that removed slots hands their memory back, keeping room for the next pass
-    // (slack_after_compaction) so steady decoding or chunked feeding does not reallocate.
-    if (st.ok() && (layered || cache.total_slots() < before))
-      st = cache.trim(
-          slack_after_compaction(pass.n_tokens, be.prompt_rest > 0 || be.logits_from >= 0));
-    compact_status_[e] = std::move(st);
+    compact_status_[e] = finish_pass(batch[e], layer_pool);
   };
   if (batch.size() > 1 && pool_.n_threads() > 1) {
     pool_.run(static_cast<int64_t>(batch.size()),
@@ -144,6 +124,29 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
   }
   timings_.policy_s += sw.seconds();
   for (const Status& st : compact_status_) D2O_RETURN_IF_ERROR(st);
+  return {};
+}
+
+Status Engine::finish_pass(const BatchEntry& be, ThreadPool* layer_pool) const {
+  const bool first = !be.seq->started();
+  be.seq->advance(static_cast<int64_t>(be.tokens.size()));
+  PassInfo pass;
+  pass.n_tokens = static_cast<int>(be.tokens.size());
+  pass.n_past = be.seq->n_past();
+  pass.first_pass = first;
+  pass.prompt_rest = be.prompt_rest;
+  pass.rope = &rope();
+  pass.pool = layer_pool;
+  be.seq->set_prompt_pending(be.prompt_rest);
+  KvCache& cache = be.seq->cache();
+  const int64_t before = cache.total_slots();
+  const bool layered = be.seq->policy_state().layer_compacted;  // compacted during the pass
+  D2O_RETURN_IF_ERROR(be.seq->policy().compact(cache, be.seq->policy_state(), pass));
+  // A compaction that removed slots hands their memory back, keeping room for the next pass
+  // (slack_after_compaction) so steady decoding or chunked feeding does not reallocate.
+  if (layered || cache.total_slots() < before)
+    return cache.trim(
+        slack_after_compaction(pass.n_tokens, be.prompt_rest > 0 || be.logits_from >= 0));
   return {};
 }
 

@@ -87,6 +87,14 @@ class Engine : private ForwardHooks {
   // policy. Errors: token ids out of range, empty chunks, a sequence twice in one batch, memory.
   Status forward(std::span<const BatchEntry> batch, const LogitsSink& sink);
 
+  // What forward() does for one entry once its pass has run: advances the sequence by the
+  // chunk, lets its policy compact the cache (PassInfo from the entry), and hands freed memory
+  // back. Public for callers that fill a sequence's cache without a pass of their own: the
+  // evaluations' shared prefill (src/eval/fork.h) copies one pass's cache into each policy's
+  // sequence and finishes it here, so that the compaction after a prompt exists once.
+  // layer_pool: a pool the policy may plan layers on (outside the pool's own tasks), or null.
+  Status finish_pass(const BatchEntry& be, ThreadPool* layer_pool) const;
+
   const EngineTimings& timings() const { return timings_; }
   void reset_timings() { timings_ = {}; }
 
