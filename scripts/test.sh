@@ -18,13 +18,22 @@
 #      several threads (thread pool, scheduler and batched decoding, attention split across
 #      threads, micro-batched forward pass, the server's engine thread with clients over HTTP;
 #      see tests/CMakeLists.txt), run under TSan.
+#   scripts/test.sh --long: instead, the long forms of suites whose short seeded forms run above
+#      (for people; about 45 minutes on 2 cores): the next-question protocol through `d2o serve`
+#      (scripts/next_question.py, 50 trials of every default policy on SmolLM2, and on Gemma 3
+#      through /v1/completions), reports into build/long/. They measure and print; they fail
+#      only on errors (a server that does not answer, a session that was not continued).
 # Extra arguments are passed to ctest (e.g. -R Gguf).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 tsan=0
+long=0
 if [ "${1:-}" = "--tsan" ]; then
   tsan=1
+  shift
+elif [ "${1:-}" = "--long" ]; then
+  long=1
   shift
 fi
 # stage NAME: prints the time the previous stage took, so that a CI log shows where time goes.
@@ -57,6 +66,20 @@ if [ "$tsan" = 1 ]; then
   # scripts/tsan.supp (why each is there).
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$repo/scripts/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure -j"$jobs" "$@"
+  exit 0
+fi
+
+if [ "$long" = 1 ]; then
+  stage "release build (d2o)"
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DD2O_WERROR=ON -DD2O_UNITY_LIB=ON >/dev/null
+  cmake --build build -j"$jobs" --target d2o_cli
+  mkdir -p build/long
+  stage "next question, SmolLM2 (50 trials, every default policy)"
+  scripts/next_question.py --d2o build/d2o -t "$jobs" --trials 50 \
+    --json build/long/next_question.json
+  stage "next question, Gemma 3 (50 trials, /v1/completions)"
+  scripts/next_question.py --d2o build/d2o -t "$jobs" -m gemma3 --completions --trials 50 \
+    --json build/long/next_question_gemma3.json
   exit 0
 fi
 
