@@ -14,10 +14,14 @@ namespace d2o {
 
 const char* kv_elem_type_name(KvElemType t) {
   switch (t) {
-    case KvElemType::kF32: return "f32";
-    case KvElemType::kF16: return "f16";
-    case KvElemType::kQ8_0: return "q8_0";
-    case KvElemType::kQ4_0: return "q4_0";
+    case KvElemType::kF32:
+      return "f32";
+    case KvElemType::kF16:
+      return "f16";
+    case KvElemType::kQ8_0:
+      return "q8_0";
+    case KvElemType::kQ4_0:
+      return "q4_0";
   }
   return "?";
 }
@@ -25,34 +29,42 @@ const char* kv_elem_type_name(KvElemType t) {
 size_t kv_row_bytes(KvElemType t, int head_dim) {
   const size_t n = static_cast<size_t>(head_dim);
   switch (t) {
-    case KvElemType::kF32: return 4 * n;
-    case KvElemType::kF16: return 2 * n;
-    case KvElemType::kQ8_0: return n / kQK * sizeof(BlockQ8_0);
-    case KvElemType::kQ4_0: return n / kQK * sizeof(BlockQ4_0);
+    case KvElemType::kF32:
+      return 4 * n;
+    case KvElemType::kF16:
+      return 2 * n;
+    case KvElemType::kQ8_0:
+      return n / kQK * sizeof(BlockQ8_0);
+    case KvElemType::kQ4_0:
+      return n / kQK * sizeof(BlockQ4_0);
   }
   return 0;
 }
 
 GgmlType kv_ggml_type(KvElemType t) {
   switch (t) {
-    case KvElemType::kF32: return GgmlType::kF32;
-    case KvElemType::kF16: return GgmlType::kF16;
-    case KvElemType::kQ8_0: return GgmlType::kQ8_0;
-    case KvElemType::kQ4_0: return GgmlType::kQ4_0;
+    case KvElemType::kF32:
+      return GgmlType::kF32;
+    case KvElemType::kF16:
+      return GgmlType::kF16;
+    case KvElemType::kQ8_0:
+      return GgmlType::kQ8_0;
+    case KvElemType::kQ4_0:
+      return GgmlType::kQ4_0;
   }
   return GgmlType::kF32;
 }
 
 const char* kv_type_name(KvType t) {
   constexpr int kN = 8;  // KvElemType values, each plain or rotated
-  static const std::array<std::string, kN * kN> names = [] {
+  static const std::array<std::string, kN* kN> names = [] {
     std::array<std::string, kN * kN> n;
     for (int k = 0; k < kN; ++k) {
       for (int v = 0; v < kN; ++v) {
-        const std::string a = std::string(kv_elem_type_name(static_cast<KvElemType>(k / 2))) +
-                              (k % 2 ? "r" : "");
-        const std::string b = std::string(kv_elem_type_name(static_cast<KvElemType>(v / 2))) +
-                              (v % 2 ? "r" : "");
+        const std::string a =
+            std::string(kv_elem_type_name(static_cast<KvElemType>(k / 2))) + (k % 2 ? "r" : "");
+        const std::string b =
+            std::string(kv_elem_type_name(static_cast<KvElemType>(v / 2))) + (v % 2 ? "r" : "");
         n[static_cast<size_t>(k * kN + v)] = k == v ? a : "k:" + a + ",v:" + b;
       }
     }
@@ -121,8 +133,7 @@ Status check_kv_type(KvType t, int head_dim) {
     return invalid_argument(std::string("rotated KV storage (") + kv_type_name(t) +
                             ") rotates rows in blocks of " + std::to_string(kKvRotBlock) +
                             " elements or more, but this model's head dimension is " +
-                            std::to_string(head_dim) +
-                            " (use a type without the r suffix)");
+                            std::to_string(head_dim) + " (use a type without the r suffix)");
   }
   return {};
 }
@@ -143,17 +154,29 @@ namespace {
 
 void load_row(KvElemType t, const uint8_t* p, int n, float* out) {
   switch (t) {
-    case KvElemType::kF32: std::memcpy(out, p, sizeof(float) * static_cast<size_t>(n)); break;
-    case KvElemType::kF16: fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(p), out, n); break;
-    default: dequantize_row(kv_ggml_type(t), p, out, n); break;
+    case KvElemType::kF32:
+      std::memcpy(out, p, sizeof(float) * static_cast<size_t>(n));
+      break;
+    case KvElemType::kF16:
+      fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(p), out, n);
+      break;
+    default:
+      dequantize_row(kv_ggml_type(t), p, out, n);
+      break;
   }
 }
 
 void store_row(KvElemType t, const float* in, int n, uint8_t* p) {
   switch (t) {
-    case KvElemType::kF32: std::memcpy(p, in, sizeof(float) * static_cast<size_t>(n)); break;
-    case KvElemType::kF16: fp32_to_fp16_row(in, reinterpret_cast<uint16_t*>(p), n); break;
-    default: quantize_row(kv_ggml_type(t), in, p, n); break;
+    case KvElemType::kF32:
+      std::memcpy(p, in, sizeof(float) * static_cast<size_t>(n));
+      break;
+    case KvElemType::kF16:
+      fp32_to_fp16_row(in, reinterpret_cast<uint16_t*>(p), n);
+      break;
+    default:
+      quantize_row(kv_ggml_type(t), in, p, n);
+      break;
   }
 }
 
@@ -323,7 +346,8 @@ Status KvCache::reserve(int il, int n_slots, bool exact) {
     // slot O(1) times overall; never past the limit.
     cap = std::max(n_slots, L.capacity_ + std::max(256, L.capacity_ / 4));
     if (limit > 0) cap = std::min(cap, limit);
-    if (cfg_.window(il) > 0) cap = std::min(cap, std::max(n_slots, sliding_capacity(cfg_.window(il), 1)));
+    if (cfg_.window(il) > 0)
+      cap = std::min(cap, std::max(n_slots, sliding_capacity(cfg_.window(il), 1)));
   }
   return reallocate(il, std::max(cap, L.n_slot_));
 }
@@ -541,6 +565,16 @@ size_t KvCache::bytes_for_slots(const KvCacheConfig& cfg, int64_t slots, int max
                                    : slots);
   }
   return n * static_cast<size_t>(cfg.n_head_kv) * per_slot;
+}
+
+Status KvCache::settle_sliding() {
+  for (int il = 0; il < cfg_.n_layer; ++il) {
+    if (cfg_.window(il) == 0) continue;
+    if (layers_[static_cast<size_t>(il)].n_slot_ <= sliding_capacity(cfg_.window(il), 1)) continue;
+    drop_oldest(il, 1);  // what a one-token pass drops first; a longer pass drops the same
+    D2O_RETURN_IF_ERROR(shrink_sliding(il));
+  }
+  return {};
 }
 
 int KvCache::drop_oldest(int il, int n_tok) {

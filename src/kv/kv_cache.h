@@ -55,7 +55,7 @@
 namespace d2o {
 
 struct RopeParams;  // ops/ops.h
-class ThreadPool;  // core/thread_pool.h
+class ThreadPool;   // core/thread_pool.h
 
 // Storage of one key or value row of head_dim elements: F32, F16, or GGUF's Q8_0 / Q4_0 blocks
 // (32 elements per block, ops/quant.h; head_dim must then be a multiple of 32).
@@ -65,7 +65,9 @@ const char* kv_elem_type_name(KvElemType t);
 size_t kv_row_bytes(KvElemType t, int head_dim);
 // The GGUF type of a quantised storage type (Q8_0 / Q4_0); F32 / F16 for the others.
 GgmlType kv_ggml_type(KvElemType t);
-inline bool kv_quantized(KvElemType t) { return t == KvElemType::kQ8_0 || t == KvElemType::kQ4_0; }
+inline bool kv_quantized(KvElemType t) {
+  return t == KvElemType::kQ8_0 || t == KvElemType::kQ4_0;
+}
 
 // Storage types of keys and of values. rot_k / rot_v: the rows are stored rotated by a
 // normalised Walsh-Hadamard transform (kv/kv_rotation.h; spelt with an "r" suffix, "q4_0r"),
@@ -123,8 +125,8 @@ struct PositionShift {
 // KvCache::apply() runs it in this order: merges, the gather of kept slots, the position shift.
 struct CompactionPlan {
   int n_head_kv = 0;
-  int n_keep = 0;                 // slots each head keeps (per-head counts: the most any keeps)
-  std::vector<int32_t> keep;      // [n_head_kv, n_keep], strictly ascending per head
+  int n_keep = 0;             // slots each head keeps (per-head counts: the most any keeps)
+  std::vector<int32_t> keep;  // [n_head_kv, n_keep], strictly ascending per head
   // Per-head budgets (reset_heads): head h keeps head_keep[h] slots, listed from keep[head_off[h]]
   // (the lists packed one after another). Empty: every head keeps n_keep.
   std::vector<int32_t> head_keep, head_off;
@@ -387,6 +389,13 @@ class KvCache {
   // if the layer would otherwise exceed sliding_capacity(W, n_tok), keeping the last W - 1 (all
   // the pass's first query can see). Returns the slots dropped.
   int drop_oldest(int il, int n_tok);
+  // After a pass of more than kSlidingSlack tokens that no pass of the same prompt follows: every
+  // sliding-window layer drops now what the next pass's drop_oldest would drop first (keeping the
+  // last W - 1 slots) and hands back the memory above its steady capacity, so that a sequence
+  // left idle after a long pass (a server session whose turn ended with its prompt) holds its
+  // window, not the whole pass. The slots kept and their order are those the next pass would
+  // have found: results do not change.
+  Status settle_sliding();
 
   // Zeroes layer il's accumulated scores / window statistics (the window statistics cover one
   // pass; a forked cache drops statistics its policy does not ask for).

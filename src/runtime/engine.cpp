@@ -145,8 +145,12 @@ Status Engine::finish_pass(const BatchEntry& be, ThreadPool* layer_pool) const {
   // A compaction that removed slots hands their memory back, keeping room for the next pass
   // (slack_after_compaction) so steady decoding or chunked feeding does not reallocate.
   if (layered || cache.total_slots() < before)
-    return cache.trim(
-        slack_after_compaction(pass.n_tokens, be.prompt_rest > 0 || be.logits_from >= 0));
+    D2O_RETURN_IF_ERROR(cache.trim(
+        slack_after_compaction(pass.n_tokens, be.prompt_rest > 0 || be.logits_from >= 0)));
+  // A long pass that ends its prompt leaves sliding-window layers holding the whole pass until
+  // the next one: hand that back now (a sequence may stay idle, as a kept session does).
+  if (be.prompt_rest == 0 && pass.n_tokens > kSlidingSlack && cache.config().has_sliding())
+    D2O_RETURN_IF_ERROR(cache.settle_sliding());
   return {};
 }
 

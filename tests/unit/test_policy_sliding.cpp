@@ -120,5 +120,36 @@ TEST(PolicySliding, PositionShiftIsRefusedWithSlidingLayers) {
   EXPECT_NE(s.message().find("sliding-window"), std::string::npos) << s.message();
 }
 
+// After a long pass, settle_sliding() drops from a sliding-window layer exactly what the next
+// pass would have dropped first, and hands back the memory above the layer's steady capacity;
+// the global layer is untouched. Whatever the next pass (one token, or a chunk), the layer then
+// holds the same slots in the same order as without it.
+TEST(PolicySliding, SettleDropsWhatTheNextPassWould) {
+  const int G = 2, hd = 8, W = 16, n = 200;
+  const KvCacheConfig cfg{2, G, hd, KvType::kF32, {W, 0}};
+  for (int next : {1, 100}) {
+    SCOPED_TRACE(next);
+    KvCache settled(cfg), lazy(cfg);
+    fill(settled, n, 3);
+    fill(lazy, n, 3);
+    ASSERT_TRUE(settled.settle_sliding().ok());
+    EXPECT_EQ(settled.layer(0).n_slot(), W - 1);
+    EXPECT_LE(settled.kv_bytes_allocated(), lazy.kv_bytes_allocated());
+    EXPECT_EQ(settled.layer(1).n_slot(), n);  // global layers keep everything
+    for (KvCache* c : {&settled, &lazy}) c->drop_oldest(0, next);
+    ASSERT_EQ(settled.layer(0).n_slot(), lazy.layer(0).n_slot());
+    for (int h = 0; h < G; ++h) {
+      for (int j = 0; j < W - 1; ++j)
+        EXPECT_EQ(settled.layer(0).pos(h)[j], lazy.layer(0).pos(h)[j])
+            << "head " << h << " slot " << j;
+    }
+  }
+  // A layer already within its steady capacity is left as it is.
+  KvCache small(cfg);
+  fill(small, W + 10, 4);
+  ASSERT_TRUE(small.settle_sliding().ok());
+  EXPECT_EQ(small.layer(0).n_slot(), W + 10);
+}
+
 }  // namespace
 }  // namespace d2o
