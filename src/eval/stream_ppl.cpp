@@ -9,8 +9,20 @@
 #include "eval/perplexity.h"
 #include "eval/stats.h"
 #include "eval/svg.h"
+#include "kv/policy/composed.h"
 
 namespace d2o::eval {
+
+namespace {
+
+// A policy that renumbers kept positions (streaming:pos=shift), which then stay inside the
+// trained context.
+bool shifts_positions(const KvPolicy& p) {
+  const auto* c = dynamic_cast<const ComposedPolicy*>(&p);
+  return c && c->config().pos == PosMode::kShift;
+}
+
+}  // namespace
 
 Result<StreamPplResult> run_stream_ppl(Engine& engine, std::span<const TokenId> tokens,
                                        const StreamPplParams& p, Progress* progress) {
@@ -69,7 +81,7 @@ Result<StreamPplResult> run_stream_ppl(Engine& engine, std::span<const TokenId> 
           "inside the trained context; every other policy keeps original positions)");
     }
     for (const PolicyUnderTest& t : pols) {
-      if (t.spec.find("pos=shift") == std::string::npos) {
+      if (!shifts_positions(*t.policy)) {
         res.warnings.push_back(t.spec + ": positions beyond the trained context of " +
                                std::to_string(p.n_ctx_train) + " (original positions are kept)");
       }
