@@ -148,13 +148,13 @@ struct PolicyState {
 class KvPolicy {
  public:
   virtual ~KvPolicy() = default;
-  // The canonical spec string ("d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7,..."): parsing it gives
-  // back an identical policy.
+  // The canonical spec string ("d2o:ratio=0.2,sinks=4,heavy_recent=3:1,beta=0.7,..."): parsing
+  // it gives back an identical policy.
   virtual std::string spec() const = 0;
   virtual StatsNeeds needs() const = 0;
   // The statistics the next pass must collect in `state`: needs() (the most any pass asks for,
-  // which chunking and validation plan by) or less. A prompt=window policy asks for the window
-  // only until its first compaction, the only one that reads it.
+  // which chunking and validation plan by) or less. A prompt_ranking=window policy asks for the
+  // window only until its first compaction, the only one that reads it.
   virtual StatsNeeds pass_needs(const PolicyState& state) const {
     (void)state;
     return needs();
@@ -211,9 +211,17 @@ class FullPolicy final : public KvPolicy {
 Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec);
 
 // A canonical d2o spec of the time d2o's defaults were the paper's, which today's grammar reads
-// as another policy (that form leaves out prompt=acc, pmerge=on and pscore=acc where they
-// held): the same policy in today's canonical form (d2o:reading=paper,...). "" for any other
-// string. Session files and the results page read specs recorded then through it.
+// as another policy (that form leaves out prompt=acc, pmerge=on and pscore=acc, today
+// prompt_ranking=accumulated, prompt_merge=on and prompt_scores=accumulated, where they held;
+// it may use the key names of before they were made readable or today's): the same policy in
+// today's canonical form (d2o:reading=paper,...). "" for any other string. Session files and
+// the results page read specs recorded then through it.
 std::string paper_era_d2o_spec(const std::string& spec);
+
+// Today's canonical form of a spec recorded as canonical at any time: as written, with the key
+// names of before they were made readable (nm=, mrope=post, ...; the same policy), or of the
+// time d2o's defaults were the paper's (paper_era_d2o_spec). "" for a spec that was never
+// canonical. Session files read their specs through it.
+std::string recorded_spec_today(const std::string& spec);
 
 }  // namespace d2o

@@ -413,9 +413,10 @@ Result<SessionData> decode_session(const SessionFileContext& ctx, const uint8_t*
   auto policy = parse_kv_policy(d.kv_spec);
   if (!policy.ok()) return bad("bad policy spec: " + policy.status().message());
   if ((*policy)->spec() != d.kv_spec) {
-    const std::string paper = paper_era_d2o_spec(d.kv_spec);
-    if (paper.empty()) return bad("the policy spec is not canonical");
-    d.kv_spec = paper;  // the policy the file was written under, in today's spelling
+    // Written under the old key names or d2o's paper-era defaults (recorded_spec_today).
+    const std::string today = recorded_spec_today(d.kv_spec);
+    if (today.empty()) return bad("the policy spec is not canonical");
+    d.kv_spec = today;  // the policy the file was written under, in today's spelling
   }
   D2O_RETURN_IF_ERROR(body.get(d.n_past, "the position"));
   if (d.n_past < 1 || d.n_past > ctx.max_positions) {

@@ -344,13 +344,14 @@ TEST(CliEval, RulerQuickRunsIsDeterministicAndSummaryPicksItUp) {
       a;
   auto rb = run_d2o(bytes_args);
   ASSERT_EQ(rb.exit_code, 0) << rb.output;
-  // SnapKV holds the prompt's budget while it answers (hold=on), as the other policies do.
+  // SnapKV holds the prompt's budget while it answers (hold_budget=on), as the other policies do.
   const std::string bytes_md = test::read_file(a + "/ruler_bytes.md");
-  EXPECT_TRUE(has(bytes_md, "`snapkv:ratio=0.5,window=32,kernel=7,pool=avg,agg=sum,hold=on`"))
+  EXPECT_TRUE(
+      has(bytes_md, "`snapkv:ratio=0.5,window=32,kernel=7,pool=avg,agg=sum,hold_budget=on`"))
       << bytes_md;
   // A policy told not to hold would grow past its bytes: refused, saying why.
   auto no_hold = run_d2o("eval ruler --quick --tasks vt --lengths 640 --trials 1 -m " + model +
-                         " -t 1 --quiet --policies 'full;snapkv:hold=off' --bytes 0.5 -o " +
+                         " -t 1 --quiet --policies 'full;snapkv:hold_budget=off' --bytes 0.5 -o " +
                          out_dir("ruler_no_hold"));
   EXPECT_NE(no_hold.exit_code, 0);
   EXPECT_TRUE(has(no_hold.output, "holds every policy at its bytes")) << no_hold.output;

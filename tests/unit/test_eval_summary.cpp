@@ -58,6 +58,11 @@ const char* const kNewPaper =
     "d2o:budget=64,sinks=4,nm=3:1,beta=0.7,layers=variance,merge=weighted,sim=key,ema=paper,"
     "agg=sum,norm=none,mscore=sum,mrope=post,decide=head,protect=none,mass=off,prompt=acc,"
     "pmerge=on";
+// The same policy as recorded since the keys have readable names.
+const char* const kRenamedPaper =
+    "d2o:budget=64,sinks=4,heavy_recent=3:1,beta=0.7,layers=variance,merge=weighted,sim=key,"
+    "ema=paper,agg=sum,norm=none,merged_score=sum,merge_keys=rotated,merge_decision=per_head,"
+    "keep_edge_layers=off,proportional_attention=off,prompt_ranking=accumulated,prompt_merge=on";
 
 TEST(EvalSummary, VerdictsAreAboutD2oOrThePapersReading) {
   // Recorded under the paper's defaults: `d2o` is the row, and the report carries the note.
@@ -74,6 +79,14 @@ TEST(EvalSummary, VerdictsAreAboutD2oOrThePapersReading) {
   EXPECT_TRUE(has(new_page, "| niah needle, budget=64 at 1K | h2o | accuracy, D2O − other = 50.0"))
       << new_page;
   EXPECT_FALSE(has(new_page, "Recorded while")) << new_page;
+  const std::string renamed_page =
+      page_of(niah_report({"full", "h2o", "d2o:reading=paper"},
+                          {"full", "h2o:budget=64", kRenamedPaper}, {4, 1, 3}),
+              "renamed");
+  EXPECT_TRUE(
+      has(renamed_page, "| niah needle, budget=64 at 1K | h2o | accuracy, D2O − other = 50.0"))
+      << renamed_page;
+  EXPECT_FALSE(has(renamed_page, "Recorded while")) << renamed_page;
   // With both, `d2o` (E today) is the row, and the paper's reading is one of its rivals.
   const std::string both_page =
       page_of(niah_report({"d2o:reading=paper", "h2o", "d2o"},

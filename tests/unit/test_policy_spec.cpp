@@ -1,13 +1,18 @@
 // Policy spec strings: canonical round trips, defaults and readings, what each policy asks of the
-// attention kernel, and every error with its message.
+// attention kernel, every error with its message, and the old spellings of the keys (before they
+// had readable names), which parse to the same policies for good.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kv/policy.h"
 #include "kv/policy/composed.h"
+#include "kv/policy/spec_keys.h"
 
 namespace d2o {
 namespace {
@@ -27,65 +32,68 @@ std::string canonical(const std::string& spec) {
 
 // The paper's D2O, canonical: what reading=paper gives.
 const char* const kPaperD2o =
-    "d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7,layers=variance,merge=weighted,sim=key,ema=paper,"
-    "agg=sum,norm=none,mscore=sum,mrope=post,decide=head,protect=none,mass=off,prompt=acc,"
-    "pmerge=on";
+    "d2o:ratio=0.2,sinks=4,heavy_recent=3:1,beta=0.7,layers=variance,merge=weighted,sim=key,"
+    "ema=paper,agg=sum,norm=none,merged_score=sum,merge_keys=rotated,merge_decision=per_head,"
+    "keep_edge_layers=off,proportional_attention=off,prompt_ranking=accumulated,prompt_merge=on";
+
+// d2o's defaults (F), canonical.
+const char* const kF =
+    "d2o:ratio=0.2,sinks=4,heavy_recent=1:1,beta=0.7,layers=uniform,merge=off,sim=key,ema=paper,"
+    "agg=sum,norm=queries,merged_score=sum,merge_keys=rotated,merge_decision=per_head,"
+    "keep_edge_layers=off,proportional_attention=on,prompt_ranking=window,window=32,kernel=21,"
+    "pool=avg,prompt_merge=off,prompt_scores=window";
 
 TEST(PolicySpec, DefaultsAreTheBestMeasuredAndThePapers) {
-  // d2o's defaults: F of docs/results.md (E without merging), printed as its reports recorded it.
-  EXPECT_EQ(canonical("d2o"),
-            "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=off,sim=key,ema=paper,"
-            "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,"
-            "prompt=window,window=32,kernel=21,pool=avg,pmerge=off,pscore=window");
-  EXPECT_EQ(canonical("d2o:mass=on,merge=off,layers=uniform,nm=1:1,norm=queries,prompt=window,"
-                      "kernel=21,pmerge=off,pscore=window"),
+  // d2o's defaults: F of docs/results.md (E without merging).
+  EXPECT_EQ(canonical("d2o"), kF);
+  EXPECT_EQ(canonical("d2o:proportional_attention=on,merge=off,layers=uniform,heavy_recent=1:1,"
+                      "norm=queries,prompt_ranking=window,kernel=21,prompt_merge=off,"
+                      "prompt_scores=window"),
             canonical("d2o"));
-  // E, the default before it, as its reports recorded it: d2o with merges.
+  // E, the default before it: d2o with merges.
   EXPECT_EQ(canonical("d2o:merge=sized"),
-            "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=sized,sim=key,ema=paper,"
-            "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,"
-            "prompt=window,window=32,kernel=21,pool=avg,pmerge=off,pscore=window");
-  EXPECT_EQ(canonical("d2o:mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries,prompt=window,"
-                      "kernel=21,pmerge=off,pscore=window"),
-            canonical("d2o:merge=sized"));
+            std::string(kF).replace(std::string(kF).find("merge=off"), 9, "merge=sized"));
   EXPECT_EQ(canonical("d2o:reading=paper"), kPaperD2o);
   // The paper's keys, given one by one over d2o's defaults, are the paper's reading.
-  EXPECT_EQ(canonical("d2o:nm=3:1,layers=variance,merge=weighted,mass=off,norm=none,prompt=acc,"
-                      "pmerge=on"),
+  EXPECT_EQ(canonical("d2o:heavy_recent=3:1,layers=variance,merge=weighted,"
+                      "proportional_attention=off,norm=none,prompt_ranking=accumulated,"
+                      "prompt_merge=on"),
             kPaperD2o);
   // Keys that differ from the defaults are printed, those that do not apply are not: the paper's
-  // prompt compaction with E's other keys keeps pmerge=off and drops the window keys.
-  EXPECT_EQ(canonical("d2o:prompt=acc"),
-            "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=off,sim=key,ema=paper,"
-            "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,"
-            "prompt=acc,pmerge=off");
-  EXPECT_EQ(canonical("d2o:pscore=acc"),
-            canonical("d2o").substr(0, canonical("d2o").size() - 6) + "acc");
-  EXPECT_TRUE(config_of(*parse_kv_policy("d2o:prompt=acc").value()) ==
-              config_of(*parse_kv_policy(canonical("d2o:prompt=acc")).value()));
-  EXPECT_EQ(canonical("h2o"), "h2o:ratio=0.2,sinks=0,nm=1:1,agg=sum,norm=none");
-  EXPECT_EQ(canonical("streaming"), "streaming:ratio=0.2,sinks=4,pos=original");
+  // prompt compaction with F's other keys keeps prompt_merge=off and drops the window keys.
+  EXPECT_EQ(canonical("d2o:prompt_ranking=accumulated"),
+            "d2o:ratio=0.2,sinks=4,heavy_recent=1:1,beta=0.7,layers=uniform,merge=off,sim=key,"
+            "ema=paper,agg=sum,norm=queries,merged_score=sum,merge_keys=rotated,"
+            "merge_decision=per_head,keep_edge_layers=off,proportional_attention=on,"
+            "prompt_ranking=accumulated,prompt_merge=off");
+  EXPECT_EQ(canonical("d2o:prompt_scores=accumulated"),
+            std::string(kF).substr(0, std::strlen(kF) - 6) + "accumulated");
+  EXPECT_TRUE(config_of(*parse_kv_policy("d2o:prompt_ranking=accumulated").value()) ==
+              config_of(*parse_kv_policy(canonical("d2o:prompt_ranking=accumulated")).value()));
+  EXPECT_EQ(canonical("h2o"), "h2o:ratio=0.2,sinks=0,heavy_recent=1:1,agg=sum,norm=none");
+  EXPECT_EQ(canonical("streaming"), "streaming:ratio=0.2,sinks=4,positions=original");
   EXPECT_EQ(canonical("snapkv"), "snapkv:ratio=0.2,window=32,kernel=7,pool=avg,agg=sum");
   EXPECT_EQ(canonical("pyramidkv"),
-            "pyramidkv:ratio=0.2,window=32,kernel=7,pool=avg,pbeta=20,agg=sum");
-  EXPECT_EQ(canonical("roco"), "roco:ratio=0.2,sinks=0,nm=1:1,agg=sum");
-  EXPECT_EQ(canonical("cam"), "cam:ratio=0.2,sinks=4,mb=recent,seed=0,agg=sum");
+            "pyramidkv:ratio=0.2,window=32,kernel=7,pool=avg,pyramid_beta=20,agg=sum");
+  EXPECT_EQ(canonical("roco"), "roco:ratio=0.2,sinks=0,heavy_recent=1:1,agg=sum");
+  EXPECT_EQ(canonical("cam"), "cam:ratio=0.2,sinks=4,merge_targets=recent,seed=0,agg=sum");
   EXPECT_EQ(canonical("keydiff"), "keydiff:ratio=0.2,sinks=0,recent=0");
-  // distinct= is printed only when set, so the specs above stay those of the paper.
-  EXPECT_EQ(canonical("h2o:distinct=0.5"),
-            "h2o:ratio=0.2,sinks=0,nm=1:1,agg=sum,norm=none,distinct=0.5");
-  EXPECT_EQ(canonical("h2o:distinct=0"), canonical("h2o"));
-  // So are prompt= (with the window keys it brings) and pmerge=.
-  EXPECT_EQ(canonical("h2o:prompt=window"),
-            "h2o:ratio=0.2,sinks=0,nm=1:1,agg=sum,norm=none,prompt=window,window=32,kernel=7,"
-            "pool=avg");
-  EXPECT_EQ(canonical("d2o:reading=paper,pmerge=off"),
-            std::string(kPaperD2o).substr(0, std::string(kPaperD2o).size() - 2) + "off");
-  EXPECT_EQ(canonical("d2o:reading=paper,pmerge=on"), kPaperD2o);
-  EXPECT_EQ(canonical("roco:prompt=window,pscore=window"),
-            canonical("roco:prompt=window") + ",pscore=window");
-  EXPECT_EQ(canonical("h2o:prompt=window,pscore=acc"), canonical("h2o:prompt=window"));
-  const StatsNeeds pw = parse_kv_policy("h2o:prompt=window,window=16").value()->needs();
+  // distinct_share= is printed only when set, so the specs above stay those of the paper.
+  EXPECT_EQ(canonical("h2o:distinct_share=0.5"),
+            "h2o:ratio=0.2,sinks=0,heavy_recent=1:1,agg=sum,norm=none,distinct_share=0.5");
+  EXPECT_EQ(canonical("h2o:distinct_share=0"), canonical("h2o"));
+  // So are prompt_ranking= (with the window keys it brings) and prompt_merge=.
+  EXPECT_EQ(canonical("h2o:prompt_ranking=window"),
+            "h2o:ratio=0.2,sinks=0,heavy_recent=1:1,agg=sum,norm=none,prompt_ranking=window,"
+            "window=32,kernel=7,pool=avg");
+  EXPECT_EQ(canonical("d2o:reading=paper,prompt_merge=off"),
+            std::string(kPaperD2o).substr(0, std::strlen(kPaperD2o) - 2) + "off");
+  EXPECT_EQ(canonical("d2o:reading=paper,prompt_merge=on"), kPaperD2o);
+  EXPECT_EQ(canonical("roco:prompt_ranking=window,prompt_scores=window"),
+            canonical("roco:prompt_ranking=window") + ",prompt_scores=window");
+  EXPECT_EQ(canonical("h2o:prompt_ranking=window,prompt_scores=accumulated"),
+            canonical("h2o:prompt_ranking=window"));
+  const StatsNeeds pw = parse_kv_policy("h2o:prompt_ranking=window,window=16").value()->needs();
   EXPECT_EQ(pw.window, 16);
   EXPECT_TRUE(pw.accumulate);
   EXPECT_EQ(parse_kv_policy("h2o").value()->needs().window, 0);
@@ -96,39 +104,45 @@ TEST(PolicySpec, DefaultsAreTheBestMeasuredAndThePapers) {
 
 TEST(PolicySpec, CanonicalFormRoundTrips) {
   const std::vector<std::string> specs = {
-      "d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7",
+      "d2o:ratio=0.2,sinks=4,heavy_recent=3:1,beta=0.7",
       "d2o:budget=512,beta=0.55,layers=reciprocal,merge=average,sim=kv,ema=research,agg=max,norm="
       "queries",
       "d2o:reading=research",
-      "d2o:reading=research,nm=2:1,merge=weighted",
+      "d2o:reading=research,heavy_recent=2:1,merge=weighted",
       "d2o:ratio=0.125,layers=exp",
       "d2o:ratio=0.3333333333333333,layers=pyramid,merge=off",
-      "d2o:budget=64,mscore=max,mrope=pre,decide=token,protect=edges,mass=on,merge=sized",
+      "d2o:budget=64,merged_score=max,merge_keys=unrotated,merge_decision=per_token,"
+      "keep_edge_layers=on,proportional_attention=on,merge=sized",
       " h2o : budget = 64 , sinks = 4 ",
-      "streaming:budget=100,sinks=0,pos=shift",
+      "streaming:budget=100,sinks=0,positions=shifted",
       "snapkv:budget=300,window=16,kernel=5,pool=max,agg=mean",
-      "pyramidkv:ratio=0.1,pbeta=8.5",
+      "pyramidkv:ratio=0.1,pyramid_beta=8.5",
       "roco:ratio=1",
-      "cam:budget=64,mb=16,seed=18446744073709551615",
+      "cam:budget=64,merge_targets=16,seed=18446744073709551615",
       "keydiff:ratio=0.25",
       "keydiff:budget=64,sinks=4,recent=16",
       "keydiff: recent = 8 , budget = 8",
-      "h2o:ratio=0.2,distinct=0.5",
-      "d2o:ratio=0.2,nm=1:1,distinct=0.25,merge=off,prompt=acc",
-      "d2o:reading=paper,ratio=0.2,nm=1:1,distinct=0.25,merge=off",
-      "d2o:ratio=0.2,prompt=window,kernel=21,pool=max,window=16,pmerge=off",
-      "d2o:reading=paper,ratio=0.2,prompt=window,kernel=21,pool=max,window=16,pmerge=off",
+      "h2o:ratio=0.2,distinct_share=0.5",
+      "d2o:ratio=0.2,heavy_recent=1:1,distinct_share=0.25,merge=off,"
+      "prompt_ranking=accumulated",
+      "d2o:reading=paper,ratio=0.2,heavy_recent=1:1,distinct_share=0.25,merge=off",
+      "d2o:ratio=0.2,prompt_ranking=window,kernel=21,pool=max,window=16,prompt_merge=off",
+      "d2o:reading=paper,ratio=0.2,prompt_ranking=window,kernel=21,pool=max,window=16,"
+      "prompt_merge=off",
       "d2o",
       "d2o:reading=paper",
-      "d2o:prompt=acc",
-      "d2o:pscore=acc,pmerge=on,kernel=7",
+      "d2o:prompt_ranking=accumulated",
+      "d2o:prompt_scores=accumulated,prompt_merge=on,kernel=7",
       "d2o:reading=paper,heads=ada,floor=0.5",
-      "d2o:prompt=acc,heads=ada",
-      "roco:budget=64,prompt=window",
-      "h2o:ratio=0.2,prompt=window,pscore=window,kernel=21",
-      "d2o:ratio=0.2,prompt=window,pscore=window,pmerge=off,norm=queries",
-      "snapkv:ratio=0.2,hold=on",
-      "pyramidkv:ratio=0.1,hold=on,pbeta=8.5",
+      "d2o:prompt_ranking=accumulated,heads=ada",
+      "roco:budget=64,prompt_ranking=window",
+      "h2o:ratio=0.2,prompt_ranking=window,prompt_scores=window,kernel=21",
+      "d2o:ratio=0.2,prompt_ranking=window,prompt_scores=window,prompt_merge=off,norm=queries",
+      "snapkv:ratio=0.2,hold_budget=on",
+      "pyramidkv:ratio=0.1,hold_budget=on,pyramid_beta=8.5",
+      // The old spellings round-trip to the same canonical form.
+      "d2o:budget=64,mscore=max,mrope=pre,decide=token,protect=edges,mass=on,merge=sized",
+      "h2o:ratio=0.2,nm=3:1,prompt=window,pscore=window,kernel=21",
   };
   for (const std::string& s : specs) {
     SCOPED_TRACE(s);
@@ -139,6 +153,7 @@ TEST(PolicySpec, CanonicalFormRoundTrips) {
     ASSERT_TRUE(b.ok()) << b.status().message();
     EXPECT_EQ((*b)->spec(), c1);
     EXPECT_TRUE(config_of(**a) == config_of(**b));
+    EXPECT_EQ(recorded_spec_today(c1), c1);  // today's form is its own
   }
   // Values survive exactly.
   auto exact = parse_kv_policy("d2o:ratio=0.3333333333333333,beta=0.123456789");
@@ -146,25 +161,26 @@ TEST(PolicySpec, CanonicalFormRoundTrips) {
   const PolicyConfig& c = config_of(**exact);
   EXPECT_EQ(c.ratio, 0.3333333333333333);
   EXPECT_EQ(c.beta, 0.123456789);
-  EXPECT_EQ(canonical("cam:mb=16,seed=7"), "cam:ratio=0.2,sinks=4,mb=16,seed=7,agg=sum");
+  EXPECT_EQ(canonical("cam:merge_targets=16,seed=7"),
+            "cam:ratio=0.2,sinks=4,merge_targets=16,seed=7,agg=sum");
   EXPECT_EQ(canonical("keydiff:recent=32,budget=256,sinks=4"),
             "keydiff:budget=256,sinks=4,recent=32");
 }
 
-// hold=on keeps SnapKV's and PyramidKV's prompt budget through the decode steps in ratio mode; it
-// prints only there and only when on, so the specs recorded without it read as before.
+// hold_budget=on keeps SnapKV's and PyramidKV's prompt budget through the decode steps in ratio
+// mode; it prints only there and only when on, so the specs recorded without it read as before.
 TEST(PolicySpec, HoldKeepsThePromptsBudgetInRatioMode) {
-  EXPECT_EQ(canonical("snapkv:hold=on"),
-            "snapkv:ratio=0.2,window=32,kernel=7,pool=avg,agg=sum,hold=on");
-  EXPECT_EQ(canonical("snapkv:hold=off"), canonical("snapkv"));
-  EXPECT_EQ(canonical("snapkv:budget=64,hold=on"), canonical("snapkv:budget=64"));
-  for (const char* spec :
-       {"snapkv:hold=on", "pyramidkv:hold=on", "snapkv:budget=64", "snapkv:budget=64,hold=on"}) {
+  EXPECT_EQ(canonical("snapkv:hold_budget=on"),
+            "snapkv:ratio=0.2,window=32,kernel=7,pool=avg,agg=sum,hold_budget=on");
+  EXPECT_EQ(canonical("snapkv:hold_budget=off"), canonical("snapkv"));
+  EXPECT_EQ(canonical("snapkv:budget=64,hold_budget=on"), canonical("snapkv:budget=64"));
+  for (const char* spec : {"snapkv:hold_budget=on", "pyramidkv:hold_budget=on", "snapkv:budget=64",
+                           "snapkv:budget=64,hold_budget=on"}) {
     auto p = parse_kv_policy(spec);
     ASSERT_TRUE(p.ok()) << spec;
     EXPECT_TRUE(config_of(**p).compacts_after_first()) << spec;
   }
-  for (const char* spec : {"snapkv", "pyramidkv:ratio=0.3", "snapkv:hold=off"}) {
+  for (const char* spec : {"snapkv", "pyramidkv:ratio=0.3", "snapkv:hold_budget=off"}) {
     auto p = parse_kv_policy(spec);
     ASSERT_TRUE(p.ok()) << spec;
     EXPECT_FALSE(config_of(**p).compacts_after_first()) << spec;
@@ -172,53 +188,339 @@ TEST(PolicySpec, HoldKeepsThePromptsBudgetInRatioMode) {
 }
 
 TEST(PolicySpec, ReadingsSetTheirDefaultsAndKeysOverride) {
-  EXPECT_EQ(canonical("d2o:reading=research"),
-            "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=research,merge=research,sim=key,ema="
-            "research,agg=sum,norm=none,mscore=sum,mrope=post,decide=token,protect=none,mass=off,"
-            "prompt=acc,pmerge=on");
+  const std::string research =
+      "d2o:ratio=0.2,sinks=4,heavy_recent=1:1,beta=0.7,layers=research,merge=research,sim=key,"
+      "ema=research,agg=sum,norm=none,merged_score=sum,merge_keys=rotated,"
+      "merge_decision=per_token,keep_edge_layers=off,proportional_attention=off,"
+      "prompt_ranking=accumulated,prompt_merge=on";
+  EXPECT_EQ(canonical("d2o:reading=research"), research);
   // Explicit keys win whatever their position.
-  EXPECT_EQ(canonical("d2o:nm=3:1,reading=research"),
-            "d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7,layers=research,merge=research,sim=key,ema="
-            "research,agg=sum,norm=none,mscore=sum,mrope=post,decide=token,protect=none,mass=off,"
-            "prompt=acc,pmerge=on");
-  EXPECT_EQ(canonical("d2o:reading=research,decide=head"),
-            "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=research,merge=research,sim=key,ema="
-            "research,agg=sum,norm=none,mscore=sum,mrope=post,decide=head,protect=none,mass=off,"
-            "prompt=acc,pmerge=on");
-  EXPECT_EQ(canonical("d2o:mass=on,reading=paper"),
-            std::string(kPaperD2o).replace(std::string(kPaperD2o).find("mass=off"), 8, "mass=on"));
-  // Over the paper's reading, the window keys of the defaults come back with prompt=window.
   EXPECT_EQ(
-      canonical("d2o:reading=paper,prompt=window"),
-      "d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7,layers=variance,merge=weighted,sim=key,ema=paper,"
-      "agg=sum,norm=none,mscore=sum,mrope=post,decide=head,protect=none,mass=off,"
-      "prompt=window,window=32,kernel=7,pool=avg,pmerge=on,pscore=acc");
+      canonical("d2o:heavy_recent=3:1,reading=research"),
+      std::string(research).replace(research.find("heavy_recent=1:1"), 16, "heavy_recent=3:1"));
+  EXPECT_EQ(canonical("d2o:reading=research,merge_decision=per_head"),
+            std::string(research).replace(research.find("merge_decision=per_token"), 24,
+                                          "merge_decision=per_head"));
+  EXPECT_EQ(
+      canonical("d2o:proportional_attention=on,reading=paper"),
+      std::string(kPaperD2o).replace(std::string(kPaperD2o).find("proportional_attention=off"), 26,
+                                     "proportional_attention=on"));
+  // Over the paper's reading, the window keys of the defaults come back with
+  // prompt_ranking=window.
+  EXPECT_EQ(canonical("d2o:reading=paper,prompt_ranking=window"),
+            "d2o:ratio=0.2,sinks=4,heavy_recent=3:1,beta=0.7,layers=variance,merge=weighted,"
+            "sim=key,ema=paper,agg=sum,norm=none,merged_score=sum,merge_keys=rotated,"
+            "merge_decision=per_head,keep_edge_layers=off,proportional_attention=off,"
+            "prompt_ranking=window,window=32,kernel=7,pool=avg,prompt_merge=on,"
+            "prompt_scores=accumulated");
+}
+
+// Every renamed key: its old and today's name, values in both spellings ({old, today}), and the
+// specs it is tried in, one per preset that takes it (with the keys it needs there).
+struct Renamed {
+  const char* old_key;
+  const char* key;
+  std::vector<std::pair<const char*, const char*>> values;
+  std::vector<const char*> bases;
+};
+
+const std::vector<Renamed>& renamed_keys() {
+  static const std::vector<Renamed> keys = {
+      {"nm", "heavy_recent", {{"3:1", "3:1"}, {"1:2", "1:2"}}, {"h2o:", "roco:", "d2o:"}},
+      {"mscore", "merged_score", {{"keep", "keep"}, {"max", "max"}}, {"d2o:"}},
+      {"mrope", "merge_keys", {{"post", "rotated"}, {"pre", "unrotated"}}, {"d2o:"}},
+      {"decide", "merge_decision", {{"head", "per_head"}, {"token", "per_token"}}, {"d2o:"}},
+      {"protect", "keep_edge_layers", {{"none", "off"}, {"edges", "on"}}, {"d2o:"}},
+      {"mass", "proportional_attention", {{"off", "off"}, {"on", "on"}}, {"d2o:"}},
+      {"pbeta", "pyramid_beta", {{"8.5", "8.5"}}, {"pyramidkv:"}},
+      {"pos", "positions", {{"original", "original"}, {"shift", "shifted"}}, {"streaming:"}},
+      {"mb", "merge_targets", {{"recent", "recent"}, {"16", "16"}}, {"cam:"}},
+      {"distinct",
+       "distinct_share",
+       {{"0.5", "0.5"}, {"1", "1"}},
+       {"h2o:", "d2o:prompt_ranking=accumulated,"}},
+      {"pmerge", "prompt_merge", {{"on", "on"}, {"off", "off"}}, {"d2o:"}},
+      {"prompt",
+       "prompt_ranking",
+       {{"acc", "accumulated"}, {"window", "window"}},
+       {"h2o:", "roco:", "d2o:"}},
+      {"pscore",
+       "prompt_scores",
+       {{"acc", "accumulated"}, {"window", "window"}},
+       {"h2o:prompt_ranking=window,", "roco:prompt_ranking=window,", "d2o:"}},
+      {"hold", "hold_budget", {{"off", "off"}, {"on", "on"}}, {"snapkv:", "pyramidkv:"}},
+  };
+  return keys;
+}
+
+// A canonical spec in the old spellings (as reports and session files recorded it).
+std::string old_spelling(const std::string& spec) {
+  const size_t colon = spec.find(':');
+  std::string out = spec.substr(0, colon + 1);
+  size_t at = colon + 1;
+  while (colon != std::string::npos && at <= spec.size()) {
+    const size_t comma = std::min(spec.find(',', at), spec.size());
+    std::string item = spec.substr(at, comma - at);
+    const size_t eq = item.find('=');
+    for (const Renamed& r : renamed_keys()) {
+      if (item.substr(0, eq) != r.key) continue;
+      std::string value = item.substr(eq + 1);
+      for (const auto& [old_value, today] : r.values) {
+        if (value == today) value = old_value;
+      }
+      item = std::string(r.old_key) + "=" + value;
+    }
+    out += (at == colon + 1 ? "" : ",") + item;
+    at = comma + 1;
+  }
+  return out;
+}
+
+// The old names are the registry's, every old value word among them.
+TEST(PolicySpec, TheRenamedKeysAreTheRegistrysOldSpellings) {
+  std::set<std::pair<std::string, std::string>> registry, tested;
+  for (const spec_detail::KeyDef& d : spec_detail::key_defs()) {
+    if (!d.old_name) continue;
+    registry.emplace(d.old_name, d.name);
+    for (size_t i = 0; d.old_words && i < d.old_words->size(); ++i) {
+      const char* old = (*d.old_words)[i];
+      if (old) registry.emplace(std::string(d.old_name) + "=" + old, (*d.words)[i]);
+    }
+  }
+  for (const Renamed& r : renamed_keys()) {
+    tested.emplace(r.old_key, r.key);
+    for (const auto& [old_value, today] : r.values) {
+      if (std::string(old_value) != today)
+        tested.emplace(std::string(r.old_key) + "=" + old_value, today);
+    }
+  }
+  EXPECT_EQ(tested, registry);
+}
+
+// Reports, session files and scripts hold the old spellings: each parses, for every preset that
+// takes the key, to the config its today's spelling gives (old value words under either name).
+TEST(PolicySpec, OldSpellingsParseToTheSameConfig) {
+  const std::vector<std::string> presets = {"streaming", "h2o", "snapkv", "pyramidkv",
+                                            "roco",      "cam", "d2o",    "keydiff"};
+  for (const Renamed& r : renamed_keys()) {
+    for (const auto& [old_value, today] : r.values) {
+      for (const std::string base : r.bases) {
+        const std::string now = base + r.key + "=" + today;
+        SCOPED_TRACE(now);
+        auto want = parse_kv_policy(now);
+        ASSERT_TRUE(want.ok()) << want.status().message();
+        for (const std::string& spec :
+             {base + r.old_key + "=" + old_value, base + r.old_key + "=" + today,
+              base + r.key + "=" + old_value}) {
+          auto got = parse_kv_policy(spec);
+          ASSERT_TRUE(got.ok()) << spec << ": " << got.status().message();
+          EXPECT_TRUE(config_of(**got) == config_of(**want)) << spec;
+          EXPECT_EQ((*got)->spec(), (*want)->spec()) << spec;
+        }
+      }
+    }
+    // The presets that take the key are those tried above.
+    for (const std::string& p : presets) {
+      bool tried = false;
+      for (const std::string base : r.bases) tried = tried || base.rfind(p + ":", 0) == 0;
+      for (const char* key : {r.key, r.old_key}) {
+        auto s = parse_kv_policy(p + ":" + key + "=" + r.values[0].second);
+        const bool unknown =
+            !s.ok() && s.status().message().find("unknown key") != std::string::npos;
+        EXPECT_EQ(unknown, !tried) << p << ":" << key;
+      }
+    }
+  }
+  // Whole canonical specs in the old spellings.
+  EXPECT_EQ(old_spelling(kF),
+            "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=off,sim=key,ema=paper,"
+            "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,"
+            "prompt=window,window=32,kernel=21,pool=avg,pmerge=off,pscore=window");
+  for (const std::string& spec :
+       {std::string(kF), std::string(kPaperD2o), canonical("d2o:reading=research"),
+        canonical("streaming:positions=shifted"), canonical("cam:merge_targets=8"),
+        canonical("pyramidkv:pyramid_beta=4,hold_budget=on"),
+        canonical("h2o:prompt_ranking=window,prompt_scores=window"),
+        canonical("d2o:budget=64,merge_keys=unrotated,keep_edge_layers=on,"
+                  "prompt_ranking=accumulated,distinct_share=0.5")}) {
+    SCOPED_TRACE(spec);
+    const std::string old = old_spelling(spec);
+    ASSERT_NE(old, spec);
+    EXPECT_EQ(canonical(old), spec);
+    EXPECT_EQ(recorded_spec_today(old), spec);  // a session file's spec as it was written
+    EXPECT_TRUE(config_of(*parse_kv_policy(old).value()) ==
+                config_of(*parse_kv_policy(spec).value()));
+  }
+}
+
+// A key given by both of its names is given twice.
+TEST(PolicySpec, AKeyByItsOldAndItsNewNameIsRefused) {
+  for (const Renamed& r : renamed_keys()) {
+    const std::string base = r.bases[0];
+    const auto [old_value, today] = r.values[0];
+    for (const std::string& spec :
+         {base + r.old_key + "=" + old_value + "," + r.key + "=" + today,
+          base + r.key + "=" + today + "," + r.old_key + "=" + old_value}) {
+      SCOPED_TRACE(spec);
+      auto p = parse_kv_policy(spec);
+      ASSERT_FALSE(p.ok());
+      EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+      const std::string& m = p.status().message();
+      EXPECT_NE(m.find("are one key (" + std::string(r.key) + ", formerly " + r.old_key + ")"),
+                std::string::npos)
+          << m;
+      EXPECT_NE(m.find("give it once"), std::string::npos) << m;
+    }
+  }
+  auto twice = parse_kv_policy("h2o:nm=1:1,nm=3:1");
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("key 'nm' is given twice"), std::string::npos)
+      << twice.status().message();
 }
 
 // Specs recorded while d2o's defaults were the paper's: read as the same policy, in today's form.
 TEST(PolicySpec, PaperEraSpecsReadAsThePapersPolicy) {
-  for (const char* keys : {"", ",mass=on,nm=1:3", ",prompt=window,kernel=21,pmerge=off"}) {
+  for (const char* keys : {"", ",proportional_attention=on,heavy_recent=1:3",
+                           ",prompt_ranking=window,kernel=21,prompt_merge=off"}) {
     const std::string today = canonical(std::string("d2o:reading=paper") + keys);
     std::string then = today;
-    for (const char* drop : {",prompt=acc", ",pmerge=on", ",pscore=acc"}) {
+    for (const char* drop :
+         {",prompt_ranking=accumulated", ",prompt_merge=on", ",prompt_scores=accumulated"}) {
       const size_t at = then.find(drop);
       if (at != std::string::npos) then.erase(at, std::strlen(drop));
     }
     SCOPED_TRACE(then);
     ASSERT_NE(then, today);
     EXPECT_EQ(paper_era_d2o_spec(then), today);
+    EXPECT_EQ(recorded_spec_today(then), today);
+    // They were recorded under the old key names.
+    EXPECT_EQ(paper_era_d2o_spec(old_spelling(then)), today);
+    EXPECT_EQ(recorded_spec_today(old_spelling(then)), today);
   }
   // The paper's D2O as its reports recorded it.
   EXPECT_EQ(paper_era_d2o_spec("d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7,layers=variance,merge="
                                "weighted,sim=key,ema=paper,agg=sum,norm=none,mscore=sum,mrope=post,"
                                "decide=head,protect=none,mass=off"),
             kPaperD2o);
-  // Not such a spec: today's canonical form, one canonical in neither era, another preset.
+  // Not such a spec: today's canonical form (in either spelling), one canonical in neither era,
+  // another preset.
   EXPECT_EQ(paper_era_d2o_spec(canonical("d2o")), "");
+  EXPECT_EQ(paper_era_d2o_spec(old_spelling(canonical("d2o"))), "");
   EXPECT_EQ(paper_era_d2o_spec(kPaperD2o), "");
+  EXPECT_EQ(paper_era_d2o_spec(old_spelling(kPaperD2o)), "");
   EXPECT_EQ(paper_era_d2o_spec("d2o:budget=32,nm=3:1"), "");
   EXPECT_EQ(paper_era_d2o_spec(canonical("h2o")), "");
   EXPECT_EQ(paper_era_d2o_spec("d2o"), "");
+  // Never canonical: spaces, a key given twice, an unknown preset.
+  EXPECT_EQ(recorded_spec_today(" " + canonical("d2o")), "");
+  EXPECT_EQ(recorded_spec_today("d2o:budget=32,nm=3:1"), "");
+  EXPECT_EQ(recorded_spec_today(canonical("h2o") + ",nm=1:1"), "");
+  EXPECT_EQ(recorded_spec_today("lru:ratio=0.2"), "");
+}
+
+// Specs recorded in docs/results/**/*.json (the "spec" of each policy), one of each form found
+// there: every preset, the old key names, and d2o in each era of its defaults (the paper's,
+// read today as d2o:reading=paper,...; then E and F, canonical as they are).
+struct Recorded {
+  const char* spec;
+  bool paper_era;
+};
+
+const std::vector<Recorded>& recorded_specs() {
+  static const std::vector<Recorded> specs = {
+      {"full", false},
+      {"streaming:ratio=0.2,sinks=4,pos=original", false},
+      {"h2o:ratio=0.2,sinks=0,nm=1:1,agg=sum,norm=none", false},
+      {"h2o:ratio=0.2,sinks=0,nm=3:1,agg=sum,norm=none,distinct=0.5", false},
+      {"h2o:budget=1024,sinks=0,nm=1:1,agg=sum,norm=none,heads=ada,floor=0.2", false},
+      {"h2o:ratio=0.2,sinks=0,nm=1:1,agg=sum,norm=none,prompt=window,window=32,kernel=21,pool=avg,"
+       "pscore=window",
+       false},
+      {"snapkv:ratio=0.2,window=32,kernel=7,pool=avg,agg=sum", false},
+      {"snapkv:ratio=0.1,window=32,kernel=21,pool=avg,agg=sum,hold=on", false},
+      {"snapkv:budget=1024,window=32,kernel=7,pool=avg,agg=sum,heads=ada,floor=0.2", false},
+      {"pyramidkv:ratio=0.2,window=32,kernel=7,pool=avg,pbeta=20,agg=sum", false},
+      {"roco:budget=1024,sinks=0,nm=1:1,agg=sum", false},
+      {"cam:ratio=0.2,sinks=4,mb=recent,seed=0,agg=sum", false},
+      {"keydiff:ratio=0.2,sinks=4,recent=200", false},
+      // d2o under the paper's defaults.
+      {"d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7,layers=variance,merge=weighted,sim=key,ema=paper,"
+       "agg=sum,norm=none,mscore=sum,mrope=post,decide=head,protect=none,mass=off",
+       true},
+      {"d2o:budget=1024,sinks=4,nm=1:3,beta=0.7,layers=variance,merge=weighted,sim=key,ema=paper,"
+       "agg=sum,norm=none,mscore=sum,mrope=post,decide=head,protect=none,mass=on",
+       true},
+      {"d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7,layers=variance,merge=weighted,sim=key,ema=paper,"
+       "agg=sum,norm=none,mscore=sum,mrope=post,decide=head,protect=none,mass=off,heads=ada,"
+       "floor=0.2",
+       true},
+      {"d2o:ratio=0.2,sinks=4,nm=3:1,beta=0.7,layers=uniform,merge=off,sim=key,ema=paper,agg=sum,"
+       "norm=none,mscore=sum,mrope=post,decide=head,protect=none,mass=off,distinct=1",
+       true},
+      {"d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=research,merge=research,sim=key,ema=research,"
+       "agg=sum,norm=none,mscore=sum,mrope=post,decide=token,protect=none,mass=off",
+       true},
+      {"d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=sized,sim=key,ema=paper,"
+       "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,prompt=window,"
+       "window=32,kernel=21,pool=avg",
+       true},
+      {"d2o:budget=1024,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=sized,sim=key,ema=paper,"
+       "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,prompt=window,"
+       "window=32,kernel=21,pool=avg,pmerge=off",
+       true},
+      // E, then F, the defaults; the paper's D2O recorded beside them.
+      {"d2o:ratio=0.1,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=sized,sim=key,ema=paper,"
+       "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,prompt=window,"
+       "window=32,kernel=21,pool=avg,pmerge=off,pscore=window",
+       false},
+      {"d2o:budget=1024,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=off,sim=key,ema=paper,"
+       "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,prompt=window,"
+       "window=32,kernel=21,pool=avg,pmerge=off,pscore=window",
+       false},
+      {"d2o:ratio=0.1,sinks=4,nm=3:1,beta=0.7,layers=variance,merge=weighted,sim=key,ema=paper,"
+       "agg=sum,norm=none,mscore=sum,mrope=post,decide=head,protect=none,mass=off,prompt=acc,"
+       "pmerge=on",
+       false},
+      {"d2o:budget=1456,sinks=4,nm=1:3,beta=0.7,layers=variance,merge=weighted,sim=key,ema=paper,"
+       "agg=sum,norm=none,mscore=sum,mrope=post,decide=head,protect=none,mass=on,prompt=acc,"
+       "pmerge=on",
+       false},
+  };
+  return specs;
+}
+
+TEST(PolicySpec, RecordedSpecsParseAndReadAsTheirPolicyToday) {
+  for (const Recorded& r : recorded_specs()) {
+    const std::string spec = r.spec;
+    SCOPED_TRACE(spec);
+    // Canonical when recorded: read as the policy it ran, in today's canonical form.
+    const std::string today = recorded_spec_today(spec);
+    ASSERT_FALSE(today.empty());
+    EXPECT_EQ(canonical(today), today);
+    EXPECT_EQ(paper_era_d2o_spec(spec), r.paper_era ? today : "");
+    // The policy it ran: its own keys, over the paper's defaults where they were d2o's.
+    const std::string ran = r.paper_era ? "d2o:reading=paper," + spec.substr(4) : spec;
+    auto p = parse_kv_policy(ran);
+    ASSERT_TRUE(p.ok()) << p.status().message();
+    EXPECT_EQ((*p)->spec(), today);
+    auto back = parse_kv_policy(today);
+    ASSERT_TRUE(back.ok()) << back.status().message();
+    if (!(*p)->is_full()) {
+      EXPECT_TRUE(config_of(**p) == config_of(**back));
+    }
+  }
+  // Over today's defaults (prompt_ranking=window), a paper-era spec with heads=ada or distinct=
+  // is refused: it is read only as the paper's D2O.
+  int refused = 0;
+  for (const Recorded& r : recorded_specs()) {
+    const std::string spec = r.spec;
+    if (!r.paper_era || (spec.find("heads=ada") == std::string::npos &&
+                         spec.find("distinct=") == std::string::npos))
+      continue;
+    EXPECT_FALSE(parse_kv_policy(spec).ok()) << spec;
+    ++refused;
+  }
+  EXPECT_EQ(refused, 2);
 }
 
 TEST(PolicySpec, NeedsMatchThePolicy) {
@@ -226,7 +528,7 @@ TEST(PolicySpec, NeedsMatchThePolicy) {
   EXPECT_TRUE(needs("d2o").accumulate);
   EXPECT_EQ(needs("d2o").window, 32);
   EXPECT_EQ(needs("d2o:reading=paper").window, 0);
-  EXPECT_EQ(needs("d2o:prompt=acc").window, 0);
+  EXPECT_EQ(needs("d2o:prompt_ranking=accumulated").window, 0);
   EXPECT_EQ(needs("d2o:agg=max").agg, ScoreAgg::kMax);
   // Proportional attention only where slots can stand for merged tokens.
   EXPECT_FALSE(needs("d2o").mass);
@@ -245,12 +547,13 @@ TEST(PolicySpec, NeedsMatchThePolicy) {
   EXPECT_EQ(needs("keydiff").window, 0);
   EXPECT_FALSE(needs("keydiff:budget=64,sinks=4,recent=8").accumulate);
   EXPECT_FALSE(parse_kv_policy("d2o").value()->is_full());
-  // A pass asks for the window only while a compaction may still read it: prompt=window until
-  // the sequence's first compaction, SnapKV always (a fixed capacity compacts again).
+  // A pass asks for the window only while a compaction may still read it: prompt_ranking=window
+  // until the sequence's first compaction, SnapKV always (a fixed capacity compacts again).
   PolicyState fresh, compacted;
   compacted.n_compactions = 1;
-  for (const char* spec : {"h2o:prompt=window,window=16", "d2o:prompt=window,window=16,pmerge=off",
-                           "snapkv:window=16"}) {
+  for (const char* spec :
+       {"h2o:prompt_ranking=window,window=16",
+        "d2o:prompt_ranking=window,window=16,prompt_merge=off", "snapkv:window=16"}) {
     SCOPED_TRACE(spec);
     auto p = parse_kv_policy(spec).value();
     EXPECT_EQ(p->pass_needs(fresh).window, 16);
@@ -272,39 +575,55 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"D2O", {"unknown KV policy 'D2O'"}},
       {"d2o:foo=1",
        {"unknown key 'foo'",
-        "ratio, budget, sinks, nm, beta, layers, merge, sim, ema, agg, norm, mscore, mrope, "
-        "decide, protect, mass, heads, floor, distinct, prompt, window, kernel, pool, pmerge, "
-        "pscore, reading"}},
-      {"d2o:mscore=median", {"mscore=median", "sum, keep, mean, max"}},
-      {"d2o:mrope=both", {"mrope=both", "post, pre"}},
-      {"d2o:decide=layer", {"decide=layer", "head, token"}},
-      {"d2o:protect=all", {"protect=all", "none, edges"}},
-      {"d2o:mass=1", {"mass=1", "off, on"}},
-      {"d2o:distinct=1.5", {"distinct=1.5", "[0, 1]"}},
+        "ratio, budget, sinks, heavy_recent, beta, layers, merge, sim, ema, agg, norm, "
+        "merged_score, merge_keys, merge_decision, keep_edge_layers, proportional_attention, "
+        "heads, floor, distinct_share, prompt_ranking, window, kernel, pool, prompt_merge, "
+        "prompt_scores, reading"}},
+      {"d2o:merged_score=median", {"merged_score=median", "sum, keep, mean, max"}},
+      {"d2o:merge_keys=both", {"merge_keys=both", "rotated, unrotated"}},
+      {"d2o:mrope=both", {"mrope=both", "rotated, unrotated"}},
+      {"d2o:merge_decision=layer", {"merge_decision=layer", "per_head, per_token"}},
+      {"d2o:keep_edge_layers=all", {"keep_edge_layers=all", "off, on"}},
+      {"d2o:proportional_attention=1", {"proportional_attention=1", "off, on"}},
+      {"d2o:distinct_share=1.5", {"distinct_share=1.5", "[0, 1]"}},
       {"h2o:distinct=-0.1", {"distinct=-0.1", "[0, 1]"}},
-      {"h2o:heads=ada,distinct=0.5", {"distinct= applies with heads=uniform"}},
-      {"snapkv:distinct=0.5", {"unknown key 'distinct'"}},
-      {"h2o:hold=on", {"unknown key 'hold'"}},
-      {"snapkv:hold=yes", {"hold=yes", "off, on"}},
-      {"h2o:kernel=21", {"kernel= applies only with prompt=window"}},
-      {"d2o:window=8,prompt=acc", {"window= applies only with prompt=window"}},
-      {"h2o:prompt=snap", {"prompt=snap", "acc, window"}},
-      {"d2o:prompt=window,kernel=4", {"kernel=4", "odd"}},
-      {"h2o:heads=ada,prompt=window", {"prompt=window applies with heads=uniform"}},
-      {"d2o:prompt=window,distinct=0.5", {"distinct= does not apply"}},
+      {"h2o:heads=ada,distinct_share=0.5", {"distinct_share= applies with heads=uniform"}},
+      {"snapkv:distinct_share=0.5", {"unknown key 'distinct_share'"}},
+      // An old name the preset does not take: its name today, and what the preset takes.
+      {"snapkv:distinct=0.5",
+       {"unknown key 'distinct' (the old name of 'distinct_share'; allowed: ratio, budget, window, "
+        "kernel"}},
+      {"h2o:hold_budget=on", {"unknown key 'hold_budget'"}},
+      {"snapkv:hold_budget=yes", {"hold_budget=yes", "off, on"}},
+      {"h2o:kernel=21", {"kernel= applies only with prompt_ranking=window"}},
+      {"d2o:window=8,prompt_ranking=accumulated",
+       {"window= applies only with prompt_ranking=window"}},
+      {"h2o:prompt_ranking=snap", {"prompt_ranking=snap", "accumulated, window"}},
+      {"d2o:prompt_ranking=window,kernel=4", {"kernel=4", "odd"}},
+      {"h2o:heads=ada,prompt_ranking=window", {"prompt_ranking=window applies with heads=uniform"}},
+      {"d2o:prompt_ranking=window,distinct_share=0.5", {"distinct_share= does not apply"}},
       // d2o's defaults compact the prompt by its window: the message says how to leave it.
-      {"d2o:distinct=0.5", {"distinct= does not apply", "by default: add prompt=acc"}},
-      {"d2o:heads=ada", {"prompt=window applies with heads=uniform", "by default: add prompt=acc"}},
-      {"d2o:reading=paper,prompt=window,heads=ada", {"prompt=window applies with heads=uniform"}},
+      {"d2o:distinct_share=0.5",
+       {"distinct_share= does not apply", "by default: add prompt_ranking=accumulated"}},
+      {"d2o:heads=ada",
+       {"prompt_ranking=window applies with heads=uniform",
+        "by default: add prompt_ranking=accumulated"}},
+      {"d2o:prompt=acc,heads=ada,decide=token",
+       {"merge_decision=per_token", "use merge_decision=per_head"}},
+      {"d2o:reading=paper,prompt_ranking=window,heads=ada",
+       {"prompt_ranking=window applies with heads=uniform"}},
       {"d2o:reading=novel", {"reading=novel", "paper, research"}},
-      {"h2o:pmerge=off", {"unknown key 'pmerge'"}},
-      {"h2o:pscore=window", {"pscore= applies only with prompt=window"}},
-      {"d2o:prompt=window,pscore=pooled", {"pscore=pooled", "acc, window"}},
-      {"snapkv:pscore=window", {"unknown key 'pscore'"}},
-      {"d2o:pmerge=no", {"pmerge=no", "off, on"}},
-      {"h2o:mass=on", {"unknown key 'mass'"}},
-      {"h2o:beta=0.5", {"unknown key 'beta'", "ratio, budget, sinks, nm, agg, norm"}},
-      {"streaming:window=8", {"unknown key 'window'", "sinks, pos"}},
+      {"h2o:prompt_merge=off", {"unknown key 'prompt_merge'"}},
+      {"h2o:prompt_scores=window", {"prompt_scores= applies only with prompt_ranking=window"}},
+      {"h2o:pscore=window", {"pscore= applies only with prompt_ranking=window"}},
+      {"d2o:prompt_ranking=window,prompt_scores=pooled",
+       {"prompt_scores=pooled", "accumulated, window"}},
+      {"snapkv:prompt_scores=window", {"unknown key 'prompt_scores'"}},
+      {"d2o:prompt_merge=no", {"prompt_merge=no", "off, on"}},
+      {"h2o:proportional_attention=on", {"unknown key 'proportional_attention'"}},
+      {"h2o:beta=0.5", {"unknown key 'beta'", "ratio, budget, sinks, heavy_recent, agg, norm"}},
+      {"streaming:window=8", {"unknown key 'window'", "sinks, positions"}},
+      {"streaming:positions=shift2", {"positions=shift2", "original, shifted"}},
       {"d2o:ratio=0", {"ratio=0", "(0, 1]"}},
       {"d2o:ratio=1.5", {"ratio=1.5", "(0, 1]"}},
       {"d2o:ratio=-0.2", {"ratio=-0.2"}},
@@ -321,10 +640,10 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"d2o:budget=12.5", {"budget=12.5"}},
       {"d2o:ratio=0.2,budget=64", {"either ratio= or budget=, not both"}},
       {"d2o:budget=64,ratio=0.2", {"either ratio= or budget=, not both"}},
-      {"d2o:nm=3:0", {"nm=3:0", "two positive integers"}},
-      {"d2o:nm=0:1", {"nm=0:1", "two positive integers"}},
-      {"d2o:nm=3", {"nm=3", "N:M"}},
-      {"d2o:nm=a:b", {"nm=a:b"}},
+      {"d2o:heavy_recent=3:0", {"heavy_recent=3:0", "two positive integers"}},
+      {"d2o:heavy_recent=0:1", {"heavy_recent=0:1", "two positive integers"}},
+      {"d2o:heavy_recent=3", {"heavy_recent=3", "N:M"}},
+      {"d2o:nm=a:b", {"nm=a:b", "N:M"}},
       {"d2o:beta=0", {"beta=0", "(0, 1)"}},
       {"d2o:beta=1", {"beta=1", "(0, 1)"}},
       {"d2o:beta=1.2", {"beta=1.2", "(0, 1)"}},
@@ -339,9 +658,9 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"snapkv:kernel=4", {"kernel=4", "odd"}},
       {"snapkv:window=0", {"window=0"}},
       {"snapkv:pool=min", {"pool=min", "max, avg"}},
-      {"pyramidkv:pbeta=0.5", {"pbeta=0.5", ">= 1"}},
-      {"streaming:pos=rotated", {"pos=rotated", "original, shift"}},
-      {"cam:mb=0", {"mb=0", "'recent' or a positive integer"}},
+      {"pyramidkv:pyramid_beta=0.5", {"pyramid_beta=0.5", ">= 1"}},
+      {"streaming:positions=rotated", {"positions=rotated", "original, shifted"}},
+      {"cam:merge_targets=0", {"merge_targets=0", "'recent' or a positive integer"}},
       {"cam:seed=-3", {"seed=-3"}},
       {"keydiff:recent=-1", {"recent=-1", "integer from 0"}},
       {"keydiff:recent=x", {"recent=x"}},

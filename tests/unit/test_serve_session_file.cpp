@@ -85,6 +85,18 @@ class SessionFileTest : public ::testing::Test {
     return seq;
   }
 
+  // The canonical spec of `spec` and the F16 session file of its conversation (id "s").
+  std::pair<std::string, std::string> file_of(const std::string& spec) {
+    auto policy = std::shared_ptr<const KvPolicy>(parse_kv_policy(spec).value());
+    std::vector<TokenId> history;
+    auto seq = conversation(policy, KvType::kF16, history);
+    std::string b;
+    EXPECT_TRUE(encode_session(context(KvType::kF16), "s", policy->spec(), history, seq->n_past(),
+                               seq->cache(), seq->policy_state(), b)
+                    .ok());
+    return std::make_pair(policy->spec(), b);
+  }
+
   std::unique_ptr<Model> model_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<Engine> engine_;
@@ -322,24 +334,16 @@ std::string with_spec(const std::string& file, const std::string& from, const st
 // is not canonical is still refused.
 TEST_F(SessionFileTest, SpecsWrittenUnderThePapersDefaultsReadAsThePapersD2o) {
   const SessionFileContext ctx = context(KvType::kF16);
-  auto file_of = [&](const std::string& spec) {
-    auto policy = std::shared_ptr<const KvPolicy>(parse_kv_policy(spec).value());
-    std::vector<TokenId> history;
-    auto seq = conversation(policy, KvType::kF16, history);
-    std::string b;
-    EXPECT_TRUE(encode_session(ctx, "s", policy->spec(), history, seq->n_past(), seq->cache(),
-                               seq->policy_state(), b)
-                    .ok());
-    return std::make_pair(policy->spec(), b);
-  };
-  for (const char* spec :
-       {"d2o:reading=paper,budget=32", "d2o:reading=paper,budget=32,mass=on,nm=1:3",
-        "d2o:reading=paper,budget=32,prompt=window,kernel=21,pmerge=off"}) {
+  for (const char* spec : {"d2o:reading=paper,budget=32",
+                           "d2o:reading=paper,budget=32,proportional_attention=on,heavy_recent=1:3",
+                           "d2o:reading=paper,budget=32,prompt_ranking=window,kernel=21,"
+                           "prompt_merge=off"}) {
     SCOPED_TRACE(spec);
     const auto [today, good] = file_of(spec);
     // The same spec as canonical then: without the keys that now differ from E's defaults.
     std::string then = today;
-    for (const char* drop : {",prompt=acc", ",pmerge=on", ",pscore=acc"}) {
+    for (const char* drop :
+         {",prompt_ranking=accumulated", ",prompt_merge=on", ",prompt_scores=accumulated"}) {
       const size_t at = then.find(drop);
       if (at != std::string::npos) then.erase(at, std::strlen(drop));
     }
@@ -354,6 +358,43 @@ TEST_F(SessionFileTest, SpecsWrittenUnderThePapersDefaultsReadAsThePapersD2o) {
   // Any other spelling that is not canonical is still refused.
   const auto [today, good] = file_of("d2o:budget=32");
   auto d = decode(ctx, with_spec(good, today, " " + today));  // parses, but is not canonical
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("not canonical"), std::string::npos);
+}
+
+// A file written before the keys had readable names holds its spec in the old names: it is read
+// as the same policy in today's names (a paper-era one as the paper's D2O, as above).
+TEST_F(SessionFileTest, SpecsWrittenUnderTheOldKeyNamesReadAsTheSamePolicy) {
+  const SessionFileContext ctx = context(KvType::kF16);
+  struct Case {
+    const char* spec;
+    const char* written;  // its canonical form then
+  };
+  for (const Case& c :
+       {Case{"d2o:budget=32",
+             "d2o:budget=32,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=off,sim=key,ema=paper,"
+             "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,"
+             "prompt=window,window=32,kernel=21,pool=avg,pmerge=off,pscore=window"},
+        Case{"streaming:budget=32,positions=shifted", "streaming:budget=32,sinks=4,pos=shift"},
+        Case{"cam:budget=32,merge_targets=8", "cam:budget=32,sinks=4,mb=8,seed=0,agg=sum"},
+        Case{"d2o:reading=paper,budget=32",
+             "d2o:budget=32,sinks=4,nm=3:1,beta=0.7,layers=variance,merge=weighted,sim=key,"
+             "ema=paper,agg=sum,norm=none,mscore=sum,mrope=post,decide=head,protect=none,"
+             "mass=off"}}) {
+    SCOPED_TRACE(c.written);
+    const auto [today, good] = file_of(c.spec);
+    ASSERT_NE(today, c.written);
+    auto d = decode(ctx, with_spec(good, today, c.written));
+    ASSERT_TRUE(d.ok()) << d.status().message();
+    EXPECT_EQ(d->kv_spec, today);
+    auto now = decode(ctx, good);
+    ASSERT_TRUE(now.ok());
+    EXPECT_EQ(d->n_past, now->n_past);
+    EXPECT_EQ(d->tokens, now->tokens);
+  }
+  // Old names in a spec that was not canonical then either are still refused.
+  const auto [today, good] = file_of("h2o:budget=32");
+  auto d = decode(ctx, with_spec(good, today, "h2o:budget=32,nm=1:1"));
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("not canonical"), std::string::npos);
 }

@@ -6,7 +6,9 @@
 // Canonical form (spec()): the name, then ratio=... or budget=..., then the keys the preset
 // accepts in registry order (a key with a `shown` rule only where it says so or where it differs
 // from the preset's default; a key with an `applies` rule only where that holds), numbers in
-// their shortest round-trip form. Parsing it gives back an identical PolicyConfig.
+// their shortest round-trip form. Parsing it gives back an identical PolicyConfig. Keys are
+// printed by their readable names; their old names (nm=, mrope=post, ...) parse to the same
+// config (spec_keys.cpp, kOldSpellings).
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -22,6 +24,7 @@ namespace d2o {
 namespace {
 
 using spec_detail::bad_value;
+using spec_detail::current_word;
 using spec_detail::find_key;
 using spec_detail::fmt_f64;
 using spec_detail::int_key;
@@ -71,24 +74,24 @@ const std::vector<PresetDef>& presets() {
          c.selector = Selector::kSinkRecent;
          c.sinks = 4;
        },
-       {"sinks", "pos"}},
+       {"sinks", "positions"}},
       {"h2o",
        [](PolicyConfig& c) {
          c.selector = Selector::kHeavyRecent;
          c.sinks = 0;
          c.nm_n = c.nm_m = 1;
        },
-       {"sinks", "nm", "agg", "norm", "heads", "floor", "distinct", "prompt", "window", "kernel",
-        "pool", "pscore"}},
+       {"sinks", "heavy_recent", "agg", "norm", "heads", "floor", "distinct_share",
+        "prompt_ranking", "window", "kernel", "pool", "prompt_scores"}},
       {"snapkv",
        [](PolicyConfig& c) { c.selector = Selector::kSnapWindow; },
-       {"window", "kernel", "pool", "agg", "heads", "floor", "hold"}},
+       {"window", "kernel", "pool", "agg", "heads", "floor", "hold_budget"}},
       {"pyramidkv",
        [](PolicyConfig& c) {
          c.selector = Selector::kSnapWindow;
          c.layers = LayerRule::kPyramid;
        },
-       {"window", "kernel", "pool", "pbeta", "agg", "heads", "floor", "hold"}},
+       {"window", "kernel", "pool", "pyramid_beta", "agg", "heads", "floor", "hold_budget"}},
       {"roco",
        [](PolicyConfig& c) {
          c.selector = Selector::kHeavyRecent;
@@ -96,14 +99,15 @@ const std::vector<PresetDef>& presets() {
          c.nm_n = c.nm_m = 1;
          c.norm = ScoreNorm::kQueries;
        },
-       {"sinks", "nm", "agg", "heads", "floor", "prompt", "window", "kernel", "pool", "pscore"}},
+       {"sinks", "heavy_recent", "agg", "heads", "floor", "prompt_ranking", "window", "kernel",
+        "pool", "prompt_scores"}},
       {"cam",
        [](PolicyConfig& c) {
          c.selector = Selector::kSinkRecent;
          c.sinks = 4;
          c.merger = Merger::kCam;
        },
-       {"sinks", "mb", "seed", "agg"}},
+       {"sinks", "merge_targets", "seed", "agg"}},
       {"d2o",
        [](PolicyConfig& c) {
          paper_d2o(c);
@@ -111,8 +115,8 @@ const std::vector<PresetDef>& presets() {
          // budgets, a 1:1 heavy/recent split, mean attention as the score, and the prompt
          // compacted by its last queries' pooled attention (SnapKV's window, kernel 21, no
          // merges there), whose ranking the decode steps start from; evicted slots are dropped.
-         // merge=sized (with mass=on: merges that carry their sources' attention mass into
-         // size-weighted keys) gives E, which ties F on six of eight measures over both
+         // merge=sized (with proportional_attention=on: merges that carry their sources' attention
+         // mass into size-weighted keys) gives E, which ties F on six of eight measures over both
          // models (it wins SmolLM2's perplexity at capacity 1024 and loses Gemma 3's
          // RULER-style score) at 1.4-1.6 times F's policy time. reading=paper gives the
          // paper's keys.
@@ -126,9 +130,29 @@ const std::vector<PresetDef>& presets() {
          c.prompt_merge = false;
          c.pscore = PromptScore::kWindow;
        },
-       {"sinks",    "nm",     "beta",   "layers", "merge",   "sim",    "ema",   "agg",
-        "norm",     "mscore", "mrope",  "decide", "protect", "mass",   "heads", "floor",
-        "distinct", "prompt", "window", "kernel", "pool",    "pmerge", "pscore"}},
+       {"sinks",
+        "heavy_recent",
+        "beta",
+        "layers",
+        "merge",
+        "sim",
+        "ema",
+        "agg",
+        "norm",
+        "merged_score",
+        "merge_keys",
+        "merge_decision",
+        "keep_edge_layers",
+        "proportional_attention",
+        "heads",
+        "floor",
+        "distinct_share",
+        "prompt_ranking",
+        "window",
+        "kernel",
+        "pool",
+        "prompt_merge",
+        "prompt_scores"}},
       {"keydiff",
        [](PolicyConfig& c) {
          c.selector = Selector::kKeyDiff;
@@ -158,6 +182,158 @@ bool accepts(const PresetDef& p, std::string_view key) {
     if (key == k) return true;
   }
   return false;
+}
+
+// "k=v,k=v" cut at its commas, untrimmed.
+std::vector<std::string_view> split_items(std::string_view body) {
+  std::vector<std::string_view> out;
+  while (true) {
+    const size_t comma = body.find(',');
+    out.push_back(body.substr(0, comma));
+    if (comma == std::string_view::npos) return out;
+    body = body.substr(comma + 1);
+  }
+}
+
+// One key=value of a spec, in today's spelling: `key` is the registry's name of the key (the
+// given one for ratio, budget, reading and unknown keys), `given` as written (for messages), and
+// `value` with an old value word replaced by its word today.
+struct Item {
+  std::string_view key, given, value;
+};
+
+// The items of `body`, rejecting malformed items and keys given twice (under one name or both).
+Status read_items(const std::string& name, const PresetDef& preset, std::string_view body,
+                  std::vector<Item>& items) {
+  for (const std::string_view raw : split_items(body)) {
+    const std::string_view item = trim(raw);
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos || trim(item.substr(0, eq)).empty()) {
+      return invalid_argument("KV policy '" + name + "': expected key=value, got '" +
+                              std::string(item) + "' (keys: " + allowed_keys(preset) + ")");
+    }
+    Item it{trim(item.substr(0, eq)), trim(item.substr(0, eq)), trim(item.substr(eq + 1))};
+    if (const spec_detail::KeyDef* d = find_key(it.given)) {
+      it.key = d->name;
+      it.value = current_word(*d, it.value);
+    }
+    for (const Item& seen : items) {
+      if (seen.key != it.key) continue;
+      if (seen.given == it.given)
+        return invalid_argument("KV policy '" + name + "': key '" + std::string(it.given) +
+                                "' is given twice");
+      return invalid_argument("KV policy '" + name + "': '" + std::string(seen.given) + "' and '" +
+                              std::string(it.given) + "' are one key (" + std::string(it.key) +
+                              ", formerly " + find_key(it.key)->old_name + "): give it once");
+    }
+    items.push_back(it);
+  }
+  return {};
+}
+
+// A key the preset does not take: why, and what it takes.
+Status not_taken(const std::string& name, const PresetDef& preset, const Item& it) {
+  if (it.key == "heads" || it.key == "floor") {
+    return invalid_argument("KV policy '" + name + "' does not take " + std::string(it.key) +
+                            "=: per-head budgets share slots by attention score, which it does "
+                            "not rank by (heads=ada works with h2o, roco, snapkv, pyramidkv "
+                            "and d2o)");
+  }
+  // An old name the preset does not take either: say which key it is today.
+  const std::string today =
+      it.key == it.given ? "" : "the old name of '" + std::string(it.key) + "'; ";
+  return invalid_argument("KV policy '" + name + "': unknown key '" + std::string(it.given) +
+                          "' (" + today + "allowed: " + allowed_keys(preset) + ")");
+}
+
+bool has_key(const std::vector<Item>& items, std::string_view key) {
+  for (const Item& it : items) {
+    if (it.key == key) return true;
+  }
+  return false;
+}
+
+// Keys that exclude each other or apply only with others, once every key is read.
+Status check_combinations(const std::string& name, const std::vector<Item>& items,
+                          const PolicyConfig& c) {
+  // Where prompt_ranking=window comes from d2o's defaults, say how to leave it.
+  const bool prompt_chosen = has_key(items, "prompt_ranking") || has_key(items, "reading");
+  const std::string by_default = prompt_chosen
+                                     ? ""
+                                     : " (d2o compacts the prompt by its window by default: add "
+                                       "prompt_ranking=accumulated)";
+  for (const Item& it : items) {
+    if (c.selector == Selector::kHeavyRecent && c.prompt == PromptScore::kAccumulated &&
+        (it.key == "window" || it.key == "kernel" || it.key == "pool" ||
+         it.key == "prompt_scores")) {
+      return invalid_argument("KV policy '" + name + "': " + std::string(it.given) +
+                              "= applies only with prompt_ranking=window");
+    }
+  }
+  if (has_key(items, "floor") && c.heads != HeadRule::kAda)
+    return invalid_argument("KV policy '" + name + "': floor= applies only with heads=ada");
+  if (c.heads == HeadRule::kAda && c.distinct > 0.0) {
+    return invalid_argument("KV policy '" + name +
+                            "': distinct_share= applies with heads=uniform (heads=ada shares "
+                            "the places over the heads by attention score alone)");
+  }
+  if (c.distinct > 0.0 && c.prompt != PromptScore::kAccumulated) {
+    return invalid_argument("KV policy '" + name +
+                            "': prompt_ranking=window makes the prompt's compaction SnapKV's, "
+                            "which distinct_share= does not apply to; use one of them" +
+                            by_default);
+  }
+  if (c.heads == HeadRule::kAda && c.prompt != PromptScore::kAccumulated) {
+    return invalid_argument("KV policy '" + name +
+                            "': prompt_ranking=window applies with heads=uniform" + by_default);
+  }
+  if (c.heads == HeadRule::kAda && c.decide == MergeDecision::kToken) {
+    return invalid_argument("KV policy '" + name +
+                            "': heads=ada evicts different counts per head, which "
+                            "merge_decision=per_token (one decision per evicted index over the "
+                            "heads) cannot pair up; use merge_decision=per_head");
+  }
+  return {};
+}
+
+// budget=B below what the selector needs: the smallest usable budget and why.
+Status budget_too_small(const std::string& name, const PolicyConfig& c) {
+  const std::string why =
+      c.selector == Selector::kSnapWindow
+          ? "the observation window (window=" + std::to_string(c.window) + ")"
+      : c.selector == Selector::kSinkRecent
+          ? "sinks + 1 (sinks=" + std::to_string(c.sinks) + ", at least one recent slot)"
+      : c.selector == Selector::kKeyDiff
+          ? "sinks + recent (sinks=" + std::to_string(c.sinks) +
+                ", recent=" + std::to_string(c.recent) + "), at least 1"
+          : "sinks + " + std::to_string(PolicyConfig::kMinBody) +
+                " (sinks=" + std::to_string(c.sinks) + ", at least " +
+                std::to_string(PolicyConfig::kMinBody) + " heavy and recent slots)";
+  return invalid_argument("KV policy '" + name + "': budget=" + std::to_string(c.budget) +
+                          " is below the smallest usable budget " + std::to_string(c.min_budget()) +
+                          ", " + why);
+}
+
+// `spec` with every old key name and old value word (kOldSpellings) in today's spelling, the
+// rest, spaces included, as it is: a spec canonical under the old names becomes canonical.
+std::string respelled(std::string_view spec) {
+  const size_t colon = spec.find(':');
+  if (colon == std::string_view::npos) return std::string(spec);
+  std::string out(spec.substr(0, colon + 1));
+  bool first = true;
+  for (const std::string_view item : split_items(spec.substr(colon + 1))) {
+    if (!first) out += ',';
+    first = false;
+    const size_t eq = item.find('=');
+    const spec_detail::KeyDef* d =
+        eq == std::string_view::npos ? nullptr : find_key(item.substr(0, eq));
+    if (!d) {
+      out += item;
+      continue;
+    }
+    out += std::string(d->name) + "=" + std::string(current_word(*d, item.substr(eq + 1)));
+  }
+  return out;
 }
 
 }  // namespace
@@ -199,38 +375,17 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
   if (!preset)
     return invalid_argument("unknown KV policy '" + name + "' (allowed: " + preset_names() + ")");
 
-  // Split "k=v,k=v" into pairs, rejecting malformed items and repeated keys.
-  std::vector<std::pair<std::string_view, std::string_view>> items;
-  if (colon != std::string_view::npos) {
-    std::string_view rest = body;
-    while (true) {
-      const size_t comma = rest.find(',');
-      const std::string_view item = trim(rest.substr(0, comma));
-      const size_t eq = item.find('=');
-      if (eq == std::string_view::npos || trim(item.substr(0, eq)).empty()) {
-        return invalid_argument("KV policy '" + name + "': expected key=value, got '" +
-                                std::string(item) + "' (keys: " + allowed_keys(*preset) + ")");
-      }
-      const std::string_view key = trim(item.substr(0, eq)), value = trim(item.substr(eq + 1));
-      for (const auto& kv : items) {
-        if (kv.first == key)
-          return invalid_argument("KV policy '" + name + "': key '" + std::string(key) +
-                                  "' is given twice");
-      }
-      items.emplace_back(key, value);
-      if (comma == std::string_view::npos) break;
-      rest = rest.substr(comma + 1);
-    }
-  }
+  std::vector<Item> items;
+  if (colon != std::string_view::npos) D2O_RETURN_IF_ERROR(read_items(name, *preset, body, items));
 
   PolicyConfig c;
   c.name = name;
   preset->defaults(c);
   // A reading of D2O is a set of defaults: apply it before the explicit keys.
-  for (const auto& [key, value] : items) {
-    if (key != "reading" || name != "d2o") continue;
+  for (const Item& it : items) {
+    if (it.key != "reading" || name != "d2o") continue;
     int i = 0;
-    D2O_RETURN_IF_ERROR(word_key(name, key, value, kReadingWords, &i));
+    D2O_RETURN_IF_ERROR(word_key(name, it.key, it.value, kReadingWords, &i));
     paper_d2o(c);
     if (i == 1) {
       c.layers = LayerRule::kResearch;
@@ -241,99 +396,37 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
     }
   }
   bool has_ratio = false, has_budget = false;
-  for (const auto& [key, value] : items) {
-    if (key == "reading" && name == "d2o") continue;
-    if (key == "ratio") {
+  for (const Item& it : items) {
+    if (it.key == "reading" && name == "d2o") continue;
+    if (it.key == "ratio") {
       double x = 0;
-      if (!parse_f64(value, &x) || !(x > 0.0 && x <= 1.0))
-        return bad_value(name, key, value, "ratio must be in (0, 1]");
+      if (!parse_f64(it.value, &x) || !(x > 0.0 && x <= 1.0))
+        return bad_value(name, it.key, it.value, "ratio must be in (0, 1]");
       c.ratio = x;
       has_ratio = true;
       continue;
     }
-    if (key == "budget") {
+    if (it.key == "budget") {
       int64_t x = 0;
-      D2O_RETURN_IF_ERROR(int_key(name, key, value, 1, kMaxInt / 4, &x));
+      D2O_RETURN_IF_ERROR(int_key(name, it.key, it.value, 1, kMaxInt / 4, &x));
       c.budget = x;
       has_budget = true;
       continue;
     }
-    if (!accepts(*preset, key) && (key == "heads" || key == "floor")) {
-      return invalid_argument("KV policy '" + name + "' does not take " + std::string(key) +
-                              "=: per-head budgets share slots by attention score, which it does "
-                              "not rank by (heads=ada works with h2o, roco, snapkv, pyramidkv "
-                              "and d2o)");
-    }
-    if (!accepts(*preset, key)) {
-      return invalid_argument("KV policy '" + name + "': unknown key '" + std::string(key) +
-                              "' (allowed: " + allowed_keys(*preset) + ")");
-    }
-    D2O_RETURN_IF_ERROR(find_key(key)->parse(key, value, c));
+    if (!accepts(*preset, it.key)) return not_taken(name, *preset, it);
+    D2O_RETURN_IF_ERROR(find_key(it.key)->parse(it.given, it.value, c));
   }
-  bool has_floor = false, prompt_chosen = false;  // (prompt= given, or set by a reading)
-  for (const auto& kv : items) {
-    has_floor = has_floor || kv.first == "floor";
-    prompt_chosen = prompt_chosen || kv.first == "prompt" || kv.first == "reading";
-  }
-  // Where prompt=window comes from d2o's defaults, say how to leave it.
-  const std::string by_default =
-      prompt_chosen ? "" : " (d2o compacts the prompt by its window by default: add prompt=acc)";
-  for (const auto& kv : items) {
-    if (c.selector == Selector::kHeavyRecent && c.prompt == PromptScore::kAccumulated &&
-        (kv.first == "window" || kv.first == "kernel" || kv.first == "pool" ||
-         kv.first == "pscore")) {
-      return invalid_argument("KV policy '" + name + "': " + std::string(kv.first) +
-                              "= applies only with prompt=window");
-    }
-  }
-  if (has_floor && c.heads != HeadRule::kAda)
-    return invalid_argument("KV policy '" + name + "': floor= applies only with heads=ada");
-  if (c.heads == HeadRule::kAda && c.distinct > 0.0) {
-    return invalid_argument("KV policy '" + name +
-                            "': distinct= applies with heads=uniform (heads=ada shares the "
-                            "places over the heads by attention score alone)");
-  }
-  if (c.distinct > 0.0 && c.prompt != PromptScore::kAccumulated) {
-    return invalid_argument("KV policy '" + name +
-                            "': prompt=window makes the prompt's compaction SnapKV's, which "
-                            "distinct= does not apply to; use one of them" +
-                            by_default);
-  }
-  if (c.heads == HeadRule::kAda && c.prompt != PromptScore::kAccumulated) {
-    return invalid_argument("KV policy '" + name + "': prompt=window applies with heads=uniform" +
-                            by_default);
-  }
-  if (c.heads == HeadRule::kAda && c.decide == MergeDecision::kToken) {
-    return invalid_argument("KV policy '" + name +
-                            "': heads=ada evicts different counts per "
-                            "head, which decide=token (one decision per evicted index over the "
-                            "heads) cannot pair up; use decide=head");
-  }
+  D2O_RETURN_IF_ERROR(check_combinations(name, items, c));
   if (has_ratio && has_budget) {
     return invalid_argument("KV policy '" + name + "': give either ratio= or budget=, not both");
   }
   if (has_budget) {
     c.mode = BudgetMode::kBudget;
     c.ratio = 0.2;  // unused in budget mode; fixed so that equal specs give equal configs
-    if (c.budget < c.min_budget()) {
-      const std::string why =
-          c.selector == Selector::kSnapWindow
-              ? "the observation window (window=" + std::to_string(c.window) + ")"
-          : c.selector == Selector::kSinkRecent
-              ? "sinks + 1 (sinks=" + std::to_string(c.sinks) + ", at least one recent slot)"
-          : c.selector == Selector::kKeyDiff
-              ? "sinks + recent (sinks=" + std::to_string(c.sinks) +
-                    ", recent=" + std::to_string(c.recent) + "), at least 1"
-              : "sinks + " + std::to_string(PolicyConfig::kMinBody) +
-                    " (sinks=" + std::to_string(c.sinks) + ", at least " +
-                    std::to_string(PolicyConfig::kMinBody) + " heavy and recent slots)";
-      return invalid_argument("KV policy '" + name + "': budget=" + std::to_string(c.budget) +
-                              " is below the smallest usable budget " +
-                              std::to_string(c.min_budget()) + ", " + why);
-    }
+    if (c.budget < c.min_budget()) return budget_too_small(name, c);
   }
   // Keys that do not apply take their plain values, so that equal canonical specs give equal
-  // configs (d2o:prompt=acc drops the window keys of d2o's defaults).
+  // configs (d2o:prompt_ranking=accumulated drops the window keys of d2o's defaults).
   if (c.selector == Selector::kHeavyRecent && c.prompt == PromptScore::kAccumulated) {
     const PolicyConfig plain;
     c.window = plain.window;
@@ -341,15 +434,18 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
     c.pool = plain.pool;
     c.pscore = plain.pscore;
   }
-  // hold takes its plain value where budget mode implies it (PolicyConfig::compacts_after_first).
+  // hold_budget takes its plain value where budget mode implies it
+  // (PolicyConfig::compacts_after_first).
   if (c.mode == BudgetMode::kBudget) c.hold = false;
   return std::unique_ptr<KvPolicy>(new ComposedPolicy(std::move(c)));
 }
 
-std::string paper_era_d2o_spec(const std::string& spec) {
+std::string paper_era_d2o_spec(const std::string& recorded) {
   // Canonical d2o specs written while the defaults were the paper's omit the keys that now
   // differ from E's defaults wherever they had the paper's value: read with reading=paper, the
-  // spec must print as it was written once those keys are left out again.
+  // spec must print as it was written once those keys are left out again. Those specs predate
+  // the readable key names: compare them in today's.
+  const std::string spec = respelled(recorded);
   if (spec.rfind("d2o:", 0) != 0 || spec.find("reading=") != std::string::npos) return "";
   auto today = parse_kv_policy(spec);
   if (today.ok() && (*today)->spec() == spec) return "";  // today's canonical form
@@ -357,15 +453,19 @@ std::string paper_era_d2o_spec(const std::string& spec) {
   if (!p.ok()) return "";
   const std::string now = (*p)->spec();
   std::string then;
-  size_t at = 0;
-  while (at <= now.size()) {
-    const size_t comma = std::min(now.find(',', at), now.size());
-    const std::string item = now.substr(at, comma - at);
-    if (item != "prompt=acc" && item != "pmerge=on" && item != "pscore=acc")
-      then += (then.empty() ? "" : ",") + item;
-    at = comma + 1;
+  for (const std::string_view item : split_items(now)) {
+    if (item != "prompt_ranking=accumulated" && item != "prompt_merge=on" &&
+        item != "prompt_scores=accumulated")
+      then += (then.empty() ? "" : ",") + std::string(item);
   }
   return then == spec ? now : "";
+}
+
+std::string recorded_spec_today(const std::string& recorded) {
+  const std::string spec = respelled(recorded);
+  auto p = parse_kv_policy(spec);
+  if (p.ok() && (*p)->spec() == spec) return spec;
+  return paper_era_d2o_spec(recorded);
 }
 
 }  // namespace d2o

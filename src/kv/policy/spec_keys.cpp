@@ -92,34 +92,61 @@ Status share_key(const std::string& policy, std::string_view key, std::string_vi
 const std::vector<const char*> kAggWords = {"sum", "mean", "max"};
 const std::vector<const char*> kNormWords = {"none", "queries"};
 const std::vector<const char*> kPoolWords = {"max", "avg"};
-const std::vector<const char*> kPromptWords = {"acc", "window"};
-const std::vector<const char*> kPosWords = {"original", "shift"};
+const std::vector<const char*> kPromptWords = {"accumulated", "window"};
+const std::vector<const char*> kPositionsWords = {"original", "shifted"};
 const std::vector<const char*> kLayerWords = {"uniform", "variance", "reciprocal",
                                               "exp",     "pyramid",  "research"};
 const std::vector<const char*> kMergeWords = {"off", "weighted", "average", "research", "sized"};
 const std::vector<const char*> kSimWords = {"key", "value", "kv"};
 const std::vector<const char*> kEmaWords = {"paper", "research"};
-const std::vector<const char*> kMscoreWords = {"sum", "keep", "mean", "max"};
-const std::vector<const char*> kMropeWords = {"post", "pre"};
-const std::vector<const char*> kDecideWords = {"head", "token"};
-const std::vector<const char*> kProtectWords = {"none", "edges"};
+const std::vector<const char*> kMergedScoreWords = {"sum", "keep", "mean", "max"};
+const std::vector<const char*> kMergeKeysWords = {"rotated", "unrotated"};
+const std::vector<const char*> kDecisionWords = {"per_head", "per_token"};
 const std::vector<const char*> kOnOffWords = {"off", "on"};
 const std::vector<const char*> kHeadsWords = {"uniform", "ada"};
+
+// The spellings of before the keys were given readable names: each renamed key's old name and,
+// where its values were renamed too, its old value words, index for index with its words (null:
+// unchanged). Accepted for good, since reports, session files and scripts hold them.
+struct OldSpelling {
+  const char* old_name;
+  const char* name;
+  std::vector<const char*> old_words;
+};
+const std::vector<OldSpelling> kOldSpellings = {
+    {"nm", "heavy_recent", {}},
+    {"mscore", "merged_score", {}},
+    {"mrope", "merge_keys", {"post", "pre"}},
+    {"decide", "merge_decision", {"head", "token"}},
+    {"protect", "keep_edge_layers", {"none", "edges"}},
+    {"mass", "proportional_attention", {}},
+    {"pbeta", "pyramid_beta", {}},
+    {"pos", "positions", {nullptr, "shift"}},
+    {"mb", "merge_targets", {}},
+    {"distinct", "distinct_share", {}},
+    {"pmerge", "prompt_merge", {}},
+    {"prompt", "prompt_ranking", {"acc", nullptr}},
+    {"pscore", "prompt_scores", {"acc", nullptr}},
+    {"hold", "hold_budget", {}},
+};
 
 constexpr int kMaxInt = std::numeric_limits<int>::max();
 
 // A key whose value is one of `Words`, stored as its index in the enum (or bool) `Member`.
 template <auto Member, const std::vector<const char*>& Words>
 KeyDef word_def(const char* name, ShownFn shown = nullptr, ShownFn applies = nullptr) {
-  return {name,
-          [](std::string_view key, std::string_view v, PolicyConfig& c) {
-            int i = 0;
-            D2O_RETURN_IF_ERROR(word_key(c.name, key, v, Words, &i));
-            c.*Member = static_cast<std::remove_reference_t<decltype(c.*Member)>>(i);
-            return Status();
-          },
-          [](const PolicyConfig& c) { return std::string(Words[static_cast<size_t>(c.*Member)]); },
-          shown, applies};
+  KeyDef d = {
+      name,
+      [](std::string_view key, std::string_view v, PolicyConfig& c) {
+        int i = 0;
+        D2O_RETURN_IF_ERROR(word_key(c.name, key, v, Words, &i));
+        c.*Member = static_cast<std::remove_reference_t<decltype(c.*Member)>>(i);
+        return Status();
+      },
+      [](const PolicyConfig& c) { return std::string(Words[static_cast<size_t>(c.*Member)]); },
+      shown, applies};
+  d.words = &Words;
+  return d;
 }
 
 // An integer key within [lo, hi] stored in the int `Member`.
@@ -135,8 +162,8 @@ KeyDef int_def(const char* name, ShownFn shown = nullptr, ShownFn applies = null
           [](const PolicyConfig& c) { return std::to_string(c.*Member); }, shown, applies};
 }
 
-// SnapKV's window keys (and pscore=): always for its selector, for the heavy-hitter ones with
-// prompt=window.
+// SnapKV's window keys (and prompt_scores=): always for its selector, for the heavy-hitter ones
+// with prompt_ranking=window.
 bool window_shown(const PolicyConfig& c) {
   return c.needs_window();
 }
@@ -147,10 +174,24 @@ bool ada_shown(const PolicyConfig& c) {
   return c.heads != HeadRule::kUniform;
 }
 
+// `defs` with their old spellings (kOldSpellings) filled in.
+std::vector<KeyDef> with_old_spellings(std::vector<KeyDef> defs) {
+  for (const OldSpelling& o : kOldSpellings) {
+    for (KeyDef& d : defs) {
+      if (std::string_view(d.name) != o.name) continue;
+      d.old_name = o.old_name;
+      if (!o.old_words.empty()) d.old_words = &o.old_words;
+    }
+  }
+  return defs;
+}
+
+}  // namespace
+
 const std::vector<KeyDef>& key_defs() {
-  static const std::vector<KeyDef> defs = {
+  static const std::vector<KeyDef> defs = with_old_spellings({
       int_def<&PolicyConfig::sinks, 0, 1 << 20>("sinks"),
-      {"nm",
+      {"heavy_recent",
        [](std::string_view key, std::string_view v, PolicyConfig& c) {
          const size_t colon = v.find(':');
          int64_t a = 0, b = 0;
@@ -177,11 +218,11 @@ const std::vector<KeyDef>& key_defs() {
       word_def<&PolicyConfig::merge, kMergeWords>("merge"),
       word_def<&PolicyConfig::sim, kSimWords>("sim"),
       word_def<&PolicyConfig::ema, kEmaWords>("ema"),
-      word_def<&PolicyConfig::mscore, kMscoreWords>("mscore"),
-      word_def<&PolicyConfig::mspace, kMropeWords>("mrope"),
-      word_def<&PolicyConfig::decide, kDecideWords>("decide"),
-      word_def<&PolicyConfig::protect, kProtectWords>("protect"),
-      word_def<&PolicyConfig::mass, kOnOffWords>("mass"),
+      word_def<&PolicyConfig::mscore, kMergedScoreWords>("merged_score"),
+      word_def<&PolicyConfig::mspace, kMergeKeysWords>("merge_keys"),
+      word_def<&PolicyConfig::decide, kDecisionWords>("merge_decision"),
+      word_def<&PolicyConfig::protect, kOnOffWords>("keep_edge_layers"),
+      word_def<&PolicyConfig::mass, kOnOffWords>("proportional_attention"),
       int_def<&PolicyConfig::window, 1, 1 << 20>("window", nullptr, window_shown),
       {"kernel",
        [](std::string_view key, std::string_view v, PolicyConfig& c) {
@@ -194,7 +235,7 @@ const std::vector<KeyDef>& key_defs() {
        },
        [](const PolicyConfig& c) { return std::to_string(c.kernel); }, nullptr, window_shown},
       word_def<&PolicyConfig::pool, kPoolWords>("pool", nullptr, window_shown),
-      {"pbeta",
+      {"pyramid_beta",
        [](std::string_view key, std::string_view v, PolicyConfig& c) {
          double x = 0;
          if (!parse_f64(v, &x) || !(x >= 1.0 && x <= 1e6))
@@ -203,8 +244,8 @@ const std::vector<KeyDef>& key_defs() {
          return Status();
        },
        [](const PolicyConfig& c) { return fmt_f64(c.pbeta); }},
-      word_def<&PolicyConfig::pos, kPosWords>("pos"),
-      {"mb",
+      word_def<&PolicyConfig::pos, kPositionsWords>("positions"),
+      {"merge_targets",
        [](std::string_view key, std::string_view v, PolicyConfig& c) {
          if (v == "recent") {
            c.cam_targets = 0;
@@ -237,33 +278,42 @@ const std::vector<KeyDef>& key_defs() {
          return share_key(c.name, key, v, &c.floor);
        },
        [](const PolicyConfig& c) { return fmt_f64(c.floor); }, ada_shown},
-      {"distinct",
+      {"distinct_share",
        [](std::string_view key, std::string_view v, PolicyConfig& c) {
          return share_key(c.name, key, v, &c.distinct);
        },
        [](const PolicyConfig& c) { return fmt_f64(c.distinct); },
        [](const PolicyConfig& c) { return c.distinct != 0.0; }},
       word_def<&PolicyConfig::prompt_merge, kOnOffWords>(
-          "pmerge", [](const PolicyConfig& c) { return !c.prompt_merge; }),
+          "prompt_merge", [](const PolicyConfig& c) { return !c.prompt_merge; }),
       word_def<&PolicyConfig::prompt, kPromptWords>(
-          "prompt", [](const PolicyConfig& c) { return c.prompt != PromptScore::kAccumulated; }),
+          "prompt_ranking",
+          [](const PolicyConfig& c) { return c.prompt != PromptScore::kAccumulated; }),
       word_def<&PolicyConfig::pscore, kPromptWords>(
-          "pscore", [](const PolicyConfig& c) { return c.pscore != PromptScore::kAccumulated; },
+          "prompt_scores",
+          [](const PolicyConfig& c) { return c.pscore != PromptScore::kAccumulated; },
           window_shown),
       word_def<&PolicyConfig::hold, kOnOffWords>(
-          "hold", [](const PolicyConfig& c) { return c.hold; },
+          "hold_budget", [](const PolicyConfig& c) { return c.hold; },
           [](const PolicyConfig& c) { return c.mode == BudgetMode::kRatio; }),
-  };
+  });
   return defs;
 }
 
-}  // namespace
-
 const KeyDef* find_key(std::string_view name) {
   for (const KeyDef& k : key_defs()) {
-    if (name == k.name) return &k;
+    if (name == k.name || (k.old_name && name == k.old_name)) return &k;
   }
   return nullptr;
+}
+
+std::string_view current_word(const KeyDef& d, std::string_view v) {
+  if (!d.old_words) return v;
+  for (size_t i = 0; i < d.old_words->size(); ++i) {
+    const char* old = (*d.old_words)[i];
+    if (old && v == old) return (*d.words)[i];
+  }
+  return v;
 }
 
 }  // namespace d2o::spec_detail

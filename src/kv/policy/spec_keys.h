@@ -34,7 +34,7 @@ using PrintFn = std::string (*)(const PolicyConfig& c);
 using ShownFn = bool (*)(const PolicyConfig& c);
 
 struct KeyDef {
-  const char* name;
+  const char* name;  // canonical, printed by spec()
   ParseFn parse;
   PrintFn print;
   // Non-null: the canonical form shows the key when this says so (keys added after specs were
@@ -42,11 +42,25 @@ struct KeyDef {
   // differs from the preset's default (so that the form parses back to the same config).
   ShownFn shown = nullptr;
   // Non-null: the key means something only when this says so (SnapKV's window keys, for the
-  // heavy-hitter policies only with prompt=window); otherwise it is never shown.
+  // heavy-hitter policies only with prompt_ranking=window); otherwise it is never shown.
   ShownFn applies = nullptr;
+  // The spellings of before the keys were given readable names, accepted for good since reports,
+  // session files and scripts hold them: the key's old name (null: it kept its name), and for a
+  // word key its value words (`words`, what it prints) with their old words index for index
+  // (`old_words`, null entries for words that kept their spelling).
+  const char* old_name = nullptr;
+  const std::vector<const char*>* words = nullptr;
+  const std::vector<const char*>* old_words = nullptr;
 };
 
-// The key called `name`, or null.
+// Every key, in registry order (tests and the reference table walk them).
+const std::vector<KeyDef>& key_defs();
+
+// The key called `name`, by its canonical or its old name, or null.
 const KeyDef* find_key(std::string_view name);
+
+// `v` in today's spelling: an old value word of `d` becomes the word it stands for; any other
+// value is returned as it is.
+std::string_view current_word(const KeyDef& d, std::string_view v);
 
 }  // namespace d2o::spec_detail
