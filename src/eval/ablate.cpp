@@ -23,8 +23,8 @@ const std::vector<AblationVariant>& d2o_ablation_variants() {
       {"similarity", "value", "sim=value"},
       {"similarity", "key+value", "sim=kv"},
       {"N:M", "3:1 (paper)", ""},
-      {"N:M", "1:1", "nm=1:1"},
-      {"N:M", "1:3", "nm=1:3"},
+      {"N:M", "1:1", "heavy_recent=1:1"},
+      {"N:M", "1:3", "heavy_recent=1:3"},
       {"beta", "0.5", "beta=0.5"},
       {"beta", "0.7 (paper)", ""},
       {"beta", "0.9", "beta=0.9"},
@@ -33,22 +33,22 @@ const std::vector<AblationVariant>& d2o_ablation_variants() {
       // Diagnosis: each piece in which readings differ, alone, then the baselines and the
       // combinations the pieces suggest. The paper makes no claim on these.
       {"merged score", "sum (default)", ""},
-      {"merged score", "keep", "mscore=keep"},
-      {"merged score", "mean", "mscore=mean"},
-      {"merged score", "max", "mscore=max"},
+      {"merged score", "keep", "merged_score=keep"},
+      {"merged score", "mean", "merged_score=mean"},
+      {"merged score", "max", "merged_score=max"},
       {"merge space", "after RoPE (paper)", ""},
-      {"merge space", "before RoPE", "mrope=pre"},
+      {"merge space", "before RoPE", "merge_keys=unrotated"},
       {"merge decision", "per head (paper)", ""},
-      {"merge decision", "per token (research code)", "decide=token"},
+      {"merge decision", "per token (research code)", "merge_decision=per_token"},
       {"query heads", "sum (paper)", ""},
       {"query heads", "max (union)", "agg=max"},
       {"query heads", "mean", "agg=mean"},
       {"protected layers", "none (paper)", ""},
-      {"protected layers", "0, 1, L-1 (charged)", "protect=edges"},
+      {"protected layers", "0, 1, L-1 (charged)", "keep_edge_layers=on"},
       {"merge mass", "one token (paper)", ""},
-      {"merge mass", "proportional attention", "mass=on"},
+      {"merge mass", "proportional attention", "proportional_attention=on"},
       {"merge mass", "size-weighted merge", "merge=sized"},
-      {"merge mass", "both", "mass=on,merge=sized"},
+      {"merge mass", "both", "proportional_attention=on,merge=sized"},
       {"heavy-hitter score", "accumulated attention (paper)", ""},
       {"heavy-hitter score", "mean attention (RoCo)", "norm=queries"},
       {"baselines", "d2o (paper)", ""},
@@ -57,15 +57,18 @@ const std::vector<AblationVariant>& d2o_ablation_variants() {
       {"baselines", "snapkv", "@snapkv"},
       {"baselines", "roco", "@roco"},
       {"combinations", "d2o (paper)", ""},
-      {"combinations", "eviction only, uniform, 1:1", "merge=off,layers=uniform,nm=1:1"},
-      {"combinations", "mass, sized, uniform", "mass=on,merge=sized,layers=uniform"},
+      {"combinations", "eviction only, uniform, 1:1", "merge=off,layers=uniform,heavy_recent=1:1"},
+      {"combinations", "mass, sized, uniform",
+       "proportional_attention=on,merge=sized,layers=uniform"},
       {"combinations", "mass, sized, uniform, pre-RoPE",
-       "mass=on,merge=sized,layers=uniform,mrope=pre"},
-      {"combinations", "mass, sized, uniform, 1:1", "mass=on,merge=sized,layers=uniform,nm=1:1"},
+       "proportional_attention=on,merge=sized,layers=uniform,merge_keys=unrotated"},
+      {"combinations", "mass, sized, uniform, 1:1",
+       "proportional_attention=on,merge=sized,layers=uniform,heavy_recent=1:1"},
       {"combinations", "mass, sized, pre-RoPE, uniform, 1:1",
-       "mass=on,merge=sized,mrope=pre,layers=uniform,nm=1:1"},
+       "proportional_attention=on,merge=sized,merge_keys=unrotated,layers=uniform,"
+       "heavy_recent=1:1"},
       {"combinations", "mass, sized, uniform, 1:1, mean attention",
-       "mass=on,merge=sized,layers=uniform,nm=1:1,norm=queries"},
+       "proportional_attention=on,merge=sized,layers=uniform,heavy_recent=1:1,norm=queries"},
   };
   return kVariants;
 }
@@ -126,7 +129,7 @@ Result<AblationPlan> plan_ablation(double rho) {
     }
     plan.variant_case.push_back(found);
   }
-  // beta=0.7 and nm=3:1 are the defaults: their rows map to the default case above.
+  // beta=0.7 and heavy_recent=3:1 are the defaults: their rows map to the default case above.
   return plan;
 }
 

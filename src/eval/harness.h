@@ -19,7 +19,7 @@ namespace d2o::eval {
 // One policy as the harness runs it: a label for tables and legends, the canonical spec, and
 // the parsed policy (shared by every sequence that uses it).
 struct PolicyUnderTest {
-  std::string label;  // "d2o", "h2o", "d2o nm=1:1", ...
+  std::string label;  // "d2o", "h2o", "d2o heavy_recent=1:1", ...
   std::string spec;   // canonical, from KvPolicy::spec()
   std::shared_ptr<const KvPolicy> policy;
   // Its own KV storage type (equal-bytes comparisons); none: the run's. Used by ruler; fidelity
@@ -33,8 +33,8 @@ Result<PolicyUnderTest> make_policy(const std::string& spec, const std::string& 
 // True when the spec sets ratio= or budget= itself.
 bool spec_has_compression(const std::string& spec);
 
-// Appends key=value to a base spec ("d2o" -> "d2o:budget=256", "d2o:nm=1:1" ->
-// "d2o:nm=1:1,budget=256"). Errors when the base spec already sets ratio= or budget= (the
+// Appends key=value to a base spec ("d2o" -> "d2o:budget=256", "d2o:heavy_recent=1:1" ->
+// "d2o:heavy_recent=1:1,budget=256"). Errors when the base spec already sets ratio= or budget= (the
 // protocol sets the compression itself) or is "full" (which takes no keys).
 Result<std::string> spec_with_compression(const std::string& base, const std::string& key_value);
 

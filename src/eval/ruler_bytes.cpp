@@ -55,8 +55,8 @@ Result<std::string> ruler_bytes_section(const RulerResult& r, const RulerParams&
       "value rows fit `" +
       p.compression +
       "` (quantized rows with their block scales; to the nearest slot, as a ratio) and holds "
-      "them while it answers (SnapKV and PyramidKV with `hold=on`). KV bytes: slots kept right "
-      "after the prompt's compaction, as a share of a full F16 cache's bytes for the prompt. "
+      "them while it answers (SnapKV and PyramidKV with `hold_budget=on`). KV bytes: slots kept "
+      "right after the prompt's compaction, as a share of a full F16 cache's bytes for the prompt. "
       "Scores pooled over tasks and lengths, ± one standard error over trials; "
       "the difference to the best combination of eviction and quantization is paired by "
       "trial; a single method (eviction alone, or a full cache in a quantized type) counts as "

@@ -15,8 +15,8 @@ namespace d2o::eval {
 
 namespace {
 
-// A policy that renumbers kept positions (streaming:pos=shift), which then stay inside the
-// trained context.
+// A policy that renumbers kept positions (streaming:positions=shifted), which then stay inside
+// the trained context.
 bool shifts_positions(const KvPolicy& p) {
   const auto* c = dynamic_cast<const ComposedPolicy*>(&p);
   return c && c->config().pos == PosMode::kShift;
@@ -76,8 +76,8 @@ Result<StreamPplResult> run_stream_ppl(Engine& engine, std::span<const TokenId> 
           " positions (its scores there would measure RoPE "
           "extrapolation, not the cache): cut the text with --tokens " +
           std::to_string(p.n_ctx_train) +
-          " or fewer, or leave full out of the policies (note that only streaming:pos=shift keeps "
-          "positions "
+          " or fewer, or leave full out of the policies (note that only "
+          "streaming:positions=shifted keeps positions "
           "inside the trained context; every other policy keeps original positions)");
     }
     for (const PolicyUnderTest& t : pols) {

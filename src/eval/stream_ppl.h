@@ -9,10 +9,10 @@
 // batch: the weights are read once per step for all of them, and the numbers are the same as
 // running each alone (the matmul does not depend on how rows are grouped; tested).
 //
-// Positions: with `pos=original` (every policy but streaming:pos=shift), a token keeps its
-// absolute position, so a text longer than the model's trained context puts the full cache (and
-// the compressed policies) at positions the model never saw. That is an error for the full
-// cache (cut the text with n_tokens); the compressed policies get a warning.
+// Positions: with `positions=original` (every policy but streaming:positions=shifted), a token
+// keeps its absolute position, so a text longer than the model's trained context puts the full
+// cache (and the compressed policies) at positions the model never saw. That is an error for the
+// full cache (cut the text with n_tokens); the compressed policies get a warning.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +29,8 @@
 namespace d2o::eval {
 
 struct StreamPplParams {
-  // Policies as base specs without ratio=/budget= ("streaming", "h2o", "d2o:nm=1:1"); "full"
-  // is the reference (run once, whatever the capacities).
+  // Policies as base specs without ratio=/budget= ("streaming", "h2o", "d2o:heavy_recent=1:1");
+  // "full" is the reference (run once, whatever the capacities).
   std::vector<std::string> policies;
   std::vector<int> capacities;  // budget=B for each compressed policy
   int64_t n_tokens = 0;         // tokens fed from the start of the text (> 1)

@@ -4,7 +4,7 @@
 //  - before: the question is part of the prompt that gets compressed (RULER's and LongBench's
 //    protocol): one user message holds the context and the question, and the policy compacts
 //    the whole prompt, so a policy that ranks slots by the prompt's last queries (SnapKV's
-//    observation window, d2o's prompt=window) ranks them by the question's attention.
+//    observation window, d2o's prompt_ranking=window) ranks them by the question's attention.
 //  - after: the context is a turn of its own and is compressed at its end, before the question
 //    is known; the question comes as the next turn of the same sequence. This is what a server
 //    session does: its first request holds the document and ends with the assistant's turn open

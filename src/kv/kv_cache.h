@@ -381,8 +381,8 @@ class KvCache {
   void replace_value(int il, int h, int j, const float* row);
 
   // While planning layer il: slots [first, first + count) of head h get the accumulated scores
-  // `scores` (prompt=window with pscore=window), before the plan's merges combine them. Layers
-  // are independent, and so are heads.
+  // `scores` (prompt_ranking=window with prompt_scores=window), before the plan's merges combine
+  // them. Layers are independent, and so are heads.
   void replace_scores(int il, int h, int first, int count, const float* scores);
 
   // Sliding-window layer il, before a pass of n_tok tokens is appended: drops the oldest slots

@@ -83,7 +83,7 @@ void KvCache::apply(int il, const CompactionPlan& plan, ThreadPool* pool) {
       D2O_ASSERT(m.src >= 0 && m.src < L.n_slot(head));
       // F16 rows go into the sums as they are converted (the same products and sums as
       // add_scaled of the converted row); a key rotated to the kept slot's position first
-      // (mrope=pre), and other storage types, through a converted row.
+      // (merge_keys=unrotated), and other storage types, through a converted row.
       const bool rotate = plan.rope && m.src != dst;
       if (L.type_.k == KvElemType::kF16 && !rotate) {
         fp16_axpy_row(acc_k_.data(), L.key_row(head, m.src), m.w, hd);

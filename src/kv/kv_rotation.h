@@ -9,7 +9,8 @@
 // value rows. Attention weights, scores and statistics are therefore those of plain storage up to
 // rounding. Policies see rotated rows: dot products, norms and cosine similarities are invariant
 // and merges are weighted sums (linear), so they work unchanged; applying RoPE to a stored key
-// (StreamingLLM's pos=shift, D2O's mrope=pre) does not commute with the rotation and is refused.
+// (StreamingLLM's positions=shifted, D2O's merge_keys=unrotated) does not commute with the rotation
+// and is refused.
 //
 // Block sizes: keys use the largest power of two dividing the head size (64 for 64, 128 for 128,
 // 256 for 256), values 64, as llama.cpp does for its quantised caches; the head size must be a

@@ -363,8 +363,9 @@ TEST(KvRotation, PoliciesThatReRotateKeysRefuseRotatedKeys) {
     Sequence bad(model->hparams(), *parse_kv_type("q4_0r"), pol);
     const Status st = feed(engine, bad, toks, &l);
     ASSERT_FALSE(st.ok());
-    EXPECT_NE(st.message().find(std::string(spec).find("pos") != std::string::npos ? "pos=shift"
-                                                                                   : "mrope=pre"),
+    EXPECT_NE(st.message().find(std::string(spec).find("pos") != std::string::npos
+                                    ? "positions=shifted"
+                                    : "merge_keys=unrotated"),
               std::string::npos)
         << st.message();
     EXPECT_NE(st.message().find("q4_0r"), std::string::npos) << st.message();

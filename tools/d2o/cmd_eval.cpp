@@ -76,10 +76,10 @@ void add_eval_common_options(CLI::App* app, EvalCommonOptions& o, const std::str
   app->add_option("-f,--file", o.text, text_help);
   app->add_option("-o,--out", o.out_dir, "Output directory for the report (JSON, Markdown, SVG)");
   app->add_option("--name", o.name, "File name stem of the report (default: the protocol name)");
-  app->add_option("--policies", o.policies,
-                  "Policies to compare, ';'-separated base specs (e.g. \"full;h2o;d2o:nm=1:1\"); "
-                  "the protocol adds "
-                  "ratio= or budget= itself");
+  app->add_option(
+      "--policies", o.policies,
+      "Policies to compare, ';'-separated base specs (e.g. \"full;h2o;d2o:heavy_recent=1:1\"); "
+      "the protocol adds ratio= or budget= itself");
   app->add_option("--seed", o.seed,
                   "Seed for everything random in the protocol (same seed, same numbers)");
   app->add_flag("--quick", o.quick, "A small grid that runs in a few minutes (smoke test)");

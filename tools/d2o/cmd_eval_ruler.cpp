@@ -18,8 +18,8 @@ namespace {
 // --bytes: every (policy, storage type) as a policy of its own. RULER's prompts vary in length,
 // so the share becomes a ratio per storage type (share x F16 slot bytes / the type's slot bytes,
 // exact for models whose layers are all compressible), held through the answer (SnapKV and
-// PyramidKV with hold=on); "full" runs in each type as it is. The full F16 reference ("full") is
-// added by the caller's list as usual.
+// PyramidKV with hold_budget=on); "full" runs in each type as it is. The full F16 reference
+// ("full") is added by the caller's list as usual.
 Result<std::vector<eval::PolicyUnderTest>> bytes_policies(const std::vector<std::string>& bases,
                                                           double share, const std::string& kv_types,
                                                           const ModelHParams& hp, KvType run) {
@@ -61,12 +61,12 @@ Result<std::vector<eval::PolicyUnderTest>> bytes_policies(const std::vector<std:
       const auto* composed = dynamic_cast<const ComposedPolicy*>(t.policy.get());
       if (composed && !composed->config().compacts_after_first()) {
         // A policy that compresses the prompt only (SnapKV, PyramidKV at a ratio) would grow by
-        // the answer: hold=on keeps it at the prompt's budget, as every other policy is.
-        auto held = eval::make_policy(spec + ",hold=on", label);
+        // the answer: hold_budget=on keeps it at the prompt's budget, as every other policy is.
+        auto held = eval::make_policy(spec + ",hold_budget=on", label);
         if (!held.ok()) {
           return invalid_argument(
               "ruler --bytes holds every policy at its bytes while it "
-              "answers (hold=on); '" +
+              "answers (hold_budget=on); '" +
               given + "' does not allow it: " + held.status().message());
         }
         t = std::move(held).value();
@@ -252,7 +252,7 @@ Action add_eval_ruler(CLI::App* eval) {
                   "Equal KV bytes instead of a ratio: a share of a full F16 cache's key and value "
                   "bytes; each policy in each --kv-types type keeps what fits (the ratio that "
                   "share gives in that type, to the nearest slot) until the answer ends "
-                  "(snapkv and pyramidkv with hold=on)");
+                  "(snapkv and pyramidkv with hold_budget=on)");
   sub->add_option("--kv-types", o->kv_types,
                   "With --bytes: storage types each policy runs in, e.g. f16,q8_0,q4_0r "
                   "(POLICY@TYPE: that type only)");

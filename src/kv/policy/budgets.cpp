@@ -258,10 +258,9 @@ void decide_rule_budgets(const PolicyConfig& cfg, const KvCache& cache, std::spa
   }
 }
 
-
-// protect=edges: layers 0, 1 and L-1 keep all n slots; the other layers share what is left of the
-// total in proportion to the budgets the layer rule gave them, within [S_min, n].
-// Scratch: d (4 L doubles), i (2 L ints).
+// keep_edge_layers=on: layers 0, 1 and L-1 keep all n slots; the other layers share what is left of
+// the total in proportion to the budgets the layer rule gave them, within [S_min, n]. Scratch: d (4
+// L doubles), i (2 L ints).
 void protect_edges(const PolicyConfig& cfg, int L, int64_t n, std::vector<int>& budgets,
                    double* d, int32_t* i) {
   if (L < 4) return;  // no layer would be left to compress

@@ -172,36 +172,40 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
   if (cfg_.pos == PosMode::kShift && cache.config().has_sliding()) {
     // Shifting positions would have to re-rotate the sliding-window layers' keys too, with their
     // own RoPE; not supported.
-    return unsupported("KV policy '" + cfg_.name +
-                       "' with pos=shift cannot run on a model with sliding-window layers (use "
-                       "pos=original)");
+    return unsupported(
+        "KV policy '" + cfg_.name +
+        "' with positions=shifted cannot run on a model with sliding-window layers (use "
+        "positions=original)");
   }
   if (cache.config().type.rot_k &&
       (cfg_.pos == PosMode::kShift ||
        (cfg_.merger == Merger::kD2o && cfg_.mspace == MergeSpace::kUnrotated))) {
     // RoPE applied to a stored key does not commute with the rotation of rotated storage.
-    return unsupported("KV policy '" + cfg_.name + "' with " +
-                       (cfg_.pos == PosMode::kShift ? "pos=shift" : "mrope=pre") +
-                       " re-rotates stored keys by RoPE, which rotated key storage (" +
-                       kv_type_name(cache.config().type) +
-                       ") does not allow (use pos=original / mrope=post or a type without r)");
+    return unsupported(
+        "KV policy '" + cfg_.name + "' with " +
+        (cfg_.pos == PosMode::kShift ? "positions=shifted" : "merge_keys=unrotated") +
+        " re-rotates stored keys by RoPE, which rotated key storage (" +
+        kv_type_name(cache.config().type) +
+        ") does not allow (use positions=original / merge_keys=rotated or a type without r)");
   }
   if (cfg_.heads != HeadRule::kAda) {
     for (int il = 0; il < L; ++il)
       if (!cache.layer(il).uniform()) return ragged_error();
   }
   if (cfg_.pos == PosMode::kShift && !pass.rope) {
-    return invalid_argument("KV policy '" + cfg_.name +
-                            "' with pos=shift needs the model's RoPE parameters (PassInfo::rope)");
+    return invalid_argument(
+        "KV policy '" + cfg_.name +
+        "' with positions=shifted needs the model's RoPE parameters (PassInfo::rope)");
   }
   if (cfg_.merger == Merger::kD2o && cfg_.mspace == MergeSpace::kUnrotated &&
       (!pass.rope || pass.rope->head_dim != cache.config().head_dim)) {
-    return invalid_argument("KV policy '" + cfg_.name +
-                            "' with mrope=pre needs the model's RoPE parameters (PassInfo::rope) "
-                            "for the cache's head size");
+    return invalid_argument(
+        "KV policy '" + cfg_.name +
+        "' with merge_keys=unrotated needs the model's RoPE parameters (PassInfo::rope) "
+        "for the cache's head size");
   }
   if (cfg_.pos == PosMode::kShift && pass.rope->head_dim != cache.config().head_dim) {
-    return invalid_argument("KV policy '" + cfg_.name + "' with pos=shift: RoPE head_dim " +
+    return invalid_argument("KV policy '" + cfg_.name + "' with positions=shifted: RoPE head_dim " +
                             std::to_string(pass.rope->head_dim) + " does not match the cache's " +
                             std::to_string(cache.config().head_dim));
   }
@@ -273,7 +277,7 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
       // One position shift per sequence: every layer must have removed the same count (uniform
       // budgets and equal slot counts guarantee it).
       if (removed_all >= 0 && removed != removed_all) {
-        return internal_error("pos=shift: layers removed different slot counts");
+        return internal_error("positions=shifted: layers removed different slot counts");
       }
       removed_all = removed;
     }
@@ -331,8 +335,8 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
   }
   plan.merged_score = cfg_.mscore;
   // The prompt's compaction: the sequence's first, after a pass of more than one token (a token
-  // by token feed has none). prompt=window ranks its heavy hitters by the window's attention;
-  // with pmerge=off it only evicts.
+  // by token feed has none). prompt_ranking=window ranks its heavy hitters by the window's
+  // attention; with prompt_merge=off it only evicts.
   const bool prompt_pass = state.n_compactions == 0 && pass.n_tokens > 1;
   // (No compaction has run, so no kept key norms exist that skipping the merges could leave stale.)
   const bool d2o = cfg_.merger == Merger::kD2o && (cfg_.prompt_merge || !prompt_pass);
@@ -348,7 +352,8 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
     plan.shift.by = n - S;
     plan.shift.rope = pass.rope;
   }
-  // decide=token: every head's nearest neighbours first, then one decision per evicted index.
+  // merge_decision=per_token: every head's nearest neighbours first, then one decision per evicted
+  // index.
   const bool by_token =
       d2o && cfg_.decide == MergeDecision::kToken && cfg_.merge != MergeRule::kOff;
   const int E = n - S;

@@ -11,9 +11,9 @@
 //      SnapKV / PyramidKV in ratio mode compact only at the first compaction.
 //      heads=ada (select_heads.h): the layer keeps S_l x n_head_kv slots shared over its heads
 //      by score, with a floor per head; heads then hold different counts (KvLayer::n_slot(h)).
-//   3. StreamingLLM with pos=shift: the plan also moves the kept recent slots' positions down by
-//      r (r = slots removed), keys re-rotated (CompactionPlan::shift), and compact() raises
-//      PolicyState::pos_shift by r, so positions stay contiguous.
+//   3. StreamingLLM with positions=shifted: the plan also moves the kept recent slots'
+//      positions down by r (r = slots removed), keys re-rotated (CompactionPlan::shift), and
+//      compact() raises PolicyState::pos_shift by r, so positions stay contiguous.
 // Everything mutable lives in PolicyState (the common part, and ComposedPolicyState); the policy
 // object is const and shareable.
 #pragma once

@@ -25,7 +25,7 @@ StatsNeeds ComposedPolicy::needs() const {
 
 StatsNeeds ComposedPolicy::pass_needs(const PolicyState& state) const {
   StatsNeeds n = needs();
-  // prompt=window reads the window at the prompt's compaction only (the sequence's first).
+  // prompt_ranking=window reads the window at the prompt's compaction only (the sequence's first).
   if (cfg_.selector == Selector::kHeavyRecent && state.n_compactions > 0) n.window = 0;
   return n;
 }

@@ -91,8 +91,8 @@ enum class EmaRule {
 // Positions of kept slots (StreamingLLM).
 enum class PosMode { kOriginal, kShift };
 
-// D2O: the space keys are compared and merged in.
-enum class MergeSpace {  // spec key mrope=post|pre
+// D2O: the space keys are compared and merged in (spec key merge_keys=rotated|unrotated).
+enum class MergeSpace {
   kRotated,    // keys as cached, after RoPE at their own positions (paper, research code)
   kUnrotated,  // keys rotated back to position 0 before the cosine and the weighted sum; the
                // merged key is rotated again for the retained slot's position
@@ -139,8 +139,8 @@ struct PolicyConfig {
   int kernel = 7;   // pooling kernel (odd)
   PoolKind pool = PoolKind::kAvg;
   double pbeta = 20.0;  // PyramidKV beta: the last layer gets 1/beta of the average top-k budget
-  // SnapKV / PyramidKV in ratio mode (hold=on): the prompt's compaction sets the budget, and the
-  // cache then stays at it (one eviction per later token, as in budget mode), so that it holds
+  // SnapKV / PyramidKV in ratio mode (hold_budget=on): the prompt's compaction sets the budget, and
+  // the cache then stays at it (one eviction per later token, as in budget mode), so that it holds
   // what a decode-time policy at the same ratio holds. Off in budget mode, where it is implied.
   bool hold = false;
 
@@ -167,18 +167,18 @@ struct PolicyConfig {
   // KeyDiff.
   int recent = 0;  // the last `recent` slots are always kept
   // H2O / D2O: the share of the heavy-hitter places that go to the candidates KeyDiff ranks
-  // highest (distinct=F; 0 = none, every place by attention score).
+  // highest (distinct_share=F; 0 = none, every place by attention score).
   double distinct = 0.0;
   PromptScore prompt = PromptScore::kAccumulated;
-  // With prompt=window: the scores the prompt's compaction leaves (pscore=). kAccumulated: every
-  // slot keeps its accumulated attention. kWindow: every slot between the sinks and the last
-  // `window` slots takes the window's pooled attention per window query times the queries that
-  // have seen it (so mean attention reads the pooled score), before any merge combines scores:
-  // later compactions rank the prompt's slots as its compaction did, until new attention moves
-  // them.
+  // With prompt_ranking=window: the scores the prompt's compaction leaves (prompt_scores=).
+  // kAccumulated: every slot keeps its accumulated attention. kWindow: every slot between the sinks
+  // and the last `window` slots takes the window's pooled attention per window query times the
+  // queries that have seen it (so mean attention reads the pooled score), before any merge combines
+  // scores: later compactions rank the prompt's slots as its compaction did, until new attention
+  // moves them.
   PromptScore pscore = PromptScore::kAccumulated;
-  // D2O: false (pmerge=off): the prompt's compaction (as for `prompt`) evicts without merging;
-  // the merges start with the next compaction.
+  // D2O: false (prompt_merge=off): the prompt's compaction (as for `prompt`) evicts without
+  // merging; the merges start with the next compaction.
   bool prompt_merge = true;
 
   // Per-head budgets (heads=ada, floor=alpha).
@@ -189,8 +189,8 @@ struct PolicyConfig {
   bool needs_accumulate() const {
     return selector == Selector::kHeavyRecent || merger == Merger::kCam;
   }
-  // False: only the first compaction evicts (SnapKV / PyramidKV in ratio mode without hold=on:
-  // decode tokens are appended without eviction, as in the original).
+  // False: only the first compaction evicts (SnapKV / PyramidKV in ratio mode without
+  // hold_budget=on: decode tokens are appended without eviction, as in the original).
   bool compacts_after_first() const {
     return selector != Selector::kSnapWindow || mode == BudgetMode::kBudget || hold;
   }

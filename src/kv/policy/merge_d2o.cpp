@@ -94,7 +94,7 @@ int add_cosines(const ModalityPass& p, int e, bool first, float scale, float* __
 }
 
 // Writes row / |row| (zeros for a zero row) times `scale` into out[hd] (unit_row). With `rope`, a
-// key is first rotated back to position 0 (mrope=pre).
+// key is first rotated back to position 0 (merge_keys=unrotated).
 void load_unit(const KvLayer& L, int head, bool values, int slot, float scale, float* out,
                const RopeParams* rope) {
   const int hd = L.head_dim();

@@ -14,7 +14,7 @@
 //     average   1 / (1 + |E_c|) each
 //     research  w_c = 1 / (1 + |E_c|), w_e = u_e / (1 + |E_c|)
 //   Keys and values share the weights; KvCache::apply sums the merged scores into c and keeps c's
-//   position (CompactionPlan::merged_score; mscore= picks another rule).
+//   position (CompactionPlan::merged_score; merged_score= picks another rule).
 // Zero vectors have cosine 0 with everything.
 #pragma once
 
@@ -36,8 +36,9 @@ struct D2oScratch {
   std::vector<float> kept;     // unit kept rows [n_keep, dim] then four evicted rows
   PackedRows packed;           // the unit kept rows, packed for nearest_rows (prefill merges)
   std::vector<int32_t> group;  // merge groups per kept slot (d2o_emit)
-  // Per evicted slot (of one head, or [n_head_kv, n_evicted] of a layer for decide=token, plus
-  // the per-index means): best similarity, nearest kept index, merge flag, evicted slots.
+  // Per evicted slot (of one head, or [n_head_kv, n_evicted] of a layer for
+  // merge_decision=per_token, plus the per-index means): best similarity, nearest kept index, merge
+  // flag, evicted slots.
   std::vector<float> best_sim;
   std::vector<int32_t> best;
   std::vector<uint8_t> merge;
@@ -54,7 +55,7 @@ struct D2oHeadMerge {
   int n_evicted = 0;
   float* tau = nullptr;  // this head's threshold
   uint8_t* tau_ready = nullptr;
-  // Non-null (mrope=pre): keys are compared rotated back to position 0.
+  // Non-null (merge_keys=unrotated): keys are compared rotated back to position 0.
   const RopeParams* rope = nullptr;
   // Non-null (only where d2o_uses_kept_norms): [n_keep] 1 / |key| of the kept slots, in keep
   // order, and [n_evicted] of the evicted ones (the policy's cached norms, d2o_key_inv_norms), so
@@ -84,7 +85,7 @@ bool d2o_decode_dots(const PolicyConfig& cfg, const KvLayer& L, int n_evicted, b
 // four-row loop forms it (the same bits wherever the slot sits).
 void d2o_key_inv_norms(const KvLayer& L, int head, int first, int count, float* out);
 
-// The three steps, for callers that decide over several heads at once (decide=token):
+// The three steps, for callers that decide over several heads at once (merge_decision=per_token):
 // 1. the nearest kept slot cstar[i] (an index into keep) of every evicted slot i and its
 //    similarity m_e[i]. Uses scratch.sim, kept and packed.
 void d2o_nearest(const D2oHeadMerge& h, D2oScratch& scratch, int32_t* cstar, float* m_e);
@@ -97,9 +98,9 @@ int d2o_decide(const PolicyConfig& cfg, const float* m, int E, float* tau, uint8
 void d2o_emit(const D2oHeadMerge& h, D2oScratch& scratch, const int32_t* cstar,
               const float* m_e, const uint8_t* merge, std::vector<MergeTerm>& terms);
 
-// All three for one head with its own threshold (decide=head): appends the head's merge groups
-// to `terms`; returns how many evicted slots merged.
-// Uses scratch.best_sim, best and merge besides what the steps use.
+// All three for one head with its own threshold (merge_decision=per_head): appends the head's merge
+// groups to `terms`; returns how many evicted slots merged. Uses scratch.best_sim, best and merge
+// besides what the steps use.
 int plan_d2o_merges(const D2oHeadMerge& h, D2oScratch& scratch, std::vector<MergeTerm>& terms);
 
 }  // namespace d2o

@@ -19,7 +19,7 @@ struct SelectScratch {
   std::vector<int32_t> order;  // [n] index lists of select_top and friends
   std::vector<float> row;      // [head_dim] one key (KeyDiff)
   std::vector<double> anchor;  // [head_dim] (KeyDiff)
-  std::vector<float> guarded;  // [n] scores with the distinct= candidates raised (KeyDiff)
+  std::vector<float> guarded;  // [n] scores with the distinct_share= candidates raised (KeyDiff)
   // Per-head budgets (select_heads.h): per-head scores, kept slots and taken flags (the heads'
   // parts packed, from head_off), per-head counts, and the candidates competing over heads.
   struct Cand {
@@ -62,14 +62,14 @@ void select_heavy_recent_mean(const float* score, const int32_t* pos, int64_t ne
 // avg_pool1d default, count_include_pad): sum / k; max ignores the padding.
 void pool_window(const float* window, int n_prefix, int kernel, PoolKind pool, float* out);
 
-// pscore=window: out[j] = pooled[j] / n_queries * (next_pos - pos[j]) for j in [first, end): the
-// window's pooled attention per window query, as a score accumulated over the queries that have
+// prompt_scores=window: out[j] = pooled[j] / n_queries * (next_pos - pos[j]) for j in [first, end):
+// the window's pooled attention per window query, as a score accumulated over the queries that have
 // seen slot j (so its mean attention is the pooled score). out may be pooled.
 void window_scores(const float* pooled, const int32_t* pos, int first, int end, int n_queries,
                    int64_t next_pos, float* out);
 
 // SnapKV / PyramidKV: the top (S - w) pooled slots of the prefix [0, n - w) plus the last w.
-// pooled: [n - w] (pool_window output). With sinks T > 0 (prompt=window of the heavy-hitter
+// pooled: [n - w] (pool_window output). With sinks T > 0 (prompt_ranking=window of the heavy-hitter
 // policies): the first t = min(T, S) slots, the last w = min(window, S - t), and the top
 // S - t - w pooled slots of [t, n - w).
 void select_snap(const float* pooled, int n, int S, int window, int32_t* keep, int32_t* scratch,

@@ -30,8 +30,8 @@ void keydiff_scores(const KvLayer& L, int head, float* score, float* row, double
 void select_keydiff(const KvLayer& L, int head, int S, const PolicyConfig& cfg, int32_t* keep,
                     SelectScratch& scratch);
 
-// H2O / D2O with distinct=F (F > 0): of the N heavy-hitter places of a head keeping S of its n
-// slots (split_heavy_recent), the first round-half-up(F x N) go to the candidates (the slots
+// H2O / D2O with distinct_share=F (F > 0): of the N heavy-hitter places of a head keeping S of its
+// n slots (split_heavy_recent), the first round-half-up(F x N) go to the candidates (the slots
 // between the sinks and the recent window) with the highest KeyDiff scores, ties to the older
 // slot; the other places go by `score` as before. Returns `score` with those candidates raised to
 // +infinity (in scratch.guarded), for select_heavy_recent; `score` itself when no candidate is
