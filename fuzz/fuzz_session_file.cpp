@@ -27,9 +27,9 @@ void check(const uint8_t* data, size_t size) {
                                          d->state, again);
   if (!s.ok()) std::abort();
   if (again.size() != size || std::memcmp(again.data(), data, size) != 0) {
-    // A file written while d2o's defaults were the paper's is read with today's spelling of its
-    // spec (paper_era_d2o_spec): it encodes to a file that decodes to the same session and
-    // encodes back to itself.
+    // A file written under the old key names, or while d2o's defaults were the paper's, is read
+    // with today's spelling of its spec (recorded_spec_today): it encodes to a file that decodes
+    // to the same session and encodes back to itself.
     auto d2 =
         serve::decode_session(ctx, reinterpret_cast<const uint8_t*>(again.data()), again.size());
     std::string third;
