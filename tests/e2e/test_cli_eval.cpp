@@ -386,6 +386,49 @@ TEST(CliEval, RulerQuickRunsIsDeterministicAndSummaryPicksItUp) {
   EXPECT_LT(long_at, bytes3_at);
 }
 
+// The question-after setting, end to end: the report says which setting ran; every trial's
+// context turn is shorter than its prompt and the follow-up questions are answered and scored;
+// a budget above the prompt answers as the full cache does in both settings (the harness adds
+// nothing of its own); niah and fidelity take the setting too (a budget above the prompt: KL 0).
+TEST(CliEval, QuestionAfterCompressionRuns) {
+  D2O_REQUIRE_MODEL(model);
+  const std::string dir = out_dir("ruler_after");
+  auto r = run_d2o("eval ruler --quick -m " + model + " -t 1 --quiet -o " + dir +
+                   " --question after --questions 2 --policies 'full;d2o;h2o:budget=100000'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = check_outputs(dir, "ruler", 1);
+  EXPECT_EQ(j["params"]["question"], "after");
+  EXPECT_EQ(j["params"]["questions"], 2);
+  ASSERT_EQ(j["trials"].size(), 2u);
+  for (const auto& t : j["trials"]) {
+    EXPECT_LT(t["context_tokens"].get<int>(), t["prompt_tokens"].get<int>());
+    ASSERT_EQ(t["more_queries"].size(), 1u);
+    EXPECT_NE(t["more_queries"][0], t["query"]);
+    ASSERT_EQ(t["more_answers"].size(), 1u);
+    ASSERT_EQ(t["more_answers"][0].size(), 3u);
+    EXPECT_EQ(t["answers"][2], t["answers"][0]);  // no eviction: the full cache's answer
+    EXPECT_EQ(t["more_answers"][0][2], t["more_answers"][0][0]);
+    for (size_t i = 0; i < 3; ++i) {
+      // The trial's score is the mean over its two questions.
+      const double s = t["scores"][i], s2 = t["more_scores"][0][i];
+      const bool found = has(t["answers"][i].get<std::string>(), t["expected"][0]);
+      EXPECT_DOUBLE_EQ(s, ((found ? 1.0 : 0.0) + s2) / 2);
+    }
+  }
+  EXPECT_TRUE(has(test::read_file(dir + "/ruler.md"), "question after compression"));
+  const std::string nd = out_dir("niah_after");
+  r = run_d2o("eval niah --quick -m " + model + " -t 1 --quiet -o " + nd + " --question after");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(check_outputs(nd, "niah", 1)["params"]["question"], "after");
+  const std::string fd = out_dir("fidelity_turn");
+  r = run_d2o("eval fidelity --quick -m " + model + " -t 1 --quiet -o " + fd +
+              " --continue-turn --policies 'h2o:budget=100000'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json f = nlohmann::json::parse(test::read_file(fd + "/fidelity.json"));
+  ASSERT_TRUE(f["params"].contains("continue_turn"));
+  for (const auto& c : f["cases"]) EXPECT_EQ(c["kl"].get<double>(), 0.0) << c["row"];
+}
+
 TEST(CliEval, AblateQuickRuns) {
   D2O_REQUIRE_MODEL(model);
   REQUIRE_DEFAULT_TEXT();
@@ -480,6 +523,12 @@ TEST(CliEval, BadInputGivesClearErrors) {
       {"eval ablate" + m + " --policies full", "does not apply", 1},
       {"eval ppl" + m + " --no-such-flag", "no-such-flag", 2},
       {"eval", "subcommand", 2},
+      {"eval ruler" + m + " --question sideways", "unknown setting 'sideways'", 1},
+      {"eval ruler" + m + " --questions 2", "needs --question after", 1},
+      {"eval niah" + m + " --question during", "unknown setting 'during'", 1},
+      {"eval niah" + m + " --questions 2 --question before", "needs --question after", 1},
+      {"eval fidelity" + m + " --chat-format gemma", "needs --continue-turn", 1},
+      {"eval fidelity" + m + " --continue-turn --chat-format nonsense", "--chat-format", 1},
   };
   if (test::file_exists(kjv)) {
     cases.push_back({"eval ppl" + m + " -f " + kjv + " --tokens 9000",
