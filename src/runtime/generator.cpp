@@ -19,20 +19,38 @@ size_t stop_string_holdback(std::string_view text, const std::vector<std::string
   return hold;
 }
 
+std::vector<int> prefill_chunks(int64_t n, int chunk, int min_last) {
+  if (chunk <= 0 || n <= chunk) return {static_cast<int>(n)};
+  chunk = std::max(16, chunk - chunk % 16);
+  std::vector<int> out;
+  for (int64_t at = 0; at < n; at += chunk)
+    out.push_back(static_cast<int>(std::min<int64_t>(chunk, n - at)));
+  if (out.size() > 1 && out.back() < min_last) {
+    out[out.size() - 2] += out.back();
+    out.pop_back();
+  }
+  return out;
+}
+
 Result<GenerateResult> generate(Engine& engine, const Tokenizer& tok, Sequence& seq,
                                 std::span<const TokenId> prompt, const GenerateParams& params,
                                 const std::function<void(std::string_view)>& on_text) {
-  if (params.n_predict < 1) return invalid_argument("the number of tokens to generate must be at least 1");
+  if (params.n_predict < 1)
+    return invalid_argument("the number of tokens to generate must be at least 1");
   if (prompt.empty()) return invalid_argument("the prompt is empty (no tokens to start from)");
   D2O_RETURN_IF_ERROR(params.sampling.validate());
   for (const std::string& s : params.stop) {
     if (s.empty()) return invalid_argument("stop strings must not be empty");
   }
-  if (params.max_positions > 0 && seq.n_past() + static_cast<int64_t>(prompt.size()) > params.max_positions) {
-    return invalid_argument("the prompt (" + std::to_string(prompt.size()) + " tokens) does not fit in the context of " +
-                            std::to_string(params.max_positions) + " tokens" +
-                            (seq.n_past() > 0 ? " (with " + std::to_string(seq.n_past()) + " tokens already in it)" : "") +
-                            "; use a larger -c or a shorter prompt");
+  if (params.max_positions > 0 &&
+      seq.n_past() + static_cast<int64_t>(prompt.size()) > params.max_positions) {
+    return invalid_argument(
+        "the prompt (" + std::to_string(prompt.size()) +
+        " tokens) does not fit in the context of " + std::to_string(params.max_positions) +
+        " tokens" +
+        (seq.n_past() > 0 ? " (with " + std::to_string(seq.n_past()) + " tokens already in it)"
+                          : "") +
+        "; use a larger -c or a shorter prompt");
   }
 
   GenerateResult res;
@@ -42,13 +60,27 @@ Result<GenerateResult> generate(Engine& engine, const Tokenizer& tok, Sequence& 
   std::vector<TokenId> history(prompt.begin(), prompt.end());
   history.reserve(history.size() + static_cast<size_t>(params.n_predict));
   Sampler sampler(params.sampling, n_vocab);
-  const LogitsSink sink = [&](int, int, const float* l) { std::copy(l, l + n_vocab, logits.begin()); };
+  const LogitsSink sink = [&](int, int, const float* l) {
+    std::copy(l, l + n_vocab, logits.begin());
+  };
 
   Stopwatch sw;
   BatchEntry be;
   be.seq = &seq;
-  be.tokens = prompt;
-  D2O_RETURN_IF_ERROR(engine.forward({&be, 1}, sink));
+  // The prompt's passes (GenerateParams::prefill_chunk): logits only from the last.
+  const int window = seq.policy().is_full() ? 0 : seq.policy().needs().window;
+  const std::vector<int> chunks =
+      prefill_chunks(static_cast<int64_t>(prompt.size()), params.prefill_chunk, window);
+  size_t at = 0;
+  for (const int c : chunks) {
+    be.tokens = prompt.subspan(at, static_cast<size_t>(c));
+    at += static_cast<size_t>(c);
+    be.prompt_rest = static_cast<int64_t>(prompt.size() - at);
+    be.logits_from = be.prompt_rest > 0 ? BatchEntry::kNoLogits : -1;
+    D2O_RETURN_IF_ERROR(engine.forward({&be, 1}, sink));
+  }
+  be.prompt_rest = 0;
+  be.logits_from = -1;
   res.prompt_seconds = sw.seconds();
 
   StreamDecoder dec(tok);

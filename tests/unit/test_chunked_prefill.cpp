@@ -9,9 +9,12 @@
 #include "common/random_model.h"
 #include "common/random_model_fixture.h"
 #include "common/test_util.h"
+#include "gguf/gguf.h"
 #include "model/model.h"
 #include "policy_sim.h"
 #include "runtime/engine.h"
+#include "runtime/generator.h"
+#include "runtime/tokenizer.h"
 
 namespace d2o {
 namespace {
@@ -161,10 +164,8 @@ bool same_slots(const KvCache& a, const KvCache& b) {
       const size_t n = static_cast<size_t>(x.n_slot()), m = n;
       if (test::compare_keys(x, y, g, n) != 0) return false;
       if (test::compare_values(x, y, g, n) != 0) return false;
-      if (std::memcmp(x.pos(g), y.pos(g), m * 4) != 0)
-        return false;
-      if (std::memcmp(x.score(g), y.score(g), m * 4) != 0)
-        return false;
+      if (std::memcmp(x.pos(g), y.pos(g), m * 4) != 0) return false;
+      if (std::memcmp(x.score(g), y.score(g), m * 4) != 0) return false;
     }
   }
   return true;
@@ -275,6 +276,60 @@ TEST_F(ChunkedPrefillModel, LastChunkShorterThanTheObservationWindowIsAnError) {
   be.prompt_rest = 0;
   EXPECT_TRUE(engine.forward({&be, 1}, nullptr).ok());
   EXPECT_EQ(seq.cache().layer(0).n_slot(), 8);  // 0.3 x 20 = 6, raised to the window of 8
+}
+
+TEST(ChunkedPrefill, PrefillChunksStartOnQueryBlocksAndEndWithTheWindow) {
+  EXPECT_EQ(prefill_chunks(100, 0, 32), std::vector<int>({100}));  // one pass
+  EXPECT_EQ(prefill_chunks(30, 48, 32), std::vector<int>({30}));   // shorter than a chunk
+  EXPECT_EQ(prefill_chunks(100, 48, 0), std::vector<int>({48, 48, 4}));
+  EXPECT_EQ(prefill_chunks(100, 48, 32), std::vector<int>({48, 52}));    // the window in one pass
+  EXPECT_EQ(prefill_chunks(100, 50, 0), std::vector<int>({48, 48, 4}));  // 50 -> 48
+  EXPECT_EQ(prefill_chunks(40, 5, 0), std::vector<int>({16, 16, 8}));    // at least 16
+}
+
+// generate() with prefill_chunk: the full cache and ratio policies answer exactly as with one
+// pass, holding the same slots; a fixed budget compacts between the chunks, so it runs within a
+// slot limit of budget + two chunks, where the one-pass prefill, which holds the whole prompt
+// first, does not fit.
+TEST_F(ChunkedPrefillModel, GenerateInChunksKeepsRatioResultsAndBoundsAFixedBudget) {
+  ThreadPool pool(2);
+  Engine engine(*model_, pool, EngineOptions{});
+  auto gguf = GgufFile::open(test::scratch_path(ChunkedPrefillModel::file()));
+  ASSERT_TRUE(gguf.ok());
+  auto tok = Tokenizer::from_gguf(**gguf);
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  std::vector<TokenId> prompt;
+  test::Xorshift rng(11);
+  for (int i = 0; i < 200; ++i) prompt.push_back(3 + static_cast<TokenId>(rng.next() % 297));
+  GenerateParams gp;
+  gp.n_predict = 12;
+  gp.sampling.temperature = 0;
+  gp.stop_at_eog = false;
+  for (const char* spec : {"full", "h2o:ratio=0.3", "snapkv:ratio=0.3", "d2o:ratio=0.3",
+                           "d2o:ratio=0.3,merge=sized"}) {
+    SCOPED_TRACE(spec);
+    std::shared_ptr<const KvPolicy> pol(parse_kv_policy(spec).value());
+    Sequence whole(model_->hparams(), KvType::kF16, pol),
+        chunked(model_->hparams(), KvType::kF16, pol);
+    gp.prefill_chunk = 0;
+    auto a = generate(engine, **tok, whole, prompt, gp, nullptr);
+    gp.prefill_chunk = 48;
+    auto b = generate(engine, **tok, chunked, prompt, gp, nullptr);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->tokens, b->tokens);
+    EXPECT_TRUE(same_slots(whole.cache(), chunked.cache()));
+  }
+  for (const char* spec : {"h2o:budget=40", "d2o:budget=40", "snapkv:budget=40"}) {
+    SCOPED_TRACE(spec);
+    std::shared_ptr<const KvPolicy> pol(parse_kv_policy(spec).value());
+    for (int chunk : {48, 0}) {
+      Sequence seq(model_->hparams(), KvType::kF16, pol);
+      ASSERT_TRUE(seq.cache().set_slot_limit(40 + 2 * 48).ok());
+      gp.prefill_chunk = chunk;
+      auto r = generate(engine, **tok, seq, prompt, gp, nullptr);
+      EXPECT_EQ(r.ok(), chunk > 0) << (r.ok() ? "" : r.status().to_string());
+    }
+  }
 }
 
 }  // namespace

@@ -16,6 +16,7 @@ struct ChatOptions {
   ModelOptions model;
   SamplerParams sampling;
   int n_predict = 512;
+  int chunk = 512;  // prompt tokens per pass (GenerateParams::prefill_chunk)
   std::string system;
   std::string template_name;
   bool kv_report = false;
@@ -33,8 +34,8 @@ int run_chat(ChatOptions& o) {
     l.chat_template = *t;
   }
   if (!l.chat_template) {
-    return fail(invalid_argument("this model has no usable chat template (" + l.chat_template_error +
-                                 "); pick one with --template"));
+    return fail(invalid_argument("this model has no usable chat template (" +
+                                 l.chat_template_error + "); pick one with --template"));
   }
   const ChatTemplate& tmpl = *l.chat_template;
   Sequence seq(l.model->hparams(), l.kv_type, l.policy);
@@ -44,7 +45,8 @@ int run_chat(ChatOptions& o) {
   if (!o.system.empty()) history.push_back({"system", o.system});
   std::vector<TokenId> unfed;  // generated tokens not yet in the cache
   std::string rendered;        // the conversation text whose tokens are in the cache
-  std::fprintf(stderr, "d2o chat (%s, kv %s). Commands: /reset, /kv, /quit.\n", tmpl.name(), l.policy->spec().c_str());
+  std::fprintf(stderr, "d2o chat (%s, kv %s). Commands: /reset, /kv, /quit.\n", tmpl.name(),
+               l.policy->spec().c_str());
 
   std::string line;
   while (true) {
@@ -89,6 +91,7 @@ int run_chat(ChatOptions& o) {
     gp.sampling = o.sampling;
     gp.stop = tmpl.stop_strings();
     gp.max_positions = l.n_ctx;
+    gp.prefill_chunk = o.chunk;
     const int64_t before = seq.n_past();
     auto res = generate(*l.engine, *l.tokenizer, seq, prompt, gp, [](std::string_view s) {
       std::fwrite(s.data(), 1, s.size(), stdout);
@@ -108,9 +111,11 @@ int run_chat(ChatOptions& o) {
     // What the cache holds ends with the reply's tokens; the template's closing text for the
     // reply comes with the next turn's delta.
     const std::string with_reply_open = full + res->text;
-    if (rendered.compare(0, with_reply_open.size(), with_reply_open) == 0) rendered = with_reply_open;
+    if (rendered.compare(0, with_reply_open.size(), with_reply_open) == 0)
+      rendered = with_reply_open;
     std::fprintf(stderr, "[%zu tokens, %.1f tok/s, %lld in context]\n", res->tokens.size(),
-                 res->n_decoded / std::max(res->decode_seconds, 1e-9), static_cast<long long>(seq.n_past()));
+                 res->n_decoded / std::max(res->decode_seconds, 1e-9),
+                 static_cast<long long>(seq.n_past()));
     if (o.kv_report) print_kv_report(stderr, seq);
   }
   std::fprintf(stderr, "%s\n", memory_summary(l, seq).c_str());
@@ -125,8 +130,16 @@ Action add_chat_command(CLI::App& app) {
   add_model_options(sub, o->model, /*with_kv=*/true);
   add_sampling_options(sub, o->sampling);
   sub->add_option("-n,--n-predict", o->n_predict, "Maximum tokens per reply");
+  sub->add_option(
+         "--chunk", o->chunk,
+         "Prompt tokens per prefill pass (0: the whole prompt in one pass). A fixed budget "
+         "(budget=, --kv-mem-per-seq) compacts between passes, so the cache stays within "
+         "its budget plus one chunk for any prompt length; ratio policies and the full "
+         "cache give the same result either way")
+      ->check(CLI::Range(0, 1 << 24));
   sub->add_option("--system", o->system, "System prompt");
-  sub->add_option("--template", o->template_name, "Force a chat format (chatml, llama3, mistral, gemma)");
+  sub->add_option("--template", o->template_name,
+                  "Force a chat format (chatml, llama3, mistral, gemma)");
   sub->add_flag("--kv-report", o->kv_report, "Print the KV report after each reply");
   return [o] { return run_chat(*o); };
 }

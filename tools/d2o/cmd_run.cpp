@@ -31,6 +31,7 @@ struct RunOptions {
   std::string prompt_file;
   std::string prompt_tokens;  // comma-separated token ids instead of text
   int n_predict = 128;
+  int chunk = 512;  // prompt tokens per pass (GenerateParams::prefill_chunk)
   std::vector<std::string> stop;
   bool chat = false;
   bool kv_report = false;
@@ -99,6 +100,7 @@ int run_run(RunOptions& o) {
   gp.stop = o.stop;
   gp.stop_at_eog = !o.ignore_eos;
   gp.max_positions = l.n_ctx;
+  gp.prefill_chunk = o.chunk;
   if (o.chat && l.chat_template) {
     for (const std::string& s : l.chat_template->stop_strings()) gp.stop.push_back(s);
   }
@@ -157,6 +159,13 @@ Action add_run_command(CLI::App& app) {
   sub->add_option("--prompt-tokens", o->prompt_tokens, "Prompt as comma-separated token ids");
   sub->add_option("-n,--n-predict", o->n_predict, "Tokens to generate (>= 1)");
   sub->add_option("--stop", o->stop, "Stop string (repeatable)");
+  sub->add_option(
+         "--chunk", o->chunk,
+         "Prompt tokens per prefill pass (0: the whole prompt in one pass). A fixed budget "
+         "(budget=, --kv-mem-per-seq) compacts between passes, so the cache stays within "
+         "its budget plus one chunk for any prompt length; ratio policies and the full "
+         "cache give the same result either way")
+      ->check(CLI::Range(0, 1 << 24));
   sub->add_flag("--chat", o->chat,
                 "Wrap the prompt as a user message in the model's chat template");
   sub->add_flag("--kv-report", o->kv_report,
