@@ -35,27 +35,6 @@ constexpr const char* kFweAnswer =
 constexpr const char* kFweNoise = "....";
 constexpr int kCommonWords = 10;  // cwe
 
-struct TaskInfo {
-  RulerTask task;
-  const char* name;
-  int max_new;
-};
-// niah: RULER generates up to 128 tokens; a 7-digit value takes at most 8 tokens here, so 32
-// (one value) and 64 (four) leave room for the answer's words while keeping decoding short.
-constexpr TaskInfo kTasks[] = {{RulerTask::kNiahSingle, "niah_single", 32},
-                               {RulerTask::kNiahMultikey, "niah_multikey", 32},
-                               {RulerTask::kNiahMultivalue, "niah_multivalue", 64},
-                               {RulerTask::kNiahMultiquery, "niah_multiquery", 64},
-                               {RulerTask::kVt, "vt", 30},
-                               {RulerTask::kCwe, "cwe", 120},
-                               {RulerTask::kFwe, "fwe", 50}};
-
-std::string lower(std::string_view s) {
-  std::string o(s);
-  for (char& c : o) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return o;
-}
-
 // k distinct indices of [0, n), in random order (partial Fisher-Yates).
 std::vector<size_t> sample_indices(size_t n, size_t k, SplitMix64& rng) {
   std::vector<size_t> idx(n);
@@ -94,46 +73,6 @@ bool is_niah(RulerTask t) {
 }
 
 }  // namespace
-
-const char* ruler_task_name(RulerTask t) {
-  for (const TaskInfo& i : kTasks) {
-    if (i.task == t) return i.name;
-  }
-  return "?";
-}
-
-int ruler_max_new(RulerTask t) {
-  for (const TaskInfo& i : kTasks) {
-    if (i.task == t) return i.max_new;
-  }
-  return 0;
-}
-
-Result<RulerTask> parse_ruler_task(std::string_view name) {
-  std::string known;
-  for (const TaskInfo& i : kTasks) {
-    if (name == i.name) return i.task;
-    known += (known.empty() ? "" : ", ") + std::string(i.name);
-  }
-  return invalid_argument("--tasks: unknown task '" + std::string(name) + "' (use " + known + ")");
-}
-
-const std::vector<RulerTask>& all_ruler_tasks() {
-  static const std::vector<RulerTask> kAll = [] {
-    std::vector<RulerTask> v;
-    for (const TaskInfo& i : kTasks) v.push_back(i.task);
-    return v;
-  }();
-  return kAll;
-}
-
-double ruler_score(std::string_view answer, std::span<const std::string> expected) {
-  if (expected.empty()) return 0.0;
-  const std::string a = lower(answer);
-  int found = 0;
-  for (const std::string& e : expected) found += a.find(lower(e)) != std::string::npos;
-  return static_cast<double>(found) / static_cast<double>(expected.size());
-}
 
 Result<RulerBuilder> RulerBuilder::create(const Tokenizer& tok, const ChatTemplate* chat,
                                           std::string_view haystack, RulerShape shape) {

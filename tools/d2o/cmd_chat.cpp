@@ -130,13 +130,7 @@ Action add_chat_command(CLI::App& app) {
   add_model_options(sub, o->model, /*with_kv=*/true);
   add_sampling_options(sub, o->sampling);
   sub->add_option("-n,--n-predict", o->n_predict, "Maximum tokens per reply");
-  sub->add_option(
-         "--chunk", o->chunk,
-         "Prompt tokens per prefill pass (0: the whole prompt in one pass). A fixed budget "
-         "(budget=, --kv-mem-per-seq) compacts between passes, so the cache stays within "
-         "its budget plus one chunk for any prompt length; ratio policies and the full "
-         "cache give the same result either way")
-      ->check(CLI::Range(0, 1 << 24));
+  add_prefill_chunk_option(sub, o->chunk);
   sub->add_option("--system", o->system, "System prompt");
   sub->add_option("--template", o->template_name,
                   "Force a chat format (chatml, llama3, mistral, gemma)");

@@ -473,6 +473,19 @@ int run_fidelity_cmd(FidelityOptions& o) {
 
 }  // namespace
 
+void add_question_options(CLI::App* app, std::string& question, int& questions, int max_questions,
+                          const std::string& questions_help) {
+  app->add_option("--question", question,
+                  "before: the question is in the prompt that is compressed; after: the context "
+                  "is compressed as a turn of its own, then the question comes as the next turn, "
+                  "as in a server session (default before)");
+  app->add_option("--questions", questions,
+                  "Questions per context, each asked of a copy of the compressed context (needs "
+                  "--question after; " +
+                      questions_help + ")")
+      ->check(CLI::Range(1, max_questions));
+}
+
 Action add_eval_fidelity(CLI::App* eval) {
   auto o = std::make_shared<FidelityOptions>();
   CLI::App* sub = eval->add_subcommand(

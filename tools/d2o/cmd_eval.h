@@ -41,6 +41,11 @@ struct TeacherForcedOptions {
   int cont = 128;
   int64_t skip = 0;
 };
+// Registers --question (before | after, src/eval/turns.h) and --questions (1..max_questions;
+// `questions_help` says what the protocol asks several times).
+void add_question_options(CLI::App* app, std::string& question, int& questions, int max_questions,
+                          const std::string& questions_help);
+
 // Registers --prompt --samples --continue --skip.
 void add_teacher_forced_options(CLI::App* app, TeacherForcedOptions& o,
                                 const std::string& samples_help);

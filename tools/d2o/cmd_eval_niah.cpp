@@ -165,14 +165,8 @@ Action add_eval_niah(CLI::App* eval) {
                   "Fixed budget in slots per KV head and layer instead of a ratio");
   sub->add_flag("--no-chat", o->no_chat,
                 "Plain-text prompt even when the model has a chat template");
-  sub->add_option("--question", o->question,
-                  "before: the question is in the prompt that is compressed; after: the context "
-                  "is compressed as a turn of its own, then the question comes as the next turn, "
-                  "as in a server session (default before)");
-  sub->add_option("--questions", o->questions,
-                  "Needle-task questions per context, one needle each, each asked of a copy of "
-                  "the compressed context (needs --question after; passkey asks one)")
-      ->check(CLI::Range(1, eval::kMaxNiahQuestions));
+  add_question_options(sub, o->question, o->questions, eval::kMaxNiahQuestions,
+                       "the needle task holds one needle per question, passkey asks one");
   return [o] { return run_niah_cmd(*o); };
 }
 

@@ -258,15 +258,9 @@ Action add_eval_ruler(CLI::App* eval) {
                   "(POLICY@TYPE: that type only)");
   sub->add_flag("--no-chat", o->no_chat,
                 "Plain-text prompt even when the model has a chat template");
-  sub->add_option("--question", o->question,
-                  "before: the question is in the prompt that is compressed (RULER's protocol); "
-                  "after: the context is compressed as a turn of its own, then the question comes "
-                  "as the next turn, as in a server session (default before)");
-  sub->add_option("--questions", o->questions,
-                  "Questions per context, each asked of a copy of the compressed context "
-                  "(SCBench's shared context; needs --question after; niah and vt hold one "
-                  "needle set or chain per question, cwe and fwe ask one)")
-      ->check(CLI::Range(1, eval::kMaxRulerQuestions));
+  add_question_options(
+      sub, o->question, o->questions, eval::kMaxRulerQuestions,
+      "niah and vt hold one needle set or chain per question, cwe and fwe ask one");
   return [o] { return run_ruler_cmd(*o); };
 }
 

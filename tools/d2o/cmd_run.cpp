@@ -159,13 +159,7 @@ Action add_run_command(CLI::App& app) {
   sub->add_option("--prompt-tokens", o->prompt_tokens, "Prompt as comma-separated token ids");
   sub->add_option("-n,--n-predict", o->n_predict, "Tokens to generate (>= 1)");
   sub->add_option("--stop", o->stop, "Stop string (repeatable)");
-  sub->add_option(
-         "--chunk", o->chunk,
-         "Prompt tokens per prefill pass (0: the whole prompt in one pass). A fixed budget "
-         "(budget=, --kv-mem-per-seq) compacts between passes, so the cache stays within "
-         "its budget plus one chunk for any prompt length; ratio policies and the full "
-         "cache give the same result either way")
-      ->check(CLI::Range(0, 1 << 24));
+  add_prefill_chunk_option(sub, o->chunk);
   sub->add_flag("--chat", o->chat,
                 "Wrap the prompt as a user message in the model's chat template");
   sub->add_flag("--kv-report", o->kv_report,

@@ -30,6 +30,10 @@ struct ModelOptions {
 // Registers -m, -t, -c, --ubatch, --kv, --kv-type on a subcommand.
 void add_model_options(CLI::App* app, ModelOptions& o, bool with_kv);
 
+// Registers --chunk, the prompt tokens per prefill pass of `run` and `chat`
+// (GenerateParams::prefill_chunk; 0: one pass).
+void add_prefill_chunk_option(CLI::App* app, int& chunk);
+
 struct SamplingOptions {
   SamplerParams params;
 };
