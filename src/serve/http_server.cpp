@@ -36,6 +36,7 @@ ApiError plain_error(int status, std::string message, std::string code) {
   e.code = std::move(code);
   if (status >= 500) e.type = "server_error";
   if (status == 401) e.type = "authentication_error";
+  if (status == 403) e.type = "permission_error";
   return e;
 }
 
@@ -176,6 +177,22 @@ std::optional<ApiError> HttpServer::prepare(const GenerationRequest& g, Job& job
   return prepare_job(g, tok_, tmpl_, po, job);
 }
 
+std::optional<std::string> HttpServer::key_name(const httplib::Request& req) const {
+  if (opts_.api_keys.empty()) return std::string();
+  constexpr std::string_view kBearer = "Bearer ";
+  const std::string auth = req.get_header_value("Authorization");
+  if (auth.compare(0, kBearer.size(), kBearer) != 0) return std::nullopt;
+  const ApiKey* k = match_api_key(opts_.api_keys, std::string_view(auth).substr(kBearer.size()));
+  if (!k) return std::nullopt;
+  return k->name;
+}
+
+bool HttpServer::may_read_metrics(const httplib::Request& req) const {
+  if (opts_.api_keys.size() <= 1) return true;  // the key was checked before routing
+  const auto name = key_name(req);
+  return name && !opts_.admin_key_name.empty() && *name == opts_.admin_key_name;
+}
+
 void HttpServer::answer(Job& job, const httplib::Request& req, httplib::Response& res) {
   std::string text, piece;
   // A client that goes away while it waits: its job is cancelled (checked between waits).
@@ -234,11 +251,9 @@ void HttpServer::routes() {
   // The API key, before any route (so also unknown paths); /health stays open for probes, and
   // the chat page, which holds no data (it asks for the key and sends it with its requests).
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (opts_.api_key.empty() || req.path == "/health" || (req.path == "/" && req.method == "GET"))
+    if (opts_.api_keys.empty() || req.path == "/health" || (req.path == "/" && req.method == "GET"))
       return httplib::Server::HandlerResponse::Unhandled;
-    const std::string want = "Bearer " + opts_.api_key;
-    if (req.get_header_value("Authorization") == want)
-      return httplib::Server::HandlerResponse::Unhandled;
+    if (key_name(req)) return httplib::Server::HandlerResponse::Unhandled;
     const bool given = req.has_header("Authorization");
     send_error(res, plain_error(401,
                                 given ? "the API key is wrong"
@@ -276,7 +291,11 @@ void HttpServer::routes() {
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(models_body(opts_.model_name, 0), kJson);
   });
-  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  s.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!may_read_metrics(req)) {
+      return send_error(res, plain_error(403, "GET /metrics needs the admin key (--admin-key-name)",
+                                         "admin_key_required"));
+    }
     res.set_content(prometheus_text(service_.metrics()), "text/plain; version=0.0.4");
   });
   s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
@@ -302,28 +321,31 @@ void HttpServer::routes() {
     return [this, ep](const httplib::Request& req, httplib::Response& res) {
       // Held until the response is written (for a stream: until its last event).
       auto guard = std::make_shared<InFlight>(in_flight_);
+      // Who asks (the key was checked before routing): the namespace of the session.
+      const std::string who = key_name(req).value_or("");
       GenerationRequest g;
       if (auto e = parse_generation_request(req.body, ep, g)) {
-        service_.count_outcome("invalid");
+        service_.count_outcome("invalid", who);
         return send_error(res, *e);
       }
       const bool has_sid = req.has_header("X-Session-Id");
       const std::string sid = has_sid ? req.get_header_value("X-Session-Id") : std::string();
       if (auto e = apply_session_header(has_sid ? &sid : nullptr, g)) {
-        service_.count_outcome("invalid");
+        service_.count_outcome("invalid", who);
         return send_error(res, *e);
       }
       auto job = std::make_shared<Job>();
+      job->key_name = who;
       if (auto e = prepare(g, *job)) {
-        service_.count_outcome(e->http_status == 503 ? "rejected" : "invalid");
+        service_.count_outcome(e->http_status == 503 ? "rejected" : "invalid", who);
         return send_error(res, *e);
       }
       if (draining_) {
-        service_.count_outcome("rejected");
+        service_.count_outcome("rejected", who);
         return send_error(res, plain_error(503, "the server is shutting down", "shutting_down"));
       }
       if (auto e = service_.submit(job)) {
-        service_.count_outcome("rejected");
+        service_.count_outcome("rejected", who);
         return send_error(res, *e);
       }
       if (!g.stream) return answer(*job, req, res);

@@ -5,8 +5,10 @@
 // Endpoints: GET / (the chat page, src/serve/chat.html), POST /v1/chat/completions,
 // POST /v1/completions, GET /v1/models, GET /health, GET /metrics, POST /tokenize,
 // POST /detokenize. Every error is OpenAI's JSON error shape with a 4xx/5xx status; 503s carry
-// Retry-After. With an API key set, every endpoint but /health and the page needs
-// "Authorization: Bearer KEY" (401 otherwise).
+// Retry-After. With API keys set (serve/api_keys.h), every endpoint but /health and the page
+// needs "Authorization: Bearer KEY" with one of them (401 otherwise); the key's name is the
+// namespace of the request's session and its label in /metrics. With several keys, /metrics
+// answers only the admin key (403 otherwise; no one when there is none).
 #pragma once
 
 #include <atomic>
@@ -14,10 +16,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "d2o/status.h"
 #include "runtime/chat_template.h"
 #include "runtime/tokenizer.h"
+#include "serve/api_keys.h"
 #include "serve/prepare.h"
 #include "serve/service.h"
 
@@ -31,8 +35,9 @@ namespace d2o::serve {
 
 struct HttpOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;  // 0: any free port (port() tells which)
-  std::string api_key;
+  int port = 8080;                    // 0: any free port (port() tells which)
+  std::vector<ApiKey> api_keys;       // none: an open server
+  std::string admin_key_name;         // several keys: the one that may read /metrics ("": none)
   size_t max_body = size_t{4} << 20;  // bytes; larger bodies get 413
   int http_threads = 16;              // handler threads (each waiting request holds one)
   std::string model_name;             // what /v1/models lists and responses carry
@@ -60,6 +65,11 @@ class HttpServer {
  private:
   void routes();
   std::optional<ApiError> prepare(const GenerationRequest& g, Job& job) const;
+  // The name of the key `req` carries: "" on an open server, nullopt when it carries none of
+  // the keys.
+  std::optional<std::string> key_name(const httplib::Request& req) const;
+  // Whether `req` may read /metrics.
+  bool may_read_metrics(const httplib::Request& req) const;
   // Waits for the job and writes the whole response; cancels the job when the client closes
   // its connection meanwhile.
   void answer(Job& job, const httplib::Request& req, httplib::Response& res);

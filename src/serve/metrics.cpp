@@ -51,6 +51,36 @@ std::string prometheus_text(const Metrics& m) {
   value(o, "d2o_prefilled_tokens_total", static_cast<double>(m.prefilled_tokens));
   metric(o, "d2o_generated_tokens_total", "counter", "Generated tokens.");
   value(o, "d2o_generated_tokens_total", static_cast<double>(m.generated_tokens));
+  if (!m.by_key.empty()) {  // only on a server with API keys
+    metric(o, "d2o_key_requests_total", "counter", "Requests by API key name and outcome.");
+    for (const auto& [name, k] : m.by_key) {
+      for (const char* outcome : {"ok", "cancelled", "invalid", "rejected", "error"}) {
+        auto it = k.requests.find(outcome);
+        value(o, "d2o_key_requests_total{key=\"" + label(name) + "\",outcome=\"" + outcome + "\"}",
+              it == k.requests.end() ? 0.0 : static_cast<double>(it->second));
+      }
+    }
+    const struct {
+      const char* name;
+      const char* help;
+      int64_t KeyMetrics::*field;
+    } per_key[] = {
+        {"d2o_key_prompt_tokens_total", "Prompt tokens of generation requests, by API key name.",
+         &KeyMetrics::prompt_tokens},
+        {"d2o_key_prefilled_tokens_total",
+         "Prompt tokens fed to the model (not in a kept session cache), by API key name.",
+         &KeyMetrics::prefilled_tokens},
+        {"d2o_key_generated_tokens_total", "Generated tokens, by API key name.",
+         &KeyMetrics::generated_tokens},
+    };
+    for (const auto& f : per_key) {
+      metric(o, f.name, "counter", f.help);
+      for (const auto& [name, k] : m.by_key) {
+        value(o, std::string(f.name) + "{key=\"" + label(name) + "\"}",
+              static_cast<double>(k.*(f.field)));
+      }
+    }
+  }
   metric(o, "d2o_engine_steps_total", "counter", "Batched engine steps.");
   value(o, "d2o_engine_steps_total", static_cast<double>(m.steps));
   metric(o, "d2o_sessions_evicted_total", "counter", "Idle sessions dropped to make room.");

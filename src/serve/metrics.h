@@ -7,6 +7,14 @@
 
 namespace d2o::serve {
 
+// What one API key's requests asked for (GET /metrics labels it with the key's name).
+struct KeyMetrics {
+  std::map<std::string, int64_t> requests;  // by outcome, as Metrics::requests
+  int64_t prompt_tokens = 0;
+  int64_t prefilled_tokens = 0;
+  int64_t generated_tokens = 0;
+};
+
 struct Metrics {
   // Counters since start.
   std::map<std::string, int64_t> requests;   // by outcome: ok, cancelled, invalid, rejected, error
@@ -14,6 +22,8 @@ struct Metrics {
   int64_t prompt_tokens = 0;                 // rendered prompt tokens of generation requests
   int64_t prefilled_tokens = 0;              // of those, fed to the model (not in a kept cache)
   int64_t generated_tokens = 0;
+  // The same per API key name (empty on a server without keys: no per-key series then).
+  std::map<std::string, KeyMetrics> by_key;
   int64_t steps = 0;  // engine steps
   int64_t sessions_evicted = 0;
   // --session-dir: session files written and read back, failures (writes, refused files), and

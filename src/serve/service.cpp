@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include "serve/api_keys.h"
+
 namespace d2o::serve {
 
 namespace {
@@ -62,6 +64,10 @@ Service::Service(Engine& engine, const Tokenizer& tok, const ServiceParams& para
   if (dir_) sessions_.set_dir(&*dir_, params.save_every_turn);
   metrics_.kv_cap = params.scheduler.kv_mem_bytes;
   counters_.kv_cap = params.scheduler.kv_mem_bytes;
+  for (const std::string& name : params.key_names) {
+    counters_.by_key[name];
+    metrics_.by_key[name];
+  }
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -112,9 +118,14 @@ void Service::fail_job(Job& job, ApiError e) {
   }
   job.cv.notify_all();
   if (!job.session.empty()) {
-    if (Session* s = sessions_.find(job.session); s && s->busy) sessions_.drop(job.session);
+    if (Session* s = sessions_.find(job.store_id); s && s->busy) sessions_.drop(job.store_id);
   }
-  ++counters_.requests[job.error->http_status >= 500 ? "error" : "invalid"];
+  count_job(job, job.error->http_status >= 500 ? "error" : "invalid");
+}
+
+void Service::count_job(const Job& job, const char* outcome) {
+  ++counters_.requests[outcome];
+  if (job.key_counts) ++job.key_counts->requests[outcome];
 }
 
 void Service::start_job(const std::shared_ptr<Job>& job) {
@@ -125,9 +136,13 @@ void Service::start_job(const std::shared_ptr<Job>& job) {
   req.stop_at_eog = !job->ignore_eos;
   job->out.emplace(tok_, job->stops);
   job->completion.usage.prompt_tokens = static_cast<int>(job->prompt.size());
+  if (!job->key_name.empty()) job->key_counts = &counters_.by_key[job->key_name];
   size_t skip = 0;
   if (!job->session.empty()) {
-    Session* existing = sessions_.find(job->session);
+    // Looked up in the namespace of the request's key: another key's session of the same id is,
+    // for this one, an id never used (the same code runs, so the answer cannot tell them apart).
+    job->store_id = scoped_session_id(job->key_name, job->session);
+    Session* existing = sessions_.find(job->store_id);
     if (existing && existing->busy) {
       ApiError e;
       e.http_status = 409;
@@ -141,12 +156,12 @@ void Service::start_job(const std::shared_ptr<Job>& job) {
         job->done = true;
       }
       job->cv.notify_all();
-      ++counters_.requests["invalid"];
+      count_job(*job, "invalid");
       return;
     }
     // Not in memory: its file, if it has one (read before begin(), which creates it).
-    const bool refused = !existing && dir_ && !restore_session(job->session, job->kv_spec);
-    Session& s = sessions_.begin(job->session);
+    const bool refused = !existing && dir_ && !restore_session(job->store_id, job->kv_spec);
+    Session& s = sessions_.begin(job->store_id);
     SessionInfo info;
     info.id = job->session;
     // Continue when the kept tokens are a strict prefix of the new prompt under the same policy.
@@ -181,6 +196,10 @@ void Service::start_job(const std::shared_ptr<Job>& job) {
   active_[job->id] = job;
   counters_.prompt_tokens += static_cast<int64_t>(job->prompt.size());
   counters_.prefilled_tokens += static_cast<int64_t>(job->prompt.size() - skip);
+  if (job->key_counts) {
+    job->key_counts->prompt_tokens += static_cast<int64_t>(job->prompt.size());
+    job->key_counts->prefilled_tokens += static_cast<int64_t>(job->prompt.size() - skip);
+  }
 }
 
 bool Service::restore_session(const std::string& id, const std::string& kv_spec) {
@@ -217,6 +236,7 @@ bool Service::restore_session(const std::string& id, const std::string& kv_spec)
 
 bool Service::on_token(Job& job, TokenId t) {
   ++counters_.generated_tokens;
+  if (job.key_counts) ++job.key_counts->generated_tokens;
   ++job.n_generated;
   std::string delta = job.out->push(t);
   if (!delta.empty()) {
@@ -260,18 +280,18 @@ void Service::finish_job(Job& job, RequestResult& r) {
       info.n_past = n_past;
       const KvCache& kv = r.sequence->cache();
       info.full_kv_bytes = kv.full_kv_bytes(n_past);
-      sessions_.end(job.session, std::move(r.sequence), std::move(seen), r.kv_spec);
-      const Session* s = sessions_.find(job.session);
+      sessions_.end(job.store_id, std::move(r.sequence), std::move(seen), r.kv_spec);
+      const Session* s = sessions_.find(job.store_id);
       info.kv_bytes = s && s->seq ? s->seq->cache().kv_bytes_allocated() : 0;
     } else {
-      sessions_.drop(job.session);
+      sessions_.drop(job.store_id);
     }
   }
   if (error) {
     const char* outcome = error->code == "cancelled"  ? "cancelled"
                           : error->http_status >= 500 ? "error"
                                                       : "invalid";
-    ++counters_.requests[outcome];
+    count_job(job, outcome);
     {
       std::lock_guard<std::mutex> lock(job.mu);
       job.error = std::move(error);
@@ -280,7 +300,7 @@ void Service::finish_job(Job& job, RequestResult& r) {
     job.cv.notify_all();
     return;
   }
-  ++counters_.requests["ok"];
+  count_job(job, "ok");
   {
     std::lock_guard<std::mutex> lock(job.mu);
     job.text += tail;
@@ -316,6 +336,9 @@ void Service::publish_metrics() {
   std::lock_guard<std::mutex> lock(metrics_mu_);
   Metrics m = counters_;
   for (auto& [k, v] : extern_requests_) m.requests[k] += v;
+  for (auto& [name, outcomes] : extern_by_key_) {
+    for (auto& [k, v] : outcomes) m.by_key[name].requests[k] += v;
+  }
   metrics_ = std::move(m);
 }
 
@@ -324,10 +347,14 @@ Metrics Service::metrics() const {
   return metrics_;
 }
 
-void Service::count_outcome(const std::string& outcome) {
+void Service::count_outcome(const std::string& outcome, const std::string& key_name) {
   std::lock_guard<std::mutex> lock(metrics_mu_);
   ++extern_requests_[outcome];
   ++metrics_.requests[outcome];
+  if (!key_name.empty()) {
+    ++extern_by_key_[key_name][outcome];
+    ++metrics_.by_key[key_name].requests[outcome];
+  }
 }
 
 void Service::loop() {

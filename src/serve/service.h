@@ -45,6 +45,10 @@ struct Job {
   std::string kv_spec;  // the policy (the server's --kv when the request names none)
   std::vector<std::string> stops;
   std::string session;
+  // The name of the API key the request came with ("" on a server without keys): its session
+  // is looked up in that name's namespace (scoped_session_id, serve/api_keys.h), and /metrics
+  // counts its requests and tokens under the name.
+  std::string key_name;
   bool ignore_eos = false;  // true: only max_tokens, stop strings and a cancel end the answer
   Completion completion;    // id, created, model, endpoint; the rest is filled at the end
 
@@ -60,6 +64,8 @@ struct Job {
 
   // Engine thread only.
   RequestId id = 0;
+  std::string store_id;              // the session as kept: scoped_session_id(key_name, session)
+  KeyMetrics* key_counts = nullptr;  // the key name's counters (null without a name)
   std::optional<TextOutput> out;
   int n_cached = 0;     // prompt tokens taken from the session
   int n_generated = 0;  // tokens generated so far
@@ -79,6 +85,9 @@ struct ServiceParams {
   // answers are out, before the metrics say so). `d2o serve` hands the memory the requests
   // freed back to the system there (malloc_trim), or the resident set would stay at the peak.
   std::function<void()> on_drained;
+  // The API keys' names: /metrics counts requests and tokens per name, every name listed from
+  // the start (a job's key_name outside the list is counted under it from its first request).
+  std::vector<std::string> key_names;
 };
 
 class Service {
@@ -98,8 +107,9 @@ class Service {
   static bool wait_events(Job& job, std::string& text, int timeout_ms);
 
   Metrics metrics() const;
-  // Counts a request that never reached the engine (invalid, rejected) for /metrics.
-  void count_outcome(const std::string& outcome);
+  // Counts a request that never reached the engine (invalid, rejected) for /metrics, also under
+  // `key_name` when it is not empty.
+  void count_outcome(const std::string& outcome, const std::string& key_name = "");
 
   const SchedulerParams& scheduler_params() const { return params_.scheduler; }
 
@@ -111,6 +121,8 @@ class Service {
   void finish_job(Job& job, RequestResult& r);
   void fail_job(Job& job, ApiError e);
   bool on_token(Job& job, TokenId t);
+  // Counts a job's outcome (ok, cancelled, invalid, error), also under its key name.
+  void count_job(const Job& job, const char* outcome);
   // Reads session `id` from its file into the store for a job with policy `kv_spec`. False
   // when a file exists but cannot be used (refused, another policy, no room): the job then
   // rebuilds the session. True otherwise (read, or no file).
@@ -136,6 +148,7 @@ class Service {
   Metrics metrics_;
   Metrics counters_;  // engine thread's running counters (copied into metrics_)
   std::map<std::string, int64_t> extern_requests_;  // handler-side outcomes (under metrics_mu_)
+  std::map<std::string, std::map<std::string, int64_t>> extern_by_key_;  // the same per key name
   std::thread thread_;
 };
 

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "serve/api.h"
+#include "serve/api_keys.h"
 
 namespace d2o::serve {
 
@@ -45,7 +45,7 @@ Result<SessionDir> SessionDir::open(const std::string& dir, const SessionFileCon
 }
 
 Result<std::string> SessionDir::path_for(const std::string& id) const {
-  if (!valid_session_id(id)) return invalid_argument("not a valid session id: '" + id + "'");
+  if (!valid_scoped_session_id(id)) return invalid_argument("not a valid session id: '" + id + "'");
   return dir_ + "/" + id + kSessionFileSuffix;
 }
 

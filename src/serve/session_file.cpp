@@ -17,7 +17,9 @@ static_assert(std::endian::native == std::endian::little, "session files are lit
 namespace {
 
 constexpr char kMagic[8] = {'D', '2', 'O', 'S', 'E', 'S', 'S', '\0'};
-constexpr size_t kMaxIdBytes = 128;
+// The id a session is kept under: a key's name (1-64), '@' and the client's id (1-128)
+// (serve/api_keys.h); files of the default namespace hold the client's id alone.
+constexpr size_t kMaxIdBytes = 64 + 1 + 128;
 constexpr size_t kMaxSpecBytes = 4096;
 
 // Bytes of the fixed part before the id (magic .. rot_v).

@@ -6,7 +6,8 @@
 //   magic "D2OSESS\0", u32 version, u32 flags (0)
 //   model: u64 GGUF file size, u64 hash of the GGUF bytes before the tensor data
 //   cache: u32 n_layer, n_head_kv, head_dim; u8 key type, value type, rot_k, rot_v
-//   u32 + bytes: session id; u32 + bytes: canonical KV policy spec
+//   u32 + bytes: session id as kept (scoped_session_id: `name@id`, or the id alone in the
+//     default namespace); u32 + bytes: canonical KV policy spec
 //   i64 n_past; u32 n; i32 tokens[n] (the history, n == n_past)
 //   policy state: u8 budgets_set, u8 has_ext; u32 n + i32 budgets[n]; u32 n + i64 evicted[n];
 //     u32 n + i64 merged[n]; i64 n_compactions; i64 pos_shift;

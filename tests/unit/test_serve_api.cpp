@@ -306,6 +306,22 @@ TEST(ServeMetrics, PrometheusText) {
   EXPECT_NE(t.find("d2o_kv_allocated_bytes 150\n"), std::string::npos);
   EXPECT_NE(t.find("d2o_kv_saved_bytes 250\n"), std::string::npos);
   EXPECT_NE(t.find("# TYPE d2o_sequences_running gauge\n"), std::string::npos);
+  EXPECT_EQ(t.find("d2o_key_"), std::string::npos);  // no keys: no per-key series
+
+  m.by_key["alice"].requests["ok"] = 2;
+  m.by_key["alice"].prompt_tokens = 30;
+  m.by_key["alice"].prefilled_tokens = 10;
+  m.by_key["alice"].generated_tokens = 7;
+  m.by_key["bob"];
+  const std::string k = prometheus_text(m);
+  EXPECT_NE(k.find("# TYPE d2o_key_requests_total counter\n"), std::string::npos);
+  EXPECT_NE(k.find("d2o_key_requests_total{key=\"alice\",outcome=\"ok\"} 2\n"), std::string::npos);
+  EXPECT_NE(k.find("d2o_key_requests_total{key=\"bob\",outcome=\"rejected\"} 0\n"),
+            std::string::npos);
+  EXPECT_NE(k.find("d2o_key_prompt_tokens_total{key=\"alice\"} 30\n"), std::string::npos);
+  EXPECT_NE(k.find("d2o_key_prefilled_tokens_total{key=\"alice\"} 10\n"), std::string::npos);
+  EXPECT_NE(k.find("d2o_key_generated_tokens_total{key=\"alice\"} 7\n"), std::string::npos);
+  EXPECT_NE(k.find("d2o_key_generated_tokens_total{key=\"bob\"} 0\n"), std::string::npos);
 }
 
 }  // namespace

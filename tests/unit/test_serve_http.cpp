@@ -142,7 +142,7 @@ TEST(ServeHttp, ChatPageIsServedWithoutTheKey) {
   test::ServeStack st;
   ASSERT_NO_FATAL_FAILURE(st.start("serve_http_page", size_t{8} << 20, 2, 8));
   HttpOptions ho = test_options(4);
-  ho.api_key = "secret";
+  ho.api_keys = {{"default", "secret"}};
   HttpServer http(*st.service, *st.tok, nullptr, ho);
   ASSERT_TRUE(http.bind().ok());
   std::thread server([&] { http.run(); });
@@ -194,6 +194,101 @@ TEST(ServeHttp, SessionFromTheHeader) {
   EXPECT_EQ(st.service->metrics().sessions, 1);
   EXPECT_EQ(differs->status, 400);
   EXPECT_EQ(json::parse(differs->body)["error"]["param"], "X-Session-Id");
+}
+
+// Several API keys (serve/api_keys.h): no key or a wrong one is a 401; a key's session id is
+// its own (Bob naming Alice's session gets the very response of an id never used, but for the
+// id and time fields); with several keys only the admin key reads /metrics (403 for the others,
+// for all when no admin is named), and /metrics counts requests and tokens per key name. A
+// single key reads /metrics as before.
+TEST(ServeHttp, KeysNamespaceSessionsAndGuardMetrics) {
+  test::ServeStack st;
+  ASSERT_NO_FATAL_FAILURE(st.start("serve_http_keys", size_t{8} << 20, 2, 8));
+  const std::string alice = "alice-key-0123456789", bob = "bob-key-0123456789abc",
+                    ops = "ops-key-0123456789abcd";
+  auto serve = [&](std::vector<ApiKey> keys, std::string admin, auto&& client) {
+    HttpOptions ho = test_options(4);
+    ho.api_keys = std::move(keys);
+    ho.admin_key_name = std::move(admin);
+    HttpServer http(*st.service, *st.tok, nullptr, ho);
+    ASSERT_TRUE(http.bind().ok());
+    std::thread server([&] { http.run(); });
+    httplib::Client cli("127.0.0.1", http.port());
+    client(cli);
+    http.stop(1.0);
+    server.join();
+  };
+  auto as = [](const std::string& key) {
+    return httplib::Headers{{"Authorization", "Bearer " + key}};
+  };
+  auto post = [&](httplib::Client& cli, const std::string& key, const json& body) {
+    auto r = cli.Post("/v1/completions", as(key), body.dump(), "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+    return r ? json::parse(r->body) : json();
+  };
+  // The response of a request but its id, creation time and the session's own id.
+  auto shape = [](json j) {
+    j.erase("id");
+    j.erase("created");
+    j["session"].erase("id");
+    return j;
+  };
+  serve({{"alice", alice}, {"bob", bob}, {"ops", ops}}, "ops", [&](httplib::Client& cli) {
+    auto none = cli.Get("/v1/models");
+    auto wrong = cli.Get("/v1/models", as(alice + "x"));
+    auto bare = cli.Get("/v1/models", httplib::Headers{{"Authorization", alice}});
+    ASSERT_TRUE(none && wrong && bare);
+    EXPECT_EQ(none->status, 401);
+    EXPECT_EQ(json::parse(none->body)["error"]["code"], "missing_api_key");
+    EXPECT_EQ(wrong->status, 401);
+    EXPECT_EQ(json::parse(wrong->body)["error"]["code"], "invalid_api_key");
+    EXPECT_EQ(bare->status, 401);
+    auto health = cli.Get("/health");
+    ASSERT_TRUE(health);
+    EXPECT_EQ(health->status, 200);
+
+    json turn{{"prompt", "t42t7t55t6"}, {"max_tokens", 4}, {"temperature", 0}, {"session", "conv"}};
+    const json a1 = post(cli, alice, turn);
+    // (Without namespaces Bob's request would continue Alice's session, or rebuild it.)
+    turn["prompt"] = "t42t7t55t6" + a1["choices"][0]["text"].get<std::string>() + "t9t8";
+    const json b = post(cli, bob, turn);
+    turn["session"] = "never-used";
+    const json fresh = post(cli, bob, turn);
+    EXPECT_EQ(b["session"]["id"], "conv");
+    EXPECT_EQ(b["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    EXPECT_EQ(shape(b), shape(fresh));
+
+    auto forbidden = cli.Get("/metrics", as(alice));
+    auto allowed = cli.Get("/metrics", as(ops));
+    ASSERT_TRUE(forbidden && allowed);
+    EXPECT_EQ(forbidden->status, 403);
+    const json e = json::parse(forbidden->body)["error"];
+    EXPECT_EQ(e["code"], "admin_key_required");
+    EXPECT_EQ(e["type"], "permission_error");
+    EXPECT_EQ(forbidden->body.find("d2o_"), std::string::npos);
+    EXPECT_EQ(allowed->status, 200);
+    const std::string& text = allowed->body;
+    EXPECT_NE(text.find("d2o_key_requests_total{key=\"alice\",outcome=\"ok\"} 1\n"),
+              std::string::npos)
+        << text;
+    EXPECT_NE(text.find("d2o_key_requests_total{key=\"bob\",outcome=\"ok\"} 2\n"),
+              std::string::npos);
+    EXPECT_NE(text.find("d2o_key_generated_tokens_total{key=\"bob\"} 8\n"), std::string::npos);
+  });
+  // Several keys and no admin: /metrics is closed to all of them.
+  serve({{"alice", alice}, {"bob", bob}}, "", [&](httplib::Client& cli) {
+    for (const std::string& key : {alice, bob}) {
+      auto m = cli.Get("/metrics", as(key));
+      ASSERT_TRUE(m);
+      EXPECT_EQ(m->status, 403);
+    }
+  });
+  // One key: it reads /metrics as before.
+  serve({{"default", alice}}, "", [&](httplib::Client& cli) {
+    auto m = cli.Get("/metrics", as(alice));
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->status, 200);
+  });
 }
 
 }  // namespace

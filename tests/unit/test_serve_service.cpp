@@ -76,9 +76,24 @@ Outcome run_one(Service& s, std::vector<TokenId> prompt, int max_tokens,
   return wait_for(*job);
 }
 
+// run_one for a request that came with the API key named `key`.
+Outcome run_as(Service& s, const std::string& key, std::vector<TokenId> prompt, int max_tokens,
+               const std::string& session) {
+  auto job = make_job(std::move(prompt), max_tokens, session);
+  job->key_name = key;
+  if (auto e = s.submit(job)) {
+    Outcome o;
+    o.error = e;
+    return o;
+  }
+  return wait_for(*job);
+}
+
 // Published metrics lag the jobs' ends by the rest of an engine step: waits for a count.
+// (At most 60 s: a count that never comes fails the test's checks, not hangs it.)
 void wait_for_count(const Service& s, const char* outcome, int64_t n) {
-  while (true) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < until) {
     Metrics m = s.metrics();
     if (m.requests[outcome] >= n) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -296,6 +311,117 @@ TEST(ServeService, SessionsFromSeveralThreadsContinueTheirOwnConversations) {
   }
   wait_for_count(s, "ok", 2 * kSessions);
   EXPECT_EQ(s.metrics().sessions, kSessions);
+}
+
+// Sessions live in the namespace of the key a request came with. Bob naming the session id
+// Alice uses, with Alice's very conversation, gets what an id never used gets (nothing taken
+// from her cache, not "rebuilt", the same sizes and answer), and leaves her session as it was;
+// within one name the session goes on; a session another name is answering is no 409 for Bob.
+// The default namespace is shared by an open server and the key named "default".
+TEST(ServeService, SessionsAreNamespacedByKeyName) {
+  ServeStack st;
+  ASSERT_NO_FATAL_FAILURE(st.start("serve_service", size_t{4} << 20, 4, 64));
+  Service& s = *st.service;
+  // Alice's two turns.
+  std::vector<TokenId> prompt = random_prompt(12, 500);
+  const Outcome a1 = run_as(s, "alice", prompt, 6, "shared");
+  ASSERT_FALSE(a1.error) << a1.error->message;
+  for (TokenId t : ids_of(a1.text)) prompt.push_back(t);
+  for (TokenId t : random_prompt(5, 511)) prompt.push_back(t);
+  const Outcome a2 = run_as(s, "alice", prompt, 6, "shared");
+  ASSERT_FALSE(a2.error) << a2.error->message;
+  EXPECT_EQ(a2.cached_tokens, a1.session->n_past);  // continued
+  ASSERT_GT(a2.cached_tokens, 0);
+
+  // Alice's next turn (her conversation and a new message), sent by Bob under her id, and under
+  // an id nobody used. (The turns carry the answers as ids read back from their text.)
+  ASSERT_EQ(std::ssize(ids_of(a2.text)), a2.completion_tokens) << a2.text;
+  std::vector<TokenId> next = prompt;
+  for (TokenId t : ids_of(a2.text)) next.push_back(t);
+  for (TokenId t : random_prompt(4, 505)) next.push_back(t);
+  const Outcome b = run_as(s, "bob", next, 6, "shared");
+  const Outcome fresh = run_as(s, "bob", next, 6, "never-used");
+  ASSERT_FALSE(b.error) << b.error->message;
+  ASSERT_FALSE(fresh.error) << fresh.error->message;
+  ASSERT_TRUE(b.session && fresh.session);
+  EXPECT_EQ(b.cached_tokens, 0);  // (one namespace for all: Alice's n_past, her cache)
+  EXPECT_EQ(b.cached_tokens, fresh.cached_tokens);
+  EXPECT_EQ(b.text, fresh.text);
+  EXPECT_EQ(b.completion_tokens, fresh.completion_tokens);
+  EXPECT_EQ(b.finish_reason, fresh.finish_reason);
+  EXPECT_EQ(b.session->id, "shared");
+  EXPECT_FALSE(b.session->rebuilt);
+  EXPECT_EQ(b.session->rebuilt, fresh.session->rebuilt);
+  EXPECT_EQ(b.session->n_past, fresh.session->n_past);
+  EXPECT_EQ(b.session->kv_bytes, fresh.session->kv_bytes);
+  EXPECT_EQ(b.session->full_kv_bytes, fresh.session->full_kv_bytes);
+  // Another prompt on Alice's id is no rebuild for Bob either (that would say the id is used).
+  (void)run_as(s, "alice", random_prompt(9, 503), 2, "shared-2");
+  const Outcome b_other = run_as(s, "bob", random_prompt(4, 502), 2, "shared-2");
+  const Outcome c_other = run_as(s, "carol", random_prompt(4, 502), 2, "never-used-2");
+  ASSERT_FALSE(b_other.error || c_other.error);
+  EXPECT_FALSE(b_other.session->rebuilt);
+  EXPECT_EQ(b_other.cached_tokens, 0);
+  EXPECT_EQ(b_other.text, c_other.text);
+  EXPECT_EQ(b_other.session->n_past, c_other.session->n_past);
+
+  // Bob's own next turn continues Bob's session; Alice's turn continues hers, untouched.
+  ASSERT_EQ(std::ssize(ids_of(b.text)), b.completion_tokens) << b.text;
+  std::vector<TokenId> bob_next = next;
+  for (TokenId t : ids_of(b.text)) bob_next.push_back(t);
+  for (TokenId t : random_prompt(3, 504)) bob_next.push_back(t);
+  const Outcome b2 = run_as(s, "bob", bob_next, 4, "shared");
+  ASSERT_FALSE(b2.error) << b2.error->message;
+  EXPECT_EQ(b2.cached_tokens, b.session->n_past);
+  const Outcome a3 = run_as(s, "alice", next, 6, "shared");
+  ASSERT_FALSE(a3.error) << a3.error->message;
+  EXPECT_FALSE(a3.session->rebuilt);
+  EXPECT_EQ(a3.cached_tokens, a2.session->n_past);
+  EXPECT_EQ(a3.text, b.text);
+
+  // Alice's session is answering: Alice gets 409 on it, Bob an answer.
+  auto long_job = make_job(random_prompt(6, 506), 8000, "busy");  // within the context
+  long_job->key_name = "alice";
+  ASSERT_FALSE(s.submit(long_job));
+  const Outcome a_busy = run_as(s, "alice", random_prompt(6, 507), 2, "busy");
+  const Outcome b_busy = run_as(s, "bob", random_prompt(6, 507), 2, "busy");
+  long_job->cancel = true;
+  (void)wait_for(*long_job);
+  ASSERT_TRUE(a_busy.error);
+  EXPECT_EQ(a_busy.error->http_status, 409);
+  EXPECT_FALSE(b_busy.error) << b_busy.error->message;
+
+  // No key and the key named "default" share the namespace of older servers.
+  std::vector<TokenId> legacy = random_prompt(10, 508);
+  const Outcome o1 = run_as(s, "", legacy, 3, "legacy");
+  for (TokenId t : ids_of(o1.text)) legacy.push_back(t);
+  legacy.push_back(42);
+  const Outcome o2 = run_as(s, "default", legacy, 3, "legacy");
+  ASSERT_FALSE(o1.error || o2.error);
+  EXPECT_EQ(o2.cached_tokens, o1.session->n_past);
+
+  // /metrics: requests and tokens per key name; a job without a name counts in the totals only.
+  wait_for_count(s, "ok", 12);
+  const Metrics m = s.metrics();
+  ASSERT_EQ(m.by_key.count("alice"), 1u);
+  ASSERT_EQ(m.by_key.count(""), 0u);
+  EXPECT_EQ(m.by_key.at("alice").requests.at("ok"), 4);
+  EXPECT_EQ(m.by_key.at("alice").requests.at("invalid"), 1);  // the 409
+  EXPECT_EQ(m.by_key.at("alice").requests.at("cancelled"), 1);
+  EXPECT_EQ(m.by_key.at("bob").requests.at("ok"), 5);
+  EXPECT_EQ(m.by_key.at("carol").requests.at("ok"), 1);
+  EXPECT_EQ(m.by_key.at("default").requests.at("ok"), 1);
+  int64_t generated = 0, prompt_tokens = 0, prefilled = 0;
+  for (const auto& [name, k] : m.by_key) {
+    generated += k.generated_tokens;
+    prompt_tokens += k.prompt_tokens;
+    prefilled += k.prefilled_tokens;
+  }
+  EXPECT_EQ(generated + o1.completion_tokens, m.generated_tokens);
+  EXPECT_EQ(prompt_tokens + 10, m.prompt_tokens);
+  EXPECT_EQ(prefilled + 10, m.prefilled_tokens);
+  EXPECT_EQ(m.by_key.at("bob").prompt_tokens - m.by_key.at("bob").prefilled_tokens,
+            b2.cached_tokens);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "runtime/sequence.h"
+#include "serve/api_keys.h"
 #include "serve/session_dir.h"
 #include "serve/sessions.h"
 
@@ -440,6 +441,49 @@ TEST_F(SessionFileTest, DirectoryWritesAtomicallyUnderSafeNamesAndReadsBack) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/a:1.d2os"));
   // Not a directory.
   EXPECT_FALSE(SessionDir::open(dir + "/b.d2os", ctx).ok());
+  std::filesystem::remove_all(dir);
+}
+
+// Sessions of a key are files of their own: `<name>@<id>.d2os` beside the default namespace's
+// `<id>.d2os` (the files of a server from before key names, read by the key named "default").
+// A file holds the id it was kept under, so one moved into another name's place is refused.
+TEST_F(SessionFileTest, KeyNamespacesKeepFilesApart) {
+  const std::string dir = d2o::test::scratch_path("session_dir_keys_test");
+  std::filesystem::remove_all(dir);
+  auto sd = SessionDir::open(dir, context(KvType::kF16));
+  ASSERT_TRUE(sd.ok()) << sd.status().to_string();
+  EXPECT_FALSE(sd->path_for("default@x").ok());  // the default namespace has no prefix
+  EXPECT_FALSE(sd->path_for("a/b@x").ok());
+  EXPECT_FALSE(sd->path_for("a@b@x").ok());
+  EXPECT_EQ(sd->path_for(scoped_session_id("..", "x")).value(), dir + "/..@x.d2os");
+  EXPECT_EQ(sd->path_for(scoped_session_id("default", "x")).value(), dir + "/x.d2os");
+
+  auto policy = std::shared_ptr<const KvPolicy>(parse_kv_policy("full").value());
+  std::vector<TokenId> history;
+  auto seq = conversation(policy, KvType::kF16, history);
+  const std::string alice_x = scoped_session_id("alice", "x");
+  ASSERT_TRUE(
+      sd->save(alice_x, policy->spec(), history, seq->n_past(), seq->cache(), seq->policy_state())
+          .ok());
+  EXPECT_TRUE(std::filesystem::exists(dir + "/alice@x.d2os"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/x.d2os"));
+  auto none = sd->load(scoped_session_id("bob", "x"));
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  none = sd->load(scoped_session_id("default", "x"));
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  auto back = sd->load(alice_x);
+  ASSERT_TRUE(back.ok() && back->has_value());
+  EXPECT_EQ((*back)->id, "alice@x");
+
+  std::filesystem::copy_file(dir + "/alice@x.d2os", dir + "/bob@x.d2os");
+  std::filesystem::copy_file(dir + "/alice@x.d2os", dir + "/x.d2os");
+  for (const char* other : {"bob@x", "x"}) {
+    auto moved = sd->load(other);
+    ASSERT_FALSE(moved.ok()) << other;
+    EXPECT_NE(moved.status().message().find("holds session 'alice@x'"), std::string::npos);
+  }
   std::filesystem::remove_all(dir);
 }
 

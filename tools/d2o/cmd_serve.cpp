@@ -2,6 +2,7 @@
 // the model, starts the service and the listener, and turns SIGTERM / SIGINT into a drain:
 // requests in flight finish, new ones get 503, then the process exits.
 #include <pthread.h>
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -29,6 +30,8 @@ struct ServeOptions {
   int chunk = 256;
   int n_predict = 512;
   std::string api_key;
+  std::string api_key_file;
+  std::string admin_key_name;
   std::string max_body = "4M";
   double drain_s = 30;
   std::string session_dir;
@@ -52,6 +55,36 @@ int run_serve(ServeOptions& o) {
   if (!cap.ok()) return fail(cap.status().with_context("--kv-mem"));
   auto max_body = parse_byte_size(o.max_body);
   if (!max_body.ok()) return fail(max_body.status().with_context("--max-body"));
+  // The keys, read once (rotating them means a restart), before the model loads.
+  std::vector<serve::ApiKey> keys;
+  if (!o.api_key_file.empty()) {
+    auto k = serve::read_api_key_file(o.api_key_file);
+    if (!k.ok()) return fail(k.status().with_context("--api-key-file"));
+    keys = std::move(k).value();
+    std::error_code ec;
+    const auto mode = std::filesystem::status(o.api_key_file, ec).permissions();
+    using std::filesystem::perms;
+    if (!ec && (mode & (perms::group_read | perms::others_read)) != perms::none) {
+      std::fprintf(stderr,
+                   "d2o serve: warning: %s can be read by other users than its owner (chmod 600 "
+                   "it)\n",
+                   o.api_key_file.c_str());
+    }
+  } else if (!o.api_key.empty()) {
+    keys.push_back({serve::kDefaultKeyName, o.api_key});
+  }
+  if (!o.admin_key_name.empty()) {
+    if (keys.empty()) {
+      return fail(invalid_argument("--admin-key-name needs keys (--api-key-file or --api-key)"));
+    }
+    if (std::none_of(keys.begin(), keys.end(),
+                     [&](const serve::ApiKey& k) { return k.name == o.admin_key_name; })) {
+      return fail(
+          invalid_argument("--admin-key-name " + o.admin_key_name + ": no key of that name" +
+                           (o.api_key_file.empty() ? std::string(" (--api-key is 'default')")
+                                                   : " in " + o.api_key_file)));
+    }
+  }
   // The engine's micro-batch must hold a whole step (every decode row and one prompt chunk).
   o.model.n_ubatch = std::max(o.model.n_ubatch, o.parallel + o.chunk);
   auto loaded = load_all(o.model);
@@ -72,6 +105,7 @@ int run_serve(ServeOptions& o) {
   // keeps the pages, and after a load RSS stayed about 70 MiB above where it started with no
   // KV held at all (tests/e2e/serve_load_test.py). Once nothing runs or waits, they go back.
   sp.on_drained = [] { malloc_trim(0); };
+  for (const serve::ApiKey& k : keys) sp.key_names.push_back(k.name);
   if (!o.session_dir.empty()) {
     auto id = serve::model_identity(l.model->path());
     if (!id.ok()) return fail(id.status().with_context("--session-dir"));
@@ -85,7 +119,8 @@ int run_serve(ServeOptions& o) {
   serve::HttpOptions ho;
   ho.host = o.host;
   ho.port = o.port;
-  ho.api_key = o.api_key;
+  ho.api_keys = keys;
+  ho.admin_key_name = o.admin_key_name;
   ho.max_body = *max_body;
   // Every running or queued request holds a handler thread while it waits; a few more answer
   // the quick endpoints (and the 503s) meanwhile.
@@ -114,6 +149,12 @@ int run_serve(ServeOptions& o) {
                "d2o serve: %s on http://%s:%d (kv %s, kv-mem %s, parallel %d, context %d)\n",
                ho.model_name.c_str(), o.host.c_str(), http.port(), l.policy->spec().c_str(),
                format_bytes(static_cast<double>(*cap)).c_str(), o.parallel, l.n_ctx);
+  if (keys.size() > 1) {
+    std::fprintf(stderr, "d2o serve: %zu API keys; /metrics: %s\n", keys.size(),
+                 o.admin_key_name.empty()
+                     ? "closed to every key (no --admin-key-name)"
+                     : ("the admin key '" + o.admin_key_name + "' only").c_str());
+  }
   std::fflush(stderr);
   http.run();
   ended = true;
@@ -146,7 +187,15 @@ Action add_serve_command(CLI::App& app) {
   sub->add_option("-n,--n-predict", o->n_predict,
                   "max_tokens of requests that give none (bounded by the context)")
       ->check(CLI::Range(1, 1 << 24));
-  sub->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY'");
+  CLI::Option* key = sub->add_option("--api-key", o->api_key,
+                                     "Require 'Authorization: Bearer KEY' (one key, named "
+                                     "'default')");
+  sub->add_option("--api-key-file", o->api_key_file,
+                  "API keys, one 'name:key' per line: each name has its own sessions and "
+                  "/metrics counters (read at start; a change needs a restart)")
+      ->excludes(key);
+  sub->add_option("--admin-key-name", o->admin_key_name,
+                  "With several keys, the name of the one that may read /metrics");
   sub->add_option("--max-body", o->max_body, "Largest request body (e.g. 4M); larger gets 413");
   sub->add_option("--drain", o->drain_s, "Seconds requests in flight may take after SIGTERM")
       ->check(CLI::Range(0.0, 3600.0));
