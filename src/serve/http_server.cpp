@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "serve/chat_page.h"  // generated from src/serve/chat.html
+#include "serve/http_gate.h"
 
 namespace d2o::serve {
 
@@ -109,13 +110,13 @@ struct HttpServer::InFlight {
 
 HttpServer::HttpServer(Service& service, const Tokenizer& tok, const ChatTemplate* tmpl,
                        const HttpOptions& opts)
-    : service_(service),
-      tok_(tok),
-      tmpl_(tmpl),
-      opts_(opts),
-      svr_(std::make_unique<httplib::Server>()) {
-  const size_t n_threads = static_cast<size_t>(std::max(4, opts_.http_threads));
-  svr_->new_task_queue = [n_threads] { return new httplib::ThreadPool(n_threads); };
+    : service_(service), tok_(tok), tmpl_(tmpl), opts_(opts) {
+  GateOptions g;
+  g.threads = std::max(4, opts_.http_threads);
+  g.request_timeout_s = opts_.request_timeout_s;
+  g.keep_alive_timeout_s = opts_.keep_alive_timeout_s;
+  g.max_waiting = opts_.max_waiting;
+  svr_ = std::make_unique<GatedServer>(g);
   svr_->set_payload_max_length(opts_.max_body);
   // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which lets a second server bind a
   // port that is in use and silently take half of its connections. Called for the listening
@@ -156,7 +157,7 @@ Status HttpServer::bind() {
 }
 
 void HttpServer::run() {
-  svr_->listen_after_bind();
+  svr_->serve();
 }
 
 void HttpServer::stop(double grace_s) {

@@ -8,7 +8,8 @@
 // Retry-After. With API keys set (serve/api_keys.h), every endpoint but /health and the page
 // needs "Authorization: Bearer KEY" with one of them (401 otherwise); the key's name is the
 // namespace of the request's session and its label in /metrics. With several keys, /metrics
-// answers only the admin key (403 otherwise; no one when there is none).
+// answers only the admin key (403 otherwise; no one when there is none). Connections get a
+// handler thread only once their request's header has arrived (serve/http_gate.h).
 #pragma once
 
 #include <atomic>
@@ -33,6 +34,8 @@ struct Response;
 
 namespace d2o::serve {
 
+class GatedServer;  // serve/http_gate.h
+
 struct HttpOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                    // 0: any free port (port() tells which)
@@ -40,10 +43,16 @@ struct HttpOptions {
   std::string admin_key_name;         // several keys: the one that may read /metrics ("": none)
   size_t max_body = size_t{4} << 20;  // bytes; larger bodies get 413
   int http_threads = 16;              // handler threads (each waiting request holds one)
-  std::string model_name;             // what /v1/models lists and responses carry
-  int default_max_tokens = 512;       // when a request gives no max_tokens
-  int64_t n_ctx = 0;                  // the context: prompt + max_tokens may not exceed it
-  std::string default_kv = "full";    // the policy of requests that name none
+  // A request's header must arrive within this of its connection opening (or of its first
+  // byte, on a kept-alive connection), and its body within this of the header (408 otherwise);
+  // connections waiting for their header hold no handler thread (serve/http_gate.h).
+  double request_timeout_s = 30;
+  int keep_alive_timeout_s = 5;     // an idle kept-alive connection is closed after this
+  size_t max_waiting = 512;         // connections waiting for a header; the longest waiting go
+  std::string model_name;           // what /v1/models lists and responses carry
+  int default_max_tokens = 512;     // when a request gives no max_tokens
+  int64_t n_ctx = 0;                // the context: prompt + max_tokens may not exceed it
+  std::string default_kv = "full";  // the policy of requests that name none
 };
 
 class HttpServer {
@@ -83,7 +92,7 @@ class HttpServer {
   const Tokenizer& tok_;
   const ChatTemplate* tmpl_;
   HttpOptions opts_;
-  std::unique_ptr<httplib::Server> svr_;
+  std::unique_ptr<GatedServer> svr_;
   int port_ = 0;
   int listen_fd_ = -1;  // the listening socket (httplib keeps it private)
   std::atomic<bool> draining_{false};

@@ -5,8 +5,14 @@
 // engine thread and the stream providers share the jobs.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -289,6 +295,141 @@ TEST(ServeHttp, KeysNamespaceSessionsAndGuardMetrics) {
     ASSERT_TRUE(m);
     EXPECT_EQ(m->status, 200);
   });
+}
+
+// A raw connection to the server (for what httplib's client does not do: slow headers,
+// pipelining); -1 when it cannot connect.
+int connect_raw(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
+  if (fd >= 0) ::close(fd);
+  return -1;
+}
+
+// Reads what arrives on fd until it holds `want` occurrences of `needle`, the peer closes, or
+// `ms` pass.
+std::string read_raw(int fd, int ms, const std::string& needle = "", int want = 1) {
+  std::string got;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (std::chrono::steady_clock::now() < until) {
+    int n_found = 0;
+    for (size_t p = 0; !needle.empty() && (p = got.find(needle, p)) != std::string::npos;
+         p += needle.size())
+      ++n_found;
+    if (!needle.empty() && n_found >= want) break;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 20) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return got;
+}
+
+bool peer_closed(int fd, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, ms) <= 0) return false;
+  char c;
+  return ::recv(fd, &c, 1, MSG_DONTWAIT) == 0;
+}
+
+// Clients that send their header a line at a time hold no handler thread (serve/http_gate.h):
+// with 64 of them trickling against 4 threads and room for 16 waiting connections, /health
+// answers at once throughout; each slow connection is answered 408 at the request timeout, or
+// 503 when newer connections pushed it out of the waiting room, and closed. Kept-alive
+// connections serve pipelined requests in order and close when idle past their timeout.
+TEST(ServeHttp, SlowHeadersHoldNoThreadAndTimeOut) {
+  test::ServeStack st;
+  ASSERT_NO_FATAL_FAILURE(st.start("serve_http_gate", size_t{8} << 20, 2, 8));
+  HttpOptions ho = test_options(4);
+  ho.request_timeout_s = 1.0;
+  ho.keep_alive_timeout_s = 1;
+  ho.max_waiting = 16;
+  HttpServer http(*st.service, *st.tok, nullptr, ho);
+  ASSERT_TRUE(http.bind().ok());
+  std::thread server([&] { http.run(); });
+  const int port = http.port();
+
+  constexpr int kSlow = 64;
+  std::vector<int> slow;
+  for (int i = 0; i < kSlow; ++i) {
+    const int fd = connect_raw(port);
+    ASSERT_GE(fd, 0);
+    const std::string start = "GET /health HTTP/1.1\r\nHost: x\r\n";
+    ASSERT_EQ(::send(fd, start.data(), start.size(), MSG_NOSIGNAL), std::ssize(start));
+    slow.push_back(fd);
+  }
+  // A header line every 50 ms to each, until the server answers it and closes.
+  std::vector<std::string> replies(kSlow);
+  std::vector<bool> ended(kSlow, false);
+  std::thread trickle([&] {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < until &&
+           std::count(ended.begin(), ended.end(), false) > 0) {
+      for (int i = 0; i < kSlow; ++i) {
+        if (ended[i]) continue;
+        pollfd p{slow[i], POLLIN, 0};
+        if (::poll(&p, 1, 0) > 0) {  // answered: read it, send no more
+          char buf[512];
+          const ssize_t n = ::recv(slow[i], buf, sizeof buf, MSG_DONTWAIT);
+          if (n > 0) replies[i].append(buf, static_cast<size_t>(n));
+          if (n == 0 || (n < 0 && errno != EAGAIN)) ended[i] = true;
+          continue;
+        }
+        (void)::send(slow[i], "X-Slow: 1\r\n", 11, MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_connection_timeout(3, 0);
+  cli.set_read_timeout(3, 0);
+  for (int k = 0; k < 8; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = cli.Get("/health");
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(r) << "no answer while slow clients wait";
+    EXPECT_EQ(r->status, 200);
+    EXPECT_LT(s, 1.0) << "request " << k;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  trickle.join();
+  int timed_out = 0, pushed_out = 0;
+  for (int i = 0; i < kSlow; ++i) {
+    SCOPED_TRACE("slow connection " + std::to_string(i));
+    EXPECT_TRUE(ended[i]) << "still open";
+    timed_out += replies[i].rfind("HTTP/1.1 408 ", 0) == 0;
+    pushed_out += replies[i].rfind("HTTP/1.1 503 ", 0) == 0;
+    ::close(slow[i]);
+  }
+  EXPECT_EQ(timed_out + pushed_out, kSlow);
+  EXPECT_GE(timed_out, 1);
+  EXPECT_GE(pushed_out, 1);
+
+  // Two requests in one write: two answers, in order, on one connection; idle past the
+  // keep-alive timeout, it is closed.
+  const int fd = connect_raw(port);
+  ASSERT_GE(fd, 0);
+  const std::string two =
+      "GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::send(fd, two.data(), two.size(), MSG_NOSIGNAL), std::ssize(two));
+  const std::string both = read_raw(fd, 3000, "\"random\"");  // the second body
+  const size_t health = both.find("{\"status\":\"ok\"}"), models = both.find("\"random\"");
+  EXPECT_NE(health, std::string::npos) << both;
+  EXPECT_NE(models, std::string::npos) << both;
+  EXPECT_LT(health, models);
+  const std::string third = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::send(fd, third.data(), third.size(), MSG_NOSIGNAL), std::ssize(third));
+  EXPECT_EQ(read_raw(fd, 3000, "{\"status\":\"ok\"}").rfind("HTTP/1.1 200 ", 0), 0u);
+  EXPECT_TRUE(peer_closed(fd, 3000)) << "an idle kept-alive connection stays open";
+  ::close(fd);
+  http.stop(1.0);
+  server.join();
 }
 
 }  // namespace

@@ -34,6 +34,7 @@ struct ServeOptions {
   std::string admin_key_name;
   std::string max_body = "4M";
   double drain_s = 30;
+  double request_timeout_s = 30;
   std::string session_dir;
   std::string session_save = "turn";
 };
@@ -122,6 +123,7 @@ int run_serve(ServeOptions& o) {
   ho.api_keys = keys;
   ho.admin_key_name = o.admin_key_name;
   ho.max_body = *max_body;
+  ho.request_timeout_s = o.request_timeout_s;
   // Every running or queued request holds a handler thread while it waits; a few more answer
   // the quick endpoints (and the 503s) meanwhile.
   ho.http_threads = o.parallel + o.queue + 8;
@@ -197,6 +199,9 @@ Action add_serve_command(CLI::App& app) {
   sub->add_option("--admin-key-name", o->admin_key_name,
                   "With several keys, the name of the one that may read /metrics");
   sub->add_option("--max-body", o->max_body, "Largest request body (e.g. 4M); larger gets 413");
+  sub->add_option("--request-timeout", o->request_timeout_s,
+                  "Seconds a request's header may take to arrive, and then its body (408 after)")
+      ->check(CLI::Range(0.1, 3600.0));
   sub->add_option("--drain", o->drain_s, "Seconds requests in flight may take after SIGTERM")
       ->check(CLI::Range(0.0, 3600.0));
   CLI::Option* dir =

@@ -1,0 +1,87 @@
+// The connection gate of `d2o serve`'s HTTP front: a connection gets a handler thread only once
+// the whole header of its request has arrived, so that clients sending their headers slowly (a
+// byte or a line every few seconds, from hundreds of connections) hold no thread and cannot
+// make the server unreachable.
+//
+// cpp-httplib 0.11 (Debian 12) hands every accepted connection to a thread of its task queue,
+// which then waits for the header line by line, each read with a 5 s timeout but with no
+// deadline for the whole header and no bound on the number of header lines: a few hundred
+// connections trickling header lines held every handler thread, and /health stopped answering.
+// GatedServer keeps httplib's parsing, routing and response writing (Server::process_request)
+// and replaces what comes before it (Server::process_and_close_socket, which 0.11 lets a
+// subclass override):
+//
+//   accept (httplib's loop; its task queue runs our admission inline)
+//     -> the gate: one thread polls every connection that waits for a header, reads what
+//        arrives into the connection's buffer, and
+//          - hands the connection to a handler thread once the buffer holds a whole header
+//            (the handler's stream reads the buffer first, then the socket);
+//          - answers 408 and closes it when the header is not whole by its deadline
+//            (request_timeout after the connection opened; an idle kept-alive connection
+//            has keep_alive_timeout for its next request's first byte, then request_timeout);
+//          - answers 431 and closes it when the header grows past max_header_bytes;
+//          - when more than max_waiting connections wait, closes the one that has waited
+//            longest (503): a slow client cannot keep out one whose header arrives at once.
+//     -> a handler thread: process_request() for the request (its body must arrive within
+//        request_timeout too), then the connection goes back to the gate for the next request
+//        (keep-alive), or the next request is served at once when it is already buffered.
+#pragma once
+
+#include <httplib.h>
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace d2o::serve {
+
+struct GateOptions {
+  int threads = 16;               // handler threads
+  double request_timeout_s = 30;  // for a request's header, and then for its body
+  int keep_alive_timeout_s = 5;   // an idle kept-alive connection's wait for a next request
+  size_t max_waiting = 512;       // connections waiting for a header at most
+  size_t max_header_bytes = size_t{16} << 10;  // request line and headers
+};
+
+class GatedServer : public httplib::Server {
+ public:
+  explicit GatedServer(const GateOptions& opts);
+  ~GatedServer() override;
+
+  // Serves until stop() (httplib's listen_after_bind), then closes the connections still
+  // waiting for a header and waits for the handler threads to finish.
+  bool serve();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Conn {
+    int fd = -1;
+    std::string buffered;     // read but not yet parsed
+    int served = 0;           // requests answered on it
+    Clock::time_point since;  // when it (re)entered the gate
+    Clock::time_point deadline;
+  };
+
+  // httplib's accept loop hands each new connection here (on its own thread, through the
+  // inline task queue): it enters the gate.
+  bool process_and_close_socket(socket_t sock) override;
+  void admit(Conn c);
+  void gate_loop();
+  void serve_connection(Conn c);
+  // Writes a bodiless response (best effort, never blocking) and closes the connection.
+  static void refuse(int fd, int status, const char* reason);
+
+  GateOptions opts_;
+  std::mutex mu_;  // incoming_, stopping_
+  std::vector<Conn> incoming_;
+  bool stopping_ = false;
+  int wake_fd_ = -1;  // eventfd: new connections, stop
+  std::unique_ptr<httplib::ThreadPool> pool_;
+  std::thread gate_;
+};
+
+}  // namespace d2o::serve
