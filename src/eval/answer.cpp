@@ -1,5 +1,6 @@
 #include "eval/answer.h"
 
+#include <algorithm>
 #include <memory>
 
 #include "eval/fork.h"

@@ -417,12 +417,13 @@ TEST(CliEval, QuestionAfterCompressionRuns) {
   }
   EXPECT_TRUE(has(test::read_file(dir + "/ruler.md"), "question after compression"));
   const std::string nd = out_dir("niah_after");
-  r = run_d2o("eval niah --quick -m " + model + " -t 1 --quiet -o " + nd + " --question after");
+  r = run_d2o("eval niah --quick -m " + model + " -t 1 --quiet -o " + nd +
+              " --question after --tasks needle --lengths 512 --depths 50");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(check_outputs(nd, "niah", 1)["params"]["question"], "after");
   const std::string fd = out_dir("fidelity_turn");
   r = run_d2o("eval fidelity --quick -m " + model + " -t 1 --quiet -o " + fd +
-              " --continue-turn --policies 'h2o:budget=100000'");
+              " --continue-turn --samples 1 --policies 'h2o:budget=100000'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json f = nlohmann::json::parse(test::read_file(fd + "/fidelity.json"));
   ASSERT_TRUE(f["params"].contains("continue_turn"));

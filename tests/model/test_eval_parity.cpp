@@ -252,7 +252,12 @@ TEST(EvalParity, NiahGreedyAnswersEqualGenerate) {
     auto b = eval::NiahBuilder::create(*r.tok, r.chat ? &*r.chat : nullptr, hay, shape);
     ASSERT_TRUE(b.ok()) << b.status().to_string();
     int full_correct = 0;
-    for (auto task : {eval::NiahTask::kNeedle, eval::NiahTask::kPasskey}) {
+    // After: the needle task, whose two questions exercise the copies (passkey asks once).
+    const std::vector<eval::NiahTask> tasks =
+        setting == eval::QuestionSetting::kAfter
+            ? std::vector<eval::NiahTask>{eval::NiahTask::kNeedle}
+            : std::vector<eval::NiahTask>{eval::NiahTask::kNeedle, eval::NiahTask::kPasskey};
+    for (auto task : tasks) {
       auto t = b->build(task, 400, 0.5, 5);
       ASSERT_TRUE(t.ok()) << t.status().to_string();
       const std::span<const TokenId> prompt(t->prompt);
@@ -267,8 +272,7 @@ TEST(EvalParity, NiahGreedyAnswersEqualGenerate) {
           turns.push_back(f.tokens);
           keys.push_back(f.key);
         }
-        // Two needles, two questions; the passkey task has one key and asks once.
-        EXPECT_EQ(turns.size(), task == eval::NiahTask::kNeedle ? 2u : 1u);
+        EXPECT_EQ(turns.size(), 2u);  // two needles, two questions
       } else {
         ASSERT_EQ(t->context_end, static_cast<int64_t>(t->prompt.size()));
       }
@@ -294,6 +298,9 @@ TEST(EvalParity, NiahGreedyAnswersEqualGenerate) {
               << g->text << "'";
           continue;
         }
+        // After: the full cache and the window policies (d2o, snapkv), whose ranking the
+        // question's absence changes; the others took the same path in the before setting.
+        if (i == 2 || i == 4) continue;
         for (size_t q = 0; q < turns.size(); ++q) {
           Sequence seq(r.model->hparams(), KvType::kF16, pols[i].policy);
           BatchEntry be;
@@ -310,7 +317,7 @@ TEST(EvalParity, NiahGreedyAnswersEqualGenerate) {
       }
     }
     // The full cache finds every key at this length.
-    EXPECT_EQ(full_correct, setting == eval::QuestionSetting::kAfter ? 3 : 2);
+    EXPECT_EQ(full_correct, 2);
   }
 }
 
