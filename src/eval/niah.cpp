@@ -73,15 +73,8 @@ const char* niah_task_name(NiahTask t) {
 }
 
 Result<NiahBuilder> NiahBuilder::create(const Tokenizer& tok, const ChatTemplate* chat,
-                                        std::string_view haystack, NiahShape shape) {
-  if (shape.questions < 1 || shape.questions > kMaxNiahQuestions) {
-    return invalid_argument("--questions must be in [1, " + std::to_string(kMaxNiahQuestions) +
-                            "]");
-  }
-  if (shape.questions > 1 && shape.setting != QuestionSetting::kAfter) {
-    return invalid_argument(
-        "--questions K asks K questions of one compressed context: it needs --question after");
-  }
+                                        std::string_view haystack, QuestionShape shape) {
+  D2O_RETURN_IF_ERROR(check_question_shape(shape));
   NiahBuilder b(tok);
   b.shape_ = shape;
   D2O_ASSIGN_OR_RETURN(b.turns_, TurnTexts::create(tok, chat, shape.setting));
@@ -137,7 +130,7 @@ Result<NiahBuilder::Trial> NiahBuilder::build(NiahTask task, int length, double 
   } else {
     t.key = std::to_string(10000 + rng.below(90000));
   }
-  // NiahShape: the needle task's questions 2..K, each with a word and a key of its own.
+  // QuestionShape: the needle task's questions 2..K, each with a word and a key of its own.
   const size_t n_needles = task == NiahTask::kNeedle ? static_cast<size_t>(shape_.questions) : 1;
   std::vector<std::string> keys = {t.key}, words = {t.word};
   while (keys.size() < n_needles) {

@@ -43,24 +43,16 @@ Status chat_turn_parts(const Tokenizer& tok, const ChatTemplate& chat, std::stri
 enum class NiahTask { kNeedle, kPasskey };
 const char* niah_task_name(NiahTask t);
 
-// Where the question stands (src/eval/turns.h) and how many are asked of one context: the
-// needle task then holds one needle per question (the first at the cell's depth, the others at
-// seeded random depths, each with its own word), each asked of a copy of the compressed context;
-// the passkey task has one key and asks once. One question builds exactly the single-question
-// trial.
-struct NiahShape {
-  QuestionSetting setting = QuestionSetting::kBefore;
-  int questions = 1;  // 1..kMaxNiahQuestions; more than one needs the after setting
-};
-inline constexpr int kMaxNiahQuestions = 8;
-
 // Builds the prompts. Tokenizes the haystack once.
 class NiahBuilder {
  public:
   // chat = nullptr: no template (plain text prompt). haystack: the needle task's prose.
-  // Errors: a shape out of range.
+  // shape (src/eval/turns.h): with K questions the needle task holds one needle per question
+  // (the first at the cell's depth, the others at seeded random depths, each with its own
+  // word); the passkey task has one key and asks once.
+  // Errors: a shape check_question_shape refuses.
   static Result<NiahBuilder> create(const Tokenizer& tok, const ChatTemplate* chat,
-                                    std::string_view haystack, NiahShape shape = {});
+                                    std::string_view haystack, QuestionShape shape = {});
 
   struct Trial {
     NiahTask task = NiahTask::kNeedle;
@@ -74,7 +66,7 @@ class NiahBuilder {
     // prompt[0, context_end) is the context turn, compressed on its own in the after setting;
     // prompt.size() in the before setting.
     int64_t context_end = 0;
-    // Questions 2..K (NiahShape::questions): each replaces the first question's turn after the
+    // Questions 2..K (QuestionShape::questions): each replaces the first question's turn after the
     // context.
     struct FollowUp {
       std::vector<TokenId> tokens;
@@ -99,7 +91,7 @@ class NiahBuilder {
   int64_t sentence_start(std::span<const TokenId> ctx, int64_t at) const;
 
   const Tokenizer* tok_;
-  NiahShape shape_;
+  QuestionShape shape_;
   TurnTexts turns_;  // the template around the messages
   std::vector<TokenId> haystack_;
   std::vector<TokenId> filler_unit_;  // one repetition of the passkey filler
@@ -118,7 +110,7 @@ struct NiahParams {
   uint64_t seed = 1;
   int n_ctx_train = 0;
   KvType kv_type = KvType::kF16;
-  NiahShape shape;  // the builder's, recorded
+  QuestionShape shape;  // the builder's, recorded
 };
 
 struct NiahOutcome {
@@ -129,7 +121,7 @@ struct NiahOutcome {
   std::string key, word;
   std::vector<std::string> answers;  // per policy (the question about the cell's needle)
   std::vector<uint8_t> correct;      // per policy
-  // Questions 2..K (NiahShape::questions): [question - 1][policy].
+  // Questions 2..K (QuestionShape::questions): [question - 1][policy].
   std::vector<std::string> more_keys;
   std::vector<std::vector<std::string>> more_answers;
   std::vector<std::vector<uint8_t>> more_correct;

@@ -75,15 +75,8 @@ bool is_niah(RulerTask t) {
 }  // namespace
 
 Result<RulerBuilder> RulerBuilder::create(const Tokenizer& tok, const ChatTemplate* chat,
-                                          std::string_view haystack, RulerShape shape) {
-  if (shape.questions < 1 || shape.questions > kMaxRulerQuestions) {
-    return invalid_argument("--questions must be in [1, " + std::to_string(kMaxRulerQuestions) +
-                            "]");
-  }
-  if (shape.questions > 1 && shape.setting != QuestionSetting::kAfter) {
-    return invalid_argument(
-        "--questions K asks K questions of one compressed context: it needs --question after");
-  }
+                                          std::string_view haystack, QuestionShape shape) {
+  D2O_RETURN_IF_ERROR(check_question_shape(shape));
   RulerBuilder b(tok);
   b.shape_ = shape;
   D2O_ASSIGN_OR_RETURN(b.turns_, TurnTexts::create(tok, chat, shape.setting));
@@ -221,7 +214,7 @@ Status too_short(const RulerBuilder::Trial& t, int64_t fixed) {
 }  // namespace
 
 Result<RulerBuilder::Trial> RulerBuilder::build_niah(Trial t, SplitMix64& rng) const {
-  // K questions (RulerShape): K times the keys one question asks (niah_multiquery asks four at
+  // K questions (QuestionShape): K times the keys one question asks (niah_multiquery asks four at
   // once), plus niah_multikey's three distractors. K = 1 gives RULER's counts.
   const size_t n_questions = static_cast<size_t>(shape_.questions);
   const size_t nq_each = t.task == RulerTask::kNiahMultiquery ? 4 : 1;
@@ -397,7 +390,7 @@ Result<RulerBuilder::Trial> RulerBuilder::build_vt(Trial t, SplitMix64& rng) con
   for (size_t i = 0; i < ex_st.size(); ++i) example += ex_st[i] + (i % 2 ? kFiller : "");
   example += question(ex_value) + " " + prefix(ex_value) + join(ex_names, " ") + "\n\n";
 
-  // K questions (RulerShape): K chains with distinct names and values, question i asking chain
+  // K questions (QuestionShape): K chains with distinct names and values, question i asking chain
   // i's value (RULER's num_chains). Chains after the first are drawn again on any clash.
   const size_t n_chains = static_cast<size_t>(shape_.questions);
   std::vector<std::vector<std::string>> names(n_chains);

@@ -65,26 +65,16 @@ int ruler_max_new(RulerTask t);
 // `answer`. 0 when expected is empty.
 double ruler_score(std::string_view answer, std::span<const std::string> expected);
 
-// How a trial's question is put (src/eval/turns.h).
-struct RulerShape {
-  QuestionSetting setting = QuestionSetting::kBefore;
-  // Questions about one context (SCBench's shared-context protocol, its multi-request mode):
-  // each is asked of a copy of the context's compressed cache. 1..kMaxRulerQuestions; more than
-  // one needs the after setting. The niah tasks hold K times the needles they ask for (K keys,
-  // or K groups of four keys for niah_multiquery) and vt K chains, each question asking one;
-  // cwe and fwe have one question per context and ask it once. One question builds exactly the
-  // trial of the task's single-question form.
-  int questions = 1;
-};
-inline constexpr int kMaxRulerQuestions = 8;
-
 class RulerBuilder {
  public:
   // chat = nullptr: plain text prompt. Tokenizes the haystack once and collects its words.
-  // Errors: a haystack with too few distinct words for the keys and the cwe lists; a shape out
-  // of range.
+  // shape (src/eval/turns.h): with K questions the niah tasks hold K times the needles they ask
+  // for (K keys, or K groups of four keys for niah_multiquery) and vt K chains, each question
+  // asking one; cwe and fwe have one question per context and ask it once.
+  // Errors: a haystack with too few distinct words for the keys and the cwe lists; a shape
+  // check_question_shape refuses.
   static Result<RulerBuilder> create(const Tokenizer& tok, const ChatTemplate* chat,
-                                     std::string_view haystack, RulerShape shape = {});
+                                     std::string_view haystack, QuestionShape shape = {});
 
   struct Trial {
     RulerTask task = RulerTask::kNiahSingle;
@@ -103,7 +93,7 @@ class RulerBuilder {
     // before the question turn, prompt[context_end, end), comes as the next pass. Before:
     // prompt.size() (everything is compressed together).
     int64_t context_end = 0;
-    // Questions 2..K of RulerShape::questions (after setting): each replaces the first
+    // Questions 2..K of QuestionShape::questions (after setting): each replaces the first
     // question's turn after prompt[0, context_end).
     struct FollowUp {
       std::vector<TokenId> tokens;
@@ -120,7 +110,7 @@ class RulerBuilder {
   int64_t haystack_tokens() const { return static_cast<int64_t>(haystack_.size()); }
   size_t n_words() const { return words_.size(); }
   bool uses_chat_template() const { return turns_.chat(); }
-  const RulerShape& shape() const { return shape_; }
+  const QuestionShape& shape() const { return shape_; }
 
  private:
   // The text after a task's context: {the end of the context turn, the question turn}.
@@ -145,7 +135,7 @@ class RulerBuilder {
   Result<int64_t> fixed_tokens(const std::string& head, const Tail& tail) const;
 
   const Tokenizer* tok_;
-  RulerShape shape_;
+  QuestionShape shape_;
   TurnTexts turns_;
   std::vector<TokenId> haystack_;
   std::vector<std::string> words_;  // distinct lowercase words of the haystack, in first-seen order
@@ -163,7 +153,7 @@ struct RulerParams {
   KvType kv_type = KvType::kF16;
   int head_dim = 0;  // the model's: KV bytes of the equal-bytes section
   // The builder's (recorded in the report): where the question stands, how many per context.
-  RulerShape shape;
+  QuestionShape shape;
 };
 
 struct RulerOutcome {
@@ -178,7 +168,7 @@ struct RulerOutcome {
   // that the questions of one context, which are not independent, count as one sample).
   std::vector<double> scores;
   std::vector<double> kept;  // per policy: slots per KV head and layer / context tokens
-  // Questions 2..K (RulerShape::questions): [question - 1][policy].
+  // Questions 2..K (QuestionShape::questions): [question - 1][policy].
   std::vector<std::string> more_queries;
   std::vector<std::vector<std::string>> more_answers;
   std::vector<std::vector<double>> more_scores;

@@ -24,6 +24,25 @@ Result<QuestionSetting> parse_question_setting(std::string_view s) {
                           "the next turn)");
 }
 
+Status check_question_shape(const QuestionShape& shape) {
+  if (shape.questions < 1 || shape.questions > kMaxQuestions) {
+    return invalid_argument("--questions must be in [1, " + std::to_string(kMaxQuestions) + "]");
+  }
+  if (shape.questions > 1 && shape.setting != QuestionSetting::kAfter) {
+    return invalid_argument(
+        "--questions K asks K questions of one compressed context: it needs --question after");
+  }
+  return {};
+}
+
+Result<QuestionShape> parse_question_shape(std::string_view setting, int questions) {
+  QuestionShape shape;
+  D2O_ASSIGN_OR_RETURN(shape.setting, parse_question_setting(setting));
+  shape.questions = questions;
+  D2O_RETURN_IF_ERROR(check_question_shape(shape));
+  return shape;
+}
+
 Result<TurnTexts> TurnTexts::create(const Tokenizer& tok, const ChatTemplate* chat,
                                     QuestionSetting setting) {
   TurnTexts t;

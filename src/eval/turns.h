@@ -35,6 +35,21 @@ const char* question_setting_name(QuestionSetting s);  // "before", "after"
 // Errors: anything but "before" or "after" (the message names the option).
 Result<QuestionSetting> parse_question_setting(std::string_view s);
 
+// Where the question stands, and how many questions are asked of one context (SCBench's
+// shared-context protocol, its multi-request mode): each is asked of a copy of the context's
+// compressed cache, so more than one needs the after setting. What a protocol holds per question
+// is its own (src/eval/ruler.h, src/eval/niah.h); one question builds its single-question trial.
+struct QuestionShape {
+  QuestionSetting setting = QuestionSetting::kBefore;
+  int questions = 1;  // 1..kMaxQuestions
+};
+inline constexpr int kMaxQuestions = 8;
+
+// Errors: questions outside [1, kMaxQuestions], or more than one without the after setting.
+Status check_question_shape(const QuestionShape& shape);
+// --question and --questions as given, parsed and checked.
+Result<QuestionShape> parse_question_shape(std::string_view setting, int questions);
+
 // The assistant's reply to the context turn in the after setting (chat templates only).
 inline constexpr const char* kAcknowledgement = "I have read the text. What is your question?";
 

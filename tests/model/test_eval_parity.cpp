@@ -246,7 +246,7 @@ TEST(EvalParity, NiahGreedyAnswersEqualGenerate) {
   const int max_new = 10;
   for (auto setting : {eval::QuestionSetting::kBefore, eval::QuestionSetting::kAfter}) {
     SCOPED_TRACE(eval::question_setting_name(setting));
-    eval::NiahShape shape;
+    eval::QuestionShape shape;
     shape.setting = setting;
     shape.questions = setting == eval::QuestionSetting::kAfter ? 2 : 1;
     auto b = eval::NiahBuilder::create(*r.tok, r.chat ? &*r.chat : nullptr, hay, shape);

@@ -273,7 +273,7 @@ TEST_F(RulerGen, TooShortLengthsAreRefused) {
 TEST_F(RulerGen, QuestionAfterCompressionIsTheNextTurn) {
   if (!t_.chat) GTEST_SKIP() << "the default model has no chat template";
   for (int k : {1, 3}) {
-    eval::RulerShape shape;
+    eval::QuestionShape shape;
     shape.setting = eval::QuestionSetting::kAfter;
     shape.questions = k;
     auto b = eval::RulerBuilder::create(*t_.tok, &*t_.chat, hay_, shape);
@@ -323,7 +323,7 @@ TEST_F(RulerGen, QuestionAfterCompressionIsTheNextTurn) {
     }
   }
   // Several questions need the after setting.
-  eval::RulerShape bad;
+  eval::QuestionShape bad;
   bad.questions = 2;
   auto b = eval::RulerBuilder::create(*t_.tok, &*t_.chat, hay_, bad);
   ASSERT_FALSE(b.ok());
@@ -333,7 +333,7 @@ TEST_F(RulerGen, QuestionAfterCompressionIsTheNextTurn) {
 // Without a chat template the two settings give the same tokens: only the compaction point
 // moves, to the end of the context, before the question.
 TEST_F(RulerGen, PlainTextAfterSettingMovesOnlyTheCompactionPoint) {
-  eval::RulerShape after;
+  eval::QuestionShape after;
   after.setting = eval::QuestionSetting::kAfter;
   auto before_b = eval::RulerBuilder::create(*t_.tok, nullptr, hay_);
   auto after_b = eval::RulerBuilder::create(*t_.tok, nullptr, hay_, after);

@@ -473,7 +473,7 @@ int run_fidelity_cmd(FidelityOptions& o) {
 
 }  // namespace
 
-void add_question_options(CLI::App* app, std::string& question, int& questions, int max_questions,
+void add_question_options(CLI::App* app, std::string& question, int& questions,
                           const std::string& questions_help) {
   app->add_option("--question", question,
                   "before: the question is in the prompt that is compressed; after: the context "
@@ -483,7 +483,7 @@ void add_question_options(CLI::App* app, std::string& question, int& questions, 
                   "Questions per context, each asked of a copy of the compressed context (needs "
                   "--question after; " +
                       questions_help + ")")
-      ->check(CLI::Range(1, max_questions));
+      ->check(CLI::Range(1, eval::kMaxQuestions));
 }
 
 Action add_eval_fidelity(CLI::App* eval) {

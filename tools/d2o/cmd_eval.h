@@ -41,9 +41,9 @@ struct TeacherForcedOptions {
   int cont = 128;
   int64_t skip = 0;
 };
-// Registers --question (before | after, src/eval/turns.h) and --questions (1..max_questions;
+// Registers --question (before | after, src/eval/turns.h) and --questions (1..kMaxQuestions;
 // `questions_help` says what the protocol asks several times).
-void add_question_options(CLI::App* app, std::string& question, int& questions, int max_questions,
+void add_question_options(CLI::App* app, std::string& question, int& questions,
                           const std::string& questions_help);
 
 // Registers --prompt --samples --continue --skip.

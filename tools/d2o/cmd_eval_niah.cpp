@@ -81,12 +81,9 @@ int run_niah_cmd(NiahOptions& o) {
   note_haystack(*hay, s.meta);
   const ChatTemplate* chat =
       (!o.no_chat && s.loaded.chat_template) ? &*s.loaded.chat_template : nullptr;
-  eval::NiahShape shape;
-  auto setting = eval::parse_question_setting(o.question);
-  if (!setting.ok()) return fail(setting.status());
-  shape.setting = *setting;
-  shape.questions = o.questions;
-  auto builder = eval::NiahBuilder::create(*s.loaded.tokenizer, chat, hay->text, shape);
+  auto shape = eval::parse_question_shape(o.question, o.questions);
+  if (!shape.ok()) return fail(shape.status());
+  auto builder = eval::NiahBuilder::create(*s.loaded.tokenizer, chat, hay->text, *shape);
   if (!builder.ok()) return fail(builder.status());
   s.meta.text_tokens = builder->haystack_tokens();
 
@@ -99,7 +96,7 @@ int run_niah_cmd(NiahOptions& o) {
   p.seed = o.common.seed;
   p.n_ctx_train = n_ctx_train;
   p.kv_type = s.loaded.kv_type;
-  p.shape = shape;
+  p.shape = *shape;
   for (const std::string& base : eval_policies(o.common, all_policy_presets())) {
     std::string spec = base;
     if (eval::spec_preset(base) != "full" && !eval::spec_has_compression(base)) {
@@ -165,7 +162,7 @@ Action add_eval_niah(CLI::App* eval) {
                   "Fixed budget in slots per KV head and layer instead of a ratio");
   sub->add_flag("--no-chat", o->no_chat,
                 "Plain-text prompt even when the model has a chat template");
-  add_question_options(sub, o->question, o->questions, eval::kMaxNiahQuestions,
+  add_question_options(sub, o->question, o->questions,
                        "the needle task holds one needle per question, passkey asks one");
   return [o] { return run_niah_cmd(*o); };
 }

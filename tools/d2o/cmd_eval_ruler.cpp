@@ -140,12 +140,9 @@ int run_ruler_cmd(RulerOptions& o) {
   note_haystack(*hay, s.meta);
   const ChatTemplate* chat =
       (!o.no_chat && s.loaded.chat_template) ? &*s.loaded.chat_template : nullptr;
-  eval::RulerShape shape;
-  auto setting = eval::parse_question_setting(o.question);
-  if (!setting.ok()) return fail(setting.status());
-  shape.setting = *setting;
-  shape.questions = o.questions;
-  auto builder = eval::RulerBuilder::create(*s.loaded.tokenizer, chat, hay->text, shape);
+  auto shape = eval::parse_question_shape(o.question, o.questions);
+  if (!shape.ok()) return fail(shape.status());
+  auto builder = eval::RulerBuilder::create(*s.loaded.tokenizer, chat, hay->text, *shape);
   if (!builder.ok()) return fail(builder.status());
   s.meta.text_tokens = builder->haystack_tokens();
 
@@ -158,7 +155,7 @@ int run_ruler_cmd(RulerOptions& o) {
   p.n_ctx_train = s.loaded.model->hparams().n_ctx_train;
   p.kv_type = s.loaded.kv_type;
   p.head_dim = s.loaded.model->hparams().head_dim;
-  p.shape = shape;
+  p.shape = *shape;
   std::vector<std::string> bases = eval_policies(o.common, all_policy_presets());
   bool has_full = false;
   for (const std::string& b : bases) has_full = has_full || b == "full";
@@ -259,7 +256,7 @@ Action add_eval_ruler(CLI::App* eval) {
   sub->add_flag("--no-chat", o->no_chat,
                 "Plain-text prompt even when the model has a chat template");
   add_question_options(
-      sub, o->question, o->questions, eval::kMaxRulerQuestions,
+      sub, o->question, o->questions,
       "niah and vt hold one needle set or chain per question, cwe and fwe ask one");
   return [o] { return run_ruler_cmd(*o); };
 }
