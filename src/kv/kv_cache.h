@@ -5,8 +5,8 @@
 //                                           (KvType: keys and values may differ)
 //   pos    [n_head_kv, capacity]            absolute token position of the slot (the position
 //                                           its key was rotated for)
-//   score  [n_head_kv, capacity]            accumulated attention (H2O/D2O statistics)
-//   window [n_head_kv, capacity]            attention of the last w queries (SnapKV), transient
+//   score  [n_head_kv, capacity]            accumulated attention (StatsNeeds::accumulate)
+//   window [n_head_kv, capacity]            attention of the last w queries (StatsNeeds::window), transient
 //   merged [n_head_kv, capacity]            how many evicted tokens were folded into the slot
 //   row    [n_head_kv, capacity]            the physical row of k and v that holds the slot
 // Entries are per KV head, never expanded per query head. Slots stay in chronological order
@@ -24,12 +24,13 @@
 // The heads of a layer usually hold the same number of slots (n_slot); which tokens they hold may
 // differ. A policy with per-head budgets (heads=ada) leaves them holding different counts
 // (n_slot(h)); n_slot() is then the largest, the one the [n_head_kv, capacity] layout is sized
-// for. Layers may hold different numbers of slots (D2O's per-layer budgets). Memory: the layout
+// for. Layers may hold different numbers of slots (per-layer budgets). Memory: the layout
 // pads every head to the layer's capacity, so kv_bytes_allocated() counts n_head_kv x capacity
 // rows while kv_bytes_used() counts the rows the heads hold (sum over heads).
 //
 // The only mutators are append() (new tokens), apply() (a CompactionPlan from a policy),
-// replace_value() (CaM's merged values), for sliding-window layers drop_oldest(), the allocation
+// replace_value() and replace_scores() (a policy's values and scores written while planning), for
+// sliding-window layers drop_oldest(), the allocation
 // calls (reserve, trim, ...), statistics resets and copies; KvLayer is read-only outside KvCache,
 // except that the attention kernel accumulates statistics through KvCache::layer_for_attention().
 //
@@ -112,7 +113,7 @@ enum class MergedScore {
   kMax,   // the largest of the merged slots' scores
 };
 
-// Positions a plan moves down after the gather (StreamingLLM with re-rotated keys): slots from
+// Positions a plan moves down after the gather (positions renumbered, keys re-rotated): slots from
 // `first_slot` (new index) on get position - by, their keys re-rotated by -by with `rope` (RoPE
 // rotations compose: R(p) R(-r) = R(p - r)).
 struct PositionShift {
@@ -179,7 +180,7 @@ struct CompactionPlan {
 };
 
 // One layer's slots. Read-only for everything but KvCache: the buffers change only through
-// KvCache::append(), apply() (a CompactionPlan), replace_value() (CaM), drop_oldest(), the
+// KvCache::append(), apply() (a CompactionPlan), replace_value(), drop_oldest(), the
 // allocation calls (reserve, trim, ...) and the narrow operations KvCache names (statistics
 // resets, copies). The attention kernel accumulates statistics through score_accum /
 // window_accum, reachable only from KvCache::layer_for_attention().
@@ -297,8 +298,8 @@ class KvLayer {
   AlignedBuffer<int32_t> row_;     // [n_head_kv, capacity] physical row of each slot
   int64_t unordered_ = 0;          // slots evicted since the rows were last in slot order
   // False while window_ / merged_ are zero for every slot held (no window statistics since the
-  // last reset; no merge): compactions then need not move them. A decode step of H2O moves 3
-  // of the 5 metadata entries behind its evicted slot, D2O 4.
+  // last reset; no merge): compactions then need not move them. A decode step that merges
+  // nothing moves 3 of the 5 metadata entries behind its evicted slot, one that merges 4.
   bool window_live_ = false;
   bool merged_live_ = false;
 };
@@ -374,14 +375,15 @@ class KvCache {
   // called outside its tasks), the heads' slots are gathered in parallel; the result is the same.
   void apply(int il, const CompactionPlan& plan, ThreadPool* pool = nullptr);
 
-  // CaM (kv/policy/merge_cam.h), while planning layer il: slot j of head h, a slot the plan
-  // keeps, gets the value `row` (head_dim floats) that evicted slots were merged into. Done in
+  // While planning layer il (a merger that spreads evicted values, kv/policy/merge_cam.h): slot
+  // j of head h, a slot the plan keeps, gets the value `row` (head_dim floats) that evicted slots
+  // were merged into. Done in
   // place rather than through the plan, which would have to hold a copy of the recent window's
   // values of every layer. Layers are independent: different layers may be written in parallel.
   void replace_value(int il, int h, int j, const float* row);
 
   // While planning layer il: slots [first, first + count) of head h get the accumulated scores
-  // `scores` (prompt_ranking=window with prompt_scores=window), before the plan's merges combine
+  // `scores` (a policy that re-scores slots at a compaction), before the plan's merges combine
   // them. Layers are independent, and so are heads.
   void replace_scores(int il, int h, int first, int count, const float* scores);
 

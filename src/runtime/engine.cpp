@@ -70,7 +70,7 @@ Status Engine::validate(std::span<const BatchEntry> batch) const {
 Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink) {
   // Validate everything before touching any sequence.
   D2O_RETURN_IF_ERROR(validate(batch));
-  // SnapKV-style window statistics cover only this pass (a no-op for a cache whose window
+  // Window statistics (StatsNeeds::window) cover only this pass (a no-op for a cache whose window
   // statistics no pass has collected since the last reset).
   for (const BatchEntry& be : batch) {
     if (be.seq->policy().needs().window <= 0) continue;

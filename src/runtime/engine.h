@@ -46,8 +46,9 @@ struct BatchEntry {
   // Chunked prefill: tokens of the same prompt that later passes will bring (0: this chunk ends
   // the prompt, or it is a decode step). Ratio policies compact for the first time on the pass
   // that ends the prompt (PassInfo::prompt_rest). Contract, checked: the chunks of one prompt
-  // announce consistent counts, and when the policy reads an observation window of w queries
-  // (SnapKV) the prompt's last chunk holds at least min(w, prompt length) tokens, so the window
+  // announce consistent counts, and when the policy reads the attention of the last w queries
+  // (StatsNeeds::window) the prompt's last chunk holds at least min(w, prompt length) tokens, so
+  // the window
   // lies within one pass.
   int64_t prompt_rest = 0;
 };

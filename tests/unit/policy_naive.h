@@ -305,7 +305,8 @@ inline std::vector<int> budgets(const PolicyConfig& c, const Cache& cache, int64
   int64_t total = 0;
   for (int x : b) total += x;
   std::vector<double> target;
-  for (int l = 2; l < L - 1; ++l) target.push_back(std::max(1.0, static_cast<double>(b[static_cast<size_t>(l)])));
+  for (int l = 2; l < L - 1; ++l)
+    target.push_back(std::max(1.0, static_cast<double>(b[static_cast<size_t>(l)])));
   const std::vector<int> rest = share_out(target, std::max<int64_t>(0, total - 3 * n),
                                           std::min<int64_t>(smallest_budget(c), n), n);
   b[0] = b[1] = b[static_cast<size_t>(L - 1)] = static_cast<int>(n);
@@ -351,6 +352,24 @@ inline std::vector<double> keydiff_scores(const Head& h) {
     score[static_cast<size_t>(j)] = static_cast<float>(-cosine);
   }
   return score;
+}
+
+// The heavy hitters' score of token j by the policy's scorer (scorer=), in float where the policy
+// reads float statistics; kd: keydiff_scores(h) for key_diversity.
+inline double heavy_score(const PolicyConfig& c, const Head& h, int j, int64_t next_pos,
+                          const std::vector<double>& kd) {
+  const Tok& tk = h[static_cast<size_t>(j)];
+  if (c.scorer == "mean_attention")  // mean attention
+    return static_cast<double>(static_cast<float>(tk.score) /
+                               static_cast<float>(std::max<int64_t>(1, next_pos - tk.pos)));
+  if (c.scorer == "key_diversity") return static_cast<float>(kd[static_cast<size_t>(j)]);
+  if (c.scorer == "value_norm") {  // |v|, over the value as stored (float)
+    double s = 0.0;
+    for (const double x : tk.v)
+      s += static_cast<double>(static_cast<float>(x)) * static_cast<float>(x);
+    return static_cast<float>(std::sqrt(s));
+  }
+  return tk.score;
 }
 
 // max over score[j - half .. j + half] within [0, n), or the sum over the kernel / kernel (the
@@ -432,15 +451,10 @@ inline std::vector<int> keep_list(const PolicyConfig& c, const Head& h, int S, i
     for (int j = 0; j < t; ++j) keep.push_back(j);
     if (heavy > 0) {
       std::vector<double> score(static_cast<size_t>(n));
-      for (int j = 0; j < n; ++j) {
-        const Tok& tk = h[static_cast<size_t>(j)];
-        // Mean attention in float, like the stored statistics the policy reads.
-        score[static_cast<size_t>(j)] =
-            c.norm == ScoreNorm::kQueries
-                ? static_cast<double>(static_cast<float>(tk.score) /
-                                      static_cast<float>(std::max<int64_t>(1, next_pos - tk.pos)))
-                : tk.score;
-      }
+      const std::vector<double> kd =
+          c.scorer == "key_diversity" ? keydiff_scores(h) : std::vector<double>();
+      for (int j = 0; j < n; ++j)
+        score[static_cast<size_t>(j)] = heavy_score(c, h, j, next_pos, kd);
       std::vector<int> cand;
       for (int j = t; j < n - recent; ++j) cand.push_back(j);
       // distinct=F: the first round(F x heavy) places go to the best KeyDiff scores among the
@@ -498,8 +512,9 @@ inline std::vector<std::vector<int>> ada_keep_lists(const PolicyConfig& c,
     const Head& h = heads[static_cast<size_t>(g)];
     const int n = static_cast<int>(h.size());
     std::vector<double> score(static_cast<size_t>(n), 0.0);
+    const std::vector<double> kd =
+        c.scorer == "key_diversity" ? keydiff_scores(h) : std::vector<double>();
     for (int j = 0; j < n; ++j) {
-      const Tok& tk = h[static_cast<size_t>(j)];
       if (c.selector == Selector::kSnapWindow) {
         if (j >= n - last) continue;
         double acc = c.pool == PoolKind::kMax ? -1e300 : 0.0;
@@ -510,11 +525,7 @@ inline std::vector<std::vector<int>> ada_keep_lists(const PolicyConfig& c,
         }
         score[static_cast<size_t>(j)] = c.pool == PoolKind::kMax ? acc : acc / c.kernel;
       } else {
-        score[static_cast<size_t>(j)] =
-            c.norm == ScoreNorm::kQueries
-                ? static_cast<double>(static_cast<float>(tk.score) /
-                                      static_cast<float>(std::max<int64_t>(1, next_pos - tk.pos)))
-                : tk.score;
+        score[static_cast<size_t>(j)] = heavy_score(c, h, j, next_pos, kd);
       }
     }
     std::vector<int> cand;
@@ -677,10 +688,17 @@ inline int d2o_apply(const PolicyConfig& c, Head& h, const std::vector<int>& kee
       out.merged += 1 + src.merged;
     }
     switch (c.mscore) {
-      case MergedScore::kSum: break;
-      case MergedScore::kKeep: out.score = dst.score; break;
-      case MergedScore::kMean: out.score /= 1.0 + k; break;
-      case MergedScore::kMax: out.score = score_max; break;
+      case MergedScore::kSum:
+        break;
+      case MergedScore::kKeep:
+        out.score = dst.score;
+        break;
+      case MergedScore::kMean:
+        out.score /= 1.0 + k;
+        break;
+      case MergedScore::kMax:
+        out.score = score_max;
+        break;
     }
     updated.emplace_back(i, out);
   }

@@ -150,10 +150,10 @@ TEST(PolicyHeads, SpecKeys) {
     return p.ok() ? p.value()->spec() : std::string();
   };
   // The default prints as before (no heads= key); ada prints both keys and round-trips.
-  EXPECT_EQ(spec_of("h2o:ratio=0.2"), "h2o:ratio=0.2,sinks=0,heavy_recent=1:1,agg=sum,norm=none");
+  EXPECT_EQ(spec_of("h2o:ratio=0.2"), "h2o:ratio=0.2,sinks=0,heavy_recent=1:1,agg=sum,scorer=accumulated_attention");
   EXPECT_EQ(spec_of("h2o:ratio=0.2,heads=uniform"), spec_of("h2o:ratio=0.2"));
   const std::string ada = spec_of("h2o:ratio=0.2,heads=ada");
-  EXPECT_EQ(ada, "h2o:ratio=0.2,sinks=0,heavy_recent=1:1,agg=sum,norm=none,heads=ada,floor=0.2");
+  EXPECT_EQ(ada, "h2o:ratio=0.2,sinks=0,heavy_recent=1:1,agg=sum,scorer=accumulated_attention,heads=ada,floor=0.2");
   EXPECT_EQ(spec_of(ada), ada);
   EXPECT_NE(spec_of("snapkv:ratio=0.2,heads=ada,floor=0.5").find("floor=0.5"), std::string::npos);
   spec_of("pyramidkv:ratio=0.2,heads=ada");

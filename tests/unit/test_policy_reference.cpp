@@ -109,6 +109,19 @@ TEST(PolicyReference, KeyDiff) {
   check_all_layouts("keydiff:ratio=0.1", 53, 20, 1, 3);  // budgets at the smallest (1)
 }
 
+// scorer=: each registered scorer ranking the heavy hitters (scorer.h), with uniform and shared
+// head budgets, merging and not, against the naive ranking by the same score.
+TEST(PolicyReference, Scorers) {
+  for (const char* sc : {"value_norm", "key_diversity", "mean_attention"}) {
+    const std::string k = std::string("scorer=") + sc;
+    check_all_layouts("h2o:ratio=0.3," + k, 40, 50, 1);
+    check_all_layouts("h2o:ratio=0.3,heads=ada," + k, 40, 30, 1);
+    check_all_layouts("d2o:reading=paper,ratio=0.3," + k, 40, 50, 1, 6);
+    check_all_layouts("d2o:ratio=0.3," + k, 40, 50, 1);
+    check_all_layouts("h2o:budget=24," + k, 8, 12, 5);  // streaming in chunks
+  }
+}
+
 // distinct=F: part of the heavy-hitter places by KeyDiff's score, the rest by attention.
 TEST(PolicyReference, DistinctShare) {
   check_all_layouts("h2o:ratio=0.3,distinct=0.5", 40, 50, 1);
@@ -252,9 +265,7 @@ TEST(PolicyReference, ThreadPoolGivesIdenticalResults) {
           const size_t n = static_cast<size_t>(a.n_slot());
           EXPECT_EQ(test::compare_keys(a, b, g, n), 0);
           EXPECT_EQ(test::compare_values(a, b, g, n), 0);
-          EXPECT_EQ(std::memcmp(a.score(g), b.score(g),
-                                sizeof(float) * a.n_slot()),
-                    0);
+          EXPECT_EQ(std::memcmp(a.score(g), b.score(g), sizeof(float) * a.n_slot()), 0);
         }
       }
       EXPECT_EQ(composed_state(serial.state)->tau, composed_state(pooled.state)->tau);
@@ -287,7 +298,7 @@ TEST(PolicyReference, NaiveCatchesWrongVariants) {
       {"d2o:reading=paper,ratio=0.3", [](PolicyConfig& c) { c.decide = MergeDecision::kToken; }},
       {"d2o:reading=paper,ratio=0.3", [](PolicyConfig& c) { c.protect = ProtectRule::kEdges; }},
       {"d2o:reading=paper,ratio=0.3", [](PolicyConfig& c) { c.merge = MergeRule::kSized; }},
-      {"h2o:ratio=0.3", [](PolicyConfig& c) { c.norm = ScoreNorm::kQueries; }},
+      {"h2o:ratio=0.3", [](PolicyConfig& c) { c.scorer = "mean_attention"; }},
       {"snapkv:ratio=0.4,window=4", [](PolicyConfig& c) { c.pool = PoolKind::kMax; }},
       {"snapkv:ratio=0.4,window=4", [](PolicyConfig& c) { c.kernel = 5; }},
       {"snapkv:ratio=0.4,window=4", [](PolicyConfig& c) { c.hold = true; }},

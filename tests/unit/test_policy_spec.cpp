@@ -33,13 +33,14 @@ std::string canonical(const std::string& spec) {
 // The paper's D2O, canonical: what reading=paper gives.
 const char* const kPaperD2o =
     "d2o:ratio=0.2,sinks=4,heavy_recent=3:1,beta=0.7,layers=variance,merge=weighted,sim=key,"
-    "ema=paper,agg=sum,norm=none,merged_score=sum,merge_keys=rotated,merge_decision=per_head,"
+    "ema=paper,agg=sum,scorer=accumulated_attention,merged_score=sum,merge_keys=rotated,merge_"
+    "decision=per_head,"
     "keep_edge_layers=off,proportional_attention=off,prompt_ranking=accumulated,prompt_merge=on";
 
 // d2o's defaults (F), canonical.
 const char* const kF =
     "d2o:ratio=0.2,sinks=4,heavy_recent=1:1,beta=0.7,layers=uniform,merge=off,sim=key,ema=paper,"
-    "agg=sum,norm=queries,merged_score=sum,merge_keys=rotated,merge_decision=per_head,"
+    "agg=sum,scorer=mean_attention,merged_score=sum,merge_keys=rotated,merge_decision=per_head,"
     "keep_edge_layers=off,proportional_attention=on,prompt_ranking=window,window=32,kernel=21,"
     "pool=avg,prompt_merge=off,prompt_scores=window";
 
@@ -47,7 +48,7 @@ TEST(PolicySpec, DefaultsAreTheBestMeasuredAndThePapers) {
   // d2o's defaults: F of docs/results.md (E without merging).
   EXPECT_EQ(canonical("d2o"), kF);
   EXPECT_EQ(canonical("d2o:proportional_attention=on,merge=off,layers=uniform,heavy_recent=1:1,"
-                      "norm=queries,prompt_ranking=window,kernel=21,prompt_merge=off,"
+                      "scorer=mean_attention,prompt_ranking=window,kernel=21,prompt_merge=off,"
                       "prompt_scores=window"),
             canonical("d2o"));
   // E, the default before it: d2o with merges.
@@ -55,22 +56,25 @@ TEST(PolicySpec, DefaultsAreTheBestMeasuredAndThePapers) {
             std::string(kF).replace(std::string(kF).find("merge=off"), 9, "merge=sized"));
   EXPECT_EQ(canonical("d2o:reading=paper"), kPaperD2o);
   // The paper's keys, given one by one over d2o's defaults, are the paper's reading.
-  EXPECT_EQ(canonical("d2o:heavy_recent=3:1,layers=variance,merge=weighted,"
-                      "proportional_attention=off,norm=none,prompt_ranking=accumulated,"
-                      "prompt_merge=on"),
-            kPaperD2o);
+  EXPECT_EQ(
+      canonical(
+          "d2o:heavy_recent=3:1,layers=variance,merge=weighted,"
+          "proportional_attention=off,scorer=accumulated_attention,prompt_ranking=accumulated,"
+          "prompt_merge=on"),
+      kPaperD2o);
   // Keys that differ from the defaults are printed, those that do not apply are not: the paper's
   // prompt compaction with F's other keys keeps prompt_merge=off and drops the window keys.
   EXPECT_EQ(canonical("d2o:prompt_ranking=accumulated"),
             "d2o:ratio=0.2,sinks=4,heavy_recent=1:1,beta=0.7,layers=uniform,merge=off,sim=key,"
-            "ema=paper,agg=sum,norm=queries,merged_score=sum,merge_keys=rotated,"
+            "ema=paper,agg=sum,scorer=mean_attention,merged_score=sum,merge_keys=rotated,"
             "merge_decision=per_head,keep_edge_layers=off,proportional_attention=on,"
             "prompt_ranking=accumulated,prompt_merge=off");
   EXPECT_EQ(canonical("d2o:prompt_scores=accumulated"),
             std::string(kF).substr(0, std::strlen(kF) - 6) + "accumulated");
   EXPECT_TRUE(config_of(*parse_kv_policy("d2o:prompt_ranking=accumulated").value()) ==
               config_of(*parse_kv_policy(canonical("d2o:prompt_ranking=accumulated")).value()));
-  EXPECT_EQ(canonical("h2o"), "h2o:ratio=0.2,sinks=0,heavy_recent=1:1,agg=sum,norm=none");
+  EXPECT_EQ(canonical("h2o"),
+            "h2o:ratio=0.2,sinks=0,heavy_recent=1:1,agg=sum,scorer=accumulated_attention");
   EXPECT_EQ(canonical("streaming"), "streaming:ratio=0.2,sinks=4,positions=original");
   EXPECT_EQ(canonical("snapkv"), "snapkv:ratio=0.2,window=32,kernel=7,pool=avg,agg=sum");
   EXPECT_EQ(canonical("pyramidkv"),
@@ -80,11 +84,13 @@ TEST(PolicySpec, DefaultsAreTheBestMeasuredAndThePapers) {
   EXPECT_EQ(canonical("keydiff"), "keydiff:ratio=0.2,sinks=0,recent=0");
   // distinct_share= is printed only when set, so the specs above stay those of the paper.
   EXPECT_EQ(canonical("h2o:distinct_share=0.5"),
-            "h2o:ratio=0.2,sinks=0,heavy_recent=1:1,agg=sum,norm=none,distinct_share=0.5");
+            "h2o:ratio=0.2,sinks=0,heavy_recent=1:1,agg=sum,scorer=accumulated_attention,distinct_"
+            "share=0.5");
   EXPECT_EQ(canonical("h2o:distinct_share=0"), canonical("h2o"));
   // So are prompt_ranking= (with the window keys it brings) and prompt_merge=.
   EXPECT_EQ(canonical("h2o:prompt_ranking=window"),
-            "h2o:ratio=0.2,sinks=0,heavy_recent=1:1,agg=sum,norm=none,prompt_ranking=window,"
+            "h2o:ratio=0.2,sinks=0,heavy_recent=1:1,agg=sum,scorer=accumulated_attention,prompt_"
+            "ranking=window,"
             "window=32,kernel=7,pool=avg");
   EXPECT_EQ(canonical("d2o:reading=paper,prompt_merge=off"),
             std::string(kPaperD2o).substr(0, std::strlen(kPaperD2o) - 2) + "off");
@@ -137,7 +143,8 @@ TEST(PolicySpec, CanonicalFormRoundTrips) {
       "d2o:prompt_ranking=accumulated,heads=ada",
       "roco:budget=64,prompt_ranking=window",
       "h2o:ratio=0.2,prompt_ranking=window,prompt_scores=window,kernel=21",
-      "d2o:ratio=0.2,prompt_ranking=window,prompt_scores=window,prompt_merge=off,norm=queries",
+      "d2o:ratio=0.2,prompt_ranking=window,prompt_scores=window,prompt_merge=off,scorer=mean_"
+      "attention",
       "snapkv:ratio=0.2,hold_budget=on",
       "pyramidkv:ratio=0.1,hold_budget=on,pyramid_beta=8.5",
       // The old spellings round-trip to the same canonical form.
@@ -190,7 +197,7 @@ TEST(PolicySpec, HoldKeepsThePromptsBudgetInRatioMode) {
 TEST(PolicySpec, ReadingsSetTheirDefaultsAndKeysOverride) {
   const std::string research =
       "d2o:ratio=0.2,sinks=4,heavy_recent=1:1,beta=0.7,layers=research,merge=research,sim=key,"
-      "ema=research,agg=sum,norm=none,merged_score=sum,merge_keys=rotated,"
+      "ema=research,agg=sum,scorer=accumulated_attention,merged_score=sum,merge_keys=rotated,"
       "merge_decision=per_token,keep_edge_layers=off,proportional_attention=off,"
       "prompt_ranking=accumulated,prompt_merge=on";
   EXPECT_EQ(canonical("d2o:reading=research"), research);
@@ -207,12 +214,13 @@ TEST(PolicySpec, ReadingsSetTheirDefaultsAndKeysOverride) {
                                      "proportional_attention=on"));
   // Over the paper's reading, the window keys of the defaults come back with
   // prompt_ranking=window.
-  EXPECT_EQ(canonical("d2o:reading=paper,prompt_ranking=window"),
-            "d2o:ratio=0.2,sinks=4,heavy_recent=3:1,beta=0.7,layers=variance,merge=weighted,"
-            "sim=key,ema=paper,agg=sum,norm=none,merged_score=sum,merge_keys=rotated,"
-            "merge_decision=per_head,keep_edge_layers=off,proportional_attention=off,"
-            "prompt_ranking=window,window=32,kernel=7,pool=avg,prompt_merge=on,"
-            "prompt_scores=accumulated");
+  EXPECT_EQ(
+      canonical("d2o:reading=paper,prompt_ranking=window"),
+      "d2o:ratio=0.2,sinks=4,heavy_recent=3:1,beta=0.7,layers=variance,merge=weighted,"
+      "sim=key,ema=paper,agg=sum,scorer=accumulated_attention,merged_score=sum,merge_keys=rotated,"
+      "merge_decision=per_head,keep_edge_layers=off,proportional_attention=off,"
+      "prompt_ranking=window,window=32,kernel=7,pool=avg,prompt_merge=on,"
+      "prompt_scores=accumulated");
 }
 
 // Every renamed key: its old and today's name, values in both spellings ({old, today}), and the
@@ -249,6 +257,10 @@ const std::vector<Renamed>& renamed_keys() {
        {{"acc", "accumulated"}, {"window", "window"}},
        {"h2o:prompt_ranking=window,", "roco:prompt_ranking=window,", "d2o:"}},
       {"hold", "hold_budget", {{"off", "off"}, {"on", "on"}}, {"snapkv:", "pyramidkv:"}},
+      {"norm",
+       "scorer",
+       {{"none", "accumulated_attention"}, {"queries", "mean_attention"}},
+       {"h2o:", "d2o:"}},
   };
   return keys;
 }
@@ -575,7 +587,7 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"D2O", {"unknown KV policy 'D2O'"}},
       {"d2o:foo=1",
        {"unknown key 'foo'",
-        "ratio, budget, sinks, heavy_recent, beta, layers, merge, sim, ema, agg, norm, "
+        "ratio, budget, sinks, heavy_recent, beta, layers, merge, sim, ema, agg, scorer, "
         "merged_score, merge_keys, merge_decision, keep_edge_layers, proportional_attention, "
         "heads, floor, distinct_share, prompt_ranking, window, kernel, pool, prompt_merge, "
         "prompt_scores, reading"}},
@@ -621,7 +633,7 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"snapkv:prompt_scores=window", {"unknown key 'prompt_scores'"}},
       {"d2o:prompt_merge=no", {"prompt_merge=no", "off, on"}},
       {"h2o:proportional_attention=on", {"unknown key 'proportional_attention'"}},
-      {"h2o:beta=0.5", {"unknown key 'beta'", "ratio, budget, sinks, heavy_recent, agg, norm"}},
+      {"h2o:beta=0.5", {"unknown key 'beta'", "ratio, budget, sinks, heavy_recent, agg, scorer"}},
       {"streaming:window=8", {"unknown key 'window'", "sinks, positions"}},
       {"streaming:positions=shift2", {"positions=shift2", "original, shifted"}},
       {"d2o:ratio=0", {"ratio=0", "(0, 1]"}},
@@ -653,7 +665,9 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"d2o:sim=query", {"sim=query", "key, value, kv"}},
       {"d2o:ema=fast", {"ema=fast", "paper, research"}},
       {"d2o:agg=median", {"agg=median", "sum, mean, max"}},
-      {"d2o:norm=count", {"norm=count", "none, queries"}},
+      {"d2o:norm=count",
+       {"norm=count", "accumulated_attention, mean_attention, key_diversity, value_norm"}},
+      {"h2o:scorer=query", {"scorer=query", "accumulated_attention, mean_attention"}},
       {"d2o:reading=mine", {"reading=mine", "paper, research"}},
       {"snapkv:kernel=4", {"kernel=4", "odd"}},
       {"snapkv:window=0", {"window=0"}},

@@ -25,8 +25,11 @@
 
 #include "kv/policy.h"
 #include "kv/policy/config.h"
+#include "kv/policy/keeper.h"
 #include "kv/policy/merge_cam.h"
 #include "kv/policy/merge_d2o.h"
+#include "kv/policy/merger.h"
+#include "kv/policy/scorer.h"
 #include "kv/policy/select.h"
 
 namespace d2o {
@@ -83,7 +86,8 @@ inline const ComposedPolicyState* composed_state(const PolicyState& s) {
 
 class ComposedPolicy final : public KvPolicy {
  public:
-  explicit ComposedPolicy(PolicyConfig cfg) : cfg_(std::move(cfg)) {}
+  // Builds the configuration's parts: its scorer and keeper (and the prompt phase's), its merger.
+  explicit ComposedPolicy(PolicyConfig cfg);
 
   const PolicyConfig& config() const { return cfg_; }
   std::string spec() const override;
@@ -120,28 +124,50 @@ class ComposedPolicy final : public KvPolicy {
   // mean attention, n_past - pos_shift).
   void arm_probe(const KvCache& cache, int il, const PolicyState& state, ComposedPolicyState& own,
                  int64_t next) const;
-  // The attention's dots of slot e's key with every slot of head g of layer il, formed by this
-  // pass for that slot (AttnProbe), or null.
-  static const float* probe_dots(const AttnProbe& P, const KvLayer& L, int il, int g, int e);
   bool probe_on_ = true;
-  // Selection and merge planning of one layer into state.plans[il] (thresholds in `own`; CaM
-  // also replaces values of the layer's kept slots).
-  // heads: a pool to plan the layer's KV heads on in parallel (compact_layer outside any pool
-  // task), or null.
+  // What compact() refuses before touching anything: a cache or a pass the configuration cannot
+  // run on (composed_check.cpp).
+  Status check(const KvCache& cache, const PolicyState& state, const PassInfo& pass) const;
+  static Status ragged_error();
+  // The first compaction: the per-layer budgets, once every compressible layer holds the whole
+  // prompt (ratio mode) or more than the budget (budget mode); *decided false: not yet.
+  Status decide_layer_budgets(const KvCache& cache, PolicyState& state, ComposedPolicyState& own,
+                              const PassInfo& pass, bool* decided) const;
+  // Applies the plans of the layers in state.todo in layer order, counts the pass and releases
+  // what a long pass left (merge lists, search scratch).
+  Status apply_plans(KvCache& cache, PolicyState& state, ComposedPolicyState& own) const;
+  // Selection and merge planning of one layer into state.plans[il] (CaM also replaces values of
+  // the layer's kept slots). heads: a pool to plan the layer's KV heads on in parallel
+  // (compact_layer outside any pool task), or null.
   void plan_layer(KvCache& cache, int il, PolicyState& state, ComposedPolicyState& own,
                   ComposedScratch& scratch, const PassInfo& pass, ThreadPool* heads) const;
-  // heads=ada: the kept slots of every head of layer L (budget S per head on average) into plan,
-  // with per-head counts; `next` = the RoPE position of the next token (norm=queries).
-  void plan_heads(const KvLayer& L, SelectScratch& sc, CompactionPlan& plan, int S,
-                  int64_t next) const;
-  // Sizes `own` for the cache (D2O thresholds, key norms) and returns it.
+  // Every head of the job's layer: its kept slots, then its merges (in parallel on `heads` when
+  // the parts allow it); returns the evicted and merged slot counts.
+  std::pair<int64_t, int64_t> plan_heads(const LayerJob& job, ComposedScratch& sc,
+                                         ThreadPool* heads) const;
+  // Head g's kept slots into the job's plan (uniform budgets): the prompt phase's parts at the
+  // prompt's compaction, otherwise the policy's scorer and keeper.
+  void keep_head(const LayerJob& job, int g, SelectScratch& sc) const;
+  // heads=ada: the kept slots of every head of the job's layer, with per-head counts.
+  void keep_shared(const LayerJob& job, SelectScratch& sc) const;
+  // Sizes `own` for the cache (the merger's state) and returns it.
   ComposedPolicyState& own_state(const KvCache& cache, PolicyState& state) const;
-  // After KvCache::apply of layer il's plan: the cached key norms of the slots it merged into.
-  void refresh_key_norms(const KvCache& cache, int il, const CompactionPlan& plan,
-                         ComposedPolicyState& own) const;
+  // The scorer that ranks candidates: base_scorer_, or the distinct_share guard around it.
+  const Scorer* scorer() const { return guard_ ? guard_.get() : base_scorer_.get(); }
 
   PolicyConfig cfg_;
+  // The parts (config.h says what each preset is made of).
+  std::unique_ptr<Scorer> base_scorer_;  // null: the keeper ranks nothing (sinks + recent)
+  std::unique_ptr<Scorer> guard_;        // distinct_share=, around base_scorer_
+  Keeper keeper_;
+  std::unique_ptr<Scorer> prompt_scorer_;  // prompt_ranking=window: the prompt's compaction's
+  Keeper prompt_keeper_;
+  std::unique_ptr<MergerPart> merger_;  // null: evicted slots are dropped
 };
+
+// The attention's dots of slot e's key with every slot of head g of layer il, formed by the pass
+// for that slot (AttnProbe), or null (composed_probe.cpp).
+const float* attention_probe_dots(const AttnProbe& P, const KvLayer& L, int il, int g, int e);
 
 // The canonical spec string of a configuration (spec.cpp).
 std::string format_policy_spec(const PolicyConfig& cfg);

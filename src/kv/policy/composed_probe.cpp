@@ -14,11 +14,16 @@ namespace d2o {
 
 StatsNeeds ComposedPolicy::needs() const {
   StatsNeeds n;
-  n.accumulate = cfg_.needs_accumulate();
+  // The heavy-hitter selector accumulates attention whatever ranks its candidates, unless nothing
+  // reads it: a scorer of keys or values with uniform layer budgets and no merger.
+  const bool scores_unread = cfg_.selector == Selector::kHeavyRecent && base_scorer_ &&
+                             !base_scorer_->reads_accumulated() && !merger_ &&
+                             cfg_.layers == LayerRule::kUniform;
+  n.accumulate = cfg_.needs_accumulate() && !scores_unread;
   n.agg = cfg_.agg;
   n.window = cfg_.needs_window() ? cfg_.window : 0;
-  // Proportional attention reads the merged counts, which stay 0 without merges (merge=off: F,
-  // d2o's default), so the attention pass is not asked to scan them then.
+  // Proportional attention reads the merged counts, which stay 0 without merges (merge=off, the
+  // d2o default), so the attention pass is not asked to scan them then.
   n.mass = cfg_.merger == Merger::kD2o && cfg_.mass && cfg_.merge != MergeRule::kOff;
   return n;
 }
@@ -34,7 +39,8 @@ bool ComposedPolicy::probes() const {
   return probe_on_ && cfg_.merger == Merger::kD2o && cfg_.merge != MergeRule::kOff &&
          cfg_.sim == SimOn::kKey && cfg_.mspace != MergeSpace::kUnrotated &&
          cfg_.heads != HeadRule::kAda && cfg_.decide != MergeDecision::kToken &&
-         cfg_.selector == Selector::kHeavyRecent && cfg_.distinct == 0.0;
+         cfg_.selector == Selector::kHeavyRecent && cfg_.distinct == 0.0 &&
+         base_scorer_->reads_accumulated();
 }
 
 AttnProbe* ComposedPolicy::attention_probe(PolicyState& state) const {
@@ -65,19 +71,24 @@ void ComposedPolicy::arm_probe(const KvCache& cache, int il, const PolicyState& 
   const bool steady = d2o_decode_dots(cfg_, L, 1, false) && L.uniform() && n == S && heavy >= 1 &&
                       mid == heavy + 1 && t + mid <= n;
   // Mean attention ranks by score over the queries that saw a slot: at the next pass one more.
-  const bool norm = cfg_.norm == ScoreNorm::kQueries;
+  HeadView hv;
+  hv.layer = &L;
+  hv.il = il;
+  hv.n = n;
+  hv.S = S;
+  hv.next = next + 1;
   for (int g = 0; g < G; ++g) {
     int e = -1;
     if (steady) {
-      const float* s = L.score(g) + t;
-      e = t + (norm ? last_min_mean_index(s, L.pos(g) + t, mid, next + 1) : last_min_index(s, mid));
+      hv.head = g;
+      e = base_scorer_->last_lowest(hv, t, t + mid);
+      if (e < 0) e = t + last_min_index(L.score(g) + t, mid);
     }
     P.slot[base + static_cast<size_t>(g)] = e;
   }
 }
 
-const float* ComposedPolicy::probe_dots(const AttnProbe& P, const KvLayer& L, int il, int g,
-                                        int e) {
+const float* attention_probe_dots(const AttnProbe& P, const KvLayer& L, int il, int g, int e) {
   // The attention loaded the armed slot's key when it formed the dots, and nothing changed the
   // layer between that attention and this compaction (dot_layer is reset after each).
   const size_t i =

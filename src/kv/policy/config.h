@@ -49,12 +49,6 @@ enum class Selector {
   kKeyDiff,      // T sinks + the keys least similar to the mean key + R recent (KeyDiff)
 };
 
-// Score normalisation of accumulated attention before heavy-hitter selection.
-enum class ScoreNorm {
-  kNone,     // accumulated column sums (H2O, D2O paper reading)
-  kQueries,  // divided by the number of queries that saw the slot (RoCo mean attention)
-};
-
 enum class PoolKind { kMax, kAvg };
 
 // H2O / RoCo / D2O: what ranks the heavy hitters at the prompt's compaction (the sequence's first,
@@ -132,7 +126,11 @@ struct PolicyConfig {
 
   // Attention statistics.
   ScoreAgg agg = ScoreAgg::kSum;
-  ScoreNorm norm = ScoreNorm::kNone;
+  // What ranks the heavy hitters (scorer=, a name of scorer_defs(), scorer.h):
+  // accumulated_attention (H2O, D2O paper reading), mean_attention (accumulated attention divided
+  // by the queries that saw the slot: RoCo, the d2o default), ... The other selectors have their
+  // own scorer (SnapKV: window attention; KeyDiff: key diversity) and leave this as it is.
+  std::string scorer = "accumulated_attention";
 
   // SnapKV / PyramidKV.
   int window = 32;  // observation window w (last w queries score, last w slots kept)
@@ -149,14 +147,14 @@ struct PolicyConfig {
 
   // Merging.
   Merger merger = Merger::kNone;
-  MergeRule merge = MergeRule::kOff;  // D2O
-  SimOn sim = SimOn::kKey;            // D2O
-  EmaRule ema = EmaRule::kPaper;      // D2O
-  double beta = 0.7;                  // D2O EMA weight of the newest similarity
-  MergedScore mscore = MergedScore::kSum;          // D2O
-  MergeSpace mspace = MergeSpace::kRotated;        // D2O
-  MergeDecision decide = MergeDecision::kHead;     // D2O
-  ProtectRule protect = ProtectRule::kNone;        // D2O
+  MergeRule merge = MergeRule::kOff;            // D2O
+  SimOn sim = SimOn::kKey;                      // D2O
+  EmaRule ema = EmaRule::kPaper;                // D2O
+  double beta = 0.7;                            // D2O EMA weight of the newest similarity
+  MergedScore mscore = MergedScore::kSum;       // D2O
+  MergeSpace mspace = MergeSpace::kRotated;     // D2O
+  MergeDecision decide = MergeDecision::kHead;  // D2O
+  ProtectRule protect = ProtectRule::kNone;     // D2O
   // D2O: a merged slot stands for 1 + merged tokens; with mass on, attention adds
   // log(1 + merged) to its logit (proportional attention), so the group keeps the attention mass
   // its tokens had together instead of that of one token.

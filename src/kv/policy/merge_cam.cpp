@@ -23,6 +23,28 @@ double cam_uniform(uint64_t seed, int il, int head, int32_t pos) {
   return static_cast<double>(splitmix64(seed ^ key) >> 11) * 0x1p-53;
 }
 
+namespace {
+
+// The slots of [e, e + recent] by decreasing score (a monotone deque over dq, sliding maximum).
+struct SlidingMax {
+  const float* score;
+  int32_t* dq;
+  int head, tail, next_in;
+  // p_e = A_e / max(A over the sinks and [e, e + recent]) <= 1 (0 when all are 0), for e = t.
+  double probability(int t, int recent, float sink_max) {
+    for (; next_in <= t + recent; ++next_in) {
+      while (tail > head && score[dq[tail - 1]] <= score[next_in]) --tail;
+      dq[tail++] = next_in;
+    }
+    while (dq[head] < t) ++head;
+    const double ref = std::max(sink_max, score[dq[head]]);
+    const double p = ref > 0.0 ? static_cast<double>(score[t]) / ref : 0.0;
+    return std::max(0.0, std::min(1.0, p));
+  }
+};
+
+}  // namespace
+
 int cam_merge_values(const CamHeadMerge& h, CamScratch& scratch) {
   const KvLayer& L = h.cache->layer(h.il);
   const int n = L.n_slot(), hd = L.head_dim();
@@ -46,7 +68,6 @@ int cam_merge_values(const CamHeadMerge& h, CamScratch& scratch) {
   double* cur = acc + hd;
   double* ring = cur + hd;
   int32_t* used = scratch.idx.data();
-  int32_t* dq = used + m;  // slots of [e, e + recent] by decreasing score (sliding maximum)
   float* row = scratch.row.data();
   std::fill(acc, acc + hd, 0.0);
   std::fill(used, used + m, 0);
@@ -56,7 +77,7 @@ int cam_merge_values(const CamHeadMerge& h, CamScratch& scratch) {
   // maximum over the sinks and the window the slot leaves. Sinks: once; window: a monotone deque.
   float sink_max = 0.0f;
   for (int j = 0; j < first; ++j) sink_max = std::max(sink_max, score[j]);
-  int dq_head = 0, dq_tail = 0, next_in = first;
+  SlidingMax window{score, used + m, 0, 0, first};
 
   // The targets of source e are e+1 .. e+m; target t receives sum over merged e in [t-m, t-1]
   // of v'_e / m, where v' is the value after its own merges. A running sum over the window
@@ -82,15 +103,7 @@ int cam_merge_values(const CamHeadMerge& h, CamScratch& scratch) {
       --in_window;
     }
     if (t < end) {
-      // p_e = A_e / max(A over the sinks and [e, e + recent]) <= 1 (0 when all are 0).
-      for (; next_in <= t + recent; ++next_in) {
-        while (dq_tail > dq_head && score[dq[dq_tail - 1]] <= score[next_in]) --dq_tail;
-        dq[dq_tail++] = next_in;
-      }
-      while (dq[dq_head] < t) ++dq_head;
-      const double ref = std::max(sink_max, score[dq[dq_head]]);
-      double p = ref > 0.0 ? static_cast<double>(score[t]) / ref : 0.0;
-      p = std::max(0.0, std::min(1.0, p));
+      const double p = window.probability(t, recent, sink_max);
       if (cam_uniform(h.cfg->seed, h.il, h.head, pos[t]) < p) {
         double* dst = ring + static_cast<size_t>(slot) * hd;
         for (int d = 0; d < hd; ++d) {

@@ -114,8 +114,8 @@ void load_unit(const KvLayer& L, int head, bool values, int slot, float scale, f
 
 // Step 1 for many evicted slots: cosine similarity = dot product of unit rows (keys, values or
 // both concatenated, each half scaled by `scale`), nearest kept row four evicted rows at a time.
-void nearest_many(const D2oHeadMerge& h, bool use_k, bool use_v, float scale,
-                  D2oScratch& scratch, int32_t* cstar, float* m_e) {
+void nearest_many(const D2oHeadMerge& h, bool use_k, bool use_v, float scale, D2oScratch& scratch,
+                  int32_t* cstar, float* m_e) {
   const KvLayer& L = *h.layer;
   const int S = h.n_keep, E = h.n_evicted, hd = L.head_dim();
   const int dim = hd * ((use_k ? 1 : 0) + (use_v ? 1 : 0));
@@ -302,46 +302,55 @@ int d2o_decide(const PolicyConfig& cfg, const float* m, int E, float* tau, uint8
   return n_merged;
 }
 
-void d2o_emit(const D2oHeadMerge& h, D2oScratch& scratch, const int32_t* cstar,
-              const float* m_e, const uint8_t* merge, std::vector<MergeTerm>& terms) {
+namespace {
+
+// One evicted slot merged into kept slot dst with similarity m (a decode step's merge): the two
+// terms of its group.
+void emit_one(const D2oHeadMerge& h, int32_t dst, float m, std::vector<MergeTerm>& terms) {
+  const KvLayer& L = *h.layer;
+  // merge=sized: tokens a slot stands for.
+  auto size_of = [&](int32_t slot) { return 1.0 + static_cast<double>(L.merged(h.head)[slot]); };
+  double w_self = 0.0, w = 0.0;
+  switch (h.cfg->merge) {
+    case MergeRule::kWeighted: {
+      const double z = std::exp(1.0) + std::exp(static_cast<double>(m));
+      w_self = std::exp(1.0) / z;
+      w = std::exp(static_cast<double>(m)) / z;
+      break;
+    }
+    case MergeRule::kSized: {
+      const double a = size_of(dst) * std::exp(1.0);
+      const double b = size_of(h.evicted[0]) * std::exp(static_cast<double>(m));
+      w_self = a / (a + b);
+      w = b / (a + b);
+      break;
+    }
+    case MergeRule::kAverage:
+      w_self = w = 1.0 / 2.0;
+      break;
+    case MergeRule::kResearch:
+      w_self = 1.0 / 2.0;
+      w = static_cast<double>(m) / 2.0;
+      break;
+    case MergeRule::kOff:
+      break;
+  }
+  terms.push_back({static_cast<int32_t>(h.head), dst, dst, static_cast<float>(w_self)});
+  terms.push_back({static_cast<int32_t>(h.head), dst, h.evicted[0], static_cast<float>(w)});
+}
+
+}  // namespace
+
+void d2o_emit(const D2oHeadMerge& h, D2oScratch& scratch, const int32_t* cstar, const float* m_e,
+              const uint8_t* merge, std::vector<MergeTerm>& terms) {
   const PolicyConfig& cfg = *h.cfg;
   const int S = h.n_keep, E = h.n_evicted;
   if (E == 0 || S == 0 || cfg.merge == MergeRule::kOff) return;
   const KvLayer& L = *h.layer;
   // merge=sized: tokens a slot stands for.
-  auto size_of = [&](int32_t slot) {
-    return 1.0 + static_cast<double>(L.merged(h.head)[slot]);
-  };
+  auto size_of = [&](int32_t slot) { return 1.0 + static_cast<double>(L.merged(h.head)[slot]); };
   if (E == 1) {  // a decode step: one group of one source, no grouping pass over the kept slots
-    if (!merge[0]) return;
-    const int32_t dst = h.keep[cstar[0]];
-    double w_self = 0.0, w = 0.0;
-    switch (cfg.merge) {
-      case MergeRule::kWeighted: {
-        const double z = std::exp(1.0) + std::exp(static_cast<double>(m_e[0]));
-        w_self = std::exp(1.0) / z;
-        w = std::exp(static_cast<double>(m_e[0])) / z;
-        break;
-      }
-      case MergeRule::kSized: {
-        const double a = size_of(dst) * std::exp(1.0);
-        const double b = size_of(h.evicted[0]) * std::exp(static_cast<double>(m_e[0]));
-        w_self = a / (a + b);
-        w = b / (a + b);
-        break;
-      }
-      case MergeRule::kAverage:
-        w_self = w = 1.0 / 2.0;
-        break;
-      case MergeRule::kResearch:
-        w_self = 1.0 / 2.0;
-        w = static_cast<double>(m_e[0]) / 2.0;
-        break;
-      case MergeRule::kOff:
-        break;
-    }
-    terms.push_back({static_cast<int32_t>(h.head), dst, dst, static_cast<float>(w_self)});
-    terms.push_back({static_cast<int32_t>(h.head), dst, h.evicted[0], static_cast<float>(w)});
+    if (merge[0]) emit_one(h, h.keep[cstar[0]], m_e[0], terms);
     return;
   }
 
@@ -413,8 +422,7 @@ int plan_d2o_merges(const D2oHeadMerge& h, D2oScratch& scratch, std::vector<Merg
   if (scratch.best_sim.size() < static_cast<size_t>(E))
     scratch.best_sim.resize(static_cast<size_t>(E));
   if (scratch.best.size() < static_cast<size_t>(E)) scratch.best.resize(static_cast<size_t>(E));
-  if (scratch.merge.size() < static_cast<size_t>(E))
-    scratch.merge.resize(static_cast<size_t>(E));
+  if (scratch.merge.size() < static_cast<size_t>(E)) scratch.merge.resize(static_cast<size_t>(E));
   float* m_e = scratch.best_sim.data();
   int32_t* cstar = scratch.best.data();
   uint8_t* merge = scratch.merge.data();

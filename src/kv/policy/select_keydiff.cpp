@@ -20,7 +20,7 @@ double l2_norm(const float* row, int hd) {
 }  // namespace
 
 void keydiff_scores(const KvLayer& L, int head, float* score, float* row, double* anchor) {
-  const int n = L.n_slot(), hd = L.head_dim();
+  const int n = L.n_slot(head), hd = L.head_dim();
   // Pass 1: the anchor, the mean of the normalised keys.
   std::fill(anchor, anchor + hd, 0.0);
   for (int j = 0; j < n; ++j) {

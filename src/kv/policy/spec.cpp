@@ -60,7 +60,7 @@ void paper_d2o(PolicyConfig& c) {
   c.ema = EmaRule::kPaper;
   c.beta = 0.7;
   c.mass = plain.mass;
-  c.norm = plain.norm;
+  c.scorer = plain.scorer;
   c.prompt = plain.prompt;
   c.kernel = plain.kernel;
   c.prompt_merge = plain.prompt_merge;
@@ -81,7 +81,7 @@ const std::vector<PresetDef>& presets() {
          c.sinks = 0;
          c.nm_n = c.nm_m = 1;
        },
-       {"sinks", "heavy_recent", "agg", "norm", "heads", "floor", "distinct_share",
+       {"sinks", "heavy_recent", "agg", "scorer", "heads", "floor", "distinct_share",
         "prompt_ranking", "window", "kernel", "pool", "prompt_scores"}},
       {"snapkv",
        [](PolicyConfig& c) { c.selector = Selector::kSnapWindow; },
@@ -97,7 +97,7 @@ const std::vector<PresetDef>& presets() {
          c.selector = Selector::kHeavyRecent;
          c.sinks = 0;
          c.nm_n = c.nm_m = 1;
-         c.norm = ScoreNorm::kQueries;
+         c.scorer = "mean_attention";
        },
        {"sinks", "heavy_recent", "agg", "heads", "floor", "prompt_ranking", "window", "kernel",
         "pool", "prompt_scores"}},
@@ -111,20 +111,20 @@ const std::vector<PresetDef>& presets() {
       {"d2o",
        [](PolicyConfig& c) {
          paper_d2o(c);
-         // The best D2O measured (docs/results.md, "F, the d2o default"): uniform layer
-         // budgets, a 1:1 heavy/recent split, mean attention as the score, and the prompt
+         // The best D2O measured with the question in the prompt (docs/results.md): uniform
+         // layer budgets, a 1:1 heavy/recent split, mean attention as the score, and the prompt
          // compacted by its last queries' pooled attention (SnapKV's window, kernel 21, no
          // merges there), whose ranking the decode steps start from; evicted slots are dropped.
          // merge=sized (with proportional_attention=on: merges that carry their sources' attention
-         // mass into size-weighted keys) gives E, which ties F on six of eight measures over both
+         // mass into size-weighted keys) ties this default on six of eight measures over both
          // models (it wins SmolLM2's perplexity at capacity 1024 and loses Gemma 3's
-         // RULER-style score) at 1.4-1.6 times F's policy time. reading=paper gives the
+         // RULER-style score) at 1.4-1.6 times its policy time. reading=paper gives the
          // paper's keys.
          c.layers = LayerRule::kUniform;
          c.nm_n = c.nm_m = 1;
          c.merge = MergeRule::kOff;
          c.mass = true;
-         c.norm = ScoreNorm::kQueries;
+         c.scorer = "mean_attention";
          c.prompt = PromptScore::kWindow;
          c.kernel = 21;
          c.prompt_merge = false;
@@ -138,7 +138,7 @@ const std::vector<PresetDef>& presets() {
         "sim",
         "ema",
         "agg",
-        "norm",
+        "scorer",
         "merged_score",
         "merge_keys",
         "merge_decision",
@@ -336,6 +336,24 @@ std::string respelled(std::string_view spec) {
   return out;
 }
 
+// d2o:reading=paper|research is a set of defaults, applied before the explicit keys.
+Status apply_reading(const std::string& name, const std::vector<Item>& items, PolicyConfig& c) {
+  for (const Item& it : items) {
+    if (it.key != "reading" || name != "d2o") continue;
+    int i = 0;
+    D2O_RETURN_IF_ERROR(word_key(name, it.key, it.value, kReadingWords, &i));
+    paper_d2o(c);
+    if (i == 1) {
+      c.layers = LayerRule::kResearch;
+      c.nm_n = c.nm_m = 1;
+      c.ema = EmaRule::kResearch;
+      c.merge = MergeRule::kResearch;
+      c.decide = MergeDecision::kToken;
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 std::string format_policy_spec(const PolicyConfig& c) {
@@ -381,20 +399,7 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
   PolicyConfig c;
   c.name = name;
   preset->defaults(c);
-  // A reading of D2O is a set of defaults: apply it before the explicit keys.
-  for (const Item& it : items) {
-    if (it.key != "reading" || name != "d2o") continue;
-    int i = 0;
-    D2O_RETURN_IF_ERROR(word_key(name, it.key, it.value, kReadingWords, &i));
-    paper_d2o(c);
-    if (i == 1) {
-      c.layers = LayerRule::kResearch;
-      c.nm_n = c.nm_m = 1;
-      c.ema = EmaRule::kResearch;
-      c.merge = MergeRule::kResearch;
-      c.decide = MergeDecision::kToken;
-    }
-  }
+  D2O_RETURN_IF_ERROR(apply_reading(name, items, c));
   bool has_ratio = false, has_budget = false;
   for (const Item& it : items) {
     if (it.key == "reading" && name == "d2o") continue;
@@ -442,9 +447,9 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
 
 std::string paper_era_d2o_spec(const std::string& recorded) {
   // Canonical d2o specs written while the defaults were the paper's omit the keys that now
-  // differ from E's defaults wherever they had the paper's value: read with reading=paper, the
-  // spec must print as it was written once those keys are left out again. Those specs predate
-  // the readable key names: compare them in today's.
+  // differ from the defaults that followed them wherever they had the paper's value: read with
+  // reading=paper, the spec must print as it was written once those keys are left out again. Those
+  // specs predate the readable key names: compare them in today's.
   const std::string spec = respelled(recorded);
   if (spec.rfind("d2o:", 0) != 0 || spec.find("reading=") != std::string::npos) return "";
   auto today = parse_kv_policy(spec);

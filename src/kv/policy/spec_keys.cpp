@@ -7,6 +7,8 @@
 #include <limits>
 #include <type_traits>
 
+#include "kv/policy/scorer.h"
+
 namespace d2o::spec_detail {
 
 namespace {
@@ -90,7 +92,6 @@ Status share_key(const std::string& policy, std::string_view key, std::string_vi
 }
 
 const std::vector<const char*> kAggWords = {"sum", "mean", "max"};
-const std::vector<const char*> kNormWords = {"none", "queries"};
 const std::vector<const char*> kPoolWords = {"max", "avg"};
 const std::vector<const char*> kPromptWords = {"accumulated", "window"};
 const std::vector<const char*> kPositionsWords = {"original", "shifted"};
@@ -128,6 +129,7 @@ const std::vector<OldSpelling> kOldSpellings = {
     {"prompt", "prompt_ranking", {"acc", nullptr}},
     {"pscore", "prompt_scores", {"acc", nullptr}},
     {"hold", "hold_budget", {}},
+    {"norm", "scorer", {"none", "queries"}},
 };
 
 constexpr int kMaxInt = std::numeric_limits<int>::max();
@@ -174,8 +176,27 @@ bool ada_shown(const PolicyConfig& c) {
   return c.heads != HeadRule::kUniform;
 }
 
+// The scorers' names (scorer_defs()), as the scorer= key's words.
+const std::vector<const char*>& scorer_words() {
+  static const std::vector<const char*> words = [] {
+    std::vector<const char*> w;
+    for (const ScorerDef& d : scorer_defs()) w.push_back(d.name);
+    return w;
+  }();
+  return words;
+}
+
+std::string scorer_words_list() {
+  std::string s;
+  for (const char* w : scorer_words()) s += (s.empty() ? "" : ", ") + std::string(w);
+  return s;
+}
+
 // `defs` with their old spellings (kOldSpellings) filled in.
 std::vector<KeyDef> with_old_spellings(std::vector<KeyDef> defs) {
+  for (KeyDef& d : defs) {
+    if (std::string_view(d.name) == "scorer") d.words = &scorer_words();
+  }
   for (const OldSpelling& o : kOldSpellings) {
     for (KeyDef& d : defs) {
       if (std::string_view(d.name) != o.name) continue;
@@ -270,7 +291,13 @@ const std::vector<KeyDef>& key_defs() {
        },
        [](const PolicyConfig& c) { return std::to_string(c.seed); }},
       word_def<&PolicyConfig::agg, kAggWords>("agg"),
-      word_def<&PolicyConfig::norm, kNormWords>("norm"),
+      {"scorer",
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
+         if (!find_scorer(v)) return bad_value(c.name, key, v, "one of " + scorer_words_list());
+         c.scorer = std::string(v);
+         return Status();
+       },
+       [](const PolicyConfig& c) { return c.scorer; }},
       int_def<&PolicyConfig::recent, 0, 1 << 20>("recent"),
       word_def<&PolicyConfig::heads, kHeadsWords>("heads", ada_shown),
       {"floor",
