@@ -127,7 +127,8 @@ if [ $summary_only -eq 0 ] && [ "$model" = gemma3 ]; then
   # Gemma 3 270M: 15 of its 18 layers are sliding-window layers (a ring of 512 slots, never
   # compacted); the policies compress only the 3 global layers, so rho and the capacities below
   # are shares and slot counts of those layers. Policies: the baselines that carry the verdicts,
-  # the paper's D2O and the two corrected combinations (A and B of the SmolLM2 section); RoCo,
+  # the paper's D2O and the two corrected combinations of the SmolLM2 diagnosis
+  # (`mass=on,merge=sized,layers=uniform,nm=1:1` and `mass=on,nm=1:3` on the paper's); RoCo,
   # CaM and KeyDiff too in fidelity, ppl, niah and ruler. The per-head budgets (heads=ada) are
   # left out: with one KV head per layer they are the uniform policy. About two hours on 2 cores
   # shared with other runs (ruler 27 minutes, niah_long 40, fidelity_bytes 22, the others 1-4
@@ -207,7 +208,7 @@ elif [ $summary_only -eq 0 ]; then
       --trials 50 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,fwe
     # ruler_4k: the same tasks at 4K tokens with 50 trials per task (300 in all, enough to resolve
     # about 5 points), the baselines that carry the verdicts, the paper's D2O and the corrected
-    # combination A. About 45 minutes on 2 cores (a 4K trial with 6 policies takes about 9 s).
+    # combination with merge=sized. About 45 minutes on 2 cores (a 4K trial with 6 policies takes about 9 s).
     run eval ruler "${common[@]}" "${hay[@]}" --name ruler_4k --ratio 0.2 --lengths 4096 \
       --trials 50 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,fwe \
       --policies "full;streaming;h2o;snapkv;d2o:reading=paper;d2o:reading=paper,mass=on,merge=sized,layers=uniform,nm=1:1"
@@ -231,7 +232,8 @@ elif [ $summary_only -eq 0 ]; then
     # Equal KV bytes, RULER (ruler_bytes at 20%, ruler_bytes_10 at 10% of the F16 full cache's
     # bytes): the tasks above with every policy in F16, Q8_0 and rotated Q4_0 storage, each
     # keeping what fits through the answer. About 15 minutes each on 2 cores (AVX2 kernels).
-    # `d2o:merge=sized` is E, the `d2o` default when these two reports were recorded.
+    # `d2o:merge=sized` was the `d2o` default when these two reports were recorded (they label
+    # it `d2o`).
     rb=(--policies "full;h2o;snapkv;snapkv:kernel=21;streaming;d2o:merge=sized;d2o:reading=paper" --kv-types f16,q8_0,q4_0r
       --lengths 2048 --trials 8 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,fwe)
     run eval ruler "${common[@]}" "${hay[@]}" --name ruler_bytes --bytes 0.2 "${rb[@]}"
