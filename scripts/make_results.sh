@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Regenerates docs/results.md and its charts (docs/results/*.svg, *.json, *.md) with the d2o
+# Regenerates docs/research/results_full.md, the long generated page of every report (the lab
+# notebook's tables; docs/results.md is the short hand-written summary a user reads and is not
+# written here), and its charts (docs/results/*.svg, *.json, *.md) with the d2o
 # evaluation harness: `d2o eval ppl`, `fidelity` (by ratio, and at equal KV bytes across storage
 # types), `niah`, `ruler`, `ablate` on the default model
 # (SmolLM2-135M-Instruct, fetched by scripts/setup.sh) with every KV policy, then
@@ -11,6 +13,7 @@
 #   scripts/make_results.sh --quick         a small subset in a few minutes (CI smoke test);
 #                                           writes to build/results-quick unless --out is given
 #   scripts/make_results.sh --out DIR       reports into DIR, the page into DIR/../results.md
+#                                           (without --out: docs/research/results_full.md)
 #   scripts/make_results.sh --summary-only  only rebuild the page from the reports already there
 #   scripts/make_results.sh --only ppl,ruler  only those reports of the run (names as in
 #                                           docs/results/: ppl, fidelity, ablate, niah, ruler,
@@ -28,8 +31,8 @@
 # model of the --model chosen), TEXT (the text of ppl/fidelity/ablate, default
 # cache/texts/kjv.txt), HAYSTACK (niah and ruler haystack, default the Paul Graham essays, else
 # the KJV text), THREADS (default 2), SEED (default 1). Hand-written remarks in
-# docs/results_notes.md (docs/results_gemma3_notes.md for the Gemma 3 section) are included in
-# the page.
+# docs/research/results_notes.md (docs/research/results_gemma3_notes.md for the Gemma 3 section)
+# are included in the page.
 set -euo pipefail
 # The script is one block that bash reads whole before running it: editing this file during a
 # long run does not change what the run does.
@@ -49,7 +52,7 @@ while [ $# -gt 0 ]; do
     --only) shift; only=${1:?--only needs report names, e.g. ppl,ruler} ;;
     --out) shift; out=${1:?--out needs a folder} ;;
     --model) shift; model=${1:?--model needs smollm2 or gemma3} ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "make_results: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -75,10 +78,16 @@ d2o=${D2O:-$repo/build/d2o}
 [ -x "$d2o" ] || { echo "make_results: error: no d2o binary at $d2o (build first, or set D2O)" >&2; exit 1; }
 threads=${THREADS:-2}
 seed=${SEED:-1}
+page=""
 if [ -z "$out" ]; then
-  if [ $quick -eq 1 ]; then out=$repo/build/results-quick; else out=$repo/docs/results; fi
+  if [ $quick -eq 1 ]; then
+    out=$repo/build/results-quick
+  else
+    out=$repo/docs/results
+    page=$repo/docs/research/results_full.md
+  fi
 fi
-page=$(dirname "$out")/results.md
+[ -n "$page" ] || page=$(dirname "$out")/results.md
 gout=$out/gemma3
 mkdir -p "$out"
 
@@ -118,7 +127,8 @@ if [ $summary_only -eq 0 ] && [ "$model" = gemma3 ]; then
   # Gemma 3 270M: 15 of its 18 layers are sliding-window layers (a ring of 512 slots, never
   # compacted); the policies compress only the 3 global layers, so rho and the capacities below
   # are shares and slot counts of those layers. Policies: the baselines that carry the verdicts,
-  # the paper's D2O and the two corrected combinations (A and B of the SmolLM2 section); RoCo,
+  # the paper's D2O and the two corrected combinations of the SmolLM2 diagnosis
+  # (`mass=on,merge=sized,layers=uniform,nm=1:1` and `mass=on,nm=1:3` on the paper's); RoCo,
   # CaM and KeyDiff too in fidelity, ppl, niah and ruler. The per-head budgets (heads=ada) are
   # left out: with one KV head per layer they are the uniform policy. About two hours on 2 cores
   # shared with other runs (ruler 27 minutes, niah_long 40, fidelity_bytes 22, the others 1-4
@@ -178,7 +188,7 @@ elif [ $summary_only -eq 0 ]; then
     run eval fidelity --quick "${common[@]}" "${text[@]}" --name fidelity_bytes --bytes 0.2,0.4 \
       --kv-types f16,q4_0r --policies "full;h2o;d2o:reading=paper"
   else
-    # About 5 hours on 2 cores in all (each report's time: the run table of results.md).
+    # About 5 hours on 2 cores in all (each report's time: the run table of results_full.md).
     # ppl: the PG-19 protocol, token by token through 4096 tokens (half the trained context).
     run eval ppl "${common[@]}" "${text[@]}" --policies "$all$ada" --capacities 256,1024 --tokens 4096 --chunk 1
     # fidelity: 8 prompts of 2048 tokens, 96 teacher-forced tokens each, three ratios.
@@ -198,7 +208,7 @@ elif [ $summary_only -eq 0 ]; then
       --trials 50 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,fwe
     # ruler_4k: the same tasks at 4K tokens with 50 trials per task (300 in all, enough to resolve
     # about 5 points), the baselines that carry the verdicts, the paper's D2O and the corrected
-    # combination A. About 45 minutes on 2 cores (a 4K trial with 6 policies takes about 9 s).
+    # combination with merge=sized. About 45 minutes on 2 cores (a 4K trial with 6 policies takes about 9 s).
     run eval ruler "${common[@]}" "${hay[@]}" --name ruler_4k --ratio 0.2 --lengths 4096 \
       --trials 50 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,fwe \
       --policies "full;streaming;h2o;snapkv;d2o:reading=paper;d2o:reading=paper,mass=on,merge=sized,layers=uniform,nm=1:1"
@@ -222,7 +232,8 @@ elif [ $summary_only -eq 0 ]; then
     # Equal KV bytes, RULER (ruler_bytes at 20%, ruler_bytes_10 at 10% of the F16 full cache's
     # bytes): the tasks above with every policy in F16, Q8_0 and rotated Q4_0 storage, each
     # keeping what fits through the answer. About 15 minutes each on 2 cores (AVX2 kernels).
-    # `d2o:merge=sized` is E, the `d2o` default when these two reports were recorded.
+    # `d2o:merge=sized` was the `d2o` default when these two reports were recorded (they label
+    # it `d2o`).
     rb=(--policies "full;h2o;snapkv;snapkv:kernel=21;streaming;d2o:merge=sized;d2o:reading=paper" --kv-types f16,q8_0,q4_0r
       --lengths 2048 --trials 8 --tasks niah_single,niah_multikey,niah_multivalue,niah_multiquery,vt,fwe)
     run eval ruler "${common[@]}" "${hay[@]}" --name ruler_bytes --bytes 0.2 "${rb[@]}"
@@ -238,18 +249,22 @@ elif [ $summary_only -eq 0 ]; then
 fi
 
 notes=()
-[ -f "$repo/docs/results_notes.md" ] && [ $quick -eq 0 ] && notes=(--notes "$repo/docs/results_notes.md")
-run eval summary --dir "$out" --output "$page" --image-prefix "$(basename "$out")/" \
+[ -f "$repo/docs/research/results_notes.md" ] && [ $quick -eq 0 ] &&
+  notes=(--notes "$repo/docs/research/results_notes.md")
+# Image links relative to the page: results/ beside it, ../results/ from docs/research/.
+mkdir -p "$(dirname "$page")"
+imgs=$(realpath --relative-to="$(dirname "$page")" "$out")/
+run eval summary --dir "$out" --output "$page" --image-prefix "$imgs" \
   --title "d2o evaluation results" "${notes[@]}"
 # The Gemma 3 section: its own summary, every heading one level down, after SmolLM2's.
 if [ $quick -eq 0 ] && compgen -G "$gout/*.json" >/dev/null; then
   gnotes=()
-  gn=$repo/docs/results_gemma3_notes.md
+  gn=$repo/docs/research/results_gemma3_notes.md
   [ -f "$gn" ] && gnotes=(--notes "$gn")
   gpage=$(mktemp)
   trap 'rm -f "$gpage"' EXIT
   run eval summary --dir "$gout" --output "$gpage" \
-    --image-prefix "$(basename "$out")/$(basename "$gout")/" --title "Gemma 3 270M" "${gnotes[@]}"
+    --image-prefix "$imgs$(basename "$gout")/" --title "Gemma 3 270M" "${gnotes[@]}"
   { echo; sed 's/^#/##/' "$gpage"; } >> "$page"
 fi
 echo "make_results: $page" >&2

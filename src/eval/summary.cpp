@@ -76,7 +76,7 @@ bool paper_defaults_report(const json& j) {
 const char* const kPaperDefaultsNote =
     "*Recorded while `d2o`'s defaults were the paper's: here a `d2o` label or spec is the "
     "paper's reading with the keys shown. Today `d2o:reading=paper,` followed by those keys "
-    "runs it (`d2o` alone is E, the best D2O found).*\n\n";
+    "runs it (`d2o` alone is today's default, the best D2O found).*\n\n";
 
 // `note` after the report's first line (its title) and the blank line that follows it.
 std::string insert_after_title(const std::string& md, const std::string& note) {
@@ -88,7 +88,7 @@ std::string insert_after_title(const std::string& md, const std::string& note) {
 }
 
 // The row the verdicts are about: `d2o` where a report has it, else `d2o:reading=paper` (the
-// paper's D2O, which reports recorded before d2o's defaults became E label `d2o`).
+// paper's D2O, which reports recorded while d2o's defaults were the paper's label `d2o`).
 std::string d2o_row(const std::vector<std::string>& labels) {
   std::string found;
   for (const std::string& l : labels) {

@@ -1,6 +1,6 @@
-// `d2o eval summary`: assembles docs/results.md from the JSON and Markdown reports of one run of
-// ppl, fidelity, niah, ruler and ablate (any subset present), and states D2O's standing against
-// each baseline with its uncertainty:
+// `d2o eval summary`: assembles docs/research/results_full.md (the long generated page) from the
+// JSON and Markdown reports of one run of ppl, fidelity, niah, ruler and ablate (any subset
+// present), and states D2O's standing against each baseline with its uncertainty:
 //   - ppl: tail NLL of D2O minus the baseline, paired by position (batch-means standard error);
 //   - fidelity: KL(full ‖ ·) of D2O minus the baseline, paired by sample (standard error over
 //     samples), per ratio;

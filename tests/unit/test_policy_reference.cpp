@@ -67,7 +67,8 @@ TEST(PolicyReference, D2oMergeAblations) {
     check_all_layouts(std::string("d2o:reading=paper,ratio=0.3,") + m, 40, 50, 1);
   }
 }
-// The keys that separate D2O's pieces (docs/results.md, "Why D2O loses"), alone and together.
+// The keys that separate D2O's pieces (docs/research/results_full.md, "Why D2O loses"), alone and
+// together.
 TEST(PolicyReference, D2oDiagnosisKeys) {
   for (const char* m :
        {"mscore=keep", "mscore=mean", "mscore=max", "mrope=pre", "decide=token", "protect=edges",

@@ -45,7 +45,8 @@ const char* const kF =
     "pool=avg,prompt_merge=off,prompt_scores=window";
 
 TEST(PolicySpec, DefaultsAreTheBestMeasuredAndThePapers) {
-  // d2o's defaults: F of docs/results.md (E without merging).
+  // d2o's defaults: the best D2O measured, `d2o:merge=sized` without merging
+  // (docs/research/results_notes.md, the `merge=off` section).
   EXPECT_EQ(canonical("d2o"), kF);
   EXPECT_EQ(canonical("d2o:proportional_attention=on,merge=off,layers=uniform,heavy_recent=1:1,"
                       "scorer=mean_attention,prompt_ranking=window,kernel=21,prompt_merge=off,"

@@ -65,7 +65,7 @@ Result<std::span<const TokenId>> tokens_after_skip(const std::vector<TokenId>& t
 }
 
 const std::vector<std::string>& all_policy_presets() {
-  // Every preset once (the default of --policies), d2o (its defaults: E) last.
+  // Every preset once (the default of --policies), d2o (its defaults) last.
   static const std::vector<std::string> kAll = {
       "full", "streaming", "h2o", "snapkv", "pyramidkv", "roco", "cam", "keydiff", "d2o"};
   return kAll;

@@ -1,4 +1,4 @@
-// d2o eval summary: docs/results.md from the reports of one run (src/eval/summary.h).
+// d2o eval summary: docs/research/results_full.md from the reports of one run (src/eval/summary.h).
 #include <cstdio>
 
 #include "cmd_eval.h"
