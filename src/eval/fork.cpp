@@ -143,6 +143,11 @@ Result<ForkedPrefill> prefill_forked(Engine& engine, std::span<const TokenId> pr
         clear_unused_stats(*policies[i], seq->cache());
         // What Engine::forward does after the prompt pass (the whole prompt, last-token logits).
         be.seq = seq.get();
+        if (policies[i]->reconstruction_chunk(seq->policy_state()) > 0) {
+          seq->prompt_tokens().assign(prompt.begin(), prompt.end());
+          D2O_RETURN_IF_ERROR(engine.reconstruct(be));
+          std::vector<int32_t>().swap(seq->prompt_tokens());
+        }
         D2O_RETURN_IF_ERROR(engine.finish_pass(be, &engine.pool()));
         out.seqs[i] = std::move(seq);
       }

@@ -387,6 +387,16 @@ class KvCache {
   // them. Layers are independent, and so are heads.
   void replace_scores(int il, int h, int first, int count, const float* scores);
 
+  // Slots [first, first + count) of head h of layer il get the window statistics `window` (a
+  // window formed over several passes, KvPolicy::reconstruction_chunk), read by the compaction
+  // that follows. Layers are independent, and so are heads.
+  void replace_window(int il, int h, int first, int count, const float* window);
+
+  // Removes the `count` slots appended last to layer il, which nothing may have moved since
+  // (they hold the highest rows: append). A pass run to read its attention statistics (the
+  // prompt's reconstruction, KvPolicy::reconstruction_chunk) leaves the cache as it found it.
+  void drop_appended(int il, int count);
+
   // Sliding-window layer il, before a pass of n_tok tokens is appended: drops the oldest slots
   // if the layer would otherwise exceed sliding_capacity(W, n_tok), keeping the last W - 1 (all
   // the pass's first query can see). Returns the slots dropped.

@@ -179,6 +179,17 @@ class KvPolicy {
   // The most slots per KV head and layer this policy can hold for a sequence of n_total tokens
   // (prompt + generation) fed in passes of at most max_chunk tokens: admission control and
   // memory reports use it. The full cache returns n_total.
+  // Tokens per pass of the prompt's reconstruction before the sequence's first compaction, or 0
+  // (none, the default). Otherwise the engine, once the prompt is whole, feeds it again after
+  // itself in passes of that many tokens (teacher-forced, positions after the prompt), sums the
+  // attention every one of their queries gives each slot into the window statistics
+  // (KvLayer::window, scaled to the queries a window of StatsNeeds::window holds), and drops the
+  // passes' own slots: the compaction then ranks the prompt by what reconstructing it attends
+  // to, whatever question comes later. Peak: the prompt's slots plus one pass's.
+  virtual int reconstruction_chunk(const PolicyState& state) const {
+    (void)state;
+    return 0;
+  }
   virtual int64_t peak_slots(int64_t n_prompt, int64_t n_total, int max_chunk) const = 0;
   // The same for a sequence fed as a scheduler feeds it: the prompt in passes of at most
   // plan.prompt_chunk tokens, each but the last announcing the rest (PassInfo::prompt_rest, so

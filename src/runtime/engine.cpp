@@ -80,6 +80,13 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
     }
   }
 
+  // A prompt the policy will reconstruct is kept until it is whole (KvPolicy::reconstruction_chunk).
+  for (const BatchEntry& be : batch) {
+    if (be.seq->policy().reconstruction_chunk(be.seq->policy_state()) <= 0) continue;
+    std::vector<int32_t>& kept = be.seq->prompt_tokens();
+    kept.insert(kept.end(), be.tokens.begin(), be.tokens.end());
+  }
+
   // Micro-batches: rows of the entries in order, each entry's rows contiguous.
   const int ub = opts_.n_ubatch;
   size_t e = 0;
@@ -106,6 +113,12 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
       }
     }
     D2O_RETURN_IF_ERROR(run_ubatch(batch, sink));
+  }
+
+  for (const BatchEntry& be : batch) {
+    if (be.seq->prompt_tokens().empty() || be.prompt_rest > 0) continue;
+    if (be.tokens.size() > 1) D2O_RETURN_IF_ERROR(reconstruct(be));
+    std::vector<int32_t>().swap(be.seq->prompt_tokens());
   }
 
   // Advance and compact each sequence. Compactions of different sequences are independent (each
@@ -173,7 +186,13 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, const LogitsSink& s
     sr.r0 = r0;
     sr.r1 = r1;
     const KvPolicy& pol = be.seq->policy();
-    if (!pol.is_full()) {
+    if (reconstructing_) {
+      // Every query's attention into the window statistics; the pass's output is not kept.
+      const StatsNeeds needs = pol.pass_needs(be.seq->policy_state());
+      sr.stats.agg = needs.agg;
+      sr.stats.mass = needs.mass;
+      sr.stats.window_first = 0;
+    } else if (!pol.is_full()) {
       const StatsNeeds needs = pol.pass_needs(be.seq->policy_state());
       sr.stats.accumulate = needs.accumulate;
       sr.stats.agg = needs.agg;
@@ -186,7 +205,7 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, const LogitsSink& s
       }
     }
     // A one-token pass may be compacted layer by layer (after_attention).
-    sr.layer_hook = be.tokens.size() == 1 && be.prompt_rest == 0;
+    sr.layer_hook = be.tokens.size() == 1 && be.prompt_rest == 0 && !reconstructing_;
     if (sr.layer_hook && !pol.is_full())
       sr.stats.probe = pol.attention_probe(be.seq->policy_state());
     seqs_.push_back(sr);

@@ -72,6 +72,9 @@ using LogitsSink = std::function<void(int entry, int token, const float* logits)
 struct EngineTimings {
   double matmul_s = 0, attention_s = 0, policy_s = 0, other_s = 0;
   int64_t rows = 0;
+  // Of those: the prompt reconstructions' passes (KvPolicy::reconstruction_chunk), and their rows.
+  double reconstruct_s = 0;
+  int64_t reconstruct_rows = 0;
 };
 
 class Engine : private ForwardHooks {
@@ -96,6 +99,14 @@ class Engine : private ForwardHooks {
   // layer_pool: a pool the policy may plan layers on (outside the pool's own tasks), or null.
   Status finish_pass(const BatchEntry& be, ThreadPool* layer_pool) const;
 
+  // The prompt's reconstruction before its first compaction, when the entry's policy asks for
+  // one (KvPolicy::reconstruction_chunk; engine_reconstruct.cpp): the prompt held in
+  // seq->prompt_tokens(), of which be.tokens is the last pass, fed again after itself in passes
+  // of the policy's chunk; the attention every one of their queries gives each prompt slot summed
+  // into the window statistics; their slots dropped. forward() runs it before finish_pass();
+  // public for callers that fill a cache without a pass of their own (src/eval/fork.h).
+  Status reconstruct(const BatchEntry& be);
+
   const EngineTimings& timings() const { return timings_; }
   void reset_timings() { timings_ = {}; }
 
@@ -107,6 +118,8 @@ class Engine : private ForwardHooks {
   Status validate(std::span<const BatchEntry> batch) const;
   // Runs the micro-batch held in rows_, tokens_, pos_.
   Status run_ubatch(std::span<const BatchEntry> batch, const LogitsSink& sink);
+  // The entry's tokens at positions first_pos, first_pos + 1, ..., in micro-batches.
+  Status run_rows(const BatchEntry& be, int64_t first_pos, const LogitsSink& sink);
 
   // ForwardHooks: layer-wise compaction of a decode row's sequence, and logits to the sink.
   Status after_attention(int s, int il, const LayerDesc& layer, int thread) override;
@@ -129,6 +142,9 @@ class Engine : private ForwardHooks {
   std::vector<Status> compact_status_;   // per batch entry
   std::vector<double> thread_policy_s_;  // per pool thread: layer-wise compaction seconds
   double alone_policy_s_ = 0;  // layer-wise compaction seconds with nothing running beside
+  // reconstruct(): run_ubatch asks for the window over every row and nothing else; the sums.
+  bool reconstructing_ = false;
+  std::vector<float> recon_sum_;
 };
 
 }  // namespace d2o

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kv/kv_cache.h"
 #include "kv/policy.h"
@@ -32,6 +33,10 @@ class Sequence {
   int64_t prompt_pending() const { return prompt_pending_; }
   void set_prompt_pending(int64_t n) { prompt_pending_ = n; }
 
+  // The prompt's tokens so far, kept only while the policy will reconstruct the prompt before
+  // its first compaction (KvPolicy::reconstruction_chunk); set by the engine.
+  const std::vector<int32_t>& prompt_tokens() const { return prompt_tokens_; }
+  std::vector<int32_t>& prompt_tokens() { return prompt_tokens_; }
   // Becomes a copy of `other`'s cache, policy state and position (the policies must be the same
   // object: a policy state only means something to its policy).
   Status copy_from(const Sequence& other) {
@@ -39,6 +44,7 @@ class Sequence {
     D2O_RETURN_IF_ERROR(cache_.copy_from(other.cache_));
     state_ = other.state_;
     n_past_ = other.n_past_;
+    prompt_tokens_ = other.prompt_tokens_;
     return {};
   }
 
@@ -48,6 +54,7 @@ class Sequence {
     state_.reset();
     n_past_ = 0;
     prompt_pending_ = 0;
+    std::vector<int32_t>().swap(prompt_tokens_);
   }
 
  private:
@@ -56,6 +63,7 @@ class Sequence {
   PolicyState state_;
   int64_t n_past_ = 0;
   int64_t prompt_pending_ = 0;
+  std::vector<int32_t> prompt_tokens_;
 };
 
 }  // namespace d2o

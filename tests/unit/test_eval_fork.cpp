@@ -100,6 +100,7 @@ TEST(EvalFork, ForkedSequencesContinueLikeDirectOnes) {
                                       "roco:ratio=0.3",
                                       "cam:ratio=0.3",
                                       "d2o:ratio=0.3",
+                                      "d2o:ratio=0.3,prompt_ranking=reconstruction",
                                       "d2o:ratio=0.3,reading=research",
                                       "d2o:budget=40",
                                       "streaming:budget=40,pos=shift"};

@@ -72,7 +72,7 @@ ComposedPolicy::ComposedPolicy(PolicyConfig cfg) : cfg_(std::move(cfg)) {
       break;
   }
   keeper_ = Keeper::of(cfg_);
-  if (cfg_.selector == Selector::kHeavyRecent && cfg_.prompt == PromptScore::kWindow) {
+  if (cfg_.selector == Selector::kHeavyRecent && cfg_.prompt != PromptScore::kAccumulated) {
     prompt_scorer_ = make_window_attention(cfg_);
     prompt_keeper_ = Keeper::prompt_window(cfg_);
   }
@@ -84,6 +84,10 @@ ComposedPolicyState& ComposedPolicy::own_state(const KvCache& cache, PolicyState
   ComposedPolicyState& own = state.ext_as<ComposedPolicyState>();
   if (merger_) merger_->size_state(cache, own);
   return own;
+}
+
+int ComposedPolicy::reconstruction_chunk(const PolicyState& state) const {
+  return reconstructs() && !state.budgets_set ? kReconstructionChunk : 0;
 }
 
 std::string ComposedPolicy::spec() const {

@@ -99,6 +99,12 @@ class ComposedPolicy final : public KvPolicy {
   bool compacts_per_layer(const PolicyState& state) const override;
   Status compact_layer(KvCache& cache, PolicyState& state, const PassInfo& pass,
                        int il) const override;
+  // prompt_ranking=reconstruction, ratio mode, before the first compaction: kReconstructionChunk.
+  int reconstruction_chunk(const PolicyState& state) const override;
+  static constexpr int kReconstructionChunk = 256;
+  bool reconstructs() const {
+    return cfg_.prompt == PromptScore::kReconstruction && cfg_.mode == BudgetMode::kRatio;
+  }
   int64_t peak_slots(int64_t n_prompt, int64_t n_total, int max_chunk) const override;
   int64_t peak_slots_for(const FeedPlan& plan) const override;
   // Every composed policy: each compressible layer's plan, kept between passes (its list of kept

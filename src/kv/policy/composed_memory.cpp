@@ -31,8 +31,9 @@ int64_t ComposedPolicy::peak_slots(int64_t n_prompt, int64_t n_total, int max_ch
     n_first = std::min(n_total, cfg_.budget + chunk);
     s_max = variable ? n_first : cfg_.budget;
   }
-  if (!cfg_.compacts_after_first()) return std::max(n_first, s_max + (n_total - n_first));
-  return std::max(n_first, std::min(n_total, s_max + chunk));
+  const int64_t held = n_first + (reconstructs() ? kReconstructionChunk : 0);
+  if (!cfg_.compacts_after_first()) return std::max(held, s_max + (n_total - n_first));
+  return std::max(held, std::min(n_total, s_max + chunk));
 }
 
 size_t ComposedPolicy::state_bytes(const KvCacheConfig& cfg, int64_t slots) const {
@@ -75,8 +76,10 @@ int64_t ComposedPolicy::peak_slots_for(const FeedPlan& f) const {
         variable ? n_prompt
                  : std::clamp<int64_t>(std::llround(cfg_.ratio * static_cast<double>(n_prompt)), lo,
                                        n_prompt);
-    if (!cfg_.compacts_after_first()) return std::max(n_prompt, s_max + (n_total - n_prompt));
-    return std::max(n_prompt, std::min(n_total, s_max + dc));
+    // prompt_ranking=reconstruction: the prompt and one reconstruction pass, for a moment.
+    const int64_t held = n_prompt + (reconstructs() ? kReconstructionChunk : 0);
+    if (!cfg_.compacts_after_first()) return std::max(held, s_max + (n_total - n_prompt));
+    return std::max(held, std::min(n_total, s_max + dc));
   }
   // Budget mode: compaction whenever a layer holds more than B slots, prompt chunks included.
   if (n_total <= cfg_.budget) return n_total;

@@ -58,6 +58,10 @@ enum class PromptScore {
   kWindow,       // the compaction is SnapKV's with the sinks kept: the sinks, the last `window`
                  // slots, the rest by the pass's last `window` queries' attention pooled over
                  // `kernel` slots (pool=); later compactions rank by the usual score
+  kReconstruction,  // as kWindow, with the attention that a reconstruction of the prompt gives
+                    // each slot instead of its last queries' (KvPolicy::reconstruction_chunk):
+                    // the prompt fed again after itself, teacher-forced, in chunks, its own KV
+                    // dropped after each chunk. Needs no question (ratio mode only).
 };
 
 // What happens to evicted slots.
@@ -194,7 +198,7 @@ struct PolicyConfig {
   }
   bool needs_window() const {
     return selector == Selector::kSnapWindow ||
-           (selector == Selector::kHeavyRecent && prompt == PromptScore::kWindow);
+           (selector == Selector::kHeavyRecent && prompt != PromptScore::kAccumulated);
   }
 
   bool operator==(const PolicyConfig&) const = default;

@@ -253,6 +253,10 @@ bool has_key(const std::vector<Item>& items, std::string_view key) {
   return false;
 }
 
+std::string prompt_word(const PolicyConfig& c) {
+  return c.prompt == PromptScore::kReconstruction ? "reconstruction" : "window";
+}
+
 // Keys that exclude each other or apply only with others, once every key is read.
 Status check_combinations(const std::string& name, const std::vector<Item>& items,
                           const PolicyConfig& c) {
@@ -267,7 +271,7 @@ Status check_combinations(const std::string& name, const std::vector<Item>& item
         (it.key == "window" || it.key == "kernel" || it.key == "pool" ||
          it.key == "prompt_scores")) {
       return invalid_argument("KV policy '" + name + "': " + std::string(it.given) +
-                              "= applies only with prompt_ranking=window");
+                              "= applies only with prompt_ranking=window or reconstruction");
     }
   }
   if (has_key(items, "floor") && c.heads != HeadRule::kAda)
@@ -279,13 +283,14 @@ Status check_combinations(const std::string& name, const std::vector<Item>& item
   }
   if (c.distinct > 0.0 && c.prompt != PromptScore::kAccumulated) {
     return invalid_argument("KV policy '" + name +
-                            "': prompt_ranking=window makes the prompt's compaction SnapKV's, "
+                            "': prompt_ranking=" + prompt_word(c) + " makes the prompt's compaction SnapKV's, "
                             "which distinct_share= does not apply to; use one of them" +
                             by_default);
   }
   if (c.heads == HeadRule::kAda && c.prompt != PromptScore::kAccumulated) {
     return invalid_argument("KV policy '" + name +
-                            "': prompt_ranking=window applies with heads=uniform" + by_default);
+                            "': prompt_ranking=" + prompt_word(c) + " applies with heads=uniform" +
+                            by_default);
   }
   if (c.heads == HeadRule::kAda && c.decide == MergeDecision::kToken) {
     return invalid_argument("KV policy '" + name +
@@ -429,6 +434,10 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
     c.mode = BudgetMode::kBudget;
     c.ratio = 0.2;  // unused in budget mode; fixed so that equal specs give equal configs
     if (c.budget < c.min_budget()) return budget_too_small(name, c);
+    if (c.prompt == PromptScore::kReconstruction)
+      return invalid_argument("KV policy '" + name +
+                              "': prompt_ranking=reconstruction applies in ratio mode (a prompt "
+                              "compressed once it is whole); use ratio=");
   }
   // Keys that do not apply take their plain values, so that equal canonical specs give equal
   // configs (d2o:prompt_ranking=accumulated drops the window keys of d2o's defaults).

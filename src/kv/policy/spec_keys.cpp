@@ -94,6 +94,7 @@ Status share_key(const std::string& policy, std::string_view key, std::string_vi
 const std::vector<const char*> kAggWords = {"sum", "mean", "max"};
 const std::vector<const char*> kPoolWords = {"max", "avg"};
 const std::vector<const char*> kPromptWords = {"accumulated", "window"};
+const std::vector<const char*> kRankingWords = {"accumulated", "window", "reconstruction"};
 const std::vector<const char*> kPositionsWords = {"original", "shifted"};
 const std::vector<const char*> kLayerWords = {"uniform", "variance", "reciprocal",
                                               "exp",     "pyramid",  "research"};
@@ -313,7 +314,7 @@ const std::vector<KeyDef>& key_defs() {
        [](const PolicyConfig& c) { return c.distinct != 0.0; }},
       word_def<&PolicyConfig::prompt_merge, kOnOffWords>(
           "prompt_merge", [](const PolicyConfig& c) { return !c.prompt_merge; }),
-      word_def<&PolicyConfig::prompt, kPromptWords>(
+      word_def<&PolicyConfig::prompt, kRankingWords>(
           "prompt_ranking",
           [](const PolicyConfig& c) { return c.prompt != PromptScore::kAccumulated; }),
       word_def<&PolicyConfig::pscore, kPromptWords>(
