@@ -229,7 +229,9 @@ int max_n_at(std::span<const BenchTest> tests, int depth) {
 Status prefill_depth(Engine& engine, Sequence& saved, std::span<const TokenId> text, int depth,
                      int max_n, double* seconds, int64_t* slots) {
   saved.reset();
-  D2O_RETURN_IF_ERROR(saved.cache().set_slot_limit(depth + max_n));
+  // (A policy that reconstructs the prompt holds one reconstruction pass more for a moment.)
+  D2O_RETURN_IF_ERROR(saved.cache().set_slot_limit(
+      depth + max_n + saved.policy().reconstruction_chunk(saved.policy_state())));
   *seconds = 0;
   if (depth > 0) {
     BatchEntry be;
@@ -255,7 +257,8 @@ Status run_repetition(Engine& engine, Sequence& seq, const Sequence& saved,
   }
   // The cache never needs more than depth + n slots: growth stops there (a full cache would
   // otherwise over-allocate by up to a quarter and report it as KV bytes).
-  int limit = static_cast<int>(int64_t{t.depth} + t.n);
+  int limit = static_cast<int>(int64_t{t.depth} + t.n) +
+              seq.policy().reconstruction_chunk(seq.policy_state());
   for (int il = 0; il < seq.cache().n_layer(); ++il)
     limit = std::max(limit, seq.cache().layer(il).capacity());
   D2O_RETURN_IF_ERROR(seq.cache().set_slot_limit(limit));

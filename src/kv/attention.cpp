@@ -98,7 +98,7 @@ struct Call {
   int H, G, grp, hd, n_tok, n_blocks;
   int n_old_all;          // slots before the chunk when every head holds the same count
   const int32_t* head_n;  // else [G] per-head counts (KvLayer::head_counts)
-  bool want_score, want_window, mass;
+  bool want_score, want_window, mass, window_max;
   int window_first;
   ScoreAgg agg;
   int window;  // > 0: sliding window of this many positions (AttnInput::window)
@@ -313,6 +313,7 @@ void run_blocks(const Call& C, ThreadPool& pool) {
       a.score = C.want_score ? col_s + j0 : nullptr;
       a.window = C.block_in_window(blk) ? col_w + j0 : nullptr;
       a.window_from = C.window_from(blk);
+      a.window_max = C.window_max;
       C.kern->stats(a);
     }
   });
@@ -334,7 +335,11 @@ void run_blocks(const Call& C, ThreadPool& pool) {
       if (C.block_in_window(blk)) {
         float* w = L.window_accum(g);
         const float* col = sc.col_window.data() + base;
-        for (int j = j0; j < j1; ++j) w[j] += col[j];
+        if (C.window_max) {
+          for (int j = j0; j < j1; ++j) w[j] = std::max(w[j], col[j]);
+        } else {
+          for (int j = j0; j < j1; ++j) w[j] += col[j];
+        }
       }
     }
   });
@@ -430,6 +435,7 @@ void run_split(const Call& C, ThreadPool& pool) {
       a.score = C.want_score ? L.score_accum(g) + j0 : nullptr;
       a.window = C.block_in_window(blk) ? L.window_accum(g) + j0 : nullptr;
       a.window_from = C.window_from(blk);
+      a.window_max = C.window_max;
       C.kern->stats(a);
     }
   });
@@ -499,6 +505,7 @@ void attention_forward_isa(const AttnInput& in, KvLayer& L, const AttnStatsReque
   C.want_window = stats.window_first < n_tok;
   if (C.want_window) L.open_window_stats();
   C.window_first = stats.window_first;
+  C.window_max = stats.window_max;
   C.mass = stats.mass;
   C.agg = stats.agg;
   C.window = in.window;
@@ -573,7 +580,10 @@ void attention_reference(const AttnInput& in, KvLayer& L, const AttnStatsRequest
         }
         if (stats.agg == ScoreAgg::kMean) a /= grp;
         if (stats.accumulate) L.score_accum(g)[j] += static_cast<float>(a);
-        if (t >= stats.window_first) L.window_accum(g)[j] += static_cast<float>(a);
+        if (t >= stats.window_first) {
+          float& w = L.window_accum(g)[j];
+          w = stats.window_max ? std::max(w, static_cast<float>(a)) : w + static_cast<float>(a);
+        }
       }
     }
   }

@@ -7,7 +7,8 @@
 // Statistics (only what is requested is computed):
 //   accumulate  layer.score(g)[j] += sum over the chunk's queries of agg over the group's heads of
 //               softmax(q k^T / sqrt(d))[j]   (agg: sum, mean or max; H2O / D2O column sums)
-//   window      layer.window(g)[j] += the same, but only for queries t >= window_first (SnapKV)
+//   window      layer.window(g)[j] += the same, but only for queries t >= window_first (the
+//               pass's last queries; window_max: the largest such value instead of the sum)
 //
 // How it runs: slots are cut into chunks of kTile slots at fixed positions (0, kTile, ...). For
 // every query row and chunk the kernel forms the chunk's scores, their maximum m_c, e = exp(s -
@@ -65,6 +66,9 @@ struct AttnStatsRequest {
   ScoreAgg agg = ScoreAgg::kSum;
   // Queries with chunk index >= window_first add their probabilities to layer.window.
   int window_first = std::numeric_limits<int>::max();
+  // The window holds the most attention any one of those queries gives a slot, not the sum
+  // (probabilities are >= 0, so a window reset to 0 starts the maximum).
+  bool window_max = false;
   // Proportional attention: a slot standing for 1 + layer.merged[j] tokens (merged ones) gets
   // log(1 + merged) added to its logit, so the group keeps the attention mass its tokens had
   // together. Changes the output, not only statistics.

@@ -77,6 +77,8 @@ struct StatsArgs {
   float* score = nullptr;   // [n_cols] += (null: not asked)
   float* window = nullptr;  // [n_cols] += for rows b >= window_from (null: not asked)
   int window_from = 0;
+  // window[j] = max(window[j], the most any row b >= window_from gives j) instead of the sum.
+  bool window_max = false;
 };
 
 struct Kernels {

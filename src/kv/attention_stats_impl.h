@@ -45,7 +45,11 @@ static inline void stats_impl(const StatsArgs& a) {
         for (int j = 0; j < n; ++j) col[j] += tmp[j];
       }
       if (any_window && b >= a.window_from) {
-        for (int j = 0; j < n; ++j) win[j] += tmp[j];
+        if (a.window_max) {
+          for (int j = 0; j < n; ++j) win[j] = std::max(win[j], tmp[j]);
+        } else {
+          for (int j = 0; j < n; ++j) win[j] += tmp[j];
+        }
       }
     }
     if (a.score) {
@@ -54,7 +58,11 @@ static inline void stats_impl(const StatsArgs& a) {
     }
     if (any_window) {
       float* w = a.window + c0;
-      for (int j = 0; j < n; ++j) w[j] += win[j];
+      if (a.window_max) {
+        for (int j = 0; j < n; ++j) w[j] = std::max(w[j], win[j]);
+      } else {
+        for (int j = 0; j < n; ++j) w[j] += win[j];
+      }
     }
   }
 }

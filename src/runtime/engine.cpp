@@ -192,6 +192,7 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, const LogitsSink& s
       sr.stats.agg = needs.agg;
       sr.stats.mass = needs.mass;
       sr.stats.window_first = 0;
+      sr.stats.window_max = true;
     } else if (!pol.is_full()) {
       const StatsNeeds needs = pol.pass_needs(be.seq->policy_state());
       sr.stats.accumulate = needs.accumulate;

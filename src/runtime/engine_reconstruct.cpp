@@ -2,13 +2,12 @@
 // that ranks the prompt by what reconstructing it attends to (KvPolicy::reconstruction_chunk;
 // the manner of KVzip, Kim et al., 2025). The prompt is fed again after itself, teacher-forced,
 // in passes of the policy's chunk: each pass attends to the whole prompt (and to itself), the
-// attention every one of its queries gives each prompt slot is summed (over the query heads of
-// a KV head as the policy aggregates), and its own slots are dropped before the next, so the
-// cache holds at most the prompt and one chunk. The sums, scaled to the queries a window of
-// StatsNeeds::window holds, become the window statistics the compaction ranks by. Decisions:
-// no instruction precedes the repeated prompt (the engine has no tokenizer), and a slot's score
-// is the sum of the attention it gets rather than the most any one query gives it (the window
-// statistics sum).
+// most attention any one of its queries gives each prompt slot is kept (aggregated over the
+// query heads of a KV head as the policy aggregates; AttnStatsRequest::window_max), and its own
+// slots are dropped before the next, so the cache holds at most the prompt and one chunk. The
+// maxima, scaled to the queries a window of StatsNeeds::window holds, become the window
+// statistics the compaction ranks by. Decision: no instruction precedes the repeated prompt (the
+// engine has no tokenizer).
 #include <algorithm>
 
 #include "core/timer.h"
@@ -75,7 +74,8 @@ Status Engine::reconstruct(const BatchEntry& be) {
         const int h_n = held[static_cast<size_t>(il)];
         for (int g = 0; g < G; ++g) {
           const float* w = L.window(g);
-          for (int j = 0; j < h_n; ++j) sum[static_cast<size_t>(g) * h_n + j] += w[j];
+          float* s = sum + static_cast<size_t>(g) * h_n;
+          for (int j = 0; j < h_n; ++j) s[j] = std::max(s[j], w[j]);
         }
       }
       // A sliding-window layer may have dropped its oldest slots first (as the next pass would).
@@ -84,10 +84,10 @@ Status Engine::reconstruct(const BatchEntry& be) {
   }
   reconstructing_ = false;
   D2O_RETURN_IF_ERROR(st);
-  // The sums as window statistics of the queries a window holds (the prompt's compaction reads
-  // them per window query: PolicyConfig's prompt_scores).
+  // The maxima as window statistics of the queries a window holds, as if each of them gave the
+  // slot that much (the prompt's compaction reads them per window query: prompt_scores=).
   const int w = std::min<int>(seq.policy().needs().window, static_cast<int>(be.tokens.size()));
-  const float scale = static_cast<float>(std::max(1, w)) / static_cast<float>(prompt.size());
+  const float scale = static_cast<float>(std::max(1, w));
   for (int il = 0; il < n_layer; ++il) {
     cache.reset_window_stats(il);
     if (!cc.layer_compressible(il)) continue;

@@ -38,6 +38,21 @@ TEST(CliRun, KvReportSharesOfSameTypeAndF16) {
   EXPECT_TRUE(has(r.output, "KV bytes allocated")) << r.output;
 }
 
+// prompt_ranking=reconstruction on the real model: the prompt fed again after itself before its
+// compaction, its time reported; the cache kept at the ratio.
+TEST(CliRun, ReconstructionRanksThePromptAndReportsItsTime) {
+  D2O_REQUIRE_MODEL(model);
+  std::string ids;
+  for (int i = 0; i < 300; ++i) ids += (i ? "," : "") + std::to_string(100 + (i * 37) % 900);
+  auto r = run_d2o("run -m " + model + " --prompt-tokens " + ids +
+                   " -n 4 -t 2 --chunk 0 --kv d2o:ratio=0.2,prompt_ranking=reconstruction "
+                   "--kv-report --timings");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "prompt_ranking=reconstruction")) << r.output;
+  EXPECT_TRUE(has(r.output, "of which the prompt's reconstruction")) << r.output;
+  EXPECT_TRUE(has(r.output, "300 rows")) << r.output;  // the whole prompt fed again
+}
+
 // The generated text: what comes before the statistics block.
 std::string text_of(const std::string& out) { return out.substr(0, out.find("\n[kv ")); }
 

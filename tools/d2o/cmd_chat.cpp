@@ -40,7 +40,9 @@ int run_chat(ChatOptions& o) {
   const ChatTemplate& tmpl = *l.chat_template;
   Sequence seq(l.model->hparams(), l.kv_type, l.policy);
   // The cache's geometric growth stops at the context instead of over-allocating past it.
-  if (Status s = seq.cache().set_slot_limit(static_cast<int>(l.n_ctx)); !s.ok()) return fail(s);
+  // (A policy that reconstructs the prompt holds one reconstruction pass more for a moment.)
+  const int64_t limit = l.n_ctx + l.policy->reconstruction_chunk(seq.policy_state());
+  if (Status s = seq.cache().set_slot_limit(static_cast<int>(limit)); !s.ok()) return fail(s);
   std::vector<ChatMessage> history;
   if (!o.system.empty()) history.push_back({"system", o.system});
   std::vector<TokenId> unfed;  // generated tokens not yet in the cache

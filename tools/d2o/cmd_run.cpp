@@ -22,6 +22,13 @@ void print_time_split(std::FILE* f, const char* what, const EngineTimings& t) {
       what, static_cast<long long>(t.rows), total, 100 * t.matmul_s / total,
       100 * t.attention_s / total, 100 * t.policy_s / total,
       t.rows > 0 ? 1e3 * t.policy_s / static_cast<double>(t.rows) : 0.0, 100 * t.other_s / total);
+  if (t.reconstruct_rows > 0) {
+    std::fprintf(
+        f,
+        "  of which the prompt's reconstruction (prompt_ranking=reconstruction): %lld rows, "
+        "%.2f s (%.1f%%)\n",
+        static_cast<long long>(t.reconstruct_rows), t.reconstruct_s, 100 * t.reconstruct_s / total);
+  }
 }
 
 struct RunOptions {
@@ -93,6 +100,9 @@ int run_run(RunOptions& o) {
   int64_t most_tokens = std::min<int64_t>(l.n_ctx, static_cast<int64_t>(ids->size()) + o.n_predict);
   // --kv-mem-per-seq with a full cache: the memory is a hard cap (a longer run fails, saying so).
   if (l.kv_full_slots > 0) most_tokens = std::min<int64_t>(most_tokens, l.kv_full_slots);
+  // A policy that reconstructs the prompt before compressing it holds one reconstruction pass
+  // more, for a moment (KvPolicy::reconstruction_chunk).
+  most_tokens += l.policy->reconstruction_chunk(seq.policy_state());
   if (Status s = seq.cache().set_slot_limit(static_cast<int>(most_tokens)); !s.ok()) return fail(s);
   GenerateParams gp;
   gp.n_predict = o.n_predict;
@@ -141,6 +151,8 @@ int run_run(RunOptions& o) {
     gen.policy_s -= at_prompt.policy_s;
     gen.other_s -= at_prompt.other_s;
     gen.rows -= at_prompt.rows;
+    gen.reconstruct_s -= at_prompt.reconstruct_s;
+    gen.reconstruct_rows -= at_prompt.reconstruct_rows;
     print_time_split(stderr, "prompt", at_prompt);
     print_time_split(stderr, "generation", gen);
   }

@@ -7,8 +7,6 @@
 #include "core/mem.h"
 #include "kv/policy/budgets.h"
 #include "kv/policy/select_heads.h"
-#include "kv/policy/select_keydiff.h"
-#include "kv/policy/similarity.h"
 
 namespace d2o {
 
