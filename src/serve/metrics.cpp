@@ -97,6 +97,11 @@ std::string prometheus_text(const Metrics& m) {
   metric(o, "d2o_session_load_seconds_total", "counter",
          "Seconds spent reading session files (read and checked).");
   value(o, "d2o_session_load_seconds_total", m.session_load_seconds);
+  metric(o, "d2o_session_dir_bytes", "gauge", "Bytes the session files hold (--session-dir).");
+  value(o, "d2o_session_dir_bytes", static_cast<double>(m.session_dir_bytes));
+  metric(o, "d2o_session_files_removed_total", "counter",
+         "Least recently used session files removed to keep --session-dir-max.");
+  value(o, "d2o_session_files_removed_total", static_cast<double>(m.session_files_removed));
   metric(o, "d2o_sequences_running", "gauge", "Sequences admitted and running.");
   value(o, "d2o_sequences_running", static_cast<double>(m.running));
   metric(o, "d2o_sequences_queued", "gauge", "Requests waiting for admission.");

@@ -33,6 +33,8 @@ struct Metrics {
   int64_t session_file_errors = 0;
   double session_save_seconds = 0;
   double session_load_seconds = 0;
+  uint64_t session_dir_bytes = 0;     // what the session files hold
+  int64_t session_files_removed = 0;  // removed to keep --session-dir-max
   // Gauges (the engine thread's view after its last step).
   int64_t running = 0;
   int64_t queued = 0;

@@ -46,7 +46,11 @@ Result<std::unique_ptr<Service>> Service::create(Engine& engine, const Tokenizer
     ctx.n_vocab = hp.n_vocab;
     ctx.max_positions =
         params.scheduler.max_positions > 0 ? params.scheduler.max_positions : hp.n_ctx_train;
-    D2O_ASSIGN_OR_RETURN(SessionDir d, SessionDir::open(params.session_dir, ctx));
+    D2O_ASSIGN_OR_RETURN(SessionDir d,
+                         SessionDir::open(params.session_dir, ctx, params.session_dir_max));
+    if (d.strays_removed() > 0)
+      std::fprintf(stderr, "d2o serve: removed %lld unfinished session file(s) from %s\n",
+                   static_cast<long long>(d.strays_removed()), params.session_dir.c_str());
     dir.emplace(std::move(d));
   }
   return std::unique_ptr<Service>(
@@ -323,6 +327,10 @@ void Service::publish_metrics() {
   counters_.session_file_errors = files.errors;
   counters_.session_save_seconds = files.save_seconds;
   counters_.session_load_seconds = files.load_seconds;
+  if (const SessionDir* d = sessions_.dir()) {
+    counters_.session_dir_bytes = d->bytes_held();
+    counters_.session_files_removed = d->files_removed();
+  }
   counters_.kv_reserved = sched_->pool().reserved();
   counters_.kv_allocated = sched_->kv_allocated();
   counters_.session_bytes = sessions_.held_bytes();

@@ -78,6 +78,7 @@ struct ServiceParams {
   std::string default_kv;     // policy when a request names none
   // Sessions written to files (serve/session_dir.h) in this directory; "": memory only.
   std::string session_dir;
+  uint64_t session_dir_max = 0;  // --session-dir-max: the most its files hold (0: no bound)
   bool save_every_turn = true;  // write a session when each request ends (else: on eviction
                                 // and at shutdown only)
   ModelIdentity model_identity;  // what session files are checked against

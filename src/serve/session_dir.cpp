@@ -5,8 +5,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <utility>
+#include <vector>
 
 #include "serve/api_keys.h"
 
@@ -32,7 +35,8 @@ bool write_all(int fd, const char* data, size_t n) {
 
 }  // namespace
 
-Result<SessionDir> SessionDir::open(const std::string& dir, const SessionFileContext& ctx) {
+Result<SessionDir> SessionDir::open(const std::string& dir, const SessionFileContext& ctx,
+                                    uint64_t max_bytes) {
   if (dir.empty()) return invalid_argument("--session-dir: an empty path");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -41,7 +45,51 @@ Result<SessionDir> SessionDir::open(const std::string& dir, const SessionFileCon
     return invalid_argument("--session-dir " + dir + ": not a directory");
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     return io_error("--session-dir " + dir + ": not writable: " + errno_text());
-  return SessionDir(dir, ctx);
+  SessionDir d(dir, ctx);
+  d.max_bytes_ = max_bytes;
+  // The files there: temporary ones a killed process left are removed; session files are
+  // indexed, their last use taken from their modification times (oldest first).
+  const std::string suffix = kSessionFileSuffix;
+  const std::string tmp_suffix = suffix + ".tmp";
+  auto ends_with = [](const std::string& s, const std::string& e) {
+    return s.size() > e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
+  };
+  std::vector<std::pair<std::filesystem::file_time_type, std::pair<std::string, uint64_t>>> found;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    const std::string name = e.path().filename().string();
+    if (ends_with(name, tmp_suffix)) {
+      if (std::filesystem::remove(e.path(), ec)) ++d.strays_;
+      continue;
+    }
+    if (!ends_with(name, suffix)) continue;
+    const std::string id = name.substr(0, name.size() - suffix.size());
+    if (!valid_scoped_session_id(id)) continue;
+    found.push_back({e.last_write_time(ec), {id, static_cast<uint64_t>(e.file_size(ec))}});
+  }
+  std::sort(found.begin(), found.end());
+  for (const auto& [t, f] : found) d.touch(f.first, f.second);
+  return d;
+}
+
+void SessionDir::touch(const std::string& id, uint64_t bytes) const {
+  FileUse& u = files_[id];
+  held_ = held_ - u.bytes + bytes;
+  u.bytes = bytes;
+  u.used = ++clock_;
+}
+
+void SessionDir::keep_bound(const std::string& keep) const {
+  while (max_bytes_ > 0 && held_ > max_bytes_) {
+    auto lru = files_.end();
+    for (auto it = files_.begin(); it != files_.end(); ++it) {
+      if (it->first != keep && (lru == files_.end() || it->second.used < lru->second.used)) lru = it;
+    }
+    if (lru == files_.end()) return;  // only `keep` is left
+    const std::string id = lru->first;
+    remove(id);
+    ++removed_;
+  }
 }
 
 Result<std::string> SessionDir::path_for(const std::string& id) const {
@@ -73,6 +121,8 @@ Result<size_t> SessionDir::save(const std::string& id, const std::string& kv_spe
     ::unlink(tmp.c_str());
     return io_error("cannot rename " + tmp + " to " + path + ": " + e);
   }
+  touch(id, bytes.size());
+  keep_bound(id);
   return bytes.size();
 }
 
@@ -109,12 +159,17 @@ Result<std::optional<SessionData>> SessionDir::load(const std::string& id) const
   auto d = decode_session(ctx_, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
   if (!d.ok()) return d.status().with_context(path);
   if (d->id != id) return format_error(path + " holds session '" + d->id + "'");
+  touch(id, bytes.size());
   return std::optional<SessionData>(std::move(d).value());
 }
 
 void SessionDir::remove(const std::string& id) const {
   auto path = path_for(id);
   if (path.ok()) ::unlink(path->c_str());
+  const auto it = files_.find(id);
+  if (it == files_.end()) return;
+  held_ -= it->second.bytes;
+  files_.erase(it);
 }
 
 }  // namespace d2o::serve

@@ -11,8 +11,15 @@
 // (fdatasync): after a crash of the machine a file may be damaged, which its checksum shows when
 // it is read (the session is then rebuilt). A read refuses anything but a regular file no larger
 // than the largest session the context allows, then decodes it with every field checked.
+//
+// Opening the directory removes the temporary files a killed process left (one server owns a
+// directory). With a bound on the directory's size (--session-dir-max), a write that takes the
+// session files past it removes the least recently used other files (written or read) until
+// they fit again; their sessions are rebuilt if they come back.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -23,8 +30,10 @@ namespace d2o::serve {
 
 class SessionDir {
  public:
-  // Creates DIR when absent. Errors: it cannot be created, or is not a writable directory.
-  static Result<SessionDir> open(const std::string& dir, const SessionFileContext& ctx);
+  // Creates DIR when absent. max_bytes: the most the session files may hold together (0: no
+  // bound). Errors: it cannot be created, or is not a writable directory.
+  static Result<SessionDir> open(const std::string& dir, const SessionFileContext& ctx,
+                                 uint64_t max_bytes = 0);
 
   const std::string& dir() const { return dir_; }
   const SessionFileContext& context() const { return ctx_; }
@@ -41,10 +50,30 @@ class SessionDir {
   // Deletes the file of `id` if there is one.
   void remove(const std::string& id) const;
 
+  // Bytes the session files hold, files removed to keep the bound, stray temporary files removed
+  // when the directory was opened.
+  uint64_t bytes_held() const { return held_; }
+  int64_t files_removed() const { return removed_; }
+  int64_t strays_removed() const { return strays_; }
+
  private:
   SessionDir(std::string dir, const SessionFileContext& ctx) : dir_(std::move(dir)), ctx_(ctx) {}
+  // Notes a use of `id`'s file of `bytes` bytes (the most recent use).
+  void touch(const std::string& id, uint64_t bytes) const;
+  // Removes least recently used files other than `keep` while the files exceed the bound.
+  void keep_bound(const std::string& keep) const;
   std::string dir_;
   SessionFileContext ctx_;
+  uint64_t max_bytes_ = 0;
+  // The session files: id -> (bytes, last use), and their total.
+  struct FileUse {
+    uint64_t bytes = 0;
+    uint64_t used = 0;
+  };
+  mutable std::map<std::string, FileUse> files_;
+  mutable uint64_t held_ = 0, clock_ = 0;
+  mutable int64_t removed_ = 0;
+  int64_t strays_ = 0;
   // The bytes of the last session written, kept so that the next write reuses the pages (as
   // large as the largest session written; SessionDir is used by one thread).
   mutable std::string buf_;

@@ -444,6 +444,55 @@ TEST_F(SessionFileTest, DirectoryWritesAtomicallyUnderSafeNamesAndReadsBack) {
   std::filesystem::remove_all(dir);
 }
 
+// Opening a directory removes the temporary files a killed process left; with a bound, a write
+// past it removes the least recently used other files (written or read), never the one written.
+TEST_F(SessionFileTest, DirectoryRemovesStraysAndKeepsItsBoundLeastRecentlyUsedFirst) {
+  const std::string dir = d2o::test::scratch_path("session_dir_bound_test");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  { std::ofstream(dir + "/gone.d2os.tmp") << "half a file"; }
+  auto policy = std::shared_ptr<const KvPolicy>(parse_kv_policy("full").value());
+  std::vector<TokenId> history;
+  auto seq = conversation(policy, KvType::kF16, history);
+  auto save = [&](SessionDir& sd, const std::string& id) {
+    auto n = sd.save(id, policy->spec(), history, seq->n_past(), seq->cache(), seq->policy_state());
+    EXPECT_TRUE(n.ok()) << n.status().to_string();
+    return n.ok() ? *n : size_t{0};
+  };
+  uint64_t one = 0;
+  {
+    auto sd = SessionDir::open(dir, context(KvType::kF16));
+    ASSERT_TRUE(sd.ok());
+    EXPECT_EQ(sd->strays_removed(), 1);
+    EXPECT_FALSE(std::filesystem::exists(dir + "/gone.d2os.tmp"));
+    one = save(*sd, "a");
+    save(*sd, "b");
+    EXPECT_EQ(sd->bytes_held(), 2 * one);
+  }
+  // Reopened with room for three files: the index is rebuilt from the directory.
+  auto sd = SessionDir::open(dir, context(KvType::kF16), 3 * one);
+  ASSERT_TRUE(sd.ok());
+  EXPECT_EQ(sd->bytes_held(), 2 * one);
+  save(*sd, "c");
+  ASSERT_TRUE(sd->load("a").value().has_value());  // a is now more recent than b
+  save(*sd, "d");                                    // four files: b, the least recent, goes
+  EXPECT_EQ(sd->files_removed(), 1);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/b.d2os"));
+  for (const char* id : {"a", "c", "d"})
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + id + ".d2os")) << id;
+  EXPECT_EQ(sd->bytes_held(), 3 * one);
+  sd->remove("c");
+  EXPECT_EQ(sd->bytes_held(), 2 * one);
+  // A bound smaller than one file keeps only the file just written.
+  auto tiny = SessionDir::open(dir, context(KvType::kF16), 1);
+  ASSERT_TRUE(tiny.ok());
+  save(*tiny, "e");
+  EXPECT_TRUE(std::filesystem::exists(dir + "/e.d2os"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/a.d2os"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/d.d2os"));
+  std::filesystem::remove_all(dir);
+}
+
 // Sessions of a key are files of their own: `<name>@<id>.d2os` beside the default namespace's
 // `<id>.d2os` (the files of a server from before key names, read by the key named "default").
 // A file holds the id it was kept under, so one moved into another name's place is refused.

@@ -36,6 +36,7 @@ struct ServeOptions {
   double drain_s = 30;
   double request_timeout_s = 30;
   std::string session_dir;
+  std::string session_dir_max = "0";
   std::string session_save = "turn";
 };
 
@@ -111,6 +112,9 @@ int run_serve(ServeOptions& o) {
     auto id = serve::model_identity(l.model->path());
     if (!id.ok()) return fail(id.status().with_context("--session-dir"));
     sp.session_dir = o.session_dir;
+    auto dir_max = parse_byte_size(o.session_dir_max);
+    if (!dir_max.ok()) return fail(dir_max.status().with_context("--session-dir-max"));
+    sp.session_dir_max = *dir_max;
     sp.model_identity = *id;
     sp.save_every_turn = o.session_save == "turn";
   }
@@ -208,6 +212,10 @@ Action add_serve_command(CLI::App& app) {
       sub->add_option("--session-dir", o->session_dir,
                       "Write kept sessions to this directory and read them back (also after a "
                       "restart)");
+  sub->add_option("--session-dir-max", o->session_dir_max,
+                  "The most the session files may hold together, e.g. 2G (powers of 1024; 0: no "
+                  "bound): past it, the least recently used files are removed")
+      ->needs(dir);
   sub->add_option("--session-save", o->session_save,
                   "When sessions are written: 'turn' (when each request ends; default) or "
                   "'evict' (only when they leave memory and at shutdown)")
