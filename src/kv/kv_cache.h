@@ -375,11 +375,11 @@ class KvCache {
   // called outside its tasks), the heads' slots are gathered in parallel; the result is the same.
   void apply(int il, const CompactionPlan& plan, ThreadPool* pool = nullptr);
 
-  // While planning layer il (a merger that spreads evicted values, kv/policy/merge_cam.h): slot
-  // j of head h, a slot the plan keeps, gets the value `row` (head_dim floats) that evicted slots
-  // were merged into. Done in
-  // place rather than through the plan, which would have to hold a copy of the recent window's
-  // values of every layer. Layers are independent: different layers may be written in parallel.
+  // While planning layer il (a merger that spreads evicted values over the slots after them):
+  // slot j of head h, a slot the plan keeps, gets the value `row` (head_dim floats) that evicted
+  // slots were merged into. Done in place rather than through the plan, which would have to hold
+  // a copy of the recent window's values of every layer. Layers are independent: different
+  // layers may be written in parallel.
   void replace_value(int il, int h, int j, const float* row);
 
   // While planning layer il: slots [first, first + count) of head h get the accumulated scores
