@@ -112,9 +112,11 @@ int run_serve(ServeOptions& o) {
     auto id = serve::model_identity(l.model->path());
     if (!id.ok()) return fail(id.status().with_context("--session-dir"));
     sp.session_dir = o.session_dir;
-    auto dir_max = parse_byte_size(o.session_dir_max);
-    if (!dir_max.ok()) return fail(dir_max.status().with_context("--session-dir-max"));
-    sp.session_dir_max = *dir_max;
+    if (o.session_dir_max != "0") {  // 0: no bound
+      auto dir_max = parse_byte_size(o.session_dir_max);
+      if (!dir_max.ok()) return fail(dir_max.status().with_context("--session-dir-max"));
+      sp.session_dir_max = *dir_max;
+    }
     sp.model_identity = *id;
     sp.save_every_turn = o.session_save == "turn";
   }
