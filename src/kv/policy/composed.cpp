@@ -402,8 +402,7 @@ void ComposedPolicy::keep_shared(const LayerJob& job, SelectScratch& sc) const {
   sc.head_n.resize(static_cast<size_t>(G));
   sc.head_off.resize(static_cast<size_t>(G));
   sc.head_count.resize(static_cast<size_t>(G));
-  int t = 0, r = 0, k = 0;
-  ada_protected(cfg_, job.S, &t, &r, &k);
+  const int r = keeper_.shape(job.S).recent;  // (the candidates end where the recent slots begin)
   // Each head's candidate scores, as its uniform selector ranks them.
   HeadView h;
   h.layer = &L;

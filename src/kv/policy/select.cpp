@@ -60,13 +60,6 @@ void select_top(const float* score, int first, int count, int k, int32_t* out, i
   std::copy(scratch, scratch + k, out);
 }
 
-void select_sink_recent(int n, int S, int sinks, int32_t* keep) {
-  D2O_ASSERT(S <= n);
-  const int t = std::min(sinks, S);
-  write_range(keep, 0, t);
-  write_range(keep + t, n - (S - t), S - t);
-}
-
 void select_heavy_recent(const float* score, int n, int S, const PolicyConfig& cfg, int32_t* keep,
                          int32_t* scratch) {
   D2O_ASSERT(S <= n);
@@ -79,24 +72,6 @@ void select_heavy_recent(const float* score, int n, int S, const PolicyConfig& c
   select_top(score, t, mid, heavy, keep + t, scratch);
   write_range(keep + t + heavy, n - recent, recent);
   D2O_ASSERT(t + heavy + recent == S);
-}
-
-void select_heavy_recent_mean(const float* score, const int32_t* pos, int64_t next, int n, int S,
-                              const PolicyConfig& cfg, int32_t* keep, int32_t* scratch,
-                              float* mean) {
-  D2O_ASSERT(S <= n);
-  int heavy = 0, recent = 0;
-  split_heavy_recent(S, cfg.sinks, cfg.nm_n, cfg.nm_m, &heavy, &recent);
-  const int t = std::min(cfg.sinks, S), mid = n - recent - t;
-  if (heavy == mid - 1) {
-    // One eviction (a decode step): select_top's choice, without storing the means.
-    const int worst = t + last_min_mean_index(score + t, pos + t, mid, next);
-    write_range(keep, 0, worst);
-    write_range(keep + worst, worst + 1, n - worst - 1);
-    return;
-  }
-  mean_attention(score + t, pos + t, mid, next, mean + t);
-  select_heavy_recent(mean, n, S, cfg, keep, scratch);
 }
 
 void pool_window(const float* window, int n_prefix, int kernel, PoolKind pool, float* out) {
@@ -119,16 +94,6 @@ void window_scores(const float* pooled, const int32_t* pos, int first, int end, 
                    int64_t next_pos, float* out) {
   for (int j = first; j < end; ++j)
     out[j] = pooled[j] / static_cast<float>(n_queries) * static_cast<float>(next_pos - pos[j]);
-}
-
-void select_snap(const float* pooled, int n, int S, int window, int32_t* keep, int32_t* scratch,
-                 int sinks) {
-  D2O_ASSERT(S <= n);
-  const int t = std::min(sinks, S);
-  const int w = std::min(window, S - t);
-  write_range(keep, 0, t);
-  select_top(pooled, t, n - w - t, S - t - w, keep + t, scratch);
-  write_range(keep + (S - w), n - w, w);
 }
 
 }  // namespace d2o

@@ -43,19 +43,10 @@ void split_heavy_recent(int S, int sinks, int nm_n, int nm_m, int* heavy, int* r
 // Linear for k == count - 1 (one eviction), nth_element otherwise. scratch: count ints.
 void select_top(const float* score, int first, int count, int k, int32_t* out, int32_t* scratch);
 
-// StreamingLLM / CaM: the first min(T, S) slots and the last S - min(T, S).
-void select_sink_recent(int n, int S, int sinks, int32_t* keep);
-
-// H2O / RoCo / D2O: T sinks, the N best-scored slots in between, the M most recent. score: [n].
+// T sinks, the N best-scored slots in between, the M most recent (N:M = heavy_recent=); score:
+// [n]. What Keeper (keeper.h) keeps with the split rule, for callers holding a whole head's scores.
 void select_heavy_recent(const float* score, int n, int S, const PolicyConfig& cfg, int32_t* keep,
                          int32_t* scratch);
-
-// select_heavy_recent by mean attention (norm=queries; mean_attention of score, pos, next),
-// forming only what it ranks: for one eviction the candidates' means in the registers
-// (last_min_mean_index), otherwise the candidates' means in mean[t, n - recent).
-void select_heavy_recent_mean(const float* score, const int32_t* pos, int64_t next, int n, int S,
-                              const PolicyConfig& cfg, int32_t* keep, int32_t* scratch,
-                              float* mean);
 
 // SnapKV: 1-D pooling (stride 1, kernel k odd, padding k/2) of the window attention of the
 // n_prefix slots before the observation window. avg counts the zero padding (PyTorch
@@ -67,12 +58,5 @@ void pool_window(const float* window, int n_prefix, int kernel, PoolKind pool, f
 // seen slot j (so its mean attention is the pooled score). out may be pooled.
 void window_scores(const float* pooled, const int32_t* pos, int first, int end, int n_queries,
                    int64_t next_pos, float* out);
-
-// SnapKV / PyramidKV: the top (S - w) pooled slots of the prefix [0, n - w) plus the last w.
-// pooled: [n - w] (pool_window output). With sinks T > 0 (prompt_ranking=window of the heavy-hitter
-// policies): the first t = min(T, S) slots, the last w = min(window, S - t), and the top
-// S - t - w pooled slots of [t, n - w).
-void select_snap(const float* pooled, int n, int S, int window, int32_t* keep, int32_t* scratch,
-                 int sinks = 0);
 
 }  // namespace d2o

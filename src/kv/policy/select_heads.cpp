@@ -4,26 +4,14 @@
 #include <cmath>
 
 #include "core/assert.h"
+#include "kv/policy/keeper.h"
 
 namespace d2o {
 
-void ada_protected(const PolicyConfig& cfg, int S, int* t, int* r, int* k) {
-  if (cfg.selector == Selector::kSnapWindow) {
-    *t = 0;
-    *r = std::min(cfg.window, S);
-  } else {
-    D2O_ASSERT(cfg.selector == Selector::kHeavyRecent);
-    int heavy = 0;
-    *t = std::min(cfg.sinks, S);
-    split_heavy_recent(S, cfg.sinks, cfg.nm_n, cfg.nm_m, &heavy, r);
-  }
-  *k = S - *t - *r;
-}
-
 void select_ada(const PolicyConfig& cfg, const float* score, const int32_t* off, const int32_t* n,
                 int G, int S, int32_t* keep, int32_t* count, SelectScratch& sc) {
-  int t = 0, r = 0, k = 0;
-  ada_protected(cfg, S, &t, &r, &k);
+  const KeepShape shape = Keeper::of(cfg).shape(S);
+  const int t = shape.sinks, r = shape.recent, k = shape.top;
   const int f = static_cast<int>(std::floor(cfg.floor * k));
   const size_t cells = static_cast<size_t>(off[G - 1]) + static_cast<size_t>(n[G - 1]);
   const size_t most = static_cast<size_t>(*std::max_element(n, n + G));

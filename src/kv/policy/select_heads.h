@@ -22,9 +22,6 @@
 
 namespace d2o {
 
-// The protected prefix t, suffix r and scored part k of a head under budget S (see above).
-void ada_protected(const PolicyConfig& cfg, int S, int* t, int* r, int* k);
-
 // Per-head selection of one layer whose head g holds n[g] slots. Per-head arrays are packed:
 // head g's part starts at off[g] = n[0] + ... + n[g - 1]. Head g's candidate scores are at
 // score + off[g], indexed by slot (SnapKV: the pooled prefix [n[g] - R]). Writes head g's kept

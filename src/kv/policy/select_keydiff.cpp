@@ -46,31 +46,6 @@ void keydiff_scores(const KvLayer& L, int head, float* score, float* row, double
   }
 }
 
-void select_keydiff(const KvLayer& L, int head, int S, const PolicyConfig& cfg, int32_t* keep,
-                    SelectScratch& sc) {
-  const int n = L.n_slot();
-  D2O_ASSERT(S >= 0 && S <= n);
-  const size_t un = static_cast<size_t>(n);
-  if (sc.score.size() < un) sc.score.resize(un);
-  if (sc.order.size() < un) sc.order.resize(un);
-  const size_t hd = static_cast<size_t>(L.head_dim());
-  if (sc.row.size() < hd) sc.row.resize(hd);
-  if (sc.anchor.size() < hd) sc.anchor.resize(hd);
-  const int t = std::min(cfg.sinks, S);
-  const int r = std::min(cfg.recent, S - t);
-  int o = 0;
-  for (int j = 0; j < t; ++j) keep[o++] = j;
-  const int mid = n - t - r, k = S - t - r;
-  if (k > 0) {
-    // Only the candidates' ranking matters, but the anchor averages every slot of the head.
-    keydiff_scores(L, head, sc.score.data(), sc.row.data(), sc.anchor.data());
-    select_top(sc.score.data(), t, mid, k, keep + o, sc.order.data());
-    o += k;
-  }
-  for (int j = n - r; j < n; ++j) keep[o++] = j;
-  D2O_ASSERT(o == S);
-}
-
 const float* guard_distinct(const KvLayer& L, int head, const float* score, int n, int S,
                             const PolicyConfig& cfg, SelectScratch& sc) {
   D2O_ASSERT(S >= 0 && S <= n && n == L.n_slot(head));

@@ -25,11 +25,6 @@ namespace d2o {
 // row: head_dim floats, anchor: head_dim doubles of scratch.
 void keydiff_scores(const KvLayer& L, int head, float* score, float* row, double* anchor);
 
-// Writes the S kept slots of the head, ascending: the first min(T, S) sinks, the best-scored slots
-// in between, the last min(R, S - T) slots.
-void select_keydiff(const KvLayer& L, int head, int S, const PolicyConfig& cfg, int32_t* keep,
-                    SelectScratch& scratch);
-
 // H2O / D2O with distinct_share=F (F > 0): of the N heavy-hitter places of a head keeping S of its
 // n slots (split_heavy_recent), the first round-half-up(F x N) go to the candidates (the slots
 // between the sinks and the recent window) with the highest KeyDiff scores, ties to the older
