@@ -115,21 +115,31 @@ bool Service::wait_events(Job& job, std::string& text, int timeout_ms) {
 }
 
 void Service::fail_job(Job& job, ApiError e) {
-  {
-    std::lock_guard<std::mutex> lock(job.mu);
-    job.error = std::move(e);
-    job.done = true;
-  }
-  job.cv.notify_all();
   if (!job.session.empty()) {
     if (Session* s = sessions_.find(job.store_id); s && s->busy) sessions_.drop(job.store_id);
   }
-  count_job(job, job.error->http_status >= 500 ? "error" : "invalid");
+  count_job(job, e.http_status >= 500 ? "error" : "invalid");
+  publish_metrics();
+  {
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.error = std::move(e);
+  }
+  release(job);
 }
 
 void Service::count_job(const Job& job, const char* outcome) {
   ++counters_.requests[outcome];
   if (job.key_counts) ++job.key_counts->requests[outcome];
+}
+
+// Counted and published before the job is marked done: a client that reads /metrics after its
+// answer sees its request there.
+void Service::release(Job& job) {
+  {
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.done = true;
+  }
+  job.cv.notify_all();
 }
 
 void Service::start_job(const std::shared_ptr<Job>& job) {
@@ -153,14 +163,13 @@ void Service::start_job(const std::shared_ptr<Job>& job) {
       e.code = "session_busy";
       e.param = "session";
       e.message = "session '" + job->session + "' is answering another request; wait for it";
-      ApiError copy = e;
+      count_job(*job, "invalid");
+      publish_metrics();
       {
         std::lock_guard<std::mutex> lock(job->mu);
-        job->error = std::move(copy);
-        job->done = true;
+        job->error = std::move(e);
       }
-      job->cv.notify_all();
-      count_job(*job, "invalid");
+      release(*job);
       return;
     }
     // Not in memory: its file, if it has one (read before begin(), which creates it).
@@ -296,24 +305,16 @@ void Service::finish_job(Job& job, RequestResult& r) {
                           : error->http_status >= 500 ? "error"
                                                       : "invalid";
     count_job(job, outcome);
-    {
-      std::lock_guard<std::mutex> lock(job.mu);
-      job.error = std::move(error);
-      job.done = true;
-    }
-    job.cv.notify_all();
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.error = std::move(error);
     return;
   }
   count_job(job, "ok");
-  {
-    std::lock_guard<std::mutex> lock(job.mu);
-    job.text += tail;
-    job.completion.finish_reason = std::move(finish_reason);
-    job.completion.usage.completion_tokens = static_cast<int>(r.tokens.size());
-    job.completion.session = std::move(session);
-    job.done = true;
-  }
-  job.cv.notify_all();
+  std::lock_guard<std::mutex> lock(job.mu);
+  job.text += tail;
+  job.completion.finish_reason = std::move(finish_reason);
+  job.completion.usage.completion_tokens = static_cast<int>(r.tokens.size());
+  job.completion.session = std::move(session);
 }
 
 void Service::publish_metrics() {
@@ -367,6 +368,7 @@ void Service::count_outcome(const std::string& outcome, const std::string& key_n
 
 void Service::loop() {
   std::vector<std::shared_ptr<Job>> fresh;
+  std::vector<std::shared_ptr<Job>> ended;  // finished this step, released once counted
   while (true) {
     bool exiting = false;
     {
@@ -402,11 +404,10 @@ void Service::loop() {
     for (RequestResult& r : sched_->take_finished()) {
       auto it = active_.find(r.id);
       if (it == active_.end()) continue;
-      std::shared_ptr<Job> job = std::move(it->second);
+      ended.push_back(std::move(it->second));
       active_.erase(it);
-      finish_job(*job, r);
+      finish_job(*ended.back(), r);
     }
-    sessions_.save_pending();  // after the answers are out
     {
       std::lock_guard<std::mutex> lock(mu_);
       waiting_ = sched_->n_waiting();
@@ -416,6 +417,9 @@ void Service::loop() {
       if (params_.on_drained) params_.on_drained();
     }
     publish_metrics();
+    for (const auto& job : ended) release(*job);  // the answers go out with their counts shown
+    ended.clear();
+    sessions_.save_pending();  // after the answers are out
   }
 }
 

@@ -124,6 +124,7 @@ class Service {
   bool on_token(Job& job, TokenId t);
   // Counts a job's outcome (ok, cancelled, invalid, error), also under its key name.
   void count_job(const Job& job, const char* outcome);
+  void release(Job& job);  // marks it done and wakes its handler
   // Reads session `id` from its file into the store for a job with policy `kv_spec`. False
   // when a file exists but cannot be used (refused, another policy, no room): the job then
   // rebuilds the session. True otherwise (read, or no file).
