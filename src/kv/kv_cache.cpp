@@ -7,6 +7,7 @@
 
 #include "core/assert.h"
 #include "core/fp16.h"
+#include "kv/cold_tier.h"
 #include "kv/kv_rotation.h"
 #include "ops/quant.h"
 
@@ -150,9 +151,7 @@ int KvCacheConfig::n_compressible() const {
   return n;
 }
 
-namespace {
-
-void load_row(KvElemType t, const uint8_t* p, int n, float* out) {
+void kv_load_row(KvElemType t, const uint8_t* p, int n, float* out) {
   switch (t) {
     case KvElemType::kF32:
       std::memcpy(out, p, sizeof(float) * static_cast<size_t>(n));
@@ -166,7 +165,7 @@ void load_row(KvElemType t, const uint8_t* p, int n, float* out) {
   }
 }
 
-void store_row(KvElemType t, const float* in, int n, uint8_t* p) {
+void kv_store_row(KvElemType t, const float* in, int n, uint8_t* p) {
   switch (t) {
     case KvElemType::kF32:
       std::memcpy(p, in, sizeof(float) * static_cast<size_t>(n));
@@ -180,19 +179,17 @@ void store_row(KvElemType t, const float* in, int n, uint8_t* p) {
   }
 }
 
-}  // namespace
-
 void KvLayer::load_key(int h, int j, float* out) const {
-  load_row(type_.k, key_row(h, j), head_dim_, out);
+  kv_load_row(type_.k, key_row(h, j), head_dim_, out);
 }
 void KvLayer::load_value(int h, int j, float* out) const {
-  load_row(type_.v, value_row(h, j), head_dim_, out);
+  kv_load_row(type_.v, value_row(h, j), head_dim_, out);
 }
 void KvLayer::store_key(int h, int j, const float* in) {
-  store_row(type_.k, in, head_dim_, mutable_key_row(h, j));
+  kv_store_row(type_.k, in, head_dim_, mutable_key_row(h, j));
 }
 void KvLayer::store_value(int h, int j, const float* in) {
-  store_row(type_.v, in, head_dim_, mutable_value_row(h, j));
+  kv_store_row(type_.v, in, head_dim_, mutable_value_row(h, j));
 }
 
 void KvLayer::move_slots(int h, int to, int from, int n) {
@@ -431,12 +428,22 @@ void KvCache::append(int il, const float* k, const float* v, const int32_t* pos,
 }
 
 void KvCache::clear() {
+  if (cold_) cold_->clear();
   for (KvLayer& L : layers_) {
     KvLayer empty;
     empty.n_head_kv_ = L.n_head_kv_;
     empty.head_dim_ = L.head_dim_;
     empty.type_ = L.type_;
     L = std::move(empty);
+  }
+}
+
+void KvCache::copy_cold(const KvCache& o) {
+  if (!cold_) return;  // a cache without a tier takes none
+  if (o.cold_ && o.cold_->config() == cold_->config()) {
+    *cold_ = *o.cold_;
+  } else {
+    cold_->clear();  // (a cache filled by another policy: nothing evicted yet)
   }
 }
 
@@ -447,6 +454,7 @@ Status KvCache::copy_from(const KvCache& o) {
   }
   if (&o == this) return {};
   try {
+    copy_cold(o);
     for (size_t il = 0; il < layers_.size(); ++il) {
       const KvLayer& S = o.layers_[il];
       KvLayer& D = layers_[il];
@@ -482,6 +490,11 @@ Status KvCache::copy_slots_from(const KvCache& o) {
   }
   if (&o == this) return {};
   clear();
+  try {
+    copy_cold(o);
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted("out of memory copying a KV cache's cold tier");
+  }
   for (int il = 0; il < cfg_.n_layer; ++il) {
     const KvLayer& S = o.layers_[static_cast<size_t>(il)];
     // Exact capacity (within the slot limit): the copy starts as compact as possible.

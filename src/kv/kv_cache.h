@@ -45,6 +45,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,8 +56,11 @@
 
 namespace d2o {
 
-struct RopeParams;  // ops/ops.h
-class ThreadPool;   // core/thread_pool.h
+struct RopeParams;      // ops/ops.h
+class ThreadPool;       // core/thread_pool.h
+class ColdTier;         // kv/cold_tier.h
+struct ColdTierConfig;  // kv/cold_tier.h
+struct ColdRecall;      // kv/cold_tier.h
 
 // Storage of one key or value row of head_dim elements: F32, F16, or GGUF's Q8_0 / Q4_0 blocks
 // (32 elements per block, ops/quant.h; head_dim must then be a multiple of 32).
@@ -69,6 +73,10 @@ GgmlType kv_ggml_type(KvElemType t);
 inline bool kv_quantized(KvElemType t) {
   return t == KvElemType::kQ8_0 || t == KvElemType::kQ4_0;
 }
+
+// One row of n elements read as floats / stored (rounded or quantised) in storage type t.
+void kv_load_row(KvElemType t, const uint8_t* p, int n, float* out);
+void kv_store_row(KvElemType t, const float* in, int n, uint8_t* p);
 
 // Storage types of keys and of values. rot_k / rot_v: the rows are stored rotated by a
 // normalised Walsh-Hadamard transform (kv/kv_rotation.h; spelt with an "r" suffix, "q4_0r"),
@@ -414,8 +422,19 @@ class KvCache {
   void reset_score_stats(int il);
   void reset_window_stats(int il);
 
-  // Drops everything (a new conversation).
+  // Drops everything (a new conversation), the cold tier's slots included.
   void clear();
+
+  // The cold tier (kv/cold_tier.h), where apply() puts the slots it evicts; null unless enabled.
+  // Copies of the cache (copy_from, copy_slots_from) copy its contents into this cache's tier, if
+  // this cache has one (the other cache's tier, or none, does not change that).
+  void enable_cold(const ColdTierConfig& cfg);
+  ColdTier* cold() { return cold_.get(); }
+  const ColdTier* cold() const { return cold_.get(); }
+  // Layer il takes back slots recalled from the cold tier: per_head[h] (position order) goes into
+  // head h at its place in position order, with its score and merge count and window statistics
+  // 0. The slots that follow keep their order; a pass appends after them as usual.
+  Status insert_recalled(int il, const std::vector<ColdRecall>& per_head);
 
   // Makes this cache an exact copy of `other` (same configuration required): slots, metadata and
   // capacities. Used to save and restore a prefilled state (benchmarks, forks).
@@ -457,6 +476,11 @@ class KvCache {
   int slot_limit_ = 0;  // 0: none
   std::vector<KvLayer> layers_;
   std::vector<float> tmp_k_, tmp_v_, acc_k_, acc_v_;  // merge scratch [head_dim rounded up to 4]
+  std::shared_ptr<ColdTier> cold_;  // never shared: copies of the cache copy the tier
+  // The cold tier's contents of `o` when both have the same kind of tier; else an empty tier.
+  void copy_cold(const KvCache& o);
+  // The slots `plan` evicts from layer il, into the cold tier.
+  void to_cold(int il, const CompactionPlan& plan);
   friend struct KvTestAccess;  // tests/unit/kv_test_access.h: tests set up states directly
 };
 

@@ -45,6 +45,9 @@ void KvCache::apply(int il, const CompactionPlan& plan, ThreadPool* pool) {
              (plan.head_keep.empty() ? plan.n_keep <= L.n_slot_
                                      : plan.head_keep.size() == static_cast<size_t>(L.n_head_kv_)));
   const int hd = L.head_dim_;
+  // 0. The evicted slots, as they are, into the cold tier (a plan that renumbers positions has
+  //    none: a cold tier needs positions=original).
+  if (cold_ && plan.shift.by == 0) to_cold(il, plan);
 
   // 1. Merges, on the old slot indices (sources are evicted slots, so no source is overwritten
   //    before it is read). Accumulate in fp32, store once.

@@ -1,9 +1,10 @@
 // KvCache's narrow edits outside apply(): values and statistics a policy writes while planning,
 // the statistics resets of each pass, and the removal of a pass's own slots (the prompt's
-// reconstruction).
+// reconstruction), and the cold tier's way in and out.
 #include <algorithm>
 
 #include "core/assert.h"
+#include "kv/cold_tier.h"
 #include "kv/kv_cache.h"
 
 namespace d2o {
@@ -52,6 +53,77 @@ void KvCache::reset_window_stats(int il) {
   if (L.n_slot_ == 0 || !L.window_live_) return;
   for (int h = 0; h < L.n_head_kv_; ++h) std::fill_n(L.window_accum(h), L.n_slot_, 0.0f);
   L.window_live_ = false;
+}
+
+void KvCache::enable_cold(const ColdTierConfig& cfg) {
+  cold_ = cfg.enabled() ? std::make_shared<ColdTier>(cfg, cfg_) : nullptr;
+}
+
+void KvCache::to_cold(int il, const CompactionPlan& plan) {
+  const KvLayer& L = layers_[static_cast<size_t>(il)];
+  for (int h = 0; h < L.n_head_kv_; ++h) {
+    const int32_t* keep = plan.keep_of(h);
+    const int nk = plan.n_keep_of(h), n = L.n_slot(h);
+    int i = 0;
+    for (int j = 0; j < n; ++j) {
+      if (i < nk && keep[i] == j) {
+        ++i;
+        continue;
+      }
+      cold_->take(il, L, h, j);
+    }
+  }
+}
+
+Status KvCache::insert_recalled(int il, const std::vector<ColdRecall>& per_head) {
+  KvLayer& L = layers_[static_cast<size_t>(il)];
+  D2O_ASSERT(static_cast<int>(per_head.size()) == L.n_head_kv_);
+  std::vector<int32_t> counts(static_cast<size_t>(L.n_head_kv_));
+  int most = 0;
+  for (int h = 0; h < L.n_head_kv_; ++h) {
+    counts[static_cast<size_t>(h)] = L.n_slot(h) + per_head[static_cast<size_t>(h)].count();
+    most = std::max(most, counts[static_cast<size_t>(h)]);
+  }
+  if (most == L.n_slot_) return {};
+  D2O_RETURN_IF_ERROR(reserve(il, most, /*exact=*/false));
+  const int hd = L.head_dim_;
+  for (int h = 0; h < L.n_head_kv_; ++h) {
+    const ColdRecall& r = per_head[static_cast<size_t>(h)];
+    const int n = L.n_slot(h), c = r.count();
+    if (c == 0) continue;
+    // From the end: the old slots move up past the recalled ones that follow them; a recalled
+    // slot takes the next free physical row (rows [0, n) are the old slots').
+    int i = n - 1, t = c - 1;
+    for (int dst = n + c - 1; dst >= 0; --dst) {
+      const size_t d = L.meta_index(h, dst);
+      if (t >= 0 && (i < 0 || r.pos[static_cast<size_t>(t)] > L.pos_[L.meta_index(h, i)])) {
+        const int row = n + t;
+        L.row_[d] = row;
+        kv_store_row(L.type_.k, r.k.data() + static_cast<size_t>(t) * hd, hd,
+                     L.k_.data() + L.row_offset(h, row, L.key_row_bytes()));
+        kv_store_row(L.type_.v, r.v.data() + static_cast<size_t>(t) * hd, hd,
+                     L.v_.data() + L.row_offset(h, row, L.value_row_bytes()));
+        L.pos_[d] = r.pos[static_cast<size_t>(t)];
+        L.score_[d] = r.score[static_cast<size_t>(t)];
+        L.window_[d] = 0.0f;
+        L.merged_[d] = r.merged[static_cast<size_t>(t)];
+        if (L.merged_[d] != 0) L.merged_live_ = true;
+        --t;
+      } else {
+        const size_t s = L.meta_index(h, i);
+        L.row_[d] = L.row_[s];
+        L.pos_[d] = L.pos_[s];
+        L.score_[d] = L.score_[s];
+        L.window_[d] = L.window_[s];
+        L.merged_[d] = L.merged_[s];
+        --i;
+      }
+    }
+  }
+  L.set_counts(counts.data(), L.n_head_kv_);
+  // Rows out of slot order now: the next compactions put them back in order.
+  L.unordered_ += most;
+  return {};
 }
 
 }  // namespace d2o

@@ -24,6 +24,7 @@
 #include "core/thread_pool.h"
 #include "d2o/status.h"
 #include "kv/attention.h"
+#include "kv/cold_tier.h"
 #include "kv/kv_cache.h"
 #include "ops/ops.h"
 
@@ -47,6 +48,9 @@ struct PassInfo {
   // for the pass with prompt_rest == 0, so a prompt prefilled in chunks is compressed once, as a
   // whole, exactly like a prompt prefilled in one pass.
   int64_t prompt_rest = 0;
+  // The pass recalled slots from the cache's cold tier (a new turn): its compaction ranks the
+  // turn's slots, hot and recalled alike, as a prompt's compaction ranks a prompt's.
+  bool recalled = false;
   const RopeParams* rope = nullptr;  // the model's RoPE (to re-rotate keys when shifting positions)
   // Optional: compact() plans layers in parallel on it, compact_layer() a layer's KV heads and
   // their slot moves (results never depend on the thread count). compact_layer() is given one
@@ -186,6 +190,9 @@ class KvPolicy {
   // (KvLayer::window, scaled to the queries a window of StatsNeeds::window holds), and drops the
   // passes' own slots: the compaction then ranks the prompt by what reconstructing it attends
   // to, whatever question comes later. Peak: the prompt's slots plus one pass's.
+  // Where the slots it evicts go (kv/cold_tier.h): no cold tier unless the policy has one. A
+  // sequence's cache gets its tier when the sequence is made.
+  virtual ColdTierConfig cold_tier() const { return {}; }
   virtual int reconstruction_chunk(const PolicyState& state) const {
     (void)state;
     return 0;

@@ -50,6 +50,9 @@ struct SeqRows {
   AttnStatsRequest stats;    // the attention statistics its KV policy reads
   // ForwardHooks::after_attention may be called for this sequence (a decode row).
   bool layer_hook = false;
+  // The rows end a new turn of a sequence whose cache has a cold tier: before each layer's
+  // attention, the last `window` rows' queries recall cold slots (kv/cold_tier.h).
+  bool recall = false;
 };
 
 struct UbatchInput {

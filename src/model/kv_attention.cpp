@@ -4,6 +4,8 @@
 #include <cstring>
 
 #include "core/assert.h"
+#include "core/timer.h"
+#include "kv/cold_tier.h"
 #include "kv/kv_rotation.h"
 #include "ops/hadamard.h"
 
@@ -27,6 +29,36 @@ Status KvAttention::append(int il, const UbatchInput& in, const SeqRows& sr, con
   D2O_RETURN_IF_ERROR(cache.reserve(il, cache.layer(il).n_slot() + cnt, /*exact=*/false));
   cache.append(il, k + static_cast<size_t>(sr.r0) * kv_dim_,
                v + static_cast<size_t>(sr.r0) * kv_dim_, in.pos.data() + sr.r0, cnt);
+  return {};
+}
+
+Status KvAttention::recall(int il, const LayerDesc& d, const SeqRows& sr, const float* q) {
+  KvCache& cache = *sr.cache;
+  ColdTier* cold = cache.cold();
+  if (!cold || d.kind == LayerKind::kSliding || !cache.config().layer_compressible(il)) return {};
+  Stopwatch sw;
+  const ColdTierConfig& cc = cold->config();
+  const int G = cache.config().n_head_kv, group = n_head_ / G;
+  const int hd = cache.config().head_dim;
+  const int w = std::min(sr.r1 - sr.r0, std::max(1, cc.window));
+  recall_q_.resize(static_cast<size_t>(w) * group * hd);
+  recalled_.resize(static_cast<size_t>(G));
+  for (int g = 0; g < G; ++g) {
+    // The window's queries of the query heads that read KV head g (g * group + j).
+    float* dst = recall_q_.data();
+    for (int r = sr.r1 - w; r < sr.r1; ++r) {
+      for (int j = 0; j < group; ++j) {
+        std::memcpy(dst, q + static_cast<size_t>(r) * q_dim_ + static_cast<size_t>(g * group + j) * hd,
+                    sizeof(float) * static_cast<size_t>(hd));
+        dst += hd;
+      }
+    }
+    cold->recall(il, g, recall_q_.data(), w * group, d.attn_scale, cc.recall,
+                 recalled_[static_cast<size_t>(g)]);
+  }
+  D2O_RETURN_IF_ERROR(cache.insert_recalled(il, recalled_));
+  cold->recalled_in_pass = true;
+  cold->add_recall_seconds(sw.seconds());
   return {};
 }
 
@@ -107,6 +139,10 @@ Status KvAttention::run(int il, const LayerDesc& d, const UbatchInput& in, const
     q = rot_q_.data();
     k = rot_k_.data();
     v = rot_v_.data();
+  }
+  // A new turn brings back the cold slots its queries want before it attends (once per turn).
+  for (const SeqRows& sr : seqs) {
+    if (sr.recall) D2O_RETURN_IF_ERROR(recall(il, d, sr, q));
   }
 
   // Sequences run one per task (single-threaded attention, sequences in parallel): short chunks

@@ -23,6 +23,7 @@
 #include "core/thread_pool.h"
 #include "d2o/status.h"
 #include "kv/attention.h"
+#include "kv/cold_tier.h"
 #include "model/forward.h"
 #include "model/layer_desc.h"
 
@@ -38,6 +39,9 @@ class KvAttention {
 
  private:
   Status append(int il, const UbatchInput& in, const SeqRows& sr, const float* k, const float* v);
+  // SeqRows::recall: the sequence's cold slots that the window's queries `q` want, back into
+  // layer il (kv/cold_tier.h).
+  Status recall(int il, const LayerDesc& d, const SeqRows& sr, const float* q);
   void attend(int il, const LayerDesc& d, const SeqRows& sr, const float* q, float* out,
               ThreadPool& pool, AttnScratch& scratch);
   // Rotated storage: copies of q, k, v whose rows of sequences with rotated caches are rotated;
@@ -51,6 +55,8 @@ class KvAttention {
   AttnSplit split_;
   int n_head_, head_dim_, kv_dim_, q_dim_;
   std::vector<float> rot_q_, rot_k_, rot_v_;  // rotate_inputs()
+  std::vector<float> recall_q_;               // recall(): one KV head's window queries
+  std::vector<ColdRecall> recalled_;          // recall(): per KV head
   AttnScratch scratch_;
   // Sequences in parallel: one single-thread pool and one scratch per thread of pool_.
   std::vector<std::unique_ptr<ThreadPool>> solo_pools_;

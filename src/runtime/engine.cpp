@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/timer.h"
+#include "kv/cold_tier.h"
 
 namespace d2o {
 
@@ -43,6 +44,12 @@ Status Engine::validate(std::span<const BatchEntry> batch) const {
         be.seq->cache().config().head_dim != h.head_dim ||
         be.seq->cache().config().n_head_kv != h.n_head_kv) {
       return invalid_argument("sequence cache does not match the model's shape");
+    }
+    if (const ColdTier* cold = be.seq->cache().cold()) {
+      if (Status st = check_kv_type(cold->config().type, h.head_dim); !st.ok())
+        return invalid_argument("KV policy cold_type=" +
+                                std::string(kv_type_name(cold->config().type)) +
+                                " does not fit this model: " + st.message());
     }
     // Chunked prefill contract (see BatchEntry::prompt_rest).
     const int64_t n = static_cast<int64_t>(be.tokens.size());
@@ -152,6 +159,11 @@ Status Engine::finish_pass(const BatchEntry& be, ThreadPool* layer_pool) const {
   pass.pool = layer_pool;
   be.seq->set_prompt_pending(be.prompt_rest);
   KvCache& cache = be.seq->cache();
+  if (ColdTier* cold = cache.cold(); cold && cold->recalled_in_pass) {
+    cold->recalled_in_pass = false;
+    cold->note_turn();
+    pass.recalled = true;
+  }
   const int64_t before = cache.total_slots();
   const bool layered = be.seq->policy_state().layer_compacted;  // compacted during the pass
   D2O_RETURN_IF_ERROR(be.seq->policy().compact(cache, be.seq->policy_state(), pass));
@@ -205,6 +217,13 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, const LogitsSink& s
         sr.stats.window_first = std::max(0, win_start - first_tok);
       }
     }
+    // The micro-batch that ends a new turn (a pass of several tokens that ends its prompt, of a
+    // sequence already started) recalls from the cache's cold tier, if it holds anything.
+    const ColdTier* cold = be.seq->cache().cold();
+    sr.recall = cold && !reconstructing_ && be.tokens.size() > 1 && be.prompt_rest == 0 &&
+                be.seq->started() &&
+                rows_[static_cast<size_t>(r1 - 1)].token == static_cast<int>(be.tokens.size()) - 1 &&
+                cold->total_slots() > 0;
     // A one-token pass may be compacted layer by layer (after_attention).
     sr.layer_hook = be.tokens.size() == 1 && be.prompt_rest == 0 && !reconstructing_;
     if (sr.layer_hook && !pol.is_full())

@@ -17,7 +17,9 @@ class Sequence {
  public:
   Sequence(const ModelHParams& hp, KvType kv_type, std::shared_ptr<const KvPolicy> policy)
       : cache_(kv_cache_config(hp, kv_type)),
-        policy_(policy ? std::move(policy) : std::make_shared<FullPolicy>()) {}
+        policy_(policy ? std::move(policy) : std::make_shared<FullPolicy>()) {
+    cache_.enable_cold(policy_->cold_tier());
+  }
 
   KvCache& cache() { return cache_; }
   const KvCache& cache() const { return cache_; }

@@ -591,7 +591,7 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
         "ratio, budget, sinks, heavy_recent, beta, layers, merge, sim, ema, agg, scorer, "
         "merged_score, merge_keys, merge_decision, keep_edge_layers, proportional_attention, "
         "heads, floor, distinct_share, prompt_ranking, window, kernel, pool, prompt_merge, "
-        "prompt_scores, reading"}},
+        "prompt_scores, cold, cold_type, cold_size, recall, reading"}},
       {"d2o:merged_score=median", {"merged_score=median", "sum, keep, mean, max"}},
       {"d2o:merge_keys=both", {"merge_keys=both", "rotated, unrotated"}},
       {"d2o:mrope=both", {"mrope=both", "rotated, unrotated"}},

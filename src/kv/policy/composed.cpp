@@ -88,6 +88,13 @@ int ComposedPolicy::reconstruction_chunk(const PolicyState& state) const {
   return reconstructs() && !state.budgets_set ? kReconstructionChunk : 0;
 }
 
+ColdTierConfig ComposedPolicy::cold_tier() const {
+  ColdTierConfig c = cfg_.cold;
+  c.window = cfg_.window;  // the turn's queries that score the cold slots: the policy's window
+  c.kernel = cfg_.kernel;  // and its pooling kernel
+  return c;
+}
+
 std::string ComposedPolicy::spec() const {
   return format_policy_spec(cfg_);
 }
@@ -288,7 +295,7 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
   job.next = pass.n_past - state.pos_shift;
   // The prompt's compaction: the sequence's first, after a pass of more than one token (a token
   // by token feed has none).
-  job.prompt_pass = state.n_compactions == 0 && pass.n_tokens > 1;
+  job.prompt_pass = (state.n_compactions == 0 || pass.recalled) && pass.n_tokens > 1;
   job.ada = cfg_.heads == HeadRule::kAda;
   job.merging = merger_ && merger_->merges(job);
   prefetch_layer(job);

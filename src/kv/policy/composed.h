@@ -101,6 +101,7 @@ class ComposedPolicy final : public KvPolicy {
                        int il) const override;
   // prompt_ranking=reconstruction, ratio mode, before the first compaction: kReconstructionChunk.
   int reconstruction_chunk(const PolicyState& state) const override;
+  ColdTierConfig cold_tier() const override;
   static constexpr int kReconstructionChunk = 256;
   bool reconstructs() const {
     return cfg_.prompt == PromptScore::kReconstruction && cfg_.mode == BudgetMode::kRatio;

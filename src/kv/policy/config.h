@@ -17,6 +17,7 @@
 #include <string>
 
 #include "kv/attention.h"
+#include "kv/cold_tier.h"
 
 namespace d2o {
 
@@ -183,6 +184,10 @@ struct PolicyConfig {
   // merging; the merges start with the next compaction.
   bool prompt_merge = true;
 
+  // Where evicted slots go instead of away, for a later turn to recall (cold=memory, cold_type=,
+  // cold_size=, recall=; kv/cold_tier.h). Its window is the policy's `window`.
+  ColdTierConfig cold;
+
   // Per-head budgets (heads=ada, floor=alpha).
   HeadRule heads = HeadRule::kUniform;
   double floor = 0.2;
@@ -197,7 +202,7 @@ struct PolicyConfig {
     return selector != Selector::kSnapWindow || mode == BudgetMode::kBudget || hold;
   }
   bool needs_window() const {
-    return selector == Selector::kSnapWindow ||
+    return selector == Selector::kSnapWindow || cold.enabled() ||
            (selector == Selector::kHeavyRecent && prompt != PromptScore::kAccumulated);
   }
 

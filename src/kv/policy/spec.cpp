@@ -82,16 +82,19 @@ const std::vector<PresetDef>& presets() {
          c.nm_n = c.nm_m = 1;
        },
        {"sinks", "heavy_recent", "agg", "scorer", "heads", "floor", "distinct_share",
-        "prompt_ranking", "window", "kernel", "pool", "prompt_scores"}},
+        "prompt_ranking", "window", "kernel", "pool", "prompt_scores", "cold", "cold_type",
+        "cold_size", "recall"}},
       {"snapkv",
        [](PolicyConfig& c) { c.selector = Selector::kSnapWindow; },
-       {"window", "kernel", "pool", "agg", "heads", "floor", "hold_budget"}},
+       {"window", "kernel", "pool", "agg", "heads", "floor", "hold_budget", "cold", "cold_type",
+        "cold_size", "recall"}},
       {"pyramidkv",
        [](PolicyConfig& c) {
          c.selector = Selector::kSnapWindow;
          c.layers = LayerRule::kPyramid;
        },
-       {"window", "kernel", "pool", "pyramid_beta", "agg", "heads", "floor", "hold_budget"}},
+       {"window", "kernel", "pool", "pyramid_beta", "agg", "heads", "floor", "hold_budget", "cold",
+        "cold_type", "cold_size", "recall"}},
       {"roco",
        [](PolicyConfig& c) {
          c.selector = Selector::kHeavyRecent;
@@ -100,7 +103,7 @@ const std::vector<PresetDef>& presets() {
          c.scorer = "mean_attention";
        },
        {"sinks", "heavy_recent", "agg", "heads", "floor", "prompt_ranking", "window", "kernel",
-        "pool", "prompt_scores"}},
+        "pool", "prompt_scores", "cold", "cold_type", "cold_size", "recall"}},
       {"cam",
        [](PolicyConfig& c) {
          c.selector = Selector::kSinkRecent;
@@ -152,7 +155,11 @@ const std::vector<PresetDef>& presets() {
         "kernel",
         "pool",
         "prompt_merge",
-        "prompt_scores"}},
+        "prompt_scores",
+        "cold",
+        "cold_type",
+        "cold_size",
+        "recall"}},
       {"keydiff",
        [](PolicyConfig& c) {
          c.selector = Selector::kKeyDiff;
@@ -257,6 +264,31 @@ std::string prompt_word(const PolicyConfig& c) {
   return c.prompt == PromptScore::kReconstruction ? "reconstruction" : "window";
 }
 
+// The cold tier's keys: they apply only with cold=memory, and the tier needs a policy that ranks
+// a turn's slots by the turn's own queries and keeps positions.
+Status check_cold(const std::string& name, const std::vector<Item>& items, const PolicyConfig& c) {
+  if (!c.cold.enabled()) {
+    for (const char* k : {"cold_type", "cold_size", "recall"}) {
+      if (has_key(items, k))
+        return invalid_argument("KV policy '" + name + "': " + k + "= applies only with cold=memory");
+    }
+    return {};
+  }
+  if (c.pos != PosMode::kOriginal)
+    return invalid_argument("KV policy '" + name +
+                            "': cold=memory keeps slots at their own positions, which "
+                            "positions=shifted renumbers");
+  const bool by_window = c.selector == Selector::kSnapWindow ||
+                         (c.selector == Selector::kHeavyRecent &&
+                          c.prompt != PromptScore::kAccumulated && c.heads == HeadRule::kUniform);
+  if (!by_window)
+    return invalid_argument("KV policy '" + name +
+                            "': cold=memory needs the slots of a turn ranked by the turn's own "
+                            "queries: prompt_ranking=window (or reconstruction) with heads=uniform, "
+                            "or snapkv / pyramidkv");
+  return {};
+}
+
 // Keys that exclude each other or apply only with others, once every key is read.
 Status check_combinations(const std::string& name, const std::vector<Item>& items,
                           const PolicyConfig& c) {
@@ -292,6 +324,7 @@ Status check_combinations(const std::string& name, const std::vector<Item>& item
                             "': prompt_ranking=" + prompt_word(c) + " applies with heads=uniform" +
                             by_default);
   }
+  D2O_RETURN_IF_ERROR(check_cold(name, items, c));
   if (c.heads == HeadRule::kAda && c.decide == MergeDecision::kToken) {
     return invalid_argument("KV policy '" + name +
                             "': heads=ada evicts different counts per head, which "

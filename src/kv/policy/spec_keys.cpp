@@ -177,6 +177,12 @@ bool ada_shown(const PolicyConfig& c) {
   return c.heads != HeadRule::kUniform;
 }
 
+// The cold tier's keys: shown (and meaningful) only with one.
+bool cold_shown(const PolicyConfig& c) {
+  return c.cold.enabled();
+}
+const std::vector<const char*> kColdWords = {"none", "memory"};
+
 // The scorers' names (scorer_defs()), as the scorer= key's words.
 const std::vector<const char*>& scorer_words() {
   static const std::vector<const char*> words = [] {
@@ -321,6 +327,41 @@ const std::vector<KeyDef>& key_defs() {
           "prompt_scores",
           [](const PolicyConfig& c) { return c.pscore != PromptScore::kAccumulated; },
           window_shown),
+      {"cold",
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
+         int i = 0;
+         D2O_RETURN_IF_ERROR(word_key(c.name, key, v, kColdWords, &i));
+         c.cold.place = static_cast<ColdPlace>(i);
+         return Status();
+       },
+       [](const PolicyConfig& c) { return std::string(kColdWords[static_cast<size_t>(c.cold.place)]); },
+       cold_shown},
+      {"cold_type",
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
+         auto t = parse_kv_type(std::string(v));
+         if (!t.ok()) return bad_value(c.name, key, v, "a KV storage type such as q4_0r, q8_0 or f16");
+         c.cold.type = *t;
+         return Status();
+       },
+       [](const PolicyConfig& c) { return std::string(kv_type_name(c.cold.type)); }, nullptr,
+       cold_shown},
+      {"cold_size",
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
+         int64_t x = 0;
+         D2O_RETURN_IF_ERROR(int_key(c.name, key, v, 0, int64_t{1} << 40, &x));
+         c.cold.max_slots = x;
+         return Status();
+       },
+       [](const PolicyConfig& c) { return std::to_string(c.cold.max_slots); }, nullptr,
+       cold_shown},
+      {"recall",
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
+         int64_t x = 0;
+         D2O_RETURN_IF_ERROR(int_key(c.name, key, v, 1, 1 << 20, &x));
+         c.cold.recall = static_cast<int>(x);
+         return Status();
+       },
+       [](const PolicyConfig& c) { return std::to_string(c.cold.recall); }, nullptr, cold_shown},
       word_def<&PolicyConfig::hold, kOnOffWords>(
           "hold_budget", [](const PolicyConfig& c) { return c.hold; },
           [](const PolicyConfig& c) { return c.mode == BudgetMode::kRatio; }),

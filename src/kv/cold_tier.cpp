@@ -1,0 +1,201 @@
+#include "kv/cold_tier.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/assert.h"
+#include "kv/kv_rotation.h"
+#include "ops/hadamard.h"
+
+namespace d2o {
+
+namespace {
+
+// q.k over n floats (n a multiple of 8): eight partial sums, so the loop vectorises.
+float dot8(const float* a, const float* b, int n) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int i = 0; i < n; i += 8) {
+    for (int l = 0; l < 8; ++l) s[l] += a[i + l] * b[i + l];
+  }
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+float dot(const float* a, const float* b, int n) {
+  if (n % 8 == 0) return dot8(a, b, n);
+  float s = 0;
+  for (int i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Removes the entries of `v` (each `width` elements wide) whose index is marked in `gone`.
+template <class T>
+void erase_marked(std::vector<T>& v, const std::vector<char>& gone, size_t width) {
+  size_t out = 0;
+  for (size_t i = 0; i < gone.size(); ++i) {
+    if (gone[i]) continue;
+    if (out != i) std::memmove(v.data() + out * width, v.data() + i * width, width * sizeof(T));
+    ++out;
+  }
+  v.resize(out * width);
+}
+
+}  // namespace
+
+ColdTier::ColdTier(const ColdTierConfig& cfg, const KvCacheConfig& hot)
+    : cfg_(cfg),
+      hot_type_(hot.type),
+      n_head_kv_(hot.n_head_kv),
+      head_dim_(hot.head_dim),
+      krb_(kv_row_bytes(cfg.type.k, hot.head_dim)),
+      vrb_(kv_row_bytes(cfg.type.v, hot.head_dim)),
+      heads_(static_cast<size_t>(hot.n_layer) * static_cast<size_t>(hot.n_head_kv)) {}
+
+void ColdTier::convert(float* row, bool from_rot, bool to_rot, bool key) const {
+  if (from_rot == to_rot) return;
+  hadamard_blocks(row, head_dim_, key ? kv_rot_block_k(head_dim_) : kv_rot_block_v(head_dim_));
+}
+
+void ColdTier::take(int il, const KvLayer& L, int h, int j) {
+  Head& hd = head(il, h);
+  // One row of scratch per layer and head would do; a local row keeps layers independent.
+  float row[512];
+  std::vector<float> big;
+  float* r = row;
+  if (head_dim_ > 512) {
+    big.resize(static_cast<size_t>(head_dim_));
+    r = big.data();
+  }
+  hd.pos.push_back(L.pos(h)[j]);
+  hd.score.push_back(L.score(h)[j]);
+  hd.merged.push_back(L.merged(h)[j]);
+  const size_t ko = hd.k.size(), vo = hd.v.size();
+  hd.k.resize(ko + krb_);
+  hd.v.resize(vo + vrb_);
+  L.load_key(h, j, r);
+  convert(r, hot_type_.rot_k, cfg_.type.rot_k, true);
+  kv_store_row(cfg_.type.k, r, head_dim_, hd.k.data() + ko);
+  L.load_value(h, j, r);
+  convert(r, hot_type_.rot_v, cfg_.type.rot_v, false);
+  kv_store_row(cfg_.type.v, r, head_dim_, hd.v.data() + vo);
+  // Bounded: the oldest arrivals go, in batches (a decode step evicts one slot per head).
+  const int64_t cap = cfg_.max_slots;
+  if (cap > 0 && hd.n() > cap + std::max<int64_t>(16, cap / 8)) drop_oldest(hd, hd.n() - cap);
+}
+
+void ColdTier::drop_oldest(Head& hd, int64_t n) {
+  const auto cut = [n](auto& v, size_t width) {
+    v.erase(v.begin(), v.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(n) * width));
+  };
+  cut(hd.pos, 1);
+  cut(hd.score, 1);
+  cut(hd.merged, 1);
+  cut(hd.k, krb_);
+  cut(hd.v, vrb_);
+}
+
+void ColdTier::recall(int il, int h, const float* q, int n_q, float scale, int count,
+                      ColdRecall& out) {
+  out.clear();
+  Head& hd = head(il, h);
+  const int64_t n = hd.n();
+  count = static_cast<int>(std::min<int64_t>(count, n));
+  if (count <= 0 || n_q <= 0) return;
+  const int D = head_dim_;
+  row_.resize(static_cast<size_t>(D));
+  logits_.resize(static_cast<size_t>(n) * static_cast<size_t>(n_q));
+  // Logits [n_q, n]: the cold keys in the hot storage's space (q is in it).
+  for (int64_t i = 0; i < n; ++i) {
+    kv_load_row(cfg_.type.k, hd.k.data() + static_cast<size_t>(i) * krb_, D, row_.data());
+    convert(row_.data(), cfg_.type.rot_k, hot_type_.rot_k, true);
+    for (int r = 0; r < n_q; ++r) {
+      logits_[static_cast<size_t>(r) * n + i] =
+          scale * dot(q + static_cast<size_t>(r) * D, row_.data(), D);
+    }
+  }
+  // Each query's attention over the cold slots; a slot's score: the most any query gives it.
+  best_.assign(static_cast<size_t>(n), 0.0f);
+  for (int r = 0; r < n_q; ++r) {
+    const float* l = logits_.data() + static_cast<size_t>(r) * n;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, l[i]);
+    double z = 0;
+    for (int64_t i = 0; i < n; ++i) z += std::exp(static_cast<double>(l[i] - m));
+    const float lz = m + static_cast<float>(std::log(z));
+    for (int64_t i = 0; i < n; ++i) best_[i] = std::max(best_[i], std::exp(l[i] - lz));
+  }
+  order_.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order_[i] = static_cast<int32_t>(i);
+  // Pooled over the neighbours in position order (slots arrive in eviction order).
+  std::sort(order_.begin(), order_.end(),
+            [&](int32_t a, int32_t b) { return hd.pos[a] < hd.pos[b]; });
+  pooled_.resize(static_cast<size_t>(n));
+  const int64_t half = std::max(0, cfg_.kernel / 2);
+  for (int64_t x = 0; x < n; ++x) {
+    float m = 0;
+    for (int64_t y = std::max<int64_t>(0, x - half); y <= std::min(n - 1, x + half); ++y)
+      m = std::max(m, best_[order_[y]]);
+    pooled_[order_[x]] = m;
+  }
+  // Best first; ties to the newer position (as the hot selectors break them).
+  std::partial_sort(order_.begin(), order_.begin() + count, order_.end(), [&](int32_t a, int32_t b) {
+    if (pooled_[a] != pooled_[b]) return pooled_[a] > pooled_[b];
+    return hd.pos[a] > hd.pos[b];
+  });
+  order_.resize(static_cast<size_t>(count));
+  std::sort(order_.begin(), order_.end(),
+            [&](int32_t a, int32_t b) { return hd.pos[a] < hd.pos[b]; });
+  out.k.resize(static_cast<size_t>(count) * D);
+  out.v.resize(static_cast<size_t>(count) * D);
+  std::vector<char> gone(static_cast<size_t>(n), 0);
+  for (int c = 0; c < count; ++c) {
+    const int32_t i = order_[static_cast<size_t>(c)];
+    gone[static_cast<size_t>(i)] = 1;
+    out.pos.push_back(hd.pos[i]);
+    out.score.push_back(hd.score[i]);
+    out.merged.push_back(hd.merged[i]);
+    float* k = out.k.data() + static_cast<size_t>(c) * D;
+    float* v = out.v.data() + static_cast<size_t>(c) * D;
+    kv_load_row(cfg_.type.k, hd.k.data() + static_cast<size_t>(i) * krb_, D, k);
+    convert(k, cfg_.type.rot_k, hot_type_.rot_k, true);
+    kv_load_row(cfg_.type.v, hd.v.data() + static_cast<size_t>(i) * vrb_, D, v);
+    convert(v, cfg_.type.rot_v, hot_type_.rot_v, false);
+  }
+  erase_marked(hd.pos, gone, 1);
+  erase_marked(hd.score, gone, 1);
+  erase_marked(hd.merged, gone, 1);
+  erase_marked(hd.k, gone, krb_);
+  erase_marked(hd.v, gone, vrb_);
+  recalled_ += count;
+  // Scratch of a turn is not held between turns.
+  std::vector<float>().swap(logits_);
+}
+
+int64_t ColdTier::total_slots() const {
+  int64_t n = 0;
+  for (const Head& hd : heads_) n += hd.n();
+  return n;
+}
+
+size_t ColdTier::rows_bytes() const {
+  size_t b = 0;
+  for (const Head& hd : heads_) b += hd.k.size() + hd.v.size();
+  return b;
+}
+
+size_t ColdTier::meta_bytes() const {
+  size_t b = 0;
+  for (const Head& hd : heads_) {
+    b += hd.pos.size() * sizeof(int32_t) + hd.score.size() * sizeof(float) +
+         hd.merged.size() * sizeof(int32_t);
+  }
+  return b;
+}
+
+void ColdTier::clear() {
+  for (Head& hd : heads_) hd = Head();
+  recalled_in_pass = false;
+}
+
+}  // namespace d2o

@@ -1,0 +1,118 @@
+// ColdTier: where a KV cache's evicted slots go instead of away, so that a later turn of a
+// conversation can bring back what its question needs (policy key cold=memory).
+//
+// Each compaction (KvCache::apply) hands the tier the slots it evicts, as they were: key and value
+// rows re-stored in the tier's own storage type (q4_0r unless cold_type= says otherwise), with
+// their position, accumulated score and merge count. Per layer and KV head, in order of arrival;
+// cold_size= bounds the slots each head keeps (the oldest go first).
+//
+// When a new turn of several tokens is fed to a sequence whose tier holds slots, the turn's last
+// `window` queries score the cold slots of each layer's KV heads, inside the turn's pass, just
+// before the layer's attention (model/kv_attention.cpp): a slot's score is the most attention any
+// of those queries (over the query heads of the KV head) gives it among the cold slots, then the
+// best such score among its `kernel` neighbours in position order (so that a passage comes back
+// whole around the token its question found, as SnapKV's pooling keeps it). The best
+// `recall` slots of each head go back into the hot cache at their place in position order
+// (KvCache::insert_recalled), so the turn, and the answer after it, attend to them; the
+// compaction that ends the turn then ranks hot and recalled slots alike by the turn's window
+// attention (PassInfo::recalled), and what it evicts goes to the tier again.
+//
+// Bytes: rows_bytes() + meta_bytes(), in memory. Positions are the slots' own: a policy that
+// renumbers positions (positions=shifted) cannot have a cold tier.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kv/kv_cache.h"
+
+namespace d2o {
+
+enum class ColdPlace { kNone, kMemory };
+
+struct ColdTierConfig {
+  ColdPlace place = ColdPlace::kNone;
+  KvType type{KvElemType::kQ4_0, KvElemType::kQ4_0, true, true};  // q4_0r
+  int64_t max_slots = 0;  // per layer and KV head (0: no bound)
+  int recall = 64;        // slots per layer and KV head recalled per turn
+  int window = 32;        // the turn's last queries that score the cold slots
+  int kernel = 21;        // a slot's score: the best of its `kernel` neighbours in position order
+  bool enabled() const { return place != ColdPlace::kNone; }
+  bool operator==(const ColdTierConfig&) const = default;
+};
+
+// What one KV head recalls, in position order: rows as floats in the hot cache's storage space.
+struct ColdRecall {
+  std::vector<int32_t> pos, merged;
+  std::vector<float> score;
+  std::vector<float> k, v;  // [count, head_dim]
+  int count() const { return static_cast<int>(pos.size()); }
+  void clear() {
+    pos.clear();
+    merged.clear();
+    score.clear();
+    k.clear();
+    v.clear();
+  }
+};
+
+class ColdTier {
+ public:
+  ColdTier(const ColdTierConfig& cfg, const KvCacheConfig& hot);
+
+  const ColdTierConfig& config() const { return cfg_; }
+
+  // Slot j of head h of hot layer L (layer il) is evicted: kept here. Heads of different layers
+  // may be taken from in parallel; one layer's heads from one thread.
+  void take(int il, const KvLayer& L, int h, int j);
+
+  // Scores head h's cold slots of layer il by the queries q ([n_q, head_dim] floats in the hot
+  // storage's space, `scale` the attention scale), takes the best `count` out of the tier and
+  // returns them in position order.
+  void recall(int il, int h, const float* q, int n_q, float scale, int count, ColdRecall& out);
+
+  int64_t n_slots(int il, int h) const { return head(il, h).n(); }
+  int64_t total_slots() const;
+  size_t rows_bytes() const;  // key and value rows held
+  size_t meta_bytes() const;  // positions, scores, merge counts
+  size_t bytes() const { return rows_bytes() + meta_bytes(); }
+
+  // Counters: slots recalled, turns that recalled, seconds spent recalling (scoring + moving).
+  int64_t recalled_slots() const { return recalled_; }
+  int64_t recall_turns() const { return turns_; }
+  double recall_seconds() const { return recall_s_; }
+  void add_recall_seconds(double s) { recall_s_ += s; }
+  void note_turn() { ++turns_; }
+  // Set while a pass recalls; read (and cleared) by the compaction that ends the pass.
+  bool recalled_in_pass = false;
+
+  void clear();
+
+ private:
+  struct Head {
+    std::vector<int32_t> pos, merged;
+    std::vector<float> score;
+    std::vector<uint8_t> k, v;
+    int64_t n() const { return static_cast<int64_t>(pos.size()); }
+  };
+  Head& head(int il, int h) { return heads_[static_cast<size_t>(il) * n_head_kv_ + h]; }
+  const Head& head(int il, int h) const {
+    return heads_[static_cast<size_t>(il) * n_head_kv_ + h];
+  }
+  void drop_oldest(Head& hd, int64_t n);
+  // A row from storage space `from_rot` to the tier's (or back): the rotation is its own inverse.
+  void convert(float* row, bool from_rot, bool to_rot, bool key) const;
+
+  ColdTierConfig cfg_;
+  KvType hot_type_;
+  int n_head_kv_ = 0, head_dim_ = 0;
+  size_t krb_ = 0, vrb_ = 0;  // the tier's row bytes
+  std::vector<Head> heads_;   // [n_layer, n_head_kv]
+  std::vector<float> row_, logits_, best_, pooled_;
+  std::vector<int32_t> order_;
+  int64_t recalled_ = 0, turns_ = 0;
+  double recall_s_ = 0;
+};
+
+}  // namespace d2o

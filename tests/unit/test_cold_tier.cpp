@@ -1,0 +1,265 @@
+// The cold tier (kv/cold_tier.h): evicted slots kept as they were, the ones a turn's queries want
+// chosen as a naive computation chooses them and put back at their places, the spec keys, and a
+// conversation's turn through the engine (every token is in one tier or the other).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "common/random_model.h"
+#include "common/test_util.h"
+#include "kv/cold_tier.h"
+#include "kv/kv_cache.h"
+#include "kv/policy.h"
+#include "runtime/engine.h"
+
+namespace d2o {
+namespace {
+
+constexpr int kHd = 64;
+
+// One layer, two KV heads, F32 storage: n slots at positions 0..n-1, rows from `rng`.
+KvCache filled_cache(int n, test::Xorshift& rng, std::vector<float>& k, std::vector<float>& v) {
+  KvCache c(KvCacheConfig(1, 2, kHd, KvType::kF32));
+  k.resize(static_cast<size_t>(n) * 2 * kHd);
+  v.resize(k.size());
+  for (float& x : k) x = rng.uniform(1.0f);
+  for (float& x : v) x = rng.uniform(1.0f);
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  std::iota(pos.begin(), pos.end(), 0);
+  EXPECT_TRUE(c.reserve(0, n, true).ok());
+  c.append(0, k.data(), v.data(), pos.data(), n);
+  return c;
+}
+
+const float* row(const std::vector<float>& x, int t, int h) {
+  return x.data() + (static_cast<size_t>(t) * 2 + static_cast<size_t>(h)) * kHd;
+}
+
+CompactionPlan keep_plan(const std::vector<int32_t>& keep) {
+  CompactionPlan p;
+  p.reset(2, static_cast<int>(keep.size()));
+  for (int h = 0; h < 2; ++h) std::copy(keep.begin(), keep.end(), p.keep_of(h));
+  return p;
+}
+
+TEST(ColdTier, EvictedSlotsGoColdAndTheWantedComeBackAtTheirPlaces) {
+  test::Xorshift rng(5);
+  std::vector<float> k, v;
+  KvCache c = filled_cache(12, rng, k, v);
+  ColdTierConfig cc;
+  cc.place = ColdPlace::kMemory;
+  cc.type = KvType::kF32;
+  cc.recall = 3;
+  cc.kernel = 3;
+  c.enable_cold(cc);
+  const std::vector<int32_t> keep = {0, 1, 6, 10, 11};
+  c.apply(0, keep_plan(keep));
+  ColdTier& cold = *c.cold();
+  const std::vector<int> evicted = {2, 3, 4, 5, 7, 8, 9};
+  for (int h = 0; h < 2; ++h) EXPECT_EQ(cold.n_slots(0, h), 7);
+  EXPECT_EQ(cold.rows_bytes(), size_t{7} * 2 * 2 * kHd * sizeof(float));
+
+  // Queries: two rows per head, one much like token 3's key (head 0) or 8's (head 1), one noise.
+  const float scale = 0.125f;
+  std::vector<std::vector<float>> q(2, std::vector<float>(2 * kHd));
+  for (int h = 0; h < 2; ++h) {
+    for (int d = 0; d < kHd; ++d) {
+      q[h][d] = 4.0f * row(k, h == 0 ? 3 : 8, h)[d] + rng.uniform(0.1f);
+      q[h][kHd + d] = rng.uniform(0.5f);
+    }
+  }
+  // Naive: each query's softmax over the cold keys; a slot's score the most any query gives it,
+  // then the best over its neighbours (kernel 3) in position order; the best 3, newer on ties.
+  std::vector<std::vector<int>> want(2);
+  for (int h = 0; h < 2; ++h) {
+    std::vector<double> best(evicted.size(), 0.0);
+    for (int r = 0; r < 2; ++r) {
+      std::vector<double> l(evicted.size());
+      double z = 0;
+      for (size_t i = 0; i < evicted.size(); ++i) {
+        double s = 0;
+        for (int d = 0; d < kHd; ++d) s += q[h][r * kHd + d] * row(k, evicted[i], h)[d];
+        l[i] = scale * s;
+      }
+      const double m = *std::max_element(l.begin(), l.end());
+      for (double x : l) z += std::exp(x - m);
+      for (size_t i = 0; i < evicted.size(); ++i)
+        best[i] = std::max(best[i], std::exp(l[i] - m) / z);
+    }
+    std::vector<double> pooled(best.size());
+    for (size_t i = 0; i < best.size(); ++i) {
+      pooled[i] = best[i];
+      if (i > 0) pooled[i] = std::max(pooled[i], best[i - 1]);
+      if (i + 1 < best.size()) pooled[i] = std::max(pooled[i], best[i + 1]);
+    }
+    std::vector<int> order(evicted.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      if (pooled[a] != pooled[b]) return pooled[a] > pooled[b];
+      return a > b;
+    });
+    for (int i = 0; i < 3; ++i) want[h].push_back(evicted[order[i]]);
+    std::sort(want[h].begin(), want[h].end());
+  }
+  EXPECT_NE(want[0], want[1]);  // the heads want different tokens
+
+  std::vector<ColdRecall> got(2);
+  for (int h = 0; h < 2; ++h) {
+    cold.recall(0, h, q[h].data(), 2, scale, 3, got[h]);
+    ASSERT_EQ(got[h].count(), 3);
+    EXPECT_EQ(std::vector<int>(got[h].pos.begin(), got[h].pos.end()), want[h]) << h;
+    EXPECT_EQ(cold.n_slots(0, h), 4);
+  }
+  EXPECT_EQ(cold.recalled_slots(), 6);
+
+  ASSERT_TRUE(c.insert_recalled(0, got).ok());
+  const KvLayer& L = c.layer(0);
+  std::vector<float> x(kHd);
+  for (int h = 0; h < 2; ++h) {
+    std::vector<int> held(keep.begin(), keep.end());
+    held.insert(held.end(), want[h].begin(), want[h].end());
+    std::sort(held.begin(), held.end());
+    ASSERT_EQ(L.n_slot(h), 8);
+    for (int j = 0; j < 8; ++j) {
+      ASSERT_EQ(L.pos(h)[j], held[static_cast<size_t>(j)]) << h << " " << j;
+      L.load_key(h, j, x.data());
+      EXPECT_TRUE(std::equal(x.begin(), x.end(), row(k, held[static_cast<size_t>(j)], h)));
+      L.load_value(h, j, x.data());
+      EXPECT_TRUE(std::equal(x.begin(), x.end(), row(v, held[static_cast<size_t>(j)], h)));
+    }
+  }
+  // A copy holds the same tier; clear() empties it.
+  KvCache d(c.config());
+  d.enable_cold(cc);
+  ASSERT_TRUE(d.copy_from(c).ok());
+  EXPECT_EQ(d.cold()->total_slots(), 8);
+  d.clear();
+  EXPECT_EQ(d.cold()->total_slots(), 0);
+  EXPECT_EQ(c.cold()->total_slots(), 8);
+}
+
+TEST(ColdTier, QuantisedRotatedRowsComeBackCloseAndTheBoundDropsTheOldest) {
+  test::Xorshift rng(9);
+  std::vector<float> k, v;
+  KvCache c = filled_cache(300, rng, k, v);
+  ColdTierConfig cc;
+  cc.place = ColdPlace::kMemory;  // q4_0r by default
+  cc.max_slots = 100;
+  c.enable_cold(cc);
+  std::vector<int32_t> keep = {0, 299};
+  c.apply(0, keep_plan(keep));
+  // 298 evicted; bounded at 100 (+ its slack) by dropping the oldest arrivals.
+  const int64_t n = c.cold()->n_slots(0, 0);
+  EXPECT_GE(n, 100);
+  EXPECT_LE(n, 116);
+  EXPECT_EQ(c.cold()->rows_bytes(), static_cast<size_t>(n) * 2 * 2 * kv_row_bytes(KvElemType::kQ4_0, kHd));
+  std::vector<float> q(kHd);
+  for (int d = 0; d < kHd; ++d) q[d] = 5.0f * row(k, 290, 1)[d];
+  ColdRecall r;
+  c.cold()->recall(0, 1, q.data(), 1, 0.125f, 1, r);
+  ASSERT_EQ(r.count(), 1);
+  EXPECT_GT(r.pos[0], 298 - n);  // only the newest arrivals are left
+  // Q4_0 of rows in [-1, 1]: within a quantisation step of the original.
+  const float* want = row(k, r.pos[0], 1);
+  for (int d = 0; d < kHd; ++d) EXPECT_NEAR(r.k[d], want[d], 0.2f) << d;
+}
+
+TEST(ColdTierSpec, KeysParsePrintAndRefuseWhatCannotWork) {
+  auto p = parse_kv_policy("d2o:cold=memory,recall=32");
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  const std::string spec = (*p)->spec();
+  EXPECT_NE(spec.find("cold=memory"), std::string::npos) << spec;
+  EXPECT_NE(spec.find("cold_type=q4_0r"), std::string::npos) << spec;
+  EXPECT_NE(spec.find("recall=32"), std::string::npos) << spec;
+  auto again = parse_kv_policy(spec);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)->spec(), spec);
+  EXPECT_EQ((*p)->cold_tier().recall, 32);
+  EXPECT_TRUE((*p)->cold_tier().enabled());
+  // Without cold= the keys are not shown and the policy has no tier.
+  auto plain = parse_kv_policy("d2o");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->spec().find("cold"), std::string::npos);
+  EXPECT_FALSE((*plain)->cold_tier().enabled());
+  EXPECT_TRUE(parse_kv_policy("snapkv:cold=memory,cold_type=q8_0,cold_size=4096").ok());
+  for (const char* bad : {"d2o:recall=8", "d2o:cold=memory,recall=0", "d2o:cold=disk",
+                          "d2o:cold=memory,cold_type=q5", "h2o:cold=memory",
+                          "d2o:cold=memory,heads=ada", "streaming:cold=memory"}) {
+    auto r = parse_kv_policy(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+  }
+}
+
+std::vector<TokenId> random_tokens(int n, uint32_t seed) {
+  std::vector<TokenId> p;
+  test::Xorshift rng(seed);
+  for (int i = 0; i < n; ++i) p.push_back(3 + static_cast<TokenId>(rng.next() % 297));
+  return p;
+}
+
+// Through the engine: the prompt's compaction fills the tier, a turn recalls, and every token
+// stays in exactly one tier (d2o drops what it evicts: merge=off).
+TEST(ColdTierEngine, ATurnRecallsAndEveryTokenIsInOneTier) {
+  test::RandomModelConfig cfg;
+  cfg.n_layer = 3;
+  cfg.n_head_kv = 2;
+  cfg.seed = 21;
+  auto model = test::load_random_model(cfg, "cold_tier.gguf");
+  ASSERT_NE(model, nullptr);
+  ThreadPool pool(2);
+  Engine engine(*model, pool, EngineOptions{});
+  std::shared_ptr<const KvPolicy> pol(
+      parse_kv_policy("d2o:ratio=0.25,window=8,kernel=3,cold=memory,cold_type=f16,recall=5").value());
+  std::shared_ptr<const KvPolicy> hot(parse_kv_policy("d2o:ratio=0.25,window=8,kernel=3").value());
+  Sequence s(model->hparams(), KvType::kF16, pol), t(model->hparams(), KvType::kF16, hot);
+  auto feed = [&](Sequence& seq, std::span<const TokenId> tokens, std::vector<float>* logits) {
+    BatchEntry be;
+    be.seq = &seq;
+    be.tokens = tokens;
+    return engine.forward({&be, 1}, [&](int, int, const float* l) {
+      if (logits) logits->assign(l, l + model->hparams().n_vocab);
+    });
+  };
+  const std::vector<TokenId> prompt = random_tokens(96, 3), turn = random_tokens(20, 4);
+  std::vector<float> ls, lt;
+  ASSERT_TRUE(feed(s, prompt, &ls).ok());
+  ASSERT_TRUE(feed(t, prompt, &lt).ok());
+  EXPECT_EQ(ls, lt);  // the prompt's pass and compaction are those of the same policy without it
+  const KvCache& c = s.cache();
+  auto check_tiers = [&](int64_t n_past) {
+    for (int il = 0; il < c.n_layer(); ++il) {
+      for (int g = 0; g < c.config().n_head_kv; ++g)
+        EXPECT_EQ(c.layer(il).n_slot(g) + c.cold()->n_slots(il, g), n_past) << il << " " << g;
+    }
+  };
+  check_tiers(96);
+  EXPECT_EQ(c.cold()->recall_turns(), 0);
+  ASSERT_TRUE(feed(s, turn, &ls).ok());
+  ASSERT_TRUE(feed(t, turn, &lt).ok());
+  EXPECT_EQ(c.cold()->recall_turns(), 1);
+  EXPECT_EQ(c.cold()->recalled_slots(), int64_t{5} * 3 * 2);
+  check_tiers(116);
+  for (int il = 0; il < c.n_layer(); ++il)
+    EXPECT_EQ(c.layer(il).n_slot(), t.cache().layer(il).n_slot());  // the same hot budget
+  // Decode steps recall nothing and keep every token somewhere.
+  const TokenId one = 7;
+  ASSERT_TRUE(feed(s, std::span<const TokenId>(&one, 1), &ls).ok());
+  EXPECT_EQ(c.cold()->recall_turns(), 1);
+  check_tiers(117);
+  // A copy of the sequence continues alike.
+  Sequence u(model->hparams(), KvType::kF16, pol);
+  ASSERT_TRUE(u.copy_from(s).ok());
+  std::vector<float> lu;
+  const std::vector<TokenId> turn2 = random_tokens(12, 5);
+  ASSERT_TRUE(feed(s, turn2, &ls).ok());
+  ASSERT_TRUE(feed(u, turn2, &lu).ok());
+  EXPECT_EQ(ls, lu);
+  EXPECT_EQ(u.cache().cold()->recall_turns(), 2);
+}
+
+}  // namespace
+}  // namespace d2o
