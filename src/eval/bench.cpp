@@ -318,7 +318,7 @@ Status run_bench(Engine& engine, std::span<const TokenId> text, std::span<const 
     r.slots_after_depth = slots_after_depth;
     // The saved state is the bench's own overhead: left out of the reported peak.
     const size_t saved_bytes =
-        saved.cache().kv_bytes_allocated() + saved.cache().meta_bytes_allocated();
+        saved.cache().bytes_held();
     seq.reset();  // hand back the previous test's cache before the peak is reset
 #if defined(__GLIBC__)
     malloc_trim(0);  // freed caches would otherwise stay resident and count in the next peak

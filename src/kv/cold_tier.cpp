@@ -7,6 +7,7 @@
 
 #include "core/assert.h"
 #include "kv/kv_rotation.h"
+#include "kv/policy.h"
 #include "ops/hadamard.h"
 
 namespace d2o {
@@ -196,6 +197,18 @@ size_t ColdTier::meta_bytes() const {
 void ColdTier::clear() {
   for (Head& hd : heads_) hd = Head();
   recalled_in_pass = false;
+}
+
+size_t KvPolicy::cold_bytes(const KvCacheConfig& cfg, int64_t n_total) const {
+  const ColdTierConfig c = cold_tier();
+  if (!c.enabled() || n_total <= 0) return 0;
+  // At most every token of a compressible layer's head, or the bound plus its slack.
+  int64_t n = n_total;
+  if (c.max_slots > 0) n = std::min(n, c.max_slots + std::max<int64_t>(16, c.max_slots / 8));
+  const size_t per = kv_row_bytes(c.type.k, cfg.head_dim) + kv_row_bytes(c.type.v, cfg.head_dim) +
+                     2 * sizeof(int32_t) + sizeof(float);
+  return static_cast<size_t>(n) * per * static_cast<size_t>(cfg.n_head_kv) *
+         static_cast<size_t>(cfg.n_compressible());
 }
 
 }  // namespace d2o

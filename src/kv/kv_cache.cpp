@@ -524,6 +524,10 @@ size_t KvCache::meta_bytes_allocated() const {
   return b;
 }
 
+size_t KvCache::bytes_held() const {
+  return kv_bytes_allocated() + meta_bytes_allocated() + (cold_ ? cold_->bytes() : 0);
+}
+
 size_t KvCache::full_kv_bytes(int64_t n_tokens) const {
   // A full cache keeps every token in a global layer and the last W in a sliding-window one.
   size_t slots = 0;

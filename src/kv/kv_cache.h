@@ -457,6 +457,9 @@ class KvCache {
   size_t meta_bytes_allocated() const;
   // Bytes the keys and values of n tokens take in a full cache of this configuration.
   size_t full_kv_bytes(int64_t n_tokens) const;
+  // Everything the cache holds in memory: key and value storage, slot metadata and the cold
+  // tier's rows and metadata (kv/cold_tier.h).
+  size_t bytes_held() const;
   // Bytes a cache of configuration `cfg` allocates when every layer has a capacity of `slots`
   // per KV head: keys, values and slot metadata (what kv_bytes_allocated() +
   // meta_bytes_allocated() report for that capacity). A sliding-window layer, which no policy

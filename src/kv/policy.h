@@ -209,6 +209,9 @@ class KvPolicy {
   // (KvCache::bytes_for_slots): a memory pool reserves both. Working scratch of one compaction
   // (bounded by one layer's slots per thread) is not counted. 0: nothing kept per slot.
   virtual size_t state_bytes(const KvCacheConfig& /*cfg*/, int64_t /*slots*/) const { return 0; }
+  // Bytes its cold tier (cold_tier()) may hold for a sequence of n_total tokens: the evicted
+  // slots' rows and metadata, in memory. 0 without a tier.
+  size_t cold_bytes(const KvCacheConfig& cfg, int64_t n_total) const;
 };
 
 // The full cache: keeps everything.

@@ -99,7 +99,7 @@ Scheduler::Footprint Scheduler::footprint(const KvCacheConfig& cfg, const KvPoli
   plan.decode_chunk = 1;  // one token per step after the prompt
   f.slots = std::max<int64_t>(1, policy.peak_slots_for(plan));
   f.bytes = KvCache::bytes_for_slots(cfg, f.slots, plan.prompt_chunk, plan.n_total) +
-            policy.state_bytes(cfg, f.slots);
+            policy.state_bytes(cfg, f.slots) + policy.cold_bytes(cfg, plan.n_total);
   return f;
 }
 
@@ -167,7 +167,8 @@ Result<RequestId> Scheduler::submit(Request req) {
     if (held_slots > a->fp.slots) {
       a->fp.slots = held_slots;
       a->fp.bytes = KvCache::bytes_for_slots(cache_cfg_, held_slots) +
-                    a->policy->state_bytes(cache_cfg_, held_slots);
+                    a->policy->state_bytes(cache_cfg_, held_slots) +
+                    a->policy->cold_bytes(cache_cfg_, n_total);
     }
   }
   const size_t held = std::min(req.resume_held, a->fp.bytes);
@@ -237,7 +238,7 @@ Status Scheduler::admit() {
     r.result.kv_reserved = r.fp.bytes;
     if (r.seq) {
       r.result.kv_peak_allocated =
-          r.seq->cache().kv_bytes_allocated() + r.seq->cache().meta_bytes_allocated();
+          r.seq->cache().bytes_held();
     }
     if (!s.ok()) finish(running_.size() - 1, "error", s);  // could not be set up
   }
@@ -271,7 +272,7 @@ void Scheduler::on_logits(int entry, const float* logits) {
 size_t Scheduler::kv_allocated() const {
   size_t b = 0;
   for (const auto& a : running_) {
-    if (a->seq) b += a->seq->cache().kv_bytes_allocated() + a->seq->cache().meta_bytes_allocated();
+    if (a->seq) b += a->seq->cache().bytes_held();
   }
   return b;
 }
@@ -343,7 +344,7 @@ Status Scheduler::step() {
     if (!a.sampled) continue;
     a.sampled = false;
     const size_t alloc =
-        a.seq->cache().kv_bytes_allocated() + a.seq->cache().meta_bytes_allocated();
+        a.seq->cache().bytes_held();
     a.result.kv_peak_allocated = std::max(a.result.kv_peak_allocated, alloc);
     if (a.req.stop_at_eog && is_eog_[static_cast<size_t>(a.sample)]) {
       finish(i, "eog", {});

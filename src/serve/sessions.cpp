@@ -64,7 +64,7 @@ void SessionStore::end(const std::string& id, std::shared_ptr<Sequence> seq,
   if (keep) {
     // Idle, the cache needs only the slots it uses; the next request sets its own limit.
     keep = seq->cache().shrink_to_fit(0).ok() && seq->cache().set_slot_limit(0).ok();
-    bytes = seq->cache().kv_bytes_allocated() + seq->cache().meta_bytes_allocated();
+    bytes = seq->cache().bytes_held();
     keep = keep && sched_.hold(bytes);
   }
   if (seq) {
@@ -113,7 +113,7 @@ void SessionStore::save(Session& s) {
 bool SessionStore::adopt(const std::string& id, std::shared_ptr<Sequence> seq,
                          std::vector<TokenId> tokens, std::string kv_spec) {
   if (!seq || sessions_.count(id) || !seq->cache().shrink_to_fit(0).ok()) return false;
-  const size_t bytes = seq->cache().kv_bytes_allocated() + seq->cache().meta_bytes_allocated();
+  const size_t bytes = seq->cache().bytes_held();
   if (!sched_.hold(bytes)) {
     // Idle sessions leave only when that makes enough room.
     if (bytes > sched_.pool().available() + held_) return false;

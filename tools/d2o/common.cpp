@@ -9,6 +9,7 @@
 #include "core/mem.h"
 #include "core/timer.h"
 #include "eval/kv_bytes.h"
+#include "kv/cold_tier.h"
 #include "kv/policy/composed.h"
 #include "model/layer_desc.h"
 #include "runtime/kv_pool.h"
@@ -257,6 +258,19 @@ void print_kv_report(std::FILE* out, const Sequence& seq) {
     std::fprintf(
         out, "(KV bytes held by slots: %s; the rest is capacity, heads padded to the largest)\n",
         format_bytes(static_cast<double>(c.kv_bytes_used())).c_str());
+  }
+  if (const ColdTier* cold = c.cold()) {
+    const double whole = static_cast<double>(c.bytes_held());
+    std::fprintf(out,
+                 "cold tier (%s, in memory): %lld slots over all KV heads and layers, %s of rows "
+                 "and %s of metadata; %lld turns recalled %lld slots in %.3f s. Everything held "
+                 "(hot, cold, metadata): %s = %.1f%% of a full F16 cache's key and value bytes\n",
+                 kv_type_name(cold->config().type), static_cast<long long>(cold->total_slots()),
+                 format_bytes(static_cast<double>(cold->rows_bytes())).c_str(),
+                 format_bytes(static_cast<double>(cold->meta_bytes())).c_str(),
+                 static_cast<long long>(cold->recall_turns()),
+                 static_cast<long long>(cold->recalled_slots()), cold->recall_seconds(),
+                 format_bytes(whole).c_str(), b.full_f16 > 0 ? 100.0 * whole / b.full_f16 : 0.0);
   }
 }
 

@@ -32,8 +32,8 @@ int64_t ComposedPolicy::peak_slots(int64_t n_prompt, int64_t n_total, int max_ch
     s_max = variable ? n_first : cfg_.budget;
   }
   const int64_t held = n_first + (reconstructs() ? kReconstructionChunk : 0);
-  if (!cfg_.compacts_after_first()) return std::max(held, s_max + (n_total - n_first));
-  return std::max(held, std::min(n_total, s_max + chunk));
+  if (!cfg_.compacts_after_first()) return std::max(held, std::min(n_total, s_max + (n_total - n_first) + recall()));
+  return std::max(held, std::min(n_total, s_max + chunk + recall()));
 }
 
 size_t ComposedPolicy::state_bytes(const KvCacheConfig& cfg, int64_t slots) const {
@@ -78,8 +78,9 @@ int64_t ComposedPolicy::peak_slots_for(const FeedPlan& f) const {
                                        n_prompt);
     // prompt_ranking=reconstruction: the prompt and one reconstruction pass, for a moment.
     const int64_t held = n_prompt + (reconstructs() ? kReconstructionChunk : 0);
-    if (!cfg_.compacts_after_first()) return std::max(held, s_max + (n_total - n_prompt));
-    return std::max(held, std::min(n_total, s_max + dc));
+    if (!cfg_.compacts_after_first())
+      return std::max(held, std::min(n_total, s_max + (n_total - n_prompt) + recall()));
+    return std::max(held, std::min(n_total, s_max + dc + recall()));
   }
   // Budget mode: compaction whenever a layer holds more than B slots, prompt chunks included.
   if (n_total <= cfg_.budget) return n_total;
@@ -87,8 +88,9 @@ int64_t ComposedPolicy::peak_slots_for(const FeedPlan& f) const {
   const int64_t n_first = std::min(n_total, cfg_.budget + (in_prompt ? pc : dc));
   const int64_t s_max = variable ? n_first : cfg_.budget;
   const int64_t pass = in_prompt ? std::max(pc, dc) : dc;  // passes after the first compaction
-  if (!cfg_.compacts_after_first()) return std::max(n_first, s_max + (n_total - n_first));
-  return std::max(n_first, std::min(n_total, s_max + pass));
+  if (!cfg_.compacts_after_first())
+    return std::max(n_first, std::min(n_total, s_max + (n_total - n_first) + recall()));
+  return std::max(n_first, std::min(n_total, s_max + pass + recall()));
 }
 
 }  // namespace d2o
