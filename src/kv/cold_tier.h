@@ -84,6 +84,16 @@ class ColdTier {
   double recall_seconds() const { return recall_s_; }
   void add_recall_seconds(double s) { recall_s_ += s; }
   void note_turn() { ++turns_; }
+  // What was recalled since the last call (a server's counters take it when a turn ends).
+  struct Counts {
+    int64_t turns = 0, slots = 0;
+    double seconds = 0;
+  };
+  Counts take_unreported() {
+    Counts c{turns_ - reported_.turns, recalled_ - reported_.slots, recall_s_ - reported_.seconds};
+    reported_ = {turns_, recalled_, recall_s_};
+    return c;
+  }
   // Set while a pass recalls; read (and cleared) by the compaction that ends the pass.
   bool recalled_in_pass = false;
 
@@ -113,6 +123,7 @@ class ColdTier {
   std::vector<int32_t> order_;
   int64_t recalled_ = 0, turns_ = 0;
   double recall_s_ = 0;
+  Counts reported_;
 };
 
 }  // namespace d2o

@@ -51,6 +51,16 @@ std::string prometheus_text(const Metrics& m) {
   value(o, "d2o_prefilled_tokens_total", static_cast<double>(m.prefilled_tokens));
   metric(o, "d2o_generated_tokens_total", "counter", "Generated tokens.");
   value(o, "d2o_generated_tokens_total", static_cast<double>(m.generated_tokens));
+  metric(o, "d2o_cold_recall_turns_total", "counter",
+         "Turns of sessions that recalled slots from their cold tier.");
+  value(o, "d2o_cold_recall_turns_total", static_cast<double>(m.cold_recall_turns));
+  metric(o, "d2o_cold_recalled_slots_total", "counter",
+         "Slots recalled from cold tiers (per KV head and layer).");
+  value(o, "d2o_cold_recalled_slots_total", static_cast<double>(m.cold_recalled_slots));
+  metric(o, "d2o_cold_recall_seconds_total", "counter", "Seconds spent recalling cold slots.");
+  value(o, "d2o_cold_recall_seconds_total", m.cold_recall_seconds);
+  metric(o, "d2o_cold_bytes", "gauge", "Bytes the cold tiers of idle sessions hold.");
+  value(o, "d2o_cold_bytes", static_cast<double>(m.cold_bytes));
   if (!m.by_key.empty()) {  // only on a server with API keys
     metric(o, "d2o_key_requests_total", "counter", "Requests by API key name and outcome.");
     for (const auto& [name, k] : m.by_key) {

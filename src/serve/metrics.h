@@ -35,6 +35,10 @@ struct Metrics {
   double session_load_seconds = 0;
   uint64_t session_dir_bytes = 0;     // what the session files hold
   int64_t session_files_removed = 0;  // removed to keep --session-dir-max
+  // Cold tiers (KV policies with cold=memory): turns that recalled, slots recalled, seconds.
+  int64_t cold_recall_turns = 0;
+  int64_t cold_recalled_slots = 0;
+  double cold_recall_seconds = 0;
   // Gauges (the engine thread's view after its last step).
   int64_t running = 0;
   int64_t queued = 0;
@@ -42,7 +46,8 @@ struct Metrics {
   size_t kv_cap = 0;           // --kv-mem
   size_t kv_reserved = 0;      // pool reservations: running requests + idle sessions
   size_t kv_allocated = 0;     // bytes the running caches have allocated
-  size_t session_bytes = 0;    // bytes idle sessions hold
+  size_t session_bytes = 0;    // bytes idle sessions hold (their cold tiers included)
+  size_t cold_bytes = 0;       // of those, what their cold tiers hold
   size_t full_equivalent = 0;  // what the same tokens would take in full caches
 };
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "kv/cold_tier.h"
 #include "serve/api_keys.h"
 
 namespace d2o::serve {
@@ -285,6 +286,12 @@ void Service::finish_job(Job& job, RequestResult& r) {
   }
   if (!job.session.empty()) {
     if (r.sequence && !error) {
+      if (ColdTier* cold = r.sequence->cache().cold()) {
+        const ColdTier::Counts c = cold->take_unreported();
+        counters_.cold_recall_turns += c.turns;
+        counters_.cold_recalled_slots += c.slots;
+        counters_.cold_recall_seconds += c.seconds;
+      }
       const int64_t n_past = r.sequence->n_past();
       std::vector<TokenId> seen = job.prompt;
       seen.insert(seen.end(), r.tokens.begin(), r.tokens.end());
@@ -335,6 +342,7 @@ void Service::publish_metrics() {
   counters_.kv_reserved = sched_->pool().reserved();
   counters_.kv_allocated = sched_->kv_allocated();
   counters_.session_bytes = sessions_.held_bytes();
+  counters_.cold_bytes = sessions_.cold_bytes();
   // Full caches of the same tokens: idle sessions, and each running job's tokens so far.
   size_t full = sessions_.full_equivalent_bytes();
   const KvCacheConfig cfg = kv_cache_config(engine_.model().hparams(), params_.scheduler.kv_type);

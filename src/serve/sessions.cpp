@@ -166,6 +166,15 @@ int SessionStore::make_room(size_t bytes) {
   return n;
 }
 
+size_t SessionStore::cold_bytes() const {
+  size_t b = 0;
+  for (const std::string& id : lru_) {
+    const Session& s = sessions_.at(id);
+    if (s.seq && s.seq->cache().cold()) b += s.seq->cache().cold()->bytes();
+  }
+  return b;
+}
+
 size_t SessionStore::full_equivalent_bytes() const {
   size_t b = 0;
   for (const std::string& id : lru_) {
@@ -175,4 +184,5 @@ size_t SessionStore::full_equivalent_bytes() const {
   return b;
 }
 
-}  // namespace d2o::serve
+}  // namespace d2o::serve#include "kv/cold_tier.h"
+

@@ -96,6 +96,8 @@ class SessionStore {
   const SessionFileStats& file_stats() const { return files_; }
   // Full-cache bytes of the idle sessions' tokens (what they would hold uncompressed).
   size_t full_equivalent_bytes() const;
+  // What the idle sessions' cold tiers hold (part of held_bytes()).
+  size_t cold_bytes() const;
 
  private:
   void unlink_lru(const std::string& id);
