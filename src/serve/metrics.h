@@ -5,6 +5,8 @@
 #include <map>
 #include <string>
 
+#include "serve/conn_limits.h"
+
 namespace d2o::serve {
 
 // What one API key's requests asked for (GET /metrics labels it with the key's name).
@@ -35,6 +37,8 @@ struct Metrics {
   double session_load_seconds = 0;
   uint64_t session_dir_bytes = 0;     // what the session files hold
   int64_t session_files_removed = 0;  // removed to keep --session-dir-max
+  // The HTTP front's connections (serve/conn_limits.h; filled by it, zero elsewhere).
+  ConnStats connections;
   // Gauges (the engine thread's view after its last step).
   int64_t running = 0;
   int64_t queued = 0;
