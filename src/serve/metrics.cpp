@@ -114,6 +114,10 @@ std::string prometheus_text(const Metrics& m) {
   metric(o, "d2o_session_file_errors_total", "counter",
          "Session files that could not be written, or were refused when read.");
   value(o, "d2o_session_file_errors_total", static_cast<double>(m.session_file_errors));
+  metric(o, "d2o_session_save_failures_total", "counter",
+         "Session files that could not be written (the session stays in memory, or is rebuilt "
+         "if it had to leave).");
+  value(o, "d2o_session_save_failures_total", static_cast<double>(m.session_save_failures));
   metric(o, "d2o_session_save_seconds_total", "counter", "Seconds spent writing session files.");
   value(o, "d2o_session_save_seconds_total", m.session_save_seconds);
   metric(o, "d2o_session_load_seconds_total", "counter",

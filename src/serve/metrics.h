@@ -33,6 +33,7 @@ struct Metrics {
   int64_t sessions_saved = 0;
   int64_t sessions_loaded = 0;
   int64_t session_file_errors = 0;
+  int64_t session_save_failures = 0;  // of those, writes that failed (full disk, read-only, ...)
   double session_save_seconds = 0;
   double session_load_seconds = 0;
   uint64_t session_dir_bytes = 0;     // what the session files hold
