@@ -38,7 +38,8 @@ check(o["sent"] > 0 and o["answered"] == o["sent"] and o["failed"] == 0,
 check(res["health"]["count"] >= 20 and res["health"]["p99_ms"] < 1000, f"/health: {res['health']}")
 refused = res["server"]["refused"]
 check(refused["per_address"] >= 16, f"the greedy address was not bounded: {refused}")
-check(res["hostile"]["greedy_refused"] == 16, f"greedy refusals seen: {res['hostile']}")
+# 503s the greedy address read: its 16 extra connections, and any pushed out of a full gate.
+check(res["hostile"]["greedy_refused"] >= 16, f"greedy refusals seen: {res['hostile']}")
 check(refused["header_timeout"] > 0, f"no trickling head timed out: {refused}")
 check(res["server"]["connections_open_after"] <= 2,
       f"connections left open after the load: {res['server']}")
