@@ -48,6 +48,24 @@ void gate_close(int fd) {
   ::close(fd);
 }
 
+// Writes a bodiless response (best effort, never blocking) and closes the connection. What
+// the client sent is read first (as much as is there): closing a socket with unread bytes
+// would reset the connection, and the client could lose the response.
+void refuse_fd(int fd, int status) {
+  char sink[4096];
+  for (int i = 0; i < 16 && ::recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+  }
+  const char* reason = status == 408   ? "Request Timeout"
+                       : status == 431 ? "Request Header Fields Too Large"
+                                       : "Service Unavailable";
+  char msg[160];
+  const int n = std::snprintf(msg, sizeof msg,
+                              "HTTP/1.1 %d %s\r\n%sConnection: close\r\nContent-Length: 0\r\n\r\n",
+                              status, reason, status == 503 ? "Retry-After: 1\r\n" : "");
+  (void)::send(fd, msg, static_cast<size_t>(n), MSG_DONTWAIT | MSG_NOSIGNAL);
+  gate_close(fd);
+}
+
 bool gate_address(const sockaddr_storage& a, std::string& ip, int& port) {
   char buf[INET6_ADDRSTRLEN] = {};
   if (a.ss_family == AF_INET) {
@@ -161,7 +179,8 @@ class GateStream final : public httplib::Stream {
 
 }  // namespace
 
-GatedServer::GatedServer(const GateOptions& opts) : opts_(opts) {
+GatedServer::GatedServer(const GateOptions& opts)
+    : opts_(opts), limits_(opts.max_conn, opts.max_conn_per_addr) {
   new_task_queue = [] { return new InlineTaskQueue; };
   set_keep_alive_timeout(opts_.keep_alive_timeout_s);  // what responses announce
 }
@@ -190,6 +209,19 @@ bool GatedServer::serve() {
 bool GatedServer::process_and_close_socket(socket_t sock) {
   Conn c;
   c.fd = sock;
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (getpeername(sock, reinterpret_cast<sockaddr*>(&a), &len) != 0 ||
+      !gate_address(a, c.addr, port)) {
+    c.addr = "?";
+  }
+  // Over a bound: answered at once on this (the accept) thread, never blocking, and closed.
+  const ConnLimits::Admit verdict = limits_.admit(c.addr);
+  if (verdict == ConnLimits::Admit::kPerAddress || verdict == ConnLimits::Admit::kMaxConn) {
+    refuse_fd(sock, 503);
+    return true;
+  }
   c.since = GateClock::now();
   c.deadline = after(opts_.request_timeout_s);
   admit(std::move(c));
@@ -205,26 +237,59 @@ void GatedServer::admit(Conn c) {
     }
   }
   if (c.fd >= 0) {
-    gate_close(c.fd);
+    close_conn(c);
     return;
   }
   const uint64_t one = 1;
   (void)!::write(wake_fd_, &one, sizeof one);
 }
 
-void GatedServer::refuse(int fd, int status, const char* reason) {
-  char msg[160];
-  const int n = std::snprintf(msg, sizeof msg,
-                              "HTTP/1.1 %d %s\r\n%sConnection: close\r\nContent-Length: 0\r\n\r\n",
-                              status, reason, status == 503 ? "Retry-After: 1\r\n" : "");
-  (void)::send(fd, msg, static_cast<size_t>(n), MSG_DONTWAIT | MSG_NOSIGNAL);
-  gate_close(fd);
+void GatedServer::close_conn(Conn& c) {
+  gate_close(c.fd);
+  c.fd = -1;
+  limits_.release(c.addr);
+}
+
+void GatedServer::give_up(Conn& c, ConnRefusal why) {
+  limits_.refused(why);
+  refuse_fd(c.fd, why == ConnRefusal::kHeaderTimeout    ? 408
+                  : why == ConnRefusal::kHeaderTooLarge ? 431
+                                                        : 503);
+  c.fd = -1;
+  limits_.release(c.addr);
+}
+
+void GatedServer::shed_idle(std::vector<Conn>& waiting, size_t n) {
+  for (; n > 0; --n) {
+    auto oldest = waiting.end();
+    for (auto it = waiting.begin(); it != waiting.end(); ++it) {
+      if (idle_conn(*it) && (oldest == waiting.end() || it->since < oldest->since)) oldest = it;
+    }
+    if (oldest == waiting.end()) return;  // they were woken meanwhile: over by a few, briefly
+    close_conn(*oldest);
+    limits_.shed();
+    waiting.erase(oldest);
+  }
+}
+
+void GatedServer::trim_waiting(std::vector<Conn>& waiting) {
+  // Too many waiting: the ones that have waited longest go.
+  while (waiting.size() > opts_.max_waiting) {
+    auto oldest =
+        std::min_element(waiting.begin(), waiting.end(),
+                         [](const Conn& a, const Conn& b) { return a.since < b.since; });
+    if (idle_conn(*oldest)) {
+      close_conn(*oldest);  // an idle kept-alive connection: nothing to answer
+    } else {
+      give_up(*oldest, ConnRefusal::kWaitingFull);
+    }
+    waiting.erase(oldest);
+  }
 }
 
 void GatedServer::gate_loop() {
   std::vector<Conn> waiting;
   std::vector<pollfd> fds;
-  char chunk[4096];
   while (true) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -232,18 +297,8 @@ void GatedServer::gate_loop() {
       for (Conn& c : incoming_) waiting.push_back(std::move(c));
       incoming_.clear();
     }
-    // Too many waiting: the ones that have waited longest go.
-    while (waiting.size() > opts_.max_waiting) {
-      auto oldest =
-          std::min_element(waiting.begin(), waiting.end(),
-                           [](const Conn& a, const Conn& b) { return a.since < b.since; });
-      if (oldest->buffered.empty() && oldest->served > 0) {
-        gate_close(oldest->fd);  // an idle kept-alive connection: nothing to answer
-      } else {
-        refuse(oldest->fd, 503, "Service Unavailable");
-      }
-      waiting.erase(oldest);
-    }
+    shed_idle(waiting, limits_.take_shed());
+    trim_waiting(waiting);
     GateClock::time_point next = GateClock::now() + std::chrono::seconds(1);
     fds.assign(1, pollfd{wake_fd_, POLLIN, 0});
     for (const Conn& c : waiting) {
@@ -256,52 +311,58 @@ void GatedServer::gate_loop() {
       uint64_t v;
       (void)!::read(wake_fd_, &v, sizeof v);
     }
-    const auto now = GateClock::now();
-    std::vector<Conn> kept;
-    kept.reserve(waiting.size());
-    for (size_t i = 0; i < waiting.size(); ++i) {
-      Conn& c = waiting[i];
-      if (fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) {
-        const ssize_t n = ::recv(c.fd, chunk, sizeof chunk, MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-          gate_close(c.fd);  // the client closed it (or it broke)
-          continue;
-        }
-        if (n > 0) {
-          if (c.buffered.empty() && c.served > 0) {
-            // The first byte of a kept-alive connection's next request: the header's time.
-            c.deadline = now + std::chrono::duration_cast<GateClock::duration>(
-                                   std::chrono::duration<double>(opts_.request_timeout_s));
-          }
-          const size_t from = c.buffered.size();
-          c.buffered.append(chunk, static_cast<size_t>(n));
-          if (whole_header(c.buffered, from)) {
-            pool_->enqueue(
-                [this, conn = std::move(c)]() mutable { serve_connection(std::move(conn)); });
-            continue;
-          }
-          if (c.buffered.size() > opts_.max_header_bytes) {
-            refuse(c.fd, 431, "Request Header Fields Too Large");
-            continue;
-          }
-        }
-      }
-      if (now >= c.deadline) {
-        if (c.buffered.empty() && c.served > 0) {
-          gate_close(c.fd);  // an idle kept-alive connection
-        } else {
-          refuse(c.fd, 408, "Request Timeout");
-        }
+    gate_pass(waiting, fds);
+    limits_.set_idle(static_cast<size_t>(std::count_if(waiting.begin(), waiting.end(), idle_conn)));
+  }
+  for (Conn& c : waiting) close_conn(c);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Conn& c : incoming_) close_conn(c);
+  incoming_.clear();
+}
+
+void GatedServer::gate_pass(std::vector<Conn>& waiting, const std::vector<pollfd>& fds) {
+  char chunk[4096];
+  const auto now = GateClock::now();
+  std::vector<Conn> kept;
+  kept.reserve(waiting.size());
+  for (size_t i = 0; i < waiting.size(); ++i) {
+    Conn& c = waiting[i];
+    if (fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) {
+      const ssize_t n = ::recv(c.fd, chunk, sizeof chunk, MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        close_conn(c);  // the client closed it (or it broke)
         continue;
       }
-      kept.push_back(std::move(c));
+      if (n > 0) {
+        if (idle_conn(c)) {
+          // The first byte of a kept-alive connection's next request: the header's time.
+          c.deadline = now + std::chrono::duration_cast<GateClock::duration>(
+                                 std::chrono::duration<double>(opts_.request_timeout_s));
+        }
+        const size_t from = c.buffered.size();
+        c.buffered.append(chunk, static_cast<size_t>(n));
+        if (whole_header(c.buffered, from)) {
+          pool_->enqueue(
+              [this, conn = std::move(c)]() mutable { serve_connection(std::move(conn)); });
+          continue;
+        }
+        if (c.buffered.size() > opts_.max_header_bytes) {
+          give_up(c, ConnRefusal::kHeaderTooLarge);
+          continue;
+        }
+      }
     }
-    waiting.swap(kept);
+    if (now >= c.deadline) {
+      if (idle_conn(c)) {
+        close_conn(c);  // an idle kept-alive connection
+      } else {
+        give_up(c, ConnRefusal::kHeaderTimeout);
+      }
+      continue;
+    }
+    kept.push_back(std::move(c));
   }
-  for (Conn& c : waiting) gate_close(c.fd);
-  std::lock_guard<std::mutex> lock(mu_);
-  for (Conn& c : incoming_) gate_close(c.fd);
-  incoming_.clear();
+  waiting.swap(kept);
 }
 
 void GatedServer::serve_connection(Conn c) {
@@ -328,7 +389,7 @@ void GatedServer::serve_connection(Conn c) {
     admit(std::move(c));
     return;
   }
-  gate_close(c.fd);
+  close_conn(c);
 }
 
 }  // namespace d2o::serve

@@ -11,7 +11,9 @@
 // and replaces what comes before it (Server::process_and_close_socket, which 0.11 lets a
 // subclass override):
 //
-//   accept (httplib's loop; its task queue runs our admission inline)
+//   accept (httplib's loop; its task queue runs our admission inline): a connection past
+//        max_conn_per_addr from its address, or past max_conn with no idle connection to close
+//        for it, is answered 503 (Retry-After: 1) at once and closed (serve/conn_limits.h)
 //     -> the gate: one thread polls every connection that waits for a header, reads what
 //        arrives into the connection's buffer, and
 //          - hands the connection to a handler thread once the buffer holds a whole header
@@ -21,13 +23,16 @@
 //            has keep_alive_timeout for its next request's first byte, then request_timeout);
 //          - answers 431 and closes it when the header grows past max_header_bytes;
 //          - when more than max_waiting connections wait, closes the one that has waited
-//            longest (503): a slow client cannot keep out one whose header arrives at once.
+//            longest (503): a slow client cannot keep out one whose header arrives at once;
+//          - closes the idle kept-alive connections that have waited longest when new ones
+//            need their room under max_conn (serve/conn_limits.h).
 //     -> a handler thread: process_request() for the request (its body must arrive within
 //        request_timeout too), then the connection goes back to the gate for the next request
 //        (keep-alive), or the next request is served at once when it is already buffered.
 #pragma once
 
 #include <httplib.h>
+#include <poll.h>
 
 #include <chrono>
 #include <cstddef>
@@ -37,6 +42,8 @@
 #include <thread>
 #include <vector>
 
+#include "serve/conn_limits.h"
+
 namespace d2o::serve {
 
 struct GateOptions {
@@ -45,6 +52,8 @@ struct GateOptions {
   int keep_alive_timeout_s = 5;   // an idle kept-alive connection's wait for a next request
   size_t max_waiting = 512;       // connections waiting for a header at most
   size_t max_header_bytes = size_t{16} << 10;  // request line and headers
+  size_t max_conn = 0;            // open connections at most (0: no bound)
+  size_t max_conn_per_addr = 64;  // open connections from one client address (0: no bound)
 };
 
 class GatedServer : public httplib::Server {
@@ -55,27 +64,41 @@ class GatedServer : public httplib::Server {
   // Serves until stop() (httplib's listen_after_bind), then closes the connections still
   // waiting for a header and waits for the handler threads to finish.
   bool serve();
+  // Connections open, taken, closed to make room and refused (for /metrics).
+  ConnStats conn_stats() const { return limits_.stats(); }
 
  private:
   using Clock = std::chrono::steady_clock;
   struct Conn {
     int fd = -1;
+    std::string addr;         // the client's address (what the per-address bound counts)
     std::string buffered;     // read but not yet parsed
     int served = 0;           // requests answered on it
     Clock::time_point since;  // when it (re)entered the gate
     Clock::time_point deadline;
   };
+  // A kept-alive connection waiting for its next request's first byte.
+  static bool idle_conn(const Conn& c) { return c.buffered.empty() && c.served > 0; }
 
   // httplib's accept loop hands each new connection here (on its own thread, through the
   // inline task queue): it enters the gate.
   bool process_and_close_socket(socket_t sock) override;
   void admit(Conn c);
   void gate_loop();
+  // One pass of the gate: reads what arrived, hands whole headers on, ends what is overdue.
+  void gate_pass(std::vector<Conn>& waiting, const std::vector<pollfd>& fds);
+  // Closes the `n` idle kept-alive connections that have waited longest; and the connections
+  // that have waited longest while more than max_waiting wait.
+  void shed_idle(std::vector<Conn>& waiting, size_t n);
+  void trim_waiting(std::vector<Conn>& waiting);
   void serve_connection(Conn c);
-  // Writes a bodiless response (best effort, never blocking) and closes the connection.
-  static void refuse(int fd, int status, const char* reason);
+  // Closes a counted connection.
+  void close_conn(Conn& c);
+  // Answers a counted connection with a bodiless response, counts why, and closes it.
+  void give_up(Conn& c, ConnRefusal why);
 
   GateOptions opts_;
+  ConnLimits limits_;
   std::mutex mu_;  // incoming_, stopping_
   std::vector<Conn> incoming_;
   bool stopping_ = false;

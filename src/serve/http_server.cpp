@@ -116,6 +116,8 @@ HttpServer::HttpServer(Service& service, const Tokenizer& tok, const ChatTemplat
   g.request_timeout_s = opts_.request_timeout_s;
   g.keep_alive_timeout_s = opts_.keep_alive_timeout_s;
   g.max_waiting = opts_.max_waiting;
+  g.max_conn = opts_.max_conn;
+  g.max_conn_per_addr = opts_.max_conn_per_addr;
   svr_ = std::make_unique<GatedServer>(g);
   svr_->set_payload_max_length(opts_.max_body);
   // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which lets a second server bind a
@@ -297,7 +299,9 @@ void HttpServer::routes() {
       return send_error(res, plain_error(403, "GET /metrics needs the admin key (--admin-key-name)",
                                          "admin_key_required"));
     }
-    res.set_content(prometheus_text(service_.metrics()), "text/plain; version=0.0.4");
+    Metrics m = service_.metrics();
+    m.connections = svr_->conn_stats();
+    res.set_content(prometheus_text(m), "text/plain; version=0.0.4");
   });
   s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     TokenizeRequest t;

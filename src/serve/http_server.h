@@ -49,6 +49,8 @@ struct HttpOptions {
   double request_timeout_s = 30;
   int keep_alive_timeout_s = 5;     // an idle kept-alive connection is closed after this
   size_t max_waiting = 512;         // connections waiting for a header; the longest waiting go
+  size_t max_conn = 0;              // open connections at most (0: no bound; serve/conn_limits.h)
+  size_t max_conn_per_addr = 64;    // open connections from one client address (0: no bound)
   std::string model_name;           // what /v1/models lists and responses carry
   int default_max_tokens = 512;     // when a request gives no max_tokens
   int64_t n_ctx = 0;                // the context: prompt + max_tokens may not exceed it

@@ -30,6 +30,28 @@ std::string label(const std::string& v) {
   return o;
 }
 
+void connection_metrics(std::string& o, const ConnStats& c) {
+  metric(o, "d2o_connections_open", "gauge", "HTTP connections open.");
+  value(o, "d2o_connections_open", static_cast<double>(c.open));
+  metric(o, "d2o_connections_idle", "gauge",
+         "Idle kept-alive HTTP connections waiting for their next request.");
+  value(o, "d2o_connections_idle", static_cast<double>(c.idle));
+  metric(o, "d2o_connections_accepted_total", "counter", "HTTP connections taken.");
+  value(o, "d2o_connections_accepted_total", static_cast<double>(c.accepted));
+  metric(o, "d2o_connections_refused_total", "counter",
+         "HTTP connections refused or given up on, by reason (503 per_address, max_conn, "
+         "waiting_full; 408 header_timeout; 431 header_too_large).");
+  for (size_t r = 0; r < c.refused.size(); ++r) {
+    value(o,
+          std::string("d2o_connections_refused_total{reason=\"") +
+              conn_refusal_name(static_cast<ConnRefusal>(r)) + "\"}",
+          static_cast<double>(c.refused[r]));
+  }
+  metric(o, "d2o_connections_shed_total", "counter",
+         "Idle kept-alive connections closed to make room under --max-conn.");
+  value(o, "d2o_connections_shed_total", static_cast<double>(c.shed));
+}
+
 }  // namespace
 
 std::string prometheus_text(const Metrics& m) {
@@ -102,6 +124,10 @@ std::string prometheus_text(const Metrics& m) {
   metric(o, "d2o_session_file_errors_total", "counter",
          "Session files that could not be written, or were refused when read.");
   value(o, "d2o_session_file_errors_total", static_cast<double>(m.session_file_errors));
+  metric(o, "d2o_session_save_failures_total", "counter",
+         "Session files that could not be written (the session stays in memory, or is rebuilt "
+         "if it had to leave).");
+  value(o, "d2o_session_save_failures_total", static_cast<double>(m.session_save_failures));
   metric(o, "d2o_session_save_seconds_total", "counter", "Seconds spent writing session files.");
   value(o, "d2o_session_save_seconds_total", m.session_save_seconds);
   metric(o, "d2o_session_load_seconds_total", "counter",
@@ -112,6 +138,7 @@ std::string prometheus_text(const Metrics& m) {
   metric(o, "d2o_session_files_removed_total", "counter",
          "Least recently used session files removed to keep --session-dir-max.");
   value(o, "d2o_session_files_removed_total", static_cast<double>(m.session_files_removed));
+  connection_metrics(o, m.connections);
   metric(o, "d2o_sequences_running", "gauge", "Sequences admitted and running.");
   value(o, "d2o_sequences_running", static_cast<double>(m.running));
   metric(o, "d2o_sequences_queued", "gauge", "Requests waiting for admission.");

@@ -5,6 +5,8 @@
 #include <map>
 #include <string>
 
+#include "serve/conn_limits.h"
+
 namespace d2o::serve {
 
 // What one API key's requests asked for (GET /metrics labels it with the key's name).
@@ -31,6 +33,7 @@ struct Metrics {
   int64_t sessions_saved = 0;
   int64_t sessions_loaded = 0;
   int64_t session_file_errors = 0;
+  int64_t session_save_failures = 0;  // of those, writes that failed (full disk, read-only, ...)
   double session_save_seconds = 0;
   double session_load_seconds = 0;
   uint64_t session_dir_bytes = 0;     // what the session files hold
@@ -39,6 +42,8 @@ struct Metrics {
   int64_t cold_recall_turns = 0;
   int64_t cold_recalled_slots = 0;
   double cold_recall_seconds = 0;
+  // The HTTP front's connections (serve/conn_limits.h; filled by it, zero elsewhere).
+  ConnStats connections;
   // Gauges (the engine thread's view after its last step).
   int64_t running = 0;
   int64_t queued = 0;

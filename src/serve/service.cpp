@@ -173,7 +173,10 @@ void Service::start_job(const std::shared_ptr<Job>& job) {
       release(*job);
       return;
     }
-    // Not in memory: its file, if it has one (read before begin(), which creates it).
+    // Not in memory: its file, if it has one (read before begin(), which creates it). A session
+    // that had to leave memory while its file could not be written is rebuilt, unless an
+    // earlier state in its file continues it.
+    const bool lost = sessions_.take_lost(job->store_id);
     const bool refused = !existing && dir_ && !restore_session(job->store_id, job->kv_spec);
     Session& s = sessions_.begin(job->store_id);
     SessionInfo info;
@@ -187,7 +190,7 @@ void Service::start_job(const std::shared_ptr<Job>& job) {
       skip = s.tokens.size();
       req.resume = sessions_.take(s, req.resume_held);
     } else {
-      info.rebuilt = s.seq != nullptr || refused;
+      info.rebuilt = s.seq != nullptr || refused || lost;
       sessions_.clear(s);
     }
     req.keep_sequence = true;
@@ -333,6 +336,7 @@ void Service::publish_metrics() {
   counters_.sessions_saved = files.saved;
   counters_.sessions_loaded = files.loaded;
   counters_.session_file_errors = files.errors;
+  counters_.session_save_failures = files.save_failures;
   counters_.session_save_seconds = files.save_seconds;
   counters_.session_load_seconds = files.load_seconds;
   if (const SessionDir* d = sessions_.dir()) {
@@ -427,7 +431,8 @@ void Service::loop() {
     publish_metrics();
     for (const auto& job : ended) release(*job);  // the answers go out with their counts shown
     ended.clear();
-    sessions_.save_pending();  // after the answers are out
+    // After the answers are out; the counters then show the writes (and failed ones).
+    if (sessions_.save_pending() > 0) publish_metrics();
   }
 }
 

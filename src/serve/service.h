@@ -113,6 +113,8 @@ class Service {
   void count_outcome(const std::string& outcome, const std::string& key_name = "");
 
   const SchedulerParams& scheduler_params() const { return params_.scheduler; }
+  // The session directory (null without one); tests make its writes fail through it.
+  const SessionDir* session_dir() const { return dir_ ? &*dir_ : nullptr; }
 
  private:
   Service(Engine& engine, const Tokenizer& tok, const ServiceParams& params,

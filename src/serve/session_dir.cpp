@@ -104,18 +104,8 @@ Result<size_t> SessionDir::save(const std::string& id, const std::string& kv_spe
   D2O_RETURN_IF_ERROR(encode_session(ctx_, id, kv_spec, tokens, n_past, cache, state, buf_));
   const std::string& bytes = buf_;
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) return io_error("cannot create " + tmp + ": " + errno_text());
-  // Not flushed to the disk (fdatasync took 4-23 ms per 6 MB file here, on the engine thread):
-  // a crash of the process loses nothing, and a file damaged by a crash of the machine fails
-  // its checksum when read, so its session is rebuilt, never continued wrongly.
-  const bool ok = write_all(fd, bytes.data(), bytes.size());
-  const std::string why = ok ? "" : errno_text();
-  ::close(fd);
-  if (!ok) {
-    ::unlink(tmp.c_str());
-    return io_error("cannot write " + tmp + ": " + why);
-  }
+  const std::string failed = write_file(tmp, bytes, take_write_fault());
+  if (!failed.empty()) return io_error(failed);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string e = errno_text();
     ::unlink(tmp.c_str());
@@ -124,6 +114,49 @@ Result<size_t> SessionDir::save(const std::string& id, const std::string& kv_spe
   touch(id, bytes.size());
   keep_bound(id);
   return bytes.size();
+}
+
+std::string SessionDir::write_file(const std::string& tmp, const std::string& bytes, int fault) {
+  if (fault == EROFS || fault == EACCES) {
+    return "cannot create " + tmp + ": " + std::strerror(fault);
+  }
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return "cannot create " + tmp + ": " + errno_text();
+  // Not flushed to the disk (fdatasync took 4-23 ms per 6 MB file here, on the engine thread):
+  // a crash of the process loses nothing, and a file damaged by a crash of the machine fails
+  // its checksum when read, so its session is rebuilt, never continued wrongly.
+  bool ok;
+  if (fault != 0) {  // as a full disk fails: part of the bytes written, then the error
+    (void)write_all(fd, bytes.data(), bytes.size() / 2);
+    errno = fault;
+    ok = false;
+  } else {
+    ok = write_all(fd, bytes.data(), bytes.size());
+  }
+  const std::string why = ok ? "" : errno_text();
+  ::close(fd);
+  if (ok) return "";
+  ::unlink(tmp.c_str());  // never renamed: the old file, if any, stays as it was
+  return "cannot write " + tmp + ": " + why;
+}
+
+void SessionDir::set_write_fault(int nth, int count, int err) const {
+  std::lock_guard<std::mutex> lock(fault_->mu);
+  fault_->in = nth;
+  fault_->count = nth > 0 ? count : 0;
+  fault_->err = err;
+}
+
+int SessionDir::take_write_fault() const {
+  std::lock_guard<std::mutex> lock(fault_->mu);
+  WriteFault& f = *fault_;
+  if (f.count <= 0) return 0;
+  if (f.in > 1) {
+    --f.in;
+    return 0;
+  }
+  --f.count;
+  return f.err;
 }
 
 Result<std::optional<SessionData>> SessionDir::load(const std::string& id) const {

@@ -18,8 +18,11 @@
 // they fit again; their sessions are rebuilt if they come back.
 #pragma once
 
+#include <cerrno>
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -50,6 +53,12 @@ class SessionDir {
   // Deletes the file of `id` if there is one.
   void remove(const std::string& id) const;
 
+  // Test hook for a full disk or a read-only directory: the `nth` write from now (1: the next
+  // one) and the `count - 1` after it fail with `err`. ENOSPC, EIO, ...: the temporary file is
+  // created and half of the bytes reach it before the write fails; EROFS, EACCES: the temporary
+  // file cannot be created. nth 0: no write fails. Safe from any thread.
+  void set_write_fault(int nth, int count = 1, int err = ENOSPC) const;
+
   // Bytes the session files hold, files removed to keep the bound, stray temporary files removed
   // when the directory was opened.
   uint64_t bytes_held() const { return held_; }
@@ -57,7 +66,12 @@ class SessionDir {
   int64_t strays_removed() const { return strays_; }
 
  private:
-  SessionDir(std::string dir, const SessionFileContext& ctx) : dir_(std::move(dir)), ctx_(ctx) {}
+  SessionDir(std::string dir, const SessionFileContext& ctx)
+      : dir_(std::move(dir)), ctx_(ctx), fault_(std::make_unique<WriteFault>()) {}
+  // The errno this write is to fail with (set_write_fault), or 0.
+  int take_write_fault() const;
+  // Writes `bytes` to `tmp` (failing with `fault` when it is not 0); "" or why it failed.
+  static std::string write_file(const std::string& tmp, const std::string& bytes, int fault);
   // Notes a use of `id`'s file of `bytes` bytes (the most recent use).
   void touch(const std::string& id, uint64_t bytes) const;
   // Removes least recently used files other than `keep` while the files exceed the bound.
@@ -77,6 +91,11 @@ class SessionDir {
   // The bytes of the last session written, kept so that the next write reuses the pages (as
   // large as the largest session written; SessionDir is used by one thread).
   mutable std::string buf_;
+  struct WriteFault {
+    std::mutex mu;
+    int in = 0, count = 0, err = 0;  // in: writes until the first that fails (1: the next)
+  };
+  std::unique_ptr<WriteFault> fault_;
 };
 
 }  // namespace d2o::serve

@@ -74,7 +74,8 @@ void SessionStore::end(const std::string& id, std::shared_ptr<Sequence> seq,
     s.saved = false;
   }
   if (!keep) {
-    save(s);  // no room in memory: only its file keeps it (when there is a directory)
+    // No room in memory: only its file keeps it (when there is a directory).
+    if (!save(s, /*leaving=*/true)) mark_lost(id);
     sessions_.erase(it);
     return;
   }
@@ -84,16 +85,20 @@ void SessionStore::end(const std::string& id, std::shared_ptr<Sequence> seq,
   if (save_every_turn_ && dir_) pending_.push_back(id);
 }
 
-void SessionStore::save_pending() {
+int SessionStore::save_pending() {
+  int tried = 0;
   for (const std::string& id : pending_) {
     Session* s = find(id);
-    if (s && !s->busy) save(*s);  // gone or busy again: written when it is next idle
+    if (!s || s->busy || s->saved || !s->seq) continue;  // busy: written when next idle
+    save(*s, /*leaving=*/false);
+    ++tried;
   }
   pending_.clear();
+  return tried;
 }
 
-void SessionStore::save(Session& s) {
-  if (!dir_ || !s.seq || s.saved) return;
+bool SessionStore::save(Session& s, bool leaving) {
+  if (!dir_ || !s.seq || s.saved) return true;
   const auto t0 = std::chrono::steady_clock::now();
   auto r = dir_->save(s.id, s.kv_spec, s.tokens, s.seq->n_past(), s.seq->cache(),
                       s.seq->policy_state());
@@ -101,13 +106,32 @@ void SessionStore::save(Session& s) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!r.ok()) {
     ++files_.errors;
-    std::fprintf(stderr, "d2o serve: cannot save session '%s': %s\n", s.id.c_str(),
-                 r.status().message().c_str());
-    return;
+    ++files_.save_failures;
+    std::fprintf(stderr, "d2o serve: cannot save session '%s': %s; %s\n", s.id.c_str(),
+                 r.status().message().c_str(),
+                 leaving ? "what it held since its last write is lost (rebuilt if it comes back)"
+                         : "it stays in memory, and is written again when it leaves");
+    return false;
   }
   ++files_.saved;
   files_.bytes_saved += *r;
   s.saved = true;
+  return true;
+}
+
+void SessionStore::mark_lost(const std::string& id) {
+  if (!lost_.insert(id).second) return;
+  lost_order_.push_back(id);
+  while (lost_order_.size() > kMaxLost) {
+    lost_.erase(lost_order_.front());
+    lost_order_.pop_front();
+  }
+}
+
+bool SessionStore::take_lost(const std::string& id) {
+  if (lost_.erase(id) == 0) return false;
+  lost_order_.erase(std::find(lost_order_.begin(), lost_order_.end(), id));
+  return true;
 }
 
 bool SessionStore::adopt(const std::string& id, std::shared_ptr<Sequence> seq,
@@ -137,7 +161,7 @@ int SessionStore::save_all() {
   for (const std::string& id : lru_) {
     Session& s = sessions_.at(id);
     if (s.saved) continue;
-    save(s);
+    save(s, /*leaving=*/true);  // at shutdown
     n += s.saved ? 1 : 0;
   }
   return n;
@@ -158,7 +182,7 @@ int SessionStore::make_room(size_t bytes) {
   int n = 0;
   while (sched_.pool().available() < bytes && !lru_.empty()) {
     const std::string id = lru_.front();
-    save(sessions_.at(id));
+    if (!save(sessions_.at(id), /*leaving=*/true)) mark_lost(id);
     drop(id);
     ++n_evicted_;
     ++n;

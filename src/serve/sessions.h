@@ -18,8 +18,10 @@
 
 #include <cstddef>
 #include <list>
+#include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -42,7 +44,8 @@ struct Session {
 struct SessionFileStats {
   int64_t saved = 0;
   int64_t loaded = 0;
-  int64_t errors = 0;  // writes that failed, files refused
+  int64_t errors = 0;         // writes that failed, files refused
+  int64_t save_failures = 0;  // of those, writes that failed
   size_t bytes_saved = 0;
   double save_seconds = 0;
   double load_seconds = 0;
@@ -81,8 +84,9 @@ class SessionStore {
              std::string kv_spec);
   // Writes every idle session whose file is not current; returns how many were written.
   int save_all();
-  // save_every_turn: writes the sessions whose requests ended since the last call.
-  void save_pending();
+  // save_every_turn: writes the sessions whose requests ended since the last call; returns how
+  // many writes were tried.
+  int save_pending();
   // Drops least recently used idle sessions (writing them to their files first when there is a
   // session directory) until the pool has `bytes` available or none is left; returns how many
   // were dropped.
@@ -98,11 +102,20 @@ class SessionStore {
   size_t full_equivalent_bytes() const;
   // What the idle sessions' cold tiers hold (part of held_bytes()).
   size_t cold_bytes() const;
+  // Whether session `id` left memory because there was no room while its file could not be
+  // written (full disk, read-only directory): what it held is lost, and the request coming back
+  // for it rebuilds it and says so. Forgets the mark.
+  bool take_lost(const std::string& id);
 
  private:
   void unlink_lru(const std::string& id);
-  // Writes an idle session to its file (errors are logged and counted, the session stays).
-  void save(Session& s);
+  // Writes an idle session to its file (errors are logged and counted, the session stays);
+  // false when a write was tried and failed. `leaving`: it leaves memory after this (the log
+  // line says what is lost).
+  bool save(Session& s, bool leaving);
+  // Notes that `id` left memory unwritten (the oldest marks go past kMaxLost).
+  void mark_lost(const std::string& id);
+  static constexpr size_t kMaxLost = 4096;
 
   Scheduler& sched_;
   std::map<std::string, Session> sessions_;
@@ -113,6 +126,8 @@ class SessionStore {
   bool save_every_turn_ = false;
   std::vector<std::string> pending_;  // ended since the last save_pending()
   SessionFileStats files_;
+  std::set<std::string> lost_;
+  std::deque<std::string> lost_order_;  // oldest first (some may be taken already)
 };
 
 }  // namespace d2o::serve

@@ -64,7 +64,9 @@ class Server:
     def __init__(self):
         self.proc, self.port, self.log, self.reader = start_server(
             [D2O, "serve", "-m", MODEL, "--port", "0", "-t", "2", "-c", str(CTX), "--kv-mem",
-             str(CAP), "--parallel", "16", "--queue", "32"])
+             str(CAP), "--parallel", "16", "--queue", "32",
+             # 64 clients and the samplers on one address: past the default bound per address
+             "--max-conn-per-addr", "0"])
         self.base = f"http://127.0.0.1:{self.port}"
 
     def rss_kib(self):

@@ -31,6 +31,8 @@ struct ServeStack {
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Service> service;
   std::vector<TokenId> eog;  // end-of-generation tokens of the service (none unless set)
+  std::string session_dir;   // --session-dir (none unless set)
+  bool save_every_turn = true;
 
   // Loads the model (written once per name) and starts a service; `kv_mem` is the KV cap.
   void start(const std::string& name, size_t kv_mem, int max_running, size_t max_queue,
@@ -66,6 +68,8 @@ struct ServeStack {
     sp.max_queue = max_queue;
     sp.default_kv = "full";
     sp.on_drained = std::move(on_drained);
+    sp.session_dir = session_dir;
+    sp.save_every_turn = save_every_turn;
     auto s = Service::create(*engine, *tok, sp);
     ASSERT_TRUE(s.ok()) << s.status().to_string();
     service = std::move(s).value();

@@ -350,6 +350,7 @@ TEST(ServeHttp, SlowHeadersHoldNoThreadAndTimeOut) {
   ho.request_timeout_s = 1.0;
   ho.keep_alive_timeout_s = 1;
   ho.max_waiting = 16;
+  ho.max_conn_per_addr = 0;  // every client here is 127.0.0.1 (test_serve_gate.cpp bounds it)
   HttpServer http(*st.service, *st.tok, nullptr, ho);
   ASSERT_TRUE(http.bind().ok());
   std::thread server([&] { http.run(); });

@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "common.h"
 #include "runtime/kv_pool.h"
+#include "serve/conn_limits.h"
 #include "serve/http_server.h"
 #include "serve/service.h"
 
@@ -35,10 +36,28 @@ struct ServeOptions {
   std::string max_body = "4M";
   double drain_s = 30;
   double request_timeout_s = 30;
+  int max_conn = 0;  // 0: sized from the open-file limit
+  int max_conn_per_addr = 64;
   std::string session_dir;
   std::string session_dir_max = "0";
   std::string session_save = "turn";
 };
+
+// --max-conn, or its default, within what the open-file limit (raised to its hard limit first)
+// allows.
+size_t connection_bound(int asked) {
+  const size_t files = serve::raise_open_file_limit();
+  const size_t fits = serve::default_max_conn(files);
+  if (asked <= 0) return fits;
+  if (files > 0 && static_cast<size_t>(asked) > fits) {
+    std::fprintf(stderr,
+                 "d2o serve: --max-conn %d is more than the open-file limit (%zu) allows; %zu "
+                 "instead\n",
+                 asked, files, fits);
+    return fits;
+  }
+  return static_cast<size_t>(asked);
+}
 
 int run_serve(ServeOptions& o) {
   // SIGTERM / SIGINT go to one thread that drains the server; they are blocked in every other
@@ -130,6 +149,8 @@ int run_serve(ServeOptions& o) {
   ho.admin_key_name = o.admin_key_name;
   ho.max_body = *max_body;
   ho.request_timeout_s = o.request_timeout_s;
+  ho.max_conn = connection_bound(o.max_conn);
+  ho.max_conn_per_addr = static_cast<size_t>(o.max_conn_per_addr);
   // Every running or queued request holds a handler thread while it waits; a few more answer
   // the quick endpoints (and the 503s) meanwhile.
   ho.http_threads = o.parallel + o.queue + 8;
@@ -157,6 +178,9 @@ int run_serve(ServeOptions& o) {
                "d2o serve: %s on http://%s:%d (kv %s, kv-mem %s, parallel %d, context %d)\n",
                ho.model_name.c_str(), o.host.c_str(), http.port(), l.policy->spec().c_str(),
                format_bytes(static_cast<double>(*cap)).c_str(), o.parallel, l.n_ctx);
+  std::fprintf(stderr, "d2o serve: connections: at most %zu open, %s per client address\n",
+               ho.max_conn,
+               ho.max_conn_per_addr ? std::to_string(ho.max_conn_per_addr).c_str() : "no bound");
   if (keys.size() > 1) {
     std::fprintf(stderr, "d2o serve: %zu API keys; /metrics: %s\n", keys.size(),
                  o.admin_key_name.empty()
@@ -208,6 +232,15 @@ Action add_serve_command(CLI::App& app) {
   sub->add_option("--request-timeout", o->request_timeout_s,
                   "Seconds a request's header may take to arrive, and then its body (408 after)")
       ->check(CLI::Range(0.1, 3600.0));
+  sub->add_option("--max-conn", o->max_conn,
+                  "Open connections at most (default: the open-file limit less 128, at most "
+                  "16384); at the bound idle kept-alive connections are closed first, then new "
+                  "ones get 503")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--max-conn-per-addr", o->max_conn_per_addr,
+                  "Open connections from one client address (default 64; 0: no bound); more "
+                  "get 503")
+      ->check(CLI::Range(0, 1 << 20));
   sub->add_option("--drain", o->drain_s, "Seconds requests in flight may take after SIGTERM")
       ->check(CLI::Range(0.0, 3600.0));
   CLI::Option* dir =
