@@ -8,27 +8,12 @@
 #include "core/assert.h"
 #include "kv/kv_rotation.h"
 #include "kv/policy.h"
+#include "kv/policy/similarity.h"
 #include "ops/hadamard.h"
 
 namespace d2o {
 
 namespace {
-
-// q.k over n floats (n a multiple of 8): eight partial sums, so the loop vectorises.
-float dot8(const float* a, const float* b, int n) {
-  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int i = 0; i < n; i += 8) {
-    for (int l = 0; l < 8; ++l) s[l] += a[i + l] * b[i + l];
-  }
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-}
-
-float dot(const float* a, const float* b, int n) {
-  if (n % 8 == 0) return dot8(a, b, n);
-  float s = 0;
-  for (int i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
 
 // Removes the entries of `v` (each `width` elements wide) whose index is marked in `gone`.
 template <class T>
@@ -100,58 +85,76 @@ void ColdTier::recall(int il, int h, const float* q, int n_q, float scale, int c
                       ColdRecall& out) {
   out.clear();
   Head& hd = head(il, h);
+  // Scratch of this call alone: heads are recalled in parallel, and a turn's scratch is not held
+  // between turns.
+  std::vector<float> qt, keys, logits, best, pooled;
+  std::vector<int32_t> order;
   const int64_t n = hd.n();
   count = static_cast<int>(std::min<int64_t>(count, n));
   if (count <= 0 || n_q <= 0) return;
   const int D = head_dim_;
-  row_.resize(static_cast<size_t>(D));
-  logits_.resize(static_cast<size_t>(n) * static_cast<size_t>(n_q));
-  // Logits [n_q, n]: the cold keys in the hot storage's space (q is in it).
-  for (int64_t i = 0; i < n; ++i) {
-    kv_load_row(cfg_.type.k, hd.k.data() + static_cast<size_t>(i) * krb_, D, row_.data());
-    convert(row_.data(), cfg_.type.rot_k, hot_type_.rot_k, true);
-    for (int r = 0; r < n_q; ++r) {
-      logits_[static_cast<size_t>(r) * n + i] =
-          scale * dot(q + static_cast<size_t>(r) * D, row_.data(), D);
-    }
+  // The queries moved into the tier's key space instead of every cold key out of it (q.k is
+  // unchanged by the rotation, which is orthonormal and its own inverse).
+  qt.assign(q, q + static_cast<size_t>(n_q) * D);
+  if (cfg_.type.rot_k != hot_type_.rot_k) {
+    for (int r = 0; r < n_q; ++r) convert(qt.data() + static_cast<size_t>(r) * D, false, true, true);
   }
-  // Each query's attention over the cold slots; a slot's score: the most any query gives it.
-  best_.assign(static_cast<size_t>(n), 0.0f);
+  // The cold keys as floats, once; then logits [n_q, n] by the SIMD dot kernels.
+  keys.resize(static_cast<size_t>(n) * D);
+  for (int64_t i = 0; i < n; ++i) {
+    kv_load_row(cfg_.type.k, hd.k.data() + static_cast<size_t>(i) * krb_, D,
+                keys.data() + static_cast<size_t>(i) * D);
+  }
+  logits.resize(static_cast<size_t>(n) * static_cast<size_t>(n_q));
+  RowDots rd;
+  rd.base = reinterpret_cast<const uint8_t*>(keys.data());
+  rd.row_bytes = sizeof(float) * static_cast<size_t>(D);
+  rd.dim = D;
+  rd.n = static_cast<int>(n);
   for (int r = 0; r < n_q; ++r) {
-    const float* l = logits_.data() + static_cast<size_t>(r) * n;
+    rd.q = qt.data() + static_cast<size_t>(r) * D;
+    rd.dot = logits.data() + static_cast<size_t>(r) * n;
+    row_dots(rd);
+    for (int64_t i = 0; i < n; ++i) rd.dot[i] *= scale;
+  }
+  // Each query's log-attention over the cold slots, l - logsumexp(l); a slot's score: the most
+  // any query gives it (in log space: the ranking is the same, and no exponential per slot).
+  best.assign(static_cast<size_t>(n), -std::numeric_limits<float>::infinity());
+  for (int r = 0; r < n_q; ++r) {
+    const float* l = logits.data() + static_cast<size_t>(r) * n;
     float m = -std::numeric_limits<float>::infinity();
     for (int64_t i = 0; i < n; ++i) m = std::max(m, l[i]);
-    double z = 0;
-    for (int64_t i = 0; i < n; ++i) z += std::exp(static_cast<double>(l[i] - m));
-    const float lz = m + static_cast<float>(std::log(z));
-    for (int64_t i = 0; i < n; ++i) best_[i] = std::max(best_[i], std::exp(l[i] - lz));
+    float z = 0;
+    for (int64_t i = 0; i < n; ++i) z += std::exp(l[i] - m);
+    const float lz = m + std::log(z);
+    for (int64_t i = 0; i < n; ++i) best[i] = std::max(best[i], l[i] - lz);
   }
-  order_.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) order_[i] = static_cast<int32_t>(i);
+  order.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[i] = static_cast<int32_t>(i);
   // Pooled over the neighbours in position order (slots arrive in eviction order).
-  std::sort(order_.begin(), order_.end(),
+  std::sort(order.begin(), order.end(),
             [&](int32_t a, int32_t b) { return hd.pos[a] < hd.pos[b]; });
-  pooled_.resize(static_cast<size_t>(n));
+  pooled.resize(static_cast<size_t>(n));
   const int64_t half = std::max(0, cfg_.kernel / 2);
   for (int64_t x = 0; x < n; ++x) {
-    float m = 0;
+    float m = -std::numeric_limits<float>::infinity();
     for (int64_t y = std::max<int64_t>(0, x - half); y <= std::min(n - 1, x + half); ++y)
-      m = std::max(m, best_[order_[y]]);
-    pooled_[order_[x]] = m;
+      m = std::max(m, best[order[y]]);
+    pooled[order[x]] = m;
   }
   // Best first; ties to the newer position (as the hot selectors break them).
-  std::partial_sort(order_.begin(), order_.begin() + count, order_.end(), [&](int32_t a, int32_t b) {
-    if (pooled_[a] != pooled_[b]) return pooled_[a] > pooled_[b];
+  std::partial_sort(order.begin(), order.begin() + count, order.end(), [&](int32_t a, int32_t b) {
+    if (pooled[a] != pooled[b]) return pooled[a] > pooled[b];
     return hd.pos[a] > hd.pos[b];
   });
-  order_.resize(static_cast<size_t>(count));
-  std::sort(order_.begin(), order_.end(),
+  order.resize(static_cast<size_t>(count));
+  std::sort(order.begin(), order.end(),
             [&](int32_t a, int32_t b) { return hd.pos[a] < hd.pos[b]; });
   out.k.resize(static_cast<size_t>(count) * D);
   out.v.resize(static_cast<size_t>(count) * D);
   std::vector<char> gone(static_cast<size_t>(n), 0);
   for (int c = 0; c < count; ++c) {
-    const int32_t i = order_[static_cast<size_t>(c)];
+    const int32_t i = order[static_cast<size_t>(c)];
     gone[static_cast<size_t>(i)] = 1;
     out.pos.push_back(hd.pos[i]);
     out.score.push_back(hd.score[i]);
@@ -168,9 +171,6 @@ void ColdTier::recall(int il, int h, const float* q, int n_q, float scale, int c
   erase_marked(hd.merged, gone, 1);
   erase_marked(hd.k, gone, krb_);
   erase_marked(hd.v, gone, vrb_);
-  recalled_ += count;
-  // Scratch of a turn is not held between turns.
-  std::vector<float>().swap(logits_);
 }
 
 int64_t ColdTier::total_slots() const {

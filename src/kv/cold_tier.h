@@ -69,7 +69,8 @@ class ColdTier {
 
   // Scores head h's cold slots of layer il by the queries q ([n_q, head_dim] floats in the hot
   // storage's space, `scale` the attention scale), takes the best `count` out of the tier and
-  // returns them in position order.
+  // returns them in position order. Different heads may be recalled in parallel; the caller
+  // counts what came back (note_recalled).
   void recall(int il, int h, const float* q, int n_q, float scale, int count, ColdRecall& out);
 
   int64_t n_slots(int il, int h) const { return head(il, h).n(); }
@@ -83,6 +84,7 @@ class ColdTier {
   int64_t recall_turns() const { return turns_; }
   double recall_seconds() const { return recall_s_; }
   void add_recall_seconds(double s) { recall_s_ += s; }
+  void note_recalled(int64_t slots) { recalled_ += slots; }
   void note_turn() { ++turns_; }
   // What was recalled since the last call (a server's counters take it when a turn ends).
   struct Counts {
@@ -119,8 +121,6 @@ class ColdTier {
   int n_head_kv_ = 0, head_dim_ = 0;
   size_t krb_ = 0, vrb_ = 0;  // the tier's row bytes
   std::vector<Head> heads_;   // [n_layer, n_head_kv]
-  std::vector<float> row_, logits_, best_, pooled_;
-  std::vector<int32_t> order_;
   int64_t recalled_ = 0, turns_ = 0;
   double recall_s_ = 0;
   Counts reported_;

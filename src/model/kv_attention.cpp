@@ -41,11 +41,15 @@ Status KvAttention::recall(int il, const LayerDesc& d, const SeqRows& sr, const 
   const int G = cache.config().n_head_kv, group = n_head_ / G;
   const int hd = cache.config().head_dim;
   const int w = std::min(sr.r1 - sr.r0, std::max(1, cc.window));
-  recall_q_.resize(static_cast<size_t>(w) * group * hd);
+  const size_t per_head = static_cast<size_t>(w) * group * hd;
+  recall_q_.resize(per_head * static_cast<size_t>(G));
   recalled_.resize(static_cast<size_t>(G));
-  for (int g = 0; g < G; ++g) {
-    // The window's queries of the query heads that read KV head g (g * group + j).
-    float* dst = recall_q_.data();
+  // The window's queries of the query heads that read KV head g (g * group + j); the heads in
+  // parallel.
+  pool_.run(G, [&](int64_t gi, int) {
+    const int g = static_cast<int>(gi);
+    float* dst = recall_q_.data() + per_head * static_cast<size_t>(g);
+    float* const first = dst;
     for (int r = sr.r1 - w; r < sr.r1; ++r) {
       for (int j = 0; j < group; ++j) {
         std::memcpy(dst, q + static_cast<size_t>(r) * q_dim_ + static_cast<size_t>(g * group + j) * hd,
@@ -53,9 +57,10 @@ Status KvAttention::recall(int il, const LayerDesc& d, const SeqRows& sr, const 
         dst += hd;
       }
     }
-    cold->recall(il, g, recall_q_.data(), w * group, d.attn_scale, cc.recall,
+    cold->recall(il, g, first, w * group, d.attn_scale, cc.recall,
                  recalled_[static_cast<size_t>(g)]);
-  }
+  });
+  for (const ColdRecall& r : recalled_) cold->note_recalled(r.count());
   D2O_RETURN_IF_ERROR(cache.insert_recalled(il, recalled_));
   cold->recalled_in_pass = true;
   cold->add_recall_seconds(sw.seconds());

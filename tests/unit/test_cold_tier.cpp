@@ -110,6 +110,7 @@ TEST(ColdTier, EvictedSlotsGoColdAndTheWantedComeBackAtTheirPlaces) {
   std::vector<ColdRecall> got(2);
   for (int h = 0; h < 2; ++h) {
     cold.recall(0, h, q[h].data(), 2, scale, 3, got[h]);
+    cold.note_recalled(got[h].count());
     ASSERT_EQ(got[h].count(), 3);
     EXPECT_EQ(std::vector<int>(got[h].pos.begin(), got[h].pos.end()), want[h]) << h;
     EXPECT_EQ(cold.n_slots(0, h), 4);
