@@ -194,6 +194,22 @@ size_t ColdTier::meta_bytes() const {
   return b;
 }
 
+ColdTier::HeadView ColdTier::view(int il, int h) const {
+  const Head& hd = head(il, h);
+  return {hd.n(), hd.pos.data(), hd.score.data(), hd.merged.data(), hd.k.data(), hd.v.data()};
+}
+
+void ColdTier::restore_head(int il, int h, int64_t n, const int32_t* pos, const float* score,
+                            const int32_t* merged, const uint8_t* k, const uint8_t* v) {
+  Head& hd = head(il, h);
+  const size_t c = static_cast<size_t>(n);
+  hd.pos.assign(pos, pos + c);
+  hd.score.assign(score, score + c);
+  hd.merged.assign(merged, merged + c);
+  hd.k.assign(k, k + c * krb_);
+  hd.v.assign(v, v + c * vrb_);
+}
+
 void ColdTier::clear() {
   for (Head& hd : heads_) hd = Head();
   recalled_in_pass = false;

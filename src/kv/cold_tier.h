@@ -101,6 +101,23 @@ class ColdTier {
 
   void clear();
 
+  // A head's slots as stored, for session files: positions, scores, merge counts, and rows in the
+  // tier's storage type (key_row_bytes() / value_row_bytes() each).
+  struct HeadView {
+    int64_t n = 0;
+    const int32_t* pos = nullptr;
+    const float* score = nullptr;
+    const int32_t* merged = nullptr;
+    const uint8_t* k = nullptr;
+    const uint8_t* v = nullptr;
+  };
+  HeadView view(int il, int h) const;
+  size_t key_row_bytes() const { return krb_; }
+  size_t value_row_bytes() const { return vrb_; }
+  // Head h of layer il becomes n slots read back from a session file (whose reader checked them).
+  void restore_head(int il, int h, int64_t n, const int32_t* pos, const float* score,
+                    const int32_t* merged, const uint8_t* k, const uint8_t* v);
+
  private:
   struct Head {
     std::vector<int32_t> pos, merged;

@@ -8,6 +8,7 @@
 
 #include "core/fp16.h"
 #include "gguf/gguf.h"
+#include "kv/cold_tier.h"
 #include "kv/policy/composed.h"
 
 namespace d2o::serve {
@@ -21,6 +22,8 @@ constexpr char kMagic[8] = {'D', '2', 'O', 'S', 'E', 'S', 'S', '\0'};
 // (serve/api_keys.h); files of the default namespace hold the client's id alone.
 constexpr size_t kMaxIdBytes = 64 + 1 + 128;
 constexpr size_t kMaxSpecBytes = 4096;
+// Flags: a cold tier follows the layers.
+constexpr uint32_t kColdFlag = 1;
 
 // Bytes of the fixed part before the id (magic .. rot_v).
 constexpr size_t kFixedHeader = 8 + 4 + 4 + 8 + 8 + 4 * 3 + 4;
@@ -247,6 +250,60 @@ Status decode_layer(Reader& r, const SessionFileContext& ctx, int il, int64_t n_
                              window.data(), merged.data());
 }
 
+// The cold tier (kv/cold_tier.h), after the last layer when the flags say so: per layer and KV
+// head, its slot count, positions, scores, merge counts, key rows and value rows.
+void encode_cold(Writer& w, const ColdTier& cold, const KvCacheConfig& c) {
+  for (int il = 0; il < c.n_layer; ++il) {
+    for (int h = 0; h < c.n_head_kv; ++h) {
+      const ColdTier::HeadView v = cold.view(il, h);
+      const size_t n = static_cast<size_t>(v.n);
+      w.put(static_cast<uint32_t>(n));
+      if (n == 0) continue;
+      w.bytes(v.pos, n * 4);
+      w.bytes(v.score, n * 4);
+      w.bytes(v.merged, n * 4);
+      w.bytes(v.k, n * cold.key_row_bytes());
+      w.bytes(v.v, n * cold.value_row_bytes());
+    }
+  }
+}
+
+Status decode_cold(Reader& r, const SessionFileContext& ctx, int64_t n_past, int64_t next_pos,
+                   ColdTier& cold) {
+  const KvCacheConfig& c = ctx.cache;
+  const KvType t = cold.config().type;
+  if (!check_kv_type(t, c.head_dim).ok()) return bad("the policy's cold_type does not fit the model");
+  std::vector<int32_t> pos, merged;
+  std::vector<float> score;
+  for (int il = 0; il < c.n_layer; ++il) {
+    for (int h = 0; h < c.n_head_kv; ++h) {
+      uint32_t n = 0;
+      D2O_RETURN_IF_ERROR(r.get(n, "a cold slot count"));
+      if (n > n_past || (n > 0 && !c.layer_compressible(il)))
+        return bad("layer " + std::to_string(il) + " holds " + std::to_string(n) +
+                   " cold slots, more than it can");
+      if (n == 0) continue;
+      D2O_RETURN_IF_ERROR(r.items(pos, n, "cold positions"));
+      D2O_RETURN_IF_ERROR(r.items(score, n, "cold scores"));
+      D2O_RETURN_IF_ERROR(r.items(merged, n, "cold merge counts"));
+      const size_t kb = cold.key_row_bytes(), vb = cold.value_row_bytes();
+      D2O_RETURN_IF_ERROR(r.need(n * (kb + vb), "cold rows"));
+      const uint8_t* k = r.take(n * kb);
+      const uint8_t* v = r.take(n * vb);
+      if (!rows_finite(k, n, t.k, c.head_dim) || !rows_finite(v, n, t.v, c.head_dim) ||
+          !all_finite(score))
+        return bad("layer " + std::to_string(il) + ": a cold value is not a finite number");
+      for (uint32_t j = 0; j < n; ++j) {
+        if (pos[j] < 0 || pos[j] >= next_pos || merged[j] < 0 || merged[j] > n_past)
+          return bad("layer " + std::to_string(il) + ": a cold slot's position or merge count "
+                     "is out of range");
+      }
+      cold.restore_head(il, h, n, pos.data(), score.data(), merged.data(), k, v);
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 uint64_t fnv1a64(const uint8_t* data, size_t size, uint64_t h) {
@@ -280,8 +337,10 @@ size_t max_session_file_bytes(const SessionFileContext& ctx) {
   const size_t nl = static_cast<size_t>(c.n_layer), heads = static_cast<size_t>(c.n_head_kv);
   const size_t row = kv_row_bytes(c.type.k, c.head_dim) + kv_row_bytes(c.type.v, c.head_dim) + 16;
   const size_t state = 64 + nl * (4 + 8 + 8) + nl * heads * 5 + nl * 8;
+  // A cold tier holds at most every token of a head, in rows of at most F32.
+  const size_t cold = nl * heads * (4 + np * (12 + 8 * static_cast<size_t>(c.head_dim)));
   return kFixedHeader + 8 + kMaxIdBytes + kMaxSpecBytes + 8 + 4 + np * 4 + state +
-         nl * (4 + heads * np * row) + 8;
+         nl * (4 + heads * np * row) + cold + 8;
 }
 
 Status encode_session(const SessionFileContext& ctx, const std::string& id,
@@ -313,7 +372,7 @@ Status encode_session(const SessionFileContext& ctx, const std::string& id,
   Writer w(out);
   w.bytes(kMagic, sizeof kMagic);
   w.put(kSessionFileVersion);
-  w.put(uint32_t{0});
+  w.put(cache.cold() ? kColdFlag : uint32_t{0});
   w.put(ctx.model.file_size);
   w.put(ctx.model.header_hash);
   w.put(static_cast<uint32_t>(c.n_layer));
@@ -359,6 +418,7 @@ Status encode_session(const SessionFileContext& ctx, const std::string& id,
     for (int h = 0; h < L.n_head_kv(); ++h) w.bytes(L.window(h), n * 4);
     for (int h = 0; h < L.n_head_kv(); ++h) w.bytes(L.merged(h), n * 4);
   }
+  if (const ColdTier* cold = cache.cold()) encode_cold(w, *cold, c);
   w.put(fnv1a64(reinterpret_cast<const uint8_t*>(out.data()), out.size()));
   return {};
 }
@@ -379,7 +439,7 @@ Result<SessionData> decode_session(const SessionFileContext& ctx, const uint8_t*
                std::to_string(kSessionFileVersion));
   }
   D2O_RETURN_IF_ERROR(r.get(flags, "the flags"));
-  if (flags != 0) return bad("unknown flags " + std::to_string(flags));
+  if ((flags & ~kColdFlag) != 0) return bad("unknown flags " + std::to_string(flags));
   // The checksum before anything else is believed.
   if (size < r.at() + 8) return bad("truncated (no checksum)");
   uint64_t sum = 0;
@@ -435,9 +495,14 @@ Result<SessionData> decode_session(const SessionFileContext& ctx, const uint8_t*
   if ((*policy)->is_full() && (d.state.budgets_set || d.state.ext.get() || d.state.pos_shift))
     return bad("a full cache with a compressing policy's state");
   d.cache.emplace(ctx.cache);
+  d.cache->enable_cold((*policy)->cold_tier());  // restored below, or empty
   const int64_t next_pos = d.n_past - d.state.pos_shift;
   for (int il = 0; il < ctx.cache.n_layer; ++il)
     D2O_RETURN_IF_ERROR(decode_layer(body, ctx, il, d.n_past, next_pos, *d.cache));
+  if (flags & kColdFlag) {
+    if (!d.cache->cold()) return bad("a cold tier for a policy without one");
+    D2O_RETURN_IF_ERROR(decode_cold(body, ctx, d.n_past, next_pos, *d.cache->cold()));
+  }
   if (body.left() != 0)
     return bad(std::to_string(body.left()) + " bytes after the last layer");
   return d;

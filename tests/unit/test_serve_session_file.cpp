@@ -199,12 +199,28 @@ TEST_P(SessionFileRoundTrip, SameBytesSameStateSameLogitsAfterward) {
     EXPECT_GT(sa.pos_shift, 0);
   }
 
-  // Both go on identically: the restored sequence is the same conversation.
+  if (a->cache().cold()) {
+    ASSERT_NE(b->cache().cold(), nullptr);
+    EXPECT_GT(a->cache().cold()->total_slots(), 0) << "nothing cold: the case tests no tier";
+    EXPECT_EQ(a->cache().cold()->total_slots(), b->cache().cold()->total_slots());
+  }
+
+  // Both go on identically: the restored sequence is the same conversation, token by token and
+  // through a new turn (which recalls from a cold tier).
   for (TokenId t : {17, 42, 99, 7, 250}) {
     const std::vector<float> la = feed(*a, {t});
     const std::vector<float> lb = feed(*b, {t});
     ASSERT_EQ(la.size(), lb.size());
     EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0) << "token " << t;
+  }
+  {
+    const std::vector<TokenId> turn = {12, 44, 81, 9, 130, 66};
+    const std::vector<float> la = feed(*a, turn);
+    const std::vector<float> lb = feed(*b, turn);
+    EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0) << "the turn";
+    if (a->cache().cold()) {
+      EXPECT_EQ(b->cache().cold()->recall_turns(), 1);
+    }
   }
   std::string ea, eb;
   ASSERT_TRUE(encode_session(ctx, "chat-1", spec, std::vector<TokenId>(a->n_past(), 1),
@@ -223,7 +239,9 @@ INSTANTIATE_TEST_SUITE_P(
                       RoundTripCase{"d2o:budget=32", KvType::kF16},
                       RoundTripCase{"d2o:budget=32,merge=sized", KvType::kF16},
                       RoundTripCase{"d2o:budget=32,merge=sized", KvType::kQ8_0},
-                      RoundTripCase{"streaming:budget=32,pos=shift", KvType::kQ8_0}),
+                      RoundTripCase{"streaming:budget=32,pos=shift", KvType::kQ8_0},
+                      RoundTripCase{"d2o:budget=32,cold=memory,cold_type=f16", KvType::kF16},
+                      RoundTripCase{"snapkv:budget=40,cold=memory,cold_type=f32", KvType::kQ8_0}),
     [](const ::testing::TestParamInfo<RoundTripCase>& info) {
       std::string name = std::string(info.param.spec) + "_" + kv_type_name(info.param.type);
       for (char& ch : name)
