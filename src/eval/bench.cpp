@@ -9,6 +9,7 @@
 
 #include "core/mem.h"
 #include "core/timer.h"
+#include "kv/cold_tier.h"
 
 namespace d2o {
 
@@ -284,8 +285,10 @@ void finish_result(BenchResult& r, const Sequence& seq) {
       r.seconds.size() > 1 ? std::sqrt(sq / static_cast<double>(r.seconds.size() - 1)) : 0.0;
   const KvCache& c = seq.cache();
   r.slots = c.total_slots();
-  r.kv_bytes = c.kv_bytes_allocated();
-  r.kv_bytes_used = c.kv_bytes_used();
+  // A cold tier's rows are KV bytes held in memory too (cold=memory).
+  const size_t cold = c.cold() ? c.cold()->rows_bytes() : 0;
+  r.kv_bytes = c.kv_bytes_allocated() + cold;
+  r.kv_bytes_used = c.kv_bytes_used() + cold;
   r.kv_bytes_full = c.full_kv_bytes(seq.n_past());
 }
 
