@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/assert.h"
+#include "kv/cold_file.h"
 #include "kv/kv_rotation.h"
 #include "kv/policy.h"
 #include "kv/policy/similarity.h"
@@ -36,7 +37,183 @@ ColdTier::ColdTier(const ColdTierConfig& cfg, const KvCacheConfig& hot)
       head_dim_(hot.head_dim),
       krb_(kv_row_bytes(cfg.type.k, hot.head_dim)),
       vrb_(kv_row_bytes(cfg.type.v, hot.head_dim)),
-      heads_(static_cast<size_t>(hot.n_layer) * static_cast<size_t>(hot.n_head_kv)) {}
+      heads_(static_cast<size_t>(hot.n_layer) * static_cast<size_t>(hot.n_head_kv)) {
+  if (on_disk()) file_ = std::make_unique<ColdFile>();
+}
+
+ColdTier::~ColdTier() = default;
+
+ColdTier::ColdTier(const ColdTier& o)
+    : cfg_(o.cfg_),
+      hot_type_(o.hot_type_),
+      n_head_kv_(o.n_head_kv_),
+      head_dim_(o.head_dim_),
+      krb_(o.krb_),
+      vrb_(o.vrb_),
+      heads_(o.heads_.size()) {
+  *this = o;
+}
+
+ColdTier& ColdTier::operator=(const ColdTier& o) {
+  if (this == &o) return *this;
+  D2O_ASSERT(o.cfg_ == cfg_ && o.heads_.size() == heads_.size());
+  recalled_ = o.recalled_;
+  turns_ = o.turns_;
+  recall_s_ = o.recall_s_;
+  reported_ = o.reported_;
+  lost_ = o.lost_.load();
+  recalled_in_pass = o.recalled_in_pass;
+  if (!on_disk()) {
+    heads_ = o.heads_;
+    return *this;
+  }
+  // On disk: the same slots in this tier's own file.
+  if (!file_) file_ = std::make_unique<ColdFile>();
+  file_->clear();
+  for (size_t i = 0; i < heads_.size(); ++i) {
+    Head all;
+    const Head& src = o.heads_[i];
+    for (const Extent& e : src.ext) {
+      if (!o.read_extent(e, all)) lost_ += e.n;
+    }
+    all.pos.insert(all.pos.end(), src.pos.begin(), src.pos.end());
+    all.score.insert(all.score.end(), src.score.begin(), src.score.end());
+    all.merged.insert(all.merged.end(), src.merged.begin(), src.merged.end());
+    all.k.insert(all.k.end(), src.k.begin(), src.k.end());
+    all.v.insert(all.v.end(), src.v.begin(), src.v.end());
+    heads_[i] = Head();
+    store_whole(heads_[i], all);
+  }
+  return *this;
+}
+
+void ColdTier::note_turn() {
+  ++turns_;
+  if (!file_) return;
+  int64_t live = 0;
+  for (const Head& hd : heads_) live += hd.n_disk;
+  live *= static_cast<int64_t>(12 + krb_ + vrb_);
+  if (file_->size() <= 2 * live + (int64_t{1} << 20)) return;
+  // Head by head into a fresh file: memory holds one head's slots at a time.
+  auto fresh = std::make_unique<ColdFile>();
+  if (!fresh->ok()) return;  // the old file stays as it is
+  const std::unique_ptr<ColdFile> old = std::move(file_);
+  file_ = std::move(fresh);
+  for (Head& hd : heads_) {
+    Head all;
+    for (const Extent& e : hd.ext) {
+      if (!read_extent(*old, e, all)) lost_ += e.n;
+    }
+    all.pos.insert(all.pos.end(), hd.pos.begin(), hd.pos.end());
+    all.score.insert(all.score.end(), hd.score.begin(), hd.score.end());
+    all.merged.insert(all.merged.end(), hd.merged.begin(), hd.merged.end());
+    all.k.insert(all.k.end(), hd.k.begin(), hd.k.end());
+    all.v.insert(all.v.end(), hd.v.begin(), hd.v.end());
+    store_whole(hd, all);
+  }
+}
+
+bool ColdTier::ok() const {
+  return !on_disk() || (file_ && file_->ok());
+}
+
+std::string ColdTier::error() const {
+  return ok() ? std::string() : file_ ? file_->error() : std::string("no cold tier file");
+}
+
+int64_t ColdTier::disk_bytes() const {
+  return file_ ? file_->size() : 0;
+}
+
+ColdTier::Extent ColdTier::write_extent(const Head& from, size_t first, size_t n) {
+  std::vector<uint8_t> buf(n * (12 + krb_ + vrb_));
+  uint8_t* p = buf.data();
+  auto put = [&p](const void* src, size_t bytes) {
+    if (bytes) std::memcpy(p, src, bytes);
+    p += bytes;
+  };
+  put(from.pos.data() + first, n * 4);
+  put(from.score.data() + first, n * 4);
+  put(from.merged.data() + first, n * 4);
+  put(from.k.data() + first * krb_, n * krb_);
+  put(from.v.data() + first * vrb_, n * vrb_);
+  const int64_t off = file_ ? file_->append(buf.data(), buf.size()) : -1;
+  if (off < 0) {
+    lost_ += static_cast<int64_t>(n);
+    return {0, 0};
+  }
+  return {off, static_cast<int64_t>(n)};
+}
+
+bool ColdTier::read_extent(const Extent& e, Head& into) const {
+  return file_ && read_extent(*file_, e, into);
+}
+
+bool ColdTier::read_extent(const ColdFile& f, const Extent& e, Head& into) const {
+  const size_t n = static_cast<size_t>(e.n);
+  std::vector<uint8_t> buf(n * (12 + krb_ + vrb_));
+  if (!f.read(e.offset, buf.data(), buf.size())) return false;
+  const uint8_t* p = buf.data();
+  auto take = [&p](auto& v, size_t count) {
+    using T = typename std::remove_reference_t<decltype(v)>::value_type;
+    const size_t at = v.size();
+    v.resize(at + count);
+    if (count) std::memcpy(v.data() + at, p, count * sizeof(T));
+    p += count * sizeof(T);
+  };
+  take(into.pos, n);
+  take(into.score, n);
+  take(into.merged, n);
+  take(into.k, n * krb_);
+  take(into.v, n * vrb_);
+  return true;
+}
+
+void ColdTier::flush(Head& hd) {
+  const size_t n = static_cast<size_t>(hd.n_tail());
+  if (n == 0) return;
+  const Extent e = write_extent(hd, 0, n);
+  if (e.n > 0) {
+    hd.ext.push_back(e);
+    hd.n_disk += e.n;
+  }
+  hd.pos.clear();
+  hd.score.clear();
+  hd.merged.clear();
+  hd.k.clear();
+  hd.v.clear();
+}
+
+ColdTier::Head& ColdTier::whole(int il, int h, Head& scratch, bool* ok) {
+  Head& hd = head(il, h);
+  *ok = true;
+  if (hd.ext.empty()) return hd;
+  scratch = Head();
+  for (const Extent& e : hd.ext) {
+    if (!read_extent(e, scratch)) {
+      lost_ += e.n;
+      *ok = false;
+    }
+  }
+  scratch.pos.insert(scratch.pos.end(), hd.pos.begin(), hd.pos.end());
+  scratch.score.insert(scratch.score.end(), hd.score.begin(), hd.score.end());
+  scratch.merged.insert(scratch.merged.end(), hd.merged.begin(), hd.merged.end());
+  scratch.k.insert(scratch.k.end(), hd.k.begin(), hd.k.end());
+  scratch.v.insert(scratch.v.end(), hd.v.begin(), hd.v.end());
+  return scratch;
+}
+
+void ColdTier::store_whole(Head& hd, Head& all) {
+  // The old extents become garbage in the file (clear() or a copy drops them).
+  hd.ext.clear();
+  hd.n_disk = 0;
+  hd.pos = std::move(all.pos);
+  hd.score = std::move(all.score);
+  hd.merged = std::move(all.merged);
+  hd.k = std::move(all.k);
+  hd.v = std::move(all.v);
+  flush(hd);
+}
 
 void ColdTier::convert(float* row, bool from_rot, bool to_rot, bool key) const {
   if (from_rot == to_rot) return;
@@ -67,7 +244,14 @@ void ColdTier::take(int il, const KvLayer& L, int h, int j) {
   kv_store_row(cfg_.type.v, r, head_dim_, hd.v.data() + vo);
   // Bounded: the oldest arrivals go, in batches (a decode step evicts one slot per head).
   const int64_t cap = cfg_.max_slots;
-  if (cap > 0 && hd.n() > cap + std::max<int64_t>(16, cap / 8)) drop_oldest(hd, hd.n() - cap);
+  if (cap > 0 && hd.n() > cap + std::max<int64_t>(16, cap / 8)) {
+    Head scratch;
+    bool ok = true;
+    Head& all = whole(il, h, scratch, &ok);
+    drop_oldest(all, all.n() - cap);
+    if (&all != &hd) store_whole(hd, all);
+  }
+  if (on_disk() && hd.n_tail() >= kFlushRecords) flush(hd);
 }
 
 void ColdTier::drop_oldest(Head& hd, int64_t n) {
@@ -84,14 +268,20 @@ void ColdTier::drop_oldest(Head& hd, int64_t n) {
 void ColdTier::recall(int il, int h, const float* q, int n_q, float scale, int count,
                       ColdRecall& out) {
   out.clear();
-  Head& hd = head(il, h);
+  Head& stored = head(il, h);
+  Head read;
+  bool read_ok = true;
+  Head& hd = whole(il, h, read, &read_ok);  // on disk: read whole, written back below
   // Scratch of this call alone: heads are recalled in parallel, and a turn's scratch is not held
   // between turns.
   std::vector<float> qt, keys, logits, best, pooled;
   std::vector<int32_t> order;
   const int64_t n = hd.n();
   count = static_cast<int>(std::min<int64_t>(count, n));
-  if (count <= 0 || n_q <= 0) return;
+  if (count <= 0 || n_q <= 0) {
+    if (&hd != &stored && !read_ok) store_whole(stored, hd);  // what could be read
+    return;
+  }
   const int D = head_dim_;
   // The queries moved into the tier's key space instead of every cold key out of it (q.k is
   // unchanged by the rotation, which is orthonormal and its own inverse).
@@ -171,6 +361,7 @@ void ColdTier::recall(int il, int h, const float* q, int n_q, float scale, int c
   erase_marked(hd.merged, gone, 1);
   erase_marked(hd.k, gone, krb_);
   erase_marked(hd.v, gone, vrb_);
+  if (&hd != &stored) store_whole(stored, hd);
 }
 
 int64_t ColdTier::total_slots() const {
@@ -189,29 +380,45 @@ size_t ColdTier::meta_bytes() const {
   size_t b = 0;
   for (const Head& hd : heads_) {
     b += hd.pos.size() * sizeof(int32_t) + hd.score.size() * sizeof(float) +
-         hd.merged.size() * sizeof(int32_t);
+         hd.merged.size() * sizeof(int32_t) + hd.ext.size() * sizeof(Extent);
   }
   return b;
 }
 
 ColdTier::HeadView ColdTier::view(int il, int h) const {
-  const Head& hd = head(il, h);
-  return {hd.n(), hd.pos.data(), hd.score.data(), hd.merged.data(), hd.k.data(), hd.v.data()};
+  const Head* hd = &head(il, h);
+  if (!hd->ext.empty()) {  // on disk: read whole into view_ (valid until the next view())
+    view_ = Head();
+    for (const Extent& e : hd->ext) {
+      if (!read_extent(e, view_)) lost_ += e.n;
+    }
+    view_.pos.insert(view_.pos.end(), hd->pos.begin(), hd->pos.end());
+    view_.score.insert(view_.score.end(), hd->score.begin(), hd->score.end());
+    view_.merged.insert(view_.merged.end(), hd->merged.begin(), hd->merged.end());
+    view_.k.insert(view_.k.end(), hd->k.begin(), hd->k.end());
+    view_.v.insert(view_.v.end(), hd->v.begin(), hd->v.end());
+    hd = &view_;
+  }
+  return {hd->n_tail(), hd->pos.data(), hd->score.data(), hd->merged.data(), hd->k.data(),
+          hd->v.data()};
 }
 
 void ColdTier::restore_head(int il, int h, int64_t n, const int32_t* pos, const float* score,
                             const int32_t* merged, const uint8_t* k, const uint8_t* v) {
   Head& hd = head(il, h);
   const size_t c = static_cast<size_t>(n);
+  hd = Head();
   hd.pos.assign(pos, pos + c);
   hd.score.assign(score, score + c);
   hd.merged.assign(merged, merged + c);
   hd.k.assign(k, k + c * krb_);
   hd.v.assign(v, v + c * vrb_);
+  if (on_disk()) flush(hd);
 }
 
 void ColdTier::clear() {
   for (Head& hd : heads_) hd = Head();
+  if (file_) file_->clear();
   recalled_in_pass = false;
 }
 
@@ -223,8 +430,14 @@ size_t KvPolicy::cold_bytes(const KvCacheConfig& cfg, int64_t n_total) const {
   if (c.max_slots > 0) n = std::min(n, c.max_slots + std::max<int64_t>(16, c.max_slots / 8));
   const size_t per = kv_row_bytes(c.type.k, cfg.head_dim) + kv_row_bytes(c.type.v, cfg.head_dim) +
                      2 * sizeof(int32_t) + sizeof(float);
-  return static_cast<size_t>(n) * per * static_cast<size_t>(cfg.n_head_kv) *
-         static_cast<size_t>(cfg.n_compressible());
+  const size_t heads = static_cast<size_t>(cfg.n_head_kv) * static_cast<size_t>(cfg.n_compressible());
+  if (c.place == ColdPlace::kDisk) {
+    // In memory: each head's staging tail and its extent list (an extent per flush at most).
+    const int64_t tail = std::min<int64_t>(n, ColdTier::kFlushRecords);
+    return heads * (static_cast<size_t>(tail) * per +
+                    static_cast<size_t>(n / ColdTier::kFlushRecords + 1) * 16);
+  }
+  return static_cast<size_t>(n) * per * heads;
 }
 
 }  // namespace d2o

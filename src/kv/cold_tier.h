@@ -21,15 +21,22 @@
 // renumbers positions (positions=shifted) cannot have a cold tier.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "kv/kv_cache.h"
 
 namespace d2o {
 
-enum class ColdPlace { kNone, kMemory };
+class ColdFile;
+
+// Where the tier's slots live: memory, or a file (kv/cold_file.h) with a small staging tail per
+// KV head in memory.
+enum class ColdPlace { kNone, kMemory, kDisk };
 
 struct ColdTierConfig {
   ColdPlace place = ColdPlace::kNone;
@@ -60,6 +67,20 @@ struct ColdRecall {
 class ColdTier {
  public:
   ColdTier(const ColdTierConfig& cfg, const KvCacheConfig& hot);
+  ~ColdTier();
+  // A copy holds the same slots (on disk: in a file of its own).
+  ColdTier(const ColdTier& o);
+  ColdTier& operator=(const ColdTier& o);
+
+  // On disk: records a head stages in memory before they go to the file as one extent.
+  static constexpr int64_t kFlushRecords = 64;
+  // On disk: whether its file could be created (else why not). In memory: always true.
+  bool ok() const;
+  std::string error() const;
+  // Bytes of the file on disk (live extents and garbage; 0 in memory), and slots lost to a
+  // failed write or read there (evicted for good instead).
+  int64_t disk_bytes() const;
+  int64_t lost_slots() const { return lost_; }
 
   const ColdTierConfig& config() const { return cfg_; }
 
@@ -85,7 +106,9 @@ class ColdTier {
   double recall_seconds() const { return recall_s_; }
   void add_recall_seconds(double s) { recall_s_ += s; }
   void note_recalled(int64_t slots) { recalled_ += slots; }
-  void note_turn() { ++turns_; }
+  // A turn ended: counted; on disk, the file is rewritten without its garbage once that is more
+  // than what it holds live (recalls rewrite each head's slots as one new extent).
+  void note_turn();
   // What was recalled since the last call (a server's counters take it when a turn ends).
   struct Counts {
     int64_t turns = 0, slots = 0;
@@ -119,12 +142,31 @@ class ColdTier {
                     const int32_t* merged, const uint8_t* k, const uint8_t* v);
 
  private:
+  // A head's slots: in memory, all of them; on disk, the extents written (each n records, stored
+  // column by column: positions, scores, merge counts, key rows, value rows) and then the staging
+  // tail in the vectors, in order of arrival.
+  struct Extent {
+    int64_t offset = 0, n = 0;
+  };
   struct Head {
     std::vector<int32_t> pos, merged;
     std::vector<float> score;
     std::vector<uint8_t> k, v;
-    int64_t n() const { return static_cast<int64_t>(pos.size()); }
+    std::vector<Extent> ext;
+    int64_t n_disk = 0;
+    int64_t n_tail() const { return static_cast<int64_t>(pos.size()); }
+    int64_t n() const { return n_tail() + n_disk; }
   };
+  bool on_disk() const { return cfg_.place == ColdPlace::kDisk; }
+  // Head (il, h) whole, in memory: the head itself, or `scratch` filled from its extents and
+  // tail (false: a read failed; the head's disk part is lost then).
+  Head& whole(int il, int h, Head& scratch, bool* ok);
+  // On disk: `all` (a head read whole and edited) becomes head hd's only extent.
+  void store_whole(Head& hd, Head& all);
+  void flush(Head& hd);
+  Extent write_extent(const Head& from, size_t first, size_t n);
+  bool read_extent(const Extent& e, Head& into) const;  // from file_
+  bool read_extent(const ColdFile& f, const Extent& e, Head& into) const;
   Head& head(int il, int h) { return heads_[static_cast<size_t>(il) * n_head_kv_ + h]; }
   const Head& head(int il, int h) const {
     return heads_[static_cast<size_t>(il) * n_head_kv_ + h];
@@ -138,6 +180,9 @@ class ColdTier {
   int n_head_kv_ = 0, head_dim_ = 0;
   size_t krb_ = 0, vrb_ = 0;  // the tier's row bytes
   std::vector<Head> heads_;   // [n_layer, n_head_kv]
+  std::unique_ptr<ColdFile> file_;  // on disk only
+  mutable Head view_;               // view()'s head read whole
+  mutable std::atomic<int64_t> lost_{0};
   int64_t recalled_ = 0, turns_ = 0;
   double recall_s_ = 0;
   Counts reported_;

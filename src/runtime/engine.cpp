@@ -46,6 +46,7 @@ Status Engine::validate(std::span<const BatchEntry> batch) const {
       return invalid_argument("sequence cache does not match the model's shape");
     }
     if (const ColdTier* cold = be.seq->cache().cold()) {
+      if (!cold->ok()) return resource_exhausted("KV policy cold=disk: " + cold->error());
       if (Status st = check_kv_type(cold->config().type, h.head_dim); !st.ok())
         return invalid_argument("KV policy cold_type=" +
                                 std::string(kv_type_name(cold->config().type)) +

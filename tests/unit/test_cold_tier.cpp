@@ -7,6 +7,8 @@
 #include <cmath>
 #include <memory>
 #include <numeric>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/random_model.h"
@@ -143,31 +145,81 @@ TEST(ColdTier, EvictedSlotsGoColdAndTheWantedComeBackAtTheirPlaces) {
   EXPECT_EQ(c.cold()->total_slots(), 8);
 }
 
-TEST(ColdTier, QuantisedRotatedRowsComeBackCloseAndTheBoundDropsTheOldest) {
+class ColdTierPlace : public ::testing::TestWithParam<ColdPlace> {};
+
+TEST_P(ColdTierPlace, QuantisedRotatedRowsComeBackCloseAndTheBoundDropsTheOldest) {
   test::Xorshift rng(9);
   std::vector<float> k, v;
-  KvCache c = filled_cache(300, rng, k, v);
+  KvCache c = filled_cache(2000, rng, k, v);
   ColdTierConfig cc;
-  cc.place = ColdPlace::kMemory;  // q4_0r by default
-  cc.max_slots = 100;
+  cc.place = GetParam();  // q4_0r by default
+  cc.max_slots = 1000;
   c.enable_cold(cc);
-  std::vector<int32_t> keep = {0, 299};
+  ASSERT_TRUE(c.cold()->ok()) << c.cold()->error();
+  std::vector<int32_t> keep = {0, 1999};
   c.apply(0, keep_plan(keep));
-  // 298 evicted; bounded at 100 (+ its slack) by dropping the oldest arrivals.
+  // 1998 evicted; bounded at 1000 (+ its slack) by dropping the oldest arrivals.
   const int64_t n = c.cold()->n_slots(0, 0);
-  EXPECT_GE(n, 100);
-  EXPECT_LE(n, 116);
-  EXPECT_EQ(c.cold()->rows_bytes(), static_cast<size_t>(n) * 2 * 2 * kv_row_bytes(KvElemType::kQ4_0, kHd));
+  EXPECT_GE(n, 1000);
+  EXPECT_LE(n, 1125);
+  const size_t row_pair = 2 * kv_row_bytes(KvElemType::kQ4_0, kHd);
+  if (GetParam() == ColdPlace::kMemory) {
+    EXPECT_EQ(c.cold()->rows_bytes(), static_cast<size_t>(n) * 2 * row_pair);
+    EXPECT_EQ(c.cold()->disk_bytes(), 0);
+  } else {
+    // On disk: at most a staging tail per head in memory, the rest in the file.
+    EXPECT_LT(c.cold()->rows_bytes(), static_cast<size_t>(2 * ColdTier::kFlushRecords) * row_pair);
+    EXPECT_GT(c.cold()->disk_bytes(), 0);
+  }
+  // A copy recalls the same.
+  KvCache d(c.config());
+  d.enable_cold(cc);
+  ASSERT_TRUE(d.copy_from(c).ok());
   std::vector<float> q(kHd);
-  for (int d = 0; d < kHd; ++d) q[d] = 5.0f * row(k, 290, 1)[d];
-  ColdRecall r;
+  for (int x = 0; x < kHd; ++x) q[x] = 5.0f * row(k, 1990, 1)[x];
+  ColdRecall r, r2;
   c.cold()->recall(0, 1, q.data(), 1, 0.125f, 1, r);
+  d.cold()->recall(0, 1, q.data(), 1, 0.125f, 1, r2);
   ASSERT_EQ(r.count(), 1);
-  EXPECT_GT(r.pos[0], 298 - n);  // only the newest arrivals are left
+  EXPECT_EQ(r.pos, r2.pos);
+  EXPECT_EQ(r.k, r2.k);
+  EXPECT_EQ(r.v, r2.v);
+  EXPECT_EQ(c.cold()->n_slots(0, 1), n - 1);
+  EXPECT_GT(r.pos[0], 1998 - n);  // only the newest arrivals are left
   // Q4_0 of rows in [-1, 1]: within a quantisation step of the original.
   const float* want = row(k, r.pos[0], 1);
-  for (int d = 0; d < kHd; ++d) EXPECT_NEAR(r.k[d], want[d], 0.2f) << d;
+  for (int x = 0; x < kHd; ++x) EXPECT_NEAR(r.k[x], want[x], 0.2f) << x;
+  // Turn after turn (each recall rewrites the head on disk), the file keeps a bounded share of
+  // garbage, and every slot not recalled is still there and comes back, whatever its place.
+  int64_t recalled = 1;
+  int64_t most = 0;
+  for (int turn = 0; turn < 40; ++turn) {
+    for (int h = 0; h < 2; ++h) {
+      ColdRecall one;
+      c.cold()->recall(0, h, q.data(), 1, 0.125f, 1, one);
+      recalled += h == 1 ? one.count() : 0;
+    }
+    c.cold()->note_turn();
+    most = std::max(most, c.cold()->disk_bytes());
+    EXPECT_LE(c.cold()->disk_bytes(), 3 * 2 * n * 84 + (int64_t{1} << 20));
+  }
+  // (Without the rewrite the file would hold 40 x 2 rewrites of about n records by now.)
+  if (GetParam() == ColdPlace::kDisk) {
+    EXPECT_GT(most, 2 * n * 84);
+  }
+  ColdRecall rest;
+  c.cold()->recall(0, 1, q.data(), 1, 0.125f, 100000, rest);
+  EXPECT_EQ(rest.count(), n - recalled);
+  EXPECT_EQ(c.cold()->lost_slots(), 0);
+  c.clear();
+  EXPECT_EQ(c.cold()->total_slots(), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Places, ColdTierPlace,
+                         ::testing::Values(ColdPlace::kMemory, ColdPlace::kDisk),
+                         [](const ::testing::TestParamInfo<ColdPlace>& i) {
+                           return std::string(i.param == ColdPlace::kDisk ? "disk" : "memory");
+                         });
 
 TEST(ColdTierSpec, KeysParsePrintAndRefuseWhatCannotWork) {
   auto p = parse_kv_policy("d2o:cold=memory,recall=32");
@@ -187,7 +239,7 @@ TEST(ColdTierSpec, KeysParsePrintAndRefuseWhatCannotWork) {
   EXPECT_EQ((*plain)->spec().find("cold"), std::string::npos);
   EXPECT_FALSE((*plain)->cold_tier().enabled());
   EXPECT_TRUE(parse_kv_policy("snapkv:cold=memory,cold_type=q8_0,cold_size=4096").ok());
-  for (const char* bad : {"d2o:recall=8", "d2o:cold=memory,recall=0", "d2o:cold=disk",
+  for (const char* bad : {"d2o:recall=8", "d2o:cold=memory,recall=0", "d2o:cold=tape",
                           "d2o:cold=memory,cold_type=q5", "h2o:cold=memory",
                           "d2o:cold=memory,heads=ada", "streaming:cold=memory"}) {
     auto r = parse_kv_policy(bad);
@@ -204,10 +256,12 @@ std::vector<TokenId> random_tokens(int n, uint32_t seed) {
 
 // Through the engine: the prompt's compaction fills the tier, a turn recalls, and every token
 // stays in exactly one tier (d2o drops what it evicts: merge=off).
-class ColdTierEngine : public ::testing::TestWithParam<const char*> {};
+class ColdTierEngine
+    : public ::testing::TestWithParam<std::tuple<const char*, const char*>> {};
 
 TEST_P(ColdTierEngine, ATurnRecallsAndEveryTokenIsInOneTier) {
-  const std::string arch = GetParam();
+  const std::string arch = std::get<0>(GetParam());
+  const std::string place = std::get<1>(GetParam());
   test::RandomModelConfig cfg;
   cfg.arch = arch;
   cfg.n_layer = 3;
@@ -225,7 +279,8 @@ TEST_P(ColdTierEngine, ATurnRecallsAndEveryTokenIsInOneTier) {
   ThreadPool pool(2);
   Engine engine(*model, pool, EngineOptions{});
   std::shared_ptr<const KvPolicy> pol(
-      parse_kv_policy("d2o:ratio=0.25,window=8,kernel=3,cold=memory,cold_type=f16,recall=5").value());
+      parse_kv_policy("d2o:ratio=0.25,window=8,kernel=3,cold=" + place + ",cold_type=f16,recall=5")
+          .value());
   std::shared_ptr<const KvPolicy> hot(parse_kv_policy("d2o:ratio=0.25,window=8,kernel=3").value());
   Sequence s(model->hparams(), KvType::kF16, pol), t(model->hparams(), KvType::kF16, hot);
   auto feed = [&](Sequence& seq, std::span<const TokenId> tokens, std::vector<float>* logits) {
@@ -281,7 +336,9 @@ TEST_P(ColdTierEngine, ATurnRecallsAndEveryTokenIsInOneTier) {
   EXPECT_EQ(u.cache().cold()->recall_turns(), 2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, ColdTierEngine, ::testing::Values("llama", "gemma3"));
+INSTANTIATE_TEST_SUITE_P(ArchsPlaces, ColdTierEngine,
+                         ::testing::Combine(::testing::Values("llama", "gemma3"),
+                                            ::testing::Values("memory", "disk")));
 
 }  // namespace
 }  // namespace d2o

@@ -241,7 +241,8 @@ INSTANTIATE_TEST_SUITE_P(
                       RoundTripCase{"d2o:budget=32,merge=sized", KvType::kQ8_0},
                       RoundTripCase{"streaming:budget=32,pos=shift", KvType::kQ8_0},
                       RoundTripCase{"d2o:budget=32,cold=memory,cold_type=f16", KvType::kF16},
-                      RoundTripCase{"snapkv:budget=40,cold=memory,cold_type=f32", KvType::kQ8_0}),
+                      RoundTripCase{"snapkv:budget=40,cold=memory,cold_type=f32", KvType::kQ8_0},
+                      RoundTripCase{"d2o:budget=32,cold=disk,cold_type=q8_0", KvType::kF16}),
     [](const ::testing::TestParamInfo<RoundTripCase>& info) {
       std::string name = std::string(info.param.spec) + "_" + kv_type_name(info.param.type);
       for (char& ch : name)

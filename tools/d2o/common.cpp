@@ -262,10 +262,17 @@ void print_kv_report(std::FILE* out, const Sequence& seq) {
   if (const ColdTier* cold = c.cold()) {
     const double whole = static_cast<double>(c.bytes_held());
     std::fprintf(out,
-                 "cold tier (%s, in memory): %lld slots over all KV heads and layers, %s of rows "
-                 "and %s of metadata; %lld turns recalled %lld slots in %.3f s. Everything held "
-                 "(hot, cold, metadata): %s = %.1f%% of a full F16 cache's key and value bytes\n",
-                 kv_type_name(cold->config().type), static_cast<long long>(cold->total_slots()),
+                 "cold tier (%s, %s): %lld slots over all KV heads and layers, %s of rows "
+                 "and %s of metadata in memory; %lld turns recalled %lld slots in %.3f s. In "
+                 "memory in all (hot, cold, metadata): %s = %.1f%% of a full F16 cache's key and "
+                 "value bytes\n",
+                 kv_type_name(cold->config().type),
+                 cold->config().place == ColdPlace::kDisk
+                     ? ("on disk, " + format_bytes(static_cast<double>(cold->disk_bytes())) +
+                        " in its file")
+                           .c_str()
+                     : "in memory",
+                 static_cast<long long>(cold->total_slots()),
                  format_bytes(static_cast<double>(cold->rows_bytes())).c_str(),
                  format_bytes(static_cast<double>(cold->meta_bytes())).c_str(),
                  static_cast<long long>(cold->recall_turns()),

@@ -270,20 +270,20 @@ Status check_cold(const std::string& name, const std::vector<Item>& items, const
   if (!c.cold.enabled()) {
     for (const char* k : {"cold_type", "cold_size", "recall"}) {
       if (has_key(items, k))
-        return invalid_argument("KV policy '" + name + "': " + k + "= applies only with cold=memory");
+        return invalid_argument("KV policy '" + name + "': " + k + "= applies only with cold=memory or cold=disk");
     }
     return {};
   }
   if (c.pos != PosMode::kOriginal)
     return invalid_argument("KV policy '" + name +
-                            "': cold=memory keeps slots at their own positions, which "
+                            "': a cold tier keeps slots at their own positions, which "
                             "positions=shifted renumbers");
   const bool by_window = c.selector == Selector::kSnapWindow ||
                          (c.selector == Selector::kHeavyRecent &&
                           c.prompt != PromptScore::kAccumulated && c.heads == HeadRule::kUniform);
   if (!by_window)
     return invalid_argument("KV policy '" + name +
-                            "': cold=memory needs the slots of a turn ranked by the turn's own "
+                            "': a cold tier needs the slots of a turn ranked by the turn's own "
                             "queries: prompt_ranking=window (or reconstruction) with heads=uniform, "
                             "or snapkv / pyramidkv");
   return {};

@@ -181,7 +181,7 @@ bool ada_shown(const PolicyConfig& c) {
 bool cold_shown(const PolicyConfig& c) {
   return c.cold.enabled();
 }
-const std::vector<const char*> kColdWords = {"none", "memory"};
+const std::vector<const char*> kColdWords = {"none", "memory", "disk"};
 
 // The scorers' names (scorer_defs()), as the scorer= key's words.
 const std::vector<const char*>& scorer_words() {
