@@ -336,6 +336,40 @@ TEST_P(ColdTierEngine, ATurnRecallsAndEveryTokenIsInOneTier) {
   EXPECT_EQ(u.cache().cold()->recall_turns(), 2);
 }
 
+// The tier's place changes where its slots are, not which: the same conversation gives the same
+// logits in memory and on disk.
+TEST(ColdTierPlaces, MemoryAndDiskGiveTheSameLogits) {
+  test::RandomModelConfig cfg;
+  cfg.n_layer = 2;
+  cfg.n_head_kv = 2;
+  cfg.seed = 31;
+  auto model = test::load_random_model(cfg, "cold_tier_places.gguf");
+  ASSERT_NE(model, nullptr);
+  ThreadPool pool(2);
+  Engine engine(*model, pool, EngineOptions{});
+  auto run = [&](const char* place) {
+    std::shared_ptr<const KvPolicy> pol(
+        parse_kv_policy(std::string("d2o:ratio=0.2,window=8,kernel=5,cold_type=f16,recall=7,cold=") +
+                        place)
+            .value());
+    Sequence s(model->hparams(), KvType::kF16, pol);
+    std::vector<float> all, l;
+    for (int turn = 0; turn < 4; ++turn) {
+      const std::vector<TokenId> tokens = random_tokens(turn == 0 ? 300 : 24, 40 + turn);
+      BatchEntry be;
+      be.seq = &s;
+      be.tokens = tokens;
+      EXPECT_TRUE(engine.forward({&be, 1}, [&](int, int, const float* x) {
+                          l.assign(x, x + model->hparams().n_vocab);
+                        }).ok());
+      all.insert(all.end(), l.begin(), l.end());
+    }
+    EXPECT_EQ(s.cache().cold()->recall_turns(), 3);
+    return all;
+  };
+  EXPECT_EQ(run("memory"), run("disk"));
+}
+
 INSTANTIATE_TEST_SUITE_P(ArchsPlaces, ColdTierEngine,
                          ::testing::Combine(::testing::Values("llama", "gemma3"),
                                             ::testing::Values("memory", "disk")));
