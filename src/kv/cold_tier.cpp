@@ -72,15 +72,7 @@ ColdTier& ColdTier::operator=(const ColdTier& o) {
   file_->clear();
   for (size_t i = 0; i < heads_.size(); ++i) {
     Head all;
-    const Head& src = o.heads_[i];
-    for (const Extent& e : src.ext) {
-      if (!o.read_extent(e, all)) lost_ += e.n;
-    }
-    all.pos.insert(all.pos.end(), src.pos.begin(), src.pos.end());
-    all.score.insert(all.score.end(), src.score.begin(), src.score.end());
-    all.merged.insert(all.merged.end(), src.merged.begin(), src.merged.end());
-    all.k.insert(all.k.end(), src.k.begin(), src.k.end());
-    all.v.insert(all.v.end(), src.v.begin(), src.v.end());
+    if (!o.read_whole(*o.file_, o.heads_[i], all)) lost_ += o.heads_[i].n_disk;
     heads_[i] = Head();
     store_whole(heads_[i], all);
   }
@@ -101,14 +93,7 @@ void ColdTier::note_turn() {
   file_ = std::move(fresh);
   for (Head& hd : heads_) {
     Head all;
-    for (const Extent& e : hd.ext) {
-      if (!read_extent(*old, e, all)) lost_ += e.n;
-    }
-    all.pos.insert(all.pos.end(), hd.pos.begin(), hd.pos.end());
-    all.score.insert(all.score.end(), hd.score.begin(), hd.score.end());
-    all.merged.insert(all.merged.end(), hd.merged.begin(), hd.merged.end());
-    all.k.insert(all.k.end(), hd.k.begin(), hd.k.end());
-    all.v.insert(all.v.end(), hd.v.begin(), hd.v.end());
+    if (!read_whole(*old, hd, all)) lost_ += hd.n_disk;
     store_whole(hd, all);
   }
 }
@@ -169,6 +154,17 @@ bool ColdTier::read_extent(const ColdFile& f, const Extent& e, Head& into) const
   return true;
 }
 
+bool ColdTier::read_whole(const ColdFile& f, const Head& hd, Head& into) const {
+  bool ok = true;
+  for (const Extent& e : hd.ext) ok = read_extent(f, e, into) && ok;
+  into.pos.insert(into.pos.end(), hd.pos.begin(), hd.pos.end());
+  into.score.insert(into.score.end(), hd.score.begin(), hd.score.end());
+  into.merged.insert(into.merged.end(), hd.merged.begin(), hd.merged.end());
+  into.k.insert(into.k.end(), hd.k.begin(), hd.k.end());
+  into.v.insert(into.v.end(), hd.v.begin(), hd.v.end());
+  return ok;
+}
+
 void ColdTier::flush(Head& hd) {
   const size_t n = static_cast<size_t>(hd.n_tail());
   if (n == 0) return;
@@ -189,17 +185,10 @@ ColdTier::Head& ColdTier::whole(int il, int h, Head& scratch, bool* ok) {
   *ok = true;
   if (hd.ext.empty()) return hd;
   scratch = Head();
-  for (const Extent& e : hd.ext) {
-    if (!read_extent(e, scratch)) {
-      lost_ += e.n;
-      *ok = false;
-    }
+  if (!read_whole(*file_, hd, scratch)) {
+    lost_ += hd.n_disk;
+    *ok = false;
   }
-  scratch.pos.insert(scratch.pos.end(), hd.pos.begin(), hd.pos.end());
-  scratch.score.insert(scratch.score.end(), hd.score.begin(), hd.score.end());
-  scratch.merged.insert(scratch.merged.end(), hd.merged.begin(), hd.merged.end());
-  scratch.k.insert(scratch.k.end(), hd.k.begin(), hd.k.end());
-  scratch.v.insert(scratch.v.end(), hd.v.begin(), hd.v.end());
   return scratch;
 }
 
@@ -389,14 +378,7 @@ ColdTier::HeadView ColdTier::view(int il, int h) const {
   const Head* hd = &head(il, h);
   if (!hd->ext.empty()) {  // on disk: read whole into view_ (valid until the next view())
     view_ = Head();
-    for (const Extent& e : hd->ext) {
-      if (!read_extent(e, view_)) lost_ += e.n;
-    }
-    view_.pos.insert(view_.pos.end(), hd->pos.begin(), hd->pos.end());
-    view_.score.insert(view_.score.end(), hd->score.begin(), hd->score.end());
-    view_.merged.insert(view_.merged.end(), hd->merged.begin(), hd->merged.end());
-    view_.k.insert(view_.k.end(), hd->k.begin(), hd->k.end());
-    view_.v.insert(view_.v.end(), hd->v.begin(), hd->v.end());
+    if (!read_whole(*file_, *hd, view_)) lost_ += hd->n_disk;
     hd = &view_;
   }
   return {hd->n_tail(), hd->pos.data(), hd->score.data(), hd->merged.data(), hd->k.data(),

@@ -167,6 +167,9 @@ class ColdTier {
   Extent write_extent(const Head& from, size_t first, size_t n);
   bool read_extent(const Extent& e, Head& into) const;  // from file_
   bool read_extent(const ColdFile& f, const Extent& e, Head& into) const;
+  // Appends head hd's slots, extents (from f) then tail, to `into`; false if a read failed (the
+  // extents that could be read are there).
+  bool read_whole(const ColdFile& f, const Head& hd, Head& into) const;
   Head& head(int il, int h) { return heads_[static_cast<size_t>(il) * n_head_kv_ + h]; }
   const Head& head(int il, int h) const {
     return heads_[static_cast<size_t>(il) * n_head_kv_ + h];
