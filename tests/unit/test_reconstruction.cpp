@@ -69,8 +69,9 @@ class Reconstruction : public ::testing::TestWithParam<const char*> {
     cfg.n_vocab = 300;
     cfg.seed = 33;
     if (arch == "gemma3") {
+      cfg.n_layer = 7;  // layers 0-4 slide, layer 5 is global, layer 6 slides
       cfg.head_dim = 16;
-      cfg.sliding_window = 16;  // layers 0 and 1 slide, layer 2 is global
+      cfg.sliding_window = 16;
     }
     return cfg;
   }
