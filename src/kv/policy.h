@@ -158,9 +158,11 @@ class KvPolicy {
   virtual StatsNeeds needs() const = 0;
   // The statistics the next pass must collect in `state`: needs() (the most any pass asks for,
   // which chunking and validation plan by) or less. A prompt_ranking=window policy asks for the
-  // window only until its first compaction, the only one that reads it.
-  virtual StatsNeeds pass_needs(const PolicyState& state) const {
+  // window only until its first compaction and for a turn that recalls from the cold tier
+  // (`recalls`: the compactions that read it).
+  virtual StatsNeeds pass_needs(const PolicyState& state, bool recalls = false) const {
     (void)state;
+    (void)recalls;
     return needs();
   }
   // True when the policy never removes anything (the engine then skips statistics entirely).

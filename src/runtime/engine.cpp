@@ -199,6 +199,12 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, const LogitsSink& s
     sr.r0 = r0;
     sr.r1 = r1;
     const KvPolicy& pol = be.seq->policy();
+    // A new turn (a pass of several tokens that ends its prompt, of a sequence already started)
+    // recalls from the cache's cold tier, if it holds anything: in its last micro-batch, and its
+    // compaction then ranks by the turn's window, which every micro-batch of the pass collects.
+    const ColdTier* cold = be.seq->cache().cold();
+    const bool turn_recalls = cold && !reconstructing_ && be.tokens.size() > 1 &&
+                              be.prompt_rest == 0 && be.seq->started() && cold->total_slots() > 0;
     if (reconstructing_) {
       // Every query's attention into the window statistics; the pass's output is not kept.
       const StatsNeeds needs = pol.pass_needs(be.seq->policy_state());
@@ -207,7 +213,7 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, const LogitsSink& s
       sr.stats.window_first = 0;
       sr.stats.window_max = true;
     } else if (!pol.is_full()) {
-      const StatsNeeds needs = pol.pass_needs(be.seq->policy_state());
+      const StatsNeeds needs = pol.pass_needs(be.seq->policy_state(), turn_recalls);
       sr.stats.accumulate = needs.accumulate;
       sr.stats.agg = needs.agg;
       sr.stats.mass = needs.mass;
@@ -218,13 +224,8 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, const LogitsSink& s
         sr.stats.window_first = std::max(0, win_start - first_tok);
       }
     }
-    // The micro-batch that ends a new turn (a pass of several tokens that ends its prompt, of a
-    // sequence already started) recalls from the cache's cold tier, if it holds anything.
-    const ColdTier* cold = be.seq->cache().cold();
-    sr.recall = cold && !reconstructing_ && be.tokens.size() > 1 && be.prompt_rest == 0 &&
-                be.seq->started() &&
-                rows_[static_cast<size_t>(r1 - 1)].token == static_cast<int>(be.tokens.size()) - 1 &&
-                cold->total_slots() > 0;
+    sr.recall = turn_recalls &&
+                rows_[static_cast<size_t>(r1 - 1)].token == static_cast<int>(be.tokens.size()) - 1;
     // A one-token pass may be compacted layer by layer (after_attention).
     sr.layer_hook = be.tokens.size() == 1 && be.prompt_rest == 0 && !reconstructing_;
     if (sr.layer_hook && !pol.is_full())

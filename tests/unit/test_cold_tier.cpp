@@ -336,6 +336,55 @@ TEST_P(ColdTierEngine, ATurnRecallsAndEveryTokenIsInOneTier) {
   EXPECT_EQ(u.cache().cold()->recall_turns(), 2);
 }
 
+// A turn that recalls every cold slot ranks them, with the hot ones, by the turn's own window:
+// what it keeps is what the same budget keeps when the context and the turn come as one prompt
+// (the question before), slot for slot.
+TEST(ColdTierEngine, ATurnThatRecallsEverythingKeepsWhatTheQuestionBeforeKeeps) {
+  test::RandomModelConfig cfg;
+  cfg.n_layer = 3;
+  cfg.n_embd = 64;
+  cfg.n_head = 4;
+  cfg.n_head_kv = 2;
+  cfg.seed = 23;
+  auto model = test::load_random_model(cfg, "cold_tier_rank.gguf");
+  ASSERT_NE(model, nullptr);
+  ThreadPool pool(2);
+  Engine engine(*model, pool, EngineOptions{});
+  const std::string base = "d2o:budget=24,window=8,kernel=3";
+  std::shared_ptr<const KvPolicy> pol(
+      parse_kv_policy(base + ",cold=memory,cold_type=f16,recall=1000").value());
+  std::shared_ptr<const KvPolicy> one(parse_kv_policy(base).value());
+  Sequence s(model->hparams(), KvType::kF16, pol), t(model->hparams(), KvType::kF16, one);
+  auto feed = [&](Sequence& seq, std::span<const TokenId> tokens) {
+    BatchEntry be;
+    be.seq = &seq;
+    be.tokens = tokens;
+    return engine.forward({&be, 1}, [](int, int, const float*) {});
+  };
+  const std::vector<TokenId> prompt = random_tokens(96, 7), turn = random_tokens(20, 8);
+  std::vector<TokenId> whole = prompt;
+  whole.insert(whole.end(), turn.begin(), turn.end());
+  ASSERT_TRUE(feed(s, prompt).ok());
+  ASSERT_TRUE(feed(s, turn).ok());
+  ASSERT_TRUE(feed(t, whole).ok());
+  ASSERT_EQ(s.cache().cold()->recall_turns(), 1);
+  int64_t same = 0, total = 0;
+  for (int il = 0; il < s.cache().n_layer(); ++il) {
+    const KvLayer& a = s.cache().layer(il);
+    const KvLayer& b = t.cache().layer(il);
+    for (int g = 0; g < a.n_head_kv(); ++g) {
+      ASSERT_EQ(a.n_slot(g), b.n_slot(g));
+      const std::vector<int32_t> pa(a.pos(g), a.pos(g) + a.n_slot(g));
+      const std::vector<int32_t> pb(b.pos(g), b.pos(g) + b.n_slot(g));
+      for (int32_t p : pa) same += std::count(pb.begin(), pb.end(), p);
+      total += a.n_slot(g);
+      EXPECT_EQ(pa, pb) << "layer " << il << " head " << g;
+    }
+  }
+  // Ranked by nothing (no window collected), the turn would keep the oldest slots instead.
+  EXPECT_EQ(same, total);
+}
+
 // The tier's place changes where its slots are, not which: the same conversation gives the same
 // logits in memory and on disk.
 TEST(ColdTierPlaces, MemoryAndDiskGiveTheSameLogits) {

@@ -571,6 +571,8 @@ TEST(PolicySpec, NeedsMatchThePolicy) {
     auto p = parse_kv_policy(spec).value();
     EXPECT_EQ(p->pass_needs(fresh).window, 16);
     EXPECT_EQ(p->pass_needs(compacted).window, spec[0] == 's' ? 16 : 0);
+    // A turn that recalls from a cold tier is ranked by its window again.
+    EXPECT_EQ(p->pass_needs(compacted, /*recalls=*/true).window, 16);
     EXPECT_EQ(p->pass_needs(compacted).accumulate, p->needs().accumulate);
   }
 }

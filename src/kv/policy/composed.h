@@ -92,7 +92,7 @@ class ComposedPolicy final : public KvPolicy {
   const PolicyConfig& config() const { return cfg_; }
   std::string spec() const override;
   StatsNeeds needs() const override;
-  StatsNeeds pass_needs(const PolicyState& state) const override;
+  StatsNeeds pass_needs(const PolicyState& state, bool recalls = false) const override;
   Status compact(KvCache& cache, PolicyState& state, const PassInfo& pass) const override;
   // After the first compaction (budgets decided), every layer is compacted on its own, unless
   // positions are shifted (one shift per pass for all layers).

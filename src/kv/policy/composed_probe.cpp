@@ -28,10 +28,12 @@ StatsNeeds ComposedPolicy::needs() const {
   return n;
 }
 
-StatsNeeds ComposedPolicy::pass_needs(const PolicyState& state) const {
+StatsNeeds ComposedPolicy::pass_needs(const PolicyState& state, bool recalls) const {
   StatsNeeds n = needs();
-  // prompt_ranking=window reads the window at the prompt's compaction only (the sequence's first).
-  if (cfg_.selector == Selector::kHeavyRecent && state.n_compactions > 0) n.window = 0;
+  // prompt_ranking=window reads the window at the prompt's compaction (the sequence's first) and
+  // at the compaction of a turn that recalled from the cold tier (PassInfo::recalled), which
+  // ranks hot and recalled slots alike by the turn's window.
+  if (cfg_.selector == Selector::kHeavyRecent && state.n_compactions > 0 && !recalls) n.window = 0;
   return n;
 }
 
