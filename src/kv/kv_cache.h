@@ -30,9 +30,10 @@
 //
 // The only mutators are append() (new tokens), apply() (a CompactionPlan from a policy),
 // replace_value() and replace_scores() (a policy's values and scores written while planning), for
-// sliding-window layers drop_oldest(), the allocation
-// calls (reserve, trim, ...), statistics resets and copies; KvLayer is read-only outside KvCache,
-// except that the attention kernel accumulates statistics through KvCache::layer_for_attention().
+// sliding-window layers drop_oldest(), truncate() (a conversation cut back to a prefix), the
+// allocation calls (reserve, trim, ...), statistics resets and copies; KvLayer is read-only
+// outside KvCache, except that the attention kernel accumulates statistics through
+// KvCache::layer_for_attention().
 //
 // Sliding-window layers (KvCacheConfig::layer_window[il] = W > 0; Gemma 3's local layers): a
 // query sees only the last W positions, so the layer keeps a ring of the last W - 1 slots plus
@@ -404,6 +405,19 @@ class KvCache {
   // (they hold the highest rows: append). A pass run to read its attention statistics (the
   // prompt's reconstruction, KvPolicy::reconstruction_chunk) leaves the cache as it found it.
   void drop_appended(int il, int count);
+
+  // The longest prefix of positions [0, p), p <= n, that this cache holds as a cache fed only
+  // those p tokens would: in every global layer, each head's first p slots are positions 0..p-1
+  // as appended (nothing evicted below p, nothing merged into them); in every sliding-window
+  // layer of window W, the positions a query at p sees, [max(0, p - W + 1), p). A compaction
+  // that reached below n ends the prefix there; a sliding window that has moved past what p
+  // needs gives 0. The accumulated statistics of the slots kept are not checked: they are the
+  // cache's as it was fed (what the later tokens' queries gave them included).
+  int64_t intact_prefix(int64_t n) const;
+  // Removes from every layer the slots at positions >= n, so that the cache holds the prefix
+  // intact_prefix() vouched for (it must return n: asserted). The memory stays allocated; the
+  // cold tier is not touched.
+  void truncate(int64_t n);
 
   // Sliding-window layer il, before a pass of n_tok tokens is appended: drops the oldest slots
   // if the layer would otherwise exceed sliding_capacity(W, n_tok), keeping the last W - 1 (all

@@ -1,6 +1,7 @@
 // KvCache's narrow edits outside apply(): values and statistics a policy writes while planning,
-// the statistics resets of each pass, and the removal of a pass's own slots (the prompt's
-// reconstruction), and the cold tier's way in and out.
+// the statistics resets of each pass, the removal of a pass's own slots (the prompt's
+// reconstruction), a conversation cut back to a prefix it holds intact (truncate), and the cold
+// tier's way in and out.
 #include <algorithm>
 
 #include "core/assert.h"
@@ -38,6 +39,73 @@ void KvCache::drop_appended(int il, int count) {
     for (int j = keep; j < L.n_slot_; ++j) D2O_ASSERT(L.phys(h, j) == j);
   }
   L.n_slot_ = keep;
+}
+
+int64_t KvCache::intact_prefix(int64_t n) const {
+  int64_t p = std::max<int64_t>(n, 0);
+  // Global layers: each head's first slots at positions 0, 1, ... as appended. A slot evicted
+  // below p shows as a position skipped, a merge as a merge count; rows a compaction moved hold
+  // the same bytes.
+  for (int il = 0; il < cfg_.n_layer && p > 0; ++il) {
+    if (!cfg_.layer_compressible(il)) continue;
+    const KvLayer& L = layer(il);
+    for (int h = 0; h < L.n_head_kv_; ++h) {
+      const int64_t m = std::min<int64_t>(p, L.n_slot(h));
+      const int32_t* pos = L.pos(h);
+      const int32_t* merged = L.merged(h);
+      int64_t j = 0;
+      while (j < m && pos[j] == j && merged[j] == 0) ++j;
+      p = j;
+    }
+  }
+  if (p == 0) return 0;
+  // Sliding-window layers hold consecutive positions [first, first + n_slot); a query at p needs
+  // [max(0, p - W + 1), p) of them. Older slots may stay: the window masks them.
+  for (int il = 0; il < cfg_.n_layer; ++il) {
+    const int w = cfg_.window(il);
+    if (w == 0) continue;
+    const KvLayer& L = layer(il);
+    if (L.n_slot_ == 0 || !L.uniform()) return 0;
+    const int64_t first = L.pos(0)[0];
+    for (int h = 0; h < L.n_head_kv_; ++h) {
+      const int32_t* pos = L.pos(h);
+      for (int j = 0; j < L.n_slot_; ++j) {
+        if (pos[j] != first + j) return 0;
+      }
+    }
+    if (first + L.n_slot_ < p || first > std::max<int64_t>(0, p - w + 1)) return 0;
+  }
+  return p;
+}
+
+void KvCache::truncate(int64_t n) {
+  D2O_ASSERT(n >= 0 && intact_prefix(n) == n);
+  for (int il = 0; il < cfg_.n_layer; ++il) {
+    KvLayer& L = layers_[static_cast<size_t>(il)];
+    if (L.n_slot_ == 0) continue;
+    // Slots each head keeps: positions [0, n) of a global layer; of a sliding-window layer, those
+    // of its slots [first, n).
+    int keep = static_cast<int>(n);
+    if (!cfg_.layer_compressible(il))
+      keep = static_cast<int>(std::max<int64_t>(0, n - L.pos(0)[0]));
+    for (int h = 0; h < L.n_head_kv_; ++h) {
+      const int c = L.n_slot(h);
+      D2O_ASSERT(keep <= c);
+      // The kept slots must hold rows [0, keep): each one whose row lies at or past keep moves
+      // into the row of a dropped slot below keep (there are as many of those as of these).
+      int32_t* map = L.row_.data() + L.meta_index(h, 0);
+      int d = keep;
+      for (int j = 0; j < keep; ++j) {
+        if (map[j] < keep) continue;
+        while (map[d] >= keep) ++d;
+        D2O_ASSERT(d < c);
+        L.copy_row(h, map[d], map[j]);
+        map[j] = map[d];
+        ++d;
+      }
+    }
+    L.set_counts(nullptr, keep);
+  }
 }
 
 void KvCache::reset_score_stats(int il) {

@@ -3,10 +3,13 @@
 // sequences with different policies can share one Engine and be advanced in one batch.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "kv/cold_tier.h"
 #include "kv/kv_cache.h"
 #include "kv/policy.h"
 #include "model/layer_desc.h"
@@ -47,6 +50,44 @@ class Sequence {
     state_ = other.state_;
     n_past_ = other.n_past_;
     prompt_tokens_ = other.prompt_tokens_;
+    return {};
+  }
+
+  // How many of the tokens seen so far, at most n, this sequence can be cut back to and go on
+  // from exactly as a sequence fed only them would attend (KvCache::intact_prefix): none while a
+  // prompt is in progress, after positions were renumbered (PolicyState::pos_shift), or once a
+  // cold tier has taken anything (a recalled slot comes back re-quantised); else the prefix
+  // before the first slot a compaction evicted or merged, and for a sliding-window layer only
+  // while its window still holds what that prefix needs.
+  int64_t reusable_prefix(int64_t n) const {
+    n = std::min(n, n_past_);
+    if (n <= 0 || prompt_pending_ > 0 || state_.pos_shift != 0) return 0;
+    if (const ColdTier* cold = cache_.cold();
+        cold && (state_.n_compactions > 0 || cold->total_slots() > 0 || cold->recalled_slots() > 0))
+      return 0;
+    return cache_.intact_prefix(n);
+  }
+  // Cuts the sequence back to its first n tokens (reusable_prefix(n) must be n): the cache drops
+  // every slot at a later position, the position becomes n, and the policy state starts again as
+  // a sequence's that was never compacted (budgets are decided at the next compaction, as for a
+  // new prompt). The kept slots' accumulated attention statistics stay as gathered (the removed
+  // tokens' queries included). Errors: n out of range or not a reusable prefix (nothing changed).
+  Status truncate(int64_t n) {
+    if (n < 0 || n > n_past_)
+      return invalid_argument("Sequence truncate: " + std::to_string(n) + " tokens is outside [0, " +
+                              std::to_string(n_past_) + "]");
+    if (n == n_past_) return {};
+    if (n > 0 && reusable_prefix(n) != n)
+      return invalid_argument("Sequence truncate: the cache does not hold its first " +
+                              std::to_string(n) + " tokens intact");
+    if (n == 0) {
+      reset();
+      return {};
+    }
+    cache_.truncate(n);
+    state_.reset();
+    n_past_ = n;
+    std::vector<int32_t>().swap(prompt_tokens_);
     return {};
   }
 
