@@ -64,6 +64,10 @@ struct FeedPlan {
   int64_t n_total = 0;   // prompt + generated tokens
   int prompt_chunk = 1;  // longest prompt pass
   int decode_chunk = 1;  // longest pass after the prompt
+  // KV heads per layer: per-head budgets (heads=ada) let one head hold more than the layer's
+  // budget per head, by at most what the other heads give up, which depends on their number.
+  // 0: unknown (such a policy is then bounded by n_total).
+  int n_head_kv = 0;
 };
 
 // A policy's own per-sequence state, beside the common part of PolicyState: what only that

@@ -97,6 +97,7 @@ Scheduler::Footprint Scheduler::footprint(const KvCacheConfig& cfg, const KvPoli
   plan.n_total = n_prompt + n_new;
   plan.prompt_chunk = std::max(1, max_chunk);
   plan.decode_chunk = 1;  // one token per step after the prompt
+  plan.n_head_kv = cfg.n_head_kv;
   f.slots = std::max<int64_t>(1, policy.peak_slots_for(plan));
   f.bytes = KvCache::bytes_for_slots(cfg, f.slots, plan.prompt_chunk, plan.n_total) +
             policy.state_bytes(cfg, f.slots) + policy.cold_bytes(cfg, plan.n_total);

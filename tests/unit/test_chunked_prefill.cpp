@@ -12,6 +12,7 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "policy_sim.h"
+#include "unit/kv_test_access.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "runtime/tokenizer.h"
@@ -28,6 +29,7 @@ struct PeakCase {
   const char* spec;
   int n_prompt, n_total, chunk;
   bool exact;  // the bound is reached
+  int n_head_kv = 2;
 };
 
 int64_t feed_announced(PolicySim& sim, const PeakCase& c) {
@@ -73,12 +75,20 @@ TEST(ChunkedPrefill, PeakSlotsForBoundsAnnouncedChunkedFeeding) {
       {"snapkv:budget=20,window=4", 40, 100, 8, false},
       {"d2o:ratio=0.3,layers=research", 40, 100, 8, true},
       {"h2o:budget=200", 40, 100, 8, true},
+      // heads=ada: a head may hold what the other heads give up above their floors.
+      {"h2o:budget=20,heads=ada", 50, 120, 7, false},
+      {"h2o:budget=20,heads=ada", 50, 120, 7, false, 4},
+      {"h2o:budget=20,heads=ada,floor=0", 10, 120, 4, false, 4},
+      {"roco:ratio=0.25,heads=ada", 37, 90, 5, false, 4},
+      {"snapkv:ratio=0.5,window=4,heads=ada", 40, 100, 8, false},
+      {"d2o:reading=paper,budget=20,heads=ada", 50, 120, 7, false, 3},
   };
   for (const PeakCase& c : cases) {
     SCOPED_TRACE(std::string(c.spec) + " prompt " + std::to_string(c.n_prompt) + " chunk " +
                  std::to_string(c.chunk));
     SimSetup s;
     s.n_layer = 6;
+    s.n_head_kv = c.n_head_kv;
     PolicySim sim(c.spec, s);
     const int64_t peak = feed_announced(sim, c);
     FeedPlan plan;
@@ -86,8 +96,14 @@ TEST(ChunkedPrefill, PeakSlotsForBoundsAnnouncedChunkedFeeding) {
     plan.n_total = c.n_total;
     plan.prompt_chunk = c.chunk;
     plan.decode_chunk = 1;
+    plan.n_head_kv = c.n_head_kv;
     const int64_t bound = sim.policy->peak_slots_for(plan);
     EXPECT_LE(peak, bound);
+    if (std::string(c.spec).find("heads=ada") != std::string::npos) {
+      EXPECT_LT(bound, c.n_total);  // not the whole sequence
+      plan.n_head_kv = 0;  // unknown: no bound but the sequence
+      EXPECT_EQ(sim.policy->peak_slots_for(plan), c.n_total);
+    }
     if (c.exact) {
       EXPECT_EQ(peak, bound);
     }
@@ -102,6 +118,46 @@ TEST(ChunkedPrefill, PeakSlotsForBoundsAnnouncedChunkedFeeding) {
   full_plan.n_prompt = 10;
   full_plan.n_total = 100;
   EXPECT_EQ(parse_kv_policy("full").value()->peak_slots_for(full_plan), 100);
+}
+
+// heads=ada: when one KV head outscores the others everywhere it wins every joint pick, and holds
+// exactly the bound peak_slots_for() reserves (its budget, what the other heads give up above
+// their floors, and one pass).
+TEST(ChunkedPrefill, PerHeadBudgetsReachTheirBoundWhenOneHeadWinsEverything) {
+  for (const int G : {2, 3}) {
+    SCOPED_TRACE("KV heads " + std::to_string(G));
+    SimSetup s;
+    s.n_layer = 2;
+    s.n_head_kv = G;
+    PolicySim sim("h2o:budget=20,heads=ada", s);
+    int64_t peak = 0;
+    auto pass = [&](int n, int64_t rest) {
+      sim.feed(n);
+      for (int il = 0; il < s.n_layer; ++il) {
+        KvLayer& L = KvTestAccess::layer(sim.cache, il);
+        for (int g = 0; g < G; ++g) {
+          for (int j = 0; j < L.n_slot(g); ++j)
+            KvTestAccess::score(L, g)[j] = g == 0 ? 1000.0f + static_cast<float>(j) : 0.001f;
+        }
+        peak = std::max<int64_t>(peak, L.n_slot());
+      }
+      PassInfo pi;
+      pi.n_tokens = n;
+      pi.n_past = sim.n_past;
+      pi.prompt_rest = rest;
+      pi.rope = &sim.rope;
+      ASSERT_TRUE(sim.policy->compact(sim.cache, sim.state, pi).ok());
+    };
+    for (int fed = 0; fed < 49; fed += 7) ASSERT_NO_FATAL_FAILURE(pass(7, 49 - fed - 7));
+    for (int i = 0; i < 30; ++i) ASSERT_NO_FATAL_FAILURE(pass(1, 0));
+    FeedPlan plan;
+    plan.n_prompt = 49;
+    plan.n_total = 79;
+    plan.prompt_chunk = 7;
+    plan.n_head_kv = G;
+    EXPECT_FALSE(sim.cache.layer(0).uniform());
+    EXPECT_EQ(peak, sim.policy->peak_slots_for(plan));
+  }
 }
 
 // ---- the engine: chunked prompt == one-pass prompt, bit for bit ------------------------------

@@ -4,14 +4,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "common/alloc_counter.h"
 #include "common/random_model.h"
 #include "common/random_model_fixture.h"
 #include "common/test_util.h"
+#include "kv/policy/composed.h"
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "runtime/scheduler.h"
+#include "unit/unit_helpers.h"
 
 namespace d2o {
 namespace {
@@ -323,6 +326,67 @@ TEST_F(SchedulerTest, RequestLargerThanTheCapIsRefusedAndTheOthersComplete) {
     EXPECT_TRUE(r.status.ok());
     EXPECT_EQ(r.tokens.size(), r.id == *a ? 10u : 5u);
   }
+}
+
+// heads=ada shares a layer's slots over its KV heads by score, so one head may hold more than the
+// budget: at most what the other heads give up above their floors. Admission reserves that bound
+// plus one pass, not the whole sequence as for the full cache: under a cap of exactly that, the
+// request is admitted and runs to its end within its slot limit (a head past it would fail the
+// cache's reservation), while the full cache of the same request is refused.
+TEST_F(SchedulerTest, PerHeadBudgetsReserveTheirBoundNotTheWholeSequence) {
+  ThreadPool pool(1);
+  EngineOptions eo;
+  eo.n_ubatch = 64;
+  Engine engine(*model_, pool, eo);
+  const KvCacheConfig cfg{model_->hparams().n_layer, model_->hparams().n_head_kv,
+                          model_->hparams().head_dim, KvType::kF16};
+  const int n_prompt = 120, n_new = 80, chunk = 16;
+  const std::string ada = "h2o:budget=24,heads=ada";
+  auto pa = test::policy_of(ada);
+  auto pu = test::policy_of("h2o:budget=24");
+  auto pf = test::policy_of("full");
+  const Scheduler::Footprint fa = Scheduler::footprint(cfg, *pa, n_prompt, n_new, chunk);
+  const Scheduler::Footprint fu = Scheduler::footprint(cfg, *pu, n_prompt, n_new, chunk);
+  const Scheduler::Footprint ff = Scheduler::footprint(cfg, *pf, n_prompt, n_new, chunk);
+  const auto* composed = dynamic_cast<const ComposedPolicy*>(pa.get());
+  ASSERT_NE(composed, nullptr);
+  const int64_t head = composed->head_peak_after_compaction(24, cfg.n_head_kv);
+  EXPECT_GT(head, 24);  // a head may win slots from the other
+  EXPECT_LT(head, 2 * 24);
+  EXPECT_EQ(fa.slots, head + chunk);
+  EXPECT_EQ(fu.slots, 24 + chunk);
+  EXPECT_EQ(ff.slots, n_prompt + n_new);
+  EXPECT_LT(fa.bytes, ff.bytes / 3);
+  std::printf("[ reserved ] %d + %d tokens, 2 KV heads: h2o:budget=24 %lld slots, with "
+              "heads=ada %lld, full %lld\n",
+              n_prompt, n_new, static_cast<long long>(fu.slots), static_cast<long long>(fa.slots),
+              static_cast<long long>(ff.slots));
+
+  auto s = Scheduler::create(engine, params(fa.bytes));
+  ASSERT_TRUE(s.ok());
+  Scheduler& sched = **s;
+  Request r = request(prompt(n_prompt, 7), n_new);
+  r.kv_spec = ada;
+  auto id = sched.submit(std::move(r));
+  ASSERT_TRUE(id.ok());
+  auto full = sched.submit(request(prompt(n_prompt, 7), n_new));
+  ASSERT_TRUE(full.ok());
+  ASSERT_TRUE(sched.run().ok());
+  auto res = sched.take_finished();
+  ASSERT_EQ(res.size(), 2u);
+  for (const RequestResult& x : res) {
+    if (x.id == *full) {
+      EXPECT_EQ(x.stop_reason, "refused");
+      continue;
+    }
+    EXPECT_TRUE(x.status.ok()) << x.status.to_string();
+    EXPECT_EQ(x.stop_reason, "length");
+    EXPECT_EQ(x.tokens.size(), static_cast<size_t>(n_new));
+    EXPECT_EQ(x.kv_reserved, fa.bytes);
+    EXPECT_EQ(x.kv_slot_limit, fa.slots);
+    EXPECT_LE(x.kv_peak_allocated, x.kv_reserved);
+  }
+  EXPECT_LE(sched.pool().peak_reserved(), sched.pool().cap());
 }
 
 TEST_F(SchedulerTest, EndOfGenerationStopsARequestAndFreesIt) {

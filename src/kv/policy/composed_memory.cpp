@@ -3,8 +3,10 @@
 // (state_bytes).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "kv/policy/composed.h"
+#include "kv/policy/keeper.h"
 
 namespace d2o {
 
@@ -60,22 +62,39 @@ size_t ComposedPolicy::state_bytes(const KvCacheConfig& cfg, int64_t slots) cons
   return b;
 }
 
+int64_t ComposedPolicy::head_peak_after_compaction(int64_t S, int n_head_kv) const {
+  if (cfg_.heads != HeadRule::kAda) return S;
+  // heads=ada (select_heads.h): a head keeps its t sinks, r recent slots, its floor f of the K =
+  // S - t - r scored ones, and whatever it wins of the G x (K - f) slots left to all heads
+  // jointly. Every head has at least f candidates at each compaction (more than S slots before
+  // the first; t + r + f kept since, plus the pass after them), so the other heads always take
+  // their floors: one head holds at most S + (G - 1) x (K - f).
+  if (n_head_kv <= 0 || S > std::numeric_limits<int>::max()) return -1;  // no bound known
+  const KeepShape sh = Keeper::of(cfg_).shape(static_cast<int>(S));
+  const int64_t k = sh.top;
+  const int64_t f = static_cast<int64_t>(std::floor(cfg_.floor * static_cast<double>(k)));
+  return S + int64_t{n_head_kv - 1} * (k - f);
+}
+
 int64_t ComposedPolicy::peak_slots_for(const FeedPlan& f) const {
   // As peak_slots(), with the prompt's later chunks announced (PassInfo::prompt_rest) and passes
   // after the prompt of at most decode_chunk tokens.
   const int64_t n_prompt = f.n_prompt, n_total = std::max(f.n_total, f.n_prompt);
   if (n_total <= 0) return 0;
   if (n_prompt <= 0) return peak_slots(0, n_total, f.decode_chunk);
-  if (cfg_.layers == LayerRule::kResearch || cfg_.heads == HeadRule::kAda) return n_total;
+  if (cfg_.layers == LayerRule::kResearch) return n_total;
+  // What one head holds right after a compaction to a budget of S per head.
+  auto head = [&](int64_t S) { return head_peak_after_compaction(S, f.n_head_kv); };
+  if (head(1) < 0) return n_total;  // heads=ada without the head count
   const int64_t pc = std::max(1, f.prompt_chunk), dc = std::max(1, f.decode_chunk);
   const bool variable = cfg_.exact_total || cfg_.layers != LayerRule::kUniform;
   if (cfg_.mode == BudgetMode::kRatio) {
     // The whole prompt is held, then compacted once to budgets decided from its n_prompt slots.
     const int64_t lo = std::min<int64_t>(cfg_.min_budget(), n_prompt);
-    const int64_t s_max =
+    const int64_t s_max = head(
         variable ? n_prompt
                  : std::clamp<int64_t>(std::llround(cfg_.ratio * static_cast<double>(n_prompt)), lo,
-                                       n_prompt);
+                                       n_prompt));
     // prompt_ranking=reconstruction: the prompt and one reconstruction pass, for a moment.
     const int64_t held = n_prompt + (reconstructs() ? kReconstructionChunk : 0);
     if (!cfg_.compacts_after_first())
@@ -86,7 +105,7 @@ int64_t ComposedPolicy::peak_slots_for(const FeedPlan& f) const {
   if (n_total <= cfg_.budget) return n_total;
   const bool in_prompt = n_prompt > cfg_.budget;  // the first compaction comes during the prompt
   const int64_t n_first = std::min(n_total, cfg_.budget + (in_prompt ? pc : dc));
-  const int64_t s_max = variable ? n_first : cfg_.budget;
+  const int64_t s_max = head(variable ? n_first : cfg_.budget);
   const int64_t pass = in_prompt ? std::max(pc, dc) : dc;  // passes after the first compaction
   if (!cfg_.compacts_after_first())
     return std::max(n_first, std::min(n_total, s_max + (n_total - n_first) + recall()));
