@@ -13,9 +13,10 @@
 // the cap alone is refused at once (its result says why) and the others run.
 //
 // Peak footprint = KvCache::bytes_for_slots(cfg, policy.peak_slots_for({prompt, prompt + max_new,
-// longest prompt chunk, 1})): the full cache grows to prompt + max_new slots per layer; a
-// compressing policy is bounded by its budget plus one pass (and by the prompt for
-// prompt-then-compress, which holds the whole prompt once before compacting it).
+// longest prompt chunk, 1, n_head_kv})): the full cache grows to prompt + max_new slots per
+// layer; a compressing policy is bounded by its budget plus one pass (and by the prompt for
+// prompt-then-compress, which holds the whole prompt once before compacting it; with per-head
+// budgets, heads=ada, by the most one KV head can win from the others).
 //
 // Prompt chunks carry BatchEntry::prompt_rest, so ratio policies compress the prompt once, after
 // its last chunk, exactly as if it had been prefilled in one pass; the last chunk is made at
