@@ -29,6 +29,8 @@ json usage_json(const Usage& u) {
 json session_json(const SessionInfo& s) {
   return json{{"id", s.id},
               {"rebuilt", s.rebuilt},
+              {"truncated", s.truncated},
+              {"dropped_tokens", s.dropped_tokens},
               {"n_past", s.n_past},
               {"kv_bytes", s.kv_bytes},
               {"full_kv_bytes", s.full_kv_bytes}};

@@ -1,9 +1,10 @@
 // The HTTP API's responses in OpenAI's wire format: chat.completion and text_completion objects,
 // their streamed chunks (Server-Sent Events, "data: {...}\n\n", the last one "data: [DONE]"),
 // errors and the model list. d2o's additions ride along as extra fields that OpenAI clients
-// ignore: `session` (the kept conversation: whether it was rebuilt, its KV bytes against a full
-// cache) and `usage.prompt_tokens_details.cached_tokens` (prompt tokens that were already in a
-// kept cache, not prefilled again).
+// ignore: `session` (the kept conversation: whether it was rebuilt or cut back to the prefix the
+// messages share with it, its KV bytes against a full cache) and
+// `usage.prompt_tokens_details.cached_tokens` (prompt tokens that were already in a kept cache,
+// not prefilled again).
 #pragma once
 
 #include <cstdint>
@@ -24,10 +25,14 @@ struct Usage {
 // What a kept conversation looks like after a request.
 struct SessionInfo {
   std::string id;
-  bool rebuilt = false;      // the messages did not extend the kept tokens: built again
+  bool rebuilt = false;      // built again from the messages: nothing kept was used
   int64_t n_past = 0;        // tokens the conversation has seen
   size_t kv_bytes = 0;       // its cache's KV bytes now
   size_t full_kv_bytes = 0;  // what a full cache of n_past tokens would take
+  // The messages left the kept tokens after a common prefix, and the kept cache was cut back to
+  // that prefix (usage.cached_tokens of it) instead of being rebuilt.
+  bool truncated = false;
+  int64_t dropped_tokens = 0;  // kept tokens let go: past the prefix, or all of them (rebuilt)
 };
 
 // Everything a response is made of.

@@ -117,6 +117,24 @@ std::string prometheus_text(const Metrics& m) {
   value(o, "d2o_engine_steps_total", static_cast<double>(m.steps));
   metric(o, "d2o_sessions_evicted_total", "counter", "Idle sessions dropped to make room.");
   value(o, "d2o_sessions_evicted_total", static_cast<double>(m.sessions_evicted));
+  metric(o, "d2o_session_rebuilds_total", "counter",
+         "Sessions built again from their messages (nothing kept used), by reason.");
+  for (const char* k : kSessionRebuildReasons) {
+    auto it = m.session_rebuilds.find(k);
+    value(o, std::string("d2o_session_rebuilds_total{reason=\"") + k + "\"}",
+          it == m.session_rebuilds.end() ? 0.0 : static_cast<double>(it->second));
+  }
+  metric(o, "d2o_session_truncations_total", "counter",
+         "Sessions cut back to the prefix their new messages share with them (not rebuilt).");
+  value(o, "d2o_session_truncations_total", static_cast<double>(m.session_truncations));
+  metric(o, "d2o_session_truncation_kept_tokens_total", "counter",
+         "Tokens those cuts kept (not prefilled again).");
+  value(o, "d2o_session_truncation_kept_tokens_total",
+        static_cast<double>(m.session_truncation_kept_tokens));
+  metric(o, "d2o_session_truncation_dropped_tokens_total", "counter",
+         "Kept tokens those cuts let go (past the common prefix).");
+  value(o, "d2o_session_truncation_dropped_tokens_total",
+        static_cast<double>(m.session_truncation_dropped_tokens));
   metric(o, "d2o_sessions_saved_total", "counter", "Session files written (--session-dir).");
   value(o, "d2o_sessions_saved_total", static_cast<double>(m.sessions_saved));
   metric(o, "d2o_sessions_loaded_total", "counter", "Sessions read back from their files.");

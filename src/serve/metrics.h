@@ -28,6 +28,13 @@ struct Metrics {
   std::map<std::string, KeyMetrics> by_key;
   int64_t steps = 0;  // engine steps
   int64_t sessions_evicted = 0;
+  // Requests whose kept session did not simply continue: rebuilt from the messages, by reason
+  // (kSessionRebuildReasons), or cut back to the prefix the messages share with it (with the
+  // tokens that kept and those it let go).
+  std::map<std::string, int64_t> session_rebuilds;
+  int64_t session_truncations = 0;
+  int64_t session_truncation_kept_tokens = 0;
+  int64_t session_truncation_dropped_tokens = 0;
   // --session-dir: session files written and read back, failures (writes, refused files), and
   // the seconds the engine thread spent writing and reading them.
   int64_t sessions_saved = 0;
@@ -55,6 +62,13 @@ struct Metrics {
   size_t cold_bytes = 0;       // of those, what their cold tiers hold
   size_t full_equivalent = 0;  // what the same tokens would take in full caches
 };
+
+// Why a session is rebuilt: another policy than its cache's; no prefix in common with the new
+// prompt; a prefix in common that its cache no longer holds intact (compacted below its end, a
+// sliding window moved past it, a cold tier in use); its file refused or unreadable for want of
+// room; lost (it left memory while its file could not be written).
+inline constexpr const char* kSessionRebuildReasons[] = {
+    "policy", "no_common_prefix", "prefix_not_held", "file", "lost"};
 
 std::string prometheus_text(const Metrics& m);
 

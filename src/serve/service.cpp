@@ -181,16 +181,47 @@ void Service::start_job(const std::shared_ptr<Job>& job) {
     Session& s = sessions_.begin(job->store_id);
     SessionInfo info;
     info.id = job->session;
-    // Continue when the kept tokens are a strict prefix of the new prompt under the same policy.
+    // Under the same policy, the kept conversation goes on from the tokens it shares with the
+    // new prompt: all of them when the prompt extends it; else, like a prompt cache, the longest
+    // common prefix its cache still holds as a fresh prefill would (Sequence::reusable_prefix),
+    // the rest cut off. The prompt's last token is always fed: its logits begin the answer.
     auto canonical = parse_kv_policy(job->kv_spec);
     const std::string spec = canonical.ok() ? (*canonical)->spec() : job->kv_spec;
-    const bool extends = s.seq && s.kv_spec == spec && s.tokens.size() < job->prompt.size() &&
-                         std::equal(s.tokens.begin(), s.tokens.end(), job->prompt.begin());
-    if (extends) {
-      skip = s.tokens.size();
+    int64_t kept = -1;  // kept tokens the request goes on from; -1: built again
+    const char* reason = refused ? "file" : lost ? "lost" : nullptr;  // why it is rebuilt
+    if (s.seq && s.kv_spec != spec) {
+      reason = "policy";
+    } else if (s.seq && !job->prompt.empty()) {
+      const size_t most = std::min(s.tokens.size(), job->prompt.size() - 1);
+      const size_t common = static_cast<size_t>(
+          std::mismatch(s.tokens.begin(), s.tokens.begin() + static_cast<ptrdiff_t>(most),
+                        job->prompt.begin())
+              .first -
+          s.tokens.begin());
+      if (common == s.tokens.size()) {
+        kept = static_cast<int64_t>(common);
+      } else if (common == 0) {
+        reason = "no_common_prefix";
+      } else if (const int64_t p = s.seq->reusable_prefix(static_cast<int64_t>(common));
+                 p > 0 && s.seq->truncate(p).ok()) {
+        kept = p;
+        info.truncated = true;
+        info.dropped_tokens = std::ssize(s.tokens) - p;
+        ++counters_.session_truncations;
+        counters_.session_truncation_kept_tokens += p;
+        counters_.session_truncation_dropped_tokens += info.dropped_tokens;
+        s.tokens.resize(static_cast<size_t>(p));
+      } else {
+        reason = "prefix_not_held";
+      }
+    }
+    if (kept >= 0) {
+      skip = static_cast<size_t>(kept);
       req.resume = sessions_.take(s, req.resume_held);
     } else {
       info.rebuilt = s.seq != nullptr || refused || lost;
+      info.dropped_tokens = std::ssize(s.tokens);
+      if (info.rebuilt) ++counters_.session_rebuilds[reason ? reason : "no_common_prefix"];
       sessions_.clear(s);
     }
     req.keep_sequence = true;

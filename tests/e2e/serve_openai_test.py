@@ -8,7 +8,8 @@ Needs $D2O_MODEL (SmolLM2-135M-Instruct) and the `openai` package on the path (s
 Checks: greedy chat answers equal `d2o run --chat` for the same message and policy, one at a
 time and with 16 requests in flight; streaming gives the same text and ends with [DONE]; stop
 strings; seeds; errors surface as the package's exception types (400, 401, 413, invalid UTF-8);
-sessions prefill only the new turn and answer as a fresh request would, and keep their KV
+sessions prefill only the new turn and answer as a fresh request would, are cut back to the
+prefix they share with a diverging request (rebuilt under another policy), and keep their KV
 bytes flat under a budget policy; a client that goes away
 mid-stream frees its sequence; SIGTERM lets a request in flight finish.
 """
@@ -260,9 +261,24 @@ def run_checks(srv, want):
     fresh = c.chat.completions.create(model="m", messages=turn2, max_tokens=N, temperature=0)
     check(r2.choices[0].message.content == fresh.choices[0].message.content,
           "a continued session answers as a fresh request")
+    # Back to the first turn (a regenerated answer): the full cache keeps what the prompts share.
     r3 = c.chat.completions.create(model="m", messages=turn1, max_tokens=N, temperature=0,
                                    extra_body={"session": "conv-1"})
-    check(r3.model_extra["session"]["rebuilt"] is True, "a diverging conversation is rebuilt")
+    info3 = r3.model_extra["session"]
+    check(info3["rebuilt"] is False and info3["truncated"] is True,
+          "a diverging conversation is cut back to the common prefix: %s" % info3)
+    check(r3.usage.prompt_tokens_details.cached_tokens == r1.usage.prompt_tokens - 1,
+          "all of the first turn but its last token kept")
+    check(r3.choices[0].message.content == r1.choices[0].message.content,
+          "and it answers as the first turn did")
+    # Another policy cannot use the kept cache: rebuilt.
+    r4 = c.chat.completions.create(model="m", messages=turn1, max_tokens=N, temperature=0,
+                                   extra_body={"session": "conv-1", "kv": "h2o:budget=64"})
+    check(r4.model_extra["session"]["rebuilt"] is True and r4.model_extra["session_rebuilt"],
+          "another policy rebuilds the session")
+    check(r4.usage.prompt_tokens_details.cached_tokens == 0, "nothing cached when rebuilt")
+    check(srv.metric('d2o_session_rebuilds_total{reason="policy"}') == 1, "the rebuild counted")
+    check(srv.metric("d2o_session_truncations_total") == 1, "the cut counted")
     check(srv.metric("d2o_sessions") >= 1, "sessions gauge")
 
     # A session under d2o:budget=B keeps its KV bytes flat once the budget is reached, and each

@@ -253,6 +253,13 @@ TEST(ServeFormat, ChatCompletionShape) {
   EXPECT_EQ(k["session_rebuilt"], true);
   EXPECT_EQ(k["session"]["kv_bytes"], 100);
   EXPECT_EQ(k["session"]["full_kv_bytes"], 400);
+  EXPECT_EQ(k["session"]["truncated"], false);
+  EXPECT_EQ(k["session"]["dropped_tokens"], 0);
+  c.session = SessionInfo{"s", false, 20, 100, 400, true, 7};
+  const json t = json::parse(completion_body(c));
+  EXPECT_EQ(t["session_rebuilt"], false);
+  EXPECT_EQ(t["session"]["truncated"], true);
+  EXPECT_EQ(t["session"]["dropped_tokens"], 7);
 }
 
 TEST(ServeFormat, CompletionAndStreamEvents) {

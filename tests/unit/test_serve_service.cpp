@@ -313,6 +313,73 @@ TEST(ServeService, SessionsFromSeveralThreadsContinueTheirOwnConversations) {
   EXPECT_EQ(s.metrics().sessions, kSessions);
 }
 
+// A session whose next request leaves its tokens after a common prefix (an edited last message,
+// a regenerated answer) is cut back to that prefix, not rebuilt: the response says how many
+// tokens it kept (cached) and let go, the answer is the one of a fresh request with the same
+// prompt, and /metrics counts the cut; another policy still rebuilds it, counted by reason.
+TEST(ServeService, AnEditedTurnKeepsTheCommonPrefixAndAnswersAsAFreshRequest) {
+  ServeStack st;
+  ASSERT_NO_FATAL_FAILURE(st.start("serve_service", size_t{4} << 20, 2, 8));
+  Service& s = *st.service;
+  std::vector<TokenId> conv = random_prompt(12, 500);
+  const Outcome one = run_one(s, conv, 6, "edit");
+  ASSERT_FALSE(one.error);
+  for (TokenId t : ids_of(one.text)) conv.push_back(t);
+  const size_t common = conv.size();
+  std::vector<TokenId> asked = conv, edited = conv;
+  for (TokenId t : random_prompt(5, 501)) asked.push_back(t);
+  for (TokenId t : random_prompt(7, 502)) edited.push_back(t);
+  ASSERT_NE(asked[common], edited[common]);
+  const Outcome two = run_one(s, asked, 6, "edit");
+  ASSERT_FALSE(two.error);
+  ASSERT_TRUE(two.session);
+  EXPECT_FALSE(two.session->truncated);
+
+  const Outcome cut = run_one(s, edited, 6, "edit");
+  ASSERT_FALSE(cut.error) << cut.error->message;
+  ASSERT_TRUE(cut.session);
+  EXPECT_FALSE(cut.session->rebuilt);
+  EXPECT_TRUE(cut.session->truncated);
+  EXPECT_EQ(cut.cached_tokens, static_cast<int>(common));
+  EXPECT_EQ(cut.session->dropped_tokens, two.session->n_past - static_cast<int64_t>(common));
+  EXPECT_EQ(cut.session->n_past, std::ssize(edited) + 6 - 1);
+  const Outcome fresh = run_one(s, edited, 6);
+  ASSERT_FALSE(fresh.error);
+  EXPECT_EQ(cut.text, fresh.text);
+
+  // The same prompt again (a regenerated answer): all but its last token kept.
+  const Outcome again = run_one(s, edited, 6, "edit");
+  ASSERT_FALSE(again.error);
+  EXPECT_TRUE(again.session->truncated);
+  EXPECT_EQ(again.cached_tokens, std::ssize(edited) - 1);
+  EXPECT_EQ(again.text, fresh.text);
+
+  // Another policy: rebuilt, nothing kept.
+  auto job = make_job(edited, 6, "edit");
+  job->kv_spec = "h2o:budget=64";
+  ASSERT_FALSE(s.submit(job));
+  const Outcome other = wait_for(*job);
+  ASSERT_FALSE(other.error);
+  EXPECT_TRUE(other.session->rebuilt);
+  EXPECT_FALSE(other.session->truncated);
+  EXPECT_EQ(other.cached_tokens, 0);
+  EXPECT_EQ(other.session->dropped_tokens, again.session->n_past);
+
+  wait_for_count(s, "ok", 6);
+  const Metrics m = s.metrics();
+  EXPECT_EQ(m.session_truncations, 2);
+  EXPECT_EQ(m.session_truncation_kept_tokens,
+            static_cast<int64_t>(common) + std::ssize(edited) - 1);
+  EXPECT_EQ(m.session_truncation_dropped_tokens,
+            cut.session->dropped_tokens + again.session->dropped_tokens);
+  EXPECT_EQ(m.session_rebuilds.at("policy"), 1);
+  EXPECT_EQ(m.prompt_tokens - m.prefilled_tokens,
+            two.cached_tokens + cut.cached_tokens + again.cached_tokens);
+  const std::string text = prometheus_text(m);
+  EXPECT_NE(text.find("d2o_session_rebuilds_total{reason=\"policy\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("d2o_session_truncations_total 2"), std::string::npos);
+}
+
 // Sessions live in the namespace of the key a request came with. Bob naming the session id
 // Alice uses, with Alice's very conversation, gets what an id never used gets (nothing taken
 // from her cache, not "rebuilt", the same sizes and answer), and leaves her session as it was;
