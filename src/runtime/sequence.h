@@ -74,8 +74,8 @@ class Sequence {
   // tokens' queries included). Errors: n out of range or not a reusable prefix (nothing changed).
   Status truncate(int64_t n) {
     if (n < 0 || n > n_past_)
-      return invalid_argument("Sequence truncate: " + std::to_string(n) + " tokens is outside [0, " +
-                              std::to_string(n_past_) + "]");
+      return invalid_argument("Sequence truncate: " + std::to_string(n) +
+                              " tokens is outside [0, " + std::to_string(n_past_) + "]");
     if (n == n_past_) return {};
     if (n > 0 && reusable_prefix(n) != n)
       return invalid_argument("Sequence truncate: the cache does not hold its first " +

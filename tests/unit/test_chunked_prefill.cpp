@@ -12,10 +12,10 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "policy_sim.h"
-#include "unit/kv_test_access.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "runtime/tokenizer.h"
+#include "unit/kv_test_access.h"
 
 namespace d2o {
 namespace {
@@ -101,7 +101,7 @@ TEST(ChunkedPrefill, PeakSlotsForBoundsAnnouncedChunkedFeeding) {
     EXPECT_LE(peak, bound);
     if (std::string(c.spec).find("heads=ada") != std::string::npos) {
       EXPECT_LT(bound, c.n_total);  // not the whole sequence
-      plan.n_head_kv = 0;  // unknown: no bound but the sequence
+      plan.n_head_kv = 0;           // unknown: no bound but the sequence
       EXPECT_EQ(sim.policy->peak_slots_for(plan), c.n_total);
     }
     if (c.exact) {

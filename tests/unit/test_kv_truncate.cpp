@@ -56,8 +56,8 @@ void trunc_append(KvCache& c, int first, int n, std::mt19937& rng, std::vector<T
     const KvLayer& L = c.layer(il);
     for (int h = 0; h < L.n_head_kv(); ++h) {
       for (int j = L.n_slot(h) - n; j < L.n_slot(h); ++j) {
-        keys[static_cast<size_t>(il)][{h, L.pos(h)[j]}].assign(
-            L.key_row(h, j), L.key_row(h, j) + L.key_row_bytes());
+        keys[static_cast<size_t>(il)][{h, L.pos(h)[j]}].assign(L.key_row(h, j),
+                                                               L.key_row(h, j) + L.key_row_bytes());
         values[static_cast<size_t>(il)][{h, L.pos(h)[j]}].assign(
             L.value_row(h, j), L.value_row(h, j) + L.value_row_bytes());
       }

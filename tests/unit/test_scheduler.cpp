@@ -357,10 +357,11 @@ TEST_F(SchedulerTest, PerHeadBudgetsReserveTheirBoundNotTheWholeSequence) {
   EXPECT_EQ(fu.slots, 24 + chunk);
   EXPECT_EQ(ff.slots, n_prompt + n_new);
   EXPECT_LT(fa.bytes, ff.bytes / 3);
-  std::printf("[ reserved ] %d + %d tokens, 2 KV heads: h2o:budget=24 %lld slots, with "
-              "heads=ada %lld, full %lld\n",
-              n_prompt, n_new, static_cast<long long>(fu.slots), static_cast<long long>(fa.slots),
-              static_cast<long long>(ff.slots));
+  std::printf(
+      "[ reserved ] %d + %d tokens, 2 KV heads: h2o:budget=24 %lld slots, with "
+      "heads=ada %lld, full %lld\n",
+      n_prompt, n_new, static_cast<long long>(fu.slots), static_cast<long long>(fa.slots),
+      static_cast<long long>(ff.slots));
 
   auto s = Scheduler::create(engine, params(fa.bytes));
   ASSERT_TRUE(s.ok());
