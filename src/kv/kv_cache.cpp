@@ -535,7 +535,9 @@ size_t KvCache::bytes_held() const {
 }
 
 void KvCache::drop_queries() {
-  for (QueryWindow& w : queries_) w.clear();
+  for (QueryWindow& w : queries_) {
+    if (w.cap() > 0) w.clear();  // (a layer that holds none costs nothing)
+  }
 }
 
 size_t KvCache::full_kv_bytes(int64_t n_tokens) const {

@@ -134,6 +134,7 @@ void ExpectedAttention::turned_rows(const QueryWindow& W, int qh, const KvLayer&
 void ExpectedAttention::expected(const HeadView& h, SelectScratch& sc) const {
   const KvLayer& L = *h.layer;
   const int g = h.head, n = h.n, hd = L.head_dim(), G = L.n_head_kv();
+  if (n <= 0) return;
   if (sc.ea_e.size() < static_cast<size_t>(n)) sc.ea_e.resize(static_cast<size_t>(n));
   float* e = sc.ea_e.data();
   const QueryWindow* W = h.queries;
