@@ -34,6 +34,7 @@ void clear_unused_stats(const KvPolicy& p, KvCache& cache) {
     if (!n.accumulate) cache.reset_score_stats(il);
     if (n.window == 0) cache.reset_window_stats(il);
   }
+  if (n.queries == 0) cache.drop_queries();
 }
 
 }  // namespace
@@ -51,14 +52,16 @@ Status copy_cache(const KvCache& src, KvCache& dst) {
 PrefillGroups group_by_stats(std::span<const std::shared_ptr<const KvPolicy>> policies) {
   PrefillGroups g;
   g.group_of.assign(policies.size(), -1);
-  // A group is (aggregation, window). The aggregation over a KV head's query heads applies to
-  // both statistics (accumulated scores and window scores); a policy that needs neither fits any
-  // aggregation, a policy without a window fits any window, and a full cache fits anything.
+  // A group is (aggregation, window, recorded queries). The aggregation over a KV head's query
+  // heads applies to both statistics (accumulated scores and window scores); a policy that needs
+  // neither fits any aggregation, a policy without a window fits any window, one that records no
+  // queries any count of them, and a full cache fits anything.
   struct Key {
     bool has_agg = false;
     bool accumulate = false;
     ScoreAgg agg = ScoreAgg::kSum;
     int window = 0;
+    int queries = 0;
   };
   std::vector<Key> keys;
   for (size_t i = 0; i < policies.size(); ++i) {
@@ -69,7 +72,8 @@ PrefillGroups group_by_stats(std::span<const std::shared_ptr<const KvPolicy>> po
       const bool uses_agg = n.accumulate || n.window > 0;
       const bool agg_ok = !uses_agg || !keys[k].has_agg || keys[k].agg == n.agg;
       const bool win_ok = n.window == 0 || keys[k].window == 0 || keys[k].window == n.window;
-      if (agg_ok && win_ok) found = static_cast<int>(k);
+      const bool q_ok = n.queries == 0 || keys[k].queries == 0 || keys[k].queries == n.queries;
+      if (agg_ok && win_ok && q_ok) found = static_cast<int>(k);
     }
     if (found < 0) {
       keys.push_back({});
@@ -79,6 +83,7 @@ PrefillGroups group_by_stats(std::span<const std::shared_ptr<const KvPolicy>> po
     if (n.accumulate || n.window > 0) k.has_agg = true, k.agg = n.agg;
     if (n.accumulate) k.accumulate = true;
     if (n.window > 0) k.window = n.window;
+    if (n.queries > 0) k.queries = n.queries;
     g.group_of[i] = found;
   }
   for (const Key& k : keys) {
@@ -86,6 +91,7 @@ PrefillGroups group_by_stats(std::span<const std::shared_ptr<const KvPolicy>> po
     n.accumulate = k.accumulate;
     n.agg = k.agg;
     n.window = k.window;
+    n.queries = k.queries;
     g.needs.push_back(n);
   }
   return g;

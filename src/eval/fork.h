@@ -10,7 +10,8 @@
 // group needs (accumulated scores with one aggregation, the largest observation window), then
 // each copy is finished by Engine::finish_pass, the engine's own step after a pass (advance,
 // compaction, trim), as if the prompt had been that sequence's pass. Policies whose statistics cannot be
-// computed together (different aggregations, different non-zero windows) get separate prefills.
+// computed together (different aggregations, different non-zero windows or counts of recorded
+// queries) get separate prefills.
 // tests/unit/test_eval_fork.cpp checks that a forked sequence continues bit for bit like a
 // sequence that ran the prompt through Engine::forward itself.
 #pragma once
@@ -28,7 +29,7 @@
 namespace d2o::eval {
 
 // Deep copy of a cache's contents (keys, values, positions, scores, window statistics, merge
-// counts) into `dst`, which must have the same shape. dst's previous contents are dropped.
+// counts, recorded queries) into `dst`, which must have the same shape. dst's previous contents are dropped.
 Status copy_cache(const KvCache& src, KvCache& dst);
 
 // Groups policies whose statistics one prefill can compute together; returns the group index

@@ -73,6 +73,10 @@ struct AttnStatsRequest {
   // log(1 + merged) added to its logit, so the group keeps the attention mass its tokens had
   // together. Changes the output, not only statistics.
   bool mass = false;
+  // > 0: the rows' queries are recorded, before RoPE, into the layer's QueryWindow
+  // (KvCache::queries), which keeps the sequence's last `queries` tokens. Done by the model's
+  // attention step (model/kv_attention.cpp), not by attention_forward.
+  int queries = 0;
   // Non-null on a one-token pass: the dot products armed for `layer` (AttnProbe).
   AttnProbe* probe = nullptr;
   int layer = -1;

@@ -259,6 +259,7 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
   D2O_ASSERT(cfg.layer_window.empty() ||
              cfg.layer_window.size() == static_cast<size_t>(cfg.n_layer));
   layers_.resize(static_cast<size_t>(cfg.n_layer));
+  queries_.resize(static_cast<size_t>(cfg.n_layer));
   for (KvLayer& L : layers_) {
     L.n_head_kv_ = cfg.n_head_kv;
     L.head_dim_ = cfg.head_dim;
@@ -429,6 +430,7 @@ void KvCache::append(int il, const float* k, const float* v, const int32_t* pos,
 
 void KvCache::clear() {
   if (cold_) cold_->clear();
+  drop_queries();
   for (KvLayer& L : layers_) {
     KvLayer empty;
     empty.n_head_kv_ = L.n_head_kv_;
@@ -455,6 +457,7 @@ Status KvCache::copy_from(const KvCache& o) {
   if (&o == this) return {};
   try {
     copy_cold(o);
+    queries_ = o.queries_;
     for (size_t il = 0; il < layers_.size(); ++il) {
       const KvLayer& S = o.layers_[il];
       KvLayer& D = layers_[il];
@@ -492,8 +495,9 @@ Status KvCache::copy_slots_from(const KvCache& o) {
   clear();
   try {
     copy_cold(o);
+    queries_ = o.queries_;
   } catch (const std::bad_alloc&) {
-    return resource_exhausted("out of memory copying a KV cache's cold tier");
+    return resource_exhausted("out of memory copying a KV cache's cold tier or recorded queries");
   }
   for (int il = 0; il < cfg_.n_layer; ++il) {
     const KvLayer& S = o.layers_[static_cast<size_t>(il)];
@@ -525,7 +529,15 @@ size_t KvCache::meta_bytes_allocated() const {
 }
 
 size_t KvCache::bytes_held() const {
-  return kv_bytes_allocated() + meta_bytes_allocated() + (cold_ ? cold_->bytes() : 0);
+  size_t q = 0;
+  for (const QueryWindow& w : queries_) q += w.bytes();
+  return kv_bytes_allocated() + meta_bytes_allocated() + q + (cold_ ? cold_->bytes() : 0);
+}
+
+void KvCache::drop_queries() {
+  for (QueryWindow& w : queries_) {
+    if (w.cap() > 0) w.clear();  // (a layer that holds none costs nothing)
+  }
 }
 
 size_t KvCache::full_kv_bytes(int64_t n_tokens) const {

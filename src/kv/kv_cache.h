@@ -53,11 +53,11 @@
 
 #include "core/mem.h"
 #include "d2o/status.h"
+#include "kv/query_window.h"
 #include "ops/ggml_type.h"
 
 namespace d2o {
 
-struct RopeParams;      // ops/ops.h
 class ThreadPool;       // core/thread_pool.h
 class ColdTier;         // kv/cold_tier.h
 struct ColdTierConfig;  // kv/cold_tier.h
@@ -327,6 +327,9 @@ struct KvCacheConfig {
   int n_head_kv = 0;
   int head_dim = 0;
   KvType type = KvType::kF16;
+  // Query heads (0: unknown, taken as n_head_kv): the queries a layer records
+  // (KvCache::queries) are per query head.
+  int n_head = 0;
   // Per layer: > 0 marks a sliding-window layer of that window; empty: every layer is global.
   std::vector<int> layer_window;
 
@@ -431,12 +434,22 @@ class KvCache {
   // have found: results do not change.
   Status settle_sliding();
 
+  // Layer il's recorded queries (StatsNeeds::queries, kv/query_window.h): empty unless a policy
+  // asked the attention pass for them.
+  const QueryWindow& queries(int il) const { return queries_[static_cast<size_t>(il)]; }
+  // The attention pass's door to them (model/kv_attention.cpp records a pass's last queries).
+  QueryWindow& queries_for_attention(int il) { return queries_[static_cast<size_t>(il)]; }
+  // Forgets every layer's recorded queries and frees them (a policy that reads them no more, or a
+  // copy of a cache whose policy never asked for them).
+  void drop_queries();
+
   // Zeroes layer il's accumulated scores / window statistics (the window statistics cover one
   // pass; a forked cache drops statistics its policy does not ask for).
   void reset_score_stats(int il);
   void reset_window_stats(int il);
 
-  // Drops everything (a new conversation), the cold tier's slots included.
+  // Drops everything (a new conversation), the cold tier's slots and the recorded queries
+  // included.
   void clear();
 
   // The cold tier (kv/cold_tier.h), where apply() puts the slots it evicts; null unless enabled.
@@ -450,10 +463,10 @@ class KvCache {
   // 0. The slots that follow keep their order; a pass appends after them as usual.
   Status insert_recalled(int il, const std::vector<ColdRecall>& per_head);
 
-  // Makes this cache an exact copy of `other` (same configuration required): slots, metadata and
-  // capacities. Used to save and restore a prefilled state (benchmarks, forks).
+  // Makes this cache an exact copy of `other` (same configuration required): slots, metadata,
+  // recorded queries and capacities. Used to save and restore a prefilled state (benchmarks, forks).
   Status copy_from(const KvCache& other);
-  // Copies the slots and metadata of `other` (same configuration required), each layer
+  // Copies the slots, metadata and recorded queries of `other` (same configuration required), each layer
   // allocated for exactly its slot count (at least 1): a compact copy that appends grow as usual.
   Status copy_slots_from(const KvCache& other);
 
@@ -471,8 +484,8 @@ class KvCache {
   size_t meta_bytes_allocated() const;
   // Bytes the keys and values of n tokens take in a full cache of this configuration.
   size_t full_kv_bytes(int64_t n_tokens) const;
-  // Everything the cache holds in memory: key and value storage, slot metadata and the cold
-  // tier's rows and metadata (kv/cold_tier.h).
+  // Everything the cache holds in memory: key and value storage, slot metadata, the recorded
+  // queries and the cold tier's rows and metadata (kv/cold_tier.h).
   size_t bytes_held() const;
   // Bytes a cache of configuration `cfg` allocates when every layer has a capacity of `slots`
   // per KV head: keys, values and slot metadata (what kv_bytes_allocated() +
@@ -492,6 +505,7 @@ class KvCache {
   KvCacheConfig cfg_;
   int slot_limit_ = 0;  // 0: none
   std::vector<KvLayer> layers_;
+  std::vector<QueryWindow> queries_;  // [n_layer]
   std::vector<float> tmp_k_, tmp_v_, acc_k_, acc_v_;  // merge scratch [head_dim rounded up to 4]
   std::shared_ptr<ColdTier> cold_;  // never shared: copies of the cache copy the tier
   // The cold tier's contents of `o` when both have the same kind of tier; else an empty tier.

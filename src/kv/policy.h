@@ -36,6 +36,9 @@ struct StatsNeeds {
   ScoreAgg agg = ScoreAgg::kSum;  // aggregation over the query heads of a KV head
   int window = 0;                 // > 0: attention of the pass's last `window` queries (SnapKV)
   bool mass = false;              // proportional attention over merged slots (AttnStatsRequest)
+  // > 0: the queries of the sequence's last `queries` tokens, per layer and query head, before
+  // RoPE (KvCache::queries; expected attention reads them).
+  int queries = 0;
 };
 
 // Describes the forward pass that just ran for a sequence.
@@ -212,8 +215,10 @@ class KvPolicy {
   virtual int64_t peak_slots_for(const FeedPlan& plan) const = 0;
   // Bytes of the policy's per-sequence state kept for a sequence's life that grow with the slots
   // it holds (at most `slots` per KV head and layer), beyond the cache's rows and slot metadata
-  // (KvCache::bytes_for_slots): a memory pool reserves both. Working scratch of one compaction
-  // (bounded by one layer's slots per thread) is not counted. 0: nothing kept per slot.
+  // (KvCache::bytes_for_slots): a memory pool reserves both. Also what the policy has the cache
+  // keep whatever the slots (the queries it asks the attention pass to record,
+  // StatsNeeds::queries). Working scratch of one compaction (bounded by one layer's slots per
+  // thread) is not counted. 0: nothing kept per slot.
   virtual size_t state_bytes(const KvCacheConfig& /*cfg*/, int64_t /*slots*/) const { return 0; }
   // Bytes its cold tier (cold_tier()) may hold for a sequence of n_total tokens: the evicted
   // slots' rows and metadata, in memory. 0 without a tier.

@@ -8,6 +8,7 @@
 #include "kv/cold_tier.h"
 #include "kv/kv_rotation.h"
 #include "ops/hadamard.h"
+#include "ops/ops.h"
 
 namespace d2o {
 
@@ -30,6 +31,28 @@ Status KvAttention::append(int il, const UbatchInput& in, const SeqRows& sr, con
   cache.append(il, k + static_cast<size_t>(sr.r0) * kv_dim_,
                v + static_cast<size_t>(sr.r0) * kv_dim_, in.pos.data() + sr.r0, cnt);
   return {};
+}
+
+void KvAttention::record_queries(int il, const LayerDesc& d, const UbatchInput& in,
+                                 const SeqRows& sr, const float* q) {
+  KvCache& cache = *sr.cache;
+  const int w = sr.stats.queries;
+  // Sliding-window layers are never compacted: no policy reads their queries.
+  if (w <= 0 || d.kind == LayerKind::kSliding || !cache.config().layer_compressible(il)) return;
+  QueryWindow& win = cache.queries_for_attention(il);
+  win.configure(n_head_, head_dim_, w, d.attn_scale, d.rope);
+  query_row_.resize(static_cast<size_t>(q_dim_));
+  // Only the last w rows can stay in the window (a pass in several micro-batches records the
+  // last w of each; the window keeps the last w of them all).
+  for (int r = std::max(sr.r0, sr.r1 - w); r < sr.r1; ++r) {
+    std::memcpy(query_row_.data(), q + static_cast<size_t>(r) * q_dim_,
+                sizeof(float) * static_cast<size_t>(q_dim_));
+    // RoPE at -pos turns every pair back by the angle it was turned by (the same table, sines
+    // negated): the query as the projection (and QK-norm) left it.
+    rope_apply(d.rope, -static_cast<float>(in.pos[static_cast<size_t>(r)]), n_head_,
+               query_row_.data());
+    win.push(query_row_.data(), 1);
+  }
 }
 
 Status KvAttention::recall(int il, const LayerDesc& d, const SeqRows& sr, const float* q) {
@@ -140,6 +163,7 @@ Status KvAttention::run(int il, const LayerDesc& d, const UbatchInput& in, const
     D2O_ASSERT_MSG(sr.cache->config().window(il) == (d.kind == LayerKind::kSliding ? d.window : 0),
                    "the KV cache's sliding windows do not match the model's layers");
   }
+  for (const SeqRows& sr : seqs) record_queries(il, d, in, sr, q);
   if (rotate_inputs(seqs, q, k, v)) {
     q = rot_q_.data();
     k = rot_k_.data();

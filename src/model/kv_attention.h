@@ -11,6 +11,9 @@
 // that attended alone (on the whole pool) is called back right after its attention, on the
 // calling thread.
 //
+// A sequence whose policy asks for them (AttnStatsRequest::queries) has its rows' last queries
+// recorded before RoPE into its cache (KvCache::queries), before anything else of the layer.
+//
 // A cache with rotated storage (KvType::rot_k / rot_v, kv/kv_rotation.h) gets its sequence's
 // queries and keys, and values, rotated before the append and the attention, and the attention
 // output rotated back after it; the kernels are those of plain storage.
@@ -39,6 +42,10 @@ class KvAttention {
 
  private:
   Status append(int il, const UbatchInput& in, const SeqRows& sr, const float* k, const float* v);
+  // SeqRows's stats.queries > 0: the sequence's last rows' queries `q` (RoPE applied, not rotated
+  // for storage), rotated back to position 0, into the layer's QueryWindow (kv/query_window.h).
+  void record_queries(int il, const LayerDesc& d, const UbatchInput& in, const SeqRows& sr,
+                      const float* q);
   // SeqRows::recall: the sequence's cold slots that the window's queries `q` want, back into
   // layer il (kv/cold_tier.h).
   Status recall(int il, const LayerDesc& d, const SeqRows& sr, const float* q);
@@ -56,6 +63,7 @@ class KvAttention {
   int n_head_, head_dim_, kv_dim_, q_dim_;
   std::vector<float> rot_q_, rot_k_, rot_v_;  // rotate_inputs()
   std::vector<float> recall_q_;               // recall(): one KV head's window queries
+  std::vector<float> query_row_;              // record_queries(): one token's queries
   std::vector<ColdRecall> recalled_;          // recall(): per KV head
   AttnScratch scratch_;
   // Sequences in parallel: one single-thread pool and one scratch per thread of pool_.

@@ -81,6 +81,7 @@ Result<ModelDesc> describe_model(const ModelHParams& hp, const float* rope_freq_
 
 KvCacheConfig kv_cache_config(const ModelHParams& hp, KvType type) {
   KvCacheConfig c{hp.n_layer, hp.n_head_kv, hp.head_dim, type};
+  c.n_head = hp.n_head;
   if (hp.sliding_window > 0) {
     for (int il = 0; il < hp.n_layer; ++il)
       c.layer_window.push_back(hp.is_sliding(il) ? hp.sliding_window : 0);

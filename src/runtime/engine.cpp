@@ -217,6 +217,7 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, const LogitsSink& s
       sr.stats.accumulate = needs.accumulate;
       sr.stats.agg = needs.agg;
       sr.stats.mass = needs.mass;
+      sr.stats.queries = needs.queries;
       if (needs.window > 0) {
         // Window = the entry's last `window` tokens; rows [r0, r1) hold tokens from first_tok.
         const int first_tok = rows_[static_cast<size_t>(r0)].token;

@@ -30,9 +30,18 @@ struct Tok {
 };
 using Head = std::vector<Tok>;  // chronological
 
+// One layer's recorded queries (KvCache::queries): m tokens' queries of n_head query heads,
+// before RoPE, oldest first.
+struct Queries {
+  int n_head = 0, m = 0;
+  double scale = 0;
+  std::vector<double> q;  // [m][n_head][d]
+};
+
 struct Cache {
   int L = 0, G = 0, d = 0;
   std::vector<std::vector<Head>> h;  // [L][G]
+  std::vector<Queries> queries;      // [L]
 };
 
 struct State {
@@ -53,8 +62,17 @@ inline Cache snapshot(const KvCache& c) {
   n.G = c.config().n_head_kv;
   n.d = c.config().head_dim;
   n.h.assign(static_cast<size_t>(n.L), std::vector<Head>(static_cast<size_t>(n.G)));
+  n.queries.assign(static_cast<size_t>(n.L), Queries());
   std::vector<float> row(static_cast<size_t>(n.d));
   for (int il = 0; il < n.L; ++il) {
+    const QueryWindow& w = c.queries(il);
+    Queries& qs = n.queries[static_cast<size_t>(il)];
+    qs.n_head = w.n_head();
+    qs.m = w.count();
+    qs.scale = w.scale();
+    for (int i = 0; i < w.count(); ++i)
+      for (int hq = 0; hq < w.n_head(); ++hq)
+        for (int d = 0; d < w.head_dim(); ++d) qs.q.push_back(w.query(hq, i)[d]);
     const KvLayer& L = c.layer(il);
     for (int g = 0; g < n.G; ++g) {
       for (int j = 0; j < L.n_slot(g); ++j) {
@@ -354,15 +372,121 @@ inline std::vector<double> keydiff_scores(const Head& h) {
   return score;
 }
 
+// Expected attention of every token of head g (G KV heads) from the layer's recorded queries qs,
+// as the method states it: mu and the population covariance Sigma of each query head's queries,
+// Rbar the mean of the F = c.future RoPE rotation matrices R(p), p in [next_pos, next_pos + F)
+// (adjacent pairs, theta_i = base^(-2i/d), as PolicySim's RoPE), z_j = scale (Rbar mu) . k_j +
+// scale^2 / 2 k_j^T Rbar Sigma Rbar^T k_j (+ log(1 + merged) with proportional attention, D2O),
+// the softmax over the head's tokens averaged over the group's query heads, then times |v_j| /
+// (sum e |v| / sum e) with value_weight=norm. No queries: 1 / n each.
+inline std::vector<double> expected_scores(const PolicyConfig& c, const Head& h, const Queries& qs,
+                                           int g, int G, int64_t next_pos, double base) {
+  const int n = static_cast<int>(h.size());
+  std::vector<double> e(static_cast<size_t>(n), n > 0 ? 1.0 / n : 0.0);
+  if (n > 0 && qs.m > 0 && qs.n_head % G == 0) {
+    const int d = static_cast<int>(h[0].k.size()), grp = qs.n_head / G, F = c.future;
+    std::vector<double> R(static_cast<size_t>(d * d), 0.0);  // Rbar, row-major
+    for (int t = 0; t < F; ++t) {
+      const double p = static_cast<double>(next_pos + t);
+      for (int i = 0; i < d; ++i) {
+        if (i % 2 == 1) continue;
+        const double ang = p * std::pow(base, -static_cast<double>(i) / d);
+        R[static_cast<size_t>(i * d + i)] += std::cos(ang) / F;
+        R[static_cast<size_t>(i * d + i + 1)] += -std::sin(ang) / F;
+        R[static_cast<size_t>((i + 1) * d + i)] += std::sin(ang) / F;
+        R[static_cast<size_t>((i + 1) * d + i + 1)] += std::cos(ang) / F;
+      }
+    }
+    std::fill(e.begin(), e.end(), 0.0);
+    for (int r = 0; r < grp; ++r) {
+      const int hq = g * grp + r;
+      auto q = [&](int i, int k) {
+        return qs.q[(static_cast<size_t>(i) * qs.n_head + hq) * d + static_cast<size_t>(k)];
+      };
+      std::vector<double> mu(static_cast<size_t>(d), 0.0), sig(static_cast<size_t>(d * d), 0.0);
+      for (int i = 0; i < qs.m; ++i)
+        for (int k = 0; k < d; ++k) mu[static_cast<size_t>(k)] += q(i, k) / qs.m;
+      for (int i = 0; i < qs.m; ++i)
+        for (int a = 0; a < d; ++a)
+          for (int b = 0; b < d; ++b)
+            sig[static_cast<size_t>(a * d + b)] += (q(i, a) - mu[static_cast<size_t>(a)]) *
+                                                    (q(i, b) - mu[static_cast<size_t>(b)]) / qs.m;
+      std::vector<double> muf(static_cast<size_t>(d), 0.0), tmp(static_cast<size_t>(d * d), 0.0),
+          sf(static_cast<size_t>(d * d), 0.0);
+      for (int a = 0; a < d; ++a)
+        for (int b = 0; b < d; ++b)
+          muf[static_cast<size_t>(a)] += R[static_cast<size_t>(a * d + b)] * mu[static_cast<size_t>(b)];
+      for (int a = 0; a < d; ++a)  // tmp = R Sigma
+        for (int b = 0; b < d; ++b)
+          for (int k = 0; k < d; ++k)
+            tmp[static_cast<size_t>(a * d + b)] +=
+                R[static_cast<size_t>(a * d + k)] * sig[static_cast<size_t>(k * d + b)];
+      for (int a = 0; a < d; ++a)  // sf = tmp R^T
+        for (int b = 0; b < d; ++b)
+          for (int k = 0; k < d; ++k)
+            sf[static_cast<size_t>(a * d + b)] +=
+                tmp[static_cast<size_t>(a * d + k)] * R[static_cast<size_t>(b * d + k)];
+      std::vector<double> z(static_cast<size_t>(n), 0.0);
+      for (int j = 0; j < n; ++j) {
+        const std::vector<double>& k = h[static_cast<size_t>(j)].k;
+        double lin = 0.0, quad = 0.0;
+        for (int a = 0; a < d; ++a) {
+          lin += muf[static_cast<size_t>(a)] * k[static_cast<size_t>(a)];
+          for (int b = 0; b < d; ++b)
+            quad += k[static_cast<size_t>(a)] * sf[static_cast<size_t>(a * d + b)] *
+                    k[static_cast<size_t>(b)];
+        }
+        z[static_cast<size_t>(j)] = qs.scale * lin + 0.5 * qs.scale * qs.scale * quad;
+        if (c.merger == Merger::kD2o && c.mass)
+          z[static_cast<size_t>(j)] += std::log(1.0 + h[static_cast<size_t>(j)].merged);
+      }
+      const double zmax = *std::max_element(z.begin(), z.end());
+      double sum = 0.0;
+      for (double x : z) sum += std::exp(x - zmax);
+      for (int j = 0; j < n; ++j)
+        e[static_cast<size_t>(j)] += std::exp(z[static_cast<size_t>(j)] - zmax) / sum / grp;
+    }
+  }
+  if (c.value_weight == ValueWeight::kNorm) {
+    std::vector<double> vn(static_cast<size_t>(n), 0.0);
+    double num = 0.0, den = 0.0;
+    for (int j = 0; j < n; ++j) {
+      for (double x : h[static_cast<size_t>(j)].v) vn[static_cast<size_t>(j)] += x * x;
+      vn[static_cast<size_t>(j)] = std::sqrt(vn[static_cast<size_t>(j)]);
+      num += e[static_cast<size_t>(j)] * vn[static_cast<size_t>(j)];
+      den += e[static_cast<size_t>(j)];
+    }
+    if (num > 0.0)
+      for (int j = 0; j < n; ++j) e[static_cast<size_t>(j)] *= vn[static_cast<size_t>(j)] * den / num;
+  }
+  return e;
+}
+
+// The layer statistics a heavy-hitter scorer ranks a head by besides the slots' own: KeyDiff's
+// scores, or expected attention from the layer's recorded queries (head g of G).
+struct HeadInputs {
+  const Queries* queries = nullptr;
+  int g = 0, G = 1;
+  double rope_base = 10000.0;
+};
+inline std::vector<double> scorer_input(const PolicyConfig& c, const Head& h, int64_t next_pos,
+                                        const HeadInputs& in) {
+  if (c.scorer == "key_diversity") return keydiff_scores(h);
+  if (c.scorer == "expected_attention" && in.queries)
+    return expected_scores(c, h, *in.queries, in.g, in.G, next_pos, in.rope_base);
+  return {};
+}
+
 // The heavy hitters' score of token j by the policy's scorer (scorer=), in float where the policy
-// reads float statistics; kd: keydiff_scores(h) for key_diversity.
+// reads float statistics; kd: scorer_input(), KeyDiff's or expected attention's scores.
 inline double heavy_score(const PolicyConfig& c, const Head& h, int j, int64_t next_pos,
                           const std::vector<double>& kd) {
   const Tok& tk = h[static_cast<size_t>(j)];
   if (c.scorer == "mean_attention")  // mean attention
     return static_cast<double>(static_cast<float>(tk.score) /
                                static_cast<float>(std::max<int64_t>(1, next_pos - tk.pos)));
-  if (c.scorer == "key_diversity") return static_cast<float>(kd[static_cast<size_t>(j)]);
+  if (c.scorer == "key_diversity" || c.scorer == "expected_attention")
+    return static_cast<float>(kd[static_cast<size_t>(j)]);
   if (c.scorer == "value_norm") {  // |v|, over the value as stored (float)
     double s = 0.0;
     for (const double x : tk.v)
@@ -389,22 +513,31 @@ inline std::vector<double> pooled(const std::vector<double>& score, int kernel, 
   return out;
 }
 
-// The window statistics of h's first n - w slots, pooled as c says.
-inline std::vector<double> pooled_prefix(const PolicyConfig& c, const Head& h, int w) {
+// The window statistics of h's first n - w slots, pooled as c says; with prompt_ranking=expected
+// its expected attention (from `in`) instead.
+inline std::vector<double> pooled_prefix(const PolicyConfig& c, const Head& h, int w,
+                                         int64_t next_pos = 0, const HeadInputs& in = {}) {
   const int n = static_cast<int>(h.size());
   std::vector<double> win(static_cast<size_t>(n - w));
-  for (int j = 0; j < n - w; ++j) win[static_cast<size_t>(j)] = h[static_cast<size_t>(j)].window;
+  std::vector<double> ex;
+  if (c.prompt == PromptScore::kExpected && c.selector == Selector::kHeavyRecent && in.queries)
+    ex = expected_scores(c, h, *in.queries, in.g, in.G, next_pos, in.rope_base);
+  for (int j = 0; j < n - w; ++j)
+    win[static_cast<size_t>(j)] = ex.empty() ? h[static_cast<size_t>(j)].window
+                                             : static_cast<float>(ex[static_cast<size_t>(j)]);
   return pooled(win, c.kernel, c.pool);
 }
 
 // pscore=window, at the prompt's compaction: every slot of [t, n - w) (t sinks, w the window's
 // kept slots, as keep_list has them) takes the window's pooled attention per window query times
 // the queries that have seen it, before any merge.
-inline void carry_window(const PolicyConfig& c, Head& h, int S, int64_t next_pos, int n_tokens) {
+// With prompt_ranking=expected, the pooled expected attention is one query's already.
+inline void carry_window(const PolicyConfig& c, Head& h, int S, int64_t next_pos, int n_tokens,
+                         const HeadInputs& in = {}) {
   const int n = static_cast<int>(h.size());
   const int t = std::min(c.sinks, S), w = std::min(c.window, S - t);
-  const std::vector<double> p = pooled_prefix(c, h, w);
-  const int queries = std::min(c.window, n_tokens);
+  const std::vector<double> p = pooled_prefix(c, h, w, next_pos, in);
+  const int queries = c.prompt == PromptScore::kExpected ? 1 : std::min(c.window, n_tokens);
   for (int j = t; j < n - w; ++j) {
     Tok& tk = h[static_cast<size_t>(j)];
     tk.score = p[static_cast<size_t>(j)] / queries * static_cast<double>(next_pos - tk.pos);
@@ -413,17 +546,18 @@ inline void carry_window(const PolicyConfig& c, Head& h, int S, int64_t next_pos
 
 // first: the first compaction of the sequence (prompt=window ranks it by the pooled window).
 inline std::vector<int> keep_list(const PolicyConfig& c, const Head& h, int S, int64_t next_pos,
-                                  bool first = false) {
+                                  bool first = false, const HeadInputs& in = {}) {
   const int n = static_cast<int>(h.size());
   std::vector<int> keep;
   if (c.selector == Selector::kSnapWindow ||
-      (first && c.selector == Selector::kHeavyRecent && c.prompt == PromptScore::kWindow)) {
+      (first && c.selector == Selector::kHeavyRecent &&
+       (c.prompt == PromptScore::kWindow || c.prompt == PromptScore::kExpected))) {
     // SnapKV: the last w slots and the best S - w of [0, n - w) by the window attention pooled
     // over [0, n - w). prompt=window of the heavy-hitter policies: the same at the prompt's
     // compaction, the first t = min(sinks, S) slots kept as well.
     const int t = c.selector == Selector::kSnapWindow ? 0 : std::min(c.sinks, S);
     const int w = std::min(c.window, S - t);
-    const std::vector<double> pooled_win = pooled_prefix(c, h, w);
+    const std::vector<double> pooled_win = pooled_prefix(c, h, w, next_pos, in);
     std::vector<int> cand;
     for (int j = t; j < n - w; ++j) cand.push_back(j);
     for (int j = 0; j < t; ++j) keep.push_back(j);
@@ -451,8 +585,7 @@ inline std::vector<int> keep_list(const PolicyConfig& c, const Head& h, int S, i
     for (int j = 0; j < t; ++j) keep.push_back(j);
     if (heavy > 0) {
       std::vector<double> score(static_cast<size_t>(n));
-      const std::vector<double> kd =
-          c.scorer == "key_diversity" ? keydiff_scores(h) : std::vector<double>();
+      const std::vector<double> kd = scorer_input(c, h, next_pos, in);
       for (int j = 0; j < n; ++j)
         score[static_cast<size_t>(j)] = heavy_score(c, h, j, next_pos, kd);
       std::vector<int> cand;
@@ -485,7 +618,7 @@ inline std::vector<int> keep_list(const PolicyConfig& c, const Head& h, int S, i
 // best remaining candidates of all heads, ranked by (score desc, head asc, slot asc).
 inline std::vector<std::vector<int>> ada_keep_lists(const PolicyConfig& c,
                                                     const std::vector<Head>& heads, int S,
-                                                    int64_t next_pos) {
+                                                    int64_t next_pos, HeadInputs in = {}) {
   const int G = static_cast<int>(heads.size());
   int first = 0, last = 0;  // protected: slots [0, first) and the last `last`
   if (c.selector == Selector::kSnapWindow) {
@@ -512,8 +645,9 @@ inline std::vector<std::vector<int>> ada_keep_lists(const PolicyConfig& c,
     const Head& h = heads[static_cast<size_t>(g)];
     const int n = static_cast<int>(h.size());
     std::vector<double> score(static_cast<size_t>(n), 0.0);
-    const std::vector<double> kd =
-        c.scorer == "key_diversity" ? keydiff_scores(h) : std::vector<double>();
+    in.g = g;
+    in.G = G;
+    const std::vector<double> kd = scorer_input(c, h, next_pos, in);
     for (int j = 0; j < n; ++j) {
       if (c.selector == Selector::kSnapWindow) {
         if (j >= n - last) continue;
@@ -777,7 +911,17 @@ inline void compact(const PolicyConfig& c, Cache& cache, State& st, int64_t n_pa
   // pmerge=off: the first compaction only evicts.
   const bool merging = c.merger == Merger::kD2o && (c.prompt_merge || !first);
   const bool carry = first && c.selector == Selector::kHeavyRecent &&
-                     c.prompt == PromptScore::kWindow && c.pscore == PromptScore::kWindow;
+                     (c.prompt == PromptScore::kWindow || c.prompt == PromptScore::kExpected) &&
+                     c.pscore == PromptScore::kWindow;
+  // What the scorers read of layer l beside head g's tokens (its recorded queries).
+  auto inputs = [&](int l, int g) {
+    HeadInputs in;
+    if (!cache.queries.empty()) in.queries = &cache.queries[static_cast<size_t>(l)];
+    in.g = g;
+    in.G = G;
+    in.rope_base = rope_base;
+    return in;
+  };
   for (int l = 0; l < L; ++l) {
     const int S = st.budgets[static_cast<size_t>(l)];
     if (c.heads == HeadRule::kAda) {
@@ -785,7 +929,8 @@ inline void compact(const PolicyConfig& c, Cache& cache, State& st, int64_t n_pa
       int64_t held = 0;
       for (const Head& h : hs) held += static_cast<int64_t>(h.size());
       if (S < 0 || held <= static_cast<int64_t>(S) * G) continue;
-      const std::vector<std::vector<int>> keeps = ada_keep_lists(c, hs, S, n_past - st.pos_shift);
+      const std::vector<std::vector<int>> keeps =
+          ada_keep_lists(c, hs, S, n_past - st.pos_shift, inputs(l, 0));
       st.compacted = true;
       for (int g = 0; g < G; ++g) {
         Head& h = hs[static_cast<size_t>(g)];
@@ -816,14 +961,14 @@ inline void compact(const PolicyConfig& c, Cache& cache, State& st, int64_t n_pa
       std::vector<double> mean(static_cast<size_t>(n - S), 0.0);
       for (int g = 0; g < G; ++g) {
         const Head& h = cache.h[static_cast<size_t>(l)][static_cast<size_t>(g)];
-        keeps.push_back(keep_list(c, h, S, n_past - st.pos_shift, first));
+        keeps.push_back(keep_list(c, h, S, n_past - st.pos_shift, first, inputs(l, g)));
         nrs.push_back(d2o_nearest(c, h, keeps.back(), rope_base));
         for (int e = 0; e < n - S; ++e) mean[static_cast<size_t>(e)] += nrs.back().m[e] / G;
       }
       st.compacted = true;
       for (int g = 0; carry && g < G; ++g)
         carry_window(c, cache.h[static_cast<size_t>(l)][static_cast<size_t>(g)], S,
-                     n_past - st.pos_shift, n_tokens);
+                     n_past - st.pos_shift, n_tokens, inputs(l, g));
       const size_t ti = static_cast<size_t>(l * G);
       bool ready = st.tau_ready[ti];
       const std::vector<bool> merge = d2o_decide(c, mean, st.tau[ti], ready);
@@ -844,9 +989,9 @@ inline void compact(const PolicyConfig& c, Cache& cache, State& st, int64_t n_pa
       Head& h = cache.h[static_cast<size_t>(l)][static_cast<size_t>(g)];
       const int n = static_cast<int>(h.size());
       if (S < 0 || n <= S) continue;
-      const std::vector<int> keep = keep_list(c, h, S, n_past - st.pos_shift, first);
+      const std::vector<int> keep = keep_list(c, h, S, n_past - st.pos_shift, first, inputs(l, g));
       st.compacted = true;
-      if (carry) carry_window(c, h, S, n_past - st.pos_shift, n_tokens);
+      if (carry) carry_window(c, h, S, n_past - st.pos_shift, n_tokens, inputs(l, g));
       if (merging) {
         const size_t ti = static_cast<size_t>(l * G + g);
         bool ready = st.tau_ready[ti];

@@ -67,9 +67,23 @@ class PolicySim {
     std::vector<int32_t> pos(static_cast<size_t>(n_tok));
     for (int t = 0; t < n_tok; ++t)
       pos[static_cast<size_t>(t)] = static_cast<int32_t>(n_past - state.pos_shift + t);
+    // Recorded queries (expected attention), as the attention pass records them: the pass's last
+    // min(w, n_tok) queries, before RoPE (here: drawn as such).
+    const int w_q = policy->pass_needs(state).queries;
     for (int il = 0; il < setup.n_layer; ++il) {
       ASSERT_TRUE(cache.reserve(il, cache.layer(il).n_slot() + n_tok, false).ok());
       cache.append(il, k.data(), v.data(), pos.data(), n_tok);
+      if (w_q > 0) {
+        const int nq = query_heads();
+        QueryWindow& qw = cache.queries_for_attention(il);
+        qw.configure(nq, setup.head_dim, w_q, 1.0f / std::sqrt(static_cast<float>(setup.head_dim)),
+                     rope);
+        const int m = std::min(w_q, n_tok);
+        std::vector<float> q(static_cast<size_t>(m) * nq * setup.head_dim);
+        // (From their own generator: the other draws stay those of a policy without them.)
+        for (float& x : q) x = 0.5f + nd(qrng);  // a mean away from 0, as real queries have
+        qw.push(q.data(), m);
+      }
       KvLayer& L = KvTestAccess::layer(cache, il);
       if (setup.n_head > 0) {
         attend(L, n_tok, nd);
@@ -148,6 +162,9 @@ class PolicySim {
     attention_reference(in, L, req);
   }
 
+  // Query heads of the recorded queries: the attention's when it runs, else two per KV head.
+  int query_heads() const { return setup.n_head > 0 ? setup.n_head : 2 * setup.n_head_kv; }
+
   std::string pass(int n_tok) {
     last_pass = n_tok;
     feed(n_tok);
@@ -163,6 +180,7 @@ class PolicySim {
   naive::State ref;
   RopeParams rope;
   std::mt19937 rng;
+  std::mt19937 qrng{setup.seed * 7919u + 1u};  // recorded queries
   int64_t n_past = 0;
   int passes = 0;
   int last_pass = 1;           // tokens of the last pass (PassInfo::n_tokens)

@@ -60,6 +60,13 @@ void expect_same_cache(const KvCache& a, const KvCache& b, const std::string& wh
       EXPECT_EQ(0, std::memcmp(A.score(h), B.score(h), n * 4))
           << what;
     }
+    // The recorded queries (expected attention) alike.
+    const QueryWindow &qa = a.queries(il), &qb = b.queries(il);
+    ASSERT_EQ(qa.count(), qb.count()) << what << " recorded queries " << il;
+    for (int i = 0; i < qa.count(); ++i)
+      for (int h = 0; h < qa.n_head(); ++h)
+        EXPECT_EQ(0, std::memcmp(qa.query(h, i), qb.query(h, i), sizeof(float) * qa.head_dim()))
+            << what << " recorded query " << il;
   }
 }
 
@@ -101,6 +108,8 @@ TEST(EvalFork, ForkedSequencesContinueLikeDirectOnes) {
                                       "cam:ratio=0.3",
                                       "d2o:ratio=0.3",
                                       "d2o:ratio=0.3,prompt_ranking=reconstruction",
+                                      "d2o:ratio=0.3,prompt_ranking=expected",
+                                      "h2o:ratio=0.3,scorer=expected_attention",
                                       "d2o:ratio=0.3,reading=research",
                                       "d2o:budget=40",
                                       "streaming:budget=40,pos=shift"};
@@ -172,7 +181,9 @@ TEST(EvalFork, MixedStorageTypesForkLikeDirectOnes) {
                                                                   {"h2o:ratio=0.3", "q8_0"},
                                                                   {"d2o:ratio=0.3", "q4_0r"},
                                                                   {"full", "q8_0"},
-                                                                  {"snapkv:ratio=0.4", "f16"}};
+                                                                  {"snapkv:ratio=0.4", "f16"},
+                                                                  {"h2o:ratio=0.3,scorer=expected_attention", "q4_0r"},
+                                                                  {"d2o:ratio=0.3,prompt_ranking=expected", "q4_0"}};
   std::vector<std::shared_ptr<const KvPolicy>> ps;
   std::vector<KvType> types;
   for (const auto& [spec, type] : cases) {
@@ -183,7 +194,7 @@ TEST(EvalFork, MixedStorageTypesForkLikeDirectOnes) {
   }
   auto forked = eval::prefill_forked(engine, prompt, ps, types);
   ASSERT_TRUE(forked.ok()) << forked.status().to_string();
-  EXPECT_EQ(forked->n_prefills, 3);  // one per storage type
+  EXPECT_EQ(forked->n_prefills, 4);  // one per storage type
   std::vector<std::unique_ptr<Sequence>> direct;
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE(cases[i].first + " in " + cases[i].second);

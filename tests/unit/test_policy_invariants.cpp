@@ -45,7 +45,9 @@ TEST(PolicyInvariants, SlotsEqualBudgetAfterEveryDecodeStep) {
                            "d2o:reading=paper,ratio=0.3,layers=research", "h2o:ratio=0.25",
                            "roco:budget=12", "streaming:budget=10,pos=shift", "cam:ratio=0.3",
                            "snapkv:budget=12,window=4", "pyramidkv:budget=12,window=4",
-                           "keydiff:ratio=0.3", "keydiff:budget=12,sinks=2,recent=3"}) {
+                           "keydiff:ratio=0.3", "keydiff:budget=12,sinks=2,recent=3",
+                           "h2o:ratio=0.25,scorer=expected_attention,window=8",
+                           "d2o:budget=16,prompt_ranking=expected,window=4"}) {
     for (int heads : {4, 2, 1}) {
       SCOPED_TRACE(std::string(spec) + " " + test::layout_name(heads));
       SimSetup s;
@@ -203,7 +205,9 @@ TEST(PolicyInvariants, AllocatorProportionalClampedExact) {
 TEST(PolicyInvariants, LargeBudgetLeavesCacheUntouched) {
   for (const char* spec : {"d2o:reading=paper,budget=80", "h2o:budget=80", "roco:budget=80",
                            "streaming:budget=80,pos=shift", "snapkv:budget=80,window=4",
-                           "pyramidkv:budget=80,window=4", "cam:budget=80", "keydiff:budget=80"}) {
+                           "pyramidkv:budget=80,window=4", "cam:budget=80", "keydiff:budget=80",
+                           "h2o:budget=80,scorer=expected_attention",
+                           "d2o:budget=80,prompt_ranking=expected,window=4"}) {
     for (KvType type : {KvType::kF32, KvType::kF16}) {
       SCOPED_TRACE(spec);
       SimSetup s;
@@ -349,7 +353,10 @@ TEST(PolicyInvariants, SteadyStateDecodeAllocatesNothing) {
         "h2o:budget=16,norm=queries", "streaming:budget=12,pos=shift", "snapkv:budget=16,window=4",
         "cam:ratio=0.3", "pyramidkv:budget=16,window=4", "keydiff:ratio=0.3",
         "keydiff:budget=16,recent=4", "h2o:budget=16,heads=ada",
-        "d2o:reading=paper,ratio=0.3,heads=ada", "snapkv:budget=16,window=4,heads=ada"}) {
+        "d2o:reading=paper,ratio=0.3,heads=ada", "snapkv:budget=16,window=4,heads=ada",
+        "h2o:budget=16,scorer=expected_attention,window=8",
+        "h2o:ratio=0.3,scorer=expected_attention,heads=ada",
+        "d2o:ratio=0.3,prompt_ranking=expected,window=4,scorer=expected_attention"}) {
     for (KvType type : {KvType::kF32, KvType::kF16}) {
       SCOPED_TRACE(spec);
       SimSetup s;
@@ -554,7 +561,8 @@ TEST(PolicyInvariants, LayerwiseCompactionEqualsWholePass) {
         "d2o:reading=paper,budget=16,heads=ada", "snapkv:budget=12,window=4,heads=ada",
         "d2o:reading=paper,budget=16,decide=token",
         "d2o:reading=paper,ratio=0.3,mass=on,merge=sized,nm=1:1",
-        "d2o:reading=paper,budget=16,sim=kv"}) {
+        "d2o:reading=paper,budget=16,sim=kv", "h2o:budget=12,scorer=expected_attention,window=6",
+        "d2o:ratio=0.3,prompt_ranking=expected,window=4,scorer=expected_attention"}) {
     SCOPED_TRACE(spec);
     SimSetup s;
     s.n_layer = 5;

@@ -32,7 +32,7 @@ std::string run_policy(PolicySim& sim, int n_prompt, int steps, int chunk) {
 }
 
 void check_all_layouts(const std::string& spec, int n_prompt, int steps, int chunk,
-                       int n_layer = 4) {
+                       int n_layer = 4, double f32_tol = 0.0) {
   for (int heads : {4, 2, 1}) {
     for (KvType type : {KvType::kF32, KvType::kF16}) {
       SCOPED_TRACE(spec + " " + test::layout_name(heads) + " " + kv_type_name(type));
@@ -45,6 +45,7 @@ void check_all_layouts(const std::string& spec, int n_prompt, int steps, int chu
       PolicySim sim(spec, s);
       if (sim.ref_cfg.pos == PosMode::kShift || sim.ref_cfg.mspace == MergeSpace::kUnrotated)
         sim.tol = type == KvType::kF32 ? 1e-4 : 3e-3;
+      if (f32_tol > 0.0 && type == KvType::kF32) sim.tol = f32_tol;
       EXPECT_EQ(run_policy(sim, n_prompt, steps, chunk), "");
       EXPECT_TRUE(sim.state.budgets_set);
     }
@@ -113,7 +114,7 @@ TEST(PolicyReference, KeyDiff) {
 // scorer=: each registered scorer ranking the heavy hitters (scorer.h), with uniform and shared
 // head budgets, merging and not, against the naive ranking by the same score.
 TEST(PolicyReference, Scorers) {
-  for (const char* sc : {"value_norm", "key_diversity", "mean_attention"}) {
+  for (const char* sc : {"value_norm", "key_diversity", "mean_attention", "expected_attention"}) {
     const std::string k = std::string("scorer=") + sc;
     check_all_layouts("h2o:ratio=0.3," + k, 40, 50, 1);
     check_all_layouts("h2o:ratio=0.3,heads=ada," + k, 40, 30, 1);
@@ -121,6 +122,27 @@ TEST(PolicyReference, Scorers) {
     check_all_layouts("d2o:ratio=0.3," + k, 40, 50, 1);
     check_all_layouts("h2o:budget=24," + k, 8, 12, 5);  // streaming in chunks
   }
+}
+
+// Expected attention's own keys, and the prompt compacted by it (prompt_ranking=expected: the
+// sinks, the last `window` slots, the rest by the pooled expected attention; prompt_scores=window
+// carries it as attention per query, formed in float against the naive's double: 1e-4).
+TEST(PolicyReference, ExpectedAttention) {
+  check_all_layouts("h2o:ratio=0.3,scorer=expected_attention,future=3,window=5", 40, 50, 1);
+  check_all_layouts("h2o:ratio=0.3,scorer=expected_attention,value_weight=none,window=1", 40, 30,
+                    1);
+  check_all_layouts("h2o:budget=24,scorer=expected_attention,window=7,sinks=2", 8, 12, 5);
+  check_all_layouts("d2o:ratio=0.3,prompt_ranking=expected,window=5", 40, 50, 1, 4, 1e-4);
+  check_all_layouts("h2o:ratio=0.3,prompt_ranking=expected,window=4,kernel=5", 40, 50, 1);
+  check_all_layouts("roco:ratio=0.35,prompt_ranking=expected,window=3,value_weight=none", 37, 50,
+                    1, 5);
+  check_all_layouts(
+      "d2o:ratio=0.3,prompt_ranking=expected,window=6,kernel=3,scorer=expected_attention,"
+      "future=64",
+      40, 50, 1, 4, 1e-4);
+  check_all_layouts("d2o:reading=paper,ratio=0.3,prompt_ranking=expected,window=5,mass=on,"
+                    "merge=sized",
+                    40, 50, 1, 6);
 }
 
 // distinct=F: part of the heavy-hitter places by KeyDiff's score, the rest by attention.
@@ -245,7 +267,9 @@ TEST(PolicyReference, ThreadPoolGivesIdenticalResults) {
         "h2o:budget=12", "streaming:budget=10,pos=shift", "snapkv:budget=10,window=4",
         "keydiff:budget=12", "d2o:reading=paper,ratio=0.3,distinct=0.5",
         "d2o:reading=paper,ratio=0.3,prompt=window,window=4,pmerge=off",
-        "d2o:reading=paper,ratio=0.3,prompt=window,window=4,pscore=window"}) {
+        "d2o:reading=paper,ratio=0.3,prompt=window,window=4,pscore=window",
+        "h2o:budget=12,scorer=expected_attention,window=4",
+        "d2o:ratio=0.3,prompt_ranking=expected,window=4"}) {
     for (KvType type : {KvType::kF32, KvType::kF16}) {
       SCOPED_TRACE(std::string(spec) + " " + kv_type_name(type));
       SimSetup s;
@@ -323,6 +347,13 @@ TEST(PolicyReference, NaiveCatchesWrongVariants) {
        [](PolicyConfig& c) { c.pscore = PromptScore::kAccumulated; }},
       {"d2o:reading=paper,ratio=0.3,prompt=window,window=4,norm=queries",
        [](PolicyConfig& c) { c.pscore = PromptScore::kWindow; }},
+      {"h2o:ratio=0.3,scorer=expected_attention", [](PolicyConfig& c) { c.future = 1; }},
+      {"h2o:ratio=0.3,scorer=expected_attention",
+       [](PolicyConfig& c) { c.value_weight = ValueWeight::kNone; }},
+      {"h2o:ratio=0.3,scorer=expected_attention,value_weight=none",
+       [](PolicyConfig& c) { c.scorer = "value_norm"; }},
+      {"h2o:ratio=0.3,prompt_ranking=expected,window=4",
+       [](PolicyConfig& c) { c.prompt = PromptScore::kWindow; }},
   };
   for (const Wrong& w : wrongs) {
     SCOPED_TRACE(w.spec);

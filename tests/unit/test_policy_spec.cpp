@@ -151,6 +151,14 @@ TEST(PolicySpec, CanonicalFormRoundTrips) {
       // The old spellings round-trip to the same canonical form.
       "d2o:budget=64,mscore=max,mrope=pre,decide=token,protect=edges,mass=on,merge=sized",
       "h2o:ratio=0.2,nm=3:1,prompt=window,pscore=window,kernel=21",
+      // Expected attention.
+      "h2o:ratio=0.2,scorer=expected_attention",
+      "h2o:budget=64,scorer=expected_attention,window=64,future=128,value_weight=none",
+      "h2o:ratio=0.2,scorer=expected_attention,heads=ada,floor=0.3",
+      "d2o:ratio=0.2,prompt_ranking=expected",
+      "d2o:prompt_ranking=expected,kernel=1,prompt_scores=accumulated,future=1",
+      "roco:budget=64,prompt_ranking=expected,window=8,value_weight=none",
+      "d2o:prompt_ranking=accumulated,scorer=expected_attention,heads=ada",
   };
   for (const std::string& s : specs) {
     SCOPED_TRACE(s);
@@ -173,6 +181,19 @@ TEST(PolicySpec, CanonicalFormRoundTrips) {
             "cam:ratio=0.2,sinks=4,merge_targets=16,seed=7,agg=sum");
   EXPECT_EQ(canonical("keydiff:recent=32,budget=256,sinks=4"),
             "keydiff:budget=256,sinks=4,recent=32");
+  // Expected attention's keys print where it is used: window= (its queries), future=,
+  // value_weight=; the pooling keys only with a prompt phase.
+  EXPECT_EQ(canonical("h2o:scorer=expected_attention"),
+            "h2o:ratio=0.2,sinks=0,heavy_recent=1:1,agg=sum,scorer=expected_attention,window=32,"
+            "future=512,value_weight=norm");
+  EXPECT_EQ(canonical("h2o:ratio=0.2"), "h2o:ratio=0.2,sinks=0,heavy_recent=1:1,agg=sum,"
+                                        "scorer=accumulated_attention");
+  const auto ex_policy = parse_kv_policy("d2o:prompt_ranking=expected").value();
+  const PolicyConfig& ex = config_of(*ex_policy);
+  EXPECT_EQ(ex.future, 512);
+  EXPECT_EQ(ex.value_weight, ValueWeight::kNorm);
+  EXPECT_EQ(ex.kernel, 21);
+  EXPECT_EQ(ex.window, 32);
 }
 
 // hold_budget=on keeps SnapKV's and PyramidKV's prompt budget through the decode steps in ratio
@@ -560,6 +581,17 @@ TEST(PolicySpec, NeedsMatchThePolicy) {
   EXPECT_EQ(needs("keydiff").window, 0);
   EXPECT_FALSE(needs("keydiff:budget=64,sinks=4,recent=8").accumulate);
   EXPECT_FALSE(parse_kv_policy("d2o").value()->is_full());
+  // Expected attention: the last `window` queries, recorded; no accumulated attention where
+  // nothing else reads it.
+  EXPECT_EQ(needs("h2o:scorer=expected_attention").queries, 32);
+  EXPECT_FALSE(needs("h2o:scorer=expected_attention").accumulate);
+  EXPECT_EQ(needs("h2o:scorer=expected_attention").window, 0);
+  EXPECT_EQ(needs("h2o:scorer=expected_attention,window=8").queries, 8);
+  EXPECT_EQ(needs("d2o:prompt_ranking=expected").queries, 32);
+  EXPECT_EQ(needs("d2o:prompt_ranking=expected").window, 0);
+  EXPECT_TRUE(needs("d2o:prompt_ranking=expected").accumulate);
+  EXPECT_EQ(needs("d2o").queries, 0);
+  EXPECT_EQ(needs("snapkv").queries, 0);
   // A pass asks for the window only while a compaction may still read it: prompt_ranking=window
   // until the sequence's first compaction, SnapKV always (a fixed capacity compacts again).
   PolicyState fresh, compacted;
@@ -575,6 +607,14 @@ TEST(PolicySpec, NeedsMatchThePolicy) {
     EXPECT_EQ(p->pass_needs(compacted, /*recalls=*/true).window, 16);
     EXPECT_EQ(p->pass_needs(compacted).accumulate, p->needs().accumulate);
   }
+  // The recorded queries: prompt_ranking=expected until the prompt's compaction, a scorer that
+  // reads them always.
+  auto d2o_ex = parse_kv_policy("d2o:prompt_ranking=expected,window=16").value();
+  EXPECT_EQ(d2o_ex->pass_needs(fresh).queries, 16);
+  EXPECT_EQ(d2o_ex->pass_needs(compacted).queries, 0);
+  auto h2o_ex = parse_kv_policy("h2o:scorer=expected_attention,window=16").value();
+  EXPECT_EQ(h2o_ex->pass_needs(fresh).queries, 16);
+  EXPECT_EQ(h2o_ex->pass_needs(compacted).queries, 16);
 }
 
 struct ErrorCase {
@@ -593,7 +633,7 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
         "ratio, budget, sinks, heavy_recent, beta, layers, merge, sim, ema, agg, scorer, "
         "merged_score, merge_keys, merge_decision, keep_edge_layers, proportional_attention, "
         "heads, floor, distinct_share, prompt_ranking, window, kernel, pool, prompt_merge, "
-        "prompt_scores, cold, cold_type, cold_size, recall, reading"}},
+        "prompt_scores, future, value_weight, cold, cold_type, cold_size, recall, reading"}},
       {"d2o:merged_score=median", {"merged_score=median", "sum, keep, mean, max"}},
       {"d2o:merge_keys=both", {"merge_keys=both", "rotated, unrotated"}},
       {"d2o:mrope=both", {"mrope=both", "rotated, unrotated"}},
@@ -690,6 +730,25 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"d2o:ratio=0.2,", {"expected key=value"}},
       {"d2o:=0.2", {"expected key=value"}},
       {"full:ratio=0.2", {"'full' takes no keys"}},
+      // Expected attention.
+      {"h2o:future=64", {"future= applies only with expected attention"}},
+      {"d2o:value_weight=none", {"value_weight= applies only with expected attention"}},
+      {"h2o:scorer=expected_attention,future=0", {"future=0", "integer from 1 to 65536"}},
+      {"h2o:scorer=expected_attention,future=70000", {"future=70000", "integer from 1 to 65536"}},
+      {"h2o:scorer=expected_attention,future=x", {"future=x"}},
+      {"h2o:scorer=expected_attention,value_weight=max", {"value_weight=max", "norm, none"}},
+      {"h2o:scorer=expected_attention,window=0", {"window=0", "integer from 1"}},
+      {"h2o:scorer=expected_attention,kernel=5",
+       {"kernel= applies only with prompt_ranking=window, reconstruction or expected"}},
+      {"h2o:window=8", {"window= applies only with", "or scorer=expected_attention"}},
+      {"h2o:prompt_ranking=guess", {"prompt_ranking=guess", "accumulated, window, reconstruction, expected"}},
+      {"d2o:prompt_ranking=expected,cold=memory", {"a cold tier needs", "prompt_ranking=window"}},
+      {"h2o:heads=ada,prompt_ranking=expected",
+       {"prompt_ranking=expected applies with heads=uniform"}},
+      {"d2o:prompt_ranking=expected,distinct_share=0.5",
+       {"prompt_ranking=expected", "distinct_share= does not apply"}},
+      {"snapkv:future=8", {"unknown key 'future'"}},
+      {"keydiff:value_weight=norm", {"unknown key 'value_weight'"}},
   };
   for (const ErrorCase& c : cases) {
     SCOPED_TRACE(c.spec);

@@ -70,8 +70,9 @@ ComposedPolicy::ComposedPolicy(PolicyConfig cfg) : cfg_(std::move(cfg)) {
       break;
   }
   keeper_ = Keeper::of(cfg_);
-  if (cfg_.selector == Selector::kHeavyRecent && cfg_.prompt != PromptScore::kAccumulated) {
-    prompt_scorer_ = make_window_attention(cfg_);
+  if (cfg_.prompt_phase()) {
+    prompt_scorer_ = cfg_.prompt == PromptScore::kExpected ? make_expected_attention_pooled(cfg_)
+                                                           : make_window_attention(cfg_);
     prompt_keeper_ = Keeper::prompt_window(cfg_);
   }
   if (cfg_.merger == Merger::kD2o) merger_ = make_d2o_merger(cfg_);
@@ -180,7 +181,11 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
     for (size_t t = 0; t < state.todo.size(); ++t) plan_one(static_cast<int64_t>(t), 0);
   }
 
-  return apply_plans(cache, state, own);
+  D2O_RETURN_IF_ERROR(apply_plans(cache, state, own));
+  // prompt_ranking=expected with a scorer that reads no queries: the prompt's compaction was
+  // their last reader (the attention pass records no more of them, pass_needs).
+  if (cfg_.prompt == PromptScore::kExpected && !base_scorer_->reads_queries()) cache.drop_queries();
+  return {};
 }
 
 Status ComposedPolicy::decide_layer_budgets(const KvCache& cache, PolicyState& state,
@@ -381,6 +386,7 @@ void ComposedPolicy::keep_head(const LayerJob& job, int g, SelectScratch& sc) co
   h.n = job.n;
   h.S = job.S;
   h.next = job.next;
+  h.queries = &job.cache->queries(job.il);
   int32_t* keep = job.plan->keep_of(g);
   if (!prompt_scorer_ || !job.prompt_pass) {
     keeper_.keep(h, scorer(), sc, keep);
@@ -393,9 +399,13 @@ void ComposedPolicy::keep_head(const LayerJob& job, int g, SelectScratch& sc) co
   prompt_scorer_->score(h, s.sinks, end, sc, pooled);
   prompt_keeper_.keep_ranked(pooled, job.n, job.S, sc, keep);
   if (cfg_.pscore == PromptScore::kWindow) {
-    // prompt_scores=window: the pooled scores become the slots' accumulated scores (in place).
-    window_scores(pooled, job.layer->pos(g), s.sinks, end,
-                  std::min(cfg_.window, job.pass->n_tokens), job.next, pooled);
+    // prompt_scores=window: the pooled scores become the slots' accumulated scores (in place),
+    // as attention per query (the window's sums over its queries; expected attention is one
+    // query's already).
+    const int per = cfg_.prompt == PromptScore::kExpected
+                        ? 1
+                        : std::min(cfg_.window, job.pass->n_tokens);
+    window_scores(pooled, job.layer->pos(g), s.sinks, end, per, job.next, pooled);
     job.cache->replace_scores(job.il, g, s.sinks, end - s.sinks, pooled + s.sinks);
   }
 }
@@ -416,6 +426,7 @@ void ComposedPolicy::keep_shared(const LayerJob& job, SelectScratch& sc) const {
   h.il = job.il;
   h.S = job.S;
   h.next = job.next;
+  h.queries = &job.cache->queries(job.il);
   int32_t off = 0;
   for (int g = 0; g < G; ++g) {
     const int n_g = L.n_slot(g);

@@ -39,6 +39,20 @@ Status ComposedPolicy::check(const KvCache& cache, const PolicyState& state,
         kv_type_name(cache.config().type) +
         ") does not allow (use positions=original / merge_keys=rotated or a type without r)");
   }
+  if (reads_queries(cfg_)) {
+    // Recorded queries of another shape than the cache's heads (a cache filled elsewhere).
+    for (int il = 0; il < L; ++il) {
+      const QueryWindow& w = cache.queries(il);
+      if (!w.empty() && (w.head_dim() != cache.config().head_dim ||
+                         w.n_head() % cache.config().n_head_kv != 0)) {
+        return invalid_argument(
+            "KV policy '" + cfg_.name + "': layer " + std::to_string(il) + " recorded queries of " +
+            std::to_string(w.n_head()) + " heads of " + std::to_string(w.head_dim()) +
+            " elements, which do not fit the cache's " + std::to_string(cache.config().n_head_kv) +
+            " KV heads of " + std::to_string(cache.config().head_dim));
+      }
+    }
+  }
   if (cfg_.heads != HeadRule::kAda) {
     for (int il = 0; il < L; ++il)
       if (!cache.layer(il).uniform()) return ragged_error();

@@ -48,6 +48,12 @@ size_t ComposedPolicy::state_bytes(const KvCacheConfig& cfg, int64_t slots) cons
   // offsets.
   size_t b = compressible * G * s * sizeof(int32_t);
   if (cfg_.heads == HeadRule::kAda) b += compressible * 2 * G * sizeof(int32_t);
+  // Expected attention: each compressible layer's recorded queries, the last `window` tokens'
+  // (kept in the cache, KvCache::queries; whatever the slots).
+  if (reads_queries(cfg_)) {
+    const int n_head = cfg.n_head > 0 ? cfg.n_head : cfg.n_head_kv;
+    b += compressible * QueryWindow::bytes_for(n_head, cfg.head_dim, cfg_.window, cfg.head_dim);
+  }
   if (cfg_.merger != Merger::kD2o) return b;
   b += compressible * G * kKeptTermsPerHead * sizeof(MergeTerm);  // a decode step's merge list
   // A list holds a head's slots between a pass's append and its compaction: the budget plus one

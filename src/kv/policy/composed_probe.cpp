@@ -25,6 +25,8 @@ StatsNeeds ComposedPolicy::needs() const {
   // Proportional attention reads the merged counts, which stay 0 without merges (merge=off, the
   // d2o default), so the attention pass is not asked to scan them then.
   n.mass = cfg_.merger == Merger::kD2o && cfg_.mass && cfg_.merge != MergeRule::kOff;
+  // Expected attention reads the last `window` queries of the sequence.
+  n.queries = reads_queries(cfg_) ? cfg_.window : 0;
   return n;
 }
 
@@ -34,6 +36,9 @@ StatsNeeds ComposedPolicy::pass_needs(const PolicyState& state, bool recalls) co
   // at the compaction of a turn that recalled from the cold tier (PassInfo::recalled), which
   // ranks hot and recalled slots alike by the turn's window.
   if (cfg_.selector == Selector::kHeavyRecent && state.n_compactions > 0 && !recalls) n.window = 0;
+  // prompt_ranking=expected reads the recorded queries at the prompt's compaction only, unless
+  // the scorer of later compactions reads them too (scorer=expected_attention).
+  if (n.queries > 0 && state.n_compactions > 0 && !base_scorer_->reads_queries()) n.queries = 0;
   return n;
 }
 

@@ -63,6 +63,15 @@ enum class PromptScore {
                     // each slot instead of its last queries' (KvPolicy::reconstruction_chunk):
                     // the prompt fed again after itself, teacher-forced, in chunks, its own KV
                     // dropped after each chunk. Needs no question (ratio mode only).
+  kExpected,  // as kWindow, with each slot's score the attention the next `future` queries are
+              // expected to give it (expected attention, scorer.h), estimated from the pass's
+              // last `window` queries
+};
+
+// Expected attention: what a slot's expected attention is multiplied by.
+enum class ValueWeight {
+  kNorm,  // the L2 norm of its value, relative to the head's expected-attention-weighted mean
+  kNone,  // nothing: the expected attention alone
 };
 
 // What happens to evicted slots.
@@ -184,6 +193,12 @@ struct PolicyConfig {
   // merging; the merges start with the next compaction.
   bool prompt_merge = true;
 
+  // Expected attention (scorer=expected_attention, prompt_ranking=expected): the future
+  // positions whose mean RoPE rotation the query statistics are turned by (future=), and what
+  // the expected attention is multiplied by (value_weight=). Its queries: the last `window`.
+  int future = 512;
+  ValueWeight value_weight = ValueWeight::kNorm;
+
   // Where evicted slots go instead of away, for a later turn to recall (cold=memory, cold_type=,
   // cold_size=, recall=; kv/cold_tier.h). Its window is the policy's `window`.
   ColdTierConfig cold;
@@ -203,7 +218,13 @@ struct PolicyConfig {
   }
   bool needs_window() const {
     return selector == Selector::kSnapWindow || cold.enabled() ||
-           (selector == Selector::kHeavyRecent && prompt != PromptScore::kAccumulated);
+           (selector == Selector::kHeavyRecent &&
+            (prompt == PromptScore::kWindow || prompt == PromptScore::kReconstruction));
+  }
+  // The prompt's compaction has a phase of its own (prompt_ranking= other than accumulated):
+  // the sinks, the last `window` slots, the rest by a pooled ranking.
+  bool prompt_phase() const {
+    return selector == Selector::kHeavyRecent && prompt != PromptScore::kAccumulated;
   }
 
   bool operator==(const PolicyConfig&) const = default;

@@ -13,6 +13,7 @@ class DistinctGuard final : public Scorer {
   DistinctGuard(const PolicyConfig& cfg, const Scorer* inner) : cfg_(cfg), inner_(inner) {}
   bool reads_accumulated() const override { return inner_->reads_accumulated(); }
   bool reads_window() const override { return inner_->reads_window(); }
+  bool reads_queries() const override { return inner_->reads_queries(); }
   const float* score(const HeadView& h, int, int, SelectScratch& sc, float* out) const override {
     // Every slot's score: the guard copies the whole head's (its own candidates may lie anywhere
     // between the sinks and the recent window).

@@ -11,6 +11,10 @@ const std::vector<ScorerDef>& scorer_defs() {
       {"mean_attention", "attention per query that saw the slot (RoCo)", make_mean_attention},
       {"key_diversity", "keys least like the head's mean key (KeyDiff)", make_key_diversity},
       {"value_norm", "the L2 norm of the slot's value", make_value_norm},
+      {"expected_attention",
+       "the attention the next queries are expected to give the slot, from the last queries' "
+       "mean and covariance (Expected Attention)",
+       make_expected_attention, /*reads_queries=*/true},
   };
   return defs;
 }
@@ -19,6 +23,13 @@ const ScorerDef* find_scorer(std::string_view name) {
   for (const ScorerDef& d : scorer_defs())
     if (name == d.name) return &d;
   return nullptr;
+}
+
+bool reads_queries(const PolicyConfig& cfg) {
+  if (cfg.selector != Selector::kHeavyRecent) return false;
+  if (cfg.prompt == PromptScore::kExpected) return true;
+  const ScorerDef* d = find_scorer(cfg.scorer);
+  return d && d->reads_queries;
 }
 
 }  // namespace d2o

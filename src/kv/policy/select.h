@@ -30,6 +30,13 @@ struct SelectScratch {
   std::vector<int32_t> head_keep, head_n, head_off, head_count;
   std::vector<uint8_t> taken;
   std::vector<Cand> pool;
+  // Expected attention (score_expected.cpp): the statistics' rows turned to the future positions
+  // [group * (1 + queries), head_dim], their dots with one tile of keys, each query head's logits
+  // [group, n], the expected attention [n], the mean rotation per RoPE pair (cos, sin).
+  std::vector<float> ea_rows, ea_dots, ea_z, ea_e;
+  std::vector<const float*> ea_q;
+  std::vector<float*> ea_s;
+  std::vector<double> ea_mean, ea_rot;
 };
 
 // out[0..n) = first, first + 1, ..., first + n - 1 (n <= 0: nothing).

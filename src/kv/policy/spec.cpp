@@ -17,6 +17,7 @@
 #include "kv/policy.h"
 #include "kv/policy/composed.h"
 #include "kv/policy/config.h"
+#include "kv/policy/scorer.h"
 #include "kv/policy/spec_keys.h"
 
 namespace d2o {
@@ -82,8 +83,8 @@ const std::vector<PresetDef>& presets() {
          c.nm_n = c.nm_m = 1;
        },
        {"sinks", "heavy_recent", "agg", "scorer", "heads", "floor", "distinct_share",
-        "prompt_ranking", "window", "kernel", "pool", "prompt_scores", "cold", "cold_type",
-        "cold_size", "recall"}},
+        "prompt_ranking", "window", "kernel", "pool", "prompt_scores", "future", "value_weight",
+        "cold", "cold_type", "cold_size", "recall"}},
       {"snapkv",
        [](PolicyConfig& c) { c.selector = Selector::kSnapWindow; },
        {"window", "kernel", "pool", "agg", "heads", "floor", "hold_budget", "cold", "cold_type",
@@ -103,7 +104,8 @@ const std::vector<PresetDef>& presets() {
          c.scorer = "mean_attention";
        },
        {"sinks", "heavy_recent", "agg", "heads", "floor", "prompt_ranking", "window", "kernel",
-        "pool", "prompt_scores", "cold", "cold_type", "cold_size", "recall"}},
+        "pool", "prompt_scores", "future", "value_weight", "cold", "cold_type", "cold_size",
+        "recall"}},
       {"cam",
        [](PolicyConfig& c) {
          c.selector = Selector::kSinkRecent;
@@ -156,6 +158,8 @@ const std::vector<PresetDef>& presets() {
         "pool",
         "prompt_merge",
         "prompt_scores",
+        "future",
+        "value_weight",
         "cold",
         "cold_type",
         "cold_size",
@@ -261,7 +265,9 @@ bool has_key(const std::vector<Item>& items, std::string_view key) {
 }
 
 std::string prompt_word(const PolicyConfig& c) {
-  return c.prompt == PromptScore::kReconstruction ? "reconstruction" : "window";
+  return c.prompt == PromptScore::kReconstruction ? "reconstruction"
+         : c.prompt == PromptScore::kExpected     ? "expected"
+                                                  : "window";
 }
 
 // The cold tier's keys: they apply only with cold=memory, and the tier needs a policy that ranks
@@ -280,12 +286,14 @@ Status check_cold(const std::string& name, const std::vector<Item>& items, const
                             "positions=shifted renumbers");
   const bool by_window = c.selector == Selector::kSnapWindow ||
                          (c.selector == Selector::kHeavyRecent &&
-                          c.prompt != PromptScore::kAccumulated && c.heads == HeadRule::kUniform);
+                          (c.prompt == PromptScore::kWindow ||
+                           c.prompt == PromptScore::kReconstruction) &&
+                          c.heads == HeadRule::kUniform);
   if (!by_window)
     return invalid_argument("KV policy '" + name +
                             "': a cold tier needs the slots of a turn ranked by the turn's own "
-                            "queries: prompt_ranking=window (or reconstruction) with heads=uniform, "
-                            "or snapkv / pyramidkv");
+                            "queries' attention: prompt_ranking=window (or reconstruction) with "
+                            "heads=uniform, or snapkv / pyramidkv");
   return {};
 }
 
@@ -298,12 +306,20 @@ Status check_combinations(const std::string& name, const std::vector<Item>& item
                                      ? ""
                                      : " (d2o compacts the prompt by its window by default: add "
                                        "prompt_ranking=accumulated)";
+  const bool expected = reads_queries(c);
   for (const Item& it : items) {
     if (c.selector == Selector::kHeavyRecent && c.prompt == PromptScore::kAccumulated &&
-        (it.key == "window" || it.key == "kernel" || it.key == "pool" ||
+        ((it.key == "window" && !expected) || it.key == "kernel" || it.key == "pool" ||
          it.key == "prompt_scores")) {
+      return invalid_argument(
+          "KV policy '" + name + "': " + std::string(it.given) +
+          "= applies only with prompt_ranking=window, reconstruction or expected" +
+          (it.key == "window" ? " (or scorer=expected_attention: the queries it reads)" : ""));
+    }
+    if (!expected && (it.key == "future" || it.key == "value_weight")) {
       return invalid_argument("KV policy '" + name + "': " + std::string(it.given) +
-                              "= applies only with prompt_ranking=window or reconstruction");
+                              "= applies only with expected attention (scorer=expected_attention "
+                              "or prompt_ranking=expected)");
     }
   }
   if (has_key(items, "floor") && c.heads != HeadRule::kAda)
@@ -476,10 +492,15 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
   // configs (d2o:prompt_ranking=accumulated drops the window keys of d2o's defaults).
   if (c.selector == Selector::kHeavyRecent && c.prompt == PromptScore::kAccumulated) {
     const PolicyConfig plain;
-    c.window = plain.window;
+    if (!reads_queries(c)) c.window = plain.window;
     c.kernel = plain.kernel;
     c.pool = plain.pool;
     c.pscore = plain.pscore;
+  }
+  if (!reads_queries(c)) {
+    const PolicyConfig plain;
+    c.future = plain.future;
+    c.value_weight = plain.value_weight;
   }
   // hold_budget takes its plain value where budget mode implies it
   // (PolicyConfig::compacts_after_first).

@@ -94,7 +94,9 @@ Status share_key(const std::string& policy, std::string_view key, std::string_vi
 const std::vector<const char*> kAggWords = {"sum", "mean", "max"};
 const std::vector<const char*> kPoolWords = {"max", "avg"};
 const std::vector<const char*> kPromptWords = {"accumulated", "window"};
-const std::vector<const char*> kRankingWords = {"accumulated", "window", "reconstruction"};
+const std::vector<const char*> kRankingWords = {"accumulated", "window", "reconstruction",
+                                                "expected"};
+const std::vector<const char*> kValueWeightWords = {"norm", "none"};
 const std::vector<const char*> kPositionsWords = {"original", "shifted"};
 const std::vector<const char*> kLayerWords = {"uniform", "variance", "reciprocal",
                                               "exp",     "pyramid",  "research"};
@@ -165,10 +167,20 @@ KeyDef int_def(const char* name, ShownFn shown = nullptr, ShownFn applies = null
           [](const PolicyConfig& c) { return std::to_string(c.*Member); }, shown, applies};
 }
 
-// SnapKV's window keys (and prompt_scores=): always for its selector, for the heavy-hitter ones
-// with prompt_ranking=window.
+// SnapKV's pooling keys (and prompt_scores=): always for its selector, for the heavy-hitter ones
+// with a prompt phase (prompt_ranking=window, reconstruction or expected).
 bool window_shown(const PolicyConfig& c) {
-  return c.needs_window();
+  return c.needs_window() || c.prompt_phase();
+}
+
+// window= itself: also where expected attention reads the last `window` queries.
+bool window_count_shown(const PolicyConfig& c) {
+  return window_shown(c) || reads_queries(c);
+}
+
+// Expected attention's own keys (future=, value_weight=).
+bool expected_shown(const PolicyConfig& c) {
+  return reads_queries(c);
 }
 
 // Keys shown only away from the uniform per-head rule, or with a share of distinct keys (added
@@ -251,7 +263,7 @@ const std::vector<KeyDef>& key_defs() {
       word_def<&PolicyConfig::decide, kDecisionWords>("merge_decision"),
       word_def<&PolicyConfig::protect, kOnOffWords>("keep_edge_layers"),
       word_def<&PolicyConfig::mass, kOnOffWords>("proportional_attention"),
-      int_def<&PolicyConfig::window, 1, 1 << 20>("window", nullptr, window_shown),
+      int_def<&PolicyConfig::window, 1, 1 << 20>("window", nullptr, window_count_shown),
       {"kernel",
        [](std::string_view key, std::string_view v, PolicyConfig& c) {
          int64_t x = 0;
@@ -327,6 +339,9 @@ const std::vector<KeyDef>& key_defs() {
           "prompt_scores",
           [](const PolicyConfig& c) { return c.pscore != PromptScore::kAccumulated; },
           window_shown),
+      int_def<&PolicyConfig::future, 1, 1 << 16>("future", nullptr, expected_shown),
+      word_def<&PolicyConfig::value_weight, kValueWeightWords>("value_weight", nullptr,
+                                                              expected_shown),
       {"cold",
        [](std::string_view key, std::string_view v, PolicyConfig& c) {
          int i = 0;
