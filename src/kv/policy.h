@@ -74,6 +74,8 @@ class PolicyExtState {
   virtual ~PolicyExtState() = default;
   // A copy for another sequence (Sequence::copy_from): the state; scratch may start empty.
   virtual std::unique_ptr<PolicyExtState> clone() const = 0;
+  // Bytes the state holds between passes, its working scratch not counted (the KV report).
+  virtual size_t bytes() const { return 0; }
 };
 
 // Owns a PolicyExtState; copying clones it, so PolicyState stays a copyable value.
@@ -147,6 +149,19 @@ struct PolicyState {
   }
 
   void reset() { *this = PolicyState(); }
+
+  // Bytes held between passes: the plans' lists, budgets and counters, and the policy's own
+  // state (PolicyExtState::bytes). The KV report prints it.
+  size_t held_bytes() const {
+    size_t b = budgets.capacity() * sizeof(int) +
+               (evicted.capacity() + merged.capacity()) * sizeof(int64_t) +
+               todo.capacity() * sizeof(int32_t) + plans.capacity() * sizeof(CompactionPlan);
+    for (const CompactionPlan& p : plans) {
+      b += (p.keep.capacity() + p.head_keep.capacity() + p.head_off.capacity()) * sizeof(int32_t) +
+           p.merges.capacity() * sizeof(MergeTerm);
+    }
+    return b + (ext.get() ? ext.get()->bytes() : 0);
+  }
 };
 
 class KvPolicy {

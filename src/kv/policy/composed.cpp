@@ -52,6 +52,17 @@ std::unique_ptr<PolicyExtState> ComposedPolicyState::clone() const {
   return c;
 }
 
+size_t ComposedPolicyState::bytes() const {
+  size_t b = tau.capacity() * sizeof(float) + tau_ready.capacity() +
+             layer_variance.capacity() * sizeof(double) +
+             key_inv.capacity() * sizeof(std::vector<float>) +
+             key_inv_last.capacity() * sizeof(int32_t);
+  for (const std::vector<float>& v : key_inv) b += v.capacity() * sizeof(float);
+  b += probe.slot.capacity() * sizeof(int32_t) +
+       (probe.key.capacity() + probe.dot.capacity()) * sizeof(float) + probe.formed.capacity();
+  return b;
+}
+
 ComposedPolicy::ComposedPolicy(PolicyConfig cfg) : cfg_(std::move(cfg)) {
   switch (cfg_.selector) {
     case Selector::kHeavyRecent: {

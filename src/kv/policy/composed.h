@@ -84,6 +84,8 @@ class ComposedPolicyState final : public PolicyExtState {
 
   // The state without the scratch (scratch, head_merges, head_counts).
   std::unique_ptr<PolicyExtState> clone() const override;
+  // Thresholds, layer statistics, key norms and the probe (not the scratch).
+  size_t bytes() const override;
 };
 
 // The ComposedPolicyState of a sequence's state, or null (another policy, or none created yet).
