@@ -128,7 +128,8 @@ Result<FidelityResult> run_fidelity(Engine& engine, std::span<const TokenId> tok
     } else if (p.bos >= 0) {
       prompt[0] = p.bos;
     }
-    D2O_ASSIGN_OR_RETURN(ForkedPrefill fork, prefill_forked(engine, prompt, policies, types));
+    D2O_ASSIGN_OR_RETURN(ForkedPrefill fork,
+                         prefill_in_chunks(engine, prompt, policies, types, p.chunk));
     res.n_prefills = fork.n_prefills;
     std::vector<double> sum_kl(n_cases, 0), sum_top1(n_cases, 0), sum_nll(n_cases, 0);
     double sum_nll_full = 0;

@@ -96,6 +96,11 @@ Result<std::string> spec_for_kv_mem(const std::string& spec, const std::string& 
       return invalid_argument("--kv-mem-per-seq sets the budget of --kv '" + spec +
                               "': leave out its ratio= / budget=");
     }
+    if (args.find(",prefill=") != std::string::npos) {
+      return invalid_argument("--kv-mem-per-seq gives --kv '" + spec +
+                              "' a fixed budget, which compacts between a prompt's passes "
+                              "already: leave out its prefill=");
+    }
   }
   return spec + (colon == std::string::npos ? ":" : ",") + "budget=" + std::to_string(lo);
 }
