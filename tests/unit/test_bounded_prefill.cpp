@@ -13,6 +13,7 @@
 #include "common/random_model.h"
 #include "common/random_model_fixture.h"
 #include "common/test_util.h"
+#include "eval/fork.h"
 #include "gguf/gguf.h"
 #include "kv/cold_tier.h"
 #include "kv/policy/composed.h"
@@ -354,6 +355,47 @@ TEST_F(BoundedPrefillModel, ChunkEvictionsGoColdAndTheLastChunkRecalls) {
         EXPECT_EQ(s.cache().layer(il).n_slot(g) + tier->n_slots(il, g), 192) << il << " " << g;
       }
     }
+  }
+}
+
+// The evaluations' chunked prefill (eval/fork.h, `--chunk`): each policy fed its own passes; the
+// full cache and prefill=exact get the shared one-pass prefill's caches and logits bit for bit,
+// prefill=bounded the cache a chunked prompt gives it.
+TEST_F(BoundedPrefillModel, TheEvaluationsChunkedPrefillFeedsEachPolicyItsPasses) {
+  ThreadPool pool(2);
+  Engine engine(*model_, pool, EngineOptions{});
+  const std::vector<TokenId> prompt = bounded_tokens(200, 23);
+  std::vector<std::shared_ptr<const KvPolicy>> ps;
+  for (const char* spec : {"full", "d2o:ratio=0.25", "snapkv:ratio=0.25", "h2o:ratio=0.25",
+                           "d2o:ratio=0.25,prefill=bounded", "h2o:budget=50"})
+    ps.emplace_back(parse_kv_policy(spec).value());
+  const std::vector<KvType> types(ps.size(), KvType::kF16);
+  auto shared = eval::prefill_in_chunks(engine, prompt, ps, types, 0);
+  auto chunked = eval::prefill_in_chunks(engine, prompt, ps, types, 64);
+  ASSERT_TRUE(shared.ok() && chunked.ok());
+  EXPECT_LT(shared->n_prefills, static_cast<int>(ps.size()));
+  EXPECT_EQ(chunked->n_prefills, static_cast<int>(ps.size()));
+  for (size_t i = 0; i < 4; ++i) {  // full and prefill=exact
+    SCOPED_TRACE(ps[i]->spec());
+    EXPECT_TRUE(bounded_same_slots(shared->seqs[i]->cache(), chunked->seqs[i]->cache()));
+    EXPECT_EQ(shared->last_logits_of[i], chunked->last_logits_of[i]);
+  }
+  for (size_t i = 4; i < ps.size(); ++i) {  // compacted between the passes: the whole-prompt
+    SCOPED_TRACE(ps[i]->spec());           // cache differs, the direct chunked feed's does not
+    EXPECT_FALSE(bounded_same_slots(shared->seqs[i]->cache(), chunked->seqs[i]->cache()));
+    Sequence direct(model_->hparams(), KvType::kF16, ps[i]);
+    size_t at = 0;
+    for (const int n : prefill_chunks(200, 64, ps[i]->needs().window)) {
+      BatchEntry be;
+      be.seq = &direct;
+      be.tokens = std::span<const TokenId>(prompt.data() + at, static_cast<size_t>(n));
+      at += static_cast<size_t>(n);
+      be.prompt_rest = static_cast<int64_t>(prompt.size() - at);
+      be.logits_from = be.prompt_rest > 0 ? BatchEntry::kNoLogits : -1;
+      ASSERT_TRUE(engine.forward({&be, 1}, nullptr).ok());
+    }
+    EXPECT_TRUE(bounded_same_slots(direct.cache(), chunked->seqs[i]->cache()));
+    EXPECT_GT(direct.policy_state().n_compactions, 1);
   }
 }
 
