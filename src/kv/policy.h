@@ -46,7 +46,8 @@ struct PassInfo {
   // Chunked prefill: prompt tokens that later passes will still bring (0 when this pass ends the
   // prompt, or is a decode step). A ratio policy's first compaction (prompt-then-compress) waits
   // for the pass with prompt_rest == 0, so a prompt prefilled in chunks is compressed once, as a
-  // whole, exactly like a prompt prefilled in one pass.
+  // whole, exactly like a prompt prefilled in one pass; with prefill=bounded its budget is the
+  // ratio of the tokens held and announced, and it compacts between the chunks.
   int64_t prompt_rest = 0;
   // The pass recalled slots from the cache's cold tier (a new turn): its compaction ranks the
   // turn's slots, hot and recalled alike, as a prompt's compaction ranks a prompt's.

@@ -45,7 +45,8 @@ struct BatchEntry {
   int logits_from = -1;
   // Chunked prefill: tokens of the same prompt that later passes will bring (0: this chunk ends
   // the prompt, or it is a decode step). Ratio policies compact for the first time on the pass
-  // that ends the prompt (PassInfo::prompt_rest). Contract, checked: the chunks of one prompt
+  // that ends the prompt, or with prefill=bounded take the whole prompt's length from it
+  // (PassInfo::prompt_rest). Contract, checked: the chunks of one prompt
   // announce consistent counts, and when the policy reads the attention of the last w queries
   // (StatsNeeds::window) the prompt's last chunk holds at least min(w, prompt length) tokens, so
   // the window

@@ -19,9 +19,10 @@ namespace d2o::cli {
 void add_prefill_chunk_option(CLI::App* app, int& chunk) {
   app->add_option("--chunk", chunk,
                   "Prompt tokens per prefill pass (0: the whole prompt in one pass). A fixed "
-                  "budget (budget=, --kv-mem-per-seq) compacts between passes, so the cache stays "
-                  "within its budget plus two chunks for any prompt length; ratio policies and "
-                  "the full cache give the same result either way")
+                  "budget (budget=, --kv-mem-per-seq) and ratio=...,prefill=bounded compact "
+                  "between passes, so the cache stays within its budget plus two chunks for any "
+                  "prompt length; other ratio policies and the full cache give the same result "
+                  "either way")
       ->check(CLI::Range(0, 1 << 24));
 }
 
