@@ -353,7 +353,9 @@ Status write_fidelity_report(const FidelityResult& r, const FidelityParams& p, c
   D2O_ASSIGN_OR_RETURN(const std::string bytes_md, fidelity_bytes_section(r, p, files, j));
   md += bytes_md;
   md += "Wall time " + format_duration(r.seconds) + " (" + std::to_string(r.n_prefills) +
-        " shared prompt pass(es) per sample; engine: matmul " +
+        (p.chunk > 0 ? " prompt prefills per sample, each policy its own"
+                     : " shared prompt pass(es) per sample") +
+        "; engine: matmul " +
         format_duration(r.timings.matmul_s) + ", attention " +
         format_duration(r.timings.attention_s) + ", policy " + format_duration(r.timings.policy_s) +
         ").\n";

@@ -219,7 +219,9 @@ Status write_niah_report(const NiahResult& r, const NiahParams& p, const RunMeta
     md += "### " + std::string(niah_task_name(task)) + "\n\n" + line_imgs + "\n\n";
   }
   md += "Wall time " + format_duration(r.seconds) + " (" + std::to_string(r.n_prefills) +
-        " shared prompt pass(es) per trial).\n";
+        (p.chunk > 0 ? " prompt prefills per trial, each policy its own"
+                     : " shared prompt pass(es) per trial") +
+        ").\n";
   D2O_RETURN_IF_ERROR(write_file(files.path(".json"), j.dump(1) + "\n"));
   D2O_RETURN_IF_ERROR(write_file(files.path(".md"), md));
   return {};

@@ -288,7 +288,9 @@ Status write_ruler_report(const RulerResult& r, const RulerParams& p, const RunM
   D2O_ASSIGN_OR_RETURN(const std::string bytes_md, ruler_bytes_section(r, p, files, j));
   md += bytes_md;
   md += "Wall time " + format_duration(r.seconds) + " (" + std::to_string(r.n_prefills) +
-        " shared prompt pass(es) per trial).\n";
+        (p.chunk > 0 ? " prompt prefills per trial, each policy its own"
+                     : " shared prompt pass(es) per trial") +
+        ").\n";
   D2O_RETURN_IF_ERROR(write_file(files.path(".json"), j.dump(1) + "\n"));
   D2O_RETURN_IF_ERROR(write_file(files.path(".md"), md));
   return {};
