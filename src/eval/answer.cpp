@@ -83,7 +83,8 @@ Result<GreedyAnswers> answer_questions(Engine& engine, const Tokenizer& tok,
     ps.push_back(p.policy);
     types.push_back(p.kv_type.value_or(r.kv_type));
   }
-  D2O_ASSIGN_OR_RETURN(ForkedPrefill fork, prefill_forked(engine, r.context, ps, types));
+  D2O_ASSIGN_OR_RETURN(ForkedPrefill fork,
+                       prefill_in_chunks(engine, r.context, ps, types, r.chunk));
   const size_t n = r.policies.size();
   GreedyAnswers out;
   out.n_prefills = fork.n_prefills;

@@ -3,7 +3,7 @@
 //
 //   1. The context is prefilled once for every policy (one pass per statistics group and storage
 //      type) and compacted by each, exactly as Engine::forward compacts after a prompt pass
-//      (src/eval/fork.h).
+//      (src/eval/fork.h); with a chunk, each policy is fed the context in passes of its own.
 //   2. Before setting (no question turns): each policy answers from the context pass's logits.
 //      After setting: for each question, every policy's compacted sequence (a copy, but for the
 //      last question) is fed the question turn in one pass through Engine::forward, as a server
@@ -34,6 +34,10 @@ struct AnswerRequest {
   std::span<const PolicyUnderTest> policies;  // each in its own storage type, else kv_type
   int max_new = 0;                            // >= 1
   KvType kv_type = KvType::kF16;
+  // > 0: the context is fed to each policy in passes of this many tokens (prefill_in_chunks,
+  // src/eval/fork.h), so fixed budgets and prefill=bounded compact between them; 0: one pass
+  // shared by the policies.
+  int chunk = 0;
 };
 
 struct GreedyAnswers {

@@ -10,6 +10,7 @@
 #include "core/mem.h"
 #include "core/timer.h"
 #include "kv/cold_tier.h"
+#include "runtime/generator.h"
 
 namespace d2o {
 
@@ -228,19 +229,26 @@ int max_n_at(std::span<const BenchTest> tests, int depth) {
 // that a full cache does not carry the geometric over-allocation of the prefill into the timed
 // repetitions (nor report it as KV bytes), and still needs no reallocation while they run.
 Status prefill_depth(Engine& engine, Sequence& saved, std::span<const TokenId> text, int depth,
-                     int max_n, double* seconds, int64_t* slots) {
+                     int max_n, int chunk, double* seconds, int64_t* slots) {
   saved.reset();
   // (A policy that reconstructs the prompt holds one reconstruction pass more for a moment.)
   D2O_RETURN_IF_ERROR(saved.cache().set_slot_limit(
       depth + max_n + saved.policy().reconstruction_chunk(saved.policy_state())));
   *seconds = 0;
   if (depth > 0) {
-    BatchEntry be;
-    be.seq = &saved;
-    be.tokens = text.first(static_cast<size_t>(depth));
     Stopwatch sw;
     const LogitsSink no_sink;
-    D2O_RETURN_IF_ERROR(engine.forward({&be, 1}, no_sink));
+    const int window = saved.policy().is_full() ? 0 : saved.policy().needs().window;
+    size_t at = 0;
+    for (const int n : prefill_chunks(depth, chunk, window)) {
+      BatchEntry be;
+      be.seq = &saved;
+      be.tokens = text.subspan(at, static_cast<size_t>(n));
+      at += static_cast<size_t>(n);
+      be.prompt_rest = depth - static_cast<int64_t>(at);
+      be.logits_from = be.prompt_rest > 0 ? BatchEntry::kNoLogits : -1;
+      D2O_RETURN_IF_ERROR(engine.forward({&be, 1}, no_sink));
+    }
     *seconds = sw.seconds();
   }
   *slots = saved.cache().total_slots();
@@ -314,7 +322,7 @@ Status run_bench(Engine& engine, std::span<const TokenId> text, std::span<const 
     // then restored before every repetition.
     if (saved_depth != t.depth) {
       D2O_RETURN_IF_ERROR(prefill_depth(engine, saved, text, t.depth, max_n_at(tests, t.depth),
-                                        &depth_seconds, &slots_after_depth));
+                                        cfg.depth_chunk, &depth_seconds, &slots_after_depth));
       saved_depth = t.depth;
     }
     r.depth_seconds = depth_seconds;
@@ -364,8 +372,8 @@ Status run_bench_interleaved(Engine& engine, std::span<const TokenId> text,
     if (saved_depth != t.depth) {
       for (size_t ip = 0; ip < n_pol; ++ip) {
         D2O_RETURN_IF_ERROR(prefill_depth(engine, *saved[ip], text, t.depth,
-                                          max_n_at(tests, t.depth), &depth_seconds[ip],
-                                          &slots_after_depth[ip]));
+                                          max_n_at(tests, t.depth), cfg.depth_chunk,
+                                          &depth_seconds[ip], &slots_after_depth[ip]));
       }
       saved_depth = t.depth;
     }

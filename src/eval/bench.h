@@ -3,7 +3,8 @@
 // each after d tokens of real text were prefilled untimed ("@ d8192"), for any KV policy.
 //
 // A KV policy applies to the depth prefill the way it applies to a prompt: the d tokens are one
-// forward pass, after which the policy compresses the cache (prompt-then-compress), and the timed
+// forward pass (or announced chunks, BenchConfig::depth_chunk), after which the policy compresses
+// the cache (prompt-then-compress), and the timed
 // pp / tg passes then run on the compressed cache, compacting after every pass as in real use.
 //
 // The state after a depth prefill is kept (one copy per depth and policy, as llama-bench keeps its
@@ -53,6 +54,9 @@ struct BenchConfig {
   int repetitions = 5;
   int n_ctx = 0;  // > 0: every test must fit (depth + n <= n_ctx); 0: no limit (llama-bench)
   KvType kv_type = KvType::kF16;
+  // > 0: the depth is prefilled in passes of this many tokens, announced as a prompt's chunks
+  // (prefill_chunks), so a fixed budget or prefill=bounded compacts between them; 0: one pass.
+  int depth_chunk = 0;
 };
 
 struct BenchResult {

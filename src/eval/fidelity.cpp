@@ -128,7 +128,8 @@ Result<FidelityResult> run_fidelity(Engine& engine, std::span<const TokenId> tok
     } else if (p.bos >= 0) {
       prompt[0] = p.bos;
     }
-    D2O_ASSIGN_OR_RETURN(ForkedPrefill fork, prefill_forked(engine, prompt, policies, types));
+    D2O_ASSIGN_OR_RETURN(ForkedPrefill fork,
+                         prefill_in_chunks(engine, prompt, policies, types, p.chunk));
     res.n_prefills = fork.n_prefills;
     std::vector<double> sum_kl(n_cases, 0), sum_top1(n_cases, 0), sum_nll(n_cases, 0);
     double sum_nll_full = 0;
@@ -352,7 +353,9 @@ Status write_fidelity_report(const FidelityResult& r, const FidelityParams& p, c
   D2O_ASSIGN_OR_RETURN(const std::string bytes_md, fidelity_bytes_section(r, p, files, j));
   md += bytes_md;
   md += "Wall time " + format_duration(r.seconds) + " (" + std::to_string(r.n_prefills) +
-        " shared prompt pass(es) per sample; engine: matmul " +
+        (p.chunk > 0 ? " prompt prefills per sample, each policy its own"
+                     : " shared prompt pass(es) per sample") +
+        "; engine: matmul " +
         format_duration(r.timings.matmul_s) + ", attention " +
         format_duration(r.timings.attention_s) + ", policy " + format_duration(r.timings.policy_s) +
         ").\n";

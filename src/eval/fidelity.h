@@ -53,6 +53,10 @@ struct FidelityParams {
   int n_continue = 128;
   KvType kv_type = KvType::kF16;
   int n_ctx_train = 0;
+  // > 0: each prompt is fed to every policy in passes of this many tokens (prefill_in_chunks,
+  // src/eval/fork.h), so fixed budgets and prefill=bounded compact between them; 0: one pass
+  // shared by the policies.
+  int chunk = 0;
   // When >= 0, each window's first token is replaced by this one (the BOS of a tokenizer that
   // adds it): a window cut from the middle of the text then starts as the model's inputs always
   // do. Gemma 3 puts its attention sink on BOS; without it every prompt is out of distribution.

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <string>
 
+#include "runtime/generator.h"
+
 namespace d2o::eval {
 
 namespace {
@@ -158,6 +160,41 @@ Result<ForkedPrefill> prefill_forked(Engine& engine, std::span<const TokenId> pr
         out.seqs[i] = std::move(seq);
       }
     }
+  }
+  out.last_logits = out.last_logits_of[0];
+  return out;
+}
+
+Result<ForkedPrefill> prefill_in_chunks(Engine& engine, std::span<const TokenId> prompt,
+                                        std::span<const std::shared_ptr<const KvPolicy>> policies,
+                                        std::span<const KvType> kv_types, int chunk) {
+  if (chunk <= 0) return prefill_forked(engine, prompt, policies, kv_types);
+  if (prompt.empty()) return invalid_argument("the prompt is empty");
+  if (policies.empty()) return invalid_argument("no policies to evaluate");
+  if (kv_types.size() != policies.size())
+    return invalid_argument("prefill_in_chunks: one storage type per policy");
+  const ModelHParams& hp = engine.model().hparams();
+  ForkedPrefill out;
+  out.seqs.resize(policies.size());
+  out.last_logits_of.resize(policies.size());
+  for (size_t i = 0; i < policies.size(); ++i) {
+    auto seq = std::make_unique<Sequence>(hp, kv_types[i], policies[i]);
+    // The last pass holds the policy's observation window (BatchEntry::prompt_rest).
+    const int window = policies[i]->is_full() ? 0 : policies[i]->needs().window;
+    std::vector<float>& logits = out.last_logits_of[i];
+    size_t at = 0;
+    for (const int n : prefill_chunks(static_cast<int64_t>(prompt.size()), chunk, window)) {
+      BatchEntry be;
+      be.seq = seq.get();
+      be.tokens = prompt.subspan(at, static_cast<size_t>(n));
+      at += static_cast<size_t>(n);
+      be.prompt_rest = static_cast<int64_t>(prompt.size() - at);
+      be.logits_from = be.prompt_rest > 0 ? BatchEntry::kNoLogits : -1;
+      D2O_RETURN_IF_ERROR(engine.forward(
+          {&be, 1}, [&](int, int, const float* l) { logits.assign(l, l + hp.n_vocab); }));
+    }
+    ++out.n_prefills;
+    out.seqs[i] = std::move(seq);
   }
   out.last_logits = out.last_logits_of[0];
   return out;

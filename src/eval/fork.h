@@ -61,4 +61,13 @@ Result<ForkedPrefill> prefill_forked(Engine& engine, std::span<const TokenId> pr
                                      std::span<const std::shared_ptr<const KvPolicy>> policies,
                                      std::span<const KvType> kv_types);
 
+// The same result, with the prompt fed to every policy's own sequence in passes of `chunk`
+// tokens (prefill_chunks, each but the last announcing the rest, as generate() feeds a prompt),
+// so that a fixed budget or prefill=bounded compacts between the passes: what `--chunk` asks of
+// the evaluations. Nothing is shared (n_prefills = policies); the full cache and prefill=exact
+// policies get the one pass's caches bit for bit. chunk <= 0: prefill_forked.
+Result<ForkedPrefill> prefill_in_chunks(Engine& engine, std::span<const TokenId> prompt,
+                                        std::span<const std::shared_ptr<const KvPolicy>> policies,
+                                        std::span<const KvType> kv_types, int chunk);
+
 }  // namespace d2o::eval

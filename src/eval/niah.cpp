@@ -288,6 +288,7 @@ Result<NiahResult> run_niah(Engine& engine, const Tokenizer& tok, const NiahBuil
           req.policies = p.policies;
           req.max_new = max_new;
           req.kv_type = p.kv_type;
+          req.chunk = p.chunk;
           const std::span<const TokenId> prompt(t.prompt);
           req.context = prompt.first(static_cast<size_t>(t.context_end));
           if (t.context_end < static_cast<int64_t>(t.prompt.size())) {

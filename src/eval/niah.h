@@ -107,6 +107,7 @@ struct NiahParams {
   int trials = 1;                         // per (task, length, depth) cell
   std::vector<PolicyUnderTest> policies;  // already with their compression
   std::string compression;                // as applied ("ratio=0.2" or "budget=512"), recorded
+  int chunk = 0;  // > 0: contexts fed in passes of this many tokens (AnswerRequest::chunk)
   uint64_t seed = 1;
   int n_ctx_train = 0;
   KvType kv_type = KvType::kF16;

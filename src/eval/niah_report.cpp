@@ -49,6 +49,7 @@ Status write_niah_report(const NiahResult& r, const NiahParams& p, const RunMeta
                  {"depths", p.depths},
                  {"trials", p.trials},
                  {"compression", p.compression},
+                 {"chunk", p.chunk},
                  {"seed", p.seed},
                  {"question", question_setting_name(p.shape.setting)},
                  {"questions", p.shape.questions}};
@@ -80,21 +81,27 @@ Status write_niah_report(const NiahResult& r, const NiahParams& p, const RunMeta
   }
   j["trials"] = trials;
 
+  // How each context was fed (AnswerRequest::chunk).
+  const std::string passes =
+      p.chunk > 0 ? "in passes of " + std::to_string(p.chunk) +
+                        " tokens fed to each policy (which compacts between them as its budget "
+                        "says)"
+                  : std::string("in one pass");
   const bool after = p.shape.setting == QuestionSetting::kAfter;
   std::string md = std::string("# Needle in a haystack and passkey retrieval (`d2o eval niah`") +
                    (after ? ", question after compression" : "") + ")\n\n";
   md += "Model `" + meta.model_name + "`; compression `" + p.compression + "` (" +
-        (after ? "question after compression: the context turn in one pass, compacted after it, "
-                 "then the question as the next turn, one pass, as a server session's next "
-                 "request" +
+        (after ? "question after compression: the context turn " + passes +
+                     ", compacted after it, then the question as the next turn, one pass, as a "
+                     "server session's next request" +
                      (p.shape.questions > 1
                           ? ", " + std::to_string(p.shape.questions) +
                                 " needles and questions per needle-task context, each question "
                                 "asked of a copy of the compacted context; the tables count the "
                                 "question about the cell's needle, the last one all of them"
                           : std::string())
-               : std::string("question before compression: the whole prompt, question "
-                             "included, in one pass, compacted after it")) +
+               : "question before compression: the whole prompt, question included, " + passes +
+                     ", compacted after it") +
         "; then a greedy answer of a few tokens, evicting as it goes). Needle haystack: " +
         text.haystack + (text.haystack_note.empty() ? "" : " (" + text.haystack_note + ")") +
         "; passkey filler: repeated sentences. Prompt " +
@@ -212,7 +219,9 @@ Status write_niah_report(const NiahResult& r, const NiahParams& p, const RunMeta
     md += "### " + std::string(niah_task_name(task)) + "\n\n" + line_imgs + "\n\n";
   }
   md += "Wall time " + format_duration(r.seconds) + " (" + std::to_string(r.n_prefills) +
-        " shared prompt pass(es) per trial).\n";
+        (p.chunk > 0 ? " prompt prefills per trial, each policy its own"
+                     : " shared prompt pass(es) per trial") +
+        ").\n";
   D2O_RETURN_IF_ERROR(write_file(files.path(".json"), j.dump(1) + "\n"));
   D2O_RETURN_IF_ERROR(write_file(files.path(".md"), md));
   return {};

@@ -148,6 +148,7 @@ struct RulerParams {
   int trials = 50;                        // per (task, length) cell
   std::vector<PolicyUnderTest> policies;  // the full cache first
   std::string compression;                // "ratio=0.2" or "budget=512", recorded
+  int chunk = 0;  // > 0: contexts fed in passes of this many tokens (AnswerRequest::chunk)
   uint64_t seed = 1;
   int n_ctx_train = 0;
   KvType kv_type = KvType::kF16;

@@ -91,6 +91,7 @@ Status write_ruler_report(const RulerResult& r, const RulerParams& p, const RunM
                  {"lengths", p.lengths},
                  {"trials", p.trials},
                  {"compression", p.compression},
+                 {"chunk", p.chunk},
                  {"seed", p.seed},
                  {"question", question_setting_name(p.shape.setting)},
                  {"questions", p.shape.questions}};
@@ -182,6 +183,12 @@ Status write_ruler_report(const RulerResult& r, const RulerParams& p, const RunM
   // ---- Markdown ----
   std::string lens;
   for (int len : p.lengths) lens += (lens.empty() ? "" : ", ") + std::to_string(len);
+  // How each context was fed (AnswerRequest::chunk).
+  const std::string passes =
+      p.chunk > 0 ? "in passes of " + std::to_string(p.chunk) +
+                        " tokens fed to each policy (which compacts between them as its budget "
+                        "says)"
+                  : std::string("in one pass");
   const bool at_bytes = p.compression.rfind("bytes=", 0) == 0;  // --bytes
   const bool after = p.shape.setting == QuestionSetting::kAfter;
   std::string md = at_bytes
@@ -191,7 +198,7 @@ Status write_ruler_report(const RulerResult& r, const RulerParams& p, const RunM
                        : "# RULER-style synthetic tasks, " + lens + " tokens (`d2o eval ruler`" +
                              (after ? ", question after compression" : "") + ")\n\n";
   md += "Model `" + meta.model_name + "`; compression `" + p.compression + "` (" +
-        (after ? "question after compression: the context turn in one pass, compacted after "
+        (after ? "question after compression: the context turn " + passes + ", compacted after "
                  "it, then the question as the next turn, one pass, as a server session's "
                  "next request" +
                      (p.shape.questions > 1
@@ -201,9 +208,8 @@ Status write_ruler_report(const RulerResult& r, const RulerParams& p, const RunM
                                 "score is the mean over its questions"
                           : std::string()) +
                      ", then a greedy answer, evicting as it goes"
-               : std::string("question before compression: the whole prompt, question "
-                             "included, in one pass, compacted after it, then a greedy answer, "
-                             "evicting as it goes")) +
+               : "question before compression: the whole prompt, question included, " + passes +
+                     ", compacted after it, then a greedy answer, evicting as it goes") +
         "). Haystack: " + text.haystack +
         (text.haystack_note.empty() ? "" : " (" + text.haystack_note + ")") + "; prompts " +
         (text.chat_template ? "in the model's chat template" : "as plain text") +
@@ -282,7 +288,9 @@ Status write_ruler_report(const RulerResult& r, const RulerParams& p, const RunM
   D2O_ASSIGN_OR_RETURN(const std::string bytes_md, ruler_bytes_section(r, p, files, j));
   md += bytes_md;
   md += "Wall time " + format_duration(r.seconds) + " (" + std::to_string(r.n_prefills) +
-        " shared prompt pass(es) per trial).\n";
+        (p.chunk > 0 ? " prompt prefills per trial, each policy its own"
+                     : " shared prompt pass(es) per trial") +
+        ").\n";
   D2O_RETURN_IF_ERROR(write_file(files.path(".json"), j.dump(1) + "\n"));
   D2O_RETURN_IF_ERROR(write_file(files.path(".md"), md));
   return {};

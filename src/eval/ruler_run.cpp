@@ -42,6 +42,7 @@ Result<RulerResult> run_ruler(Engine& engine, const Tokenizer& tok, const RulerB
         req.policies = p.policies;
         req.max_new = t.max_new;
         req.kv_type = p.kv_type;
+        req.chunk = p.chunk;
         const std::span<const TokenId> prompt(t.prompt);
         req.context = prompt.first(static_cast<size_t>(t.context_end));
         if (t.context_end < static_cast<int64_t>(t.prompt.size())) {

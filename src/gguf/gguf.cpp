@@ -240,15 +240,24 @@ Result<std::unique_ptr<GgufFile>> GgufFile::from_memory(const uint8_t* data, siz
 }
 
 Status GgufFile::read_tensor(const GgufTensorInfo& t, uint8_t* dst) const {
-  const uint64_t begin = data_offset_ + t.offset;
+  return read_tensor_bytes(t, 0, t.n_bytes, dst);
+}
+
+Status GgufFile::read_tensor_bytes(const GgufTensorInfo& t, uint64_t offset, uint64_t n,
+                                   uint8_t* dst) const {
+  if (offset > t.n_bytes || n > t.n_bytes - offset) {
+    return invalid_argument("'" + path_ + "': bytes [" + std::to_string(offset) + ", " +
+                            std::to_string(offset + n) + ") are outside tensor '" + t.name +
+                            "' (" + std::to_string(t.n_bytes) + " bytes)");
+  }
+  const uint64_t begin = data_offset_ + t.offset + offset;
   if (fd_ < 0) {
-    if (t.n_bytes > 0) std::memcpy(dst, base_ + begin, t.n_bytes);
+    if (n > 0) std::memcpy(dst, base_ + begin, n);
     return {};
   }
   uint64_t done = 0;
-  while (done < t.n_bytes) {
-    const size_t want =
-        static_cast<size_t>(std::min<uint64_t>(t.n_bytes - done, uint64_t{1} << 30));
+  while (done < n) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(n - done, uint64_t{1} << 30));
     const ssize_t got = ::pread(fd_, dst + done, want, static_cast<off_t>(begin + done));
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) {
@@ -259,7 +268,7 @@ Status GgufFile::read_tensor(const GgufTensorInfo& t, uint8_t* dst) const {
       struct stat st {};
       const long long now = ::fstat(fd_, &st) == 0 ? static_cast<long long>(st.st_size) : -1;
       return io_error("'" + path_ + "' changed while it was being read: tensor '" + t.name +
-                      "' ends at byte " + std::to_string(begin + t.n_bytes) +
+                      "' ends at byte " + std::to_string(data_offset_ + t.offset + t.n_bytes) +
                       ", but the file now has " + std::to_string(now) + " bytes (it had " +
                       std::to_string(size_) + ")");
     }

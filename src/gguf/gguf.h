@@ -113,6 +113,10 @@ class GgufFile {
   // mapping, so a file truncated or rewritten by another process while a model loads gives an
   // error (kIoError) instead of a crash; a memory buffer is copied.
   Status read_tensor(const GgufTensorInfo& t, uint8_t* dst) const;
+  // The same for bytes [offset, offset + n) of the tensor's data (a slice of its rows); errors
+  // when the range is not inside the tensor.
+  Status read_tensor_bytes(const GgufTensorInfo& t, uint64_t offset, uint64_t n,
+                           uint8_t* dst) const;
 
  private:
   GgufFile() = default;

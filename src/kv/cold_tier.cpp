@@ -155,6 +155,13 @@ bool ColdTier::read_extent(const ColdFile& f, const Extent& e, Head& into) const
 }
 
 bool ColdTier::read_whole(const ColdFile& f, const Head& hd, Head& into) const {
+  // Sized once for the whole head (appending extent by extent would leave up to twice that).
+  const size_t n = static_cast<size_t>(hd.n()) + into.pos.size();
+  into.pos.reserve(n);
+  into.score.reserve(n);
+  into.merged.reserve(n);
+  into.k.reserve(n * krb_);
+  into.v.reserve(n * vrb_);
   bool ok = true;
   for (const Extent& e : hd.ext) ok = read_extent(f, e, into) && ok;
   into.pos.insert(into.pos.end(), hd.pos.begin(), hd.pos.end());
@@ -172,6 +179,16 @@ void ColdTier::flush(Head& hd) {
   if (e.n > 0) {
     hd.ext.push_back(e);
     hd.n_disk += e.n;
+  }
+  if (n > static_cast<size_t>(kFlushRecords)) {
+    // A head written whole (after a recall, a rewrite, a copy): its memory goes back, or every
+    // head a turn recalled would hold its whole tier in memory again, unused, from then on.
+    std::vector<int32_t>().swap(hd.pos);
+    std::vector<float>().swap(hd.score);
+    std::vector<int32_t>().swap(hd.merged);
+    std::vector<uint8_t>().swap(hd.k);
+    std::vector<uint8_t>().swap(hd.v);
+    return;
   }
   hd.pos.clear();
   hd.score.clear();
@@ -278,23 +295,31 @@ void ColdTier::recall(int il, int h, const float* q, int n_q, float scale, int c
   if (cfg_.type.rot_k != hot_type_.rot_k) {
     for (int r = 0; r < n_q; ++r) convert(qt.data() + static_cast<size_t>(r) * D, false, true, true);
   }
-  // The cold keys as floats, once; then logits [n_q, n] by the SIMD dot kernels.
-  keys.resize(static_cast<size_t>(n) * D);
-  for (int64_t i = 0; i < n; ++i) {
-    kv_load_row(cfg_.type.k, hd.k.data() + static_cast<size_t>(i) * krb_, D,
-                keys.data() + static_cast<size_t>(i) * D);
-  }
+  // Logits [n_q, n] by the SIMD dot kernels, over the cold keys as floats a tile of kKeyTile
+  // rows at a time: a tier that holds a long prompt's evictions would otherwise need
+  // n x head_dim floats per head recalled in parallel (on Gemma 3, a 27K-token prompt's cold
+  // head is 27 MB of them), at the moment the prompt's last pass recalls. Each dot is formed
+  // alone, so tiles give the same bits as one pass.
+  constexpr int64_t kKeyTile = 256;
+  keys.resize(static_cast<size_t>(std::min(n, kKeyTile)) * D);
   logits.resize(static_cast<size_t>(n) * static_cast<size_t>(n_q));
   RowDots rd;
   rd.base = reinterpret_cast<const uint8_t*>(keys.data());
   rd.row_bytes = sizeof(float) * static_cast<size_t>(D);
   rd.dim = D;
-  rd.n = static_cast<int>(n);
-  for (int r = 0; r < n_q; ++r) {
-    rd.q = qt.data() + static_cast<size_t>(r) * D;
-    rd.dot = logits.data() + static_cast<size_t>(r) * n;
-    row_dots(rd);
-    for (int64_t i = 0; i < n; ++i) rd.dot[i] *= scale;
+  for (int64_t t0 = 0; t0 < n; t0 += kKeyTile) {
+    const int64_t tn = std::min(kKeyTile, n - t0);
+    for (int64_t i = 0; i < tn; ++i) {
+      kv_load_row(cfg_.type.k, hd.k.data() + static_cast<size_t>(t0 + i) * krb_, D,
+                  keys.data() + static_cast<size_t>(i) * D);
+    }
+    rd.n = static_cast<int>(tn);
+    for (int r = 0; r < n_q; ++r) {
+      rd.q = qt.data() + static_cast<size_t>(r) * D;
+      rd.dot = logits.data() + static_cast<size_t>(r) * n + t0;
+      row_dots(rd);
+      for (int64_t i = 0; i < tn; ++i) rd.dot[i] *= scale;
+    }
   }
   // Each query's log-attention over the cold slots, l - logsumexp(l); a slot's score: the most
   // any query gives it (in log space: the ranking is the same, and no exponential per slot).

@@ -323,7 +323,12 @@ Status KvCache::reallocate(int il, int new_capacity) {
     return resource_exhausted("out of memory growing the KV cache of layer " + std::to_string(il) +
                               " to " + std::to_string(new_capacity) + " slots");
   }
+  note_peak();
   return {};
+}
+
+void KvCache::note_peak() {
+  peak_bytes_ = std::max(peak_bytes_, kv_bytes_allocated() + meta_bytes_allocated());
 }
 
 Status KvCache::reserve(int il, int n_slots, bool exact) {
@@ -438,6 +443,7 @@ void KvCache::clear() {
     empty.type_ = L.type_;
     L = std::move(empty);
   }
+  peak_bytes_ = 0;
 }
 
 void KvCache::copy_cold(const KvCache& o) {
@@ -483,6 +489,7 @@ Status KvCache::copy_from(const KvCache& o) {
     clear();
     return resource_exhausted("out of memory copying a KV cache");
   }
+  note_peak();
   return {};
 }
 

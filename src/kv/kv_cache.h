@@ -487,6 +487,10 @@ class KvCache {
   // Everything the cache holds in memory: key and value storage, slot metadata, the recorded
   // queries and the cold tier's rows and metadata (kv/cold_tier.h).
   size_t bytes_held() const;
+  // The most key and value storage and slot metadata allocated at once since the cache was made
+  // or cleared (measured after each allocation; the cold tier not counted): what a prompt's
+  // passes needed at their peak.
+  size_t peak_bytes_allocated() const { return peak_bytes_; }
   // Bytes a cache of configuration `cfg` allocates when every layer has a capacity of `slots`
   // per KV head: keys, values and slot metadata (what kv_bytes_allocated() +
   // meta_bytes_allocated() report for that capacity). A sliding-window layer, which no policy
@@ -501,9 +505,12 @@ class KvCache {
   // N's first slots = L's slots (N allocated for at least as many).
   static void copy_rows(const KvLayer& L, KvLayer& N);
   Status reallocate(int il, int new_capacity);
+  // Raises peak_bytes_ to what is allocated now.
+  void note_peak();
   Status shrink_sliding(int il);
   KvCacheConfig cfg_;
   int slot_limit_ = 0;  // 0: none
+  size_t peak_bytes_ = 0;  // peak_bytes_allocated()
   std::vector<KvLayer> layers_;
   std::vector<QueryWindow> queries_;  // [n_layer]
   std::vector<float> tmp_k_, tmp_v_, acc_k_, acc_v_;  // merge scratch [head_dim rounded up to 4]

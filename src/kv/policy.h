@@ -49,7 +49,8 @@ struct PassInfo {
   // Chunked prefill: prompt tokens that later passes will still bring (0 when this pass ends the
   // prompt, or is a decode step). A ratio policy's first compaction (prompt-then-compress) waits
   // for the pass with prompt_rest == 0, so a prompt prefilled in chunks is compressed once, as a
-  // whole, exactly like a prompt prefilled in one pass.
+  // whole, exactly like a prompt prefilled in one pass; with prefill=bounded its budget is the
+  // ratio of the tokens held and announced, and it compacts between the chunks.
   int64_t prompt_rest = 0;
   // The pass recalled slots from the cache's cold tier (a new turn): its compaction ranks the
   // turn's slots, hot and recalled alike, as a prompt's compaction ranks a prompt's.
@@ -81,6 +82,8 @@ class PolicyExtState {
   virtual ~PolicyExtState() = default;
   // A copy for another sequence (Sequence::copy_from): the state; scratch may start empty.
   virtual std::unique_ptr<PolicyExtState> clone() const = 0;
+  // Bytes the state holds between passes, its working scratch not counted (the KV report).
+  virtual size_t bytes() const { return 0; }
 };
 
 // Owns a PolicyExtState; copying clones it, so PolicyState stays a copyable value.
@@ -154,6 +157,19 @@ struct PolicyState {
   }
 
   void reset() { *this = PolicyState(); }
+
+  // Bytes held between passes: the plans' lists, budgets and counters, and the policy's own
+  // state (PolicyExtState::bytes). The KV report prints it.
+  size_t held_bytes() const {
+    size_t b = budgets.capacity() * sizeof(int) +
+               (evicted.capacity() + merged.capacity()) * sizeof(int64_t) +
+               todo.capacity() * sizeof(int32_t) + plans.capacity() * sizeof(CompactionPlan);
+    for (const CompactionPlan& p : plans) {
+      b += (p.keep.capacity() + p.head_keep.capacity() + p.head_off.capacity()) * sizeof(int32_t) +
+           p.merges.capacity() * sizeof(MergeTerm);
+    }
+    return b + (ext.get() ? ext.get()->bytes() : 0);
+  }
 };
 
 class KvPolicy {

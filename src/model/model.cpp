@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/quant.h"
@@ -37,8 +38,19 @@ class TensorLoader {
       m = QMatrix::from_gguf_bytes(GgmlType::kF32, n_rows, n_cols,
                                    reinterpret_cast<const uint8_t*>(rows.data()), rows.size() * sizeof(float));
     } else {
-      D2O_ASSIGN_OR_RETURN(const uint8_t* src, read(*t));
-      m = QMatrix::from_gguf_bytes(t->type, n_rows, n_cols, src, t->n_bytes);
+      // Read a slice of rows at a time (about kKeepScratch bytes): the repacked matrix never sits
+      // beside a whole copy of its file bytes.
+      const int64_t row_bytes = n_rows > 0 ? static_cast<int64_t>(t->n_bytes) / n_rows : 0;
+      const int64_t slice = std::max<int64_t>(
+          1, row_bytes > 0 ? static_cast<int64_t>(kKeepScratch) / row_bytes : 1);
+      m = QMatrix::from_gguf_rows(t->type, n_rows, n_cols, slice,
+                                  [&](uint64_t offset, uint64_t n, uint8_t* dst) {
+                                    return f_.read_tensor_bytes(*t, offset, n, dst);
+                                  });
+      if (m.ok() && static_cast<uint64_t>(m->raw_row_bytes() * n_rows) != t->n_bytes) {
+        m = invalid_argument("expected " + std::to_string(m->raw_row_bytes() * n_rows) +
+                             " bytes of data, got " + std::to_string(t->n_bytes));
+      }
     }
     if (!m.ok()) return m.status().with_context("tensor '" + name + "'");
     *out = std::move(m).value();

@@ -283,10 +283,12 @@ ActLayout make_act_layout(ActFormat format, int64_t n_cols) {
 
 }  // namespace mm
 
-Result<QMatrix> QMatrix::from_gguf_bytes(GgmlType type, int64_t n_rows, int64_t n_cols,
-                                         const uint8_t* src, size_t src_bytes) {
-  const std::string what = ggml_type_name(type) + " matrix [" + std::to_string(n_rows) + ", " +
-                           std::to_string(n_cols) + "]";
+namespace {
+
+// The checks every QMatrix source passes: a supported type, positive dimensions, whole blocks per
+// row, a size without overflow. Sets the GGUF bytes of a row and of the matrix.
+Status check_matrix_shape(GgmlType type, int64_t n_rows, int64_t n_cols, const std::string& what,
+                          int64_t* row_bytes, int64_t* total) {
   if (!ggml_type_traits(static_cast<uint32_t>(type)) || !dequantize_supported(type)) {
     return unsupported(what + ": tensor type " + ggml_type_name(type) +
                        " is not supported for compute (supported: F32, F16, BF16, Q4_0, Q4_1, "
@@ -301,16 +303,46 @@ Result<QMatrix> QMatrix::from_gguf_bytes(GgmlType type, int64_t n_rows, int64_t 
     return invalid_argument(what + ": the row length " + std::to_string(n_cols) +
                             " is not a multiple of the block size " + std::to_string(bs));
   }
-  const int64_t row_bytes = ggml_row_bytes(type, n_cols);
-  int64_t total = 0;
-  if (__builtin_mul_overflow(row_bytes, n_rows, &total)) {
+  *row_bytes = ggml_row_bytes(type, n_cols);
+  if (__builtin_mul_overflow(*row_bytes, n_rows, total)) {
     return invalid_argument(what + ": size overflows");
   }
+  return {};
+}
+
+std::string matrix_what(GgmlType type, int64_t n_rows, int64_t n_cols) {
+  return ggml_type_name(type) + " matrix [" + std::to_string(n_rows) + ", " +
+         std::to_string(n_cols) + "]";
+}
+
+// Rows a repacked matrix copies from its source at a time (from_gguf_bytes).
+constexpr int64_t kCopySliceRows = 1024;
+
+}  // namespace
+
+Result<QMatrix> QMatrix::from_gguf_bytes(GgmlType type, int64_t n_rows, int64_t n_cols,
+                                         const uint8_t* src, size_t src_bytes) {
+  const std::string what = matrix_what(type, n_rows, n_cols);
+  int64_t row_bytes = 0, total = 0;
+  D2O_RETURN_IF_ERROR(check_matrix_shape(type, n_rows, n_cols, what, &row_bytes, &total));
   if (src_bytes != static_cast<uint64_t>(total)) {
     return invalid_argument(what + ": expected " + std::to_string(total) + " bytes of data, got " +
                             std::to_string(src_bytes));
   }
   if (src == nullptr) return invalid_argument(what + ": no data");
+  return from_gguf_rows(type, n_rows, n_cols, kCopySliceRows,
+                        [&](uint64_t offset, uint64_t n, uint8_t* dst) {
+                          std::memcpy(dst, src + offset, static_cast<size_t>(n));
+                          return Status();
+                        });
+}
+
+Result<QMatrix> QMatrix::from_gguf_rows(GgmlType type, int64_t n_rows, int64_t n_cols,
+                                        int64_t slice_rows, const RowReader& read) {
+  const std::string what = matrix_what(type, n_rows, n_cols);
+  int64_t row_bytes = 0, total = 0;
+  D2O_RETURN_IF_ERROR(check_matrix_shape(type, n_rows, n_cols, what, &row_bytes, &total));
+  if (slice_rows < 1) return invalid_argument(what + ": slices must hold at least one row");
 
   QMatrix m;
   m.type_ = type;
@@ -319,9 +351,10 @@ Result<QMatrix> QMatrix::from_gguf_bytes(GgmlType type, int64_t n_rows, int64_t 
   m.raw_row_bytes_ = row_bytes;
   m.layout_ = mm::make_packed_layout(type, n_rows, n_cols);
   if (!m.packed()) {
+    // Kept as stored: the rows are read in place, no slice needed.
     m.data_.resize(static_cast<size_t>(total));
     advise_huge_pages(m.data_.data(), m.data_.size());
-    std::memcpy(m.data_.data(), src, static_cast<size_t>(total));
+    D2O_RETURN_IF_ERROR(read(0, static_cast<uint64_t>(total), m.data_.data()));
     return m;
   }
   const mm::PackedLayout& l = m.layout_;
@@ -329,11 +362,17 @@ Result<QMatrix> QMatrix::from_gguf_bytes(GgmlType type, int64_t n_rows, int64_t 
   advise_huge_pages(m.data_.data(), m.data_.size());
   m.data_.zero();  // padding rows and alignment gaps: zero scales contribute nothing
   const int64_t block_bytes = row_bytes / l.n_blocks;
-  for (int64_t row = 0; row < n_rows; ++row) {
-    uint8_t* tile = m.data_.data() + (row / mm::kTileRows) * l.tile_bytes;
-    const int r = static_cast<int>(row % mm::kTileRows);
-    for (int64_t b = 0; b < l.n_blocks; ++b) {
-      mm::pack_block(l, src + row * row_bytes + b * block_bytes, tile, r, b);
+  const int64_t slice = std::min(slice_rows, n_rows);
+  AlignedBuffer<uint8_t> src(static_cast<size_t>(slice * row_bytes));
+  for (int64_t first = 0; first < n_rows; first += slice) {
+    const int64_t count = std::min(slice, n_rows - first);
+    D2O_RETURN_IF_ERROR(read(static_cast<uint64_t>(first * row_bytes),
+                             static_cast<uint64_t>(count * row_bytes), src.data()));
+    for (int64_t row = first; row < first + count; ++row) {
+      uint8_t* tile = m.data_.data() + (row / mm::kTileRows) * l.tile_bytes;
+      const int r = static_cast<int>(row % mm::kTileRows);
+      const uint8_t* raw = src.data() + (row - first) * row_bytes;
+      for (int64_t b = 0; b < l.n_blocks; ++b) mm::pack_block(l, raw + b * block_bytes, tile, r, b);
     }
   }
   return m;

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "core/mem.h"
@@ -40,6 +41,14 @@ class QMatrix {
   // n_cols not a multiple of the block size, or src_bytes not the matrix's exact size.
   static Result<QMatrix> from_gguf_bytes(GgmlType type, int64_t n_rows, int64_t n_cols,
                                          const uint8_t* src, size_t src_bytes);
+  // Fills dst with bytes [offset, offset + n) of the matrix's GGUF-layout data (whole rows).
+  using RowReader = std::function<Status(uint64_t offset, uint64_t n, uint8_t* dst)>;
+  // The same matrix, its rows read `slice_rows` at a time: a repacked matrix then holds one
+  // slice of file bytes beside itself while it loads, not a second copy of the whole matrix (a
+  // model's largest tensor, Gemma 3's 170 MiB embedding table, would double the load's peak).
+  // Errors: as from_gguf_bytes, and the reader's.
+  static Result<QMatrix> from_gguf_rows(GgmlType type, int64_t n_rows, int64_t n_cols,
+                                        int64_t slice_rows, const RowReader& read);
 
   GgmlType type() const { return type_; }
   int64_t n_rows() const { return n_rows_; }

@@ -45,7 +45,8 @@ struct BatchEntry {
   int logits_from = -1;
   // Chunked prefill: tokens of the same prompt that later passes will bring (0: this chunk ends
   // the prompt, or it is a decode step). Ratio policies compact for the first time on the pass
-  // that ends the prompt (PassInfo::prompt_rest). Contract, checked: the chunks of one prompt
+  // that ends the prompt, or with prefill=bounded take the whole prompt's length from it
+  // (PassInfo::prompt_rest). Contract, checked: the chunks of one prompt
   // announce consistent counts, and when the policy reads the attention of the last w queries
   // (StatsNeeds::window) the prompt's last chunk holds at least min(w, prompt length) tokens, so
   // the window
@@ -54,14 +55,17 @@ struct BatchEntry {
 };
 
 // Free slots a cache keeps after a compaction that removed slots (KvCache::trim's slack). A pass
-// that more passes like it are expected to follow keeps room for one of them (up to 64 tokens):
-// a prompt chunk with more of its prompt to come, or a pass that scores its tokens
-// (logits_from >= 0: text fed chunk after chunk, as `eval ppl --chunk` does). Any other pass, the
-// one that ends a prompt or a decode step, keeps one slot, for the decode step that follows: so
-// the prompt's last compaction leaves the cache at its decoding size in the reallocation it makes
-// anyway, and decoding never copies the cache into a smaller block.
+// that more passes like it are expected to follow keeps room for one of them: a prompt chunk with
+// more of its prompt to come, or a pass that scores its tokens (logits_from >= 0: text fed chunk
+// after chunk, as `eval ppl --chunk` does). The next such pass then appends without a
+// reallocation, and a compacting prompt holds its budget plus one chunk, where room for less
+// would grow each layer by a quarter for every chunk and copy it twice (grown, then trimmed back)
+// with both copies held for a moment. Any other pass, the one that ends a prompt or a decode
+// step, keeps one slot, for the decode step that follows: so the prompt's last compaction leaves
+// the cache at its decoding size in the reallocation it makes anyway, and decoding never copies
+// the cache into a smaller block.
 inline int slack_after_compaction(int n_tokens, bool more_alike) {
-  return more_alike ? (n_tokens < 64 ? n_tokens : 64) : 1;
+  return more_alike ? n_tokens : 1;
 }
 
 // Receives logits: entry index in the batch, token index within that entry's chunk, and

@@ -25,9 +25,10 @@ struct GenerateParams {
   // > 0: the prompt goes in passes of this many tokens (prefill_chunks), each but the last
   // announcing the rest (BatchEntry::prompt_rest). A fixed-budget policy (budget=,
   // --kv-mem-per-seq) compacts after each, so the cache never holds more than its budget plus
-  // two chunks, whatever the prompt's length (bounded prefill); a ratio policy and the full cache
-  // give exactly the one-pass result (a ratio policy compresses the whole prompt once, after the
-  // last chunk). 0: one pass, the exact prompt-then-compress of a fixed budget.
+  // two chunks, whatever the prompt's length (bounded prefill), and so does a ratio policy with
+  // prefill=bounded (its budget the ratio of the whole prompt); the full cache and a ratio policy
+  // with prefill=exact give exactly the one-pass result (the whole prompt compressed once, after
+  // the last chunk). 0: one pass, the exact prompt-then-compress of a fixed budget.
   int prefill_chunk = 0;
 };
 

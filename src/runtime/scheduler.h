@@ -19,7 +19,8 @@
 // budgets, heads=ada, by the most one KV head can win from the others).
 //
 // Prompt chunks carry BatchEntry::prompt_rest, so ratio policies compress the prompt once, after
-// its last chunk, exactly as if it had been prefilled in one pass; the last chunk is made at
+// its last chunk, exactly as if it had been prefilled in one pass (prefill=bounded: to the ratio
+// of the whole prompt, between its chunks); the last chunk is made at
 // least as long as the policy's query window (StatsNeeds::window). Outputs of a request do not depend on
 // which other requests share its steps: a sequence's passes are the same whatever the batch, the
 // matmuls do not depend on how rows are grouped, attention and compaction are per sequence.

@@ -112,6 +112,35 @@ TEST(CliBenchPpTg, SmallRunAtADepthPerPolicyWritesJson) {
   EXPECT_DOUBLE_EQ(k["ratios"][0]["ratio"].get<double>(), 1.0);
 }
 
+// --kv-mem-per-seq on the pp / tg rows: each policy at the budget that fits, the depth prefilled
+// in passes; a spec that sets its own budget, or a memory too small for a slot, is refused.
+TEST(CliBenchPpTg, KvMemoryPerSequenceSetsEveryBudget) {
+  D2O_REQUIRE_MODEL(model);
+  const std::string text = ::d2o::test::scratch_path("bench_mem.txt");
+  {
+    std::FILE* f = std::fopen(text.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    for (int i = 0; i < 200; ++i)
+      std::fprintf(f, "Line %d of a plain text that the benchmark reads for its depth.\n", i);
+    std::fclose(f);
+  }
+  const std::string json = ::d2o::test::scratch_path("bench_mem.json");
+  auto r = run_d2o("bench -m " + model + " -f " + text +
+                   " -p 16 -n 2 -d 300 -r 1 -t 1 --kv full --kv h2o --kv-mem-per-seq 1M --chunk "
+                   "64 --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "--kv-mem-per-seq 1M: full runs whole")) << r.output;
+  EXPECT_TRUE(has(r.output, "--kv-mem-per-seq 1M: h2o at budget=")) << r.output;
+  EXPECT_TRUE(has(test::read_file(json), "h2o:budget=")) << r.output;
+  r = run_d2o("bench -m " + model + " -f " + text + " -p 16 -n 2 -r 1 --kv h2o:budget=8 " +
+              "--kv-mem-per-seq 1M");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(has(r.output, "leave out its ratio= / budget=")) << r.output;
+  r = run_d2o("bench -m " + model + " -f " + text + " -p 16 -n 2 -r 1 --kv h2o --kv-mem-per-seq 1K");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(has(r.output, "holds no slot")) << r.output;
+}
+
 TEST(CliBench, BadArgumentsGiveClearErrors) {
   struct Case {
     std::string args, needle;

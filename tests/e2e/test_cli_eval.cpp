@@ -271,6 +271,39 @@ TEST(CliEval, RulerQuickBytesKeepsWhatEachTypeAllows) {
   EXPECT_TRUE(has(test::read_file(dir + "/ruler.md"), "At equal KV bytes"));
 }
 
+// --kv-mem-per-seq and --chunk: every policy's budget is what fits the memory, contexts go in
+// passes (512 unless --chunk says), and the report says so; prefill=exact in chunks answers as in
+// one pass.
+TEST(CliEval, RulerQuickAtAKvMemoryAndInChunks) {
+  D2O_REQUIRE_MODEL(model);
+  const std::string dir = out_dir("ruler_mem");
+  auto r = run_d2o("eval ruler --quick -m " + model + " -t 1 -o " + dir +
+                   " --policies 'full;h2o;d2o' --kv-mem-per-seq 2M --chunk 128");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = check_outputs(dir, "ruler", 1);
+  EXPECT_EQ(j["params"]["compression"], "kv-mem-per-seq=2M");
+  EXPECT_EQ(j["params"]["chunk"], 128);
+  for (const auto& p : j["policies"]) {
+    const std::string spec = p["spec"];
+    if (spec != "full") {
+      EXPECT_TRUE(has(spec, "budget=")) << spec;
+    }
+  }
+  EXPECT_TRUE(has(test::read_file(dir + "/ruler.md"), "in passes of 128 tokens")) << r.output;
+  // The same trials in one pass and in passes of 128: prefill=exact and the full cache answer
+  // alike; the JSON holds every answer.
+  const std::string one = out_dir("ruler_one"), chunks = out_dir("ruler_chunks");
+  auto a = run_d2o("eval ruler --quick -m " + model + " -t 1 -o " + one + " --policies 'full;d2o'");
+  auto b = run_d2o("eval ruler --quick -m " + model + " -t 1 -o " + chunks +
+                   " --policies 'full;d2o' --chunk 128");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  const nlohmann::json ja = check_outputs(one, "ruler", 1), jb = check_outputs(chunks, "ruler", 1);
+  ASSERT_EQ(ja["trials"].size(), jb["trials"].size());
+  for (size_t i = 0; i < ja["trials"].size(); ++i)
+    EXPECT_EQ(ja["trials"][i]["answers"], jb["trials"][i]["answers"]) << i;
+}
+
 TEST(CliEval, RulerQuickRunsIsDeterministicAndSummaryPicksItUp) {
   D2O_REQUIRE_MODEL(model);
   // The CI configuration: one task and length, two trials, the full cache and d2o.
@@ -512,6 +545,14 @@ TEST(CliEval, BadInputGivesClearErrors) {
       {"eval ruler" + m + " --tasks vt --lengths 9000", "exceeds the model's trained context", 1},
       {"eval ruler" + m + " --tasks vt --lengths 60", "too short", 1},
       {"eval ruler" + m + " --ratio 0.2 --budget 100", "not both", 1},
+      {"eval ruler" + m + " --ratio 0.2 --kv-mem-per-seq 2M", "not two", 1},
+      {"eval ruler" + m + " --kv-mem-per-seq 1K --tasks niah_single --lengths 512 --trials 1",
+       "holds no slot", 1},
+      {"eval ruler" + m + " --kv-mem-per-seq much", "not a byte size", 1},
+      {"eval ruler" + m + " --chunk -5", "--chunk", 2},
+      {"eval niah" + m + " --budget 100 --kv-mem-per-seq 2M", "not both", 1},
+      {"eval ruler" + m + " --budget 100 --policies 'd2o:prefill=bounded' --quick",
+       "prefill= applies with ratio=", 1},
       {"eval ruler" + m + " -f /nonexistent_dir", "does not exist", 1},
       {"eval ruler" + m + " -f " + short_text, "distinct lowercase words", 1},
       {"eval fidelity" + m + " --prompt 9000", "exceeds the model's trained context", 1},

@@ -38,6 +38,33 @@ TEST(CliRun, KvReportSharesOfSameTypeAndF16) {
   EXPECT_TRUE(has(r.output, "KV bytes allocated")) << r.output;
 }
 
+// prefill=bounded on the real model, its prompt in passes of 64: the budget comes from the
+// whole prompt and the report says how it was set, what was chosen, every byte held and the
+// hot cache's peak, which stays far below the whole prompt's (300 tokens x 30 layers x 3 KV heads
+// x 2 x 64 x 2 bytes = 6.6 MiB of rows alone with prefill=exact).
+TEST(CliRun, BoundedPrefillReportsItsBudgetBytesAndPeak) {
+  D2O_REQUIRE_MODEL(model);
+  std::string ids;
+  for (int i = 0; i < 300; ++i) ids += (i ? "," : "") + std::to_string(100 + (i * 37) % 900);
+  const std::string base = "run -m " + model + " --prompt-tokens " + ids + " -n 4 -t 2 --chunk 64";
+  auto r = run_d2o(base + " --kv d2o:ratio=0.2,prefill=bounded --kv-report");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "budget: ratio=0.2 of the prompt's 300 tokens (prefill=bounded"))
+      << r.output;
+  EXPECT_TRUE(has(r.output, "chosen: 60.0 slots per KV head on average")) << r.output;
+  EXPECT_TRUE(has(r.output, "bytes held in memory: hot key and value rows")) << r.output;
+  EXPECT_TRUE(has(r.output, "KV policy state")) << r.output;
+  EXPECT_TRUE(has(r.output, "peak: ")) << r.output;
+  auto e = run_d2o(base + " --kv d2o:ratio=0.2 --kv-report");
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  EXPECT_TRUE(has(e.output, "(prefill=exact: the whole prompt held")) << e.output;
+  // --kv-mem-per-seq: the report says where the budget came from.
+  auto m = run_d2o(base + " --kv h2o --kv-mem-per-seq 1M --kv-report");
+  ASSERT_EQ(m.exit_code, 0) << m.output;
+  EXPECT_TRUE(has(m.output, "budget: budget=")) << m.output;
+  EXPECT_TRUE(has(m.output, "from --kv-mem-per-seq 1M in f16: ")) << m.output;
+}
+
 // prompt_ranking=reconstruction on the real model: the prompt fed again after itself before its
 // compaction, its time reported; the cache kept at the ratio.
 TEST(CliRun, ReconstructionRanksThePromptAndReportsItsTime) {
@@ -78,6 +105,11 @@ TEST(CliRun, BadInputGivesClearErrors) {
       {"-p \"$(printf 'word %.0s' $(seq 1 300))\" -c 64", "more than the context", 1},
       {"-p hi --temp -1", "temperature", 1},
       {"-p hi --kv nonsense", "unknown KV policy", 1},
+      {"-p hi --kv d2o:prefill=maybe", "one of exact, bounded", 1},
+      {"-p hi --kv h2o:budget=64,prefill=bounded", "prefill= applies with ratio=", 1},
+      {"-p hi --kv d2o:prefill=bounded --kv-mem-per-seq 4M", "leave out its prefill=", 1},
+      {"-p hi --kv d2o --kv-mem-per-seq 1K", "holds no slot", 1},
+      {"-p hi --kv d2o --kv-mem-per-seq lots", "not a byte size", 1},
       {"-p hi --kv-type q9", "kv-type", 1},
       {"-p hi --prompt-tokens 5,49152", "out of range", 1},
       {"--prompt-tokens ' 5'", "' 5' is not a token id", 1},

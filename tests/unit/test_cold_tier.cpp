@@ -145,6 +145,55 @@ TEST(ColdTier, EvictedSlotsGoColdAndTheWantedComeBackAtTheirPlaces) {
   EXPECT_EQ(c.cold()->total_slots(), 8);
 }
 
+// A tier longer than the tile of keys a recall scores at once (256): the slots wanted in the
+// first, a middle and the last, partial tile come back, as the naive softmax over all of them
+// chooses.
+TEST(ColdTier, ARecallScoresEveryTileOfALongTier) {
+  test::Xorshift rng(9);
+  std::vector<float> k, v;
+  const int n = 700;
+  KvCache c = filled_cache(n, rng, k, v);
+  ColdTierConfig cc;
+  cc.place = ColdPlace::kMemory;
+  cc.type = KvType::kF32;
+  cc.kernel = 1;
+  c.enable_cold(cc);
+  c.apply(0, keep_plan({0, 1, 2, 3}));
+  ColdTier& cold = *c.cold();
+  ASSERT_EQ(cold.n_slots(0, 0), n - 4);
+  const std::vector<int> wanted = {10, 300, 690};  // tiles 0, 1 and the last
+  const float scale = 0.125f;
+  const int n_q = static_cast<int>(wanted.size());
+  std::vector<float> q(static_cast<size_t>(n_q) * kHd);
+  for (int r = 0; r < n_q; ++r) {
+    for (int d = 0; d < kHd; ++d)
+      q[static_cast<size_t>(r) * kHd + d] = 6.0f * row(k, wanted[static_cast<size_t>(r)], 0)[d];
+  }
+  // Naive: the best softmax share any query gives each cold slot, the best 3.
+  std::vector<std::pair<double, int>> best;
+  for (int t = 4; t < n; ++t) best.push_back({0.0, t});
+  for (int r = 0; r < n_q; ++r) {
+    std::vector<double> l;
+    for (int t = 4; t < n; ++t) {
+      double dot = 0;
+      for (int d = 0; d < kHd; ++d) dot += q[static_cast<size_t>(r) * kHd + d] * row(k, t, 0)[d];
+      l.push_back(scale * dot);
+    }
+    const double m = *std::max_element(l.begin(), l.end());
+    double z = 0;
+    for (double x : l) z += std::exp(x - m);
+    for (size_t i = 0; i < l.size(); ++i)
+      best[i].first = std::max(best[i].first, std::exp(l[i] - m) / z);
+  }
+  std::sort(best.begin(), best.end(), [](auto a, auto b) { return a.first > b.first; });
+  std::vector<int> want = {best[0].second, best[1].second, best[2].second};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(want, wanted);
+  ColdRecall got;
+  cold.recall(0, 0, q.data(), n_q, scale, 3, got);
+  EXPECT_EQ(std::vector<int>(got.pos.begin(), got.pos.end()), want);
+}
+
 class ColdTierPlace : public ::testing::TestWithParam<ColdPlace> {};
 
 TEST_P(ColdTierPlace, QuantisedRotatedRowsComeBackCloseAndTheBoundDropsTheOldest) {

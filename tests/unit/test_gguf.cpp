@@ -88,6 +88,36 @@ TEST(Gguf, ReadTensorCopiesFromMemoryAndFromTheFile) {
   }
 }
 
+// A slice of a tensor's bytes, from memory and from the file; a slice outside the tensor is an
+// error, nothing is read.
+TEST(Gguf, ReadTensorBytesReadsASliceAndRefusesOneOutside) {
+  const auto b = small_model().to_bytes();
+  auto mem = parse(b);
+  ASSERT_TRUE(mem.ok()) << mem.status().to_string();
+  const std::string path = test::scratch_path("read_tensor_bytes.gguf");
+  ASSERT_TRUE(small_model().write(path).ok());
+  auto file = GgufFile::open(path);
+  ASSERT_TRUE(file.ok()) << file.status().to_string();
+  for (const GgufFile* f : {mem->get(), file->get()}) {
+    const GgufTensorInfo* t = f->find_tensor("b.weight");
+    ASSERT_NE(t, nullptr);
+    const std::vector<uint8_t> all = bytes_of(36, 2);
+    ASSERT_EQ(all.size(), t->n_bytes);
+    std::vector<uint8_t> got(5, 0xEE);
+    ASSERT_TRUE(f->read_tensor_bytes(*t, 3, 5, got.data()).ok());
+    EXPECT_EQ(got, std::vector<uint8_t>(all.begin() + 3, all.begin() + 8));
+    for (const auto& [offset, n] :
+         {std::pair<uint64_t, uint64_t>{t->n_bytes - 2, 3}, {t->n_bytes + 1, 0},
+          {1, ~uint64_t{0}}}) {
+      std::fill(got.begin(), got.end(), 0xEE);
+      const Status s = f->read_tensor_bytes(*t, offset, n, got.data());
+      EXPECT_FALSE(s.ok());
+      EXPECT_NE(s.message().find("outside tensor 'b.weight'"), std::string::npos) << s.message();
+      EXPECT_EQ(got, std::vector<uint8_t>(5, 0xEE));
+    }
+  }
+}
+
 // A file truncated by another process while it is open (e.g. overwritten during a load) must give
 // an error, not a SIGBUS from touching mapped pages past the new end of the file.
 TEST(Gguf, FileTruncatedAfterOpeningIsAnErrorNotACrash) {

@@ -246,6 +246,44 @@ class MatmulType : public ::testing::TestWithParam<GgmlType> {};
 // Every level vs the exact reference within the bound of 8-bit activation quantisation (or of
 // fp32 rounding for the fp32 path), on odd shapes, token counts and misaligned pointers; and all
 // integer-kernel levels bit-identical to each other.
+// A matrix read a slice of rows at a time (QMatrix::from_gguf_rows, how a model loads) holds the
+// same bytes as one made from all of its rows at once, for any slice, and a reader's error stops
+// it.
+TEST_P(MatmulType, RowSlicesPackAsTheWholeMatrix) {
+  const GgmlType type = GetParam();
+  std::mt19937 rng(99 + static_cast<int>(type));
+  for (const Shape& s : shapes_for(type)) {
+    const auto bytes = random_weights(type, s.rows, s.cols, Fill::kRealistic, rng);
+    const QMatrix whole = make_matrix(type, s.rows, s.cols, bytes);
+    for (int64_t slice : {int64_t{1}, int64_t{3}, int64_t{16}, s.rows + 5}) {
+      SCOPED_TRACE(std::to_string(s.rows) + "x" + std::to_string(s.cols) + ", slice " +
+                   std::to_string(slice));
+      std::vector<std::pair<uint64_t, uint64_t>> reads;
+      auto m = QMatrix::from_gguf_rows(type, s.rows, s.cols, slice,
+                                       [&](uint64_t offset, uint64_t n, uint8_t* dst) {
+                                         reads.push_back({offset, n});
+                                         std::memcpy(dst, bytes.data() + offset, n);
+                                         return Status();
+                                       });
+      ASSERT_TRUE(m.ok()) << m.status().to_string();
+      ASSERT_EQ(m->bytes(), whole.bytes());
+      EXPECT_EQ(std::memcmp(m->data(), whole.data(), whole.bytes()), 0);
+      // Whole rows, in order, each read once, none past the matrix's bytes.
+      uint64_t next = 0;
+      for (const auto& [offset, n] : reads) {
+        EXPECT_EQ(offset, next);
+        next += n;
+      }
+      EXPECT_EQ(next, bytes.size());
+    }
+    auto failed = QMatrix::from_gguf_rows(
+        type, s.rows, s.cols, 1,
+        [](uint64_t, uint64_t, uint8_t*) { return io_error("the file went away"); });
+    ASSERT_FALSE(failed.ok());
+    EXPECT_NE(failed.status().message().find("went away"), std::string::npos);
+  }
+}
+
 TEST_P(MatmulType, MatchesReferenceOnRandomMatrices) {
   const GgmlType type = GetParam();
   std::mt19937 rng(1234 + static_cast<int>(type));

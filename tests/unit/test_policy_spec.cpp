@@ -630,7 +630,7 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"D2O", {"unknown KV policy 'D2O'"}},
       {"d2o:foo=1",
        {"unknown key 'foo'",
-        "ratio, budget, sinks, heavy_recent, beta, layers, merge, sim, ema, agg, scorer, "
+        "ratio, budget, prefill, sinks, heavy_recent, beta, layers, merge, sim, ema, agg, scorer, "
         "merged_score, merge_keys, merge_decision, keep_edge_layers, proportional_attention, "
         "heads, floor, distinct_share, prompt_ranking, window, kernel, pool, prompt_merge, "
         "prompt_scores, future, value_weight, cold, cold_type, cold_size, recall, reading"}},
@@ -646,8 +646,8 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"snapkv:distinct_share=0.5", {"unknown key 'distinct_share'"}},
       // An old name the preset does not take: its name today, and what the preset takes.
       {"snapkv:distinct=0.5",
-       {"unknown key 'distinct' (the old name of 'distinct_share'; allowed: ratio, budget, window, "
-        "kernel"}},
+       {"unknown key 'distinct' (the old name of 'distinct_share'; allowed: ratio, budget, "
+        "prefill, window, kernel"}},
       {"h2o:hold_budget=on", {"unknown key 'hold_budget'"}},
       {"snapkv:hold_budget=yes", {"hold_budget=yes", "off, on"}},
       {"h2o:kernel=21", {"kernel= applies only with prompt_ranking=window"}},
@@ -676,7 +676,7 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"snapkv:prompt_scores=window", {"unknown key 'prompt_scores'"}},
       {"d2o:prompt_merge=no", {"prompt_merge=no", "off, on"}},
       {"h2o:proportional_attention=on", {"unknown key 'proportional_attention'"}},
-      {"h2o:beta=0.5", {"unknown key 'beta'", "ratio, budget, sinks, heavy_recent, agg, scorer"}},
+      {"h2o:beta=0.5", {"unknown key 'beta'", "ratio, budget, prefill, sinks, heavy_recent, agg, scorer"}},
       {"streaming:window=8", {"unknown key 'window'", "sinks, positions"}},
       {"streaming:positions=shift2", {"positions=shift2", "original, shifted"}},
       {"d2o:ratio=0", {"ratio=0", "(0, 1]"}},
@@ -721,7 +721,7 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"cam:seed=-3", {"seed=-3"}},
       {"keydiff:recent=-1", {"recent=-1", "integer from 0"}},
       {"keydiff:recent=x", {"recent=x"}},
-      {"keydiff:window=8", {"unknown key 'window'", "ratio, budget, sinks, recent"}},
+      {"keydiff:window=8", {"unknown key 'window'", "ratio, budget, prefill, sinks, recent"}},
       {"keydiff:budget=5,sinks=2,recent=4",
        {"budget=5", "smallest usable budget 6", "sinks=2", "recent=4"}},
       {"h2o:recent=4", {"unknown key 'recent'"}},

@@ -17,6 +17,8 @@
 #include "eval/bench.h"
 #include "eval/harness.h"
 #include "eval/stats.h"
+#include "model/layer_desc.h"
+#include "runtime/kv_pool.h"
 
 namespace d2o::cli {
 
@@ -33,6 +35,8 @@ struct BenchOptions {
   std::string json_file;
   bool mem_bw = false;
   bool interleave = false;
+  std::string kv_mem_per_seq;  // "": each --kv as given
+  int chunk = -1;              // depth prefill pass; -1: not given
 };
 
 // Reads the text and tokenises as much of it as the tests need (whole lines, so no character is
@@ -102,16 +106,21 @@ int run_bench_cmd(BenchOptions& o) {
   auto depths = parse_int_list(o.depths, "-d", 0, 1 << 24);
   if (!depths.ok()) return fail(depths.status());
   if (o.kv_specs.empty()) o.kv_specs.push_back("full");
-  std::vector<std::shared_ptr<const KvPolicy>> policies;
   for (const std::string& s : o.kv_specs) {
     auto p = parse_kv_policy(s);
     if (!p.ok()) return fail(p.status().with_context("--kv"));
-    policies.emplace_back(std::move(p).value());
+  }
+  if (!o.kv_mem_per_seq.empty()) {
+    auto cap = parse_byte_size(o.kv_mem_per_seq);
+    if (!cap.ok()) return fail(cap.status().with_context("--kv-mem-per-seq"));
   }
   const std::vector<BenchTest> tests = make_bench_tests(*pp, *tg, *depths);
   BenchConfig cfg;
   cfg.repetitions = o.repetitions;
   cfg.n_ctx = o.model.n_ctx;
+  // The depth goes in passes of --chunk (with --kv-mem-per-seq 512 unless given, as `run` feeds
+  // a prompt); otherwise in one pass.
+  cfg.depth_chunk = o.chunk >= 0 ? o.chunk : o.kv_mem_per_seq.empty() ? 0 : 512;
   int64_t need = 0;
   for (const BenchTest& t : tests) need = std::max<int64_t>(need, int64_t{t.depth} + t.n);
   // Everything that does not need the model is checked before loading it.
@@ -125,6 +134,26 @@ int run_bench_cmd(BenchOptions& o) {
   auto loaded = load_all(mo);
   if (!loaded.ok()) return fail(loaded.status());
   Loaded& l = *loaded;
+  // Each --kv, with --kv-mem-per-seq at the budget of the slots that fit it in the storage type
+  // (the full cache runs whole: the reference).
+  std::vector<std::shared_ptr<const KvPolicy>> policies;
+  for (const std::string& s : o.kv_specs) {
+    std::string spec = s;
+    if (!o.kv_mem_per_seq.empty()) {
+      int slots = 0;
+      auto sp = spec_for_kv_mem(s, o.kv_mem_per_seq,
+                                kv_cache_config(l.model->hparams(), cfg.kv_type), &slots);
+      if (!sp.ok()) return fail(sp.status());
+      spec = *sp;
+      std::fprintf(stderr, "d2o bench: --kv-mem-per-seq %s: %s %s\n", o.kv_mem_per_seq.c_str(),
+                   s.c_str(),
+                   spec == s ? "runs whole (the reference)"
+                             : ("at budget=" + std::to_string(slots)).c_str());
+    }
+    auto p = parse_kv_policy(spec);
+    if (!p.ok()) return fail(p.status().with_context("--kv"));
+    policies.emplace_back(std::move(p).value());
+  }
   const std::string text_path = o.text_file.empty() ? default_text_path() : o.text_file;
   Stopwatch sw;
   auto ids = load_text_tokens(*l.tokenizer, text_path, need);
@@ -300,6 +329,15 @@ Action add_bench_command(CLI::App& app) {
   sub->add_option("-r,--repetitions", o->repetitions, "Repetitions of each test (mean ± stddev)");
   sub->add_option("--kv", o->kv_specs,
                   "KV policy spec (repeatable), e.g. --kv full --kv d2o:ratio=0.2 (default: full)");
+  sub->add_option("--kv-mem-per-seq", o->kv_mem_per_seq,
+                  "KV memory of the sequence, e.g. 20M (powers of 1024): each --kv policy's "
+                  "budget is the slots that fit with --kv-type, as in `run` (give the policies "
+                  "without ratio= / budget=; the full cache runs whole, as the reference), and "
+                  "the depth is prefilled in passes of --chunk");
+  sub->add_option("--chunk", o->chunk,
+                  "Tokens per pass of the depth prefill (a fixed budget and prefill=bounded "
+                  "compact between them; default 0, one pass, or 512 with --kv-mem-per-seq)")
+      ->check(CLI::Range(0, 1 << 24));
   sub->add_option("-f,--file", o->text_file,
                   "Text for the depth and the prompts (default: the KJV text from setup)");
   sub->add_option("--json", o->json_file, "Also write the results as JSON to this file");

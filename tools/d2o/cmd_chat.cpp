@@ -66,7 +66,7 @@ int run_chat(ChatOptions& o) {
       continue;
     }
     if (line == "/kv") {
-      print_kv_report(stderr, seq);
+      print_kv_report(stderr, seq, l.kv_mem_note);
       continue;
     }
     if (line.empty()) continue;
@@ -118,7 +118,7 @@ int run_chat(ChatOptions& o) {
     std::fprintf(stderr, "[%zu tokens, %.1f tok/s, %lld in context]\n", res->tokens.size(),
                  res->n_decoded / std::max(res->decode_seconds, 1e-9),
                  static_cast<long long>(seq.n_past()));
-    if (o.kv_report) print_kv_report(stderr, seq);
+    if (o.kv_report) print_kv_report(stderr, seq, l.kv_mem_note);
   }
   std::fprintf(stderr, "%s\n", memory_summary(l, seq).c_str());
   return 0;

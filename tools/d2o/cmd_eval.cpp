@@ -20,6 +20,7 @@
 #include "eval/stats.h"
 #include "eval/stream_ppl.h"
 #include "eval/turns.h"
+#include "model/layer_desc.h"
 #include "ops/kernel_isa.h"
 
 #ifndef D2O_DEFAULT_CACHE_DIR
@@ -304,6 +305,7 @@ struct FidelityOptions {
   TeacherForcedOptions tf;
   bool continue_turn = false;  // continuations begin with a new user turn
   std::string chat_format;     // the chat template's family when the model has none
+  PrefillOptions prefill;      // --chunk
 };
 
 // --continue-turn: the chat tokens around a fidelity window (FidelityParams::turn_*), from the
@@ -410,6 +412,7 @@ int run_fidelity_cmd(FidelityOptions& o) {
   p.n_continue = o.tf.cont;
   p.kv_type = s.loaded.kv_type;
   p.n_ctx_train = s.loaded.model->hparams().n_ctx_train;
+  p.chunk = prefill_chunk_of(o.prefill);
   if (s.loaded.tokenizer->add_bos()) p.bos = s.loaded.tokenizer->bos();
   if (o.continue_turn) {
     if (Status st = set_continue_turn(s.loaded, o.chat_format, p); !st.ok()) return fail(st);
@@ -420,7 +423,8 @@ int run_fidelity_cmd(FidelityOptions& o) {
     return fail(invalid_argument("--chat-format needs --continue-turn"));
   }
   s.meta.command += (by_bytes ? bytes_axis_args(o.bytes) : " --ratios " + o.ratios) +
-                    teacher_forced_args(o.tf) + (o.continue_turn ? " --continue-turn" : "") +
+                    teacher_forced_args(o.tf) + prefill_args(o.prefill) +
+                    (o.continue_turn ? " --continue-turn" : "") +
                     (o.chat_format.empty() ? "" : " --chat-format " + o.chat_format);
   Stopwatch sw;
   auto bar =
@@ -451,6 +455,11 @@ int run_fidelity_cmd(FidelityOptions& o) {
         "evicts one slot per teacher-forced token. Only predictions made after the compression "
         "count.";
   }
+  if (p.chunk > 0) {
+    text.intro += " Each policy is fed the prompt in passes of " + std::to_string(p.chunk) +
+                  " tokens (a fixed budget and prefill=bounded compact between them; the others "
+                  "compress the whole prompt after its last pass).";
+  }
   if (o.continue_turn) {
     text.intro +=
         " Continuations begin with a new user turn (the question-after setting): each window is "
@@ -472,6 +481,54 @@ int run_fidelity_cmd(FidelityOptions& o) {
 }
 
 }  // namespace
+
+void add_prefill_options(CLI::App* app, PrefillOptions& o, bool with_mem) {
+  if (with_mem) {
+    app->add_option("--kv-mem-per-seq", o.kv_mem_per_seq,
+                    "KV memory of each sequence, e.g. 4M (powers of 1024): every policy's budget "
+                    "is the slots that fit with --kv-type, as in `run`, and contexts are fed in "
+                    "passes of --chunk (512 unless given); the full cache runs whole, as the "
+                    "reference. Instead of --ratio / --budget");
+  }
+  app->add_option("--chunk", o.chunk,
+                  "Prompt tokens per prefill pass, each policy fed its own passes (a fixed budget "
+                  "and prefill=bounded compact between them; 0: one pass shared by all policies, "
+                  "the default)")
+      ->check(CLI::Range(0, 1 << 24));
+}
+
+int prefill_chunk_of(const PrefillOptions& o) {
+  if (o.chunk >= 0) return o.chunk;
+  return o.kv_mem_per_seq.empty() ? 0 : 512;
+}
+
+std::string prefill_args(const PrefillOptions& o) {
+  std::string s;
+  if (!o.kv_mem_per_seq.empty()) s += " --kv-mem-per-seq " + o.kv_mem_per_seq;
+  if (o.chunk >= 0) s += " --chunk " + std::to_string(o.chunk);
+  return s;
+}
+
+Result<std::vector<eval::PolicyUnderTest>> policies_with_compression(
+    const std::vector<std::string>& bases, const std::string& compression,
+    const PrefillOptions& o, const ModelHParams& hp, KvType type) {
+  std::vector<eval::PolicyUnderTest> out;
+  for (const std::string& base : bases) {
+    std::string spec = base;
+    if (eval::spec_preset(base) != "full") {
+      if (!o.kv_mem_per_seq.empty()) {
+        int slots = 0;
+        D2O_ASSIGN_OR_RETURN(spec, spec_for_kv_mem(base, o.kv_mem_per_seq,
+                                                   kv_cache_config(hp, type), &slots));
+      } else if (!eval::spec_has_compression(base)) {
+        D2O_ASSIGN_OR_RETURN(spec, eval::spec_with_compression(base, compression));
+      }
+    }
+    D2O_ASSIGN_OR_RETURN(eval::PolicyUnderTest t, eval::make_policy(spec, base));
+    out.push_back(std::move(t));
+  }
+  return out;
+}
 
 void add_question_options(CLI::App* app, std::string& question, int& questions,
                           const std::string& questions_help) {
@@ -496,6 +553,7 @@ Action add_eval_fidelity(CLI::App* eval) {
                                 "Compression ratios rho (fraction of the prompt kept)");
   add_bytes_axis_options(sub, o->bytes);
   add_teacher_forced_options(sub, o->tf, "Number of prompts (text windows, evenly spaced)");
+  add_prefill_options(sub, o->prefill, /*with_mem=*/false);
   sub->add_flag("--continue-turn", o->continue_turn,
                 "Continuations begin with a new user turn: each window is a user message "
                 "compressed when the assistant's turn opens, and the continuation is the "

@@ -46,6 +46,26 @@ struct TeacherForcedOptions {
 void add_question_options(CLI::App* app, std::string& question, int& questions,
                           const std::string& questions_help);
 
+// How each context is prefilled and how much KV memory a sequence has (`eval ruler`, `eval niah`;
+// `eval fidelity` takes --chunk and has its own --kv-mem-per-seq, BytesAxisOptions).
+struct PrefillOptions {
+  std::string kv_mem_per_seq;  // "": not given
+  int chunk = -1;              // -1: not given
+};
+// Registers --kv-mem-per-seq and --chunk (with_mem false: --chunk only).
+void add_prefill_options(CLI::App* app, PrefillOptions& o, bool with_mem);
+// The prompt tokens per prefill pass: --chunk as given, else 512 with --kv-mem-per-seq (as `run`
+// feeds a prompt), else 0 (one pass shared by every policy, the protocols' default).
+int prefill_chunk_of(const PrefillOptions& o);
+// " --kv-mem-per-seq M --chunk N" as given, for the recorded command line.
+std::string prefill_args(const PrefillOptions& o);
+// The policies to evaluate: each base spec with `compression` ("ratio=0.2", "budget=512") added,
+// or with --kv-mem-per-seq the budget of the slots that fit it in `type` (spec_for_kv_mem); the
+// full cache, and with `compression` specs that set their own ratio= or budget=, as given.
+Result<std::vector<eval::PolicyUnderTest>> policies_with_compression(
+    const std::vector<std::string>& bases, const std::string& compression,
+    const PrefillOptions& o, const ModelHParams& hp, KvType type);
+
 // Registers --prompt --samples --continue --skip.
 void add_teacher_forced_options(CLI::App* app, TeacherForcedOptions& o,
                                 const std::string& samples_help);

@@ -6,6 +6,7 @@
 #include "cmd_eval.h"
 #include "core/timer.h"
 #include "eval/niah.h"
+#include "runtime/kv_pool.h"
 
 namespace d2o::cli {
 
@@ -22,6 +23,7 @@ struct NiahOptions {
   bool no_chat = false;
   std::string question = "before";  // before | after (src/eval/turns.h)
   int questions = 1;                // needle-task questions per context (after)
+  PrefillOptions prefill;           // --kv-mem-per-seq, --chunk
 };
 
 int run_niah_cmd(NiahOptions& o) {
@@ -29,9 +31,17 @@ int run_niah_cmd(NiahOptions& o) {
     return fail(invalid_argument("give --ratio or --budget, not both"));
   if (o.ratio < 0 || o.ratio > 1) return fail(invalid_argument("--ratio must be in (0, 1]"));
   if (o.budget < 0) return fail(invalid_argument("--budget must be positive"));
-  const std::string compression = o.budget > 0
-                                      ? "budget=" + std::to_string(o.budget)
-                                      : "ratio=" + ratio_label(o.ratio > 0 ? o.ratio : 0.2);
+  const bool by_mem = !o.prefill.kv_mem_per_seq.empty();
+  if (by_mem && (o.ratio > 0 || o.budget > 0))
+    return fail(invalid_argument("give --kv-mem-per-seq or --ratio / --budget, not both"));
+  if (by_mem) {
+    auto cap = parse_byte_size(o.prefill.kv_mem_per_seq);
+    if (!cap.ok()) return fail(cap.status().with_context("--kv-mem-per-seq"));
+  }
+  const std::string compression =
+      by_mem         ? "kv-mem-per-seq=" + o.prefill.kv_mem_per_seq
+      : o.budget > 0 ? "budget=" + std::to_string(o.budget)
+                     : "ratio=" + ratio_label(o.ratio > 0 ? o.ratio : 0.2);
   std::vector<eval::NiahTask> tasks;
   for (const std::string& t : eval::split_list(o.tasks, ',')) {
     if (t == "needle") {
@@ -97,23 +107,19 @@ int run_niah_cmd(NiahOptions& o) {
   p.n_ctx_train = n_ctx_train;
   p.kv_type = s.loaded.kv_type;
   p.shape = *shape;
-  for (const std::string& base : eval_policies(o.common, all_policy_presets())) {
-    std::string spec = base;
-    if (eval::spec_preset(base) != "full" && !eval::spec_has_compression(base)) {
-      auto sp = eval::spec_with_compression(base, compression);
-      if (!sp.ok()) return fail(sp.status());
-      spec = *sp;
-    }
-    auto t = eval::make_policy(spec, base);
-    if (!t.ok()) return fail(t.status());
-    p.policies.push_back(*t);
-  }
+  p.chunk = prefill_chunk_of(o.prefill);
+  auto ps = policies_with_compression(eval_policies(o.common, all_policy_presets()), compression,
+                                      o.prefill, s.loaded.model->hparams(), s.loaded.kv_type);
+  if (!ps.ok()) return fail(ps.status());
+  p.policies = std::move(ps).value();
   std::string len_list;
   for (int len : lengths) len_list += (len_list.empty() ? "" : ",") + std::to_string(len);
   s.meta.command += " --tasks " + o.tasks + " --lengths " + len_list + " --depths " + o.depths +
                     " --trials " + std::to_string(o.trials) +
-                    (o.budget > 0 ? " --budget " : " --ratio ") +
-                    compression.substr(compression.find('=') + 1) +
+                    (by_mem         ? std::string()
+                     : o.budget > 0 ? " --budget " + compression.substr(compression.find('=') + 1)
+                                    : " --ratio " + compression.substr(compression.find('=') + 1)) +
+                    prefill_args(o.prefill) +
                     (o.no_chat ? " --no-chat" : "") + " --question " + o.question +
                     (o.questions > 1 ? " --questions " + std::to_string(o.questions) : "");
   double total = 0;
@@ -160,6 +166,7 @@ Action add_eval_niah(CLI::App* eval) {
   sub->add_option("--ratio", o->ratio, "Compression ratio rho of the prompt (default 0.2)");
   sub->add_option("--budget", o->budget,
                   "Fixed budget in slots per KV head and layer instead of a ratio");
+  add_prefill_options(sub, o->prefill, /*with_mem=*/true);
   sub->add_flag("--no-chat", o->no_chat,
                 "Plain-text prompt even when the model has a chat template");
   add_question_options(sub, o->question, o->questions,

@@ -10,6 +10,7 @@
 #include "eval/ruler.h"
 #include "kv/policy/composed.h"
 #include "model/layer_desc.h"
+#include "runtime/kv_pool.h"
 
 namespace d2o::cli {
 
@@ -94,6 +95,7 @@ struct RulerOptions {
   bool no_chat = false;
   std::string question = "before";  // before | after (src/eval/turns.h)
   int questions = 1;                // questions per context (after)
+  PrefillOptions prefill;           // --kv-mem-per-seq, --chunk
   // Set when given on the command line (--quick shrinks only what was not given).
   CLI::Option *o_tasks = nullptr, *o_lengths = nullptr, *o_trials = nullptr, *o_policies = nullptr;
 };
@@ -109,6 +111,13 @@ int run_ruler_cmd(RulerOptions& o) {
     return fail(invalid_argument("--bytes must be in (0, 1]"));
   if (o.bytes == 0 && !o.kv_types.empty())
     return fail(invalid_argument("--kv-types needs --bytes"));
+  const bool by_mem = !o.prefill.kv_mem_per_seq.empty();
+  if (by_mem && (o.ratio > 0 || o.budget > 0 || o.bytes != 0))
+    return fail(invalid_argument("give --kv-mem-per-seq or --ratio / --budget / --bytes, not two"));
+  if (by_mem) {
+    auto cap = parse_byte_size(o.prefill.kv_mem_per_seq);
+    if (!cap.ok()) return fail(cap.status().with_context("--kv-mem-per-seq"));
+  }
   if (o.common.quick) {
     // CI's smoke test: one cell, two trials, two policies, 512 tokens.
     if (o.o_tasks->count() == 0) o.tasks = "niah_single";
@@ -117,7 +126,8 @@ int run_ruler_cmd(RulerOptions& o) {
     if (o.o_policies->count() == 0) o.common.policies = "full;d2o";
   }
   const std::string compression =
-      o.bytes > 0    ? "bytes=" + ratio_label(o.bytes) + " of the F16 full cache"
+      by_mem         ? "kv-mem-per-seq=" + o.prefill.kv_mem_per_seq
+      : o.bytes > 0  ? "bytes=" + ratio_label(o.bytes) + " of the F16 full cache"
       : o.budget > 0 ? "budget=" + std::to_string(o.budget)
                      : "ratio=" + ratio_label(o.ratio > 0 ? o.ratio : 0.2);
   std::vector<eval::RulerTask> tasks;
@@ -156,6 +166,7 @@ int run_ruler_cmd(RulerOptions& o) {
   p.kv_type = s.loaded.kv_type;
   p.head_dim = s.loaded.model->hparams().head_dim;
   p.shape = *shape;
+  p.chunk = prefill_chunk_of(o.prefill);
   std::vector<std::string> bases = eval_policies(o.common, all_policy_presets());
   bool has_full = false;
   for (const std::string& b : bases) has_full = has_full || b == "full";
@@ -169,26 +180,23 @@ int run_ruler_cmd(RulerOptions& o) {
     if (!ps.ok()) return fail(ps.status());
     p.policies = std::move(ps).value();
   }
-  for (const std::string& base : bases) {
-    if (o.bytes > 0) break;  // built above
-    std::string spec = base;
-    if (eval::spec_preset(base) != "full" && !eval::spec_has_compression(base)) {
-      auto sp = eval::spec_with_compression(base, compression);
-      if (!sp.ok()) return fail(sp.status());
-      spec = *sp;
-    }
-    auto t = eval::make_policy(spec, base);
-    if (!t.ok()) return fail(t.status());
-    p.policies.push_back(*t);
+  if (o.bytes == 0) {
+    auto ps = policies_with_compression(bases, compression, o.prefill, s.loaded.model->hparams(),
+                                        s.loaded.kv_type);
+    if (!ps.ok()) return fail(ps.status());
+    p.policies = std::move(ps).value();
   }
   std::string pol_list;
   for (const std::string& b : bases) pol_list += (pol_list.empty() ? "" : ";") + b;
   s.meta.command += " --tasks " + o.tasks + " --lengths " + o.lengths + " --trials " +
                     std::to_string(o.trials) + " --policies \"" + pol_list + "\"" +
-                    (o.bytes > 0 ? " --bytes " + ratio_label(o.bytes) +
-                                       (o.kv_types.empty() ? "" : " --kv-types " + o.kv_types)
+                    (by_mem ? std::string()
+                     : o.bytes > 0
+                         ? " --bytes " + ratio_label(o.bytes) +
+                               (o.kv_types.empty() ? "" : " --kv-types " + o.kv_types)
                      : o.budget > 0 ? " --budget " + std::to_string(o.budget)
                                     : " --ratio " + compression.substr(compression.find('=') + 1)) +
+                    prefill_args(o.prefill) +
                     (o.no_chat ? " --no-chat" : "") + " --question " + o.question +
                     (o.questions > 1 ? " --questions " + std::to_string(o.questions) : "");
   double total = 0;
@@ -253,6 +261,7 @@ Action add_eval_ruler(CLI::App* eval) {
   sub->add_option("--kv-types", o->kv_types,
                   "With --bytes: storage types each policy runs in, e.g. f16,q8_0,q4_0r "
                   "(POLICY@TYPE: that type only)");
+  add_prefill_options(sub, o->prefill, /*with_mem=*/true);
   sub->add_flag("--no-chat", o->no_chat,
                 "Plain-text prompt even when the model has a chat template");
   add_question_options(

@@ -142,7 +142,7 @@ int run_run(RunOptions& o) {
                r.tokens.size(), r.n_decoded, r.decode_seconds,
                r.n_decoded / std::max(r.decode_seconds, 1e-9));
   std::fprintf(stderr, "%s\n", memory_summary(l, seq).c_str());
-  if (o.kv_report) print_kv_report(stderr, seq);
+  if (o.kv_report) print_kv_report(stderr, seq, l.kv_mem_note);
   if (o.timings) {
     EngineTimings gen = l.engine->timings();
     if (!prompt_done) at_prompt = gen;

@@ -19,9 +19,10 @@ namespace d2o::cli {
 void add_prefill_chunk_option(CLI::App* app, int& chunk) {
   app->add_option("--chunk", chunk,
                   "Prompt tokens per prefill pass (0: the whole prompt in one pass). A fixed "
-                  "budget (budget=, --kv-mem-per-seq) compacts between passes, so the cache stays "
-                  "within its budget plus two chunks for any prompt length; ratio policies and "
-                  "the full cache give the same result either way")
+                  "budget (budget=, --kv-mem-per-seq) and ratio=...,prefill=bounded compact "
+                  "between passes, so the cache stays within its budget plus two chunks for any "
+                  "prompt length; other ratio policies and the full cache give the same result "
+                  "either way")
       ->check(CLI::Range(0, 1 << 24));
 }
 
@@ -96,6 +97,11 @@ Result<std::string> spec_for_kv_mem(const std::string& spec, const std::string& 
       return invalid_argument("--kv-mem-per-seq sets the budget of --kv '" + spec +
                               "': leave out its ratio= / budget=");
     }
+    if (args.find(",prefill=") != std::string::npos) {
+      return invalid_argument("--kv-mem-per-seq gives --kv '" + spec +
+                              "' a fixed budget, which compacts between a prompt's passes "
+                              "already: leave out its prefill=");
+    }
   }
   return spec + (colon == std::string::npos ? ":" : ",") + "budget=" + std::to_string(lo);
 }
@@ -124,6 +130,11 @@ Result<Loaded> load_all(const ModelOptions& o) {
     if (!p.ok()) return p.status().with_context("--kv");
     l.policy = std::shared_ptr<const KvPolicy>(std::move(p).value());
     if (l.policy->spec() == "full") l.kv_full_slots = slots;
+    l.kv_mem_note = "--kv-mem-per-seq " + o.kv_mem_per_seq + " in " + kv_type_name(l.kv_type) +
+                    ": " + std::to_string(slots) +
+                    " slots per KV head and layer fit (key and value rows, slot metadata and the "
+                    "policy's per-slot state)" +
+                    (l.kv_full_slots > 0 ? ", the full cache's cap" : ", the policy's budget=");
   }
   auto tok = Tokenizer::from_gguf(*file);
   if (!tok.ok()) return tok.status().with_context(path);
@@ -182,7 +193,91 @@ KvBytesShares kv_bytes_shares(const KvCache& c, int64_t n_tokens) {
   return b;
 }
 
-void print_kv_report(std::FILE* out, const Sequence& seq) {
+namespace {
+
+// How the budget is set, and what was chosen: the report's first lines.
+void print_budget(std::FILE* out, const Sequence& seq, const std::string& mem_note) {
+  const KvCache& c = seq.cache();
+  const PolicyState& st = seq.policy_state();
+  const auto* composed = dynamic_cast<const ComposedPolicy*>(&seq.policy());
+  const ComposedPolicyState* own = composed_state(st);
+  std::string how;
+  if (!composed) {
+    how = seq.policy().is_full() ? "none, the full cache keeps every token" : "set by the policy";
+  } else if (composed->config().mode == BudgetMode::kBudget) {
+    how = "budget=" + std::to_string(composed->config().budget) +
+          " slots per KV head and layer on average, at all times";
+  } else {
+    const PolicyConfig& cfg = composed->config();
+    const std::string of = st.budgets_set && own && own->prompt_end > 0
+                               ? "the prompt's " + std::to_string(own->prompt_end) + " tokens"
+                               : "the prompt's tokens";
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%g", cfg.ratio);
+    how = "ratio=" + std::string(ratio) + " of " + of +
+          (cfg.bounded_prefill()
+               ? " (prefill=bounded: known at its first pass, compacted to between its passes)"
+               : " (prefill=exact: the whole prompt held, then compressed after its last pass)");
+  }
+  std::fprintf(out, "budget: %s\n", how.c_str());
+  if (!mem_note.empty()) std::fprintf(out, "  from %s\n", mem_note.c_str());
+  if (!composed) return;
+  if (!st.budgets_set) {
+    std::fprintf(out, "  chosen: not yet (no pass held more than the budget)\n");
+    return;
+  }
+  int64_t sum = 0;
+  int n = 0, lo = 0, hi = 0;
+  for (int il = 0; il < c.n_layer() && static_cast<size_t>(il) < st.budgets.size(); ++il) {
+    const int b = st.budgets[static_cast<size_t>(il)];
+    if (!c.config().layer_compressible(il) || b == PolicyState::kNoBudget) continue;
+    lo = n == 0 ? b : std::min(lo, b);
+    hi = n == 0 ? b : std::max(hi, b);
+    sum += b;
+    ++n;
+  }
+  if (n == 0) {
+    std::fprintf(out, "  chosen: no layer is compressed\n");
+    return;
+  }
+  std::fprintf(out,
+               "  chosen: %.1f slots per KV head on average over %d compressed layers (%d to %d), "
+               "%lld slots per KV head in all\n",
+               static_cast<double>(sum) / n, n, lo, hi, static_cast<long long>(sum));
+}
+
+// Every byte the sequence holds, and the hot cache's peak.
+void print_bytes_held(std::FILE* out, const Sequence& seq, const KvBytesShares& b) {
+  const KvCache& c = seq.cache();
+  const size_t hot = c.kv_bytes_allocated(), meta = c.meta_bytes_allocated();
+  const size_t state = seq.policy_state().held_bytes();
+  const ColdTier* cold = c.cold();
+  const size_t cold_rows = cold ? cold->rows_bytes() : 0, cold_meta = cold ? cold->meta_bytes() : 0;
+  const double all = static_cast<double>(hot + meta + state + cold_rows + cold_meta);
+  std::string parts = "hot key and value rows " + format_bytes(static_cast<double>(hot)) + " (" +
+                      format_bytes(static_cast<double>(c.kv_bytes_used())) +
+                      " in slots), hot slot metadata " + format_bytes(static_cast<double>(meta)) +
+                      ", KV policy state " + format_bytes(static_cast<double>(state));
+  if (cold) {
+    parts += ", cold tier " + format_bytes(static_cast<double>(cold_rows)) + " of rows and " +
+             format_bytes(static_cast<double>(cold_meta)) + " of metadata";
+  }
+  std::fprintf(out, "bytes held in memory: %s; %s in all = %.1f%% of a full F16 cache's key and "
+               "value bytes (%s)\n",
+               parts.c_str(), format_bytes(all).c_str(),
+               b.full_f16 > 0 ? 100.0 * all / b.full_f16 : 0.0, format_bytes(b.full_f16).c_str());
+  if (cold && cold->config().place == ColdPlace::kDisk)
+    std::fprintf(out, "bytes on disk: %s (the cold tier's file)\n",
+                 format_bytes(static_cast<double>(cold->disk_bytes())).c_str());
+  std::fprintf(out,
+               "peak: %s of hot key and value rows and slot metadata allocated at once (the "
+               "cold tier and policy state not counted)\n",
+               format_bytes(static_cast<double>(c.peak_bytes_allocated())).c_str());
+}
+
+}  // namespace
+
+void print_kv_report(std::FILE* out, const Sequence& seq, const std::string& mem_note) {
   const KvCache& c = seq.cache();
   const PolicyState& st = seq.policy_state();
   // D2O thresholds and layer statistics: the composed policies' own state (absent for others).
@@ -191,6 +286,7 @@ void print_kv_report(std::FILE* out, const Sequence& seq) {
   const ComposedPolicyState& cs = own ? *own : kNone;
   std::fprintf(out, "KV report (%s, %s storage, %lld tokens seen)\n", seq.policy().spec().c_str(),
                kv_type_name(c.config().type), static_cast<long long>(seq.n_past()));
+  print_budget(out, seq, mem_note);
   std::fprintf(out, "%5s %-10s %8s %8s %9s %9s %8s %10s\n", "layer", "kind", "budget", "slots",
                "evicted", "merged", "tau", "variance");
   int64_t tot_slots = 0, full_slots = 0;
@@ -279,6 +375,7 @@ void print_kv_report(std::FILE* out, const Sequence& seq) {
                  static_cast<long long>(cold->recalled_slots()), cold->recall_seconds(),
                  format_bytes(whole).c_str(), b.full_f16 > 0 ? 100.0 * whole / b.full_f16 : 0.0);
   }
+  print_bytes_held(out, seq, b);
 }
 
 }  // namespace d2o::cli

@@ -48,6 +48,8 @@ struct Loaded {
   std::shared_ptr<const KvPolicy> policy;
   KvType kv_type = KvType::kF16;
   int kv_full_slots = 0;  // > 0: --kv-mem-per-seq with a full cache: the most slots it may hold
+  // --kv-mem-per-seq: the budget it gave, in words, for the KV report ("" without it).
+  std::string kv_mem_note;
   int n_ctx = 0;
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<Engine> engine;
@@ -81,7 +83,10 @@ struct KvBytesShares {
 };
 KvBytesShares kv_bytes_shares(const KvCache& c, int64_t n_tokens);
 
-// Per-layer budget, slots, evictions, merges, EMA threshold and density variance.
-void print_kv_report(std::FILE* out, const Sequence& seq);
+// The budget and how it was chosen (`mem_note`: Loaded::kv_mem_note), then per layer the
+// budget, slots, evictions, merges, EMA threshold and density variance, then every byte the
+// sequence holds: hot key and value rows, slot metadata, the policy's state, the cold tier (in
+// memory and on disk), and the most the hot cache allocated at once.
+void print_kv_report(std::FILE* out, const Sequence& seq, const std::string& mem_note);
 
 }  // namespace d2o::cli

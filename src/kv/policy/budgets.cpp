@@ -179,17 +179,18 @@ namespace {
 // Budgets of the compressible layers `layers`, written to out.budgets[0, layers.size()).
 // Scratch: d (4 L doubles), i (2 L ints).
 void decide_rule_budgets(const PolicyConfig& cfg, const KvCache& cache, std::span<const int> layers,
-                         int64_t n, LayerBudgets& out, double* d, int32_t* i) {
+                         BudgetBasis basis, LayerBudgets& out, double* d, int32_t* i) {
   const int L = static_cast<int>(layers.size());
+  const int64_t n = basis.n;
+  // The tokens a ratio applies to (n, or the whole prompt with prefill=bounded).
+  const double nr = static_cast<double>(std::max(basis.n_ratio, n));
   out.budgets.assign(static_cast<size_t>(L), 0);
   out.variance.clear();
   const int64_t lo = std::min<int64_t>(cfg.min_budget(), n);
-  // rho: the fraction of the n tokens kept on average.
-  const double rho =
-      cfg.mode == BudgetMode::kRatio ? cfg.ratio : static_cast<double>(cfg.budget) / n;
-  const int64_t total = cfg.mode == BudgetMode::kRatio
-                            ? std::llround(cfg.ratio * L * static_cast<double>(n))
-                            : cfg.budget * L;
+  // rho: the fraction of the tokens kept on average.
+  const double rho = cfg.mode == BudgetMode::kRatio ? cfg.ratio : static_cast<double>(cfg.budget) / n;
+  const int64_t total =
+      cfg.mode == BudgetMode::kRatio ? std::llround(cfg.ratio * L * nr) : cfg.budget * L;
   double* v = d;           // [L]
   double* w = v + L;       // [L]
   double* scratch = w + L;  // [2L]
@@ -210,9 +211,8 @@ void decide_rule_budgets(const PolicyConfig& cfg, const KvCache& cache, std::spa
     case LayerRule::kUniform:
       if (!cfg.exact_total) {
         // Baselines: every layer keeps round(rho * n) (or B), within [S_min, n].
-        const int64_t s = cfg.mode == BudgetMode::kRatio
-                              ? std::llround(cfg.ratio * static_cast<double>(n))
-                              : cfg.budget;
+        const int64_t s = cfg.mode == BudgetMode::kRatio ? std::llround(cfg.ratio * nr)
+                                                          : cfg.budget;
         for (int l = 0; l < L; ++l)
           out.budgets[static_cast<size_t>(l)] = static_cast<int>(clamp64(s, lo, n));
         return;
@@ -250,7 +250,8 @@ void decide_rule_budgets(const PolicyConfig& cfg, const KvCache& cache, std::spa
           continue;
         }
         const double r = clampd(std::exp(-(v[l] - mn)) / z * L * rho, 0.01, 1.0);
-        const int64_t s = static_cast<int64_t>(std::floor(r * static_cast<double>(n)));
+        const double of = cfg.mode == BudgetMode::kRatio ? nr : static_cast<double>(n);
+        const int64_t s = static_cast<int64_t>(std::floor(r * of));
         out.budgets[static_cast<size_t>(l)] = static_cast<int>(clamp64(s, lo, n));
       }
       return;
@@ -282,7 +283,14 @@ void protect_edges(const PolicyConfig& cfg, int L, int64_t n, std::vector<int>& 
 
 }  // namespace
 
-void decide_budgets(const PolicyConfig& cfg, const KvCache& cache, int64_t n, LayerBudgets& out) {
+int64_t uniform_ratio_budget(const PolicyConfig& cfg, int64_t n_ratio) {
+  const int64_t lo = std::min<int64_t>(cfg.min_budget(), n_ratio);
+  return clamp64(std::llround(cfg.ratio * static_cast<double>(n_ratio)), lo, n_ratio);
+}
+
+void decide_budgets(const PolicyConfig& cfg, const KvCache& cache, BudgetBasis basis,
+                    LayerBudgets& out) {
+  const int64_t n = basis.n;
   // The rules share the total out over the compressible layers only (sliding-window layers keep
   // their window and are never compacted), as if the model had only those.
   const KvCacheConfig& cc = cache.config();
@@ -297,7 +305,7 @@ void decide_budgets(const PolicyConfig& cfg, const KvCache& cache, int64_t n, La
   // Scratch of the rules (budgets are decided once per sequence: no reuse needed).
   std::vector<double> d(4 * layers.size());
   std::vector<int32_t> i(2 * layers.size());
-  decide_rule_budgets(cfg, cache, layers, n, out, d.data(), i.data());
+  decide_rule_budgets(cfg, cache, layers, basis, out, d.data(), i.data());
   if (cfg.protect == ProtectRule::kEdges && cfg.layers != LayerRule::kResearch)
     protect_edges(cfg, static_cast<int>(layers.size()), n, out.budgets, d.data(), i.data());
   if (layers.size() == static_cast<size_t>(cc.n_layer)) return;

@@ -53,8 +53,22 @@ struct LayerBudgets {
   std::vector<double> variance;  // [n_layer] or empty
 };
 
-// Decides the budgets for a cache whose compressible layers all hold n slots; sliding-window
-// layers get kNoBudget (and variance 0), the rules share the total over the others.
-void decide_budgets(const PolicyConfig& cfg, const KvCache& cache, int64_t n, LayerBudgets& out);
+// The token counts budgets are decided from: the n slots every compressible layer holds, and
+// the n_ratio tokens a ratio applies to (n, or with prefill=bounded the prompt's whole length,
+// n_ratio >= n). Ignored in budget mode.
+struct BudgetBasis {
+  int64_t n = 0;
+  int64_t n_ratio = 0;
+};
+
+// Decides the budgets for a cache whose compressible layers all hold basis.n slots (each layer's
+// budget at most that); sliding-window layers get kNoBudget (and variance 0), the rules share the
+// total over the others.
+void decide_budgets(const PolicyConfig& cfg, const KvCache& cache, BudgetBasis basis,
+                    LayerBudgets& out);
+
+// Ratio mode: the budget every layer keeps with uniform per-layer budgets, round(rho x n_ratio)
+// within [the selector's least, n_ratio].
+int64_t uniform_ratio_budget(const PolicyConfig& cfg, int64_t n_ratio);
 
 }  // namespace d2o

@@ -48,7 +48,19 @@ std::unique_ptr<PolicyExtState> ComposedPolicyState::clone() const {
   c->key_inv = key_inv;
   c->key_inv_last = key_inv_last;
   c->keep_merges = keep_merges;
+  c->prompt_end = prompt_end;
   return c;
+}
+
+size_t ComposedPolicyState::bytes() const {
+  size_t b = tau.capacity() * sizeof(float) + tau_ready.capacity() +
+             layer_variance.capacity() * sizeof(double) +
+             key_inv.capacity() * sizeof(std::vector<float>) +
+             key_inv_last.capacity() * sizeof(int32_t);
+  for (const std::vector<float>& v : key_inv) b += v.capacity() * sizeof(float);
+  b += probe.slot.capacity() * sizeof(int32_t) +
+       (probe.key.capacity() + probe.dot.capacity()) * sizeof(float) + probe.formed.capacity();
+  return b;
 }
 
 ComposedPolicy::ComposedPolicy(PolicyConfig cfg) : cfg_(std::move(cfg)) {
@@ -151,7 +163,9 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
     bool decided = false;
     D2O_RETURN_IF_ERROR(decide_layer_budgets(cache, state, own, pass, &decided));
     if (!decided) return {};
-  } else if (!cfg_.compacts_after_first()) {
+  } else if (!cfg_.compacts_after_first() &&
+             !(cfg_.bounded_prefill() && pass.n_past <= own.prompt_end)) {
+    // (prefill=bounded: the prompt whose length set the budget is compacted to it until its end.)
     return {};
   }
 
@@ -193,8 +207,11 @@ Status ComposedPolicy::decide_layer_budgets(const KvCache& cache, PolicyState& s
                                             bool* decided) const {
   const int L = cache.n_layer();
   // Prompt-then-compress compresses the whole prompt: when it is prefilled in chunks, the first
-  // compaction waits for the pass that ends it (PassInfo::prompt_rest).
-  if (cfg_.mode == BudgetMode::kRatio && pass.prompt_rest > 0) return {};
+  // compaction waits for the pass that ends it (PassInfo::prompt_rest). With prefill=bounded the
+  // budget comes from the prompt's whole length instead, and the first compaction is the first
+  // pass that holds more (below).
+  if (cfg_.mode == BudgetMode::kRatio && !cfg_.bounded_prefill() && pass.prompt_rest > 0)
+    return {};
   // The compressible layers (sliding-window ones keep their window) all hold the prompt.
   const KvCacheConfig& cc = cache.config();
   int n = -1;
@@ -209,10 +226,17 @@ Status ComposedPolicy::decide_layer_budgets(const KvCache& cache, PolicyState& s
   }
   if (n <= 0) return {};
   if (cfg_.mode == BudgetMode::kBudget && n <= cfg_.budget) return {};
+  // prefill=bounded: rho of the slots held and the prompt tokens still announced (the whole
+  // prompt, for a sequence's first prompt); while they fit that budget, the prompt goes on
+  // uncompressed. The pass that ends the prompt decides in any case, as prompt-then-compress does.
+  const int64_t n_ratio = cfg_.bounded_prefill() ? n + pass.prompt_rest : n;
+  if (cfg_.bounded_prefill() && pass.prompt_rest > 0 && n <= uniform_ratio_budget(cfg_, n_ratio))
+    return {};
   LayerBudgets lb;
-  decide_budgets(cfg_, cache, n, lb);
+  decide_budgets(cfg_, cache, {n, n_ratio}, lb);
   state.budgets = std::move(lb.budgets);
   own.layer_variance = std::move(lb.variance);
+  own.prompt_end = pass.n_past + pass.prompt_rest;
   state.budgets_set = true;
   *decided = true;
   return {};
@@ -299,8 +323,12 @@ void ComposedPolicy::plan_layer(KvCache& cache, int il, PolicyState& state,
   job.pass = &pass;
   job.next = pass.n_past - state.pos_shift;
   // The prompt's compaction: the sequence's first, after a pass of more than one token (a token
-  // by token feed has none).
-  job.prompt_pass = (state.n_compactions == 0 || pass.recalled) && pass.n_tokens > 1;
+  // by token feed has none); with prefill=bounded also that of every pass of several tokens that
+  // ends a prompt (its last chunk, where a question stands, ranks what was kept of the chunks
+  // before it as a recalling turn does).
+  job.prompt_pass = (state.n_compactions == 0 || pass.recalled ||
+                     (cfg_.bounded_prefill() && pass.prompt_rest == 0)) &&
+                    pass.n_tokens > 1;
   job.ada = cfg_.heads == HeadRule::kAda;
   job.merging = merger_ && merger_->merges(job);
   prefetch_layer(job);

@@ -2,13 +2,16 @@
 // (budget rule x selector x merger, see config.h) after each forward pass of a sequence.
 //
 // compact(), per pass:
-//   1. First compaction (budgets not set yet): ratio mode triggers on the sequence's first call;
-//      budget mode as soon as the layers hold more than B slots. The per-layer budgets are then
-//      decided once from the n slots every layer holds (budgets.h) and kept for the sequence.
+//   1. First compaction (budgets not set yet): ratio mode triggers on the pass that ends the
+//      sequence's first prompt (prefill=bounded: on the first pass whose layers hold more than
+//      rho of the prompt's whole length, fed and announced); budget mode as soon as the layers
+//      hold more than B slots. The per-layer budgets are then decided once from the n slots
+//      every layer holds (budgets.h) and kept for the sequence.
 //   2. Every layer holding more than its budget S_l is compacted back to S_l: the selector picks
 //      S_l slots per KV head, the merger folds evicted slots into kept ones (D2O: the
 //      CompactionPlan's merge terms; CaM: KvCache::replace_value), KvCache::apply gathers.
-//      SnapKV / PyramidKV in ratio mode compact only at the first compaction.
+//      SnapKV / PyramidKV in ratio mode compact only at the first compaction (prefill=bounded:
+//      until the end of the prompt that decided the budgets).
 //      heads=ada (select_heads.h): the layer keeps S_l x n_head_kv slots shared over its heads
 //      by score, with a floor per head; heads then hold different counts (KvLayer::n_slot(h)).
 //   3. StreamingLLM with positions=shifted: the plan also moves the kept recent slots'
@@ -74,9 +77,15 @@ class ComposedPolicyState final : public PolicyExtState {
   // Keeps every pass's merge lists in its plans until the layer's next planning, for a reader of
   // them (tests); otherwise a list longer than a decode step's is released after its pass.
   bool keep_merges = false;
+  // PassInfo::n_past at which the prompt whose compaction decided the budgets ends (the pass's
+  // n_past plus the tokens it announced): prefill=bounded compacts a SnapKV-style policy, which
+  // otherwise evicts at its first compaction only, until then.
+  int64_t prompt_end = 0;
 
   // The state without the scratch (scratch, head_merges, head_counts).
   std::unique_ptr<PolicyExtState> clone() const override;
+  // Thresholds, layer statistics, key norms and the probe (not the scratch).
+  size_t bytes() const override;
 };
 
 // The ComposedPolicyState of a sequence's state, or null (another policy, or none created yet).

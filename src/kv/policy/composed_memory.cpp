@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kv/policy/budgets.h"
 #include "kv/policy/composed.h"
 #include "kv/policy/keeper.h"
 
@@ -94,6 +95,18 @@ int64_t ComposedPolicy::peak_slots_for(const FeedPlan& f) const {
   if (head(1) < 0) return n_total;  // heads=ada without the head count
   const int64_t pc = std::max(1, f.prompt_chunk), dc = std::max(1, f.decode_chunk);
   const bool variable = cfg_.exact_total || cfg_.layers != LayerRule::kUniform;
+  if (cfg_.bounded_prefill() && n_prompt > pc) {
+    // prefill=bounded: as a fixed budget of B = rho x the prompt's tokens during the prompt (the
+    // first compaction once more than B slots are held, at most B + one chunk), then as a ratio
+    // policy after it; the prompt's last chunk may recall from a cold tier.
+    const int64_t B = uniform_ratio_budget(cfg_, n_prompt);
+    const int64_t n_first = std::min(n_prompt, B + pc);
+    const int64_t s_max = variable ? n_first : B;
+    const int64_t in_prompt = std::max(n_first, std::min(n_prompt, s_max + pc + recall()));
+    if (!cfg_.compacts_after_first())
+      return std::max(in_prompt, std::min(n_total, s_max + (n_total - n_prompt) + recall()));
+    return std::max(in_prompt, std::min(n_total, s_max + std::max(pc, dc) + recall()));
+  }
   if (cfg_.mode == BudgetMode::kRatio) {
     // The whole prompt is held, then compacted once to budgets decided from its n_prompt slots.
     const int64_t lo = std::min<int64_t>(cfg_.min_budget(), n_prompt);

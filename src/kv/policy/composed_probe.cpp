@@ -34,8 +34,11 @@ StatsNeeds ComposedPolicy::pass_needs(const PolicyState& state, bool recalls) co
   StatsNeeds n = needs();
   // prompt_ranking=window reads the window at the prompt's compaction (the sequence's first) and
   // at the compaction of a turn that recalled from the cold tier (PassInfo::recalled), which
-  // ranks hot and recalled slots alike by the turn's window.
-  if (cfg_.selector == Selector::kHeavyRecent && state.n_compactions > 0 && !recalls) n.window = 0;
+  // ranks hot and recalled slots alike by the turn's window; with prefill=bounded at that of any
+  // pass that ends a prompt, which the state does not tell apart: every pass collects it.
+  if (cfg_.selector == Selector::kHeavyRecent && state.n_compactions > 0 && !recalls &&
+      !cfg_.bounded_prefill())
+    n.window = 0;
   // prompt_ranking=expected reads the recorded queries at the prompt's compaction only, unless
   // the scorer of later compactions reads them too (scorer=expected_attention).
   if (n.queries > 0 && state.n_compactions > 0 && !base_scorer_->reads_queries()) n.queries = 0;

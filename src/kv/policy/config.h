@@ -1,8 +1,9 @@
 // PolicyConfig: everything a KV-cache compression policy is made of, as plain data.
 //
 // Every preset (streaming, h2o, snapkv, pyramidkv, roco, cam, d2o, keydiff) is one composition of
-//   a budget mode     ratio=r (rho = r of the tokens seen at the first compaction) or budget=B
-//                     (B slots per KV head and layer on average, a fixed capacity);
+//   a budget mode     ratio=r (rho = r of the tokens seen at the first compaction, or with
+//                     prefill=bounded of the whole prompt, compacted between its chunks) or
+//                     budget=B (B slots per KV head and layer on average, a fixed capacity);
 //   a layer rule      how the total is split over layers (uniform, D2O variance, pyramid, ...);
 //   a selector        which slots of a KV head survive (sinks + heavy hitters + recent window,
 //                     sinks + recent window, SnapKV pooled window attention + observation window,
@@ -22,6 +23,16 @@
 namespace d2o {
 
 enum class BudgetMode { kRatio, kBudget };
+
+// How a ratio policy treats a prompt fed in several passes (announced chunks,
+// PassInfo::prompt_rest).
+enum class PrefillMode {
+  kExact,    // the whole prompt is held, then compressed once after its last pass (the result of
+             // a one-pass prefill, bit for bit)
+  kBounded,  // the budget is rho of the prompt's whole length (the tokens fed and announced),
+             // known at its first pass; the cache is compacted to it between passes as a fixed
+             // budget is, so the prompt's peak is the budget plus one pass, not the prompt
+};
 
 // How the total budget is split over layers.
 enum class LayerRule {
@@ -128,6 +139,13 @@ struct PolicyConfig {
   BudgetMode mode = BudgetMode::kRatio;
   double ratio = 0.2;  // rho, in (0, 1]
   int64_t budget = 0;  // slots per KV head and layer on average (budget mode)
+  // Ratio mode: a prompt fed in chunks compressed once at its end, or compacted between chunks
+  // to rho of its whole length (prefill=exact|bounded). kExact in budget mode, which always
+  // compacts between chunks.
+  PrefillMode prefill = PrefillMode::kExact;
+  bool bounded_prefill() const {
+    return mode == BudgetMode::kRatio && prefill == PrefillMode::kBounded;
+  }
 
   LayerRule layers = LayerRule::kUniform;
   // True (D2O and its ablations): the budgets of all layers sum to round(rho * L * n) (B * L)

@@ -4,9 +4,9 @@
 // reference table.
 //
 // Canonical form (spec()): the name, then ratio=... or budget=..., then the keys the preset
-// accepts in registry order (a key with a `shown` rule only where it says so or where it differs
-// from the preset's default; a key with an `applies` rule only where that holds), numbers in
-// their shortest round-trip form. Parsing it gives back an identical PolicyConfig. Keys are
+// accepts in registry order, prefill= (which every preset takes) first (a key with a `shown` rule
+// only where it says so or where it differs from the preset's default; a key with an `applies`
+// rule only where that holds), numbers in their shortest round-trip form. Parsing it gives back an identical PolicyConfig. Keys are
 // printed by their readable names; their old names (nm=, mrope=post, ...) parse to the same
 // config (spec_keys.cpp, kOldSpellings).
 #include <algorithm>
@@ -75,27 +75,27 @@ const std::vector<PresetDef>& presets() {
          c.selector = Selector::kSinkRecent;
          c.sinks = 4;
        },
-       {"sinks", "positions"}},
+       {"prefill", "sinks", "positions"}},
       {"h2o",
        [](PolicyConfig& c) {
          c.selector = Selector::kHeavyRecent;
          c.sinks = 0;
          c.nm_n = c.nm_m = 1;
        },
-       {"sinks", "heavy_recent", "agg", "scorer", "heads", "floor", "distinct_share",
+       {"prefill", "sinks", "heavy_recent", "agg", "scorer", "heads", "floor", "distinct_share",
         "prompt_ranking", "window", "kernel", "pool", "prompt_scores", "future", "value_weight",
         "cold", "cold_type", "cold_size", "recall"}},
       {"snapkv",
        [](PolicyConfig& c) { c.selector = Selector::kSnapWindow; },
-       {"window", "kernel", "pool", "agg", "heads", "floor", "hold_budget", "cold", "cold_type",
-        "cold_size", "recall"}},
+       {"prefill", "window", "kernel", "pool", "agg", "heads", "floor", "hold_budget", "cold",
+        "cold_type", "cold_size", "recall"}},
       {"pyramidkv",
        [](PolicyConfig& c) {
          c.selector = Selector::kSnapWindow;
          c.layers = LayerRule::kPyramid;
        },
-       {"window", "kernel", "pool", "pyramid_beta", "agg", "heads", "floor", "hold_budget", "cold",
-        "cold_type", "cold_size", "recall"}},
+       {"prefill", "window", "kernel", "pool", "pyramid_beta", "agg", "heads", "floor",
+        "hold_budget", "cold", "cold_type", "cold_size", "recall"}},
       {"roco",
        [](PolicyConfig& c) {
          c.selector = Selector::kHeavyRecent;
@@ -103,16 +103,16 @@ const std::vector<PresetDef>& presets() {
          c.nm_n = c.nm_m = 1;
          c.scorer = "mean_attention";
        },
-       {"sinks", "heavy_recent", "agg", "heads", "floor", "prompt_ranking", "window", "kernel",
-        "pool", "prompt_scores", "future", "value_weight", "cold", "cold_type", "cold_size",
-        "recall"}},
+       {"prefill", "sinks", "heavy_recent", "agg", "heads", "floor", "prompt_ranking", "window",
+        "kernel", "pool", "prompt_scores", "future", "value_weight", "cold", "cold_type",
+        "cold_size", "recall"}},
       {"cam",
        [](PolicyConfig& c) {
          c.selector = Selector::kSinkRecent;
          c.sinks = 4;
          c.merger = Merger::kCam;
        },
-       {"sinks", "merge_targets", "seed", "agg"}},
+       {"prefill", "sinks", "merge_targets", "seed", "agg"}},
       {"d2o",
        [](PolicyConfig& c) {
          paper_d2o(c);
@@ -135,7 +135,8 @@ const std::vector<PresetDef>& presets() {
          c.prompt_merge = false;
          c.pscore = PromptScore::kWindow;
        },
-       {"sinks",
+       {"prefill",
+        "sinks",
         "heavy_recent",
         "beta",
         "layers",
@@ -170,7 +171,7 @@ const std::vector<PresetDef>& presets() {
          c.sinks = 0;
          c.recent = 0;
        },
-       {"sinks", "recent"}},
+       {"prefill", "sinks", "recent"}},
   };
   return defs;
 }
@@ -478,6 +479,23 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
   D2O_RETURN_IF_ERROR(check_combinations(name, items, c));
   if (has_ratio && has_budget) {
     return invalid_argument("KV policy '" + name + "': give either ratio= or budget=, not both");
+  }
+  if (has_budget && has_key(items, "prefill")) {
+    return invalid_argument("KV policy '" + name +
+                            "': prefill= applies with ratio= (budget= compacts between a prompt's "
+                            "passes already)");
+  }
+  if (c.prefill == PrefillMode::kBounded && c.prompt == PromptScore::kReconstruction) {
+    return invalid_argument("KV policy '" + name +
+                            "': prompt_ranking=reconstruction feeds the whole prompt again before "
+                            "compressing it, which prefill=bounded does not hold; use "
+                            "prefill=exact or another prompt_ranking");
+  }
+  if (c.prefill == PrefillMode::kBounded && c.prompt == PromptScore::kExpected) {
+    return invalid_argument("KV policy '" + name +
+                            "': prompt_ranking=expected ranks the whole prompt once by its last "
+                            "queries, which prefill=bounded, compacting between chunks, does not "
+                            "hold; use prefill=exact or another prompt_ranking");
   }
   if (has_budget) {
     c.mode = BudgetMode::kBudget;

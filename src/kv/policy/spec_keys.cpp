@@ -108,6 +108,7 @@ const std::vector<const char*> kMergeKeysWords = {"rotated", "unrotated"};
 const std::vector<const char*> kDecisionWords = {"per_head", "per_token"};
 const std::vector<const char*> kOnOffWords = {"off", "on"};
 const std::vector<const char*> kHeadsWords = {"uniform", "ada"};
+const std::vector<const char*> kPrefillWords = {"exact", "bounded"};
 
 // The spellings of before the keys were given readable names: each renamed key's old name and,
 // where its values were renamed too, its old value words, index for index with its words (null:
@@ -230,6 +231,10 @@ std::vector<KeyDef> with_old_spellings(std::vector<KeyDef> defs) {
 
 const std::vector<KeyDef>& key_defs() {
   static const std::vector<KeyDef> defs = with_old_spellings({
+      // Shown when bounded (added after specs were recorded); meaningful in ratio mode only.
+      word_def<&PolicyConfig::prefill, kPrefillWords>(
+          "prefill", [](const PolicyConfig& c) { return c.prefill != PrefillMode::kExact; },
+          [](const PolicyConfig& c) { return c.mode == BudgetMode::kRatio; }),
       int_def<&PolicyConfig::sinks, 0, 1 << 20>("sinks"),
       {"heavy_recent",
        [](std::string_view key, std::string_view v, PolicyConfig& c) {
