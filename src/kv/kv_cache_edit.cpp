@@ -124,7 +124,16 @@ void KvCache::reset_window_stats(int il) {
 }
 
 void KvCache::enable_cold(const ColdTierConfig& cfg) {
-  cold_ = cfg.enabled() ? std::make_shared<ColdTier>(cfg, cfg_) : nullptr;
+  if (!cfg.enabled()) {
+    cold_ = nullptr;
+    return;
+  }
+  // The tier's storage follows the model: a rotated type on a head the rotation cannot take is
+  // stored unrotated, a quantized one whose blocks do not divide the head in F16.
+  ColdTierConfig c = cfg;
+  if (!check_kv_type(c.type, cfg_.head_dim).ok()) c.type.rot_k = c.type.rot_v = false;
+  if (!check_kv_type(c.type, cfg_.head_dim).ok()) c.type = KvType{};
+  cold_ = std::make_shared<ColdTier>(c, cfg_);
 }
 
 void KvCache::to_cold(int il, const CompactionPlan& plan) {

@@ -288,11 +288,12 @@ TEST(CliBench, RequestsAboveTheCapAreRefusedWhileAnotherPolicyCompletes) {
   D2O_REQUIRE_MODEL(model);
   // A full-cache request of 200 + 40 tokens needs 30 x 3 x 240 x 276 bytes = 5.69 MiB; D2O at 10%
   // holds the 200-token prompt once (201 slots, 4.76 MiB, with 0.15 MiB reserved for its own
-  // lists and plans: 4.91 MiB) -- so a 5.3M cap fits D2O only.
+  // lists and plans: 4.91 MiB) -- so a 5.3M cap fits D2O only (without its cold tier, whose
+  // recall and metadata take more).
   const std::string json = ::d2o::test::scratch_path("bench_refused.json");
   auto r = run_d2o("bench throughput -m " + model +
                    " --prompt 200 --gen 40 --requests 2 --kv-mem 5.3M --chunk 64 -t 1 --kv full "
-                   "--kv d2o:ratio=0.1 "
+                   "--kv d2o:ratio=0.1,cold=none "
                    "--json " +
                    json);
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -300,7 +300,9 @@ TEST_F(BoundedPrefillModel, AChunkedPrefillStaysWithinTheBudgetPlusOnePass) {
     // variance, a layer at most 400 x 0.25 x 3 (the clamp is the slots held, <= 100 + a pass).
     const PolicyConfig& cfg = bounded_config_of(*bounded);
     const int budget = cfg.layers == LayerRule::kUniform ? 101 : 100 + longest;
-    const int limit = budget + longest + gp.n_predict;
+    // A cold tier's recall (d2o's default) adds its slots to the last pass's.
+    const int recall = bounded->cold_tier().enabled() ? bounded->cold_tier().recall : 0;
+    const int limit = budget + longest + gp.n_predict + recall;
     Sequence b(model_->hparams(), KvType::kF16, bounded), e(model_->hparams(), KvType::kF16, exact);
     ASSERT_TRUE(b.cache().set_slot_limit(limit).ok());
     ASSERT_TRUE(e.cache().set_slot_limit(limit).ok());

@@ -111,8 +111,8 @@ TEST(ChunkedPrefill, PeakSlotsForBoundsAnnouncedChunkedFeeding) {
   // The plain bound assumes the first chunk is compressed on its own: an announced prompt exceeds
   // it.
   SimSetup s;
-  PolicySim sim("d2o:ratio=0.3", s);
-  const PeakCase c{"d2o:ratio=0.3", 40, 100, 8, false};
+  PolicySim sim("d2o:ratio=0.3,cold=none", s);
+  const PeakCase c{"d2o:ratio=0.3,cold=none", 40, 100, 8, false};
   EXPECT_GT(feed_announced(sim, c), sim.policy->peak_slots(40, 100, 8));
   FeedPlan full_plan;
   full_plan.n_prompt = 10;
@@ -375,14 +375,19 @@ TEST_F(ChunkedPrefillModel, GenerateInChunksKeepsRatioResultsAndBoundsAFixedBudg
     EXPECT_EQ(a->tokens, b->tokens);
     EXPECT_TRUE(same_slots(whole.cache(), chunked.cache()));
   }
+  // A prompt longer than budget + two chunks + a recall.
+  std::vector<TokenId> long_prompt = prompt;
+  for (int i = 0; i < 100; ++i) long_prompt.push_back(3 + static_cast<TokenId>(rng.next() % 297));
   for (const char* spec : {"h2o:budget=40", "d2o:budget=40", "snapkv:budget=40"}) {
     SCOPED_TRACE(spec);
     std::shared_ptr<const KvPolicy> pol(parse_kv_policy(spec).value());
     for (int chunk : {48, 0}) {
       Sequence seq(model_->hparams(), KvType::kF16, pol);
-      ASSERT_TRUE(seq.cache().set_slot_limit(40 + 2 * 48).ok());
+      // A cold tier's recall (d2o's default) adds its slots to the last chunk's.
+      const int recall = pol->cold_tier().enabled() ? pol->cold_tier().recall : 0;
+      ASSERT_TRUE(seq.cache().set_slot_limit(40 + 2 * 48 + recall).ok());
       gp.prefill_chunk = chunk;
-      auto r = generate(engine, **tok, seq, prompt, gp, nullptr);
+      auto r = generate(engine, **tok, seq, long_prompt, gp, nullptr);
       EXPECT_EQ(r.ok(), chunk > 0) << (r.ok() ? "" : r.status().to_string());
     }
   }

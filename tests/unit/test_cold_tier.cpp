@@ -282,15 +282,41 @@ TEST(ColdTierSpec, KeysParsePrintAndRefuseWhatCannotWork) {
   EXPECT_EQ((*again)->spec(), spec);
   EXPECT_EQ((*p)->cold_tier().recall, 32);
   EXPECT_TRUE((*p)->cold_tier().enabled());
-  // Without cold= the keys are not shown and the policy has no tier.
-  auto plain = parse_kv_policy("d2o");
+  // d2o has a tier on disk by default, printed with its keys; cold=none prints alone.
+  auto dflt = parse_kv_policy("d2o");
+  ASSERT_TRUE(dflt.ok());
+  EXPECT_NE((*dflt)->spec().find(",cold=disk,cold_type=q4_0r,cold_size=0,recall=64"),
+            std::string::npos)
+      << (*dflt)->spec();
+  EXPECT_EQ((*dflt)->cold_tier().place, ColdPlace::kDisk);
+  EXPECT_EQ((*parse_kv_policy("d2o:recall=8"))->cold_tier().recall, 8);
+  auto none = parse_kv_policy("d2o:cold=none");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE((*none)->cold_tier().enabled());
+  const std::string none_spec = (*none)->spec();
+  EXPECT_NE(none_spec.find(",cold=none"), std::string::npos) << none_spec;
+  EXPECT_EQ(none_spec.find("recall="), std::string::npos) << none_spec;
+  EXPECT_EQ((*parse_kv_policy(none_spec))->spec(), none_spec);
+  // Where the configuration cannot have one, d2o's default tier is left out (cold=none).
+  for (const char* spec : {"d2o:reading=paper", "d2o:prompt_ranking=accumulated",
+                           "d2o:heads=ada,prompt_ranking=accumulated",
+                           "d2o:reading=paper,prompt_ranking=window"}) {
+    auto q = parse_kv_policy(spec);
+    ASSERT_TRUE(q.ok()) << spec << ": " << q.status().message();
+    EXPECT_FALSE((*q)->cold_tier().enabled()) << spec;
+    EXPECT_NE((*q)->spec().find(",cold=none"), std::string::npos) << (*q)->spec();
+  }
+  // Without cold= the other presets' keys are not shown and they have no tier.
+  auto plain = parse_kv_policy("h2o:prompt_ranking=window");
   ASSERT_TRUE(plain.ok());
   EXPECT_EQ((*plain)->spec().find("cold"), std::string::npos);
   EXPECT_FALSE((*plain)->cold_tier().enabled());
   EXPECT_TRUE(parse_kv_policy("snapkv:cold=memory,cold_type=q8_0,cold_size=4096").ok());
-  for (const char* bad : {"d2o:recall=8", "d2o:cold=memory,recall=0", "d2o:cold=tape",
-                          "d2o:cold=memory,cold_type=q5", "h2o:cold=memory",
-                          "d2o:cold=memory,heads=ada", "streaming:cold=memory"}) {
+  for (const char* bad :
+       {"d2o:cold=none,recall=8", "h2o:recall=8", "d2o:cold=memory,recall=0", "d2o:cold=tape",
+        "d2o:cold=memory,cold_type=q5", "h2o:cold=memory", "d2o:cold=memory,heads=ada",
+        "d2o:heads=ada,prompt_ranking=accumulated,cold=disk",
+        "d2o:prompt_ranking=accumulated,recall=8", "streaming:cold=memory"}) {
     auto r = parse_kv_policy(bad);
     EXPECT_FALSE(r.ok()) << bad;
   }

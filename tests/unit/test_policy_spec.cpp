@@ -35,14 +35,16 @@ const char* const kPaperD2o =
     "d2o:ratio=0.2,sinks=4,heavy_recent=3:1,beta=0.7,layers=variance,merge=weighted,sim=key,"
     "ema=paper,agg=sum,scorer=accumulated_attention,merged_score=sum,merge_keys=rotated,merge_"
     "decision=per_head,"
-    "keep_edge_layers=off,proportional_attention=off,prompt_ranking=accumulated,prompt_merge=on";
+    "keep_edge_layers=off,proportional_attention=off,prompt_ranking=accumulated,prompt_merge=on,"
+    "cold=none";
 
-// d2o's defaults (F), canonical.
+// d2o's defaults (G: F with a cold tier on disk), canonical.
 const char* const kF =
     "d2o:ratio=0.2,sinks=4,heavy_recent=1:1,beta=0.7,layers=uniform,merge=off,sim=key,ema=paper,"
     "agg=sum,scorer=mean_attention,merged_score=sum,merge_keys=rotated,merge_decision=per_head,"
     "keep_edge_layers=off,proportional_attention=on,prompt_ranking=window,window=32,kernel=21,"
-    "pool=avg,prompt_merge=off,prompt_scores=window";
+    "pool=avg,prompt_merge=off,prompt_scores=window,cold=disk,cold_type=q4_0r,cold_size=0,"
+    "recall=64";
 
 TEST(PolicySpec, DefaultsAreTheBestMeasuredAndThePapers) {
   // d2o's defaults: the best D2O measured, `d2o:merge=sized` without merging
@@ -69,9 +71,10 @@ TEST(PolicySpec, DefaultsAreTheBestMeasuredAndThePapers) {
             "d2o:ratio=0.2,sinks=4,heavy_recent=1:1,beta=0.7,layers=uniform,merge=off,sim=key,"
             "ema=paper,agg=sum,scorer=mean_attention,merged_score=sum,merge_keys=rotated,"
             "merge_decision=per_head,keep_edge_layers=off,proportional_attention=on,"
-            "prompt_ranking=accumulated,prompt_merge=off");
+            "prompt_ranking=accumulated,prompt_merge=off,cold=none");
   EXPECT_EQ(canonical("d2o:prompt_scores=accumulated"),
-            std::string(kF).substr(0, std::strlen(kF) - 6) + "accumulated");
+            std::string(kF).replace(std::string(kF).find("prompt_scores=window"), 20,
+                                    "prompt_scores=accumulated"));
   EXPECT_TRUE(config_of(*parse_kv_policy("d2o:prompt_ranking=accumulated").value()) ==
               config_of(*parse_kv_policy(canonical("d2o:prompt_ranking=accumulated")).value()));
   EXPECT_EQ(canonical("h2o"),
@@ -94,7 +97,8 @@ TEST(PolicySpec, DefaultsAreTheBestMeasuredAndThePapers) {
             "ranking=window,"
             "window=32,kernel=7,pool=avg");
   EXPECT_EQ(canonical("d2o:reading=paper,prompt_merge=off"),
-            std::string(kPaperD2o).substr(0, std::strlen(kPaperD2o) - 2) + "off");
+            std::string(kPaperD2o).replace(std::string(kPaperD2o).find("prompt_merge=on"), 15,
+                                           "prompt_merge=off"));
   EXPECT_EQ(canonical("d2o:reading=paper,prompt_merge=on"), kPaperD2o);
   EXPECT_EQ(canonical("roco:prompt_ranking=window,prompt_scores=window"),
             canonical("roco:prompt_ranking=window") + ",prompt_scores=window");
@@ -221,7 +225,7 @@ TEST(PolicySpec, ReadingsSetTheirDefaultsAndKeysOverride) {
       "d2o:ratio=0.2,sinks=4,heavy_recent=1:1,beta=0.7,layers=research,merge=research,sim=key,"
       "ema=research,agg=sum,scorer=accumulated_attention,merged_score=sum,merge_keys=rotated,"
       "merge_decision=per_token,keep_edge_layers=off,proportional_attention=off,"
-      "prompt_ranking=accumulated,prompt_merge=on";
+      "prompt_ranking=accumulated,prompt_merge=on,cold=none";
   EXPECT_EQ(canonical("d2o:reading=research"), research);
   // Explicit keys win whatever their position.
   EXPECT_EQ(
@@ -242,7 +246,7 @@ TEST(PolicySpec, ReadingsSetTheirDefaultsAndKeysOverride) {
       "sim=key,ema=paper,agg=sum,scorer=accumulated_attention,merged_score=sum,merge_keys=rotated,"
       "merge_decision=per_head,keep_edge_layers=off,proportional_attention=off,"
       "prompt_ranking=window,window=32,kernel=7,pool=avg,prompt_merge=on,"
-      "prompt_scores=accumulated");
+      "prompt_scores=accumulated,cold=none");
 }
 
 // Every renamed key: its old and today's name, values in both spellings ({old, today}), and the
@@ -369,7 +373,8 @@ TEST(PolicySpec, OldSpellingsParseToTheSameConfig) {
   EXPECT_EQ(old_spelling(kF),
             "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=off,sim=key,ema=paper,"
             "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,"
-            "prompt=window,window=32,kernel=21,pool=avg,pmerge=off,pscore=window");
+            "prompt=window,window=32,kernel=21,pool=avg,pmerge=off,pscore=window,cold=disk,"
+            "cold_type=q4_0r,cold_size=0,recall=64");
   for (const std::string& spec :
        {std::string(kF), std::string(kPaperD2o), canonical("d2o:reading=research"),
         canonical("streaming:positions=shifted"), canonical("cam:merge_targets=8"),
@@ -419,7 +424,8 @@ TEST(PolicySpec, PaperEraSpecsReadAsThePapersPolicy) {
     const std::string today = canonical(std::string("d2o:reading=paper") + keys);
     std::string then = today;
     for (const char* drop :
-         {",prompt_ranking=accumulated", ",prompt_merge=on", ",prompt_scores=accumulated"}) {
+         {",prompt_ranking=accumulated", ",prompt_merge=on", ",prompt_scores=accumulated",
+          ",cold=none"}) {
       const size_t at = then.find(drop);
       if (at != std::string::npos) then.erase(at, std::strlen(drop));
     }
@@ -519,6 +525,13 @@ const std::vector<Recorded>& recorded_specs() {
        "agg=sum,norm=none,mscore=sum,mrope=post,decide=head,protect=none,mass=on,prompt=acc,"
        "pmerge=on",
        false},
+      // A cold tier, before it was d2o's default.
+      {"d2o:ratio=0.2,sinks=4,heavy_recent=1:1,beta=0.7,layers=uniform,merge=off,sim=key,"
+       "ema=paper,agg=sum,scorer=mean_attention,merged_score=sum,merge_keys=rotated,"
+       "merge_decision=per_head,keep_edge_layers=off,proportional_attention=on,"
+       "prompt_ranking=window,window=32,kernel=21,pool=avg,prompt_merge=off,prompt_scores=window,"
+       "cold=memory,cold_type=q4_0r,cold_size=0,recall=64",
+       false},
   };
   return specs;
 }
@@ -532,8 +545,12 @@ TEST(PolicySpec, RecordedSpecsParseAndReadAsTheirPolicyToday) {
     ASSERT_FALSE(today.empty());
     EXPECT_EQ(canonical(today), today);
     EXPECT_EQ(paper_era_d2o_spec(spec), r.paper_era ? today : "");
-    // The policy it ran: its own keys, over the paper's defaults where they were d2o's.
-    const std::string ran = r.paper_era ? "d2o:reading=paper," + spec.substr(4) : spec;
+    // The policy it ran: its own keys, over the paper's defaults where they were d2o's, and
+    // without a cold tier where d2o's defaults had none (a d2o spec without cold=).
+    const bool pre_tier = spec.rfind("d2o:", 0) == 0 && spec.find("cold=") == std::string::npos;
+    const std::string ran = r.paper_era ? "d2o:reading=paper," + spec.substr(4)
+                            : pre_tier  ? spec + ",cold=none"
+                                        : spec;
     auto p = parse_kv_policy(ran);
     ASSERT_TRUE(p.ok()) << p.status().message();
     EXPECT_EQ((*p)->spec(), today);

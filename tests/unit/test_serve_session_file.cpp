@@ -237,6 +237,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(RoundTripCase{"full", KvType::kF16}, RoundTripCase{"full", KvType::kQ8_0},
                       RoundTripCase{"h2o:budget=32", KvType::kF16},
                       RoundTripCase{"d2o:budget=32", KvType::kF16},
+                      RoundTripCase{"d2o:budget=32,cold=none", KvType::kF16},
                       RoundTripCase{"d2o:budget=32,merge=sized", KvType::kF16},
                       RoundTripCase{"d2o:budget=32,merge=sized", KvType::kQ8_0},
                       RoundTripCase{"streaming:budget=32,pos=shift", KvType::kQ8_0},
@@ -251,7 +252,9 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST_F(SessionFileTest, EveryKindOfDamageIsRefused) {
-  auto policy = std::shared_ptr<const KvPolicy>(parse_kv_policy("d2o:budget=32").value());
+  // The hot cache's records (the cold tier's are checked in test_cold_tier.cpp).
+  auto policy =
+      std::shared_ptr<const KvPolicy>(parse_kv_policy("d2o:budget=32,cold=none").value());
   std::vector<TokenId> history;
   auto seq = conversation(policy, KvType::kF16, history);
   const SessionFileContext ctx = context(KvType::kF16);
@@ -360,10 +363,11 @@ TEST_F(SessionFileTest, SpecsWrittenUnderThePapersDefaultsReadAsThePapersD2o) {
                            "prompt_merge=off"}) {
     SCOPED_TRACE(spec);
     const auto [today, good] = file_of(spec);
-    // The same spec as canonical then: without the keys that now differ from E's defaults.
+    // The same spec as canonical then: without the keys that now differ from E's defaults (and
+    // from G's, which have a cold tier).
     std::string then = today;
-    for (const char* drop :
-         {",prompt_ranking=accumulated", ",prompt_merge=on", ",prompt_scores=accumulated"}) {
+    for (const char* drop : {",prompt_ranking=accumulated", ",prompt_merge=on",
+                             ",prompt_scores=accumulated", ",cold=none"}) {
       const size_t at = then.find(drop);
       if (at != std::string::npos) then.erase(at, std::strlen(drop));
     }
@@ -391,7 +395,7 @@ TEST_F(SessionFileTest, SpecsWrittenUnderTheOldKeyNamesReadAsTheSamePolicy) {
     const char* written;  // its canonical form then
   };
   for (const Case& c :
-       {Case{"d2o:budget=32",
+       {Case{"d2o:budget=32,cold=none",  // written before d2o had a cold tier by default
              "d2o:budget=32,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=off,sim=key,ema=paper,"
              "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,"
              "prompt=window,window=32,kernel=21,pool=avg,pmerge=off,pscore=window"},

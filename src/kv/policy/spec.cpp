@@ -46,9 +46,10 @@ struct PresetDef {
 };
 
 // D2O as the paper states it (reading=paper): variance budgets, 3:1, weighted merges, the prompt
-// compacted by its accumulated attention.
+// compacted by its accumulated attention, evicted slots merged or dropped (no cold tier).
 void paper_d2o(PolicyConfig& c) {
   const PolicyConfig plain;
+  c.cold = plain.cold;
   c.selector = Selector::kHeavyRecent;
   c.exact_total = true;
   c.layers = LayerRule::kVariance;
@@ -134,6 +135,11 @@ const std::vector<PresetDef>& presets() {
          c.kernel = 21;
          c.prompt_merge = false;
          c.pscore = PromptScore::kWindow;
+         // What the compactions evict goes to a cold tier on disk (q4_0r, in an unlinked file
+         // under $TMPDIR), and each new turn recalls the slots its own queries attend to most:
+         // a later question can still find what the first compaction did not keep. Left out
+         // where the configuration cannot have one (tier_possible) unless cold= is given.
+         c.cold.place = ColdPlace::kDisk;
        },
        {"prefill",
         "sinks",
@@ -271,6 +277,19 @@ std::string prompt_word(const PolicyConfig& c) {
                                                   : "window";
 }
 
+// Whether a policy ranks a turn's slots by the turn's own queries, as a cold tier needs.
+bool ranks_turns_by_window(const PolicyConfig& c) {
+  return c.selector == Selector::kSnapWindow ||
+         (c.selector == Selector::kHeavyRecent &&
+          (c.prompt == PromptScore::kWindow || c.prompt == PromptScore::kReconstruction) &&
+          c.heads == HeadRule::kUniform);
+}
+
+// Whether a configuration can have a cold tier at all (check_cold's conditions).
+bool tier_possible(const PolicyConfig& c) {
+  return c.pos == PosMode::kOriginal && ranks_turns_by_window(c);
+}
+
 // The cold tier's keys: they apply only with cold=memory, and the tier needs a policy that ranks
 // a turn's slots by the turn's own queries and keeps positions.
 Status check_cold(const std::string& name, const std::vector<Item>& items, const PolicyConfig& c) {
@@ -285,12 +304,7 @@ Status check_cold(const std::string& name, const std::vector<Item>& items, const
     return invalid_argument("KV policy '" + name +
                             "': a cold tier keeps slots at their own positions, which "
                             "positions=shifted renumbers");
-  const bool by_window = c.selector == Selector::kSnapWindow ||
-                         (c.selector == Selector::kHeavyRecent &&
-                          (c.prompt == PromptScore::kWindow ||
-                           c.prompt == PromptScore::kReconstruction) &&
-                          c.heads == HeadRule::kUniform);
-  if (!by_window)
+  if (!ranks_turns_by_window(c))
     return invalid_argument("KV policy '" + name +
                             "': a cold tier needs the slots of a turn ranked by the turn's own "
                             "queries' attention: prompt_ranking=window (or reconstruction) with "
@@ -476,6 +490,10 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
     if (!accepts(*preset, it.key)) return not_taken(name, *preset, it);
     D2O_RETURN_IF_ERROR(find_key(it.key)->parse(it.given, it.value, c));
   }
+  // A tier from the preset's defaults (d2o's) is left out where the configuration cannot have
+  // one (heads=ada, prompt_ranking=accumulated, reading=paper, positions=shifted); cold= given
+  // with such a configuration is refused with a reason (check_cold).
+  if (!has_key(items, "cold") && c.cold.enabled() && !tier_possible(c)) c.cold = ColdTierConfig{};
   D2O_RETURN_IF_ERROR(check_combinations(name, items, c));
   if (has_ratio && has_budget) {
     return invalid_argument("KV policy '" + name + "': give either ratio= or budget=, not both");
@@ -526,6 +544,27 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
   return std::unique_ptr<KvPolicy>(new ComposedPolicy(std::move(c)));
 }
 
+// Canonical d2o specs written before d2o's defaults had a cold tier carry no cold= key and meant
+// none: read with cold=none, the spec must print as it was written once that key is left out.
+namespace {
+
+std::string pre_tier_d2o_spec(const std::string& spec) {
+  if (spec.rfind("d2o:", 0) != 0) return "";
+  for (const std::string_view item : split_items(spec.substr(4))) {
+    if (item.rfind("cold=", 0) == 0 || item.rfind("reading=", 0) == 0) return "";
+  }
+  auto p = parse_kv_policy(spec + ",cold=none");
+  if (!p.ok()) return "";
+  const std::string now = (*p)->spec();
+  std::string then;
+  for (const std::string_view item : split_items(now)) {
+    if (item != "cold=none") then += (then.empty() ? "" : ",") + std::string(item);
+  }
+  return then == spec ? now : "";
+}
+
+}  // namespace
+
 std::string paper_era_d2o_spec(const std::string& recorded) {
   // Canonical d2o specs written while the defaults were the paper's omit the keys that now
   // differ from the defaults that followed them wherever they had the paper's value: read with
@@ -535,13 +574,14 @@ std::string paper_era_d2o_spec(const std::string& recorded) {
   if (spec.rfind("d2o:", 0) != 0 || spec.find("reading=") != std::string::npos) return "";
   auto today = parse_kv_policy(spec);
   if (today.ok() && (*today)->spec() == spec) return "";  // today's canonical form
+  if (!pre_tier_d2o_spec(spec).empty()) return "";        // canonical before the cold tier
   auto p = parse_kv_policy("d2o:reading=paper," + spec.substr(4));
   if (!p.ok()) return "";
   const std::string now = (*p)->spec();
   std::string then;
   for (const std::string_view item : split_items(now)) {
     if (item != "prompt_ranking=accumulated" && item != "prompt_merge=on" &&
-        item != "prompt_scores=accumulated")
+        item != "prompt_scores=accumulated" && item != "cold=none")
       then += (then.empty() ? "" : ",") + std::string(item);
   }
   return then == spec ? now : "";
@@ -551,6 +591,7 @@ std::string recorded_spec_today(const std::string& recorded) {
   const std::string spec = respelled(recorded);
   auto p = parse_kv_policy(spec);
   if (p.ok() && (*p)->spec() == spec) return spec;
+  if (std::string now = pre_tier_d2o_spec(spec); !now.empty()) return now;
   return paper_era_d2o_spec(recorded);
 }
 
