@@ -48,6 +48,31 @@ CompactionPlan keep_plan(const std::vector<int32_t>& keep) {
   return p;
 }
 
+// The tier's storage follows the model's head size: q4_0r (the default) where the rotation
+// takes the head, q4_0 where only its blocks divide it, F16 where neither does; a type that fits
+// is kept as given.
+TEST(ColdTier, ItsStorageTypeFollowsTheHeadSize) {
+  struct Case {
+    int head_dim;
+    KvType given, want;
+  };
+  const KvType q4_0r = parse_kv_type("q4_0r").value(), q8_0r = parse_kv_type("q8_0r").value();
+  for (const Case& c :
+       {Case{64, q4_0r, q4_0r}, Case{256, q4_0r, q4_0r}, Case{32, q4_0r, KvType::kQ4_0},
+        Case{96, q8_0r, KvType::kQ8_0}, Case{48, q4_0r, KvType::kF16},
+        Case{48, KvType::kF32, KvType::kF32}, Case{32, KvType::kQ8_0, KvType::kQ8_0}}) {
+    SCOPED_TRACE(std::to_string(c.head_dim) + " " + kv_type_name(c.given));
+    KvCache cache(KvCacheConfig(2, 1, c.head_dim, KvType::kF16));
+    ColdTierConfig cc;
+    cc.place = ColdPlace::kMemory;
+    cc.type = c.given;
+    cache.enable_cold(cc);
+    ASSERT_NE(cache.cold(), nullptr);
+    EXPECT_EQ(cache.cold()->config().type, c.want) << kv_type_name(cache.cold()->config().type);
+    EXPECT_TRUE(check_kv_type(cache.cold()->config().type, c.head_dim).ok());
+  }
+}
+
 TEST(ColdTier, EvictedSlotsGoColdAndTheWantedComeBackAtTheirPlaces) {
   test::Xorshift rng(5);
   std::vector<float> k, v;
@@ -298,9 +323,9 @@ TEST(ColdTierSpec, KeysParsePrintAndRefuseWhatCannotWork) {
   EXPECT_EQ(none_spec.find("recall="), std::string::npos) << none_spec;
   EXPECT_EQ((*parse_kv_policy(none_spec))->spec(), none_spec);
   // Where the configuration cannot have one, d2o's default tier is left out (cold=none).
-  for (const char* spec : {"d2o:reading=paper", "d2o:prompt_ranking=accumulated",
-                           "d2o:heads=ada,prompt_ranking=accumulated",
-                           "d2o:reading=paper,prompt_ranking=window"}) {
+  for (const char* spec :
+       {"d2o:reading=paper", "d2o:prompt_ranking=accumulated",
+        "d2o:heads=ada,prompt_ranking=accumulated", "d2o:reading=paper,prompt_ranking=window"}) {
     auto q = parse_kv_policy(spec);
     ASSERT_TRUE(q.ok()) << spec << ": " << q.status().message();
     EXPECT_FALSE((*q)->cold_tier().enabled()) << spec;
@@ -331,8 +356,7 @@ std::vector<TokenId> random_tokens(int n, uint32_t seed) {
 
 // Through the engine: the prompt's compaction fills the tier, a turn recalls, and every token
 // stays in exactly one tier (d2o drops what it evicts: merge=off).
-class ColdTierEngine
-    : public ::testing::TestWithParam<std::tuple<const char*, const char*>> {};
+class ColdTierEngine : public ::testing::TestWithParam<std::tuple<const char*, const char*>> {};
 
 TEST_P(ColdTierEngine, ATurnRecallsAndEveryTokenIsInOneTier) {
   const std::string arch = std::get<0>(GetParam());
@@ -473,8 +497,8 @@ TEST(ColdTierPlaces, MemoryAndDiskGiveTheSameLogits) {
   Engine engine(*model, pool, EngineOptions{});
   auto run = [&](const char* place) {
     std::shared_ptr<const KvPolicy> pol(
-        parse_kv_policy(std::string("d2o:ratio=0.2,window=8,kernel=5,cold_type=f16,recall=7,cold=") +
-                        place)
+        parse_kv_policy(
+            std::string("d2o:ratio=0.2,window=8,kernel=5,cold_type=f16,recall=7,cold=") + place)
             .value());
     Sequence s(model->hparams(), KvType::kF16, pol);
     std::vector<float> all, l;
@@ -483,9 +507,11 @@ TEST(ColdTierPlaces, MemoryAndDiskGiveTheSameLogits) {
       BatchEntry be;
       be.seq = &s;
       be.tokens = tokens;
-      EXPECT_TRUE(engine.forward({&be, 1}, [&](int, int, const float* x) {
-                          l.assign(x, x + model->hparams().n_vocab);
-                        }).ok());
+      EXPECT_TRUE(
+          engine
+              .forward({&be, 1},
+                       [&](int, int, const float* x) { l.assign(x, x + model->hparams().n_vocab); })
+              .ok());
       all.insert(all.end(), l.begin(), l.end());
     }
     EXPECT_EQ(s.cache().cold()->recall_turns(), 3);
