@@ -86,6 +86,11 @@ class ExpectedAttention final : public Scorer {
   // queries), in the storage's space.
   void turned_rows(const QueryWindow& W, int qh, const KvLayer& L, SelectScratch& sc,
                    float* rows) const;
+  // e[0, h.n): the expected attention from the recorded queries W, averaged over the query
+  // heads of the group.
+  void from_queries(const HeadView& h, const QueryWindow& W, SelectScratch& sc, float* e) const;
+  // e[j] times the value's norm over the e-weighted mean norm.
+  void weight_by_value_norm(const HeadView& h, SelectScratch& sc, float* e) const;
 
   int future_;
   bool value_norm_, mass_, pooled_;
@@ -133,7 +138,7 @@ void ExpectedAttention::turned_rows(const QueryWindow& W, int qh, const KvLayer&
 
 void ExpectedAttention::expected(const HeadView& h, SelectScratch& sc) const {
   const KvLayer& L = *h.layer;
-  const int g = h.head, n = h.n, hd = L.head_dim(), G = L.n_head_kv();
+  const int n = h.n, hd = L.head_dim(), G = L.n_head_kv();
   if (n <= 0) return;
   if (sc.ea_e.size() < static_cast<size_t>(n)) sc.ea_e.resize(static_cast<size_t>(n));
   float* e = sc.ea_e.data();
@@ -142,68 +147,81 @@ void ExpectedAttention::expected(const HeadView& h, SelectScratch& sc) const {
   if (!usable) {
     std::fill_n(e, n, n > 0 ? 1.0f / static_cast<float>(n) : 0.0f);
   } else {
-    const int grp = W->n_head() / G, m = W->count(), per = m + 1, R = grp * per;
-    // The mean rotation of every pair over the future positions.
-    const int half = W->n_rot() / 2;
-    sc.ea_rot.resize(2 * static_cast<size_t>(half));
-    for (int i = 0; i < half; ++i) {
-      mean_rotation(W->theta()[i], static_cast<double>(h.next), future_,
-                    &sc.ea_rot[2 * static_cast<size_t>(i)],
-                    &sc.ea_rot[2 * static_cast<size_t>(i) + 1]);
-    }
-    const size_t rows_n = static_cast<size_t>(R) * static_cast<size_t>(hd);
-    if (sc.ea_rows.size() < rows_n) sc.ea_rows.resize(rows_n);
+    from_queries(h, *W, sc, e);
+  }
+  if (value_norm_) weight_by_value_norm(h, sc, e);
+}
+
+void ExpectedAttention::from_queries(const HeadView& h, const QueryWindow& W, SelectScratch& sc,
+                                     float* e) const {
+  const KvLayer& L = *h.layer;
+  const int g = h.head, n = h.n, hd = L.head_dim(), G = L.n_head_kv();
+  const int grp = W.n_head() / G, m = W.count(), per = m + 1, R = grp * per;
+  // The mean rotation of every pair over the future positions.
+  const int half = W.n_rot() / 2;
+  sc.ea_rot.resize(2 * static_cast<size_t>(half));
+  for (int i = 0; i < half; ++i) {
+    mean_rotation(W.theta()[i], static_cast<double>(h.next), future_,
+                  &sc.ea_rot[2 * static_cast<size_t>(i)],
+                  &sc.ea_rot[2 * static_cast<size_t>(i) + 1]);
+  }
+  const size_t rows_n = static_cast<size_t>(R) * static_cast<size_t>(hd);
+  if (sc.ea_rows.size() < rows_n) sc.ea_rows.resize(rows_n);
+  for (int r = 0; r < grp; ++r) {
+    turned_rows(W, g * grp + r, L, sc,
+                sc.ea_rows.data() + static_cast<size_t>(r) * per * static_cast<size_t>(hd));
+  }
+  // Logits z[r][j] of each query head of the group, tile by tile of keys.
+  const size_t zn = static_cast<size_t>(grp) * static_cast<size_t>(n);
+  if (sc.ea_z.size() < zn) sc.ea_z.resize(zn);
+  const size_t dn = static_cast<size_t>(R) * kKeyTile;
+  if (sc.ea_dots.size() < dn) sc.ea_dots.resize(dn);
+  sc.ea_q.resize(static_cast<size_t>(R));
+  sc.ea_s.resize(static_cast<size_t>(R));
+  for (int r = 0; r < R; ++r) {
+    sc.ea_q[static_cast<size_t>(r)] = sc.ea_rows.data() + static_cast<size_t>(r) * hd;
+    sc.ea_s[static_cast<size_t>(r)] = sc.ea_dots.data() + static_cast<size_t>(r) * kKeyTile;
+  }
+  const attn::Kernels& kern = attn::best_kernels();
+  const float scale = W.scale();
+  const float quad = 0.5f * scale * scale / static_cast<float>(m);
+  const int32_t* merged = L.merged(g);
+  for (int j0 = 0; j0 < n; j0 += kKeyTile) {
+    const int nk = std::min(kKeyTile, n - j0);
+    attn::KvRows k{L.key_base(g), L.key_row_bytes(), L.type().k};
+    k.idx = L.rows(g) + j0;
+    kern.scores(sc.ea_q.data(), R, k, nk, hd, 1.0f, sc.ea_s.data());
     for (int r = 0; r < grp; ++r) {
-      turned_rows(*W, g * grp + r, L, sc,
-                  sc.ea_rows.data() + static_cast<size_t>(r) * per * static_cast<size_t>(hd));
-    }
-    // Logits z[r][j] of each query head of the group, tile by tile of keys.
-    const size_t zn = static_cast<size_t>(grp) * static_cast<size_t>(n);
-    if (sc.ea_z.size() < zn) sc.ea_z.resize(zn);
-    const size_t dn = static_cast<size_t>(R) * kKeyTile;
-    if (sc.ea_dots.size() < dn) sc.ea_dots.resize(dn);
-    sc.ea_q.resize(static_cast<size_t>(R));
-    sc.ea_s.resize(static_cast<size_t>(R));
-    for (int r = 0; r < R; ++r) {
-      sc.ea_q[static_cast<size_t>(r)] = sc.ea_rows.data() + static_cast<size_t>(r) * hd;
-      sc.ea_s[static_cast<size_t>(r)] = sc.ea_dots.data() + static_cast<size_t>(r) * kKeyTile;
-    }
-    const attn::Kernels& kern = attn::best_kernels();
-    const float scale = W->scale();
-    const float quad = 0.5f * scale * scale / static_cast<float>(m);
-    const int32_t* merged = L.merged(g);
-    for (int j0 = 0; j0 < n; j0 += kKeyTile) {
-      const int nk = std::min(kKeyTile, n - j0);
-      attn::KvRows k{L.key_base(g), L.key_row_bytes(), L.type().k};
-      k.idx = L.rows(g) + j0;
-      kern.scores(sc.ea_q.data(), R, k, nk, hd, 1.0f, sc.ea_s.data());
-      for (int r = 0; r < grp; ++r) {
-        const float* mu_dot = sc.ea_s[static_cast<size_t>(r) * per];
-        float* z = sc.ea_z.data() + static_cast<size_t>(r) * n + j0;
-        for (int j = 0; j < nk; ++j) z[j] = scale * mu_dot[j];
-        for (int i = 1; i < per; ++i) {
-          const float* c = sc.ea_s[static_cast<size_t>(r) * per + i];
-          for (int j = 0; j < nk; ++j) z[j] += quad * c[j] * c[j];
-        }
-        if (mass_) {
-          for (int j = 0; j < nk; ++j) {
-            if (merged[j0 + j] > 0) z[j] += std::log1p(static_cast<float>(merged[j0 + j]));
-          }
+      const float* mu_dot = sc.ea_s[static_cast<size_t>(r) * per];
+      float* z = sc.ea_z.data() + static_cast<size_t>(r) * n + j0;
+      for (int j = 0; j < nk; ++j) z[j] = scale * mu_dot[j];
+      for (int i = 1; i < per; ++i) {
+        const float* c = sc.ea_s[static_cast<size_t>(r) * per + i];
+        for (int j = 0; j < nk; ++j) z[j] += quad * c[j] * c[j];
+      }
+      if (mass_) {
+        for (int j = 0; j < nk; ++j) {
+          if (merged[j0 + j] > 0) z[j] += std::log1p(static_cast<float>(merged[j0 + j]));
         }
       }
     }
-    // Softmax of each query head over the slots, averaged over the group.
-    std::fill_n(e, n, 0.0f);
-    for (int r = 0; r < grp; ++r) {
-      const float* z = sc.ea_z.data() + static_cast<size_t>(r) * n;
-      const float zmax = *std::max_element(z, z + n);
-      double sum = 0.0;
-      for (int j = 0; j < n; ++j) sum += std::exp(static_cast<double>(z[j] - zmax));
-      const double w = 1.0 / (sum * grp);
-      for (int j = 0; j < n; ++j) e[j] += static_cast<float>(std::exp(static_cast<double>(z[j] - zmax)) * w);
-    }
   }
-  if (!value_norm_) return;
+  // Softmax of each query head over the slots, averaged over the group.
+  std::fill_n(e, n, 0.0f);
+  for (int r = 0; r < grp; ++r) {
+    const float* z = sc.ea_z.data() + static_cast<size_t>(r) * n;
+    const float zmax = *std::max_element(z, z + n);
+    double sum = 0.0;
+    for (int j = 0; j < n; ++j) sum += std::exp(static_cast<double>(z[j] - zmax));
+    const double w = 1.0 / (sum * grp);
+    for (int j = 0; j < n; ++j)
+      e[j] += static_cast<float>(std::exp(static_cast<double>(z[j] - zmax)) * w);
+  }
+}
+
+void ExpectedAttention::weight_by_value_norm(const HeadView& h, SelectScratch& sc, float* e) const {
+  const KvLayer& L = *h.layer;
+  const int g = h.head, n = h.n, hd = L.head_dim();
   // The value's norm relative to the expected-attention-weighted mean norm.
   if (sc.row.size() < static_cast<size_t>(hd)) sc.row.resize(static_cast<size_t>(hd));
   if (sc.ea_z.size() < static_cast<size_t>(n)) sc.ea_z.resize(static_cast<size_t>(n));

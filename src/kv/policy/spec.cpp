@@ -444,6 +444,101 @@ std::string format_policy_spec(const PolicyConfig& c) {
   return s;
 }
 
+namespace {
+
+// Which of ratio= and budget= a spec gave.
+struct Sizing {
+  bool ratio = false, budget = false;
+};
+
+// The items over the preset's defaults (a reading first, then the keys in their order).
+Status apply_items(const PresetDef& preset, const std::vector<Item>& items, PolicyConfig& c,
+                   Sizing& given) {
+  const std::string& name = c.name;
+  D2O_RETURN_IF_ERROR(apply_reading(name, items, c));
+  for (const Item& it : items) {
+    if (it.key == "reading" && name == "d2o") continue;
+    if (it.key == "ratio") {
+      double x = 0;
+      if (!parse_f64(it.value, &x) || !(x > 0.0 && x <= 1.0))
+        return bad_value(name, it.key, it.value, "ratio must be in (0, 1]");
+      c.ratio = x;
+      given.ratio = true;
+      continue;
+    }
+    if (it.key == "budget") {
+      int64_t x = 0;
+      D2O_RETURN_IF_ERROR(int_key(name, it.key, it.value, 1, kMaxInt / 4, &x));
+      c.budget = x;
+      given.budget = true;
+      continue;
+    }
+    if (!accepts(preset, it.key)) return not_taken(name, preset, it);
+    D2O_RETURN_IF_ERROR(find_key(it.key)->parse(it.given, it.value, c));
+  }
+  // A tier from the preset's defaults (d2o's) is left out where the configuration cannot have
+  // one (heads=ada, prompt_ranking=accumulated, reading=paper, positions=shifted); cold= given
+  // with such a configuration is refused with a reason (check_cold).
+  if (!has_key(items, "cold") && c.cold.enabled() && !tier_possible(c)) c.cold = ColdTierConfig{};
+  return {};
+}
+
+// ratio= or budget=, and how the prompt is fed: the rules between them and the other keys; sets
+// budget mode.
+Status apply_sizing(const std::vector<Item>& items, const Sizing& given, PolicyConfig& c) {
+  const std::string& name = c.name;
+  if (given.ratio && given.budget) {
+    return invalid_argument("KV policy '" + name + "': give either ratio= or budget=, not both");
+  }
+  if (given.budget && has_key(items, "prefill")) {
+    return invalid_argument("KV policy '" + name +
+                            "': prefill= applies with ratio= (budget= compacts between a prompt's "
+                            "passes already)");
+  }
+  if (c.prefill == PrefillMode::kBounded && c.prompt == PromptScore::kReconstruction) {
+    return invalid_argument("KV policy '" + name +
+                            "': prompt_ranking=reconstruction feeds the whole prompt again before "
+                            "compressing it, which prefill=bounded does not hold; use "
+                            "prefill=exact or another prompt_ranking");
+  }
+  if (c.prefill == PrefillMode::kBounded && c.prompt == PromptScore::kExpected) {
+    return invalid_argument("KV policy '" + name +
+                            "': prompt_ranking=expected ranks the whole prompt once by its last "
+                            "queries, which prefill=bounded, compacting between chunks, does not "
+                            "hold; use prefill=exact or another prompt_ranking");
+  }
+  if (!given.budget) return {};
+  c.mode = BudgetMode::kBudget;
+  c.ratio = 0.2;  // unused in budget mode; fixed so that equal specs give equal configs
+  if (c.budget < c.min_budget()) return budget_too_small(name, c);
+  if (c.prompt == PromptScore::kReconstruction)
+    return invalid_argument("KV policy '" + name +
+                            "': prompt_ranking=reconstruction applies in ratio mode (a prompt "
+                            "compressed once it is whole); use ratio=");
+  return {};
+}
+
+// Keys that do not apply take their plain values, so that equal canonical specs give equal
+// configs (d2o:prompt_ranking=accumulated drops the window keys of d2o's defaults).
+void plain_where_unused(PolicyConfig& c) {
+  const PolicyConfig plain;
+  if (c.selector == Selector::kHeavyRecent && c.prompt == PromptScore::kAccumulated) {
+    if (!reads_queries(c)) c.window = plain.window;
+    c.kernel = plain.kernel;
+    c.pool = plain.pool;
+    c.pscore = plain.pscore;
+  }
+  if (!reads_queries(c)) {
+    c.future = plain.future;
+    c.value_weight = plain.value_weight;
+  }
+  // hold_budget takes its plain value where budget mode implies it
+  // (PolicyConfig::compacts_after_first).
+  if (c.mode == BudgetMode::kBudget) c.hold = false;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
   const std::string_view s = trim(spec);
   const size_t colon = s.find(':');
@@ -468,79 +563,11 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
   PolicyConfig c;
   c.name = name;
   preset->defaults(c);
-  D2O_RETURN_IF_ERROR(apply_reading(name, items, c));
-  bool has_ratio = false, has_budget = false;
-  for (const Item& it : items) {
-    if (it.key == "reading" && name == "d2o") continue;
-    if (it.key == "ratio") {
-      double x = 0;
-      if (!parse_f64(it.value, &x) || !(x > 0.0 && x <= 1.0))
-        return bad_value(name, it.key, it.value, "ratio must be in (0, 1]");
-      c.ratio = x;
-      has_ratio = true;
-      continue;
-    }
-    if (it.key == "budget") {
-      int64_t x = 0;
-      D2O_RETURN_IF_ERROR(int_key(name, it.key, it.value, 1, kMaxInt / 4, &x));
-      c.budget = x;
-      has_budget = true;
-      continue;
-    }
-    if (!accepts(*preset, it.key)) return not_taken(name, *preset, it);
-    D2O_RETURN_IF_ERROR(find_key(it.key)->parse(it.given, it.value, c));
-  }
-  // A tier from the preset's defaults (d2o's) is left out where the configuration cannot have
-  // one (heads=ada, prompt_ranking=accumulated, reading=paper, positions=shifted); cold= given
-  // with such a configuration is refused with a reason (check_cold).
-  if (!has_key(items, "cold") && c.cold.enabled() && !tier_possible(c)) c.cold = ColdTierConfig{};
+  Sizing given;
+  D2O_RETURN_IF_ERROR(apply_items(*preset, items, c, given));
   D2O_RETURN_IF_ERROR(check_combinations(name, items, c));
-  if (has_ratio && has_budget) {
-    return invalid_argument("KV policy '" + name + "': give either ratio= or budget=, not both");
-  }
-  if (has_budget && has_key(items, "prefill")) {
-    return invalid_argument("KV policy '" + name +
-                            "': prefill= applies with ratio= (budget= compacts between a prompt's "
-                            "passes already)");
-  }
-  if (c.prefill == PrefillMode::kBounded && c.prompt == PromptScore::kReconstruction) {
-    return invalid_argument("KV policy '" + name +
-                            "': prompt_ranking=reconstruction feeds the whole prompt again before "
-                            "compressing it, which prefill=bounded does not hold; use "
-                            "prefill=exact or another prompt_ranking");
-  }
-  if (c.prefill == PrefillMode::kBounded && c.prompt == PromptScore::kExpected) {
-    return invalid_argument("KV policy '" + name +
-                            "': prompt_ranking=expected ranks the whole prompt once by its last "
-                            "queries, which prefill=bounded, compacting between chunks, does not "
-                            "hold; use prefill=exact or another prompt_ranking");
-  }
-  if (has_budget) {
-    c.mode = BudgetMode::kBudget;
-    c.ratio = 0.2;  // unused in budget mode; fixed so that equal specs give equal configs
-    if (c.budget < c.min_budget()) return budget_too_small(name, c);
-    if (c.prompt == PromptScore::kReconstruction)
-      return invalid_argument("KV policy '" + name +
-                              "': prompt_ranking=reconstruction applies in ratio mode (a prompt "
-                              "compressed once it is whole); use ratio=");
-  }
-  // Keys that do not apply take their plain values, so that equal canonical specs give equal
-  // configs (d2o:prompt_ranking=accumulated drops the window keys of d2o's defaults).
-  if (c.selector == Selector::kHeavyRecent && c.prompt == PromptScore::kAccumulated) {
-    const PolicyConfig plain;
-    if (!reads_queries(c)) c.window = plain.window;
-    c.kernel = plain.kernel;
-    c.pool = plain.pool;
-    c.pscore = plain.pscore;
-  }
-  if (!reads_queries(c)) {
-    const PolicyConfig plain;
-    c.future = plain.future;
-    c.value_weight = plain.value_weight;
-  }
-  // hold_budget takes its plain value where budget mode implies it
-  // (PolicyConfig::compacts_after_first).
-  if (c.mode == BudgetMode::kBudget) c.hold = false;
+  D2O_RETURN_IF_ERROR(apply_sizing(items, given, c));
+  plain_where_unused(c);
   return std::unique_ptr<KvPolicy>(new ComposedPolicy(std::move(c)));
 }
 
