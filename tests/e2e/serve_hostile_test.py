@@ -4,10 +4,10 @@
 Usage: serve_hostile_test.py PATH_TO_D2O
 Needs $D2O_MODEL (SmolLM2-135M-Instruct); exits 77 (skipped) without it.
 
-150 hostile connections for 10 s (trickling heads, silent, half-closed, unread streams, and one
-address past --max-conn-per-addr) while 8 clients chat: every ordinary request answered, /health
+150 hostile connections for 10 s (trickling heads and bodies, silent, half-closed, unread streams,
+and one address past --max-conn-per-addr) while 8 clients chat: every ordinary request answered, /health
 p99 under a second, the greedy address's extra connections refused per address, trickling heads
-answered 408, and every hostile connection closed by the server at the end.
+and bodies answered 408, and every hostile connection closed by the server at the end.
 """
 import json
 import os
@@ -41,6 +41,7 @@ check(refused["per_address"] >= 16, f"the greedy address was not bounded: {refus
 # 503s the greedy address read: its 16 extra connections, and any pushed out of a full gate.
 check(res["hostile"]["greedy_refused"] >= 16, f"greedy refusals seen: {res['hostile']}")
 check(refused["header_timeout"] > 0, f"no trickling head timed out: {refused}")
+check(refused["body_timeout"] > 0, f"no trickling body timed out: {refused}")
 check(res["server"]["connections_open_after"] <= 2,
       f"connections left open after the load: {res['server']}")
 check(res["server_alive"], "the server died")
