@@ -80,7 +80,8 @@ void ConnLimits::refused(ConnRefusal r) {
 
 void ConnLimits::set_idle(size_t idle) {
   std::lock_guard<std::mutex> lock(mu_);
-  idle_ = idle;
+  // Those promised to new connections but not yet closed are no longer free.
+  idle_ = idle > to_shed_ ? idle - to_shed_ : 0;
 }
 
 size_t ConnLimits::take_shed() {

@@ -63,7 +63,8 @@ class ConnLimits {
   void release(const std::string& addr);
   // The gate gave up on a counted connection for reason r (the caller still release()s it).
   void refused(ConnRefusal r);
-  // The gate holds `idle` idle kept-alive connections (after its last pass).
+  // The gate holds `idle` idle kept-alive connections (after its last pass); those promised to
+  // new connections and not yet closed (take_shed) are not counted as free.
   void set_idle(size_t idle);
   // How many idle connections the gate must close now (promised to admitted ones); each one
   // closed for it is counted with shed().

@@ -463,6 +463,9 @@ void GatedServer::gate_loop() {
     arrived.clear();
     shed_idle(waiting, limits_.take_shed());
     trim_waiting(waiting);
+    // Counted before the wait too: a connection back from a handler is idle from now, not from
+    // the end of the next pass (up to a second later).
+    limits_.set_idle(static_cast<size_t>(std::count_if(waiting.begin(), waiting.end(), idle_conn)));
     GateClock::time_point next = GateClock::now() + std::chrono::seconds(1);
     fds.assign(1, pollfd{wake_fd_, POLLIN, 0});
     for (const Conn& c : waiting) {
