@@ -16,8 +16,9 @@ capped (--kv-mem, default 64M), so that what the conversations keep stays small 
 connections cost.
 
 Prints JSON: ordinary requests sent / answered / failed, /health p50/p99/max latency, the
-server's RSS (VmRSS from /proc: idle before the load, peak during it, after it), the server's
-connection counters per refusal reason, and what the hostile side opened. Exits 1 when an
+server's RSS (VmRSS from /proc: idle before the load, once 16 requests at once were answered; peak
+during it, sampled every 0.5 s; after it, once the server has closed what the clients left), the
+server's connection counters per refusal reason, and what the hostile side opened. Exits 1 when an
 ordinary request fails or /health p99 is 1 s or more, 2 when the server cannot be started.
 Python's standard library only; stops itself (the server is stopped in every case).
 
@@ -50,7 +51,7 @@ def parse_args():
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--max-conn-per-addr", type=int, default=64)
     ap.add_argument("--request-timeout", type=float, default=10)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--kv-mem", default="64M", help="the server's --kv-mem")
     ap.add_argument("--no-sessions", action="store_true",
                     help="the ordinary clients keep no session (RSS after the load then "
@@ -279,9 +280,29 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(p / 100.0 * len(xs)))] if xs else None
 
 
+def warm_up(port, n):
+    """n chat requests at once (the server's --parallel), so that the idle level is that of a
+    server that has answered such a batch (the compute buffers of a batch of n allocated, the
+    weights' pages touched), then the drained server's trim."""
+    def one():
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+        c.request("POST", "/v1/chat/completions",
+                  json.dumps({"messages": [{"role": "user", "content": "Name one colour."}],
+                              "max_tokens": 16, "temperature": 0}),
+                  {"Content-Type": "application/json"})
+        c.getresponse().read()
+        c.close()
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    time.sleep(2)
+
+
 def run(args, srv):
     stop = threading.Event()
-    time.sleep(1)
+    warm_up(srv.port, 16)
     rss_idle, rss_peak = srv.rss_mib(), srv.rss_mib()
     hostile = Hostile(srv.port, args.connections, args.max_conn_per_addr, stop)
     res = {"sent": 0, "answered": 0, "failed": 0, "errors": []}

@@ -450,6 +450,7 @@ void GatedServer::gate_loop() {
   std::vector<Conn> waiting;
   std::vector<pollfd> fds;
   std::vector<Conn> arrived;
+  int64_t busiest = 0;  // connections open at most since the last on_quiet
   while (true) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -480,6 +481,12 @@ void GatedServer::gate_loop() {
     }
     gate_pass(waiting, fds);
     limits_.set_idle(static_cast<size_t>(std::count_if(waiting.begin(), waiting.end(), idle_conn)));
+    const int64_t open = limits_.stats().open;
+    busiest = std::max(busiest, open);
+    if (busiest >= 64 && open <= 4) {
+      busiest = open;
+      if (opts_.on_quiet) opts_.on_quiet();
+    }
   }
   for (Conn& c : waiting) close_conn(c);
   std::lock_guard<std::mutex> lock(mu_);

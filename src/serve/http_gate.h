@@ -41,6 +41,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -64,6 +65,9 @@ struct GateOptions {
   size_t max_conn_per_addr = 64;  // open connections from one client address (0: no bound)
   double rate_per_addr = 0;       // requests a second from one address (0: no bound)
   double rate_burst = 0;          // requests one address may send at once (0: 2 s of the rate)
+  // Called on the gate thread when the connections open fall to a few (4) after many (64 or
+  // more) were: what they held can go back to the system (d2o serve: malloc_trim).
+  std::function<void()> on_quiet;
 };
 
 // Where a request's bytes stand once its header is whole (frame_request).

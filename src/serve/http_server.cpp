@@ -123,6 +123,7 @@ HttpServer::HttpServer(Service& service, const Tokenizer& tok, const ChatTemplat
   g.max_buffered = std::max(size_t{64} << 20, 16 * opts_.max_body);
   g.rate_per_addr = opts_.rate_per_addr;
   g.rate_burst = opts_.rate_burst;
+  g.on_quiet = opts_.on_quiet;
   svr_ = std::make_unique<GatedServer>(g);
   svr_->set_payload_max_length(opts_.max_body);
   // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which lets a second server bind a

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,6 +58,7 @@ struct HttpOptions {
   int default_max_tokens = 512;     // when a request gives no max_tokens
   int64_t n_ctx = 0;                // the context: prompt + max_tokens may not exceed it
   std::string default_kv = "full";  // the policy of requests that name none
+  std::function<void()> on_quiet;   // the connections fell to a few after many (GateOptions)
 };
 
 class HttpServer {

@@ -161,6 +161,9 @@ int run_serve(ServeOptions& o) {
   ho.max_conn_per_addr = static_cast<size_t>(o.max_conn_per_addr);
   ho.rate_per_addr = o.rate_per_addr;
   ho.rate_burst = o.rate_burst;
+  // What hundreds of connections held (their buffers, the handler threads' arenas) goes back
+  // once they have closed, as the requests' memory does when the service drains.
+  ho.on_quiet = [] { malloc_trim(0); };
   // Every running or queued request holds a handler thread while it waits; a few more answer
   // the quick endpoints (and the 503s) meanwhile.
   ho.http_threads = o.parallel + o.queue + 8;
