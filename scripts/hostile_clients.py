@@ -16,9 +16,9 @@ capped (--kv-mem, default 64M), so that what the conversations keep stays small 
 connections cost.
 
 Prints JSON: ordinary requests sent / answered / failed, /health p50/p99/max latency, the
-server's RSS (VmRSS from /proc: idle before the load, once 16 requests at once were answered; peak
-during it, sampled every 0.5 s; after it, once the server has closed what the clients left), the
-server's connection counters per refusal reason, and what the hostile side opened. Exits 1 when an
+server's RSS (VmRSS from /proc: idle before the load, once the ordinary clients alone have run for
+--warm-up seconds; peak during it, sampled every 0.5 s; after it, once the server has closed what
+the clients left), the server's connection counters per refusal reason, and what the hostile side opened. Exits 1 when an
 ordinary request fails or /health p99 is 1 s or more, 2 when the server cannot be started.
 Python's standard library only; stops itself (the server is stopped in every case).
 
@@ -53,6 +53,8 @@ def parse_args():
     ap.add_argument("--request-timeout", type=float, default=10)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--kv-mem", default="64M", help="the server's --kv-mem")
+    ap.add_argument("--warm-up", type=float, default=10,
+                    help="seconds the ordinary clients run alone before the idle RSS is read")
     ap.add_argument("--no-sessions", action="store_true",
                     help="the ordinary clients keep no session (RSS after the load then "
                          "holds no kept conversation)")
@@ -280,29 +282,27 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(p / 100.0 * len(xs)))] if xs else None
 
 
-def warm_up(port, n):
-    """n chat requests at once (the server's --parallel), so that the idle level is that of a
-    server that has answered such a batch (the compute buffers of a batch of n allocated, the
-    weights' pages touched), then the drained server's trim."""
-    def one():
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-        c.request("POST", "/v1/chat/completions",
-                  json.dumps({"messages": [{"role": "user", "content": "Name one colour."}],
-                              "max_tokens": 16, "temperature": 0}),
-                  {"Content-Type": "application/json"})
-        c.getresponse().read()
-        c.close()
-    threads = [threading.Thread(target=one) for _ in range(n)]
+def warm_up(port, clients, seconds, sessions):
+    """The ordinary clients alone for `seconds`, so that the idle level is that of a server that
+    has served them (compute buffers, the engine's structures for such batches, the weights'
+    pages touched); then the drained server's trim. What the hostile clients add is then what
+    RSS shows above it."""
+    stop, res = threading.Event(), {"sent": 0, "answered": 0, "failed": 0, "errors": []}
+    threads = [threading.Thread(target=ordinary_client, args=(port, 100 + i, stop, res, sessions))
+               for i in range(clients)]
     for t in threads:
         t.start()
+    time.sleep(seconds)
+    stop.set()
     for t in threads:
-        t.join()
+        t.join(timeout=150)
     time.sleep(2)
+    return res
 
 
 def run(args, srv):
     stop = threading.Event()
-    warm_up(srv.port, 16)
+    warm = warm_up(srv.port, args.clients, args.warm_up, not args.no_sessions)
     rss_idle, rss_peak = srv.rss_mib(), srv.rss_mib()
     hostile = Hostile(srv.port, args.connections, args.max_conn_per_addr, stop)
     res = {"sent": 0, "answered": 0, "failed": 0, "errors": []}
@@ -339,7 +339,8 @@ def run(args, srv):
         "connections": args.connections, "seconds": args.seconds,
         "hostile_addresses": hostile.addresses, "hostile": hostile.counts,
         "ordinary": {k: res[k] for k in ("sent", "answered", "failed")},
-        "ordinary_errors": res["errors"][:5],
+        "ordinary_errors": res["errors"][:5] + warm["errors"][:5],
+        "warm_up": {k: warm[k] for k in ("sent", "answered", "failed")},
         "health": {"count": len(lat), "p50_ms": round(1000 * pct(lat, 50), 1),
                    "p99_ms": round(1000 * pct(lat, 99), 1),
                    "max_ms": round(1000 * max(lat), 1)} if lat else {"count": 0},
@@ -390,6 +391,7 @@ def main():
         with open(args.json, "w") as f:
             f.write(text + "\n")
     bad = out["ordinary"]["failed"] > 0 or out["ordinary"]["answered"] == 0
+    bad = bad or out["warm_up"]["failed"] > 0
     bad = bad or not out["health"].get("count") or out["health"]["p99_ms"] >= 1000
     bad = bad or not out["server_alive"]
     if bad:

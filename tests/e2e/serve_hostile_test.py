@@ -25,8 +25,8 @@ SCRIPT = os.path.join(HERE, "..", "..", "scripts", "hostile_clients.py")
 with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "hostile.json")
     r = subprocess.run([sys.executable, SCRIPT, "--d2o", D2O, "-m", MODEL, "--connections", "150",
-                        "--seconds", "10", "--request-timeout", "3", "--max-conn-per-addr", "64",
-                        "--json", out], capture_output=True, text=True, timeout=280)
+                        "--seconds", "10", "--warm-up", "2", "--request-timeout", "3",
+                        "--max-conn-per-addr", "64", "--json", out], capture_output=True, text=True, timeout=280)
     print(r.stdout)
     if r.returncode != 0:
         fail(f"hostile_clients.py exited {r.returncode}: {r.stderr[-3000:]}")
