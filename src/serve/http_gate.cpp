@@ -243,12 +243,16 @@ RequestFrame frame_request(std::string_view b, size_t max_body) {
     const size_t next = head.find("\r\n", pos);
     const std::string_view line =
         head.substr(pos, next == std::string_view::npos ? std::string_view::npos : next - pos);
+    const size_t at = pos;
     pos = next;
     const size_t colon = line.find(':');
     if (colon == std::string_view::npos) continue;  // httplib judges the rest
     const std::string_view name = trim(line.substr(0, colon));
     const std::string_view value = trim(line.substr(colon + 1));
-    if (iequals(name, "Transfer-Encoding")) {
+    if (iequals(name, "Expect") && iequals(value, "100-continue")) {
+      f.expect_at = at;
+      f.expect_len = line.size() + 2;
+    } else if (iequals(name, "Transfer-Encoding")) {
       encoded = true;
     } else if (iequals(name, "Content-Length")) {
       if (value.empty() || value.size() > 18 ||
@@ -431,6 +435,16 @@ bool GatedServer::advance(Conn& c) {
       static constexpr std::string_view kZero = "Content-Length: 0\r\n";
       c.buffered.insert(f.header_bytes - 2, kZero);
       c.need += kZero.size();
+    }
+    if (f.expect_len > 0) {
+      // The client may wait for a 100 before it sends the body: it gets one now, from here
+      // (and the line goes, or httplib would send a second one once the body is here).
+      c.buffered.erase(f.expect_at, f.expect_len);
+      c.need -= f.expect_len;
+      if (c.buffered.size() < c.need) {
+        static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+        (void)::send(c.fd, kContinue.data(), kContinue.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      }
     }
   }
   if (c.buffered.size() < c.need) return false;

@@ -18,6 +18,7 @@
 //          - once the header is whole, reads its Content-Length: past max_body, 413; a
 //            Transfer-Encoding body (chunked), 411; a Content-Length that is no number, 400;
 //            none, the body is empty (RFC 9112: httplib 0.11 would read until the client closes);
+//            "Expect: 100-continue" with the body still to come, a 100 Continue at once;
 //          - hands the connection to a handler thread once the buffer holds the whole request
 //            (the handler's stream reads the buffer first, then the socket);
 //          - answers 408 and closes it when the request is not whole by its deadline
@@ -82,6 +83,9 @@ struct RequestFrame {
   size_t header_bytes = 0;  // through the blank line
   size_t total = 0;         // header and body (kWhole)
   bool no_length = false;   // no Content-Length: the body is empty
+  // An "Expect: 100-continue" line: where it starts in the buffer and its length (CRLF
+  // included; 0: none).
+  size_t expect_at = 0, expect_len = 0;
 };
 RequestFrame frame_request(std::string_view buffered, size_t max_body);
 

@@ -252,6 +252,15 @@ TEST(ServeGate, RequestFrames) {
       K::kWhole);
 }
 
+TEST(ServeGate, RequestFramesFindExpectContinue) {
+  const std::string req =
+      "POST / HTTP/1.1\r\nHost: x\r\nexpect:  100-Continue\r\nContent-Length: 2\r\n\r\n";
+  const RequestFrame f = frame_request(req, 100);
+  ASSERT_EQ(f.kind, RequestFrame::kWhole);
+  EXPECT_EQ(req.substr(f.expect_at, f.expect_len), "expect:  100-Continue\r\n");
+  EXPECT_EQ(frame_request("GET / HTTP/1.1\r\nHost: x\r\n\r\n", 100).expect_len, 0u);
+}
+
 TEST(ServeGate, AddrRateIsATokenBucketPerAddress) {
   AddrRate r(10, 3);  // 10 a second, 3 at once
   const auto t0 = AddrRate::Clock::now();
@@ -319,7 +328,8 @@ TEST(ServeGate, ATrickledBodyHoldsNoThreadAndTimesOut) {
 
 // Bodies: past max_body 413 at once (from the header alone); Transfer-Encoding 411; a bad
 // Content-Length 400; a POST with no Content-Length has an empty body; a body sent whole is
-// answered, also in pieces and behind another request on the same connection.
+// answered, also in pieces, behind another request on the same connection, and after a
+// 100 Continue the client waited for.
 TEST(ServeGate, BodiesAreBoundedAndFramedByContentLength) {
   GateOptions g = gate_test_options();
   g.max_body = 1000;
@@ -365,6 +375,16 @@ TEST(ServeGate, BodiesAreBoundedAndFramedByContentLength) {
   got = gate_read(fd, 5000, "got 5");
   EXPECT_NE(got.find("got 3"), std::string::npos) << got;
   EXPECT_NE(got.find("got 5"), std::string::npos) << got;
+  // A client waiting for 100 Continue before it sends its body gets one (one only).
+  ASSERT_TRUE(gate_send(fd,
+                        "POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                        "Content-Length: 4\r\n\r\n"));
+  got = gate_read(fd, 5000, "\r\n\r\n");
+  EXPECT_EQ(got, "HTTP/1.1 100 Continue\r\n\r\n");
+  ASSERT_TRUE(gate_send(fd, "abcd"));
+  got = gate_read(fd, 5000, "got 4");
+  EXPECT_EQ(got.rfind("HTTP/1.1 200 ", 0), 0u) << got;
+  EXPECT_NE(got.find("got 4"), std::string::npos) << got;
   ::close(fd);
   EXPECT_TRUE(gate_wait([&] { return f.svr->conn_stats().open == 0; }));
 }
