@@ -10,12 +10,15 @@ hostile connections open from many loopback source addresses (127.0.0.3 and up, 
   - half-closed: part of a header, then the client shuts its side (the server closes);
   - unread streams: a streamed chat request whose answer is never read;
 and one greedy address, 127.0.0.2, opens more connections than --max-conn-per-addr allows.
-Meanwhile 8 ordinary clients (127.0.0.1) hold short conversations with sessions, and /health is
-timed on a fresh connection every 100 ms.
+Meanwhile 8 ordinary clients (127.0.0.1) hold short conversations (with sessions, unless
+--no-sessions), and /health is timed on a fresh connection every 100 ms. The server's KV memory is
+capped (--kv-mem, default 64M), so that what the conversations keep stays small next to what the
+connections cost.
 
 Prints JSON: ordinary requests sent / answered / failed, /health p50/p99/max latency, the
-server's RSS (VmRSS from /proc: idle before the load, peak during it, after it), the server's
-connection counters per refusal reason, and what the hostile side opened. Exits 1 when an
+server's RSS (VmRSS from /proc: idle before the load, once the ordinary clients alone have run for
+--warm-up seconds; peak during it, sampled every 0.5 s; after it, once the server has closed what
+the clients left), the server's connection counters per refusal reason, and what the hostile side opened. Exits 1 when an
 ordinary request fails or /health p99 is 1 s or more, 2 when the server cannot be started.
 Python's standard library only; stops itself (the server is stopped in every case).
 
@@ -48,7 +51,13 @@ def parse_args():
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--max-conn-per-addr", type=int, default=64)
     ap.add_argument("--request-timeout", type=float, default=10)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--kv-mem", default="64M", help="the server's --kv-mem")
+    ap.add_argument("--warm-up", type=float, default=10,
+                    help="seconds the ordinary clients run alone before the idle RSS is read")
+    ap.add_argument("--no-sessions", action="store_true",
+                    help="the ordinary clients keep no session (RSS after the load then "
+                         "holds no kept conversation)")
     ap.add_argument("--json", help="also write the JSON here")
     return ap.parse_args()
 
@@ -57,7 +66,7 @@ class Server:
     def __init__(self, args):
         cmd = [args.d2o, "serve", "-m", args.model, "--port", "0", "-t", str(args.threads),
                "-c", "1024", "--parallel", "16", "--queue", "64", "-n", "32",
-               "--request-timeout", str(args.request_timeout),
+               "--request-timeout", str(args.request_timeout), "--kv-mem", args.kv_mem,
                "--max-conn-per-addr", str(args.max_conn_per_addr)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      text=True)
@@ -110,7 +119,7 @@ class Server:
 class Hostile:
     """Every hostile socket, driven by one thread through a selector."""
 
-    KINDS = ("trickle", "silent", "half_closed", "unread_stream")
+    KINDS = ("trickle", "trickle_body", "silent", "half_closed", "unread_stream")
 
     def __init__(self, port, n, per_addr, stop):
         self.port, self.stop = port, stop
@@ -122,7 +131,7 @@ class Hostile:
         streams = max(1, min(8, n // 125))
         plan, spread = [], max(1, min(per_addr or 48, 48))  # connections per address
         for i in range(n - len(self.greedy)):
-            kind = "unread_stream" if i < streams else self.KINDS[i % 3]
+            kind = "unread_stream" if i < streams else self.KINDS[i % 4]
             j = i // spread
             plan.append((kind, "127.0.%d.%d" % (j // 250, 3 + j % 250)))
         self.plan = plan
@@ -138,6 +147,8 @@ class Hostile:
             s.setblocking(False)
             if kind == "trickle":
                 s.send(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            elif kind == "trickle_body":
+                s.send(HEAD + b"Content-Length: 1048576\r\n\r\n{")
             elif kind == "half_closed":
                 s.send(b"GET /health HTTP/1.1\r\nHost: ")
                 s.shutdown(socket.SHUT_WR)
@@ -187,6 +198,8 @@ class Hostile:
             try:
                 if kind == "trickle":
                     key.fileobj.send(b"X-Slow: 1\r\n")
+                elif kind == "trickle_body":
+                    key.fileobj.send(b"    ")
                 elif kind == "unread_stream" and now - since > 15:
                     self.sel.unregister(key.fileobj)
                     key.fileobj.close()
@@ -222,15 +235,17 @@ def count(res, key, error=None):
             res["errors"].append(error[:200])
 
 
-def ordinary_client(port, i, stop, res):
-    """Short conversations with sessions, a new one every 3 turns."""
+def ordinary_client(port, i, stop, res, sessions):
+    """Short conversations (with sessions, when `sessions`), a new one every 3 turns."""
     conv, messages = 0, []
     while not stop.is_set():
         if len(messages) >= 6:
             conv, messages = conv + 1, []
         messages.append({"role": "user", "content": f"Client {i}: name one colour ({conv})."})
-        body = json.dumps({"messages": messages, "max_tokens": 16, "temperature": 0,
-                           "session": f"c{i}-{conv}"})
+        req = {"messages": messages, "max_tokens": 16, "temperature": 0}
+        if sessions:
+            req["session"] = f"c{i}-{conv}"
+        body = json.dumps(req)
         count(res, "sent")
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
@@ -267,17 +282,36 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(p / 100.0 * len(xs)))] if xs else None
 
 
+def warm_up(port, clients, seconds, sessions):
+    """The ordinary clients alone for `seconds`, so that the idle level is that of a server that
+    has served them (compute buffers, the engine's structures for such batches, the weights'
+    pages touched); then the drained server's trim. What the hostile clients add is then what
+    RSS shows above it."""
+    stop, res = threading.Event(), {"sent": 0, "answered": 0, "failed": 0, "errors": []}
+    threads = [threading.Thread(target=ordinary_client, args=(port, 100 + i, stop, res, sessions))
+               for i in range(clients)]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join(timeout=150)
+    time.sleep(2)
+    return res
+
+
 def run(args, srv):
     stop = threading.Event()
-    time.sleep(1)
+    warm = warm_up(srv.port, args.clients, args.warm_up, not args.no_sessions)
     rss_idle, rss_peak = srv.rss_mib(), srv.rss_mib()
     hostile = Hostile(srv.port, args.connections, args.max_conn_per_addr, stop)
     res = {"sent": 0, "answered": 0, "failed": 0, "errors": []}
     lat = []
     threads = [threading.Thread(target=hostile.run, daemon=True),
                threading.Thread(target=health_probe, args=(srv.port, stop, lat), daemon=True)]
-    threads += [threading.Thread(target=ordinary_client, args=(srv.port, i, stop, res),
-                                 daemon=True) for i in range(args.clients)]
+    threads += [threading.Thread(target=ordinary_client,
+                                 args=(srv.port, i, stop, res, not args.no_sessions), daemon=True)
+                for i in range(args.clients)]
     for t in threads:
         t.start()
     open_max = 0
@@ -290,7 +324,14 @@ def run(args, srv):
     for t in threads:
         t.join(timeout=150)
     hostile.close_all()
-    time.sleep(3)  # the server closes what the clients left
+    # The server closes what the clients left (at most --request-timeout), then frees what the
+    # requests held.
+    settle = time.monotonic() + args.request_timeout + 10
+    while time.monotonic() < settle:
+        time.sleep(1)
+        if int(srv.metrics().get("d2o_connections_open", 0)) <= 1:
+            break
+    time.sleep(2)
     m = srv.metrics()
     refused = {k.split('"')[1]: int(v) for k, v in m.items()
                if k.startswith("d2o_connections_refused_total{")}
@@ -298,11 +339,16 @@ def run(args, srv):
         "connections": args.connections, "seconds": args.seconds,
         "hostile_addresses": hostile.addresses, "hostile": hostile.counts,
         "ordinary": {k: res[k] for k in ("sent", "answered", "failed")},
-        "ordinary_errors": res["errors"][:5],
+        "ordinary_errors": res["errors"][:5] + warm["errors"][:5],
+        "warm_up": {k: warm[k] for k in ("sent", "answered", "failed")},
         "health": {"count": len(lat), "p50_ms": round(1000 * pct(lat, 50), 1),
                    "p99_ms": round(1000 * pct(lat, 99), 1),
                    "max_ms": round(1000 * max(lat), 1)} if lat else {"count": 0},
         "rss_mib": {"idle": rss_idle, "peak": rss_peak, "after": srv.rss_mib()},
+        "limits": {"max_conn_per_addr": args.max_conn_per_addr,
+                   "request_timeout_s": args.request_timeout, "kv_mem": args.kv_mem,
+                   "sessions": not args.no_sessions},
+        "load_avg": os.getloadavg(),
         "server": {"connections_open_max": open_max,
                    "connections_open_after": int(m.get("d2o_connections_open", -1)),
                    "accepted": int(m.get("d2o_connections_accepted_total", 0)),
@@ -333,12 +379,19 @@ def main():
     for k in ("idle", "peak", "after"):  # sampled every 0.5 s
         if out["rss_mib"][k] is not None:
             out["rss_mib"][k] = round(out["rss_mib"][k], 1)
+    r = out["rss_mib"]
+    if None not in (r["idle"], r["peak"], r["after"]):
+        # The acceptance bounds: at most 100 MiB above idle during the load, within 5% after.
+        r["peak_over_idle"] = round(r["peak"] - r["idle"], 1)
+        r["after_over_idle_pct"] = round(100.0 * (r["after"] - r["idle"]) / r["idle"], 1)
+        r["within_bounds"] = r["peak_over_idle"] <= 100 and r["after_over_idle_pct"] <= 5
     text = json.dumps(out, indent=1)
     print(text)
     if args.json:
         with open(args.json, "w") as f:
             f.write(text + "\n")
     bad = out["ordinary"]["failed"] > 0 or out["ordinary"]["answered"] == 0
+    bad = bad or out["warm_up"]["failed"] > 0
     bad = bad or not out["health"].get("count") or out["health"]["p99_ms"] >= 1000
     bad = bad or not out["server_alive"]
     if bad:

@@ -19,10 +19,14 @@
 #      threads, micro-batched forward pass, the server's engine thread with clients over HTTP;
 #      see tests/CMakeLists.txt), run under TSan.
 #   scripts/test.sh --long: instead, the long forms of suites whose short seeded forms run above
-#      (for people; about 45 minutes on 2 cores): the next-question protocol through `d2o serve`
+#      (for people; about an hour on 2 cores): the next-question protocol through `d2o serve`
 #      (scripts/next_question.py, 50 trials of every default policy on SmolLM2, and on Gemma 3
-#      through /v1/completions), reports into build/long/. They measure and print; they fail
-#      only on errors (a server that does not answer, a session that was not continued).
+#      through /v1/completions); the server under hostile clients (scripts/hostile_clients.py:
+#      1,000 slow connections for 60 s beside 8 ordinary clients), 100 tries of one API key at
+#      another's sessions, 16 conversations filling a tmpfs session directory, and 100 SIGKILLs
+#      among session saves (scripts/session_kills.py); reports into build/long/. They measure and
+#      print; they fail only on errors (a server that does not answer, a session that was not
+#      continued, a request refused that should not be, a file that loads wrongly).
 # Extra arguments are passed to ctest (e.g. -R Gguf).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -80,6 +84,17 @@ if [ "$long" = 1 ]; then
   stage "next question, Gemma 3 (50 trials, /v1/completions)"
   scripts/next_question.py --d2o build/d2o -t "$jobs" -m gemma3 --completions --trials 50 \
     --json build/long/next_question_gemma3.json
+  stage "hostile clients (1,000 slow connections for 60 s, 8 ordinary clients)"
+  # No sessions for the ordinary clients: RSS after the load then holds no kept conversation.
+  scripts/hostile_clients.py --d2o build/d2o -t "$jobs" --connections 1000 --seconds 60 \
+    --no-sessions --json build/long/hostile_clients.json
+  stage "two API keys: 100 tries at the other's sessions"
+  python3 tests/e2e/serve_keys_test.py build/d2o 100
+  stage "a full session directory (16 conversations on a 6 MiB tmpfs)"
+  python3 tests/e2e/serve_full_disk_test.py build/d2o 16 6m
+  stage "100 SIGKILLs among session saves"
+  scripts/session_kills.py --d2o build/d2o -t "$jobs" --kills 100 \
+    --json build/long/session_kills.json
   exit 0
 fi
 

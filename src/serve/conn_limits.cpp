@@ -4,18 +4,35 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <utility>
 
 namespace d2o::serve {
 
 const char* conn_refusal_name(ConnRefusal r) {
   switch (r) {
-    case ConnRefusal::kPerAddress: return "per_address";
-    case ConnRefusal::kMaxConn: return "max_conn";
-    case ConnRefusal::kWaitingFull: return "waiting_full";
-    case ConnRefusal::kHeaderTimeout: return "header_timeout";
-    case ConnRefusal::kHeaderTooLarge: return "header_too_large";
-    case ConnRefusal::kCount: break;
+    case ConnRefusal::kPerAddress:
+      return "per_address";
+    case ConnRefusal::kMaxConn:
+      return "max_conn";
+    case ConnRefusal::kWaitingFull:
+      return "waiting_full";
+    case ConnRefusal::kHeaderTimeout:
+      return "header_timeout";
+    case ConnRefusal::kHeaderTooLarge:
+      return "header_too_large";
+    case ConnRefusal::kBodyTimeout:
+      return "body_timeout";
+    case ConnRefusal::kBodyTooLarge:
+      return "body_too_large";
+    case ConnRefusal::kLengthRequired:
+      return "length_required";
+    case ConnRefusal::kBadRequest:
+      return "bad_request";
+    case ConnRefusal::kRateLimited:
+      return "rate_limited";
+    case ConnRefusal::kCount:
+      break;
   }
   return "?";
 }
@@ -63,7 +80,8 @@ void ConnLimits::refused(ConnRefusal r) {
 
 void ConnLimits::set_idle(size_t idle) {
   std::lock_guard<std::mutex> lock(mu_);
-  idle_ = idle;
+  // Those promised to new connections but not yet closed are no longer free.
+  idle_ = idle > to_shed_ ? idle - to_shed_ : 0;
 }
 
 size_t ConnLimits::take_shed() {
@@ -103,6 +121,40 @@ void ConnLimits::refuse_locked(ConnRefusal r, const std::string& addr, size_t he
   }
   l.last = now;
   l.since = 0;
+}
+
+double AddrRate::take(const std::string& addr, Clock::time_point now) {
+  if (rate_ <= 0) return 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto refill = [&](Bucket& b) {
+    const double dt = std::chrono::duration<double>(now - b.at).count();
+    if (dt > 0) b.tokens = std::min(burst_, b.tokens + dt * rate_);
+    b.at = std::max(b.at, now);
+  };
+  if (now - last_sweep_ >= std::chrono::seconds(10)) {
+    last_sweep_ = now;
+    for (auto it = buckets_.begin(); it != buckets_.end();) {
+      refill(it->second);
+      it = it->second.tokens >= burst_ ? buckets_.erase(it) : std::next(it);
+    }
+  }
+  auto [it, fresh] = buckets_.try_emplace(addr);
+  Bucket& b = it->second;
+  if (fresh) {
+    b.tokens = burst_;
+    b.at = now;
+  }
+  refill(b);
+  if (b.tokens >= 1) {
+    b.tokens -= 1;
+    return 0;
+  }
+  return (1 - b.tokens) / rate_;
+}
+
+size_t AddrRate::tracked() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return buckets_.size();
 }
 
 size_t raise_open_file_limit() {

@@ -13,6 +13,7 @@
 // Thread-safe: httplib's accept thread, the gate thread and the handler threads all use it.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -29,10 +30,15 @@ enum class ConnRefusal {
   kWaitingFull,     // pushed out of the gate's waiting room by newer connections (503)
   kHeaderTimeout,   // the header was not whole by its deadline (408)
   kHeaderTooLarge,  // the header grew past its bound (431)
+  kBodyTimeout,     // the body was not whole by the request's deadline (408)
+  kBodyTooLarge,    // Content-Length past --max-body (413)
+  kLengthRequired,  // a body with no Content-Length (chunked, or none given) (411)
+  kBadRequest,      // a Content-Length that is not a number (400)
+  kRateLimited,     // past --rate-per-addr (429)
   kCount
 };
 // The label of a reason in /metrics: per_address, max_conn, waiting_full, header_timeout,
-// header_too_large.
+// header_too_large, body_timeout, body_too_large, length_required, bad_request, rate_limited.
 const char* conn_refusal_name(ConnRefusal r);
 
 struct ConnStats {
@@ -57,7 +63,8 @@ class ConnLimits {
   void release(const std::string& addr);
   // The gate gave up on a counted connection for reason r (the caller still release()s it).
   void refused(ConnRefusal r);
-  // The gate holds `idle` idle kept-alive connections (after its last pass).
+  // The gate holds `idle` idle kept-alive connections (after its last pass); those promised to
+  // new connections and not yet closed (take_shed) are not counted as free.
   void set_idle(size_t idle);
   // How many idle connections the gate must close now (promised to admitted ones); each one
   // closed for it is counted with shed().
@@ -87,6 +94,30 @@ class ConnLimits {
     int64_t since = 0;
   };
   std::array<LogState, 2> log_{};
+};
+
+// A token bucket per client address (--rate-per-addr): each request takes a token; an address
+// holds at most `burst` tokens and gets `rate` a second back. Addresses whose bucket is full
+// again are forgotten (checked every 10 s), so the table holds only the addresses seen lately.
+// rate 0: no bound. Thread-safe.
+class AddrRate {
+ public:
+  using Clock = std::chrono::steady_clock;
+  AddrRate(double rate, double burst) : rate_(rate), burst_(std::max(1.0, burst)) {}
+  // Takes a token for `addr`: 0 when there was one, else the seconds until there is one (> 0).
+  double take(const std::string& addr, Clock::time_point now = Clock::now());
+  bool enabled() const { return rate_ > 0; }
+  size_t tracked() const;
+
+ private:
+  struct Bucket {
+    double tokens = 0;
+    Clock::time_point at{};
+  };
+  const double rate_, burst_;
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, Bucket> buckets_;
+  Clock::time_point last_sweep_{};
 };
 
 // Raises the soft limit on open files to the hard limit; returns the soft limit after (0 when

@@ -118,6 +118,12 @@ HttpServer::HttpServer(Service& service, const Tokenizer& tok, const ChatTemplat
   g.max_waiting = opts_.max_waiting;
   g.max_conn = opts_.max_conn;
   g.max_conn_per_addr = opts_.max_conn_per_addr;
+  g.max_body = opts_.max_body;
+  // What the waiting connections' buffers may hold: 16 whole bodies, at least 64 MiB.
+  g.max_buffered = std::max(size_t{64} << 20, 16 * opts_.max_body);
+  g.rate_per_addr = opts_.rate_per_addr;
+  g.rate_burst = opts_.rate_burst;
+  g.on_quiet = opts_.on_quiet;
   svr_ = std::make_unique<GatedServer>(g);
   svr_->set_payload_max_length(opts_.max_body);
   // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which lets a second server bind a
@@ -149,9 +155,8 @@ Status HttpServer::bind() {
   // backlog (the kernel caps it at net.core.somaxconn).
   int listening = 0;
   socklen_t len = sizeof listening;
-  if (listen_fd_ < 0 ||
-      getsockopt(listen_fd_, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening ||
-      ::listen(listen_fd_, SOMAXCONN) != 0) {
+  if (listen_fd_ < 0 || getsockopt(listen_fd_, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 ||
+      !listening || ::listen(listen_fd_, SOMAXCONN) != 0) {
     return io_error("cannot raise the listen backlog of " + opts_.host + ":" +
                     std::to_string(port_));
   }

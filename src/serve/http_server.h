@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,18 +44,21 @@ struct HttpOptions {
   std::string admin_key_name;         // several keys: the one that may read /metrics ("": none)
   size_t max_body = size_t{4} << 20;  // bytes; larger bodies get 413
   int http_threads = 16;              // handler threads (each waiting request holds one)
-  // A request's header must arrive within this of its connection opening (or of its first
-  // byte, on a kept-alive connection), and its body within this of the header (408 otherwise);
-  // connections waiting for their header hold no handler thread (serve/http_gate.h).
+  // A request's header and body must arrive within this of its connection opening (or of its
+  // first byte, on a kept-alive connection; 408 otherwise); connections waiting for their
+  // request hold no handler thread (serve/http_gate.h).
   double request_timeout_s = 30;
   int keep_alive_timeout_s = 5;     // an idle kept-alive connection is closed after this
   size_t max_waiting = 512;         // connections waiting for a header; the longest waiting go
   size_t max_conn = 0;              // open connections at most (0: no bound; serve/conn_limits.h)
   size_t max_conn_per_addr = 64;    // open connections from one client address (0: no bound)
+  double rate_per_addr = 100;       // requests a second from one client address (0: no bound)
+  double rate_burst = 200;          // requests one address may send at once
   std::string model_name;           // what /v1/models lists and responses carry
   int default_max_tokens = 512;     // when a request gives no max_tokens
   int64_t n_ctx = 0;                // the context: prompt + max_tokens may not exceed it
   std::string default_kv = "full";  // the policy of requests that name none
+  std::function<void()> on_quiet;   // the connections fell to a few after many (GateOptions)
 };
 
 class HttpServer {

@@ -40,7 +40,8 @@ void connection_metrics(std::string& o, const ConnStats& c) {
   value(o, "d2o_connections_accepted_total", static_cast<double>(c.accepted));
   metric(o, "d2o_connections_refused_total", "counter",
          "HTTP connections refused or given up on, by reason (503 per_address, max_conn, "
-         "waiting_full; 408 header_timeout; 431 header_too_large).");
+         "waiting_full; 408 header_timeout, body_timeout; 431 header_too_large; 413 "
+         "body_too_large; 411 length_required; 400 bad_request; 429 rate_limited).");
   for (size_t r = 0; r < c.refused.size(); ++r) {
     value(o,
           std::string("d2o_connections_refused_total{reason=\"") +

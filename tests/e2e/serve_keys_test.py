@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end test of `d2o serve --api-key-file`: each key's sessions are its own.
 
-Usage: serve_keys_test.py PATH_TO_D2O
+Usage: serve_keys_test.py PATH_TO_D2O [ATTEMPTS]
 Needs $D2O_MODEL (SmolLM2-135M-Instruct); exits 77 (skipped) without it.
 
 First the start-up refusals (a bad key file names its line, --api-key with --api-key-file, an
@@ -11,7 +11,12 @@ the session id Alice's conversation runs under, gets a fresh session (nothing ta
 cache, not "rebuilt") whose response is exactly the one of an id never used but for the id and
 time fields, and the answer of a question only her history answers is the one Bob gets without
 it; Alice's conversation goes on untouched; each key's session is a file of its own; /metrics
-answers the admin key only (403 for Alice) and counts per key name.
+answers the admin key only (403 for Alice) and counts per key name. Then ATTEMPTS (default 10;
+scripts/test.sh --long: 100) more of Bob's tries at Alice's ids: she opens a conversation holding
+a secret number, and Bob names its id, asking for the number (even attempts) or sending her very
+messages (odd ones): each time his response is the one he gets on an id never used (greedy, text
+and usage), nothing cached, not "rebuilt", the number absent when he did not send it; and every
+tenth time Alice's conversation then goes on from her cache.
 """
 import json
 import os
@@ -31,6 +36,7 @@ MODEL = require_model()
 KEYS = {"alice": "alice-0123456789abcdef", "bob": "bob-0123456789abcdef01",
         "ops": "ops-0123456789abcdef012"}
 N = 8  # tokens per greedy answer
+ATTEMPTS = int(sys.argv[2]) if len(sys.argv) > 2 else 10
 
 
 def refused_at_start(args, want):
@@ -77,6 +83,39 @@ def shape(r):
     del r["id"], r["created"]
     del r["session"]["id"]
     return r
+
+
+def attempts(port, n):
+    """n of Bob's tries at Alice's session ids (see the module's doc)."""
+    t0 = time.monotonic()
+    revealed = continued = 0
+    for i in range(n):
+        secret = str(40000 + 7919 * i)
+        sid = "x%d" % i
+        conv = [{"role": "user", "content": "My secret number is %s. Reply with OK." % secret}]
+        a = chat(port, "alice", sid, conv)
+        conv += [{"role": "assistant", "content": a["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": "What is my secret number?"}]
+        bob = conv if i % 2 else conv[2:]  # her whole conversation, or only the question
+        b = chat(port, "bob", sid, bob)
+        fresh = chat(port, "bob", "unused-%d" % i, bob)
+        check(cached(b) == 0 and b["session"]["rebuilt"] is False and b["session"]["id"] == sid,
+              "attempt %d: bob on alice's id is a fresh session: %s" % (i, b["session"]))
+        check(shape(b) == shape(fresh),
+              "attempt %d: bob on alice's id answers as on an unused id:\n%s\n%s" %
+              (i, shape(b), shape(fresh)))
+        text = b["choices"][0]["message"]["content"]
+        if not i % 2 and secret in text:
+            revealed += 1
+        if i % 10 == 0:
+            a2 = chat(port, "alice", sid, conv)
+            check(cached(a2) > 0 and not a2["session"]["rebuilt"],
+                  "attempt %d: alice's conversation goes on: %s" % (i, a2["session"]))
+            continued += 1
+    check(revealed == 0, "%d of bob's answers hold alice's secret number" % revealed)
+    print("%d attempts by bob on alice's session ids: every answer that of an unused id, "
+          "nothing cached, %d secrets revealed; alice went on %d times (%.1f s)" %
+          (n, revealed, continued, time.monotonic() - t0))
 
 
 def main():
@@ -176,6 +215,8 @@ def main():
         for want in ["alice@s.d2os", "bob@s.d2os", "alice@s2.d2os", "bob@s2.d2os"]:
             check(want in names, "%s in %s" % (want, names))
         check("s.d2os" not in names, "no file in the default namespace: %s" % names)
+
+        attempts(port, ATTEMPTS)
 
         proc.send_signal(signal.SIGTERM)
         check(proc.wait(timeout=60) == 0, "exit status 0 after SIGTERM")

@@ -1,13 +1,13 @@
 // d2o serve: the OpenAI-compatible HTTP server (src/serve/). This file reads the options, loads
 // the model, starts the service and the listener, and turns SIGTERM / SIGINT into a drain:
 // requests in flight finish, new ones get 503, then the process exits.
+#include <malloc.h>
 #include <pthread.h>
 #include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <malloc.h>
 #include <thread>
 
 #include "commands.h"
@@ -38,6 +38,8 @@ struct ServeOptions {
   double request_timeout_s = 30;
   int max_conn = 0;  // 0: sized from the open-file limit
   int max_conn_per_addr = 64;
+  double rate_per_addr = 100;
+  double rate_burst = 200;
   std::string session_dir;
   std::string session_dir_max = "0";
   std::string session_save = "turn";
@@ -45,6 +47,12 @@ struct ServeOptions {
 
 // --max-conn, or its default, within what the open-file limit (raised to its hard limit first)
 // allows.
+std::string format_rate(double r) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", r);
+  return b;
+}
+
 size_t connection_bound(int asked) {
   const size_t files = serve::raise_open_file_limit();
   const size_t fits = serve::default_max_conn(files);
@@ -151,6 +159,11 @@ int run_serve(ServeOptions& o) {
   ho.request_timeout_s = o.request_timeout_s;
   ho.max_conn = connection_bound(o.max_conn);
   ho.max_conn_per_addr = static_cast<size_t>(o.max_conn_per_addr);
+  ho.rate_per_addr = o.rate_per_addr;
+  ho.rate_burst = o.rate_burst;
+  // What hundreds of connections held (their buffers, the handler threads' arenas) goes back
+  // once they have closed, as the requests' memory does when the service drains.
+  ho.on_quiet = [] { malloc_trim(0); };
   // Every running or queued request holds a handler thread while it waits; a few more answer
   // the quick endpoints (and the 503s) meanwhile.
   ho.http_threads = o.parallel + o.queue + 8;
@@ -178,9 +191,14 @@ int run_serve(ServeOptions& o) {
                "d2o serve: %s on http://%s:%d (kv %s, kv-mem %s, parallel %d, context %d)\n",
                ho.model_name.c_str(), o.host.c_str(), http.port(), l.policy->spec().c_str(),
                format_bytes(static_cast<double>(*cap)).c_str(), o.parallel, l.n_ctx);
-  std::fprintf(stderr, "d2o serve: connections: at most %zu open, %s per client address\n",
-               ho.max_conn,
-               ho.max_conn_per_addr ? std::to_string(ho.max_conn_per_addr).c_str() : "no bound");
+  std::fprintf(
+      stderr,
+      "d2o serve: connections: at most %zu open, %s per client address; requests: %s "
+      "per client address\n",
+      ho.max_conn, ho.max_conn_per_addr ? std::to_string(ho.max_conn_per_addr).c_str() : "no bound",
+      ho.rate_per_addr > 0
+          ? (format_rate(ho.rate_per_addr) + "/s, bursts of " + format_rate(ho.rate_burst)).c_str()
+          : "no bound");
   if (keys.size() > 1) {
     std::fprintf(stderr, "d2o serve: %zu API keys; /metrics: %s\n", keys.size(),
                  o.admin_key_name.empty()
@@ -230,7 +248,7 @@ Action add_serve_command(CLI::App& app) {
                   "With several keys, the name of the one that may read /metrics");
   sub->add_option("--max-body", o->max_body, "Largest request body (e.g. 4M); larger gets 413");
   sub->add_option("--request-timeout", o->request_timeout_s,
-                  "Seconds a request's header may take to arrive, and then its body (408 after)")
+                  "Seconds a request's header and body together may take to arrive (408 after)")
       ->check(CLI::Range(0.1, 3600.0));
   sub->add_option("--max-conn", o->max_conn,
                   "Open connections at most (default: the open-file limit less 128, at most "
@@ -241,6 +259,14 @@ Action add_serve_command(CLI::App& app) {
                   "Open connections from one client address (default 64; 0: no bound); more "
                   "get 503")
       ->check(CLI::Range(0, 1 << 20));
+  sub->add_option("--rate-per-addr", o->rate_per_addr,
+                  "Requests a second from one client address (default 100; 0: no bound; behind a "
+                  "proxy every client has its address); more get 429 with Retry-After")
+      ->check(CLI::Range(0.0, 1e6));
+  sub->add_option("--rate-burst", o->rate_burst,
+                  "Requests one client address may send at once before --rate-per-addr applies "
+                  "(default 200)")
+      ->check(CLI::Range(1.0, 1e6));
   sub->add_option("--drain", o->drain_s, "Seconds requests in flight may take after SIGTERM")
       ->check(CLI::Range(0.0, 3600.0));
   CLI::Option* dir =
