@@ -21,7 +21,8 @@
 #   scripts/test.sh --long: instead, the long forms of suites whose short seeded forms run above
 #      (for people; about 45 minutes on 2 cores): the next-question protocol through `d2o serve`
 #      (scripts/next_question.py, 50 trials of every default policy on SmolLM2, and on Gemma 3
-#      through /v1/completions), reports into build/long/. They measure and print; they fail
+#      through /v1/completions), lm-eval's local-completions model on 200 documents per task
+#      under the full cache and two budget policies, reports into build/long/. They measure and print; they fail
 #      only on errors (a server that does not answer, a session that was not continued).
 # Extra arguments are passed to ctest (e.g. -R Gguf).
 set -euo pipefail
@@ -80,6 +81,9 @@ if [ "$long" = 1 ]; then
   stage "next question, Gemma 3 (50 trials, /v1/completions)"
   scripts/next_question.py --d2o build/d2o -t "$jobs" -m gemma3 --completions --trials 50 \
     --json build/long/next_question_gemma3.json
+  stage "lm-evaluation-harness against d2o serve (200 documents per task, compressing policies)"
+  python3 tests/e2e/serve_lm_eval_test.py build/d2o --docs 200 --kv d2o:budget=64 \
+    --kv h2o:budget=64 --json build/long/lm_eval.json
   exit 0
 fi
 
@@ -92,6 +96,10 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DD2O_WERROR=ON -DD2O_UNITY_TESTS
 cmake --build build -j"$jobs" --target d2o_cli d2o_model_tests d2o_e2e_tests
 stage "release tests"
 ctest --test-dir build --output-on-failure -j"$jobs" -L "^(model|e2e)$" "$@"
+# lm-eval's local-completions model against `d2o serve` (short form: about 40 s on 2 cores; the
+# package is installed at set-up), with a budget of its own.
+stage "lm-evaluation-harness against d2o serve"
+ctest --test-dir build --output-on-failure -L "^lm_eval$" --timeout 240 "$@"
 
 stage "sanitizer build (ASan + UBSan)"
 # -g1 (line tables) rather than RelWithDebInfo's full -g: reports show the same frames and
