@@ -374,7 +374,7 @@ std::optional<ApiError> parse_generation_request(std::string_view body, Endpoint
                          (*field(obj, "echo")).get<bool>();
     if (*max_tokens < 0 || (*max_tokens == 0 && !zero_ok)) {
       return bad_field(max_name, "'" + std::string(max_name) + "' must be at least 1 (got " +
-                                     std::to_string(*max_tokens) + "; 0 only with echo)");
+                                     std::to_string(*max_tokens) + ")");
     }
     out.max_tokens = static_cast<int>(std::min<int64_t>(*max_tokens, INT32_MAX));
   }
@@ -429,6 +429,10 @@ std::optional<ApiError> parse_generation_request(std::string_view body, Endpoint
     return bad_field("session",
                      "'session' must be 1-128 characters of letters, digits, '.', '_', ':' or '-'",
                      "invalid_session_id");
+  }
+  if (!out.session.empty() && out.prompts.size() > 1) {
+    return bad_field("prompt", "a batch of prompts cannot continue a 'session'",
+                     "unsupported_value");
   }
   if (!out.session.empty() && out.echo) {
     return bad_field("echo", "'echo' is not supported with 'session'", "unsupported_value");

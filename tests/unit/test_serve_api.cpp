@@ -237,6 +237,7 @@ TEST(ServeApi, LogprobsEchoAndContextEnd) {
       {C, {R"({"prompt":"x","context_end":[1,2]})", "context_end"}},
       {C, {R"({"prompt":["x","y"],"context_end":[1,-2]})", "context_end[1]"}},
       {C, {R"({"prompt":"x","context_end":2,"session":"s"})", "context_end"}},
+      {C, {R"({"prompt":["x","y"],"session":"s"})", "prompt"}},
   };
   for (const auto& [ep, b] : bad) {
     auto e = parse_generation_request(b.body, ep, g);
