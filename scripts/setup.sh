@@ -249,9 +249,9 @@ if [ "$want_test_data" -eq 1 ]; then
   fi
 
   # lm-evaluation-harness for the server's evaluation test (tests/e2e/serve_lm_eval_test.py), in
-  # its own folder: lm-eval without its declared dependencies (they pull in scikit-learn, rouge
-  # and evaluate, and its model back-ends torch and transformers, none of which its
-  # local-completions model needs), then the packages that path imports, pinned.
+  # its own folder: lm-eval without its declared dependencies (scikit-learn, evaluate,
+  # rouge-score and more, which its local-completions model does not import), then the packages
+  # that path imports, pinned (about 490 MB, mostly pyarrow and pandas under datasets).
   lmeval_lib="$cache/pylib-lmeval"
   lmeval_deps=("datasets==5.2.0" "aiohttp==3.14.5" "tenacity==9.2.1" "requests==2.34.2"
                "sqlitedict==2.1.0" "more-itertools==11.2.1" "sacrebleu==2.6.0" "jinja2==3.1.6"

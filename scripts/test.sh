@@ -2,7 +2,8 @@
 # d2o tests: set-up (packages, model, test data), build, then every test suite.
 #   1. Release build with warnings as errors: the model suite (real weights, reference parity
 #      against llama.cpp) and the end-to-end suite (the d2o binary driven as a user would, on the
-#      real model: generation, evaluation runs, the server and its clients, the set-up script).
+#      real model: generation, evaluation runs, the server and its clients, the set-up script);
+#      then lm-evaluation-harness's local-completions model against the server, a stage of its own.
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer build of the unit suite (synthetic data,
 #      random-weight models and writer-made files: every kernel, cache, policy, tokenizer, file
 #      format, the scheduler and the server's requests, responses and sessions), run under the
