@@ -20,7 +20,7 @@
 #      threads, micro-batched forward pass, the server's engine thread with clients over HTTP;
 #      see tests/CMakeLists.txt), run under TSan.
 #   scripts/test.sh --long: instead, the long forms of suites whose short seeded forms run above
-#      (for people; about 45 minutes on 2 cores): the next-question protocol through `d2o serve`
+#      (for people; about an hour on 2 cores): the next-question protocol through `d2o serve`
 #      (scripts/next_question.py, 50 trials of every default policy on SmolLM2, and on Gemma 3
 #      through /v1/completions), lm-eval's local-completions model on 200 documents per task
 #      under the full cache and two budget policies, reports into build/long/. They measure and print; they fail
