@@ -248,7 +248,12 @@ void Service::start_job(const std::shared_ptr<Job>& job) {
   Job* raw = job.get();
   req.on_token = [this, raw](TokenId t) { return on_token(*raw, t); };
   if (job->stream_logprobs) {
-    req.on_logprob = [raw](const TokenLogprob& lp) {
+    // Chat answers list only the tokens of the message (as OpenAI's do), not the
+    // end-of-generation token that ended it; completions list it (a prompt scored with
+    // max_tokens 1 then always has one value after it).
+    const bool chat = job->completion.endpoint == Endpoint::kChat && !job->ignore_eos;
+    req.on_logprob = [this, raw, chat](const TokenLogprob& lp) {
+      if (chat && tok_.is_eog(lp.token)) return;
       std::lock_guard<std::mutex> lock(raw->mu);
       raw->lps.push_back(lp);
     };
@@ -377,6 +382,9 @@ void Service::finish_job(Job& job, RequestResult& r) {
   job.completion.finish_reason = std::move(finish_reason);
   job.completion.usage.completion_tokens = static_cast<int>(r.tokens.size());
   job.completion.lps = std::move(r.logprobs);
+  if (job.completion.endpoint == Endpoint::kChat && r.stop_reason == "eog" &&
+      job.completion.lps.size() > r.tokens.size())
+    job.completion.lps.pop_back();  // the end-of-generation token (see start_job)
   job.completion.prompt_lps = std::move(r.prompt_logprobs);
   job.completion.session = std::move(session);
 }

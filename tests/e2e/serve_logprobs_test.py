@@ -207,6 +207,17 @@ def fields(srv):
     streamed = [t.logprob for ev in stream if ev.choices and ev.choices[0].logprobs
                 for t in ev.choices[0].logprobs.content]
     check(streamed == [t.logprob for t in content], "openai chat stream: the same values")
+    # An answer that ends at the end-of-turn token lists the message's tokens only.
+    msgs = [{"role": "user", "content": "Say hello."}]
+    done = client.chat.completions.create(model="m", messages=msgs, max_tokens=64, temperature=0,
+                                          logprobs=True)
+    check(done.choices[0].finish_reason == "stop", "the greeting ends by itself")
+    check(len(done.choices[0].logprobs.content) == done.usage.completion_tokens,
+          "chat: one value per token of the message")
+    n_streamed = sum(len(ev.choices[0].logprobs.content) for ev in client.chat.completions.create(
+        model="m", messages=msgs, max_tokens=64, temperature=0, logprobs=True, stream=True)
+        if ev.choices and ev.choices[0].logprobs)
+    check(n_streamed == done.usage.completion_tokens, "chat stream: one value per token")
 
 
 def context_end(srv):
