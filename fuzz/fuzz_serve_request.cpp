@@ -154,9 +154,26 @@ void check_request(const d2o::serve::GenerationRequest& g, Endpoint ep) {
       strings_ok = strings_ok && utf8_by_table(m.content);
     }
   } else {
-    check(g.messages.empty() && !g.prompt.empty(), "a completion request without a prompt");
+    check(g.messages.empty() && !g.prompts.empty() &&
+              g.prompts.size() <= d2o::serve::kMaxBatchPrompts,
+          "a completion request without a prompt, or too many");
+    for (const d2o::serve::CompletionPrompt& p : g.prompts) {
+      check(p.is_tokens ? !p.tokens.empty() && p.text.empty() : !p.text.empty() && p.tokens.empty(),
+            "an empty prompt in a completion request");
+      for (int32_t id : p.tokens) check(id >= 0, "a negative token id accepted");
+      strings_ok = strings_ok && utf8_by_table(p.text);
+    }
+    check(g.prompts[0].is_tokens || g.prompt == g.prompts[0].text, "the first prompt's text lost");
+    check(!g.stream || (g.prompts.size() == 1 && !g.echo), "a streamed batch or echo accepted");
   }
-  check(!g.max_tokens || *g.max_tokens >= 1, "max_tokens below 1");
+  check(!g.max_tokens || *g.max_tokens >= 1 || (*g.max_tokens == 0 && g.echo),
+        "max_tokens below 1 (0 is for echo only)");
+  check(g.logprobs >= -1 && g.logprobs <= d2o::kMaxTopLogprobs, "logprobs out of range");
+  check(g.context_end.empty() || g.context_end.size() == std::max<size_t>(1, g.prompts.size()),
+        "context_end not one per prompt");
+  for (int64_t c : g.context_end) check(c >= 1, "a context end below 1");
+  check(g.session.empty() || (!g.echo && g.context_end.empty()),
+        "echo or context_end accepted with a session");
   const d2o::SamplerParams& s = g.sampling;
   check(s.temperature >= 0 && s.temperature <= 2, "temperature out of [0, 2]");
   check(s.top_p > 0 && s.top_p <= 1, "top_p out of (0, 1]");
@@ -175,10 +192,16 @@ void check_request(const d2o::serve::GenerationRequest& g, Endpoint ep) {
 void check_job(const d2o::serve::GenerationRequest& g, const d2o::serve::Job& job,
                const d2o::Tokenizer& tok, int64_t n_ctx) {
   const int64_t n_prompt = std::ssize(job.prompt);
-  check(n_prompt >= 1 && n_prompt < n_ctx, "the prompt does not fit the context");
+  const bool score_only = job.max_tokens == 0;
+  check(score_only ? g.echo : job.max_tokens >= 1, "max_tokens 0 without echo");
+  check(n_prompt >= 1 && (score_only ? n_prompt <= n_ctx : n_prompt < n_ctx),
+        "the prompt does not fit the context");
   for (d2o::TokenId id : job.prompt)
     check(id >= 0 && id < tok.n_vocab(), "a prompt id out of range");
-  check(job.max_tokens >= 1 && job.max_tokens <= n_ctx - n_prompt, "max_tokens beyond the room");
+  check(job.max_tokens <= n_ctx - n_prompt, "max_tokens beyond the room");
+  check(job.context_end >= 0 && job.context_end < n_prompt, "the context end outside the prompt");
+  check(job.logprobs == g.logprobs && job.prompt_logprobs == (g.echo && g.logprobs >= 0),
+        "log-probabilities lost");
   check(!g.max_tokens || *g.max_tokens == job.max_tokens, "max_tokens changed");
   check(job.stops.size() >= g.stop.size() &&
             std::equal(g.stop.begin(), g.stop.end(), job.stops.end() - std::ssize(g.stop)),
@@ -204,12 +227,16 @@ void generation(Endpoint ep, std::string_view body, size_t variant, int64_t n_ct
   po.default_max_tokens = 64;
   po.default_kv = "full";
   po.model_name = "fuzz";
-  d2o::serve::Job job;
-  if (auto e = d2o::serve::prepare_job(g, *v.tok, tmpl, po, job)) {
-    check(!e->param.empty(), "a prepare error names no field");
-    return check_error(*e);
+  // One job per prompt of a completions batch.
+  const size_t n_jobs = ep == Endpoint::kCompletion ? g.prompts.size() : 1;
+  for (size_t i = 0; i < n_jobs; ++i) {
+    d2o::serve::Job job;
+    if (auto e = d2o::serve::prepare_job(g, *v.tok, tmpl, po, job, i)) {
+      check(!e->param.empty(), "a prepare error names no field");
+      return check_error(*e);
+    }
+    check_job(g, job, *v.tok, n_ctx);
   }
-  check_job(g, job, *v.tok, n_ctx);
 }
 
 }  // namespace

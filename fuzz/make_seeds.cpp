@@ -245,16 +245,31 @@ void serve_request_seeds() {
   put_body("completion_big_numbers", 1, 0, 0, 256,
            json{{"prompt", "x"}, {"max_tokens", 18446744073709551615ull},
                 {"seed", 9223372036854775807ll}, {"top_p", 1e-300}}.dump());
+  put_body(
+      "completion_echo_ids", 1, 0, 0, 64,
+      json{{"prompt", {5, 6, 7, 8}}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 3}}.dump());
+  put_body("completion_batch_context_end", 1, 1, 0, 128,
+           json{{"prompt", json::array({"Hello world", {9, 10, 11}})},
+                {"context_end", {1, 2}},
+                {"logprobs", 0},
+                {"max_tokens", 2}}
+               .dump());
+  put_body("chat_top_logprobs", 0, 0, 0, 256,
+           json{{"messages", conversation}, {"logprobs", true}, {"top_logprobs", 2}}.dump());
   put_body("completion_not_object", 1, 0, 0, 256, "[\"prompt\"]");
   put_body("completion_broken", 1, 0, 0, 256, "{\"prompt\": \"x\", ");
   put_body("tokenize", 2, 0, 0, 256,
            json{{"content", "Hello <|im_start|> world"}, {"add_special", true},
                 {"parse_special", true}}.dump());
   put_body("tokenize_spm", 2, 1, 0, 256, json{{"content", texts()[2]}}.dump());
+  put_body("tokenize_vllm", 2, 0, 0, 256,
+           json{{"prompt", "Hello <|im_end|> world"}, {"add_special_tokens", false}}.dump());
   put_body("detokenize", 3, 0, 0, 256, json{{"tokens", {1, 2, 3, 300, 385}}}.dump());
   put_body("detokenize_bad", 3, 1, 0, 256, json{{"tokens", {-1, 100000}}}.dump());
   put_body("session_id", 4, 0, 0, 256, "conv-1:a.b_c");
   put_body("session_id_bad", 4, 0, 0, 256, "bad id/..");
+}
+
 void session_seeds() {
   // Conversations of 20 tokens under each kind of policy state (none, budgets, D2O thresholds
   // and merges, shifted positions), as fuzz_session_file reads them.

@@ -248,6 +248,21 @@ if [ "$want_test_data" -eq 1 ]; then
       || die "installing the PyPI package openai==1.55.3 failed; check the network and rerun scripts/setup.sh --test-data"
   fi
 
+  # lm-evaluation-harness for the server's evaluation test (tests/e2e/serve_lm_eval_test.py), in
+  # its own folder: lm-eval without its declared dependencies (scikit-learn, evaluate,
+  # rouge-score and more, which its local-completions model does not import), then the packages
+  # that path imports, pinned (about 490 MB, mostly pyarrow and pandas under datasets).
+  lmeval_lib="$cache/pylib-lmeval"
+  lmeval_deps=("datasets==5.2.0" "aiohttp==3.14.5" "tenacity==9.2.1" "requests==2.34.2"
+               "sqlitedict==2.1.0" "more-itertools==11.2.1" "sacrebleu==2.6.0" "jinja2==3.1.6"
+               "tqdm==4.70.1")
+  if ! PYTHONPATH="$lmeval_lib" python3 -S -c "import lm_eval, lm_eval.evaluator, lm_eval.models.openai_completions, requests, aiohttp, tenacity; assert lm_eval.__version__ == '0.4.13'" 2>/dev/null; then
+    say "installing lm-eval==0.4.13 (without its dependencies) and ${lmeval_deps[*]} from PyPI into $lmeval_lib for the evaluation test"
+    python3 -m pip install --quiet --disable-pip-version-check --upgrade --target "$lmeval_lib" --no-deps "lm-eval==0.4.13" \
+      && python3 -m pip install --quiet --disable-pip-version-check --upgrade --target "$lmeval_lib" "${lmeval_deps[@]}" \
+      || die "installing lm-eval and its API packages from PyPI failed; check the network and rerun scripts/setup.sh --test-data"
+  fi
+
   need=0
   for v in "${!vocab_sha[@]}"; do
     sha_ok "$cache/vocab/ggml-vocab-$v.gguf" "${vocab_sha[$v]}" || need=1

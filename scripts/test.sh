@@ -2,7 +2,8 @@
 # d2o tests: set-up (packages, model, test data), build, then every test suite.
 #   1. Release build with warnings as errors: the model suite (real weights, reference parity
 #      against llama.cpp) and the end-to-end suite (the d2o binary driven as a user would, on the
-#      real model: generation, evaluation runs, the server and its clients, the set-up script).
+#      real model: generation, evaluation runs, the server and its clients, the set-up script);
+#      then lm-evaluation-harness's local-completions model against the server, a stage of its own.
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer build of the unit suite (synthetic data,
 #      random-weight models and writer-made files: every kernel, cache, policy, tokenizer, file
 #      format, the scheduler and the server's requests, responses and sessions), run under the
@@ -21,12 +22,14 @@
 #   scripts/test.sh --long: instead, the long forms of suites whose short seeded forms run above
 #      (for people; about an hour on 2 cores): the next-question protocol through `d2o serve`
 #      (scripts/next_question.py, 50 trials of every default policy on SmolLM2, and on Gemma 3
-#      through /v1/completions); the server under hostile clients (scripts/hostile_clients.py:
-#      1,000 slow connections for 60 s beside 8 ordinary clients), 100 tries of one API key at
-#      another's sessions, 16 conversations filling a tmpfs session directory, and 100 SIGKILLs
-#      among session saves (scripts/session_kills.py); reports into build/long/. They measure and
-#      print; they fail only on errors (a server that does not answer, a session that was not
-#      continued, a request refused that should not be, a file that loads wrongly).
+#      through /v1/completions); lm-eval's local-completions model on 200 documents per task
+#      under the full cache and two budget policies; the server under hostile clients
+#      (scripts/hostile_clients.py: 1,000 slow connections for 60 s beside 8 ordinary clients),
+#      100 tries of one API key at another's sessions, 16 conversations filling a tmpfs session
+#      directory, and 100 SIGKILLs among session saves (scripts/session_kills.py); reports into
+#      build/long/. They measure and print; they fail only on errors (a server that does not
+#      answer, a session that was not continued, a request refused that should not be, a file
+#      that loads wrongly).
 # Extra arguments are passed to ctest (e.g. -R Gguf).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -95,6 +98,9 @@ if [ "$long" = 1 ]; then
   stage "100 SIGKILLs among session saves"
   scripts/session_kills.py --d2o build/d2o -t "$jobs" --kills 100 \
     --json build/long/session_kills.json
+  stage "lm-evaluation-harness against d2o serve (200 documents per task, compressing policies)"
+  python3 tests/e2e/serve_lm_eval_test.py build/d2o --docs 200 --kv d2o:budget=64 \
+    --kv h2o:budget=64 --json build/long/lm_eval.json
   exit 0
 fi
 
@@ -107,6 +113,10 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DD2O_WERROR=ON -DD2O_UNITY_TESTS
 cmake --build build -j"$jobs" --target d2o_cli d2o_model_tests d2o_e2e_tests
 stage "release tests"
 ctest --test-dir build --output-on-failure -j"$jobs" -L "^(model|e2e)$" "$@"
+# lm-eval's local-completions model against `d2o serve` (short form: about 40 s on 2 cores; the
+# package is installed at set-up), with a budget of its own.
+stage "lm-evaluation-harness against d2o serve"
+ctest --test-dir build --output-on-failure -L "^lm_eval$" --timeout 240 "$@"
 
 stage "sanitizer build (ASan + UBSan)"
 # -g1 (line tables) rather than RelWithDebInfo's full -g: reports show the same frames and

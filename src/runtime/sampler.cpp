@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace d2o {
 
@@ -130,6 +131,41 @@ int32_t Sampler::sample(const float* logits, std::span<const int32_t> history) {
     if (r < 0.0) return cands_[i].id;
   }
   return cands_[n - 1].id;
+}
+
+void log_probs(const float* logits, int n_vocab, int32_t token, int top_n, TokenLogprob& out) {
+  out.token = token;
+  out.top.clear();
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int i = 0; i < n_vocab; ++i) mx = std::max(mx, logits[i]);
+  double sum = 0;
+  if (std::isfinite(mx)) {
+    for (int i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
+  }
+  const double lse = static_cast<double>(mx) + std::log(sum);
+  auto lp = [&](int32_t id) { return static_cast<float>(static_cast<double>(logits[id]) - lse); };
+  out.logprob = lp(token);
+  top_n = std::clamp(top_n, 0, std::min(kMaxTopLogprobs, n_vocab));
+  if (top_n == 0) return;
+  // A min-heap of the best top_n seen: its front is the weakest (lowest logit, then highest id).
+  auto better = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  int32_t heap[kMaxTopLogprobs];
+  int n = 0;
+  for (int32_t i = 0; i < n_vocab; ++i) {
+    if (n < top_n) {
+      heap[n++] = i;
+      std::push_heap(heap, heap + n, better);
+    } else if (better(i, heap[0])) {
+      std::pop_heap(heap, heap + n, better);
+      heap[n - 1] = i;
+      std::push_heap(heap, heap + n, better);
+    }
+  }
+  std::sort_heap(heap, heap + n, better);  // most likely first
+  out.top.reserve(static_cast<size_t>(n));
+  for (int k = 0; k < n; ++k) out.top.emplace_back(heap[k], lp(heap[k]));
 }
 
 }  // namespace d2o

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "d2o/status.h"
@@ -25,6 +26,23 @@ struct SamplerParams {
   // Errors for values outside their ranges.
   Status validate() const;
 };
+
+// A token's log-probability under a row of logits and the most likely tokens': log-softmax of the
+// raw logits (before any penalty or temperature), the log-sum-exp accumulated in double.
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // most likely first (ties: lower id first)
+};
+
+// The most alternatives log_probs() returns.
+inline constexpr int kMaxTopLogprobs = 20;
+
+// Fills `out` for `token` (0 <= token < n_vocab) and the top_n (0..kMaxTopLogprobs) most likely
+// tokens of the row: one pass for the maximum, one for the sum, one partial selection of top_n
+// (a heap of top_n entries, so O(n_vocab log top_n)). The token's value and an alternative's
+// are computed alike, so the same token gets the same float in both.
+void log_probs(const float* logits, int n_vocab, int32_t token, int top_n, TokenLogprob& out);
 
 class Sampler {
  public:

@@ -23,6 +23,7 @@ struct Scheduler::Active {
   bool has_next = false;  // history.back() is a generated token still to be fed
   bool sampled = false;   // the last pass produced logits for it
   TokenId sample = -1;
+  TokenLogprob sample_lp;  // Request::logprobs >= 0: the sampled token's
   bool done = false;
   RequestResult result;
 };
@@ -43,7 +44,7 @@ Scheduler::Scheduler(Engine& engine, const SchedulerParams& params)
   entry_owner_.reserve(max_entries);
   admitted_ids_.reserve(max_entries);
   running_.reserve(max_entries);
-  sink_ = [this](int entry, int, const float* logits) { on_logits(entry, logits); };
+  sink_ = [this](int entry, int token, const float* logits) { on_logits(entry, token, logits); };
 }
 
 Scheduler::~Scheduler() = default;
@@ -117,7 +118,14 @@ Result<std::shared_ptr<const KvPolicy>> Scheduler::policy_for(const std::string&
 Result<RequestId> Scheduler::submit(Request req) {
   const ModelHParams& h = engine_.model().hparams();
   if (req.prompt.empty()) return invalid_argument("the request's prompt is empty");
-  if (req.max_new_tokens < 1) return invalid_argument("a request must generate at least 1 token");
+  if (req.max_new_tokens < 0 || (req.max_new_tokens == 0 && !req.prompt_logprobs))
+    return invalid_argument("a request must generate at least 1 token");
+  if (req.logprobs > kMaxTopLogprobs) {
+    return invalid_argument("at most " + std::to_string(kMaxTopLogprobs) +
+                            " alternatives per token can be asked for");
+  }
+  if (req.context_end < 0 || req.context_end >= static_cast<int64_t>(req.prompt.size()))
+    return invalid_argument("the context's end must lie inside the prompt");
   for (TokenId t : req.prompt) {
     if (t < 0 || t >= h.n_vocab) {
       return invalid_argument("prompt token id " + std::to_string(t) +
@@ -154,7 +162,12 @@ Result<RequestId> Scheduler::submit(Request req) {
                             " tokens is longer than the prefill chunk of " +
                             std::to_string(params_.prefill_chunk) + "; use a larger chunk");
   }
-  a->chunks = split_prompt(n_prompt, params_.prefill_chunk, window);
+  a->chunks =
+      split_prompt(req.context_end > 0 ? req.context_end : n_prompt, params_.prefill_chunk, window);
+  if (req.context_end > 0) {  // the rest, a prompt of its own
+    for (int c : split_prompt(n_prompt - req.context_end, params_.prefill_chunk, window))
+      a->chunks.push_back(c);
+  }
   const int max_chunk = *std::max_element(a->chunks.begin(), a->chunks.end());
   a->fp = footprint(cache_cfg_, *a->policy, n_prior + n_prompt, req.max_new_tokens, max_chunk);
   if (req.resume) {
@@ -231,6 +244,8 @@ Status Scheduler::admit() {
       r.history.reserve(n_prompt + n_new);
       r.history.assign(r.req.prompt.begin(), r.req.prompt.end());
       r.result.tokens.reserve(n_new);
+      if (r.req.logprobs >= 0) r.result.logprobs.reserve(n_new);
+      if (r.req.prompt_logprobs) r.result.prompt_logprobs.resize(n_prompt - 1);
       r.result.token_times.reserve(n_new);
     } catch (const std::bad_alloc&) {
       s = resource_exhausted("out of memory setting up the request");
@@ -262,12 +277,26 @@ void Scheduler::finish(size_t index, std::string reason, Status status) {
   finished_.push_back(std::move(a.result));
 }
 
-void Scheduler::on_logits(int entry, const float* logits) {
+void Scheduler::on_logits(int entry, int token, const float* logits) {
   Active& a = *entry_owner_[static_cast<size_t>(entry)];
+  const int n_vocab = engine_.model().hparams().n_vocab;
+  if (entry == prefill_entry_) {
+    const int64_t n_prompt = std::ssize(a.req.prompt);
+    const int64_t pos = a.prefilled + token;  // the prompt token whose logits these are
+    if (pos + 1 < n_prompt) {
+      if (a.req.prompt_logprobs) {
+        log_probs(logits, n_vocab, a.req.prompt[static_cast<size_t>(pos + 1)],
+                  std::max(0, a.req.logprobs), a.result.prompt_logprobs[static_cast<size_t>(pos)]);
+      }
+      return;
+    }
+    if (a.req.max_new_tokens == 0) return;  // scored only
+  }
   sampler_.set_stream(a.req.sampling, a.rng);
   a.sample = sampler_.sample(logits, a.history);
   a.rng = sampler_.rng_state();
   a.sampled = true;
+  if (a.req.logprobs >= 0) log_probs(logits, n_vocab, a.sample, a.req.logprobs, a.sample_lp);
 }
 
 size_t Scheduler::kv_allocated() const {
@@ -299,6 +328,7 @@ Status Scheduler::step() {
   }
   last_.n_decode = static_cast<int>(batch_.size());
   Active* prefill = nullptr;
+  prefill_entry_ = -1;
   for (auto& a : running_) {
     if (a->next_chunk < a->chunks.size()) {
       prefill = a.get();
@@ -311,8 +341,13 @@ Status Scheduler::step() {
     be.seq = prefill->seq.get();
     be.tokens = std::span<const TokenId>(prefill->req.prompt.data() + prefill->prefilled,
                                          static_cast<size_t>(len));
-    be.prompt_rest = static_cast<int64_t>(prefill->req.prompt.size()) - prefill->prefilled - len;
-    be.logits_from = be.prompt_rest > 0 ? BatchEntry::kNoLogits : -1;
+    const int64_t n_prompt = std::ssize(prefill->req.prompt);
+    const int64_t ce = prefill->req.context_end;
+    // A chunk before the context's end belongs to the first of the two prompts.
+    be.prompt_rest = (ce > 0 && prefill->prefilled < ce ? ce : n_prompt) - prefill->prefilled - len;
+    const bool ends_prompt = prefill->prefilled + len == n_prompt;
+    be.logits_from = prefill->req.prompt_logprobs ? 0 : ends_prompt ? -1 : BatchEntry::kNoLogits;
+    prefill_entry_ = static_cast<int>(batch_.size());
     batch_.push_back(be);
     entry_owner_.push_back(prefill);
     last_.n_prefill_tokens = len;
@@ -342,12 +377,20 @@ Status Scheduler::step() {
   }
   for (size_t i = 0; i < running_.size(); ++i) {
     Active& a = *running_[i];
+    if (a.req.max_new_tokens == 0 && a.next_chunk == a.chunks.size()) {
+      finish(i, "length", {});  // the prompt scored, nothing to generate
+      continue;
+    }
     if (!a.sampled) continue;
     a.sampled = false;
     const size_t alloc =
         a.seq->cache().bytes_held();
     a.result.kv_peak_allocated = std::max(a.result.kv_peak_allocated, alloc);
     if (a.req.stop_at_eog && is_eog_[static_cast<size_t>(a.sample)]) {
+      if (a.req.logprobs >= 0) {  // the token that ended the answer is scored too
+        a.result.logprobs.push_back(a.sample_lp);
+        if (a.req.on_logprob) a.req.on_logprob(a.result.logprobs.back());
+      }
       finish(i, "eog", {});
       continue;
     }
@@ -356,6 +399,10 @@ Status Scheduler::step() {
     a.result.token_times.push_back(t);
     a.history.push_back(a.sample);
     a.has_next = true;
+    if (a.req.logprobs >= 0) {
+      a.result.logprobs.push_back(a.sample_lp);
+      if (a.req.on_logprob) a.req.on_logprob(a.result.logprobs.back());
+    }
     if (a.req.on_token && !a.req.on_token(a.sample)) {
       finish(i, "stopped", {});
       continue;

@@ -63,6 +63,19 @@ struct Request {
   // Hand the sequence back in RequestResult::sequence when the request ends with its prompt fed
   // and no error, instead of freeing it (a conversation kept for its next turn).
   bool keep_sequence = false;
+  // >= 0: each generated token's log-probability and its `logprobs` most likely alternatives
+  // (0..kMaxTopLogprobs; log-softmax of the raw logits), in RequestResult::logprobs and, before
+  // on_token, through on_logprob.
+  int logprobs = -1;
+  std::function<void(const TokenLogprob&)> on_logprob;
+  // Also the prompt's tokens' (from its second on; `logprobs` alternatives, at least 0): every
+  // prompt chunk then gives logits for all its tokens. With it max_new_tokens may be 0 (the
+  // prompt scored, nothing generated; the request ends as "length").
+  bool prompt_logprobs = false;
+  // 0 < context_end < prompt length: the first context_end tokens are fed as a prompt of their
+  // own (a ratio policy compresses them at their end, as at the end of a conversation's turn),
+  // then the rest as the next one, on the compressed cache.
+  int64_t context_end = 0;
 };
 
 struct RequestResult {
@@ -72,6 +85,11 @@ struct RequestResult {
   std::string kv_spec;      // canonical spec of its policy
   int n_prompt = 0;
   std::vector<TokenId> tokens;   // generated (an EOG token that stopped it excluded)
+  // Request::logprobs >= 0: one per generated token (and one for an end-of-generation token
+  // that ended the request). Request::prompt_logprobs: one per prompt
+  // token from the second on ([i] is prompt token i + 1's).
+  std::vector<TokenLogprob> logprobs;
+  std::vector<TokenLogprob> prompt_logprobs;
   size_t kv_reserved = 0;        // bytes reserved for its cache while it ran
   size_t kv_peak_allocated = 0;  // largest allocation of its cache (KV + slot metadata)
   int64_t kv_slot_limit = 0;     // slots per KV head and layer its cache was capped at
@@ -176,7 +194,7 @@ class Scheduler {
   Result<std::shared_ptr<const KvPolicy>> policy_for(const std::string& spec);
   Status admit();
   void finish(size_t index, std::string reason, Status status);
-  void on_logits(int entry, const float* logits);
+  void on_logits(int entry, int token, const float* logits);
 
   Engine& engine_;
   SchedulerParams params_;
@@ -193,6 +211,7 @@ class Scheduler {
   // Per-step buffers, reused (a steady-state step allocates nothing).
   std::vector<BatchEntry> batch_;
   std::vector<Active*> entry_owner_;
+  int prefill_entry_ = -1;  // the batch entry of this step's prompt chunk (-1: none)
   std::vector<uint64_t> admitted_ids_;
   Sampler sampler_;  // one workspace; each request's random stream is swapped in
   LogitsSink sink_;

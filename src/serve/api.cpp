@@ -163,6 +163,131 @@ std::optional<ApiError> parse_stop(const json& obj, std::vector<std::string>& ou
   return std::nullopt;
 }
 
+// A list of token ids (`where` names it in errors); ids are range-checked later.
+std::optional<ApiError> token_list(const json& a, const std::string& where,
+                                   std::vector<int32_t>& out) {
+  if (a.empty()) return bad_field(where, "'" + where + "' must not be empty");
+  out.reserve(a.size());
+  for (const json& x : a) {
+    if (!x.is_number_integer()) return wrong_type(where, "a list of token ids");
+    const int64_t id = x.is_number_unsigned() && x.get<uint64_t>() > INT32_MAX
+                           ? int64_t{INT32_MAX} + 1
+                           : x.get<int64_t>();
+    if (id < 0 || id > INT32_MAX) {
+      return bad_field(where, "token id " + x.dump() + " in '" + where + "' is out of range");
+    }
+    out.push_back(static_cast<int32_t>(id));
+  }
+  return std::nullopt;
+}
+
+// "prompt": a string, a list of strings, a list of token ids, or a list of token-id lists.
+std::optional<ApiError> parse_prompts(const json& obj, std::vector<CompletionPrompt>& out) {
+  const json* p = field(obj, "prompt");
+  if (!p) return bad_field("prompt", "'prompt' is required", "missing_field");
+  const char* want = "a string, a list of strings, a list of token ids or a list of such lists";
+  if (p->is_string()) {
+    out.push_back({p->get<std::string>(), {}, false});
+  } else if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
+    CompletionPrompt c;
+    c.is_tokens = true;
+    if (auto e = token_list(*p, "prompt", c.tokens)) return e;
+    out.push_back(std::move(c));
+  } else if (p->is_array() && !p->empty()) {
+    if (p->size() > kMaxBatchPrompts) {
+      return bad_field("prompt", "at most " + std::to_string(kMaxBatchPrompts) +
+                                     " prompts per request (got " + std::to_string(p->size()) +
+                                     ")");
+    }
+    for (size_t i = 0; i < p->size(); ++i) {
+      const json& x = (*p)[i];
+      const std::string where = "prompt[" + std::to_string(i) + "]";
+      CompletionPrompt c;
+      if (x.is_string()) {
+        c.text = x.get<std::string>();
+      } else if (x.is_array()) {
+        c.is_tokens = true;
+        if (auto e = token_list(x, where, c.tokens)) return e;
+      } else {
+        return wrong_type(where, "a string or a list of token ids");
+      }
+      out.push_back(std::move(c));
+    }
+  } else {
+    return wrong_type("prompt", want);
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!out[i].is_tokens && out[i].text.empty()) {
+      const std::string where = out.size() > 1 ? "prompt[" + std::to_string(i) + "]" : "prompt";
+      return bad_field(where, "'" + where + "' must not be empty");
+    }
+  }
+  return std::nullopt;
+}
+
+// logprobs / top_logprobs (OpenAI's: an integer on completions; a boolean plus top_logprobs on
+// chat) and echo.
+std::optional<ApiError> parse_logprobs(const json& obj, Endpoint endpoint, GenerationRequest& out) {
+  auto bounded = [](const char* name, int64_t v) -> std::optional<ApiError> {
+    if (v < 0 || v > kMaxTopLogprobs) {
+      return bad_field(name, "'" + std::string(name) + "' must be between 0 and " +
+                                 std::to_string(kMaxTopLogprobs) + " (got " + std::to_string(v) +
+                                 ")");
+    }
+    return std::nullopt;
+  };
+  if (endpoint == Endpoint::kCompletion) {
+    std::optional<int64_t> n;
+    if (auto e = get_int(obj, "logprobs", n)) return e;
+    if (n) {
+      if (auto e = bounded("logprobs", *n)) return e;
+      out.logprobs = static_cast<int>(*n);
+    }
+    return get_bool(obj, "echo", out.echo);
+  }
+  bool on = false;
+  if (auto e = get_bool(obj, "logprobs", on)) return e;
+  std::optional<int64_t> top;
+  if (auto e = get_int(obj, "top_logprobs", top)) return e;
+  if (top) {
+    if (auto e = bounded("top_logprobs", *top)) return e;
+    if (!on) {
+      return bad_field("top_logprobs", "'logprobs' must be true when 'top_logprobs' is given");
+    }
+  }
+  if (on) out.logprobs = top ? static_cast<int>(*top) : 0;
+  return std::nullopt;
+}
+
+// Extension "context_end": an integer for every prompt, or a list with one per prompt.
+std::optional<ApiError> parse_context_end(const json& obj, GenerationRequest& out) {
+  const json* c = field(obj, "context_end");
+  if (!c) return std::nullopt;
+  const size_t n_prompts = std::max<size_t>(1, out.prompts.size());
+  auto one = [&](const json& x, const std::string& where) -> std::optional<ApiError> {
+    if (!x.is_number_integer()) return wrong_type(where, "a positive integer (tokens)");
+    const bool huge = x.is_number_unsigned() && x.get<uint64_t>() > INT32_MAX;
+    if (huge || x.get<int64_t>() < 1 || x.get<int64_t>() > INT32_MAX) {
+      return bad_field(where, "'" + where + "' must be at least 1 (tokens) (got " + x.dump() + ")");
+    }
+    out.context_end.push_back(x.get<int64_t>());
+    return std::nullopt;
+  };
+  if (c->is_array()) {
+    if (c->size() != n_prompts) {
+      return bad_field("context_end", "'context_end' lists " + std::to_string(c->size()) +
+                                          " values for " + std::to_string(n_prompts) + " prompts");
+    }
+    for (size_t i = 0; i < c->size(); ++i) {
+      if (auto e = one((*c)[i], "context_end[" + std::to_string(i) + "]")) return e;
+    }
+    return std::nullopt;
+  }
+  if (auto e = one(*c, "context_end")) return e;
+  out.context_end.assign(n_prompts, out.context_end[0]);
+  return std::nullopt;
+}
+
 }  // namespace
 
 ApiError bad_field(std::string_view field, std::string message, std::string code) {
@@ -231,18 +356,8 @@ std::optional<ApiError> parse_generation_request(std::string_view body, Endpoint
   if (endpoint == Endpoint::kChat) {
     if (auto e = parse_messages(obj, out.messages)) return e;
   } else {
-    const json* p = field(obj, "prompt");
-    if (!p) return bad_field("prompt", "'prompt' is required", "missing_field");
-    if (p->is_string()) {
-      out.prompt = p->get<std::string>();
-    } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
-      out.prompt = (*p)[0].get<std::string>();
-    } else if (p->is_array() && p->size() > 1) {
-      return bad_field("prompt", "only one prompt per request is supported", "unsupported_value");
-    } else {
-      return wrong_type("prompt", "a string");
-    }
-    if (out.prompt.empty()) return bad_field("prompt", "'prompt' must not be empty");
+    if (auto e = parse_prompts(obj, out.prompts)) return e;
+    if (!out.prompts[0].is_tokens) out.prompt = out.prompts[0].text;
   }
   // max_tokens, or its newer name.
   std::optional<int64_t> max_tokens;
@@ -253,7 +368,11 @@ std::optional<ApiError> parse_generation_request(std::string_view body, Endpoint
     max_name = "max_completion_tokens";
   }
   if (max_tokens) {
-    if (*max_tokens <= 0) {
+    // 0 with echo: the prompt scored, nothing generated.
+    const bool zero_ok = endpoint == Endpoint::kCompletion && *max_tokens == 0 &&
+                         field(obj, "echo") && (*field(obj, "echo")).is_boolean() &&
+                         (*field(obj, "echo")).get<bool>();
+    if (*max_tokens < 0 || (*max_tokens == 0 && !zero_ok)) {
       return bad_field(max_name, "'" + std::string(max_name) + "' must be at least 1 (got " +
                                      std::to_string(*max_tokens) + ")");
     }
@@ -291,6 +410,15 @@ std::optional<ApiError> parse_generation_request(std::string_view body, Endpoint
     }
   }
   if (auto e = get_bool(obj, "ignore_eos", out.ignore_eos)) return e;
+  if (auto e = parse_logprobs(obj, endpoint, out)) return e;
+  if (auto e = parse_context_end(obj, out)) return e;
+  if (out.stream && out.prompts.size() > 1) {
+    return bad_field("stream", "a stream carries one prompt; send the batch's prompts one by one",
+                     "unsupported_value");
+  }
+  if (out.stream && out.echo) {
+    return bad_field("echo", "'echo' is not supported with 'stream'", "unsupported_value");
+  }
   if (auto e = get_string(obj, "kv", out.kv_spec)) return e;
   if (!out.kv_spec.empty()) {
     auto pol = parse_kv_policy(out.kv_spec);
@@ -302,6 +430,19 @@ std::optional<ApiError> parse_generation_request(std::string_view body, Endpoint
                      "'session' must be 1-128 characters of letters, digits, '.', '_', ':' or '-'",
                      "invalid_session_id");
   }
+  if (!out.session.empty() && out.prompts.size() > 1) {
+    return bad_field("prompt", "a batch of prompts cannot continue a 'session'",
+                     "unsupported_value");
+  }
+  if (!out.session.empty() && out.echo) {
+    return bad_field("echo", "'echo' is not supported with 'session'", "unsupported_value");
+  }
+  if (!out.session.empty() && !out.context_end.empty()) {
+    return bad_field("context_end",
+                     "'context_end' is not supported with 'session' (a session's turns end "
+                     "where its requests do)",
+                     "unsupported_value");
+  }
   return std::nullopt;
 }
 
@@ -310,6 +451,13 @@ std::optional<ApiError> parse_tokenize_request(std::string_view body, TokenizeRe
   if (auto e = parse_object(body, obj)) return e;
   out = TokenizeRequest{};
   const json* c = field(obj, "content");
+  if (!c && field(obj, "prompt")) {  // vLLM's shape
+    out.vllm = true;
+    out.add_special = true;
+    out.parse_special = true;
+    if (auto e = get_string(obj, "prompt", out.content)) return e;
+    return get_bool(obj, "add_special_tokens", out.add_special);
+  }
   if (!c) return bad_field("content", "'content' is required", "missing_field");
   if (auto e = get_string(obj, "content", out.content)) return e;
   if (auto e = get_bool(obj, "add_special", out.add_special)) return e;

@@ -34,12 +34,26 @@ ApiError bad_field(std::string_view field, std::string message, std::string code
 
 enum class Endpoint { kChat, kCompletion };
 
+// One prompt of a completions request: text, or token ids (range-checked against the model's
+// vocabulary when the job is prepared).
+struct CompletionPrompt {
+  std::string text;
+  std::vector<int32_t> tokens;
+  bool is_tokens = false;
+};
+
+// The most prompts one completions request may carry (a batch: "prompt" as a list).
+inline constexpr size_t kMaxBatchPrompts = 64;
+
 // A generation request (POST /v1/chat/completions or /v1/completions).
 struct GenerationRequest {
   Endpoint endpoint = Endpoint::kChat;
   std::string model;                  // as given (informational)
   std::vector<ChatMessage> messages;  // chat
-  std::string prompt;                 // completions
+  std::string prompt;                 // completions: the first prompt when it is text
+  // Completions: every prompt ("prompt" as a string, a list of strings, a list of token ids or
+  // a list of such lists); one choice each, in this order.
+  std::vector<CompletionPrompt> prompts;
   std::optional<int> max_tokens;      // absent: the server's default, bounded by the context
   SamplerParams sampling;
   bool seed_given = false;
@@ -49,6 +63,13 @@ struct GenerationRequest {
   std::string kv_spec;         // "" = the server's --kv
   std::string session;         // "" = none
   bool ignore_eos = false;     // generate max_tokens even past an end-of-generation token
+  // Log-probabilities: -1 none; else the alternatives per token (completions: `logprobs`;
+  // chat: `top_logprobs`, with `logprobs: true`).
+  int logprobs = -1;
+  bool echo = false;  // completions: the prompt comes back before the answer (and its logprobs)
+  // Extension `context_end`: the prompt's first N tokens are fed (and compressed) as a turn of
+  // their own before the rest; one value for every prompt, or one per prompt. Empty: none.
+  std::vector<int64_t> context_end;
 };
 
 // Parses a request body (the raw bytes: invalid UTF-8 and malformed JSON are reported as such).
@@ -56,11 +77,14 @@ struct GenerationRequest {
 std::optional<ApiError> parse_generation_request(std::string_view body, Endpoint endpoint,
                                                  GenerationRequest& out);
 
-// POST /tokenize: {"content": "...", "add_special": false, "parse_special": false}.
+// POST /tokenize: {"content": "...", "add_special": false, "parse_special": false}; or vLLM's
+// shape {"prompt": "...", "add_special_tokens": true} (special tokens written in the text are
+// always those tokens, as a Hugging Face tokenizer reads them), answered in vLLM's shape.
 struct TokenizeRequest {
   std::string content;
   bool add_special = false;
   bool parse_special = false;
+  bool vllm = false;  // the request came in vLLM's shape ("prompt")
 };
 std::optional<ApiError> parse_tokenize_request(std::string_view body, TokenizeRequest& out);
 

@@ -1,5 +1,6 @@
 #include "serve/format.h"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 namespace d2o::serve {
@@ -49,6 +50,67 @@ std::string event(const json& j) {
   return "data: " + dump(j) + "\n\n";
 }
 
+std::string piece(const Completion& c, TokenId id) {
+  if (!c.tok) return std::string();
+  auto p = c.tok->token_to_piece(id, /*render_special=*/true);
+  return p.ok() ? *p : std::string();
+}
+
+// JSON has no infinities: a token the model rules out entirely gets -9999.
+double finite(float lp) {
+  return std::isfinite(lp) ? static_cast<double>(lp) : -9999.0;
+}
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char ch : s) b.push_back(static_cast<int>(ch));
+  return b;
+}
+
+// Completions' legacy shape: {tokens, token_logprobs, top_logprobs, text_offset}. With `first`
+// (echo), the prompt's first token leads, its log-probability and alternatives null.
+json legacy_logprobs(const Completion& c, const TokenId* first, std::span<const TokenLogprob> lps,
+                     size_t& offset) {
+  json tokens = json::array(), values = json::array(), tops = json::array(),
+       offsets = json::array();
+  auto add = [&](const std::string& p, const json& v, const json& top) {
+    tokens.push_back(p);
+    values.push_back(v);
+    tops.push_back(top);
+    offsets.push_back(offset);
+    offset += p.size();
+  };
+  if (first) add(piece(c, *first), nullptr, nullptr);
+  for (const TokenLogprob& t : lps) {
+    json top = json::object();
+    for (const auto& [id, lp] : t.top) top[piece(c, id)] = finite(lp);
+    top[piece(c, t.token)] = finite(t.logprob);  // the token itself is always there (OpenAI)
+    add(piece(c, t.token), finite(t.logprob), top);
+  }
+  return json{{"tokens", tokens},
+              {"token_logprobs", values},
+              {"top_logprobs", tops},
+              {"text_offset", offsets}};
+}
+
+// Chat's shape: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
+json chat_logprobs(const Completion& c, std::span<const TokenLogprob> lps) {
+  json content = json::array();
+  for (const TokenLogprob& t : lps) {
+    const std::string p = piece(c, t.token);
+    json top = json::array();
+    for (const auto& [id, lp] : t.top) {
+      const std::string q = piece(c, id);
+      top.push_back(json{{"token", q}, {"logprob", finite(lp)}, {"bytes", bytes_of(q)}});
+    }
+    content.push_back(json{{"token", p},
+                           {"logprob", finite(t.logprob)},
+                           {"bytes", bytes_of(p)},
+                           {"top_logprobs", top}});
+  }
+  return json{{"content", content}, {"refusal", nullptr}};
+}
+
 json choice(const Completion& c, bool chunk, std::string_view text, const json& finish) {
   json ch{{"index", 0}, {"finish_reason", finish}, {"logprobs", nullptr}};
   if (c.endpoint == Endpoint::kChat) {
@@ -64,6 +126,23 @@ json choice(const Completion& c, bool chunk, std::string_view text, const json& 
   return ch;
 }
 
+// The choice of a whole (not streamed) answer.
+json full_choice(const Completion& c) {
+  json ch = choice(c, false, c.echo ? c.echo_text + c.text : c.text, c.finish_reason);
+  if (c.logprobs < 0) return ch;
+  size_t offset = 0;
+  if (c.echo) {
+    const TokenId* first = c.prompt_tokens.empty() ? nullptr : &c.prompt_tokens[0];
+    std::vector<TokenLogprob> all = c.prompt_lps;
+    all.insert(all.end(), c.lps.begin(), c.lps.end());
+    ch["logprobs"] = legacy_logprobs(c, first, all, offset);
+  } else {
+    ch["logprobs"] = c.endpoint == Endpoint::kChat ? chat_logprobs(c, c.lps)
+                                                   : legacy_logprobs(c, nullptr, c.lps, offset);
+  }
+  return ch;
+}
+
 }  // namespace
 
 std::string error_body(const ApiError& e) {
@@ -75,7 +154,7 @@ std::string error_body(const ApiError& e) {
 
 std::string completion_body(const Completion& c) {
   json j = base(c, false);
-  j["choices"] = json::array({choice(c, false, c.text, c.finish_reason)});
+  j["choices"] = json::array({full_choice(c)});
   j["usage"] = usage_json(c.usage);
   if (c.session) {
     j["session"] = session_json(*c.session);
@@ -88,6 +167,42 @@ std::string chunk_event(const Completion& c, std::string_view delta, bool first)
   json j = base(c, true);
   json ch = choice(c, true, delta, nullptr);
   if (first && c.endpoint == Endpoint::kChat) ch["delta"]["role"] = "assistant";
+  j["choices"] = json::array({ch});
+  return event(j);
+}
+
+std::string batch_completion_body(std::span<const Completion> cs) {
+  json j = base(cs[0], false);
+  json choices = json::array();
+  Usage u;
+  for (size_t i = 0; i < cs.size(); ++i) {
+    json ch = full_choice(cs[i]);
+    ch["index"] = i;
+    choices.push_back(std::move(ch));
+    u.prompt_tokens += cs[i].usage.prompt_tokens;
+    u.cached_tokens += cs[i].usage.cached_tokens;
+    u.completion_tokens += cs[i].usage.completion_tokens;
+  }
+  j["choices"] = std::move(choices);
+  j["usage"] = usage_json(u);
+  return dump(j);
+}
+
+std::string chunk_event(const Completion& c, std::string_view delta, bool first,
+                        std::span<const TokenLogprob> lps, size_t& offset) {
+  json j = base(c, true);
+  json ch = choice(c, true, delta, nullptr);
+  if (first && c.endpoint == Endpoint::kChat) ch["delta"]["role"] = "assistant";
+  if (c.logprobs >= 0) {
+    if (c.endpoint == Endpoint::kChat) {
+      ch["logprobs"] = chat_logprobs(c, lps);
+    } else {
+      // text_offset: the chunk's tokens laid end to end from where its text begins.
+      size_t at = offset;
+      ch["logprobs"] = legacy_logprobs(c, nullptr, lps, at);
+    }
+  }
+  offset += delta.size();
   j["choices"] = json::array({ch});
   return event(j);
 }

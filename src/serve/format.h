@@ -9,9 +9,12 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "runtime/tokenizer.h"
 #include "serve/api.h"
 
 namespace d2o::serve {
@@ -46,15 +49,32 @@ struct Completion {
   std::string finish_reason;  // "stop" or "length"
   Usage usage;
   std::optional<SessionInfo> session;
+  // Log-probabilities (logprobs >= 0: asked for, with that many alternatives per token): of the
+  // generated tokens, and with echo (completions) the prompt's, whose first token has none.
+  // Tokens are shown as their pieces (tok).
+  int logprobs = -1;
+  bool echo = false;
+  std::string echo_text;  // the prompt as text, before `text` in the answer
+  std::vector<TokenId> prompt_tokens;
+  std::vector<TokenLogprob> prompt_lps;  // [i]: prompt_tokens[i + 1]'s
+  std::vector<TokenLogprob> lps;         // generated tokens'
+  const Tokenizer* tok = nullptr;
 };
 
 // {"error": {...}} (dumped).
 std::string error_body(const ApiError& e);
 // The whole response of a non-streamed request.
 std::string completion_body(const Completion& c);
+// Several prompts' answers (completions with a batch of prompts): one choice each, `index` its
+// prompt's place; the id, model and policy of the first; usage summed.
+std::string batch_completion_body(std::span<const Completion> cs);
 // One SSE event "data: {chunk}\n\n": a text delta (role on the first chat chunk), or the final
 // chunk carrying finish_reason (and usage when asked for; the session extension always).
 std::string chunk_event(const Completion& c, std::string_view delta, bool first);
+// The same carrying the log-probabilities of the tokens generated since the last chunk (`lps`);
+// `offset`: where the chunk's text begins in the answer (completions' text_offset), advanced.
+std::string chunk_event(const Completion& c, std::string_view delta, bool first,
+                        std::span<const TokenLogprob> lps, size_t& offset);
 std::string final_chunk_event(const Completion& c, bool include_usage);
 // A usage-only chunk (stream_options.include_usage) and the end marker.
 std::string usage_chunk_event(const Completion& c);

@@ -176,13 +176,14 @@ void HttpServer::stop(double grace_s) {
   svr_->stop();
 }
 
-std::optional<ApiError> HttpServer::prepare(const GenerationRequest& g, Job& job) const {
+std::optional<ApiError> HttpServer::prepare(const GenerationRequest& g, Job& job,
+                                            size_t index) const {
   PrepareOptions po;
   po.n_ctx = opts_.n_ctx;
   po.default_max_tokens = opts_.default_max_tokens;
   po.default_kv = opts_.default_kv;
   po.model_name = opts_.model_name;
-  return prepare_job(g, tok_, tmpl_, po, job);
+  return prepare_job(g, tok_, tmpl_, po, job, index);
 }
 
 std::optional<std::string> HttpServer::key_name(const httplib::Request& req) const {
@@ -216,17 +217,49 @@ void HttpServer::answer(Job& job, const httplib::Request& req, httplib::Response
   res.set_content(completion_body(job.completion), kJson);
 }
 
+void HttpServer::answer_batch(const std::vector<std::shared_ptr<Job>>& jobs,
+                              const httplib::Request& req, httplib::Response& res) {
+  const int fd = request_socket(req);
+  auto cancel_all = [&] {
+    for (const auto& j : jobs) j->cancel = true;
+  };
+  std::vector<Completion> done;
+  done.reserve(jobs.size());
+  for (const auto& job : jobs) {
+    std::string text, piece;
+    while (!Service::wait_events(*job, piece, 200)) {
+      text += piece;
+      if (fd >= 0 && !job->cancel.load() && peer_gone(fd)) cancel_all();
+    }
+    text += piece;
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (job->error) {
+      cancel_all();
+      return send_error(res, *job->error);
+    }
+    job->completion.text = std::move(text);
+    done.push_back(job->completion);
+  }
+  res.set_content(batch_completion_body(done), kJson);
+}
+
 void HttpServer::stream(const std::shared_ptr<Job>& job, bool include_usage,
                         std::shared_ptr<InFlight> in_flight, httplib::Response& res) {
   auto first = std::make_shared<bool>(true);
+  auto offset = std::make_shared<size_t>(0);  // text_offset of the next chunk's text
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [job, first, include_usage](size_t, httplib::DataSink& sink) {
+      [job, first, offset, include_usage](size_t, httplib::DataSink& sink) {
         std::string piece;
-        const bool done = Service::wait_events(*job, piece, 100);
+        std::vector<TokenLogprob> lps;
+        const bool done = job->stream_logprobs ? Service::wait_events(*job, piece, lps, 100)
+                                               : Service::wait_events(*job, piece, 100);
         std::string out;
-        if (!piece.empty()) {
+        if (job->stream_logprobs && (!piece.empty() || !lps.empty())) {
+          out = chunk_event(job->completion, piece, *first, lps, *offset);
+          *first = false;
+        } else if (!piece.empty()) {
           out = chunk_event(job->completion, piece, *first);
           *first = false;
         }
@@ -315,8 +348,28 @@ void HttpServer::routes() {
     enc.add_special = t.add_special;
     enc.parse_special = t.parse_special;
     auto ids = tok_.encode(t.content, enc);
-    if (!ids.ok()) return send_error(res, bad_field("content", ids.status().message()));
+    if (!ids.ok())
+      return send_error(res, bad_field(t.vllm ? "prompt" : "content", ids.status().message()));
+    if (t.vllm) {  // vLLM's answer
+      res.set_content(json{{"tokens", *ids},
+                           {"count", ids->size()},
+                           {"max_model_len", opts_.n_ctx},
+                           {"token_strs", nullptr}}
+                          .dump(),
+                      kJson);
+      return;
+    }
     res.set_content(json{{"tokens", *ids}}.dump(), kJson);
+  });
+  // vLLM's description of the tokenizer (what a remote-tokenizer client reads first).
+  s.Get("/tokenizer_info", [this](const httplib::Request&, httplib::Response& res) {
+    auto special = [&](TokenId id) { return id >= 0 ? json(tok_.token_text(id)) : json(nullptr); };
+    json info{{"tokenizer_class", "d2o"},         {"model", opts_.model_name},
+              {"vocab_size", tok_.n_vocab()},     {"bos_token", special(tok_.bos())},
+              {"eos_token", special(tok_.eos())}, {"pad_token", nullptr},
+              {"add_bos_token", tok_.add_bos()},  {"add_eos_token", tok_.add_eos()},
+              {"model_max_length", opts_.n_ctx}};
+    res.set_content(info.dump(-1, ' ', false, json::error_handler_t::replace), kJson);
   });
   s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
     std::vector<int32_t> ids;
@@ -324,7 +377,9 @@ void HttpServer::routes() {
       return send_error(res, *e);
     auto text = tok_.decode(ids, /*render_special=*/false);
     if (!text.ok()) return send_error(res, bad_field("tokens", text.status().message()));
-    res.set_content(json{{"content", *text}}.dump(-1, ' ', false, json::error_handler_t::replace),
+    // "prompt": the same text under vLLM's name.
+    res.set_content(json{{"content", *text}, {"prompt", *text}}.dump(
+                        -1, ' ', false, json::error_handler_t::replace),
                     kJson);
   });
   auto generation = [this](Endpoint ep) {
@@ -344,22 +399,32 @@ void HttpServer::routes() {
         service_.count_outcome("invalid", who);
         return send_error(res, *e);
       }
-      auto job = std::make_shared<Job>();
-      job->key_name = who;
-      if (auto e = prepare(g, *job)) {
-        service_.count_outcome(e->http_status == 503 ? "rejected" : "invalid", who);
-        return send_error(res, *e);
+      // One job per prompt (completions may carry a batch).
+      const size_t n_jobs = ep == Endpoint::kCompletion ? std::max<size_t>(1, g.prompts.size()) : 1;
+      std::vector<std::shared_ptr<Job>> jobs;
+      for (size_t i = 0; i < n_jobs; ++i) {
+        auto job = std::make_shared<Job>();
+        job->key_name = who;
+        if (auto e = prepare(g, *job, i)) {
+          service_.count_outcome(e->http_status == 503 ? "rejected" : "invalid", who);
+          return send_error(res, *e);
+        }
+        jobs.push_back(std::move(job));
       }
       if (draining_) {
         service_.count_outcome("rejected", who);
         return send_error(res, plain_error(503, "the server is shutting down", "shutting_down"));
       }
-      if (auto e = service_.submit(job)) {
-        service_.count_outcome("rejected", who);
-        return send_error(res, *e);
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        if (auto e = service_.submit(jobs[i])) {
+          for (size_t j = 0; j < i; ++j) jobs[j]->cancel = true;
+          service_.count_outcome("rejected", who);
+          return send_error(res, *e);
+        }
       }
-      if (!g.stream) return answer(*job, req, res);
-      stream(job, g.include_usage, guard, res);
+      if (jobs.size() > 1) return answer_batch(jobs, req, res);
+      if (!g.stream) return answer(*jobs[0], req, res);
+      stream(jobs[0], g.include_usage, guard, res);
     };
   };
   s.Post("/v1/chat/completions", generation(Endpoint::kChat));

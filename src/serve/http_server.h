@@ -79,7 +79,7 @@ class HttpServer {
 
  private:
   void routes();
-  std::optional<ApiError> prepare(const GenerationRequest& g, Job& job) const;
+  std::optional<ApiError> prepare(const GenerationRequest& g, Job& job, size_t index) const;
   // The name of the key `req` carries: "" on an open server, nullopt when it carries none of
   // the keys.
   std::optional<std::string> key_name(const httplib::Request& req) const;
@@ -88,6 +88,10 @@ class HttpServer {
   // Waits for the job and writes the whole response; cancels the job when the client closes
   // its connection meanwhile.
   void answer(Job& job, const httplib::Request& req, httplib::Response& res);
+  // The same for the jobs of a batch of prompts (one choice each); the first error answers for
+  // all and cancels the others.
+  void answer_batch(const std::vector<std::shared_ptr<Job>>& jobs, const httplib::Request& req,
+                    httplib::Response& res);
   // Streams the job as Server-Sent Events; a failed write cancels it. `in_flight` is kept until
   // the stream ends.
   struct InFlight;

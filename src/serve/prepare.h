@@ -22,8 +22,10 @@ struct PrepareOptions {
   std::string model_name;
 };
 
-// tmpl null: the model has no chat template (chat requests are a 400).
+// tmpl null: the model has no chat template (chat requests are a 400). `index`: which of a
+// completions request's prompts (GenerationRequest::prompts) the job answers.
 std::optional<ApiError> prepare_job(const GenerationRequest& g, const Tokenizer& tok,
-                                    const ChatTemplate* tmpl, const PrepareOptions& o, Job& job);
+                                    const ChatTemplate* tmpl, const PrepareOptions& o, Job& job,
+                                    size_t index = 0);
 
 }  // namespace d2o::serve

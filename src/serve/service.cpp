@@ -115,6 +115,18 @@ bool Service::wait_events(Job& job, std::string& text, int timeout_ms) {
   return job.done && job.text.empty();
 }
 
+bool Service::wait_events(Job& job, std::string& text, std::vector<TokenLogprob>& lps,
+                          int timeout_ms) {
+  std::unique_lock<std::mutex> lock(job.mu);
+  job.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                  [&] { return job.done || !job.text.empty() || !job.lps.empty(); });
+  text = std::move(job.text);
+  job.text.clear();
+  lps = std::move(job.lps);
+  job.lps.clear();
+  return job.done;
+}
+
 void Service::fail_job(Job& job, ApiError e) {
   if (!job.session.empty()) {
     if (Session* s = sessions_.find(job.store_id); s && s->busy) sessions_.drop(job.store_id);
@@ -149,6 +161,9 @@ void Service::start_job(const std::shared_ptr<Job>& job) {
   req.sampling = job->sampling;
   req.kv_spec = job->kv_spec;
   req.stop_at_eog = !job->ignore_eos;
+  req.logprobs = job->logprobs;
+  req.prompt_logprobs = job->prompt_logprobs;
+  req.context_end = job->context_end;
   job->out.emplace(tok_, job->stops);
   job->completion.usage.prompt_tokens = static_cast<int>(job->prompt.size());
   if (!job->key_name.empty()) job->key_counts = &counters_.by_key[job->key_name];
@@ -232,6 +247,17 @@ void Service::start_job(const std::shared_ptr<Job>& job) {
   req.prompt.assign(job->prompt.begin() + static_cast<ptrdiff_t>(skip), job->prompt.end());
   Job* raw = job.get();
   req.on_token = [this, raw](TokenId t) { return on_token(*raw, t); };
+  if (job->stream_logprobs) {
+    // Chat answers list only the tokens of the message (as OpenAI's do), not the
+    // end-of-generation token that ended it; completions list it (a prompt scored with
+    // max_tokens 1 then always has one value after it).
+    const bool chat = job->completion.endpoint == Endpoint::kChat && !job->ignore_eos;
+    req.on_logprob = [this, raw, chat](const TokenLogprob& lp) {
+      if (chat && tok_.is_eog(lp.token)) return;
+      std::lock_guard<std::mutex> lock(raw->mu);
+      raw->lps.push_back(lp);
+    };
+  }
   const size_t held = req.resume_held;
   auto id = sched_->submit(std::move(req));
   if (!id.ok()) {
@@ -355,6 +381,11 @@ void Service::finish_job(Job& job, RequestResult& r) {
   job.text += tail;
   job.completion.finish_reason = std::move(finish_reason);
   job.completion.usage.completion_tokens = static_cast<int>(r.tokens.size());
+  job.completion.lps = std::move(r.logprobs);
+  if (job.completion.endpoint == Endpoint::kChat && r.stop_reason == "eog" &&
+      job.completion.lps.size() > r.tokens.size())
+    job.completion.lps.pop_back();  // the end-of-generation token (see start_job)
+  job.completion.prompt_lps = std::move(r.prompt_logprobs);
   job.completion.session = std::move(session);
 }
 

@@ -50,6 +50,10 @@ struct Job {
   // counts its requests and tokens under the name.
   std::string key_name;
   bool ignore_eos = false;  // true: only max_tokens, stop strings and a cancel end the answer
+  int logprobs = -1;        // Request::logprobs
+  bool prompt_logprobs = false;  // Request::prompt_logprobs (echo with logprobs)
+  int64_t context_end = 0;       // Request::context_end
+  bool stream_logprobs = false;  // streamed: each token's log-probabilities go to `lps` too
   Completion completion;    // id, created, model, endpoint; the rest is filled at the end
 
   // Set by the handler: the client is gone (checked before every step).
@@ -59,6 +63,7 @@ struct Job {
   std::mutex mu;
   std::condition_variable cv;
   std::string text;
+  std::vector<TokenLogprob> lps;  // stream_logprobs: not yet taken by the handler
   bool done = false;
   std::optional<ApiError> error;
 
@@ -106,6 +111,9 @@ class Service {
   // Waits until the job has new text or is done (or `timeout_ms` passed); moves the new text
   // into `text`. Returns true when the job is done (its error or completion final).
   static bool wait_events(Job& job, std::string& text, int timeout_ms);
+  // The same, also moving the new tokens' log-probabilities (Job::stream_logprobs) into `lps`.
+  static bool wait_events(Job& job, std::string& text, std::vector<TokenLogprob>& lps,
+                          int timeout_ms);
 
   Metrics metrics() const;
   // Counts a request that never reached the engine (invalid, rejected) for /metrics, also under

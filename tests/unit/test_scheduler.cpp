@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "common/alloc_counter.h"
@@ -638,6 +639,150 @@ TEST_F(SchedulerTest, EngineRejectsInconsistentPromptChunks) {
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(seq.prompt_pending(), 0);
   EXPECT_EQ(seq.n_past(), 20);
+}
+
+// Log-probabilities: log-softmax of the raw logits, computed here naively (a full sort, double)
+// from one whole-prompt pass of the engine; the scheduler's come from chunked prompts.
+struct NaiveLogprobs {
+  std::vector<std::vector<double>> rows;  // per prompt token: log-softmax of its logits
+};
+
+NaiveLogprobs naive_prompt_logprobs(Engine& engine, const ModelHParams& hp,
+                                    const std::vector<TokenId>& p) {
+  NaiveLogprobs out;
+  out.rows.resize(p.size());
+  Sequence seq(hp, KvType::kF16, nullptr);
+  auto sink = [&](int, int token, const float* l) {
+    double mx = l[0];
+    for (int v = 0; v < hp.n_vocab; ++v) mx = std::max(mx, static_cast<double>(l[v]));
+    double sum = 0;
+    for (int v = 0; v < hp.n_vocab; ++v) sum += std::exp(static_cast<double>(l[v]) - mx);
+    auto& row = out.rows[static_cast<size_t>(token)];
+    for (int v = 0; v < hp.n_vocab; ++v) row.push_back(l[v] - mx - std::log(sum));
+  };
+  BatchEntry be;
+  be.seq = &seq;
+  be.tokens = p;
+  be.logits_from = 0;
+  EXPECT_TRUE(engine.forward({&be, 1}, sink).ok());
+  return out;
+}
+
+TEST_F(SchedulerTest, PromptAndGeneratedLogprobsAreLogSoftmaxOfTheLogits) {
+  ThreadPool pool(2);
+  EngineOptions eo;
+  eo.n_ubatch = 64;
+  Engine engine(*model_, pool, eo);
+  const ModelHParams& hp = model_->hparams();
+  const std::vector<TokenId> p = prompt(40, 77);  // three 16-token chunks
+  const NaiveLogprobs ref = naive_prompt_logprobs(engine, hp, p);
+
+  Request r = request(p, 4);
+  r.prompt_logprobs = true;
+  r.logprobs = 5;
+  const std::vector<RequestResult> res = run_all(engine, params(size_t{16} << 20), {r});
+  ASSERT_EQ(res.size(), 1u);
+  ASSERT_TRUE(res[0].status.ok()) << res[0].status.to_string();
+  ASSERT_EQ(res[0].prompt_logprobs.size(), p.size() - 1);
+  for (size_t i = 0; i + 1 < p.size(); ++i) {
+    SCOPED_TRACE("prompt token " + std::to_string(i + 1));
+    const TokenLogprob& t = res[0].prompt_logprobs[i];
+    const std::vector<double>& row = ref.rows[i];
+    EXPECT_EQ(t.token, p[i + 1]);
+    // The same weights and cache type; only the chunking differs (f32 sums in another order).
+    EXPECT_NEAR(t.logprob, row[static_cast<size_t>(p[i + 1])], 2e-4);
+    std::vector<int> order(row.size());
+    for (size_t v = 0; v < row.size(); ++v) order[v] = static_cast<int>(v);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return row[a] > row[b]; });
+    ASSERT_EQ(t.top.size(), 5u);
+    for (size_t k = 0; k < 5; ++k) {
+      EXPECT_NEAR(t.top[k].second, row[static_cast<size_t>(order[k])], 2e-4);
+      if (k > 0) {
+        EXPECT_GE(t.top[k - 1].second, t.top[k].second);
+      }
+    }
+    EXPECT_EQ(t.top[0].first, order[0]);
+  }
+  // Greedy: each generated token is its row's most likely, with the same value.
+  ASSERT_EQ(res[0].logprobs.size(), res[0].tokens.size());
+  ASSERT_EQ(res[0].tokens.size(), 4u);
+  for (size_t k = 0; k < res[0].tokens.size(); ++k) {
+    const TokenLogprob& t = res[0].logprobs[k];
+    EXPECT_EQ(t.token, res[0].tokens[k]);
+    ASSERT_FALSE(t.top.empty());
+    EXPECT_EQ(t.top[0].first, t.token);
+    EXPECT_EQ(t.top[0].second, t.logprob);
+    EXPECT_LE(t.logprob, 0.0f);
+  }
+  EXPECT_NEAR(res[0].logprobs[0].logprob, ref.rows.back()[static_cast<size_t>(res[0].tokens[0])],
+              2e-4);
+
+  // Scored only: nothing generated, the same values.
+  Request z = request(p, 0);
+  z.prompt_logprobs = true;
+  z.logprobs = 0;
+  const std::vector<RequestResult> zres = run_all(engine, params(size_t{16} << 20), {z});
+  ASSERT_EQ(zres.size(), 1u);
+  EXPECT_TRUE(zres[0].status.ok());
+  EXPECT_EQ(zres[0].stop_reason, "length");
+  EXPECT_TRUE(zres[0].tokens.empty());
+  ASSERT_EQ(zres[0].prompt_logprobs.size(), p.size() - 1);
+  for (size_t i = 0; i + 1 < p.size(); ++i) {
+    EXPECT_EQ(zres[0].prompt_logprobs[i].logprob, res[0].prompt_logprobs[i].logprob);
+    EXPECT_TRUE(zres[0].prompt_logprobs[i].top.empty());
+  }
+  // Without prompt_logprobs a request must generate.
+  Request bad = request(p, 0);
+  auto s = Scheduler::create(engine, params(size_t{16} << 20));
+  ASSERT_TRUE(s.ok());
+  EXPECT_FALSE((*s)->submit(bad).ok());
+  Request many = request(p, 1);
+  many.logprobs = kMaxTopLogprobs + 1;
+  EXPECT_FALSE((*s)->submit(many).ok());
+  Request past = request(p, 1);
+  past.context_end = std::ssize(p);
+  EXPECT_FALSE((*s)->submit(past).ok());
+}
+
+// context_end: with a ratio policy the context is compressed at its end, so the tokens after it
+// are scored against the compressed cache; before it, and under the full cache, nothing changes.
+TEST_F(SchedulerTest, ContextEndCompressesTheContextBeforeTheRestIsScored) {
+  ThreadPool pool(2);
+  EngineOptions eo;
+  eo.n_ubatch = 64;
+  Engine engine(*model_, pool, eo);
+  const std::vector<TokenId> p = prompt(48, 78);
+  const int64_t ce = 30;
+  auto scored = [&](const std::string& kv, int64_t context_end) {
+    Request r = request(p, 0);
+    r.prompt_logprobs = true;
+    r.logprobs = 0;
+    r.kv_spec = kv;
+    r.context_end = context_end;
+    std::vector<RequestResult> res = run_all(engine, params(size_t{16} << 20), {r});
+    EXPECT_EQ(res.size(), 1u);
+    EXPECT_TRUE(res[0].status.ok()) << res[0].status.to_string();
+    std::vector<float> v;
+    for (const TokenLogprob& t : res[0].prompt_logprobs) v.push_back(t.logprob);
+    return v;
+  };
+  const std::vector<float> full = scored("full", 0);
+  const std::vector<float> full_ce = scored("full", ce);
+  const std::vector<float> ratio = scored("h2o:ratio=0.3", 0);
+  const std::vector<float> ratio_ce = scored("h2o:ratio=0.3", ce);
+  ASSERT_EQ(full.size(), p.size() - 1);
+  ASSERT_EQ(ratio_ce.size(), p.size() - 1);
+  double max_after = 0;
+  for (size_t i = 0; i + 1 < p.size(); ++i) {
+    EXPECT_NEAR(full_ce[i], full[i], 2e-4) << i;
+    EXPECT_NEAR(ratio[i], full[i], 2e-4) << i;  // compressed only at the prompt's end
+    if (static_cast<int64_t>(i) + 1 < ce) {
+      EXPECT_NEAR(ratio_ce[i], full[i], 2e-4) << i;  // the context itself: not yet compressed
+    } else {
+      max_after = std::max(max_after, std::fabs(static_cast<double>(ratio_ce[i]) - full[i]));
+    }
+  }
+  EXPECT_GT(max_after, 1e-3);  // the rest saw 30% of the context
 }
 
 }  // namespace

@@ -151,12 +151,127 @@ TEST(ServeApi, CompletionPrompt) {
   GenerationRequest g;
   ASSERT_FALSE(parse_generation_request(R"({"prompt":["once"]})", Endpoint::kCompletion, g));
   EXPECT_EQ(g.prompt, "once");
-  auto e = parse_generation_request(R"({"prompt":["a","b"]})", Endpoint::kCompletion, g);
-  ASSERT_TRUE(e);
-  EXPECT_EQ(e->param, "prompt");
-  e = parse_generation_request(R"({"prompt":5})", Endpoint::kCompletion, g);
+  auto e = parse_generation_request(R"({"prompt":5})", Endpoint::kCompletion, g);
   ASSERT_TRUE(e);
   EXPECT_EQ(e->code, "invalid_type");
+}
+
+// OpenAI's forms of "prompt": a list of strings, of token ids, of token-id lists.
+TEST(ServeApi, CompletionPromptBatchesAndTokenIds) {
+  GenerationRequest g;
+  ASSERT_FALSE(parse_generation_request(R"({"prompt":["a","b"]})", Endpoint::kCompletion, g));
+  ASSERT_EQ(g.prompts.size(), 2u);
+  EXPECT_EQ(g.prompts[1].text, "b");
+  EXPECT_EQ(g.prompt, "a");
+  ASSERT_FALSE(parse_generation_request(R"({"prompt":[5,6,7]})", Endpoint::kCompletion, g));
+  ASSERT_EQ(g.prompts.size(), 1u);
+  EXPECT_TRUE(g.prompts[0].is_tokens);
+  EXPECT_EQ(g.prompts[0].tokens, (std::vector<int32_t>{5, 6, 7}));
+  ASSERT_FALSE(parse_generation_request(R"({"prompt":[[1,2],"x",[3]]})", Endpoint::kCompletion, g));
+  ASSERT_EQ(g.prompts.size(), 3u);
+  EXPECT_EQ(g.prompts[2].tokens, (std::vector<int32_t>{3}));
+  EXPECT_FALSE(g.prompts[1].is_tokens);
+  struct Bad {
+    const char* body;
+    const char* param;
+  };
+  for (const Bad& b :
+       {Bad{R"({"prompt":[]})", "prompt"}, Bad{R"({"prompt":[[]]})", "prompt[0]"},
+        Bad{R"({"prompt":[-1]})", "prompt"}, Bad{R"({"prompt":[["x"]]})", "prompt[0]"},
+        Bad{R"({"prompt":[[1],2]})", "prompt[1]"}, Bad{R"({"prompt":[9999999999]})", "prompt"},
+        Bad{R"({"prompt":[1.5]})", "prompt"}, Bad{R"({"prompt":["a",""]})", "prompt[1]"},
+        Bad{R"({"prompt":["a","b"],"stream":true})", "stream"}}) {
+    auto e = parse_generation_request(b.body, Endpoint::kCompletion, g);
+    ASSERT_TRUE(e) << b.body;
+    EXPECT_EQ(e->http_status, 400) << b.body;
+    EXPECT_EQ(e->param, b.param) << b.body;
+  }
+  std::string many = R"({"prompt":[)";
+  for (size_t i = 0; i <= kMaxBatchPrompts; ++i) many += std::string(i ? "," : "") + "\"x\"";
+  many += "]}";
+  auto e = parse_generation_request(many, Endpoint::kCompletion, g);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "prompt");
+}
+
+TEST(ServeApi, LogprobsEchoAndContextEnd) {
+  GenerationRequest g;
+  ASSERT_FALSE(parse_generation_request(R"({"prompt":"x"})", Endpoint::kCompletion, g));
+  EXPECT_EQ(g.logprobs, -1);
+  EXPECT_FALSE(g.echo);
+  EXPECT_TRUE(g.context_end.empty());
+  ASSERT_FALSE(parse_generation_request(R"({"prompt":"x","logprobs":3,"echo":true,"max_tokens":0})",
+                                        Endpoint::kCompletion, g));
+  EXPECT_EQ(g.logprobs, 3);
+  EXPECT_TRUE(g.echo);
+  EXPECT_EQ(g.max_tokens, 0);
+  ASSERT_FALSE(parse_generation_request(
+      R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":20})",
+      Endpoint::kChat, g));
+  EXPECT_EQ(g.logprobs, 20);
+  ASSERT_FALSE(parse_generation_request(
+      R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})", Endpoint::kChat, g));
+  EXPECT_EQ(g.logprobs, 0);
+  ASSERT_FALSE(parse_generation_request(R"({"prompt":["a","b"],"context_end":4})",
+                                        Endpoint::kCompletion, g));
+  EXPECT_EQ(g.context_end, (std::vector<int64_t>{4, 4}));
+  ASSERT_FALSE(parse_generation_request(R"({"prompt":["a","b"],"context_end":[2,3]})",
+                                        Endpoint::kCompletion, g));
+  EXPECT_EQ(g.context_end, (std::vector<int64_t>{2, 3}));
+  struct Bad {
+    const char* body;
+    const char* param;
+  };
+  const Endpoint C = Endpoint::kCompletion, K = Endpoint::kChat;
+  const std::string m = R"("messages":[{"role":"user","content":"x"}])";
+  const std::vector<std::pair<Endpoint, Bad>> bad = {
+      {C, {R"({"prompt":"x","logprobs":21})", "logprobs"}},
+      {C, {R"({"prompt":"x","logprobs":-1})", "logprobs"}},
+      {C, {R"({"prompt":"x","logprobs":true})", "logprobs"}},
+      {C, {R"({"prompt":"x","echo":1})", "echo"}},
+      {C, {R"({"prompt":"x","max_tokens":0})", "max_tokens"}},
+      {C, {R"({"prompt":"x","echo":true,"stream":true})", "echo"}},
+      {C, {R"({"prompt":"x","echo":true,"session":"s"})", "echo"}},
+      {C, {R"({"prompt":"x","context_end":0})", "context_end"}},
+      {C, {R"({"prompt":"x","context_end":"3"})", "context_end"}},
+      {C, {R"({"prompt":"x","context_end":[1,2]})", "context_end"}},
+      {C, {R"({"prompt":["x","y"],"context_end":[1,-2]})", "context_end[1]"}},
+      {C, {R"({"prompt":"x","context_end":2,"session":"s"})", "context_end"}},
+      {C, {R"({"prompt":["x","y"],"session":"s"})", "prompt"}},
+  };
+  for (const auto& [ep, b] : bad) {
+    auto e = parse_generation_request(b.body, ep, g);
+    ASSERT_TRUE(e) << b.body;
+    EXPECT_EQ(e->http_status, 400) << b.body;
+    EXPECT_EQ(e->param, b.param) << b.body;
+  }
+  for (const auto& [body, param] : std::vector<std::pair<std::string, std::string>>{
+           {"{" + m + R"(,"logprobs":2})", "logprobs"},
+           {"{" + m + R"(,"top_logprobs":2})", "top_logprobs"},
+           {"{" + m + R"(,"logprobs":true,"top_logprobs":21})", "top_logprobs"},
+           {"{" + m + R"(,"logprobs":false,"top_logprobs":1})", "top_logprobs"}}) {
+    auto e = parse_generation_request(body, K, g);
+    ASSERT_TRUE(e) << body;
+    EXPECT_EQ(e->param, param) << body;
+  }
+}
+
+TEST(ServeApi, TokenizeInVllmShape) {
+  TokenizeRequest t;
+  ASSERT_FALSE(parse_tokenize_request(R"({"prompt":"a<b>"})", t));
+  EXPECT_TRUE(t.vllm);
+  EXPECT_TRUE(t.add_special);
+  EXPECT_TRUE(t.parse_special);
+  EXPECT_EQ(t.content, "a<b>");
+  ASSERT_FALSE(
+      parse_tokenize_request(R"({"model":"m","prompt":"a","add_special_tokens":false})", t));
+  EXPECT_FALSE(t.add_special);
+  ASSERT_FALSE(parse_tokenize_request(R"({"content":"a"})", t));
+  EXPECT_FALSE(t.vllm);
+  EXPECT_FALSE(t.add_special);
+  auto e = parse_tokenize_request(R"({"prompt":3})", t);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "prompt");
 }
 
 // Found by fuzz_serve_request: a top_p in range as a double but below the smallest float was

@@ -433,5 +433,157 @@ TEST(ServeHttp, SlowHeadersHoldNoThreadAndTimeOut) {
   server.join();
 }
 
+// Log-probabilities, echo, token-id prompts and batches, and vLLM's tokenizer endpoints.
+TEST(ServeHttp, LogprobsEchoBatchesAndTokenizerEndpoints) {
+  test::ServeStack st;
+  ASSERT_NO_FATAL_FAILURE(st.start("serve_http_lp", size_t{8} << 20, 4, 64));
+  auto tmpl = ChatTemplate::from_name("chatml");
+  ASSERT_TRUE(tmpl.ok());
+  HttpServer http(*st.service, *st.tok, &*tmpl, test_options(4));
+  ASSERT_TRUE(http.bind().ok());
+  std::thread server([&] { http.run(); });
+  httplib::Client cli("127.0.0.1", http.port());
+  auto post = [&](const std::string& path, const json& body) {
+    auto r = cli.Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    return r ? std::make_pair(r->status, r->body) : std::make_pair(0, std::string());
+  };
+
+  // vLLM's /tokenize and /tokenizer_info; /detokenize answers under both names.
+  auto [ts, tb] = post("/tokenize", json{{"prompt", "t42t7t55t6"}});
+  ASSERT_EQ(ts, 200) << tb;
+  const json tj = json::parse(tb);
+  const std::vector<int> ids = tj["tokens"].get<std::vector<int>>();
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(tj["count"], ids.size());
+  EXPECT_EQ(tj["max_model_len"], 8192);
+  auto [ds, db] = post("/detokenize", json{{"tokens", ids}});
+  ASSERT_EQ(ds, 200);
+  EXPECT_EQ(json::parse(db)["prompt"], "t42t7t55t6");
+  EXPECT_EQ(json::parse(db)["content"], "t42t7t55t6");
+  auto info = cli.Get("/tokenizer_info");
+  ASSERT_TRUE(info);
+  ASSERT_EQ(info->status, 200);
+  EXPECT_EQ(json::parse(info->body)["model_max_length"], 8192);
+
+  // The same prompt as text and as ids, echoed and scored: the first token has no value, the
+  // others one each, then the generated token.
+  const json text_req{{"prompt", "t42t7t55t6"},
+                      {"max_tokens", 1},
+                      {"temperature", 0},
+                      {"logprobs", 2},
+                      {"echo", true}};
+  auto [s1, b1] = post("/v1/completions", text_req);
+  ASSERT_EQ(s1, 200) << b1;
+  json id_req = text_req;
+  id_req["prompt"] = ids;
+  auto [s2, b2] = post("/v1/completions", id_req);
+  ASSERT_EQ(s2, 200) << b2;
+  const json c1 = json::parse(b1)["choices"][0], c2 = json::parse(b2)["choices"][0];
+  EXPECT_EQ(c1["logprobs"], c2["logprobs"]);
+  EXPECT_EQ(c1["text"], c2["text"]);
+  const json& lp = c1["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), ids.size() + 1);
+  ASSERT_EQ(lp["token_logprobs"].size(), ids.size() + 1);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  for (size_t k = 1; k < lp["token_logprobs"].size(); ++k) {
+    const double v = lp["token_logprobs"][k].get<double>();
+    EXPECT_LE(v, 0.0);
+    // The token itself and its 2 alternatives (fewer when it is one of them).
+    const json& top = lp["top_logprobs"][k];
+    EXPECT_GE(top.size(), 2u);
+    EXPECT_LE(top.size(), 3u);
+    EXPECT_EQ(top[lp["tokens"][k].get<std::string>()], v);
+  }
+  EXPECT_EQ(lp["text_offset"][0], 0);
+  EXPECT_EQ(c1["text"].get<std::string>().rfind("t42t7t55t6", 0), 0u);
+
+  // Scored only (max_tokens 0), and a batch: one choice per prompt, in order, each what it is
+  // alone.
+  json zero = id_req;
+  zero["max_tokens"] = 0;
+  auto [s3, b3] = post("/v1/completions", zero);
+  ASSERT_EQ(s3, 200) << b3;
+  const json z = json::parse(b3);
+  EXPECT_EQ(z["choices"][0]["text"], "t42t7t55t6");
+  EXPECT_EQ(z["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(z["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(z["choices"][0]["logprobs"]["token_logprobs"].size(), ids.size());
+  json batch = id_req;
+  batch["prompt"] = json::array({ids, "t9t8", json::array({5, 6, 7})});
+  auto [s4, b4] = post("/v1/completions", batch);
+  ASSERT_EQ(s4, 200) << b4;
+  const json bj = json::parse(b4);
+  ASSERT_EQ(bj["choices"].size(), 3u);
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(bj["choices"][k]["index"], k);
+  EXPECT_EQ(bj["choices"][0]["logprobs"], c1["logprobs"]);
+  EXPECT_EQ(bj["choices"][2]["logprobs"]["tokens"].size(), 4u);
+
+  // Generated tokens' values, plain and streamed, on both endpoints.
+  const json gen{{"prompt", "t42t7"},
+                 {"max_tokens", 5},
+                 {"temperature", 0},
+                 {"logprobs", 3},
+                 {"ignore_eos", true}};
+  auto [s5, b5] = post("/v1/completions", gen);
+  ASSERT_EQ(s5, 200) << b5;
+  const json plain_lp = json::parse(b5)["choices"][0]["logprobs"];
+  EXPECT_EQ(plain_lp["tokens"].size(), 5u);
+  json sgen = gen;
+  sgen["stream"] = true;
+  auto [s6, b6] = post("/v1/completions", sgen);
+  ASSERT_EQ(s6, 200);
+  std::vector<double> streamed;
+  for (size_t q = 0; (q = b6.find("data: ", q)) != std::string::npos;) {
+    const size_t end = b6.find("\n\n", q);
+    const std::string data = b6.substr(q + 6, end - q - 6);
+    q = end;
+    if (data == "[DONE]") continue;
+    const json j = json::parse(data);
+    if (j["choices"].empty() || j["choices"][0]["logprobs"].is_null()) continue;
+    for (const json& v : j["choices"][0]["logprobs"]["token_logprobs"]) streamed.push_back(v);
+  }
+  EXPECT_EQ(json(streamed), plain_lp["token_logprobs"]);
+  const json chat_req{{"messages", json::array({{{"role", "user"}, {"content", "t42t7"}}})},
+                      {"max_tokens", 4},
+                      {"temperature", 0},
+                      {"logprobs", true},
+                      {"top_logprobs", 2},
+                      {"ignore_eos", true}};
+  auto [s7, b7] = post("/v1/chat/completions", chat_req);
+  ASSERT_EQ(s7, 200) << b7;
+  const json content = json::parse(b7)["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 4u);
+  for (const json& t : content) {
+    EXPECT_EQ(t["top_logprobs"].size(), 2u);
+    EXPECT_GE(t["top_logprobs"][0]["logprob"], t["top_logprobs"][1]["logprob"]);
+    EXPECT_EQ(t["top_logprobs"][0]["logprob"], t["logprob"]);  // greedy
+    EXPECT_TRUE(t["bytes"].is_array());
+  }
+
+  // Out-of-range ids, a context end past the prompt: 400 naming the field.
+  json bad = id_req;
+  bad["prompt"] = json::array({5, 1000000});
+  auto [s8, b8] = post("/v1/completions", bad);
+  EXPECT_EQ(s8, 400);
+  EXPECT_EQ(json::parse(b8)["error"]["param"], "prompt");
+  bad["prompt"] = json::array({json::array({5}), json::array({-3})});
+  auto [s9, b9] = post("/v1/completions", bad);
+  EXPECT_EQ(s9, 400);
+  EXPECT_EQ(json::parse(b9)["error"]["param"], "prompt[1]");
+  bad = id_req;
+  bad["context_end"] = ids.size();
+  auto [s10, b10] = post("/v1/completions", bad);
+  EXPECT_EQ(s10, 400);
+  EXPECT_EQ(json::parse(b10)["error"]["param"], "context_end");
+  bad["context_end"] = 2;
+  auto [s11, b11] = post("/v1/completions", bad);
+  EXPECT_EQ(s11, 200) << b11;
+
+  http.stop(1.0);
+  server.join();
+}
+
 }  // namespace
 }  // namespace d2o::serve
