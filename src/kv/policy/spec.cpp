@@ -577,7 +577,8 @@ namespace {
 
 std::string pre_tier_d2o_spec(const std::string& spec) {
   if (spec.rfind("d2o:", 0) != 0) return "";
-  for (const std::string_view item : split_items(spec.substr(4))) {
+  const std::string body = spec.substr(4);  // (the items are views into it)
+  for (const std::string_view item : split_items(body)) {
     if (item.rfind("cold=", 0) == 0 || item.rfind("reading=", 0) == 0) return "";
   }
   auto p = parse_kv_policy(spec + ",cold=none");
