@@ -396,6 +396,16 @@ const KeyDef* find_key(std::string_view name) {
   return nullptr;
 }
 
+std::vector<std::string_view> split_items(std::string_view body) {
+  std::vector<std::string_view> out;
+  while (true) {
+    const size_t comma = body.find(',');
+    out.push_back(body.substr(0, comma));
+    if (comma == std::string_view::npos) return out;
+    body = body.substr(comma + 1);
+  }
+}
+
 std::string_view current_word(const KeyDef& d, std::string_view v) {
   if (!d.old_words) return v;
   for (size_t i = 0; i < d.old_words->size(); ++i) {

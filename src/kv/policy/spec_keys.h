@@ -63,4 +63,7 @@ const KeyDef* find_key(std::string_view name);
 // value is returned as it is.
 std::string_view current_word(const KeyDef& d, std::string_view v);
 
+// "k=v,k=v" cut at its commas, untrimmed (views into `body`).
+std::vector<std::string_view> split_items(std::string_view body);
+
 }  // namespace d2o::spec_detail
