@@ -479,6 +479,8 @@ Result<SessionData> decode_session(const SessionFileContext& ctx, const uint8_t*
     const std::string today = recorded_spec_today(d.kv_spec);
     if (today.empty()) return bad("the policy spec is not canonical");
     d.kv_spec = today;  // the policy the file was written under, in today's spelling
+    policy = parse_kv_policy(today);  // (the recorded spelling may parse to another policy today)
+    if (!policy.ok()) return bad("bad policy spec: " + policy.status().message());
   }
   D2O_RETURN_IF_ERROR(body.get(d.n_past, "the position"));
   if (d.n_past < 1 || d.n_past > ctx.max_positions) {

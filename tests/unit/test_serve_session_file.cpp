@@ -415,6 +415,16 @@ TEST_F(SessionFileTest, SpecsWrittenUnderTheOldKeyNamesReadAsTheSamePolicy) {
     ASSERT_TRUE(now.ok());
     EXPECT_EQ(d->n_past, now->n_past);
     EXPECT_EQ(d->tokens, now->tokens);
+    // The cache is that of the policy it ran (no cold tier where it had none), so the session
+    // is written back under today's spec and read again as itself.
+    EXPECT_EQ(d->cache->cold() != nullptr, parse_kv_policy(today).value()->cold_tier().enabled());
+    std::string again;
+    ASSERT_TRUE(
+        encode_session(ctx, d->id, d->kv_spec, d->tokens, d->n_past, *d->cache, d->state, again)
+            .ok());
+    auto d2 = decode(ctx, again);
+    ASSERT_TRUE(d2.ok()) << d2.status().message();
+    EXPECT_EQ(d2->kv_spec, today);
   }
   // Old names in a spec that was not canonical then either are still refused.
   const auto [today, good] = file_of("h2o:budget=32");
