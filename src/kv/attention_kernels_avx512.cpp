@@ -136,6 +136,47 @@ void scores_rows(const float* const* q, KvRows k, int n_keys, float scale, float
   }
 }
 
+// R rows x 4 keys per step for wide heads (head_dim 256): 16 key pieces and R x 4 accumulators do
+// not fit the 32 registers together, so the head dimension runs outermost: per 16-lane piece,
+// the 4 keys' pieces are converted and each row's query piece is loaded once (4 + R loads for
+// 4R fused multiply-adds, where holding a whole key took 1 + R loads per multiply-add with R = 1).
+// Each accumulator still sums its products in head-dimension order: the scores are identical.
+template <int NC, int R, KvElemType T, bool kMap>
+void scores_wide(const float* const* q, KvRows k, int n_keys, float scale, float* const* s) {
+  const __m128 sc = _mm_set1_ps(scale);
+  int j = 0;
+  for (; j + 4 <= n_keys; j += 4) {
+    if (k.prefetch != nullptr) k.prefetch_rows<kMap>(j, 4);
+    const uint8_t* row[4];
+    for (int i = 0; i < 4; ++i) row[i] = k.row_at<kMap>(j + i);
+    __m512 acc[R][4];
+    for (int c = 0; c < NC; ++c) {
+      __m512 kv[4];
+      for (int i = 0; i < 4; ++i) kv[i] = load16<T>(row[i], c);
+      for (int r = 0; r < R; ++r) {
+        const __m512 qv = _mm512_loadu_ps(q[r] + 16 * c);
+        for (int i = 0; i < 4; ++i)
+          acc[r][i] = c == 0 ? _mm512_mul_ps(qv, kv[i]) : _mm512_fmadd_ps(qv, kv[i], acc[r][i]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      _mm_storeu_ps(s[r] + j,
+                    _mm_mul_ps(reduce4x16(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
+    }
+  }
+  if (j == n_keys) return;
+  KvRows tail = k;
+  if constexpr (kMap) {
+    tail.idx += j;
+  } else {
+    tail.base += static_cast<size_t>(j) * k.row_bytes;
+  }
+  tail.prefetch = nullptr;
+  float* st[R];
+  for (int r = 0; r < R; ++r) st[r] = s[r] + j;
+  scores_rows<NC, R, T, kMap>(q, tail, n_keys - j, scale, st);
+}
+
 // One row x 16 keys per step over F32 keys read from memory; key sub-blocks of 64 keys are
 // swept for all rows before moving on, so they stay in L1.
 template <int NC, bool kMap>
@@ -184,6 +225,20 @@ void scores_nc(const float* const* q, int n_rows, KvRows k, int n_keys, float sc
   constexpr int kRows = NC <= 4 ? 4 : NC <= 8 ? 2 : 1;
   if (T == KvElemType::kF32 && n_rows > kRows && NC <= 8) {
     return scores_many<NC, kMap>(q, n_rows, k, n_keys, scale, s);
+  }
+  if constexpr (NC >= 16) {
+    int r = 0;
+    for (; r + 4 <= n_rows; r += 4) scores_wide<NC, 4, T, kMap>(q + r, k, n_keys, scale, s + r);
+    switch (n_rows - r) {
+      case 3:
+        return scores_wide<NC, 3, T, kMap>(q + r, k, n_keys, scale, s + r);
+      case 2:
+        return scores_wide<NC, 2, T, kMap>(q + r, k, n_keys, scale, s + r);
+      case 1:
+        return scores_wide<NC, 1, T, kMap>(q + r, k, n_keys, scale, s + r);
+      default:
+        return;
+    }
   }
   int r = 0;
   for (; r + kRows <= n_rows; r += kRows)
@@ -310,8 +365,40 @@ void pv_rows(const float* const* p, int n_rows, KvRows v, int n_keys, float* con
   }
 }
 
+// Column slices of kNC x 16: kRows rows share each loaded value. Used for wide heads over many
+// rows (prefill): a whole 256-wide row as registers (16 accumulators and 16 values) does not
+// fit the 32 registers, and each row then streamed the whole value chunk from L2; a slice of
+// the chunk stays in L1 across the rows. Each output element is still the same sum over the
+// keys in order: no result changes.
+template <int kNC, int kRows, KvElemType T, bool kMap>
+void pv_sliced(const float* const* p, int n_rows, KvRows v, int n_keys, int hd, float* const* acc) {
+  constexpr int kSlice = 16 * kNC;
+  const size_t slice_bytes = kv_row_bytes(T, kSlice);
+  for (int s = 0; s * kSlice < hd; ++s) {  // slices outer: a slice of the chunk stays in L1
+    KvRows vs = v;
+    vs.base = v.base + static_cast<size_t>(s) * slice_bytes;
+    float* out[kRows];
+    int r = 0;
+    for (; r + kRows <= n_rows; r += kRows) {
+      for (int i = 0; i < kRows; ++i) out[i] = acc[r + i] + s * kSlice;
+      pv_nc<kNC, kRows, T, kMap>(p + r, vs, n_keys, out);
+    }
+    for (; r < n_rows; ++r) {
+      out[0] = acc[r] + s * kSlice;
+      pv_nc<kNC, 1, T, kMap>(p + r, vs, n_keys, out);
+    }
+  }
+}
+
+// Heads of 128 or 256 over more than 4 rows: slices of 64 columns, 4 rows (16 accumulators).
 template <int NC, KvElemType T>
 void pv_mapped(const float* const* p, int n_rows, KvRows v, int n_keys, float* const* acc) {
+  if constexpr (NC >= 8) {
+    if (n_rows > 4) {
+      return v.idx ? pv_sliced<4, 4, T, true>(p, n_rows, v, n_keys, 16 * NC, acc)
+                   : pv_sliced<4, 4, T, false>(p, n_rows, v, n_keys, 16 * NC, acc);
+    }
+  }
   if (v.idx) return pv_rows<NC, T, true>(p, n_rows, v, n_keys, acc);
   return pv_rows<NC, T, false>(p, n_rows, v, n_keys, acc);
 }

@@ -348,6 +348,38 @@ TEST(Attention, ScoreLayoutsAgreeBitForBit) {
   }
 }
 
+// The values product also has several layouts (whole rows in registers for few rows, column
+// slices shared by several rows for many); a row's output must have the same bits in each.
+TEST(Attention, ValueLayoutsAgreeBitForBit) {
+  std::mt19937 rng(6);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (!kernel_isa_available(isa)) continue;
+    const attn::Kernels& k = attn::kernels_for(isa);
+    for (int hd : {32, 64, 128, 256}) {
+      SCOPED_TRACE(std::string(kernel_isa_name(isa)) + " hd=" + std::to_string(hd));
+      const int n_keys = 83, n_rows = 13;
+      std::vector<float> vals(static_cast<size_t>(n_keys) * hd),
+          p(static_cast<size_t>(n_rows) * n_keys);
+      for (auto& x : vals) x = nd(rng);
+      for (auto& x : p) x = std::abs(nd(rng));
+      attn::KvRows rows{reinterpret_cast<const uint8_t*>(vals.data()), sizeof(float) * hd,
+                        KvElemType::kF32};
+      std::vector<float> all(static_cast<size_t>(n_rows) * hd), one(all.size());
+      std::vector<const float*> pp(n_rows);
+      std::vector<float*> ap(n_rows), op(n_rows);
+      for (int r = 0; r < n_rows; ++r) {
+        pp[r] = p.data() + static_cast<size_t>(r) * n_keys;
+        ap[r] = all.data() + static_cast<size_t>(r) * hd;
+        op[r] = one.data() + static_cast<size_t>(r) * hd;
+      }
+      k.pv(pp.data(), n_rows, rows, n_keys, hd, ap.data());
+      for (int r = 0; r < n_rows; ++r) k.pv(&pp[r], 1, rows, n_keys, hd, &op[r]);
+      EXPECT_EQ(all, one);
+    }
+  }
+}
+
 // A query's output must not depend on how the tokens were grouped into passes, nor on the thread
 // count (the same query in a one-pass prompt, a chunked prompt or a decode step), and statistics
 // must not either when passes start on query-block boundaries (their column sums are added per
