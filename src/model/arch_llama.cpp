@@ -3,6 +3,7 @@
 // of Q and K RMS-normalised before RoPE). The differences are LayerDesc fields (qkv_bias,
 // norms.qk, rope) that BlockPass::qkv_rope reads, so one block serves all four. Llama 3.1's
 // long-context scaling is in the RoPE too (per-pair frequency factors, RopeParams::freq_factors).
+// Phi-3 is this layer with NeoX RoPE; its fused Q/K/V and gate/up tensors are split at load.
 //
 //   x = token_embd[token]
 //   every layer:  h = rmsnorm(x) * attn_norm

@@ -8,7 +8,7 @@
 
 namespace d2o {
 
-// llama, mistral, qwen2, qwen3 (arch_llama.cpp).
+// llama, mistral, qwen2, qwen3, phi3 (arch_llama.cpp).
 std::unique_ptr<ModelForward> make_llama_forward(const Model& model, ThreadPool& pool,
                                                  const ForwardOptions& opts);
 // gemma3 (arch_gemma3.cpp).

@@ -23,6 +23,7 @@ std::unique_ptr<ModelForward> ModelForward::create(const Model& model, ThreadPoo
     case ModelArch::kLlama:
     case ModelArch::kQwen2:
     case ModelArch::kQwen3:
+    case ModelArch::kPhi3:
       return make_llama_forward(model, pool, opts);
     case ModelArch::kGemma3:
       return make_gemma3_forward(model, pool, opts);

@@ -11,6 +11,8 @@ const char* model_arch_name(ModelArch arch) {
     case ModelArch::kQwen2: return "qwen2";
     case ModelArch::kQwen3: return "qwen3";
     case ModelArch::kGemma3: return "gemma3";
+    case ModelArch::kPhi3:
+      return "phi3";
   }
   return "unknown";
 }
@@ -73,9 +75,13 @@ Result<ModelHParams> ModelHParams::from_gguf(const GgufFile& f) {
   } else if (hp.arch_name == "gemma3") {
     hp.arch = ModelArch::kGemma3;
     hp.rope_type = RopeType::kNeox;
+  } else if (hp.arch_name == "phi3") {
+    hp.arch = ModelArch::kPhi3;
+    hp.rope_type = RopeType::kNeox;
   } else {
-    return unsupported("model architecture '" + hp.arch_name +
-                       "' is not supported (supported: llama, mistral, qwen2, qwen3, gemma3)");
+    return unsupported(
+        "model architecture '" + hp.arch_name +
+        "' is not supported (supported: llama, mistral, qwen2, qwen3, gemma3, phi3)");
   }
   const std::string p = hp.arch_name + ".";
   D2O_ASSIGN_OR_RETURN(int64_t n_layer, f.get_int(p + "block_count"));

@@ -16,6 +16,7 @@ enum class ModelArch {
   kQwen2,   // like llama with biases on Q, K, V and NeoX RoPE
   kQwen3,   // like llama with per-head RMSNorm of Q and K (QK-norm) and NeoX RoPE
   kGemma3,  // Gemma 3: sliding-window and global layers, QK-norm, sandwich norms, GeGLU
+  kPhi3,    // Phi-3: llama's layer with NeoX RoPE, Q/K/V fused in one tensor, gate and up in one
 };
 const char* model_arch_name(ModelArch arch);
 

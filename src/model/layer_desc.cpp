@@ -43,8 +43,10 @@ Result<ModelDesc> describe_model(const ModelHParams& hp, const float* rope_freq_
     case ModelArch::kLlama:
     case ModelArch::kQwen2:
     case ModelArch::kQwen3:
+    case ModelArch::kPhi3:
       // Pre-norm layers, all alike: attn_norm, Q/K/V (qwen2: with biases; qwen3: each head of Q
-      // and K RMS-normalised), RoPE, attention, O, residual; ffn_norm, SwiGLU, residual.
+      // and K RMS-normalised), RoPE, attention, O, residual; ffn_norm, SwiGLU, residual. Phi-3
+      // differs only in how its file stores Q/K/V and gate/up (fused; model.cpp splits them).
       d.norms = LayerNorms{};
       d.norms.qk = hp.arch == ModelArch::kQwen3;
       d.qkv_bias = hp.qkv_bias;

@@ -17,12 +17,22 @@ class TensorLoader {
 
   // A matrix with GGUF dims {n_cols, n_rows}.
   Status matrix(const std::string& name, int64_t n_rows, int64_t n_cols, QMatrix* out) {
+    return matrix_rows(name, 0, n_rows, n_rows, n_cols, out);
+  }
+
+  // Rows [row0, row0 + n_rows) of a matrix with GGUF dims {n_cols, total_rows}: one part of a
+  // fused tensor (Phi-3's attn_qkv and gate-and-up ffn_up), read as a matrix of its own.
+  Status matrix_rows(const std::string& name, int64_t row0, int64_t n_rows, int64_t total_rows,
+                     int64_t n_cols, QMatrix* out) {
     const GgufTensorInfo* t = f_.find_tensor(name);
     if (!t) return not_found("tensor '" + name + "' is missing");
-    if (t->dims.size() != 2 || t->dims[0] != n_cols || t->dims[1] != n_rows) {
+    if (t->dims.size() != 2 || t->dims[0] != n_cols || t->dims[1] != total_rows) {
       return format_error("tensor '" + name + "' has shape " + t->shape_string() + ", expected [" +
-                          std::to_string(n_cols) + ", " + std::to_string(n_rows) + "]");
+                          std::to_string(n_cols) + ", " + std::to_string(total_rows) + "]");
     }
+    // Whole rows of blocks: the file's bytes divide evenly by its rows (checked below).
+    const uint64_t row_bytes = total_rows > 0 ? t->n_bytes / static_cast<uint64_t>(total_rows) : 0;
+    const uint64_t first = static_cast<uint64_t>(row0) * row_bytes;
     Result<QMatrix> m = QMatrix();
     if (to_f32_ && t->type != GgmlType::kF32) {
       if (!dequantize_supported(t->type)) {
@@ -30,25 +40,23 @@ class TensorLoader {
       }
       D2O_ASSIGN_OR_RETURN(const uint8_t* src, read(*t));
       std::vector<float> rows(static_cast<size_t>(n_rows * n_cols));
-      const size_t row_bytes = t->n_bytes / static_cast<size_t>(n_rows);
       for (int64_t r = 0; r < n_rows; ++r) {
-        dequantize_row(t->type, src + static_cast<size_t>(r) * row_bytes, rows.data() + r * n_cols,
-                       n_cols);
+        dequantize_row(t->type, src + first + static_cast<size_t>(r) * row_bytes,
+                       rows.data() + r * n_cols, n_cols);
       }
       m = QMatrix::from_gguf_bytes(GgmlType::kF32, n_rows, n_cols,
                                    reinterpret_cast<const uint8_t*>(rows.data()), rows.size() * sizeof(float));
     } else {
       // Read a slice of rows at a time (about kKeepScratch bytes): the repacked matrix never sits
       // beside a whole copy of its file bytes.
-      const int64_t row_bytes = n_rows > 0 ? static_cast<int64_t>(t->n_bytes) / n_rows : 0;
-      const int64_t slice = std::max<int64_t>(
-          1, row_bytes > 0 ? static_cast<int64_t>(kKeepScratch) / row_bytes : 1);
+      const int64_t slice =
+          std::max<int64_t>(1, row_bytes > 0 ? static_cast<int64_t>(kKeepScratch / row_bytes) : 1);
       m = QMatrix::from_gguf_rows(t->type, n_rows, n_cols, slice,
                                   [&](uint64_t offset, uint64_t n, uint8_t* dst) {
-                                    return f_.read_tensor_bytes(*t, offset, n, dst);
+                                    return f_.read_tensor_bytes(*t, first + offset, n, dst);
                                   });
-      if (m.ok() && static_cast<uint64_t>(m->raw_row_bytes() * n_rows) != t->n_bytes) {
-        m = invalid_argument("expected " + std::to_string(m->raw_row_bytes() * n_rows) +
+      if (m.ok() && static_cast<uint64_t>(m->raw_row_bytes() * total_rows) != t->n_bytes) {
+        m = invalid_argument("expected " + std::to_string(m->raw_row_bytes() * total_rows) +
                              " bytes of data, got " + std::to_string(t->n_bytes));
       }
     }
@@ -133,6 +141,51 @@ Status load_rope_freqs(const GgufFile& f, TensorLoader& ld, const ModelHParams& 
   return {};
 }
 
+// Q, K and V: three tensors, or (Phi-3) one fused attn_qkv whose rows are Q's, then K's, then
+// V's, read as three matrices.
+Status load_qkv(TensorLoader& ld, const ModelHParams& h, const std::string& b, LayerWeights* L) {
+  const int64_t q_dim = int64_t{h.n_head} * h.head_dim;
+  const int64_t kv_dim = int64_t{h.n_head_kv} * h.head_dim;
+  const std::string fused = b + "attn_qkv.weight";
+  if (h.arch == ModelArch::kPhi3 && ld.has(fused)) {
+    const int64_t total = q_dim + 2 * kv_dim;
+    D2O_RETURN_IF_ERROR(ld.matrix_rows(fused, 0, q_dim, total, h.n_embd, &L->wq));
+    D2O_RETURN_IF_ERROR(ld.matrix_rows(fused, q_dim, kv_dim, total, h.n_embd, &L->wk));
+    return ld.matrix_rows(fused, q_dim + kv_dim, kv_dim, total, h.n_embd, &L->wv);
+  }
+  D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_q.weight", q_dim, h.n_embd, &L->wq));
+  D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_k.weight", kv_dim, h.n_embd, &L->wk));
+  return ld.matrix(b + "attn_v.weight", kv_dim, h.n_embd, &L->wv);
+}
+
+// The SwiGLU gate and up projections: two tensors, or (Phi-3) one ffn_up of 2 * n_ff rows, the
+// gate's first, as llama.cpp's fused SwiGLU splits it.
+Status load_gate_up(TensorLoader& ld, const ModelHParams& h, const std::string& b,
+                    LayerWeights* L) {
+  if (h.arch == ModelArch::kPhi3) {
+    const int64_t n_ff = h.n_ff;
+    D2O_RETURN_IF_ERROR(
+        ld.matrix_rows(b + "ffn_up.weight", 0, n_ff, 2 * n_ff, h.n_embd, &L->w_gate));
+    return ld.matrix_rows(b + "ffn_up.weight", n_ff, n_ff, 2 * n_ff, h.n_embd, &L->w_up);
+  }
+  D2O_RETURN_IF_ERROR(ld.matrix(b + "ffn_gate.weight", h.n_ff, h.n_embd, &L->w_gate));
+  return ld.matrix(b + "ffn_up.weight", h.n_ff, h.n_embd, &L->w_up);
+}
+
+// Phi-3's LongRoPE (the 128K models, Phi-3.5): per-pair factors chosen by the context length,
+// with a magnitude factor on the rotation that a re-rotated key would receive twice. Refused
+// rather than run with other positions.
+Status refuse_long_rope(const GgufFile& f) {
+  for (const char* name : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
+    if (f.find_tensor(name) || f.find_tensor(std::string("blk.0.") + name)) {
+      return unsupported(std::string("tensor '") + name +
+                         "': LongRoPE scaling (Phi-3 128K, Phi-3.5) is not supported; the 4K "
+                         "Phi-3 models run");
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Model>> Model::load(const std::string& path, const ModelLoadOptions& opts) {
@@ -159,6 +212,7 @@ Result<std::unique_ptr<Model>> Model::load(const GgufFile& f, const ModelLoadOpt
       D2O_RETURN_IF_ERROR(ld.matrix("output.weight", h.n_vocab, h.n_embd, &*m->output_));
     }
     D2O_RETURN_IF_ERROR(load_rope_freqs(f, ld, h, &m->rope_freqs_));
+    D2O_RETURN_IF_ERROR(refuse_long_rope(f));
     // What each layer holds follows from its description (the RoPE tables point into the
     // model's own rope_freqs_, which no longer moves).
     auto desc = describe_model(h, m->rope_freqs_.empty() ? nullptr : m->rope_freqs_.data());
@@ -181,9 +235,7 @@ Result<std::unique_ptr<Model>> Model::load(const GgufFile& f, const ModelLoadOpt
       if (nd.ffn_post) {
         D2O_RETURN_IF_ERROR(ld.vector(b + "post_ffw_norm.weight", h.n_embd, &L.ffn_post_norm));
       }
-      D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_q.weight", q_dim, h.n_embd, &L.wq));
-      D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_k.weight", kv_dim, h.n_embd, &L.wk));
-      D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_v.weight", kv_dim, h.n_embd, &L.wv));
+      D2O_RETURN_IF_ERROR(load_qkv(ld, h, b, &L));
       D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_output.weight", h.n_embd, q_dim, &L.wo));
       if (h.qkv_bias) {
         D2O_RETURN_IF_ERROR(ld.vector(b + "attn_q.bias", q_dim, &L.bq));
@@ -191,8 +243,7 @@ Result<std::unique_ptr<Model>> Model::load(const GgufFile& f, const ModelLoadOpt
         D2O_RETURN_IF_ERROR(ld.vector(b + "attn_v.bias", kv_dim, &L.bv));
       }
       D2O_RETURN_IF_ERROR(ld.vector(b + "ffn_norm.weight", h.n_embd, &L.ffn_norm));
-      D2O_RETURN_IF_ERROR(ld.matrix(b + "ffn_gate.weight", h.n_ff, h.n_embd, &L.w_gate));
-      D2O_RETURN_IF_ERROR(ld.matrix(b + "ffn_up.weight", h.n_ff, h.n_embd, &L.w_up));
+      D2O_RETURN_IF_ERROR(load_gate_up(ld, h, b, &L));
       D2O_RETURN_IF_ERROR(ld.matrix(b + "ffn_down.weight", h.n_embd, h.n_ff, &L.w_down));
     }
     return {};

@@ -16,7 +16,7 @@
 namespace d2o::test {
 
 struct RandomModelConfig {
-  std::string arch = "llama";  // "llama", "qwen2", "qwen3" or "gemma3"
+  std::string arch = "llama";  // "llama", "qwen2", "qwen3", "gemma3" or "phi3"
   int n_layer = 2;
   int n_embd = 64;
   int n_head = 4;
@@ -118,6 +118,20 @@ inline RandomModelConfig random_llama31_config() {
   c.rope_freqs = llama3_rope_freqs(32, 10000.0, 8.0, 1.0, 4.0, 32.0);
   return c;
 }
+// Phi-3's layer: the llama block with NeoX RoPE, Q/K/V fused into attn_qkv and the gate and up
+// projections into one ffn_up of 2 * n_ff rows; GQA (Phi-3 medium has it), untied output.
+inline RandomModelConfig random_phi3_config() {
+  RandomModelConfig c;
+  c.arch = "phi3";
+  c.n_layer = 3;
+  c.n_embd = 96;
+  c.n_head = 6;
+  c.n_head_kv = 2;
+  c.n_ff = 128;
+  c.tied = false;
+  c.seed = 7;
+  return c;
+}
 inline RandomModelConfig random_llama_mha_config() {
   RandomModelConfig c;
   c.arch = "llama";
@@ -173,8 +187,11 @@ inline GgufWriter make_random_model(const RandomModelConfig& c) {
   const int hd = c.head_dim > 0 ? c.head_dim : c.n_embd / c.n_head;
   const bool gemma = a == "gemma3";
   const bool qk_norm = gemma || a == "qwen3";
+  const bool phi3 = a == "phi3";
   w.add_string("general.architecture", a);
-  w.add_string("general.name", "d2o random " + a);
+  // llama.cpp sets Phi-3 token attributes when the name says "phi3", looking up tokens this
+  // vocabulary does not have: the name avoids it.
+  w.add_string("general.name", "d2o random " + (phi3 ? std::string("phi-three") : a));
   w.add_u32(a + ".block_count", static_cast<uint32_t>(c.n_layer));
   w.add_u32(a + ".context_length", 512);
   w.add_u32(a + ".embedding_length", static_cast<uint32_t>(c.n_embd));
@@ -239,9 +256,13 @@ inline GgufWriter make_random_model(const RandomModelConfig& c) {
   for (int il = 0; il < c.n_layer; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
     add_tensor(b + "attn_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
-    matrix(b + "attn_q.weight", q_dim, c.n_embd, 0.3f);
-    matrix(b + "attn_k.weight", kv_dim, c.n_embd, 0.3f);
-    matrix(b + "attn_v.weight", kv_dim, c.n_embd, 0.3f);
+    if (phi3) {
+      matrix(b + "attn_qkv.weight", q_dim + 2 * kv_dim, c.n_embd, 0.3f);
+    } else {
+      matrix(b + "attn_q.weight", q_dim, c.n_embd, 0.3f);
+      matrix(b + "attn_k.weight", kv_dim, c.n_embd, 0.3f);
+      matrix(b + "attn_v.weight", kv_dim, c.n_embd, 0.3f);
+    }
     if (c.qkv_bias) {
       add_tensor(b + "attn_q.bias", GgmlType::kF32, {q_dim}, f32_bytes(rand_vec(static_cast<size_t>(q_dim), 0.5f)));
       add_tensor(b + "attn_k.bias", GgmlType::kF32, {kv_dim}, f32_bytes(rand_vec(static_cast<size_t>(kv_dim), 0.5f)));
@@ -257,8 +278,12 @@ inline GgufWriter make_random_model(const RandomModelConfig& c) {
       add_tensor(b + "post_ffw_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
     }
     add_tensor(b + "ffn_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
-    matrix(b + "ffn_gate.weight", c.n_ff, c.n_embd, 0.3f);
-    matrix(b + "ffn_up.weight", c.n_ff, c.n_embd, 0.3f);
+    if (phi3) {
+      matrix(b + "ffn_up.weight", 2 * c.n_ff, c.n_embd, 0.3f);  // gate rows, then up rows
+    } else {
+      matrix(b + "ffn_gate.weight", c.n_ff, c.n_embd, 0.3f);
+      matrix(b + "ffn_up.weight", c.n_ff, c.n_embd, 0.3f);
+    }
     matrix(b + "ffn_down.weight", c.n_embd, c.n_ff, 0.2f);
   }
   return w;

@@ -1,5 +1,5 @@
 // Exact inference: d2o's logits on the real SmolLM2-135M-Instruct against llama.cpp's, and on
-// random-weight qwen2, qwen3, gemma3, MHA llama and RoPE-scaled (Llama 3.1) llama models.
+// random-weight qwen2, qwen3, gemma3, phi3, MHA llama and RoPE-scaled (Llama 3.1) llama models.
 // llama.cpp is built from the llama-cpp-python source archive by scripts/setup.sh --test-data,
 // which also stores its real-model outputs in <cache>/test-data/reference ($D2O_REFERENCE_DIR);
 // the random models' logits are asked of it here, through scripts/gen_reference_fixtures.py.
@@ -197,6 +197,12 @@ TEST(LlamaParity, RandomLlama31RopeScalingMatchesLlamaCpp) {
               "agreement %d/%zu\n",
               d.max_err, d.max_ref, d.agree, ref.tokens.size());
   EXPECT_GT(d.max_err, 50 * 2e-3 * d.max_ref);
+}
+
+// Phi-3's layer (fused Q/K/V and gate/up tensors split at load, NeoX RoPE, GQA), in one pass,
+// in passes of 5 and token by token.
+TEST(LlamaParity, RandomPhi3MatchesLlamaCpp) {
+  check_random_model(test::random_phi3_config(), "random_phi3", {5, 1});
 }
 
 TEST(LlamaParity, RandomMhaLlamaMatchesLlamaCpp) {

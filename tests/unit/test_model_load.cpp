@@ -62,6 +62,33 @@ TEST(ModelLoad, Qwen3WithoutItsQkNormsIsRefused) {
                  {"tensor 'blk.1.attn_k_norm.weight' has shape [34]", "expected 32 elements"});
 }
 
+// Phi-3's fused tensors: the parts of attn_qkv and ffn_up are the rows of the separate tensors
+// (checked against llama.cpp in LlamaParity.RandomPhi3MatchesLlamaCpp); a fused tensor of the
+// wrong shape and the LongRoPE factors of the 128K models are refused with messages.
+TEST(ModelLoad, Phi3FusedTensorsLoadAndLongRopeIsRefused) {
+  const test::RandomModelConfig c = test::random_phi3_config();
+  auto m = load(test::make_random_model(c));
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ((*m)->hparams().arch, ModelArch::kPhi3);
+  const int hd = c.n_embd / c.n_head;
+  EXPECT_EQ((*m)->layer(0).wk.n_rows(), c.n_head_kv * hd);
+  EXPECT_EQ((*m)->layer(0).w_up.n_rows(), c.n_ff);
+  {
+    test::RandomModelConfig bad = c;
+    bad.omit_tensor = "blk.1.attn_qkv.weight";
+    GgufWriter w = test::make_random_model(bad);
+    const int rows = c.n_embd + 2 * c.n_head_kv * hd - 1;
+    w.add_tensor(bad.omit_tensor, GgmlType::kF32, {c.n_embd, rows},
+                 f32_bytes(static_cast<size_t>(c.n_embd) * rows, 0.1f));
+    expect_refused(w, StatusCode::kFormatError, {"tensor 'blk.1.attn_qkv.weight' has shape"});
+  }
+  for (const char* name : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
+    GgufWriter w = test::make_random_model(c);
+    w.add_tensor(name, GgmlType::kF32, {hd / 2}, f32_bytes(static_cast<size_t>(hd / 2), 1.0f));
+    expect_refused(w, StatusCode::kUnsupported, {name, "LongRoPE"});
+  }
+}
+
 TEST(ModelLoad, RopeFreqsOfTheWrongShapeAreRefused) {
   // 15 factors for 16 pairs.
   test::RandomModelConfig c = test::random_llama31_config();
