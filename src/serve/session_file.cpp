@@ -197,13 +197,16 @@ Status decode_policy_state(Reader& r, const SessionFileContext& ctx, int64_t n_p
   if (!has_ext) return {};
   auto own = std::make_unique<ComposedPolicyState>();
   const size_t nlg = nl * static_cast<size_t>(ctx.cache.n_head_kv);
-  D2O_RETURN_IF_ERROR(r.array(own->tau, nlg, "the merge thresholds"));
-  if (!own->tau.empty() && own->tau.size() != nlg)
+  // D2O's merge thresholds (none for the other policies, or before the first compaction).
+  auto d2o = std::make_unique<D2oMergeState>();
+  D2O_RETURN_IF_ERROR(r.array(d2o->tau, nlg, "the merge thresholds"));
+  if (!d2o->tau.empty() && d2o->tau.size() != nlg)
     return bad("the merge thresholds do not cover every layer and head");
-  D2O_RETURN_IF_ERROR(r.items(own->tau_ready, own->tau.size(), "the merge thresholds"));
-  if (!all_finite(own->tau)) return bad("a merge threshold is not a finite number");
-  for (uint8_t b : own->tau_ready)
+  D2O_RETURN_IF_ERROR(r.items(d2o->tau_ready, d2o->tau.size(), "the merge thresholds"));
+  if (!all_finite(d2o->tau)) return bad("a merge threshold is not a finite number");
+  for (uint8_t b : d2o->tau_ready)
     if (b > 1) return bad("a merge threshold flag is not 0 or 1");
+  if (!d2o->tau.empty()) own->merger = std::move(d2o);
   D2O_RETURN_IF_ERROR(r.array(own->layer_variance, nl, "the layer variances"));
   if (!own->layer_variance.empty() && own->layer_variance.size() != nl)
     return bad("the layer variances do not cover every layer");
@@ -394,8 +397,11 @@ Status encode_session(const SessionFileContext& ctx, const std::string& id,
   w.put(st.n_compactions);
   w.put(st.pos_shift);
   if (own) {
-    w.array(own->tau);
-    w.bytes(own->tau_ready.data(), own->tau_ready.size());
+    static const D2oMergeState kNoThresholds;
+    const D2oMergeState* d2o = d2o_merge_state(own->merger.get());
+    if (!d2o) d2o = &kNoThresholds;
+    w.array(d2o->tau);
+    w.bytes(d2o->tau_ready.data(), d2o->tau_ready.size());
     w.array(own->layer_variance);
   }
   for (int il = 0; il < cache.n_layer(); ++il) {

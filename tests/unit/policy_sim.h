@@ -35,6 +35,16 @@ struct SimSetup {
   int n_head = 0;  // > 0: statistics from attention with this many query heads
 };
 
+// D2O's merge thresholds of a sequence's state (empty without a D2O merger state).
+inline std::vector<float> d2o_tau(const PolicyState& s) {
+  const D2oMergeState* d = d2o_merge_state(s);
+  return d ? d->tau : std::vector<float>{};
+}
+inline std::vector<uint8_t> d2o_tau_ready(const PolicyState& s) {
+  const D2oMergeState* d = d2o_merge_state(s);
+  return d ? d->tau_ready : std::vector<uint8_t>{};
+}
+
 inline const char* layout_name(int n_head_kv) {
   return n_head_kv == 1 ? "MQA" : n_head_kv == 2 ? "GQA" : "MHA";
 }
@@ -127,7 +137,7 @@ class PolicySim {
       return "eviction/merge counters differ";
     }
     // D2O thresholds (only a D2O merger keeps them: none means none initialised).
-    const ComposedPolicyState* own = composed_state(state);
+    const D2oMergeState* own = d2o_merge_state(state);
     const size_t n_tau = own ? own->tau_ready.size() : 0;
     for (size_t i = 0; i < ref.tau_ready.size(); ++i) {
       const bool ready = i < n_tau && own->tau_ready[i];

@@ -109,7 +109,7 @@ ProbeRun run(int threads, const std::string& spec, bool probe, std::unique_ptr<S
   for (int i = 0; i < 30; ++i) step(nullptr);
   for (int s = 0; s < 2; ++s) {
     const PolicyState& st = seqs[s]->policy_state();
-    const auto* own = composed_state(st);
+    const D2oMergeState* own = d2o_merge_state(st);
     EXPECT_NE(own, nullptr);
     if (own) {
       out.used += own->probe_used.load();

@@ -148,8 +148,8 @@ TEST(EvalFork, ForkedSequencesContinueLikeDirectOnes) {
       expect_same_cache(direct.cache(), fs.cache(), "after decoding");
       EXPECT_EQ(direct.policy_state().evicted, fs.policy_state().evicted);
       EXPECT_EQ(direct.policy_state().merged, fs.policy_state().merged);
-      const ComposedPolicyState* da = composed_state(direct.policy_state());
-      const ComposedPolicyState* fa = composed_state(fs.policy_state());
+      const D2oMergeState* da = d2o_merge_state(direct.policy_state());
+      const D2oMergeState* fa = d2o_merge_state(fs.policy_state());
       ASSERT_EQ(da == nullptr, fa == nullptr);
       if (da) {
         EXPECT_EQ(da->tau, fa->tau);

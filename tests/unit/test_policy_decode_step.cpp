@@ -261,7 +261,7 @@ TEST(D2oKeyNorms, NormOfASlotIsTheFourRowPassBitsWhereverItSits) {
 // that evicted nothing in the last compaction, heads=ada, has new slots its list does not cover
 // yet); returns how many lists were checked.
 int check_cached_norms(const PolicySim& sim) {
-  const ComposedPolicyState* own = composed_state(sim.state);
+  const D2oMergeState* own = d2o_merge_state(sim.state);
   if (!own) return 0;
   int checked = 0;
   const size_t G = static_cast<size_t>(sim.cache.config().n_head_kv);
@@ -319,7 +319,8 @@ TEST(D2oKeyNorms, DroppedNormsGiveTheSameCache) {
   for (int step = 0; step < 30; ++step) {
     ASSERT_EQ(a.pass(1), "");
     if (step % 10 == 5) {  // as a state read back from a session file: no norms kept
-      for (std::vector<float>& inv : b.state.ext_as<ComposedPolicyState>().key_inv) inv.clear();
+      auto& merger = *b.state.ext_as<ComposedPolicyState>().merger;
+      for (std::vector<float>& inv : d2o_merge_state(&merger)->key_inv) inv.clear();
     }
     ASSERT_EQ(b.pass(1), "");
     for (int il = 0; il < s.n_layer; ++il) {
@@ -333,7 +334,7 @@ TEST(D2oKeyNorms, DroppedNormsGiveTheSameCache) {
         ASSERT_EQ(0, std::memcmp(x.pos(g), y.pos(g), sizeof(int32_t) * n));
       }
     }
-    ASSERT_EQ(composed_state(a.state)->tau, composed_state(b.state)->tau);
+    ASSERT_EQ(test::d2o_tau(a.state), test::d2o_tau(b.state));
   }
 }
 
@@ -398,7 +399,7 @@ TEST(D2oState, ItsPerSlotListsFitWhatItReserves) {
   PolicySim sim("d2o:reading=paper,budget=16", s);
   ASSERT_EQ(sim.pass(48), "");
   for (int step = 0; step < 20; ++step) ASSERT_EQ(sim.pass(1), "");
-  const ComposedPolicyState* own = composed_state(sim.state);
+  const D2oMergeState* own = d2o_merge_state(sim.state);
   ASSERT_NE(own, nullptr);
   size_t held = own->tau.capacity() * sizeof(float) + own->tau_ready.capacity();
   size_t norms = 0;

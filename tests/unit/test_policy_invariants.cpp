@@ -489,8 +489,8 @@ TEST(PolicyInvariants, D2oDecodeStepCost) {
       sim.feed(1);
       pi.n_past = sim.n_past;
       pi.pool = step < steps ? nullptr : &pool;
-      tau = composed_state(sim.state)->tau;
-      ready = composed_state(sim.state)->tau_ready;
+      tau = test::d2o_tau(sim.state);
+      ready = test::d2o_tau_ready(sim.state);
       double t0 = thread_seconds();
       for (int il = 0; il < s.n_layer && step < steps; ++il) {
         const KvLayer& L = sim.cache.layer(il);
@@ -593,7 +593,7 @@ TEST(PolicyInvariants, LayerwiseCompactionEqualsWholePass) {
       }
       ASSERT_EQ(p.state.evicted, q.state.evicted);
       ASSERT_EQ(p.state.merged, q.state.merged);
-      ASSERT_EQ(composed_state(p.state)->tau, composed_state(q.state)->tau);
+      ASSERT_EQ(test::d2o_tau(p.state), test::d2o_tau(q.state));
       ASSERT_EQ(p.state.n_compactions, q.state.n_compactions);
     };
     for (int step = 0; step < 30; ++step) {

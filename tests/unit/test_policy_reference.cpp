@@ -293,7 +293,7 @@ TEST(PolicyReference, ThreadPoolGivesIdenticalResults) {
           EXPECT_EQ(std::memcmp(a.score(g), b.score(g), sizeof(float) * a.n_slot()), 0);
         }
       }
-      EXPECT_EQ(composed_state(serial.state)->tau, composed_state(pooled.state)->tau);
+      EXPECT_EQ(test::d2o_tau(serial.state), test::d2o_tau(pooled.state));
       EXPECT_EQ(serial.state.merged, pooled.state.merged);
     }
   }

@@ -282,8 +282,11 @@ void print_kv_report(std::FILE* out, const Sequence& seq, const std::string& mem
   const PolicyState& st = seq.policy_state();
   // D2O thresholds and layer statistics: the composed policies' own state (absent for others).
   static const ComposedPolicyState kNone;
+  static const D2oMergeState kNoMerger;
   const ComposedPolicyState* own = composed_state(st);
   const ComposedPolicyState& cs = own ? *own : kNone;
+  const D2oMergeState* d2o = d2o_merge_state(st);
+  const D2oMergeState& ms = d2o ? *d2o : kNoMerger;
   std::fprintf(out, "KV report (%s, %s storage, %lld tokens seen)\n", seq.policy().spec().c_str(),
                kv_type_name(c.config().type), static_cast<long long>(seq.n_past()));
   print_budget(out, seq, mem_note);
@@ -310,8 +313,8 @@ void print_kv_report(std::FILE* out, const Sequence& seq, const std::string& mem
     int n_tau = 0;
     for (int g = 0; g < L.n_head_kv(); ++g) {
       const size_t k = static_cast<size_t>(il) * L.n_head_kv() + g;
-      if (k < cs.tau_ready.size() && cs.tau_ready[k]) {
-        tau += cs.tau[k];
+      if (k < ms.tau_ready.size() && ms.tau_ready[k]) {
+        tau += ms.tau[k];
         ++n_tau;
       }
     }

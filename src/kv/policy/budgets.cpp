@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/assert.h"
+#include "kv/policy/spec_keys.h"
 
 namespace d2o {
 
@@ -320,3 +321,48 @@ void decide_budgets(const PolicyConfig& cfg, const KvCache& cache, BudgetBasis b
 }
 
 }  // namespace d2o
+
+namespace d2o::spec_detail {
+
+namespace {
+const std::vector<const char*> kPrefillWords = {"exact", "bounded"};
+const std::vector<const char*> kLayerWords = {"uniform", "variance", "reciprocal",
+                                              "exp",     "pyramid",  "research"};
+}  // namespace
+
+// The layer budgets' keys: how the prompt is fed (prefill=), how budgets are shared over layers
+// (layers=, beta=, pyramid_beta=, keep_edge_layers=) and whether a ratio budget holds after the
+// prompt (hold_budget=).
+std::vector<KeyDef> budget_keys() {
+  return {
+      // Shown when bounded (added after specs were recorded); meaningful in ratio mode only.
+      word_def<&PolicyConfig::prefill, kPrefillWords>(
+          "prefill", [](const PolicyConfig& c) { return c.prefill != PrefillMode::kExact; },
+          [](const PolicyConfig& c) { return c.mode == BudgetMode::kRatio; }),
+      {"beta",
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
+         double x = 0;
+         if (!parse_f64(v, &x) || !(x > 0.0 && x < 1.0))
+           return bad_value(c.name, key, v, "a number in (0, 1)");
+         c.beta = x;
+         return Status();
+       },
+       [](const PolicyConfig& c) { return fmt_f64(c.beta); }},
+      word_def<&PolicyConfig::layers, kLayerWords>("layers"),
+      word_def<&PolicyConfig::protect, kOnOffWords>("keep_edge_layers"),
+      {"pyramid_beta",
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
+         double x = 0;
+         if (!parse_f64(v, &x) || !(x >= 1.0 && x <= 1e6))
+           return bad_value(c.name, key, v, "a number >= 1");
+         c.pbeta = x;
+         return Status();
+       },
+       [](const PolicyConfig& c) { return fmt_f64(c.pbeta); }},
+      word_def<&PolicyConfig::hold, kOnOffWords>(
+          "hold_budget", [](const PolicyConfig& c) { return c.hold; },
+          [](const PolicyConfig& c) { return c.mode == BudgetMode::kRatio; }),
+  };
+}
+
+}  // namespace d2o::spec_detail

@@ -42,25 +42,15 @@ void release_merges(CompactionPlan& plan) {
 
 std::unique_ptr<PolicyExtState> ComposedPolicyState::clone() const {
   auto c = std::make_unique<ComposedPolicyState>();
-  c->tau = tau;
-  c->tau_ready = tau_ready;
+  if (merger) c->merger = merger->clone();
   c->layer_variance = layer_variance;
-  c->key_inv = key_inv;
-  c->key_inv_last = key_inv_last;
   c->keep_merges = keep_merges;
   c->prompt_end = prompt_end;
   return c;
 }
 
 size_t ComposedPolicyState::bytes() const {
-  size_t b = tau.capacity() * sizeof(float) + tau_ready.capacity() +
-             layer_variance.capacity() * sizeof(double) +
-             key_inv.capacity() * sizeof(std::vector<float>) +
-             key_inv_last.capacity() * sizeof(int32_t);
-  for (const std::vector<float>& v : key_inv) b += v.capacity() * sizeof(float);
-  b += probe.slot.capacity() * sizeof(int32_t) +
-       (probe.key.capacity() + probe.dot.capacity()) * sizeof(float) + probe.formed.capacity();
-  return b;
+  return layer_variance.capacity() * sizeof(double) + (merger ? merger->bytes() : 0);
 }
 
 ComposedPolicy::ComposedPolicy(PolicyConfig cfg) : cfg_(std::move(cfg)) {
@@ -123,8 +113,9 @@ Status ComposedPolicy::compact_layer(KvCache& cache, PolicyState& state, const P
   if (!compacts_per_layer(state) || il < 0 || static_cast<size_t>(il) >= nl ||
       state.budgets.size() != nl || state.evicted.size() != nl || state.merged.size() != nl ||
       !own ||
-      (cfg_.merger == Merger::kD2o &&
-       own->tau.size() != nl * static_cast<size_t>(cache.config().n_head_kv))) {
+      (cfg_.merger == Merger::kD2o && (!d2o_merge_state(own->merger.get()) ||
+                                       d2o_merge_state(own->merger.get())->tau.size() !=
+                                           nl * static_cast<size_t>(cache.config().n_head_kv)))) {
     return internal_error("KV policy '" + cfg_.name +
                           "': compact_layer called in a state that does not allow it");
   }
@@ -134,7 +125,8 @@ Status ComposedPolicy::compact_layer(KvCache& cache, PolicyState& state, const P
   if (state.plans.size() != nl) state.plans.resize(nl);
   if (own->scratch.empty()) own->scratch.resize(1);
   plan_layer(cache, il, state, *own, own->scratch[0], pass, pass.pool);
-  own->probe.dot_layer = -1;  // read once, by this layer's planning
+  if (D2oMergeState* d2o = d2o_merge_state(own->merger.get()))
+    d2o->probe.dot_layer = -1;  // read once, by this layer's planning
   cache.apply(il, state.plans[static_cast<size_t>(il)], pass.pool);
   if (merger_) merger_->after_apply(cache, il, state.plans[static_cast<size_t>(il)], *own);
   release_merges(state.plans[static_cast<size_t>(il)]);
@@ -149,8 +141,10 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
   if (ComposedPolicyState* own = state.ext_if<ComposedPolicyState>()) {
     // The probe serves the compaction right after its layer's attention only; slots compacted
     // here, outside a layer-by-layer pass, are armed again at the next one.
-    own->probe.dot_layer = -1;
-    if (!layered) std::fill(own->probe.slot.begin(), own->probe.slot.end(), -1);
+    if (D2oMergeState* d2o = d2o_merge_state(own->merger.get())) {
+      d2o->probe.dot_layer = -1;
+      if (!layered) std::fill(d2o->probe.slot.begin(), d2o->probe.slot.end(), -1);
+    }
   }
   D2O_RETURN_IF_ERROR(check(cache, state, pass));
   const int L = cache.n_layer();
@@ -287,8 +281,9 @@ namespace {
 // a compaction reads, asked for together rather than one miss after another.
 void prefetch_layer(const LayerJob& job) {
   const KvLayer& L = *job.layer;
-  const ComposedPolicyState& own = *job.own;
-  const bool norms = own.key_inv.size() == static_cast<size_t>(job.cache->n_layer()) * job.G;
+  const D2oMergeState* d2o = d2o_merge_state(job.own->merger.get());
+  const bool norms =
+      d2o && d2o->key_inv.size() == static_cast<size_t>(job.cache->n_layer()) * job.G;
   for (int g = 0; g < job.G; ++g) {
     const size_t b = static_cast<size_t>(L.n_slot(g)) * sizeof(float);
     prefetch_start(L.score(g), b);
@@ -296,11 +291,11 @@ void prefetch_layer(const LayerJob& job) {
     prefetch_start(L.rows(g), b);
     prefetch_start(L.merged(g), b);
     if (norms) {
-      const std::vector<float>& inv = own.key_inv[static_cast<size_t>(job.il) * job.G + g];
+      const std::vector<float>& inv = d2o->key_inv[static_cast<size_t>(job.il) * job.G + g];
       prefetch_start(inv.data(), inv.size() * sizeof(float));
     }
-    if (own.probe.dot_layer == job.il && own.probe.dot_n == L.n_slot(g))
-      prefetch_start(own.probe.dot.data() + static_cast<size_t>(g) * own.probe.dot_n, b);
+    if (d2o && d2o->probe.dot_layer == job.il && d2o->probe.dot_n == L.n_slot(g))
+      prefetch_start(d2o->probe.dot.data() + static_cast<size_t>(g) * d2o->probe.dot_n, b);
   }
 }
 

@@ -47,19 +47,12 @@ struct ComposedScratch {
 // The composed policies' own per-sequence state (PolicyState::ext).
 class ComposedPolicyState final : public PolicyExtState {
  public:
-  // D2O merging: EMA similarity thresholds and whether each was initialised,
-  // [n_layer * n_head_kv]; empty for the other mergers.
-  std::vector<float> tau;
-  std::vector<uint8_t> tau_ready;
+  // The merger's own state (D2O's: D2oMergeState, merge_d2o.h); null without a merger or
+  // before its first compaction.
+  std::unique_ptr<MergerState> merger;
   // The density statistic of each layer when budgets were decided ([n_layer], empty when the
   // policy accumulates no scores): what D2O's variance rule shares budgets by, kept for reports.
   std::vector<double> layer_variance;
-  // D2O with key similarity: 1 / |key| of every slot of each layer and KV head ([n_layer *
-  // n_head_kv] lists in slot order, d2o_key_inv_norms), kept in step with the slots so that a
-  // decode step's search forms dots only, and the position of the last slot each list covers. A
-  // list that does not match its head (length, last position) is formed again from the keys.
-  std::vector<std::vector<float>> key_inv;
-  std::vector<int32_t> key_inv_last;
   // [threads] per-thread scratch; grows to the largest step seen, so a steady-state decode step
   // allocates nothing, and is released after a pass that evicted more slots from a head than a
   // decode step does (compact()).
@@ -68,12 +61,6 @@ class ComposedPolicyState final : public PolicyExtState {
   // layer's heads are planned in parallel (compact_layer with a pool).
   std::vector<std::vector<MergeTerm>> head_merges;
   std::vector<std::pair<int64_t, int64_t>> head_counts;
-  // D2O decoding: the slot each layer's heads are expected to evict at the next step and the
-  // attention's dots of its key (KvPolicy::attention_probe); how many one-slot searches took
-  // their dots from it, and how many formed them (the slot evicted was another one, or the pass
-  // formed none).
-  AttnProbe probe;
-  std::atomic<int64_t> probe_used{0}, probe_missed{0};
   // Keeps every pass's merge lists in its plans until the layer's next planning, for a reader of
   // them (tests); otherwise a list longer than a decode step's is released after its pass.
   bool keep_merges = false;
@@ -84,13 +71,18 @@ class ComposedPolicyState final : public PolicyExtState {
 
   // The state without the scratch (scratch, head_merges, head_counts).
   std::unique_ptr<PolicyExtState> clone() const override;
-  // Thresholds, layer statistics, key norms and the probe (not the scratch).
+  // Layer statistics and the merger's state (not the scratch).
   size_t bytes() const override;
 };
 
 // The ComposedPolicyState of a sequence's state, or null (another policy, or none created yet).
 inline const ComposedPolicyState* composed_state(const PolicyState& s) {
   return s.ext_if<ComposedPolicyState>();
+}
+// The D2O merger's state of a sequence's state, or null (another merger, or none yet).
+inline const D2oMergeState* d2o_merge_state(const PolicyState& s) {
+  const ComposedPolicyState* own = composed_state(s);
+  return own ? d2o_merge_state(own->merger.get()) : nullptr;
 }
 
 class ComposedPolicy final : public KvPolicy {

@@ -56,14 +56,17 @@ bool ComposedPolicy::probes() const {
 AttnProbe* ComposedPolicy::attention_probe(PolicyState& state) const {
   if (!probes() || !compacts_per_layer(state)) return nullptr;
   ComposedPolicyState* own = state.ext_if<ComposedPolicyState>();
-  return own && own->probe.n_head_kv > 0 ? &own->probe : nullptr;
+  D2oMergeState* d2o = own ? d2o_merge_state(own->merger.get()) : nullptr;
+  return d2o && d2o->probe.n_head_kv > 0 ? &d2o->probe : nullptr;
 }
 
 void ComposedPolicy::arm_probe(const KvCache& cache, int il, const PolicyState& state,
                                ComposedPolicyState& own, int64_t next) const {
   const KvLayer& L = cache.layer(il);
   const int G = L.n_head_kv();
-  AttnProbe& P = own.probe;
+  D2oMergeState* d2o = d2o_merge_state(own.merger.get());
+  if (!d2o) return;  // (probes() holds only with D2O's merger, whose state compact() made)
+  AttnProbe& P = d2o->probe;
   const size_t nlg = static_cast<size_t>(cache.n_layer()) * static_cast<size_t>(G);
   if (P.n_head_kv != G || P.slot.size() != nlg) {
     P.n_head_kv = G;

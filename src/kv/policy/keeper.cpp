@@ -5,6 +5,7 @@
 #include "core/assert.h"
 #include "kv/policy/scorer.h"
 #include "kv/policy/select.h"
+#include "kv/policy/spec_keys.h"
 
 namespace d2o {
 
@@ -77,3 +78,35 @@ void Keeper::keep_ranked(const float* score, int n, int S, SelectScratch& sc, in
 }
 
 }  // namespace d2o
+
+namespace d2o::spec_detail {
+
+namespace {
+const std::vector<const char*> kPositionsWords = {"original", "shifted"};
+}  // namespace
+
+// The keeper's keys: the protected slots (sinks=, recent=, the heavy/recent split heavy_recent=)
+// and whether kept slots keep their positions (positions=).
+std::vector<KeyDef> keeper_keys() {
+  return {
+      int_def<&PolicyConfig::sinks, 0, 1 << 20>("sinks"),
+      {"heavy_recent",
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
+         const size_t colon = v.find(':');
+         int64_t a = 0, b = 0;
+         if (colon == std::string_view::npos || !parse_i64(v.substr(0, colon), &a) ||
+             !parse_i64(v.substr(colon + 1), &b) || a <= 0 || b <= 0 || a > 1000000 ||
+             b > 1000000) {
+           return bad_value(c.name, key, v, "N:M with two positive integers, e.g. 3:1");
+         }
+         c.nm_n = static_cast<int>(a);
+         c.nm_m = static_cast<int>(b);
+         return Status();
+       },
+       [](const PolicyConfig& c) { return std::to_string(c.nm_n) + ":" + std::to_string(c.nm_m); }},
+      int_def<&PolicyConfig::recent, 0, 1 << 20>("recent"),
+      word_def<&PolicyConfig::pos, kPositionsWords>("positions"),
+  };
+}
+
+}  // namespace d2o::spec_detail

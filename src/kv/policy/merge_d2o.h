@@ -18,11 +18,15 @@
 // Zero vectors have cosine 0 with everything.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "kv/attention.h"
 #include "kv/kv_cache.h"
 #include "kv/policy/config.h"
+#include "kv/policy/merger.h"
 #include "kv/policy/nearest.h"
 
 namespace d2o {
@@ -44,6 +48,38 @@ struct D2oScratch {
   std::vector<uint8_t> merge;
   std::vector<int32_t> evicted;
 };
+
+// D2O's per-sequence state (ComposedPolicyState::merger; merger_d2o.cpp).
+class D2oMergeState final : public MergerState {
+ public:
+  // EMA similarity thresholds and whether each was initialised, [n_layer * n_head_kv].
+  std::vector<float> tau;
+  std::vector<uint8_t> tau_ready;
+  // With key similarity: 1 / |key| of every slot of each layer and KV head ([n_layer *
+  // n_head_kv] lists in slot order, d2o_key_inv_norms), kept in step with the slots so that a
+  // decode step's search forms dots only, and the position of the last slot each list covers. A
+  // list that does not match its head (length, last position) is formed again from the keys.
+  std::vector<std::vector<float>> key_inv;
+  std::vector<int32_t> key_inv_last;
+  // Decoding: the slot each layer's heads are expected to evict at the next step and the
+  // attention's dots of its key (KvPolicy::attention_probe); how many one-slot searches took
+  // their dots from it, and how many formed them (the slot evicted was another one, or the pass
+  // formed none).
+  AttnProbe probe;
+  std::atomic<int64_t> probe_used{0}, probe_missed{0};
+
+  // Thresholds and key norms (not the probe, which the next pass arms again).
+  std::unique_ptr<MergerState> clone() const override;
+  size_t bytes() const override;
+};
+
+// The D2O state a merger state is, or null.
+inline D2oMergeState* d2o_merge_state(MergerState* s) {
+  return dynamic_cast<D2oMergeState*>(s);
+}
+inline const D2oMergeState* d2o_merge_state(const MergerState* s) {
+  return dynamic_cast<const D2oMergeState*>(s);
+}
 
 struct D2oHeadMerge {
   const PolicyConfig* cfg = nullptr;

@@ -4,8 +4,8 @@
 //                      beats a running threshold: merge terms in the layer's CompactionPlan
 //   CaM (merge_cam.h)  evicted values spread over the following slots, written while planning
 //
-// A merger sees one layer's compaction through a LayerJob; its per-sequence state lives in
-// ComposedPolicyState.
+// A merger sees one layer's compaction through a LayerJob; its per-sequence state is its own
+// MergerState, held by ComposedPolicyState::merger.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +20,15 @@ namespace d2o {
 
 class ComposedPolicyState;
 struct ComposedScratch;
+
+// A merger's per-sequence state (ComposedPolicyState::merger), made by its size_state().
+class MergerState {
+ public:
+  virtual ~MergerState() = default;
+  // The state a copied sequence continues from (no scratch).
+  virtual std::unique_ptr<MergerState> clone() const = 0;
+  virtual size_t bytes() const = 0;
+};
 
 // One layer's compaction in progress (ComposedPolicy::plan_layer).
 struct LayerJob {
@@ -43,7 +52,7 @@ class MergerPart {
   virtual ~MergerPart() = default;
   // Whether the merger merges at this compaction (D2O with prompt_merge=off: not the prompt's).
   virtual bool merges(const LayerJob& job) const = 0;
-  // Sizes the merger's per-sequence state in `own` for the cache.
+  // Makes or sizes the merger's per-sequence state (own.merger) for the cache.
   virtual void size_state(const KvCache& cache, ComposedPolicyState& own) const {
     (void)cache, (void)own;
   }

@@ -6,6 +6,7 @@
 #include "kv/policy/composed.h"
 #include "kv/policy/merge_cam.h"
 #include "kv/policy/merger.h"
+#include "kv/policy/spec_keys.h"
 
 namespace d2o {
 
@@ -40,3 +41,38 @@ std::unique_ptr<MergerPart> make_cam_merger(const PolicyConfig& cfg) {
 }
 
 }  // namespace d2o
+
+namespace d2o::spec_detail {
+
+// CaM's merger's keys: which kept slots receive an evicted value (merge_targets=: the recent
+// window or that many slots) and the seed of its random draws (seed=).
+std::vector<KeyDef> cam_merger_keys() {
+  return {
+      {"merge_targets",
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
+         if (v == "recent") {
+           c.cam_targets = 0;
+           return Status();
+         }
+         int64_t x = 0;
+         if (!parse_i64(v, &x) || x < 1 || x > (1 << 20)) {
+           return bad_value(c.name, key, v, "'recent' or a positive integer");
+         }
+         c.cam_targets = static_cast<int>(x);
+         return Status();
+       },
+       [](const PolicyConfig& c) {
+         return c.cam_targets == 0 ? std::string("recent") : std::to_string(c.cam_targets);
+       }},
+      {"seed",
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
+         uint64_t x = 0;
+         if (!parse_u64(v, &x)) return bad_value(c.name, key, v, "a non-negative integer");
+         c.seed = x;
+         return Status();
+       },
+       [](const PolicyConfig& c) { return std::to_string(c.seed); }},
+  };
+}
+
+}  // namespace d2o::spec_detail

@@ -1,12 +1,14 @@
 // The D2O merger part (merge_d2o.h has the method): per KV head, its evicted slots' nearest kept
 // slots and the threshold's decisions; with merge_decision=per_token, one decision per evicted
-// index over all heads of the layer (end_layer). Its state (ComposedPolicyState): the
-// thresholds, the kept keys' inverse norms, the attention probe's dots.
+// index over all heads of the layer (end_layer). Its state (D2oMergeState, in
+// ComposedPolicyState::merger): the thresholds, the kept keys' inverse norms, the attention
+// probe's dots.
 #include <algorithm>
 
 #include "kv/policy/composed.h"
 #include "kv/policy/merge_d2o.h"
 #include "kv/policy/merger.h"
+#include "kv/policy/spec_keys.h"
 
 namespace d2o {
 
@@ -64,25 +66,28 @@ class D2oMerger final : public MergerPart {
   explicit D2oMerger(const PolicyConfig& cfg) : cfg_(cfg) {}
 
   void size_state(const KvCache& cache, ComposedPolicyState& own) const override {
+    if (!d2o_merge_state(own.merger.get())) own.merger = std::make_unique<D2oMergeState>();
+    D2oMergeState& st = state(own);
     const size_t nlg =
         static_cast<size_t>(cache.n_layer()) * static_cast<size_t>(cache.config().n_head_kv);
-    if (own.tau.size() != nlg) own.tau.assign(nlg, 0.0f);
-    if (own.tau_ready.size() != nlg) own.tau_ready.assign(nlg, 0);
-    if (cfg_.sim == SimOn::kKey && own.key_inv.size() != nlg) {
-      own.key_inv.assign(nlg, {});
-      own.key_inv_last.assign(nlg, 0);
+    if (st.tau.size() != nlg) st.tau.assign(nlg, 0.0f);
+    if (st.tau_ready.size() != nlg) st.tau_ready.assign(nlg, 0);
+    if (cfg_.sim == SimOn::kKey && st.key_inv.size() != nlg) {
+      st.key_inv.assign(nlg, {});
+      st.key_inv_last.assign(nlg, 0);
     }
   }
   // The cached key norms of the slots the plan merged into.
   void after_apply(const KvCache& cache, int il, const CompactionPlan& plan,
                    ComposedPolicyState& own) const override {
-    if (own.key_inv.empty() || plan.merges.empty()) return;
+    D2oMergeState& st = state(own);
+    if (st.key_inv.empty() || plan.merges.empty()) return;
     const KvLayer& L = cache.layer(il);
     const size_t G = static_cast<size_t>(L.n_head_kv());
     for (const MergeTerm& t : plan.merges) {
       if (t.src != t.dst) continue;  // one term per merge group has src == dst
       std::vector<float>& inv =
-          own.key_inv[static_cast<size_t>(il) * G + static_cast<size_t>(t.head)];
+          st.key_inv[static_cast<size_t>(il) * G + static_cast<size_t>(t.head)];
       if (static_cast<int>(inv.size()) != L.n_slot(t.head)) continue;  // not kept for this head
       // The merged slot's index after the gather: its place in the ascending keep list.
       const int32_t* keep = plan.keep_of(t.head);
@@ -136,10 +141,14 @@ class D2oMerger final : public MergerPart {
     h.n_keep = job.plan->n_keep_of(g);
     h.evicted = evicted;
     h.n_evicted = ne;
-    h.tau = &job.own->tau[ti];
-    h.tau_ready = &job.own->tau_ready[ti];
+    h.tau = &state(*job.own).tau[ti];
+    h.tau_ready = &state(*job.own).tau_ready[ti];
     h.rope = job.plan->rope;
     return h;
+  }
+  // The merger's state, which size_state() made before any layer is planned.
+  static D2oMergeState& state(ComposedPolicyState& own) {
+    return static_cast<D2oMergeState&>(*own.merger);
   }
   // The cached key norms and the probe's dots for head g's search, where they serve.
   void key_norms(const LayerJob& job, int g, D2oHeadMerge& h, float* evicted_inv) const;
@@ -148,7 +157,7 @@ class D2oMerger final : public MergerPart {
 };
 
 void D2oMerger::key_norms(const LayerJob& job, int g, D2oHeadMerge& h, float* evicted_inv) const {
-  ComposedPolicyState& own = *job.own;
+  D2oMergeState& own = state(*job.own);
   const KvLayer& L = *job.layer;
   if (own.key_inv.size() != static_cast<size_t>(job.cache->n_layer()) * job.G) return;
   const size_t ti = static_cast<size_t>(job.il) * job.G + static_cast<size_t>(g);
@@ -198,8 +207,8 @@ int64_t D2oMerger::end_layer(const LayerJob& job, ComposedScratch& hs) const {
     mean[i] = static_cast<float>(a / G);
   }
   const size_t ti = static_cast<size_t>(job.il) * G;
-  const int n_merge =
-      d2o_decide(cfg_, mean, E, &job.own->tau[ti], &job.own->tau_ready[ti], dsc.merge.data());
+  const int n_merge = d2o_decide(cfg_, mean, E, &state(*job.own).tau[ti],
+                                 &state(*job.own).tau_ready[ti], dsc.merge.data());
   if (n_merge == 0) return 0;
   for (int g = 0; g < G; ++g) {
     const size_t off = static_cast<size_t>(g) * E;
@@ -211,8 +220,56 @@ int64_t D2oMerger::end_layer(const LayerJob& job, ComposedScratch& hs) const {
 
 }  // namespace
 
+std::unique_ptr<MergerState> D2oMergeState::clone() const {
+  auto c = std::make_unique<D2oMergeState>();
+  c->tau = tau;
+  c->tau_ready = tau_ready;
+  c->key_inv = key_inv;
+  c->key_inv_last = key_inv_last;
+  return c;
+}
+
+size_t D2oMergeState::bytes() const {
+  size_t b = tau.capacity() * sizeof(float) + tau_ready.capacity() +
+             key_inv.capacity() * sizeof(std::vector<float>) +
+             key_inv_last.capacity() * sizeof(int32_t);
+  for (const std::vector<float>& v : key_inv) b += v.capacity() * sizeof(float);
+  b += probe.slot.capacity() * sizeof(int32_t) +
+       (probe.key.capacity() + probe.dot.capacity()) * sizeof(float) + probe.formed.capacity();
+  return b;
+}
+
 std::unique_ptr<MergerPart> make_d2o_merger(const PolicyConfig& cfg) {
   return std::make_unique<D2oMerger>(cfg);
 }
 
 }  // namespace d2o
+
+namespace d2o::spec_detail {
+
+namespace {
+const std::vector<const char*> kMergeWords = {"off", "weighted", "average", "research", "sized"};
+const std::vector<const char*> kSimWords = {"key", "value", "kv"};
+const std::vector<const char*> kEmaWords = {"paper", "research"};
+const std::vector<const char*> kMergedScoreWords = {"sum", "keep", "mean", "max"};
+const std::vector<const char*> kMergeKeysWords = {"rotated", "unrotated"};
+const std::vector<const char*> kDecisionWords = {"per_head", "per_token"};
+}  // namespace
+
+// D2O's merger's keys: how an evicted slot folds into its nearest kept one (merge=, sim=,
+// merge_keys=), the threshold's running average (ema=, merge_decision=), the merged slot's score
+// (merged_score=), and whether the prompt's compaction merges (prompt_merge=).
+std::vector<KeyDef> d2o_merger_keys() {
+  return {
+      word_def<&PolicyConfig::merge, kMergeWords>("merge"),
+      word_def<&PolicyConfig::sim, kSimWords>("sim"),
+      word_def<&PolicyConfig::ema, kEmaWords>("ema"),
+      word_def<&PolicyConfig::mscore, kMergedScoreWords>("merged_score"),
+      word_def<&PolicyConfig::mspace, kMergeKeysWords>("merge_keys"),
+      word_def<&PolicyConfig::decide, kDecisionWords>("merge_decision"),
+      word_def<&PolicyConfig::prompt_merge, kOnOffWords>(
+          "prompt_merge", [](const PolicyConfig& c) { return !c.prompt_merge; }),
+  };
+}
+
+}  // namespace d2o::spec_detail

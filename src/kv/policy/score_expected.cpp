@@ -30,6 +30,7 @@
 #include "kv/kv_rotation.h"
 #include "kv/policy/scorer.h"
 #include "kv/policy/select.h"
+#include "kv/policy/spec_keys.h"
 #include "ops/hadamard.h"
 
 namespace d2o {
@@ -251,3 +252,26 @@ std::unique_ptr<Scorer> make_expected_attention_pooled(const PolicyConfig& cfg) 
 }
 
 }  // namespace d2o
+
+namespace d2o::spec_detail {
+
+namespace {
+const std::vector<const char*> kValueWeightWords = {"norm", "none"};
+
+// Expected attention's own keys are shown (and meaningful) only where it is read.
+bool expected_shown(const PolicyConfig& c) {
+  return reads_queries(c);
+}
+}  // namespace
+
+// Expected attention's keys: how far ahead the queries are expected (future=) and whether a
+// slot's score is weighted by its value's norm (value_weight=).
+std::vector<KeyDef> expected_keys() {
+  return {
+      int_def<&PolicyConfig::future, 1, 1 << 16>("future", nullptr, expected_shown),
+      word_def<&PolicyConfig::value_weight, kValueWeightWords>("value_weight", nullptr,
+                                                               expected_shown),
+  };
+}
+
+}  // namespace d2o::spec_detail

@@ -1,6 +1,7 @@
 // The scorer registry: what scorer= of the heavy-hitter presets (h2o, d2o) takes. One line a
 // scorer; its class lives in its own score_*.cpp file.
 #include "kv/policy/scorer.h"
+#include "kv/policy/spec_keys.h"
 
 namespace d2o {
 
@@ -33,3 +34,47 @@ bool reads_queries(const PolicyConfig& cfg) {
 }
 
 }  // namespace d2o
+
+namespace d2o::spec_detail {
+
+namespace {
+const std::vector<const char*> kAggWords = {"sum", "mean", "max"};
+
+// The scorers' names (scorer_defs()), as the scorer= key's words.
+const std::vector<const char*>& scorer_words() {
+  static const std::vector<const char*> words = [] {
+    std::vector<const char*> w;
+    for (const ScorerDef& d : scorer_defs()) w.push_back(d.name);
+    return w;
+  }();
+  return words;
+}
+
+std::string scorer_words_list() {
+  std::string s;
+  for (const char* w : scorer_words()) s += (s.empty() ? "" : ", ") + std::string(w);
+  return s;
+}
+}  // namespace
+
+// The scorers' shared keys: which one ranks (scorer=), how a KV head's query heads' attention is
+// combined (agg=), and whether merged slots count once per token they stand for
+// (proportional_attention=).
+std::vector<KeyDef> scorer_keys() {
+  KeyDef scorer = {"scorer",
+                   [](std::string_view key, std::string_view v, PolicyConfig& c) {
+                     if (!find_scorer(v))
+                       return bad_value(c.name, key, v, "one of " + scorer_words_list());
+                     c.scorer = std::string(v);
+                     return Status();
+                   },
+                   [](const PolicyConfig& c) { return c.scorer; }};
+  scorer.words = &scorer_words();
+  return {
+      word_def<&PolicyConfig::mass, kOnOffWords>("proportional_attention"),
+      word_def<&PolicyConfig::agg, kAggWords>("agg"),
+      scorer,
+  };
+}
+
+}  // namespace d2o::spec_detail

@@ -5,6 +5,7 @@
 
 #include "core/assert.h"
 #include "kv/policy/keeper.h"
+#include "kv/policy/spec_keys.h"
 
 namespace d2o {
 
@@ -57,3 +58,35 @@ void select_ada(const PolicyConfig& cfg, const float* score, const int32_t* off,
 }
 
 }  // namespace d2o
+
+namespace d2o::spec_detail {
+
+namespace {
+const std::vector<const char*> kHeadsWords = {"uniform", "ada"};
+
+// Shown only away from the uniform per-head rule (added after specs were recorded).
+bool ada_shown(const PolicyConfig& c) {
+  return c.heads != HeadRule::kUniform;
+}
+}  // namespace
+
+// The head shares' keys: uniform or shared by score (heads=), each head's floor (floor=), and the
+// share of a head's budget kept for distinct keys (distinct_share=).
+std::vector<KeyDef> head_keys() {
+  return {
+      word_def<&PolicyConfig::heads, kHeadsWords>("heads", ada_shown),
+      {"floor",
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
+         return share_key(c.name, key, v, &c.floor);
+       },
+       [](const PolicyConfig& c) { return fmt_f64(c.floor); }, ada_shown},
+      {"distinct_share",
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
+         return share_key(c.name, key, v, &c.distinct);
+       },
+       [](const PolicyConfig& c) { return fmt_f64(c.distinct); },
+       [](const PolicyConfig& c) { return c.distinct != 0.0; }},
+  };
+}
+
+}  // namespace d2o::spec_detail

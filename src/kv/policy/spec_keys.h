@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "d2o/status.h"
@@ -53,8 +54,63 @@ struct KeyDef {
   const std::vector<const char*>* old_words = nullptr;
 };
 
-// Every key, in registry order (tests and the reference table walk them).
+// Every key: each part's keys (below), in key_defs()'s order of parts, with their old spellings.
 const std::vector<KeyDef>& key_defs();
+
+// The keys each part of a policy owns, registered by the part's own file (one line each in
+// key_defs()). What a preset accepts, and in which order its canonical form prints them, is the
+// preset's key list (spec.cpp).
+std::vector<KeyDef> budget_keys();      // budgets.cpp: prefill, layers, beta, pyramid_beta, ...
+std::vector<KeyDef> keeper_keys();      // keeper.cpp: sinks, heavy_recent, recent, positions
+std::vector<KeyDef> scorer_keys();      // scorers.cpp: scorer, agg, proportional_attention
+std::vector<KeyDef> window_keys();      // score_window.cpp: window, kernel, pool, prompt_*
+std::vector<KeyDef> expected_keys();    // score_expected.cpp: future, value_weight
+std::vector<KeyDef> head_keys();        // select_heads.cpp: heads, floor, distinct_share
+std::vector<KeyDef> d2o_merger_keys();  // merger_d2o.cpp: merge, sim, ema, merged_score, ...
+std::vector<KeyDef> cam_merger_keys();  // merger_cam.cpp: merge_targets, seed
+std::vector<KeyDef> cold_tier_keys();   // cold_keys.cpp: cold, cold_type, cold_size, recall
+
+// ---- what the parts' registrations share ---------------------------------------------------
+
+bool parse_i64(std::string_view v, int64_t* out);
+bool parse_u64(std::string_view v, uint64_t* out);
+// A share: a number in [0, 1].
+Status share_key(const std::string& policy, std::string_view key, std::string_view v, double* out);
+extern const std::vector<const char*> kOnOffWords;  // off, on
+
+// A key whose value is one of `Words`, stored as its index in the enum (or bool) `Member`.
+template <auto Member, const std::vector<const char*>& Words>
+KeyDef word_def(const char* name, ShownFn shown = nullptr, ShownFn applies = nullptr) {
+  KeyDef d = {
+      name,
+      [](std::string_view key, std::string_view v, PolicyConfig& c) {
+        int i = 0;
+        D2O_RETURN_IF_ERROR(word_key(c.name, key, v, Words, &i));
+        c.*Member = static_cast<std::remove_reference_t<decltype(c.*Member)>>(i);
+        return Status();
+      },
+      [](const PolicyConfig& c) { return std::string(Words[static_cast<size_t>(c.*Member)]); },
+      shown, applies};
+  d.words = &Words;
+  return d;
+}
+
+// An integer key within [lo, hi] stored in the int `Member`.
+template <int PolicyConfig::*Member, int64_t Lo, int64_t Hi>
+KeyDef int_def(const char* name, ShownFn shown = nullptr, ShownFn applies = nullptr) {
+  return {name,
+          [](std::string_view key, std::string_view v, PolicyConfig& c) {
+            int64_t x = 0;
+            D2O_RETURN_IF_ERROR(int_key(c.name, key, v, Lo, Hi, &x));
+            c.*Member = static_cast<int>(x);
+            return Status();
+          },
+          [](const PolicyConfig& c) { return std::to_string(c.*Member); }, shown, applies};
+}
+
+// SnapKV's pooling keys (and prompt_scores=): always for its selector, for the heavy-hitter ones
+// with a prompt phase (prompt_ranking=window, reconstruction or expected).
+bool window_shown(const PolicyConfig& c);
 
 // The key called `name`, by its canonical or its old name, or null.
 const KeyDef* find_key(std::string_view name);
