@@ -404,6 +404,13 @@ class Session:
         return self._s.logits(_ids(tokens, "tokens"), _context_end(context_end),
                               _int(chunk, "chunk", 0, 1 << 24))
 
+    def feed(self, tokens: Sequence[int], *, context_end: Optional[int] = None,
+             chunk: int = 256) -> None:
+        """Feeds ``tokens`` after everything before as :meth:`logits` does, computing no logits
+        (a document to ask about in the next call: a ratio policy compresses it at its end)."""
+        self._s.feed(_ids(tokens, "tokens"), _context_end(context_end),
+                     _int(chunk, "chunk", 0, 1 << 24))
+
     def kv_report(self) -> Dict[str, Any]:
         """The cache as it stands: spec, kv_type, n_past, slots (per KV head over the layers),
         kv_bytes (keys and values in the slots held), kv_bytes_allocated, full_kv_bytes and

@@ -26,6 +26,7 @@ class PySession {
       broken_ = true;
       return d;
     }
+    unfed_.clear();
     history_.insert(history_.end(), in.begin(), in.end());
     const auto toks = d["tokens"].cast<std::vector<TokenId>>();
     history_.insert(history_.end(), toks.begin(), toks.end());
@@ -40,11 +41,29 @@ class PySession {
     std::vector<TokenId> in = take_unfed(ids);
     const int64_t ce = context_end > 0 ? context_end + static_cast<int64_t>(skip) : 0;
     pyb::array_t<float> all = run_logits(*model_, *seq_, in, ce, chunk);
+    unfed_.clear();
     history_.insert(history_.end(), in.begin(), in.end());
     if (skip == 0) return all;
     pyb::module_ np = pyb::module_::import("numpy");
     const pyb::slice rows(static_cast<pyb::ssize_t>(skip), static_cast<pyb::ssize_t>(in.size()), 1);
     return np.attr("ascontiguousarray")(all[rows]);
+  }
+
+  // As logits(), without computing any.
+  void feed(const std::vector<TokenId>& ids, int64_t context_end, int chunk) {
+    ok_or_raise(model_->check_ids(ids, "input"));
+    const int64_t skip = static_cast<int64_t>(unfed_.size());
+    std::vector<TokenId> in = take_unfed(ids);
+    if (in.empty()) throw pyb::value_error("no tokens to feed");
+    Status s;
+    {
+      pyb::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lock(model_->mutex());
+      s = model_->score(*seq_, in, context_end > 0 ? context_end + skip : 0, chunk, {});
+    }
+    ok_or_raise(s);
+    unfed_.clear();
+    history_.insert(history_.end(), in.begin(), in.end());
   }
 
   pyb::dict kv_report() const;
@@ -53,11 +72,11 @@ class PySession {
   std::string spec() const { return seq_->policy().spec(); }
 
  private:
-  std::vector<TokenId> take_unfed(const std::vector<TokenId>& ids) {
+  // The tokens a call feeds: those still unfed, then `ids` (unfed_ is cleared once they went in).
+  std::vector<TokenId> take_unfed(const std::vector<TokenId>& ids) const {
     if (broken_)
       throw pyb::value_error("this session's last generation was stopped early; start a new one");
-    std::vector<TokenId> in;
-    in.swap(unfed_);
+    std::vector<TokenId> in = unfed_;
     in.insert(in.end(), ids.begin(), ids.end());
     return in;
   }
@@ -115,6 +134,7 @@ void bind_session(pyb::module_& mod) {
            pyb::arg("on_text"))
       .def("logits", &PySession::logits, pyb::arg("ids"), pyb::arg("context_end"),
            pyb::arg("chunk"))
+      .def("feed", &PySession::feed, pyb::arg("ids"), pyb::arg("context_end"), pyb::arg("chunk"))
       .def("kv_report", &PySession::kv_report)
       .def_property_readonly("n_past", &PySession::n_past)
       .def_property_readonly("tokens", &PySession::history)

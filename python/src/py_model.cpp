@@ -115,10 +115,10 @@ Status PyModel::feed(Sequence& seq, std::span<const TokenId> ids, size_t first_r
   const int window = seq.policy().is_full() ? 0 : seq.policy().needs().window;
   BatchEntry be;
   be.seq = &seq;
-  be.logits_from = 0;
+  be.logits_from = fn ? 0 : BatchEntry::kNoLogits;
   size_t at = 0;
   const LogitsSink sink = [&](int, int token, const float* l) {
-    fn(first_row + at + static_cast<size_t>(token), l);
+    if (fn) fn(first_row + at + static_cast<size_t>(token), l);
   };
   const int64_t n = std::ssize(ids);
   for (const int c : Scheduler::split_prompt(n, chunk > 0 ? chunk : static_cast<int>(n), window)) {

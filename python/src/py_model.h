@@ -70,7 +70,8 @@ class PyModel {
   // Feeds `ids` to `seq` and hands the logits of every one of them to `fn`, row by row. With
   // 0 < context_end < n the first context_end tokens are fed as a prompt of their own (a ratio
   // policy compresses them at their end, as the server's `context_end` does), then the rest;
-  // each part in passes of `chunk` tokens (0: one pass; the server's --chunk is 256).
+  // each part in passes of `chunk` tokens (0: one pass; the server's --chunk is 256). An empty
+  // `fn`: no logits are computed.
   Status score(Sequence& seq, std::span<const TokenId> ids, int64_t context_end, int chunk,
                const RowFn& fn);
 
