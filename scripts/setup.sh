@@ -7,7 +7,8 @@
 #                                 dequantisation references of the `gguf` PyPI package,
 #                                 llama.cpp built from its source archive with what it computes
 #                                 for the tests (matmul products, logits, perplexity, token ids),
-#                                 the `openai` package and Debian's chromium (server tests)
+#                                 the `openai` package and Debian's chromium (server tests),
+#                                 pytest and NumPy (the Python package's tests)
 #   scripts/setup.sh --fuzz       also clang 14 with its runtime libraries (libFuzzer, for
 #                                 scripts/fuzz.sh; the ThreadSanitizer build uses g++)
 #   scripts/setup.sh --gemma3-refs  also llama.cpp's Gemma 3 forward-pass references (logits and
@@ -46,7 +47,7 @@ die() { echo "setup: error: $*" >&2; exit 1; }
 # ---- Debian packages -----------------------------------------------------------------------
 packages=(build-essential cmake pkg-config git ca-certificates unzip python3 python3-pip
           googletest libgtest-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libpcre2-dev
-          libcpp-httplib-dev bible-kjv bible-kjv-text)
+          libcpp-httplib-dev bible-kjv bible-kjv-text python3-dev python3-venv pybind11-dev)
 [ "$want_fuzz" = 1 ] && packages+=(clang-14 libclang-rt-14-dev)
 # Headless Chromium for the chat page's end-to-end test (tests/e2e/serve_chat_page_test.py).
 [ "$want_test_data" = 1 ] && packages+=(chromium)
@@ -246,6 +247,15 @@ if [ "$want_test_data" -eq 1 ]; then
     say "installing openai==1.55.3 from PyPI into $openai_lib for the server test"
     python3 -m pip install --quiet --disable-pip-version-check --upgrade --target "$openai_lib" "openai==1.55.3" \
       || die "installing the PyPI package openai==1.55.3 failed; check the network and rerun scripts/setup.sh --test-data"
+  fi
+
+  # pytest and NumPy for the Python package's tests (tests/python; the package itself is built
+  # with the release build, pybind11 from Debian), in their own folder.
+  pytest_lib="$cache/pylib-pytest"
+  if ! PYTHONPATH="$pytest_lib" python3 -S -c "import pytest, numpy; assert pytest.__version__ == '8.3.4' and numpy.__version__ == '2.4.6'" 2>/dev/null; then
+    say "installing pytest==8.3.4 and numpy==2.4.6 from PyPI into $pytest_lib for the Python package's tests"
+    python3 -m pip install --quiet --disable-pip-version-check --upgrade --target "$pytest_lib" "pytest==8.3.4" "numpy==2.4.6" \
+      || die "installing pytest and numpy from PyPI failed; check the network and rerun scripts/setup.sh --test-data"
   fi
 
   # lm-evaluation-harness for the server's evaluation test (tests/e2e/serve_lm_eval_test.py), in

@@ -3,7 +3,8 @@
 #   1. Release build with warnings as errors: the model suite (real weights, reference parity
 #      against llama.cpp) and the end-to-end suite (the d2o binary driven as a user would, on the
 #      real model: generation, evaluation runs, the server and its clients, the set-up script);
-#      then lm-evaluation-harness's local-completions model against the server, a stage of its own.
+#      then lm-evaluation-harness's local-completions model against the server, a stage of its own;
+#      then the Python package (built in the same build as the extension d2o_python) under pytest.
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer build of the unit suite (synthetic data,
 #      random-weight models and writer-made files: every kernel, cache, policy, tokenizer, file
 #      format, the scheduler and the server's requests, responses and sessions), run under the
@@ -20,7 +21,9 @@
 #      threads, micro-batched forward pass, the server's engine thread with clients over HTTP;
 #      see tests/CMakeLists.txt), run under TSan.
 #   scripts/test.sh --long: instead, the long forms of suites whose short seeded forms run above
-#      (for people; about an hour on 2 cores): the next-question protocol through `d2o serve`
+#      (for people; about an hour on 2 cores): `pip install .` of a clean copy into a virtual
+#      environment, with the Python package's tests run against it; the next-question protocol
+#      through `d2o serve`
 #      (scripts/next_question.py, 50 trials of every default policy on SmolLM2, and on Gemma 3
 #      through /v1/completions); lm-eval's local-completions model on 200 documents per task
 #      under the full cache and two budget policies; the server under hostile clients
@@ -98,6 +101,19 @@ if [ "$long" = 1 ]; then
   stage "100 SIGKILLs among session saves"
   scripts/session_kills.py --d2o build/d2o -t "$jobs" --kills 100 \
     --json build/long/session_kills.json
+  stage "pip install . from a clean copy into a virtual environment"
+  # The package as a user installs it: the tracked files copied out, a fresh venv, `pip install`
+  # (scikit-build-core and pybind11 from PyPI build the extension over the same CMake build),
+  # then pytest against it from outside the source tree.
+  rm -rf build/long/pip && mkdir -p build/long/pip/src
+  git ls-files -z | xargs -0 tar -cf - | tar -xf - -C build/long/pip/src
+  python3 -m venv build/long/pip/venv
+  pip_start=$SECONDS
+  CMAKE_BUILD_PARALLEL_LEVEL=$jobs build/long/pip/venv/bin/python -m pip install --quiet \
+    --disable-pip-version-check build/long/pip/src
+  echo "pip install . took $((SECONDS - pip_start)) s"
+  (cd build/long/pip && PYTHONPATH="$cache/pylib-pytest" D2O_BIN="$repo/build/d2o" \
+    venv/bin/python -m pytest -q -p no:cacheprovider "$repo/tests/python")
   stage "lm-evaluation-harness against d2o serve (200 documents per task, compressing policies)"
   python3 tests/e2e/serve_lm_eval_test.py build/d2o --docs 200 --kv d2o:budget=64 \
     --kv h2o:budget=64 --json build/long/lm_eval.json
@@ -106,17 +122,25 @@ fi
 
 stage "release build"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DD2O_WERROR=ON -DD2O_UNITY_TESTS=ON \
-  -DD2O_UNITY_LIB=ON >/dev/null
+  -DD2O_UNITY_LIB=ON -DD2O_PYTHON=ON >/dev/null
 # The unit suite runs under the sanitizers (below), not here. The test suites compile in unity
 # batches (D2O_UNITY_TESTS: tests/CMakeLists.txt), and so do the libraries and the d2o binary
-# (D2O_UNITY_LIB: CMakeLists.txt; the SIMD kernels' files alone).
-cmake --build build -j"$jobs" --target d2o_cli d2o_model_tests d2o_e2e_tests
+# (D2O_UNITY_LIB: CMakeLists.txt; the SIMD kernels' files alone). D2O_PYTHON: the Python
+# package's extension module over the same library (target d2o_python, into build/python/d2o).
+cmake --build build -j"$jobs" --target d2o_cli d2o_model_tests d2o_e2e_tests d2o_python
 stage "release tests"
 ctest --test-dir build --output-on-failure -j"$jobs" -L "^(model|e2e)$" "$@"
 # lm-eval's local-completions model against `d2o serve` (short form: about 40 s on 2 cores; the
-# package is installed at set-up), with a budget of its own.
+# package is installed at set-up), with a budget of its own; its scores are also computed
+# through the Python package.
 stage "lm-evaluation-harness against d2o serve"
 ctest --test-dir build --output-on-failure -L "^lm_eval$" --timeout 240 "$@"
+# The Python package as the release build made it (build/python), under pytest (tests/python:
+# generation equal to `d2o run`, logits equal to the server's logprobs, errors, 1,000 random
+# calls). The full `pip install .` into a virtual environment is in scripts/test.sh --long.
+stage "Python package (pytest)"
+PYTHONPATH="$repo/build/python:$cache/pylib-pytest" D2O_BIN="$repo/build/d2o" \
+  python3 -m pytest -q -p no:cacheprovider tests/python
 
 stage "sanitizer build (ASan + UBSan)"
 # -g1 (line tables) rather than RelWithDebInfo's full -g: reports show the same frames and

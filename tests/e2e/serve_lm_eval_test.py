@@ -22,6 +22,10 @@ themselves are checked against llama.cpp by serve_logprobs_test.py.
 
 --kv: run the tasks again with the server under each policy (the long form in
 scripts/test.sh --long); the scores are printed next to the full cache's.
+
+--package-dir DIR: the Python package d2o is in DIR (the release build's build/python): the same
+scores are computed a third time through it (Model.nll for the choices, Model.generate for the
+answers, the model loaded with the server's context and threads) and must equal lm-eval's too.
 """
 import argparse
 import json
@@ -41,6 +45,7 @@ ap.add_argument("d2o")
 ap.add_argument("--docs", type=int, default=12, help="documents per task")
 ap.add_argument("--kv", action="append", default=[], help="also run under this policy")
 ap.add_argument("--json", help="write the scores here")
+ap.add_argument("--package-dir", help="also compute the scores through the Python package here")
 args = ap.parse_args()
 
 MODEL = require_model()
@@ -226,6 +231,49 @@ def independent(srv, next_word, needle):
     return correct / len(next_word), hits / len(needle), lls
 
 
+def through_package(model, kv, next_word, needle):
+    """independent()'s scores through the Python package: the same tokens (the model's tokenizer
+    without special tokens, as the server's /tokenize), each choice's log-likelihood the sum of
+    its tokens' (Model.nll, passes cut as the server cuts them), the answers greedy under the
+    same stop strings."""
+    lls, correct = [], 0
+    for d in next_word:
+        ctx = model.tokenize(d["context"], add_special=False)
+        scores = []
+        for c in d["choices"]:
+            whole = model.tokenize(d["context"] + " " + c, add_special=False)
+            scores.append(-sum(model.nll(whole, kv=kv)[len(ctx) - 1:]))
+        lls.append(scores)
+        correct += max(range(len(scores)), key=lambda i: scores[i]) == d["label"]
+    hits = 0
+    for d in needle:
+        r = model.generate(model.tokenize(d["question"], add_special=False), 8, kv=kv,
+                           stop=["\n", ".", "<|im_end|>"], chunk=256)
+        hits += r.text.replace(" ", "") == d["answer"]
+    return correct / len(next_word), hits / len(needle), lls
+
+
+def check_package(kv, acc, em, samples, next_word, needle):
+    sys.path.insert(0, args.package_dir)
+    import d2o  # noqa: E402 (the build's package, found only now)
+
+    model = d2o.Model(MODEL, threads=2, ctx=2048)
+    t0 = time.monotonic()
+    p_acc, p_em, p_lls = through_package(model, kv, next_word, needle)
+    print("kv=%s through the Python package: next-word acc %.4f, needle exact-match %.4f (%.1f s)"
+          % (kv, p_acc, p_em, time.monotonic() - t0))
+    check(p_acc == acc, "kv=%s: lm-eval's accuracy %.4f, the package's %.4f" % (kv, acc, p_acc))
+    check(p_em == em, "kv=%s: lm-eval's exact match %.4f, the package's %.4f" % (kv, em, p_em))
+    worst = 0.0
+    for s, mine in zip(samples, p_lls):
+        theirs = [r[0][0] for r in s["resps"]]
+        worst = max([worst] + [abs(a - b) for a, b in zip(theirs, mine)])
+    print("kv=%s: largest log-likelihood difference, lm-eval against the package: %.3g"
+          % (kv, worst))
+    check(worst <= 1e-5, "kv=%s: the package's log-likelihoods differ from lm-eval's by %.3g"
+          % (kv, worst))
+
+
 def main():
     next_word, needle = make_docs(args.docs)
     report = {"docs": args.docs, "runs": []}
@@ -262,6 +310,8 @@ def main():
             theirs = [r[0][0] for r in s["resps"]]
             check(all(abs(a - b) <= 1e-9 for a, b in zip(theirs, mine)),
                   "doc %d: lm-eval's log-likelihoods %s, recomputed %s" % (s["doc_id"], theirs, mine))
+        if args.package_dir:
+            check_package(kv, acc, em, samples, next_word, needle)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

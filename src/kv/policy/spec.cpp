@@ -14,10 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "core/assert.h"
 #include "kv/policy.h"
 #include "kv/policy/composed.h"
 #include "kv/policy/config.h"
 #include "kv/policy/scorer.h"
+#include "kv/policy/spec_docs.h"
 #include "kv/policy/spec_keys.h"
 
 namespace d2o {
@@ -506,6 +508,20 @@ void plain_where_unused(PolicyConfig& c) {
 }
 
 }  // namespace
+
+std::vector<PolicyPresetDoc> policy_preset_docs() {
+  std::vector<PolicyPresetDoc> out;
+  out.push_back({"full", spec_detail::preset_line("full"), "full", {}});
+  for (const PresetDef& p : presets()) {
+    auto parsed = parse_kv_policy(p.name);
+    D2O_ASSERT(parsed.ok());
+    PolicyPresetDoc d{p.name, spec_detail::preset_line(p.name), (*parsed)->spec(), {}};
+    for (const char* k : p.keys) d.keys.emplace_back(k);
+    if (std::string_view(p.name) == "d2o") d.keys.emplace_back("reading");
+    out.push_back(std::move(d));
+  }
+  return out;
+}
 
 Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
   const std::string_view s = trim(spec);

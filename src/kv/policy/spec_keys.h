@@ -119,6 +119,9 @@ const KeyDef* find_key(std::string_view name);
 // value is returned as it is.
 std::string_view current_word(const KeyDef& d, std::string_view v);
 
+// The one-line summary of preset `name` (spec_docs.cpp); "" for a name it does not know.
+const char* preset_line(std::string_view name);
+
 // "k=v,k=v" cut at its commas, untrimmed (views into `body`).
 std::vector<std::string_view> split_items(std::string_view body);
 
