@@ -42,6 +42,13 @@ int32_t score_key(float score) {
                    : static_cast<int32_t>(std::numeric_limits<int32_t>::min() - int64_t{bits});
 }
 
+// The byte token "<0xNN>" of byte b (SentencePiece and Gemma 4 byte fallback), or -1.
+TokenId hex_byte_token(const Vocab& vocab, uint8_t b) {
+  static const char* kHex = "0123456789ABCDEF";
+  const char name[6] = {'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'};
+  return vocab.find(std::string_view(name, 6));
+}
+
 void link_symbols(MergeScratch& s, size_t n) {
   s.prev.resize(n);
   s.next.resize(n);
@@ -112,24 +119,50 @@ void BpeMerges::emit(const Vocab& vocab, std::string_view word, const MergeScrat
     out.push_back(sym);
     return;
   }
-  // Not a token: llama.cpp looks up each byte of the symbol's (byte-character) text as a
-  // one-byte token and drops those that are not tokens either.
+  // Not a token. Byte-level BPE: llama.cpp looks up each byte of the symbol's byte-character text
+  // as a one-byte token and drops those that are not tokens either. UTF-8 BPE: each byte of the
+  // symbol's text becomes its <0xNN> token (dropped when the vocabulary lacks it).
   std::string_view text;
   if (sym >= 0) {
     text = extra_text_[static_cast<size_t>(sym - vocab.n_vocab())];
-  } else {
+  } else if (vocab.byte_encode) {
     text = unicode::byte_to_chars()[static_cast<uint8_t>(word[s.start[i]])];
+  } else {
+    text = word.substr(static_cast<size_t>(s.start[i]), static_cast<size_t>(s.len[i]));
   }
   for (char c : text) {
-    const TokenId id = vocab.find(std::string_view(&c, 1));
+    const TokenId id = vocab.byte_encode ? vocab.find(std::string_view(&c, 1))
+                                         : hex_byte_token(vocab, static_cast<uint8_t>(c));
     if (id >= 0) out.push_back(id);
   }
 }
 
+size_t BpeMerges::init_symbols(const Vocab& vocab, std::string_view word, MergeScratch& s) const {
+  s.sym.clear();
+  s.len.clear();
+  s.start.clear();
+  for (size_t off = 0; off < word.size();) {
+    size_t len = 1;
+    int32_t sym;
+    if (vocab.byte_encode) {
+      sym = byte_symbol_[static_cast<uint8_t>(word[off])];
+    } else {
+      // A UTF-8 character by its lead byte, as llama.cpp cuts them (not validated).
+      len =
+          std::min(unicode::utf8_len_from_lead(static_cast<uint8_t>(word[off])), word.size() - off);
+      sym = symbol_of(vocab, word.substr(off, len));
+    }
+    s.sym.push_back(sym);
+    s.len.push_back(static_cast<int32_t>(len));
+    s.start.push_back(static_cast<int32_t>(off));
+    off += len;
+  }
+  return s.sym.size();
+}
+
 void BpeMerges::encode_word(const Vocab& vocab, std::string_view word, MergeScratch& s,
                             std::vector<TokenId>& out) const {
-  const size_t n = word.size();
-  if (n == 0) return;
+  if (word.empty()) return;
   if (vocab.ignore_merges) {
     s.encoded.clear();
     const auto& chars = unicode::byte_to_chars();
@@ -140,13 +173,14 @@ void BpeMerges::encode_word(const Vocab& vocab, std::string_view word, MergeScra
       return;
     }
   }
-  s.sym.resize(n);
-  s.len.assign(n, 1);
-  s.start.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    s.sym[i] = byte_symbol_[static_cast<uint8_t>(word[i])];
-    s.start[i] = static_cast<int32_t>(i);
+  if (!vocab.byte_encode && word.find_first_not_of('\n') == std::string_view::npos) {
+    // Gemma 4: a run of newlines that is a token is taken whole (its merges do not build them).
+    if (const TokenId id = vocab.find(word); id >= 0) {
+      out.push_back(id);
+      return;
+    }
   }
+  const size_t n = init_symbols(vocab, word, s);
   link_symbols(s, n);
   s.heap.clear();
   auto try_pair = [&](int32_t l, int32_t r) {
@@ -226,10 +260,7 @@ void spm_merge(const Vocab& vocab, std::string_view text, MergeScratch& s,
     }
     // Byte fallback: <0xNN>, else the byte itself as a token, else <unk>.
     for (char c : piece) {
-      static const char* kHex = "0123456789ABCDEF";
-      const auto b = static_cast<uint8_t>(c);
-      const char name[6] = {'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'};
-      TokenId t = vocab.find(std::string_view(name, 6));
+      TokenId t = hex_byte_token(vocab, static_cast<uint8_t>(c));
       if (t < 0) t = vocab.find(std::string_view(&c, 1));
       if (t < 0) t = vocab.unk;
       if (t >= 0) out.push_back(t);
