@@ -73,12 +73,12 @@ int32_t BpeMerges::symbol_of(const Vocab& vocab, std::string_view text) const {
   return it == extra_ids_.end() ? -1 : it->second;
 }
 
-int32_t BpeMerges::intern(const Vocab& vocab, const std::string& text) {
+int32_t BpeMerges::intern(const Vocab& vocab, std::string_view text) {
   const int32_t id = symbol_of(vocab, text);
   if (id >= 0) return id;
   const int32_t sid = vocab.n_vocab() + static_cast<int32_t>(extra_text_.size());
-  extra_text_.push_back(text);
-  extra_ids_.emplace(text, sid);
+  extra_text_.emplace_back(text);
+  extra_ids_.emplace(std::string(text), sid);
   return sid;
 }
 
@@ -93,18 +93,20 @@ Result<BpeMerges> BpeMerges::build(const Vocab& vocab, const GgufFile& file) {
   }
   BpeMerges m;
   m.rules_.reserve(mv->strings.size());
+  std::string joined;  // reused: no allocation per rule
   for (size_t rank = 0; rank < mv->strings.size(); ++rank) {
-    const std::string& line = mv->strings[rank];
+    const std::string_view line = mv->strings[rank];
     // "left right", split at the first space after the first byte (a piece may start with
     // one). Lines without a separator cannot apply to any pair and are skipped.
     const size_t sp = line.find(' ', 1);
-    if (sp == std::string::npos || sp == 0) continue;
-    const std::string left = line.substr(0, sp);
-    const std::string right = line.substr(sp + 1);
-    if (right.empty()) continue;
+    if (sp == std::string_view::npos || sp + 1 == line.size()) continue;
+    const std::string_view left = line.substr(0, sp);
+    const std::string_view right = line.substr(sp + 1);
+    joined.assign(left);
+    joined.append(right);
     const int32_t l = m.intern(vocab, left);
     const int32_t r = m.intern(vocab, right);
-    const int32_t res = m.intern(vocab, left + right);
+    const int32_t res = m.intern(vocab, joined);
     m.rules_.emplace(key(l, r), Rule{static_cast<int32_t>(rank), res});  // first rank wins
   }
   const auto& chars = unicode::byte_to_chars();

@@ -70,7 +70,7 @@ class BpeMerges {
   // Symbol ids: token ids for texts in the vocabulary, n_vocab + k for merge pieces that are
   // not tokens (their text is extra_text_[k]).
   int32_t symbol_of(const Vocab& vocab, std::string_view text) const;
-  int32_t intern(const Vocab& vocab, const std::string& text);
+  int32_t intern(const Vocab& vocab, std::string_view text);
   static uint64_t key(int32_t l, int32_t r) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(l)) << 32) | static_cast<uint32_t>(r);
   }
