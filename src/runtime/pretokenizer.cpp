@@ -72,6 +72,12 @@ struct Spec {
   PreTokenizerTraits traits;
 };
 
+// Gemma 4 (tokenizer model "gemma4", not a tokenizer.ggml.pre name of byte-level BPE).
+const Spec& gemma4_spec() {
+  static const Spec kSpec{"gemma4", {kNewlineRuns}, {false, true, true, false}};
+  return kSpec;
+}
+
 // Names are those of llama.cpp's converter (tokenizer.ggml.pre); a family shares regexes and
 // flags. Flags: {ignore_merges, add_bos default, clean_spaces, byte_encode}.
 const std::vector<Spec>& specs() {
@@ -100,7 +106,6 @@ const std::vector<Spec>& specs() {
         {false, false, false});
     add({"deepseek-coder"}, {kLineBreak, kSpaceLetters, kSpacePunct, kCjk, kDigit},
         {false, false, false});
-    add({"gemma4"}, {kNewlineRuns}, {false, true, true, false});
     return s;
   }();
   return kSpecs;
@@ -266,10 +271,21 @@ Result<std::unique_ptr<PreTokenizer>> PreTokenizer::create(std::string_view name
     return unsupported("unknown pre-tokenizer '" + std::string(name) +
                        "' (tokenizer.ggml.pre); supported: " + known);
   }
+  return compile(spec->name, spec->regexes, spec->traits);
+}
+
+Result<std::unique_ptr<PreTokenizer>> PreTokenizer::create_gemma4() {
+  const Spec& spec = gemma4_spec();
+  return compile(spec.name, spec.regexes, spec.traits);
+}
+
+Result<std::unique_ptr<PreTokenizer>> PreTokenizer::compile(std::string_view name,
+                                                            const std::vector<const char*>& regexes,
+                                                            const PreTokenizerTraits& traits) {
   std::unique_ptr<PreTokenizer> pt(new PreTokenizer());
-  pt->name_ = spec->name;
-  pt->traits_ = spec->traits;
-  for (const char* pattern : spec->regexes) {
+  pt->name_ = name;
+  pt->traits_ = traits;
+  for (const char* pattern : regexes) {
     auto rx = std::make_unique<Regex>();
     // As in llama.cpp, a regex that names a Unicode class runs on the class stand-ins, with
     // Unicode semantics for \s and the classes; one that names characters runs on the code

@@ -49,6 +49,9 @@ class PreTokenizer {
   static Result<std::unique_ptr<PreTokenizer>> create(std::string_view name);
   // Names accepted by create(), for messages and tests.
   static std::vector<std::string> supported_names();
+  // Gemma 4's (tokenizer model "gemma4"): runs of newlines and the text between them, no other
+  // split, words not byte-encoded (traits().byte_encode is false).
+  static Result<std::unique_ptr<PreTokenizer>> create_gemma4();
 
   ~PreTokenizer();
   PreTokenizer(const PreTokenizer&) = delete;
@@ -63,6 +66,9 @@ class PreTokenizer {
  private:
   struct Regex;
   PreTokenizer() = default;
+  static Result<std::unique_ptr<PreTokenizer>> compile(std::string_view name,
+                                                       const std::vector<const char*>& regexes,
+                                                       const PreTokenizerTraits& traits);
 
   std::string name_;
   PreTokenizerTraits traits_;

@@ -75,11 +75,11 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& file) {
   std::unique_ptr<Tokenizer> tok(new Tokenizer());
   VocabDefaults defaults;
   if (model == "gpt2" || model == "gemma4") {
-    std::string pre = model == "gemma4" ? "gemma4" : "default";
+    std::string pre = "default";
     if (model == "gpt2" && file.find("tokenizer.ggml.pre")) {
       D2O_ASSIGN_OR_RETURN(pre, file.get_string("tokenizer.ggml.pre"));
     }
-    auto pt = PreTokenizer::create(pre);
+    auto pt = model == "gemma4" ? PreTokenizer::create_gemma4() : PreTokenizer::create(pre);
     if (!pt.ok()) return pt.status().with_context(file.path());
     tok->pre_ = std::move(pt).value();
     defaults.add_bos = tok->pre_->traits().add_bos;
