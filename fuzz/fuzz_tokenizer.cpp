@@ -1,7 +1,8 @@
 // Fuzz target: tokenize and detokenize arbitrary bytes with every pre-tokenizer.
 //
 // Input: byte 0 picks the vocabulary (one byte-level BPE per pre-tokenizer name, then a
-// SentencePiece one; see fuzz_vocabs.h), byte 1 the encode options, the rest is the text.
+// SentencePiece one and a Gemma 4 one; see fuzz_vocabs.h), byte 1 the encode options, the rest
+// is the text.
 // Checked besides "no crash": every id is in range, and for valid UTF-8 text encoded without
 // special handling the round trip holds: the token pieces join to the text, decode() gives the
 // text back exactly (checked for vocabularies that do not clean up spaces: " ," -> "," is
@@ -111,10 +112,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string joined;
   for (d2o::TokenId id : *ids) joined += *l.tok->token_to_piece(id, true);
   const bool spm = l.tok->model() == "llama";
-  // SentencePiece writes spaces as U+2581, so a U+2581 in the text comes back as a space (as in
-  // SentencePiece itself and llama.cpp); its pieces also carry the prefix space encode adds.
+  // SentencePiece and Gemma 4 write spaces as U+2581, so a U+2581 in the text comes back as a
+  // space (as in SentencePiece itself and llama.cpp); SentencePiece's pieces also carry the
+  // prefix space encode adds.
   std::string want = text;
-  if (spm) {
+  if (spm || l.tok->model() == "gemma4") {
     for (size_t p = 0; (p = want.find("\xE2\x96\x81", p)) != std::string::npos;) {
       want.replace(p, 3, " ");
     }

@@ -37,6 +37,15 @@ inline std::vector<std::string> utf8_chars(const std::string& s) {
   return out;
 }
 
+// The training text with its spaces written as U+2581 (SentencePiece and Gemma 4).
+inline std::string training_text_escaped() {
+  std::string escaped;
+  for (char c : std::string(kTrainingText)) {
+    escaped += c == ' ' ? "\xE2\x96\x81" : std::string(1, c);
+  }
+  return escaped;
+}
+
 // Learns up to n_merges merges over the given symbol sequence; returns the merged pairs in order.
 inline std::vector<std::pair<std::string, std::string>> learn_merges(std::vector<std::string> sym,
                                                                      int n_merges) {
@@ -118,9 +127,7 @@ inline GgufWriter spm_vocab_writer() {
     types.push_back(6);  // BYTE
     scores.push_back(0);
   }
-  std::string escaped;
-  for (char c : std::string(kTrainingText)) escaped += c == ' ' ? "\xE2\x96\x81" : std::string(1, c);
-  std::vector<std::string> sym = utf8_chars(escaped);
+  std::vector<std::string> sym = utf8_chars(training_text_escaped());
   std::map<std::string, int> seen;
   for (const std::string& c : sym) {
     if (c == "\n" || seen.count(c)) continue;
@@ -149,13 +156,58 @@ inline GgufWriter spm_vocab_writer() {
   return w;
 }
 
-// Every vocabulary the tokenizer fuzzer uses: one BPE per pre-tokenizer name, then the SPM one.
+// Gemma 4's BPE ("gemma4"): <pad>, <eos>, <bos>, <unk>, the 256 <0xNN> byte tokens, newline
+// runs, the characters of the training text (spaces as U+2581) and merges learned over it.
+inline GgufWriter gemma4_vocab_writer() {
+  std::vector<std::string> tokens = {"<pad>", "<eos>", "<bos>", "<unk>"};
+  std::vector<int32_t> types = {3, 3, 3, 2};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    tokens.push_back(name);
+    types.push_back(6);  // BYTE
+  }
+  std::vector<std::string> sym = utf8_chars(training_text_escaped());
+  std::map<std::string, int> seen = {{"\n", 1}, {"\n\n", 1}};
+  tokens.insert(tokens.end(), {"\n", "\n\n"});
+  types.insert(types.end(), {1, 1});
+  for (const std::string& c : sym) {
+    if (seen.count(c)) continue;
+    seen[c] = 1;
+    tokens.push_back(c);
+    types.push_back(1);
+  }
+  std::vector<std::string> merges;
+  for (const auto& [a, b] : learn_merges(sym, 120)) {
+    merges.push_back(a + " " + b);
+    if (seen.count(a + b)) continue;
+    seen[a + b] = 1;
+    tokens.push_back(a + b);
+    types.push_back(1);
+  }
+  GgufWriter w;
+  w.add_string("general.architecture", "llama");
+  w.add_string("tokenizer.ggml.model", "gemma4");
+  w.add_string_array("tokenizer.ggml.tokens", tokens);
+  w.add_i32_array("tokenizer.ggml.token_type", types);
+  w.add_string_array("tokenizer.ggml.merges", merges);
+  w.add_u32("tokenizer.ggml.bos_token_id", 2);
+  w.add_u32("tokenizer.ggml.eos_token_id", 1);
+  w.add_u32("tokenizer.ggml.unknown_token_id", 3);
+  w.add_u32("tokenizer.ggml.padding_token_id", 0);
+  w.add_bool("tokenizer.ggml.add_space_prefix", false);
+  return w;
+}
+
+// Every vocabulary the tokenizer fuzzer uses: one BPE per pre-tokenizer name, then the SPM one,
+// then Gemma 4's.
 inline std::vector<std::pair<std::string, std::vector<uint8_t>>> all_vocabs() {
   std::vector<std::pair<std::string, std::vector<uint8_t>>> out;
   for (const std::string& pre : PreTokenizer::supported_names()) {
     out.emplace_back("bpe-" + pre, bpe_vocab_writer(pre).to_bytes());
   }
   out.emplace_back("spm", spm_vocab_writer().to_bytes());
+  out.emplace_back("gemma4", gemma4_vocab_writer().to_bytes());
   return out;
 }
 

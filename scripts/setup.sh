@@ -209,12 +209,23 @@ fi
 if [ "$want_test_data" -eq 1 ]; then
   sdist="llama-cpp-python==0.3.36"
   sdist_sha=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+  # Every vocabulary of llama.cpp's models/ folder that ships reference tokenizations (.inp/.out).
   declare -A vocab_sha=(
-    [llama-bpe]=97272e430d53bc7688f52d5e0ad8ea8f163ede9f1bbd1694feaa504797d5d96e
-    [qwen2]=44c2f46b715f585c6ab513970e8a006bfa5badd6108560054921cf598d154d8c
+    [bert-bge]=fbcbe22278fb302694d5f4a41bfe48c5f90e8e3554eab1c0435387dff654a854
+    [command-r]=a2f8cfea952ef7c391a6d92a1c309d0bd32e36384d9b9230569a7425732f27d9
+    [deepseek-coder]=91cb1379f2e33af1c4866b194622b7a0e12e8f0c9dba7ba2f10d55978730bec1
+    [deepseek-llm]=867f77537b54565f0d81d508c04edc41aa1d4ffc1a92745f225b4c1b02755f76
+    [falcon]=9f0bf8b0733680398b72e652e90f260f43782f326e75545fc0e49611a5ba35ad
+    [gemma-4]=58b1ba0b57f3b4d7c468ba4ffd91ad85190346a3d7ad7e71d1cabaae8a14bb65
     [gpt-2]=cedc56ca6e2e89f63e781696d1fd76b4b1d49e6720dee86463e915f6e90016ac
+    [llama-bpe]=97272e430d53bc7688f52d5e0ad8ea8f163ede9f1bbd1694feaa504797d5d96e
     [llama-spm]=16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69
+    [mpt]=59dc382612866d1fc6c11ea531318d327598f3412d9c8f8600607cdf3030898f
     [phi-3]=967d7190d11c4842eab697079d98d56c2116e10eb617be355a2733bfc132e326
+    [qwen2]=44c2f46b715f585c6ab513970e8a006bfa5badd6108560054921cf598d154d8c
+    [qwen35]=63ed952ff338996cf0bdf24a7b10015124273f75c6dc9bb427356aa3f67ec62c
+    [refact]=ac3ceda902fed91ccf74312b305d9b86c37e4f8e35fa9cc6ef3ce34fca7d4678
+    [starcoder]=fedb892b4e1bd3c1f2fcdae356440b14fb458f4264d586e5c987ed93df4e174d
   )
   # The source archive, downloaded at most once per run and checked (get_sdist sets sdist_archive).
   sdist_archive=""

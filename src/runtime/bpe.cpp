@@ -42,6 +42,13 @@ int32_t score_key(float score) {
                    : static_cast<int32_t>(std::numeric_limits<int32_t>::min() - int64_t{bits});
 }
 
+// The byte token "<0xNN>" of byte b (SentencePiece and Gemma 4 byte fallback), or -1.
+TokenId hex_byte_token(const Vocab& vocab, uint8_t b) {
+  static const char* kHex = "0123456789ABCDEF";
+  const char name[6] = {'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'};
+  return vocab.find(std::string_view(name, 6));
+}
+
 void link_symbols(MergeScratch& s, size_t n) {
   s.prev.resize(n);
   s.next.resize(n);
@@ -66,12 +73,12 @@ int32_t BpeMerges::symbol_of(const Vocab& vocab, std::string_view text) const {
   return it == extra_ids_.end() ? -1 : it->second;
 }
 
-int32_t BpeMerges::intern(const Vocab& vocab, const std::string& text) {
+int32_t BpeMerges::intern(const Vocab& vocab, std::string_view text) {
   const int32_t id = symbol_of(vocab, text);
   if (id >= 0) return id;
   const int32_t sid = vocab.n_vocab() + static_cast<int32_t>(extra_text_.size());
-  extra_text_.push_back(text);
-  extra_ids_.emplace(text, sid);
+  extra_text_.emplace_back(text);
+  extra_ids_.emplace(std::string(text), sid);
   return sid;
 }
 
@@ -86,18 +93,20 @@ Result<BpeMerges> BpeMerges::build(const Vocab& vocab, const GgufFile& file) {
   }
   BpeMerges m;
   m.rules_.reserve(mv->strings.size());
+  std::string joined;  // reused: no allocation per rule
   for (size_t rank = 0; rank < mv->strings.size(); ++rank) {
-    const std::string& line = mv->strings[rank];
+    const std::string_view line = mv->strings[rank];
     // "left right", split at the first space after the first byte (a piece may start with
     // one). Lines without a separator cannot apply to any pair and are skipped.
     const size_t sp = line.find(' ', 1);
-    if (sp == std::string::npos || sp == 0) continue;
-    const std::string left = line.substr(0, sp);
-    const std::string right = line.substr(sp + 1);
-    if (right.empty()) continue;
+    if (sp == std::string_view::npos || sp + 1 == line.size()) continue;
+    const std::string_view left = line.substr(0, sp);
+    const std::string_view right = line.substr(sp + 1);
+    joined.assign(left);
+    joined.append(right);
     const int32_t l = m.intern(vocab, left);
     const int32_t r = m.intern(vocab, right);
-    const int32_t res = m.intern(vocab, left + right);
+    const int32_t res = m.intern(vocab, joined);
     m.rules_.emplace(key(l, r), Rule{static_cast<int32_t>(rank), res});  // first rank wins
   }
   const auto& chars = unicode::byte_to_chars();
@@ -112,24 +121,50 @@ void BpeMerges::emit(const Vocab& vocab, std::string_view word, const MergeScrat
     out.push_back(sym);
     return;
   }
-  // Not a token: llama.cpp looks up each byte of the symbol's (byte-character) text as a
-  // one-byte token and drops those that are not tokens either.
+  // Not a token. Byte-level BPE: llama.cpp looks up each byte of the symbol's byte-character text
+  // as a one-byte token and drops those that are not tokens either. UTF-8 BPE: each byte of the
+  // symbol's text becomes its <0xNN> token (dropped when the vocabulary lacks it).
   std::string_view text;
   if (sym >= 0) {
     text = extra_text_[static_cast<size_t>(sym - vocab.n_vocab())];
-  } else {
+  } else if (vocab.byte_encode) {
     text = unicode::byte_to_chars()[static_cast<uint8_t>(word[s.start[i]])];
+  } else {
+    text = word.substr(static_cast<size_t>(s.start[i]), static_cast<size_t>(s.len[i]));
   }
   for (char c : text) {
-    const TokenId id = vocab.find(std::string_view(&c, 1));
+    const TokenId id = vocab.byte_encode ? vocab.find(std::string_view(&c, 1))
+                                         : hex_byte_token(vocab, static_cast<uint8_t>(c));
     if (id >= 0) out.push_back(id);
   }
 }
 
+size_t BpeMerges::init_symbols(const Vocab& vocab, std::string_view word, MergeScratch& s) const {
+  s.sym.clear();
+  s.len.clear();
+  s.start.clear();
+  for (size_t off = 0; off < word.size();) {
+    size_t len = 1;
+    int32_t sym;
+    if (vocab.byte_encode) {
+      sym = byte_symbol_[static_cast<uint8_t>(word[off])];
+    } else {
+      // A UTF-8 character by its lead byte, as llama.cpp cuts them (not validated).
+      len =
+          std::min(unicode::utf8_len_from_lead(static_cast<uint8_t>(word[off])), word.size() - off);
+      sym = symbol_of(vocab, word.substr(off, len));
+    }
+    s.sym.push_back(sym);
+    s.len.push_back(static_cast<int32_t>(len));
+    s.start.push_back(static_cast<int32_t>(off));
+    off += len;
+  }
+  return s.sym.size();
+}
+
 void BpeMerges::encode_word(const Vocab& vocab, std::string_view word, MergeScratch& s,
                             std::vector<TokenId>& out) const {
-  const size_t n = word.size();
-  if (n == 0) return;
+  if (word.empty()) return;
   if (vocab.ignore_merges) {
     s.encoded.clear();
     const auto& chars = unicode::byte_to_chars();
@@ -140,13 +175,14 @@ void BpeMerges::encode_word(const Vocab& vocab, std::string_view word, MergeScra
       return;
     }
   }
-  s.sym.resize(n);
-  s.len.assign(n, 1);
-  s.start.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    s.sym[i] = byte_symbol_[static_cast<uint8_t>(word[i])];
-    s.start[i] = static_cast<int32_t>(i);
+  if (!vocab.byte_encode && word.find_first_not_of('\n') == std::string_view::npos) {
+    // Gemma 4: a run of newlines that is a token is taken whole (its merges do not build them).
+    if (const TokenId id = vocab.find(word); id >= 0) {
+      out.push_back(id);
+      return;
+    }
   }
+  const size_t n = init_symbols(vocab, word, s);
   link_symbols(s, n);
   s.heap.clear();
   auto try_pair = [&](int32_t l, int32_t r) {
@@ -226,10 +262,7 @@ void spm_merge(const Vocab& vocab, std::string_view text, MergeScratch& s,
     }
     // Byte fallback: <0xNN>, else the byte itself as a token, else <unk>.
     for (char c : piece) {
-      static const char* kHex = "0123456789ABCDEF";
-      const auto b = static_cast<uint8_t>(c);
-      const char name[6] = {'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'};
-      TokenId t = vocab.find(std::string_view(name, 6));
+      TokenId t = hex_byte_token(vocab, static_cast<uint8_t>(c));
       if (t < 0) t = vocab.find(std::string_view(&c, 1));
       if (t < 0) t = vocab.unk;
       if (t >= 0) out.push_back(t);

@@ -2,6 +2,8 @@
 //
 // Byte-level BPE (GPT-2 style): a pre-tokenized word is written as byte characters, then the
 // adjacent pair with the lowest merge rank (ties: leftmost) is merged until no pair has a rank.
+// Gemma 4's BPE merges the same way but starts from the word's UTF-8 characters (spaces already
+// written as U+2581) and falls back to <0xNN> byte tokens.
 // SentencePiece BPE: the text (spaces already written as U+2581) starts as UTF-8 characters and
 // the adjacent pair whose concatenation is the token with the highest score (ties: leftmost) is
 // merged until no pair forms a token; what is left over falls back to <0xNN> byte tokens.
@@ -52,7 +54,8 @@ class BpeMerges {
   static Result<BpeMerges> build(const Vocab& vocab, const GgufFile& file);
 
   size_t n_merges() const { return rules_.size(); }
-  // Appends the tokens of one word (raw bytes, before byte-character encoding).
+  // Appends the tokens of one word (raw bytes, before byte-character encoding; for a vocabulary
+  // without byte encoding, UTF-8 text with U+2581 for spaces).
   void encode_word(const Vocab& vocab, std::string_view word, MergeScratch& s,
                    std::vector<TokenId>& out) const;
   // Same, remembering words in s.word_cache (natural text repeats most words).
@@ -67,10 +70,12 @@ class BpeMerges {
   // Symbol ids: token ids for texts in the vocabulary, n_vocab + k for merge pieces that are
   // not tokens (their text is extra_text_[k]).
   int32_t symbol_of(const Vocab& vocab, std::string_view text) const;
-  int32_t intern(const Vocab& vocab, const std::string& text);
+  int32_t intern(const Vocab& vocab, std::string_view text);
   static uint64_t key(int32_t l, int32_t r) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(l)) << 32) | static_cast<uint32_t>(r);
   }
+  // Fills s.sym / s.len / s.start with the word's initial symbols; returns their count.
+  size_t init_symbols(const Vocab& vocab, std::string_view word, MergeScratch& s) const;
   void emit(const Vocab& vocab, std::string_view word, const MergeScratch& s, int32_t i,
             std::vector<TokenId>& out) const;
 

@@ -7,10 +7,13 @@
 // the text). The regexes run on PCRE2 (UTF + UCP, JIT when available).
 //
 // Exactness: llama.cpp classifies code points with its own Unicode 15.1 tables. So that the
-// PCRE2 build's Unicode version does not matter, the regex never sees non-ASCII text: every
-// non-ASCII code point is replaced by a stand-in of the same class (a letter by U+00AA, a
-// number by U+00B2, whitespace by U+00A0, ...; see unicode.h) before matching, and matches are
-// mapped back to the original text. ASCII is matched as is.
+// PCRE2 build's Unicode version does not matter, a regex that names Unicode classes (\p{L},
+// \p{N}, ...) never sees non-ASCII text: every non-ASCII code point is replaced by a stand-in of
+// the same class (a letter by U+00AA, a number by U+00B2, whitespace by U+00A0, ...; see
+// unicode.h) before matching, and matches are mapped back to the original text. A regex that
+// names characters instead (DeepSeek's letter and CJK ranges) sees the code points themselves,
+// with \s meaning ASCII whitespace and every other whitespace character written as U+000B, as
+// llama.cpp's std::wregex path does. ASCII is matched as is in both.
 #pragma once
 
 #include <memory>
@@ -27,6 +30,9 @@ struct PreTokenizerTraits {
   bool ignore_merges = false;  // a word that is itself a token is emitted whole (Llama 3)
   bool add_bos = false;        // default for tokenizer.ggml.add_bos_token when absent
   bool clean_spaces = true;    // detokenizer removes " ," " ." ... (clean_up_tokenization_spaces)
+  // true: words are merged as GPT-2 byte characters; false (Gemma 4): as UTF-8 characters, with
+  // spaces written as U+2581 before splitting and <0xNN> byte tokens for what no token covers.
+  bool byte_encode = true;
 };
 
 // Result of splitting: `text` is the input re-encoded from its decoded code points (equal to
@@ -43,6 +49,9 @@ class PreTokenizer {
   static Result<std::unique_ptr<PreTokenizer>> create(std::string_view name);
   // Names accepted by create(), for messages and tests.
   static std::vector<std::string> supported_names();
+  // Gemma 4's (tokenizer model "gemma4"): runs of newlines and the text between them, no other
+  // split, words not byte-encoded (traits().byte_encode is false).
+  static Result<std::unique_ptr<PreTokenizer>> create_gemma4();
 
   ~PreTokenizer();
   PreTokenizer(const PreTokenizer&) = delete;
@@ -57,6 +66,9 @@ class PreTokenizer {
  private:
   struct Regex;
   PreTokenizer() = default;
+  static Result<std::unique_ptr<PreTokenizer>> compile(std::string_view name,
+                                                       const std::vector<const char*>& regexes,
+                                                       const PreTokenizerTraits& traits);
 
   std::string name_;
   PreTokenizerTraits traits_;

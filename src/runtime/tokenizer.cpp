@@ -15,6 +15,17 @@ bool is_c_space(char c) {
   return c == ' ' || (c >= '\t' && c <= '\r');
 }
 
+// Appends `text` with each space written as U+2581 (the SentencePiece and Gemma 4 convention).
+void append_escaped_spaces(std::string_view text, std::string& out) {
+  for (char c : text) {
+    if (c == ' ') {
+      out += "\xE2\x96\x81";
+    } else {
+      out.push_back(c);
+    }
+  }
+}
+
 // clean_up_tokenization_spaces, the three in-place passes of llama_detokenize.
 void clean_spaces(std::string& t) {
   // 1. " ?", " !", " .", " ," lose the space.
@@ -63,17 +74,18 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const GgufFile& file) {
   D2O_ASSIGN_OR_RETURN(std::string model, read_tokenizer_model(file));
   std::unique_ptr<Tokenizer> tok(new Tokenizer());
   VocabDefaults defaults;
-  if (model == "gpt2") {
+  if (model == "gpt2" || model == "gemma4") {
     std::string pre = "default";
-    if (file.find("tokenizer.ggml.pre")) {
+    if (model == "gpt2" && file.find("tokenizer.ggml.pre")) {
       D2O_ASSIGN_OR_RETURN(pre, file.get_string("tokenizer.ggml.pre"));
     }
-    auto pt = PreTokenizer::create(pre);
+    auto pt = model == "gemma4" ? PreTokenizer::create_gemma4() : PreTokenizer::create(pre);
     if (!pt.ok()) return pt.status().with_context(file.path());
     tok->pre_ = std::move(pt).value();
     defaults.add_bos = tok->pre_->traits().add_bos;
     defaults.clean_spaces = tok->pre_->traits().clean_spaces;
     defaults.ignore_merges = tok->pre_->traits().ignore_merges;
+    defaults.byte_encode = tok->pre_->traits().byte_encode;
   }
   auto vocab = load_vocab(file, defaults);
   if (!vocab.ok()) return vocab.status().with_context(file.path());
@@ -145,6 +157,7 @@ Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text,
   if (opts.add_special && v.add_bos) out.push_back(v.bos);
   MergeScratch scratch;
   const std::vector<Fragment> frags = partition(text, opts.parse_special);
+  std::string escaped;
   if (v.type == VocabType::kBpe) {
     PreTokenized words;
     for (const Fragment& f : frags) {
@@ -152,7 +165,13 @@ Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text,
         out.push_back(f.token);
         continue;
       }
-      D2O_RETURN_IF_ERROR(pre_->split(text.substr(f.offset, f.length), words));
+      std::string_view piece = text.substr(f.offset, f.length);
+      if (!v.byte_encode) {  // Gemma 4: spaces are U+2581 before splitting and merging
+        escaped.clear();
+        append_escaped_spaces(piece, escaped);
+        piece = escaped;
+      }
+      D2O_RETURN_IF_ERROR(pre_->split(piece, words));
       uint32_t begin = 0;
       for (uint32_t end : words.word_ends) {
         merges_->encode_word_cached(v, std::string_view(words.text).substr(begin, end - begin),
@@ -164,7 +183,6 @@ Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text,
     // SentencePiece: a space goes before the text at the start and after each special token;
     // spaces are written as U+2581.
     bool prev_special = true;
-    std::string escaped;
     for (const Fragment& f : frags) {
       if (f.token >= 0) {
         out.push_back(f.token);
@@ -173,13 +191,7 @@ Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text,
       }
       escaped.clear();
       if (v.add_space_prefix && prev_special) escaped += "\xE2\x96\x81";
-      for (char c : text.substr(f.offset, f.length)) {
-        if (c == ' ') {
-          escaped += "\xE2\x96\x81";
-        } else {
-          escaped.push_back(c);
-        }
-      }
+      append_escaped_spaces(text.substr(f.offset, f.length), escaped);
       spm_encode(v, escaped, scratch, out);
       prev_special = false;
     }

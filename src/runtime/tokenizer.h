@@ -4,7 +4,10 @@
 //  - byte-level BPE (tokenizer.ggml.model = "gpt2"; SmolLM2, Llama 3, Qwen2, GPT-2, ...), with
 //    the pre-tokenizer named by tokenizer.ggml.pre (see pretokenizer.h for the list);
 //  - SentencePiece BPE (tokenizer.ggml.model = "llama"; Llama 2, Mistral, Phi-3), with scores,
-//    U+2581 for spaces, a prefix space and <0xNN> byte fallback.
+//    U+2581 for spaces, a prefix space and <0xNN> byte fallback;
+//  - Gemma 4's BPE (tokenizer.ggml.model = "gemma4"): ranked merges like byte-level BPE, but over
+//    UTF-8 characters with U+2581 for spaces, lines merged whole and <0xNN> byte fallback.
+// Other tokenizer models (WordPiece, Unigram, ...) are refused at load time, by name.
 // Token ids, pieces and decoded text are those of llama.cpp's llama_tokenize /
 // llama_token_to_piece / llama_detokenize (tests compare against its output). Text that is not
 // valid UTF-8 is tokenized as llama.cpp does: for BPE each undecodable byte becomes U+FFFD.
@@ -75,7 +78,7 @@ class Tokenizer {
   const std::string& token_text(TokenId id) const;
   std::optional<TokenId> find_token(std::string_view text) const;
 
-  const std::string& model() const;          // "gpt2" or "llama"
+  const std::string& model() const;          // "gpt2", "llama" or "gemma4"
   const std::string& pre_tokenizer() const;  // tokenizer.ggml.pre ("" for SentencePiece)
 
  private:

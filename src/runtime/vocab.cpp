@@ -120,7 +120,7 @@ std::string make_piece(const Vocab& v, TokenId id) {
   const std::string& t = v.text[id];
   if (a & (kAttrUnknown | kAttrControl | kAttrUserDefined)) return t;
   if (a & kAttrNormal) {
-    if (v.type == VocabType::kSpm) {
+    if (v.type == VocabType::kSpm || !v.byte_encode) {
       // U+2581 (lower one eighth block) stands for a space.
       std::string out;
       for (size_t i = 0; i < t.size();) {
@@ -183,19 +183,25 @@ Result<std::string> read_tokenizer_model(const GgufFile& file) {
     return not_found(file.path() + ": no tokenizer in this GGUF (tokenizer.ggml.model is missing)");
   }
   D2O_ASSIGN_OR_RETURN(std::string model, file.get_string("tokenizer.ggml.model"));
-  if (model != "gpt2" && model != "llama") {
-    return unsupported(file.path() + ": tokenizer model '" + model +
-                       "' is not supported; supported: gpt2 (byte-level BPE), "
-                       "llama (SentencePiece BPE)");
-  }
-  return model;
+  if (model == "gpt2" || model == "llama" || model == "gemma4") return model;
+  // Kinds llama.cpp knows that d2o does not implement, named so the message says what is missing.
+  std::string kind;
+  if (model == "bert") kind = " (WordPiece, BERT-style encoders)";
+  if (model == "t5") kind = " (SentencePiece Unigram, T5)";
+  if (model == "rwkv") kind = " (RWKV's trie tokenizer)";
+  if (model == "plamo2") kind = " (PLaMo 2's Aho-Corasick tokenizer)";
+  return unsupported(file.path() + ": tokenizer model '" + model + "'" + kind +
+                     " is not supported; supported: gpt2 (byte-level BPE), llama (SentencePiece "
+                     "BPE), gemma4 (BPE over UTF-8, Gemma 4)");
 }
 
 Result<Vocab> load_vocab(const GgufFile& file, const VocabDefaults& defaults) {
   Vocab v;
   D2O_ASSIGN_OR_RETURN(v.model, read_tokenizer_model(file));
-  v.type = v.model == "gpt2" ? VocabType::kBpe : VocabType::kSpm;
-  if (file.find("tokenizer.ggml.pre")) {
+  v.type = v.model == "llama" ? VocabType::kSpm : VocabType::kBpe;
+  if (v.model == "gemma4") {
+    v.pre = "gemma4";  // Gemma 4 has one pre-tokenizer; the key is not read
+  } else if (file.find("tokenizer.ggml.pre")) {
     D2O_ASSIGN_OR_RETURN(v.pre, file.get_string("tokenizer.ggml.pre"));
   } else {
     v.pre = "default";
@@ -256,6 +262,7 @@ Result<Vocab> load_vocab(const GgufFile& file, const VocabDefaults& defaults) {
     v.clean_spaces = defaults.clean_spaces;
     v.add_bos = defaults.add_bos;
     v.ignore_merges = defaults.ignore_merges;
+    v.byte_encode = defaults.byte_encode;
   } else {
     v.add_space_prefix = true;
     v.clean_spaces = false;
@@ -293,6 +300,8 @@ Result<Vocab> load_vocab(const GgufFile& file, const VocabDefaults& defaults) {
   for (const auto& s : kSpecial) D2O_RETURN_IF_ERROR(read_special_id(file, s.key, nv, *s.id));
   D2O_ASSIGN_OR_RETURN(v.add_bos, file.get_bool_or("tokenizer.ggml.add_bos_token", v.add_bos));
   D2O_ASSIGN_OR_RETURN(v.add_eos, file.get_bool_or("tokenizer.ggml.add_eos_token", v.add_eos));
+  // Gemma 4 always starts with BOS, whatever the file says (as llama.cpp does).
+  if (v.type == VocabType::kBpe && !v.byte_encode) v.add_bos = true;
   if (v.add_bos && v.bos < 0) {
     return format_error(
         "the vocabulary asks for a BOS token (tokenizer.ggml.add_bos_token) "

@@ -36,7 +36,7 @@ enum TokenAttr : uint32_t {
 };
 
 enum class VocabType {
-  kBpe,  // tokenizer.ggml.model = "gpt2": byte-level BPE with merges
+  kBpe,  // tokenizer.ggml.model = "gpt2": byte-level BPE with merges; "gemma4": BPE over UTF-8
   kSpm,  // tokenizer.ggml.model = "llama": SentencePiece BPE with scores
 };
 
@@ -49,7 +49,7 @@ using TokenMap = std::unordered_map<std::string, TokenId, StringHash, std::equal
 struct Vocab {
   VocabType type = VocabType::kBpe;
   std::string model;      // tokenizer.ggml.model
-  std::string pre;        // tokenizer.ggml.pre ("default" when absent); unused for SPM
+  std::string pre;        // tokenizer.ggml.pre ("default" when absent, "gemma4" for Gemma 4)
   std::string gguf_name;  // general.name (Phi-3 detection)
 
   std::vector<std::string> text;  // [n_vocab] raw vocabulary strings
@@ -65,6 +65,9 @@ struct Vocab {
   bool add_space_prefix = false;  // SPM: a space is put before the text (and removed by decode)
   bool clean_spaces = false;      // decode removes the space in " ,", " .", " 's", ...
   bool ignore_merges = false;     // BPE: a word that is a token is taken whole
+  // BPE: true for GPT-2 byte characters; false (Gemma 4) for UTF-8 characters with U+2581 for
+  // spaces, where <0xNN> byte tokens stand for what no token covers.
+  bool byte_encode = true;
   // SPM: characters c such that some token contains c followed by U+2581 (c != U+2581). A merge
   // can cross the start of a run of spaces only after such a character, so valid UTF-8 text can be
   // merged word by word elsewhere (see spm_encode). Gemma: {">"}; Llama 2: none.
@@ -88,6 +91,7 @@ struct VocabDefaults {
   bool add_bos = false;
   bool clean_spaces = true;
   bool ignore_merges = false;
+  bool byte_encode = true;
 };
 // Errors: kNotFound (no tokenizer metadata), kUnsupported (tokenizer model), kFormatError
 // (malformed arrays, wrong types, sizes).

@@ -32,6 +32,7 @@ struct RandomModelConfig {
   // Written as rope_freqs.weight (n_rot / 2 values) when not empty: Llama 3.1's RoPE scaling.
   std::vector<float> rope_freqs;
   std::string omit_tensor;  // a tensor left out (malformed files for load tests)
+  bool synthetic_tokenizer = true;  // false: no tokenizer.* keys (the test writes its own)
 };
 
 // The frequency factors llama.cpp's converter writes for rope_scaling type llama3 (Llama 3.1):
@@ -176,6 +177,27 @@ inline std::vector<uint8_t> f16_bytes(const std::vector<float>& v) {
   return b;
 }
 
+// The synthetic SentencePiece-style vocabulary of a random model: <unk>, <s>, </s>, then plain
+// pieces.
+inline void write_random_model_vocab(const RandomModelConfig& c, GgufWriter& w) {
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  std::vector<int32_t> types;
+  for (int i = 0; i < c.n_vocab; ++i) {
+    tokens.push_back(i == 0 ? "<unk>" : i == 1 ? "<s>" : i == 2 ? "</s>" : "t" + std::to_string(i));
+    scores.push_back(-static_cast<float>(i));
+    types.push_back(i == 0 ? 2 : i < 3 ? 3 : 1);
+  }
+  w.add_string("tokenizer.ggml.model", "llama");
+  w.add_string_array("tokenizer.ggml.tokens", tokens);
+  w.add_f32_array("tokenizer.ggml.scores", scores);
+  w.add_i32_array("tokenizer.ggml.token_type", types);
+  w.add_u32("tokenizer.ggml.bos_token_id", 1);
+  w.add_u32("tokenizer.ggml.eos_token_id", 2);
+  w.add_u32("tokenizer.ggml.unknown_token_id", 0);
+  w.add_bool("tokenizer.ggml.add_bos_token", false);
+}
+
 inline GgufWriter make_random_model(const RandomModelConfig& c) {
   GgufWriter w;
   // Every tensor goes through here, so that c.omit_tensor can leave one out.
@@ -207,23 +229,7 @@ inline GgufWriter make_random_model(const RandomModelConfig& c) {
   }
   if (c.sliding_window > 0) w.add_u32(a + ".attention.sliding_window", static_cast<uint32_t>(c.sliding_window));
   w.add_u32("general.file_type", c.f16_matrices ? 1 : 0);
-  // A SentencePiece-style vocabulary: <unk>, <s>, </s>, then plain pieces.
-  std::vector<std::string> tokens;
-  std::vector<float> scores;
-  std::vector<int32_t> types;
-  for (int i = 0; i < c.n_vocab; ++i) {
-    tokens.push_back(i == 0 ? "<unk>" : i == 1 ? "<s>" : i == 2 ? "</s>" : "t" + std::to_string(i));
-    scores.push_back(-static_cast<float>(i));
-    types.push_back(i == 0 ? 2 : i < 3 ? 3 : 1);
-  }
-  w.add_string("tokenizer.ggml.model", "llama");
-  w.add_string_array("tokenizer.ggml.tokens", tokens);
-  w.add_f32_array("tokenizer.ggml.scores", scores);
-  w.add_i32_array("tokenizer.ggml.token_type", types);
-  w.add_u32("tokenizer.ggml.bos_token_id", 1);
-  w.add_u32("tokenizer.ggml.eos_token_id", 2);
-  w.add_u32("tokenizer.ggml.unknown_token_id", 0);
-  w.add_bool("tokenizer.ggml.add_bos_token", false);
+  if (c.synthetic_tokenizer) write_random_model_vocab(c, w);
 
   Xorshift rng(c.seed);
   auto rand_vec = [&](size_t n, float scale) {

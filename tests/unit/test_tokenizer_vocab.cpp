@@ -44,18 +44,53 @@ std::vector<VocabCase> read_cases(const std::string& base) {
   return cases;
 }
 
-class VocabFiles : public ::testing::TestWithParam<const char*> {};
+// What d2o does with each vocabulary of llama.cpp's models/ folder that ships reference
+// tokenizations (docs/ADDING_A_MODEL.md keeps the same table): tokenize every test string as
+// llama.cpp does, or refuse the file at load time with kUnsupported and a message that contains
+// `refusal`.
+struct VocabExpectation {
+  const char* name;
+  const char* refusal;  // nullptr: must match llama.cpp exactly
+};
 
-TEST_P(VocabFiles, MatchLlamaCppReference) {
-  const std::string dir = test::vocab_dir();
-  if (dir.empty()) {
-    GTEST_SKIP() << "vocab test files not found: set D2O_VOCAB_DIR to the folder holding "
-                    "ggml-vocab-*.gguf (shared/data/vocab)";
+const VocabExpectation kVocabs[] = {
+    {"bert-bge", "tokenizer model 'bert' (WordPiece"},
+    {"command-r", nullptr},
+    {"deepseek-coder", nullptr},
+    {"deepseek-llm", nullptr},
+    {"falcon", nullptr},
+    {"gemma-4", nullptr},
+    {"gpt-2", nullptr},
+    {"llama-bpe", nullptr},
+    {"llama-spm", nullptr},
+    {"mpt", nullptr},
+    {"phi-3", nullptr},
+    {"qwen2", nullptr},
+    {"qwen35", nullptr},
+    {"refact", nullptr},
+    {"starcoder", nullptr},
+};
+
+class VocabFiles : public ::testing::TestWithParam<VocabExpectation> {};
+
+TEST_P(VocabFiles, MatchLlamaCppOrRefuseClearly) {
+  const VocabExpectation& want = GetParam();
+  const std::string base = test::vocab_file(want.name);
+  if (base.empty()) {
+    GTEST_SKIP() << "ggml-vocab-" << want.name
+                 << ".gguf not found: run scripts/setup.sh --test-data (it fills cache/vocab) "
+                    "or set D2O_VOCAB_DIR to a folder holding the llama.cpp vocab test files";
   }
-  const std::string base = dir + "/ggml-vocab-" + GetParam() + ".gguf";
   auto file = GgufFile::open(base);
   ASSERT_TRUE(file.ok()) << file.status().to_string();
   auto tok = Tokenizer::from_gguf(**file);
+  if (want.refusal) {
+    ASSERT_FALSE(tok.ok()) << want.name << " loads, but is expected to be refused";
+    EXPECT_EQ(tok.status().code(), StatusCode::kUnsupported) << tok.status().to_string();
+    EXPECT_NE(tok.status().message().find(want.refusal), std::string::npos)
+        << tok.status().to_string();
+    return;
+  }
   ASSERT_TRUE(tok.ok()) << tok.status().to_string();
   const std::vector<VocabCase> cases = read_cases(base);
   ASSERT_GT(cases.size(), 30u);
@@ -73,15 +108,28 @@ TEST_P(VocabFiles, MatchLlamaCppReference) {
   EXPECT_EQ(failures, 0) << failures << " of " << cases.size() << " strings differ";
 }
 
-INSTANTIATE_TEST_SUITE_P(Tokenizer, VocabFiles,
-                         ::testing::Values("gpt-2", "llama-bpe", "qwen2", "llama-spm", "phi-3"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n) {
-                             if (c == '-') c = '_';
-                           }
-                           return n;
-                         });
+// The vocabularies that must match are not quietly dropped from the table.
+TEST(VocabFilesTable, RequiredVocabulariesMatch) {
+  for (const char* name : {"qwen35", "gemma-4", "phi-3", "command-r", "deepseek-llm", "gpt-2",
+                           "llama-bpe", "qwen2", "llama-spm"}) {
+    bool found = false;
+    for (const VocabExpectation& v : kVocabs) {
+      if (std::string(v.name) == name) {
+        found = true;
+        EXPECT_EQ(v.refusal, nullptr) << name;
+      }
+    }
+    EXPECT_TRUE(found) << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokenizer, VocabFiles, ::testing::ValuesIn(kVocabs), [](const auto& info) {
+  std::string n = info.param.name;
+  for (char& c : n) {
+    if (c == '-') c = '_';
+  }
+  return n;
+});
 
 }  // namespace
 }  // namespace d2o
@@ -91,7 +139,7 @@ namespace {
 
 std::unique_ptr<Tokenizer> load_vocab_tokenizer(const std::string& name,
                                                 std::unique_ptr<GgufFile>& file) {
-  auto f = GgufFile::open(test::vocab_dir() + "/ggml-vocab-" + name + ".gguf");
+  auto f = GgufFile::open(test::vocab_file(name));
   EXPECT_TRUE(f.ok()) << f.status().to_string();
   if (!f.ok()) return nullptr;
   file = std::move(f).value();

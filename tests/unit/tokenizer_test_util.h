@@ -19,10 +19,10 @@ inline std::string read_file_bytes(const std::string& path) {
   return ss.str();
 }
 
-// Directory of the llama.cpp vocab test files: $D2O_VOCAB_DIR, else shared/data/vocab next to
-// the repository (the layout of CI and of the main checkout), else cache/vocab (where
-// scripts/setup.sh --test-data puts them). Empty when not found.
-inline std::string vocab_dir() {
+// Folders that may hold the llama.cpp vocab test files, in order: $D2O_VOCAB_DIR, else
+// shared/data/vocab next to the repository (the layout of CI and of the main checkout), else
+// cache/vocab (where scripts/setup.sh --test-data puts them).
+inline std::vector<std::string> vocab_dir_candidates() {
   std::vector<std::string> candidates;
   if (const char* e = std::getenv("D2O_VOCAB_DIR"); e && *e) candidates.emplace_back(e);
   candidates.push_back(std::string(D2O_TEST_DATA_DIR) + "/../../../shared/data/vocab");
@@ -30,8 +30,24 @@ inline std::string vocab_dir() {
 #ifdef D2O_SHARED_DIR
   candidates.push_back(std::string(D2O_SHARED_DIR) + "/data/vocab");
 #endif
-  for (const std::string& c : candidates) {
+  return candidates;
+}
+
+// The first candidate folder that holds the vocab test files. Empty when not found.
+inline std::string vocab_dir() {
+  for (const std::string& c : vocab_dir_candidates()) {
     if (std::filesystem::exists(c + "/ggml-vocab-gpt-2.gguf")) return c;
+  }
+  return "";
+}
+
+// ggml-vocab-NAME.gguf (with its .inp / .out) from the first candidate folder that holds it: a
+// shared folder may hold fewer vocabularies than the cache that scripts/setup.sh --test-data
+// fills. Empty when no folder has it.
+inline std::string vocab_file(const std::string& name) {
+  for (const std::string& c : vocab_dir_candidates()) {
+    const std::string path = c + "/ggml-vocab-" + name + ".gguf";
+    if (std::filesystem::exists(path)) return path;
   }
   return "";
 }
