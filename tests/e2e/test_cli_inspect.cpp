@@ -26,6 +26,10 @@ TEST(CliInspect, RealModelSummary) {
   EXPECT_TRUE(has("Q8_0 x1"));
   EXPECT_TRUE(has("F32 x61"));
   EXPECT_TRUE(has("token_embd.weight"));
+  // What d2o runs of it.
+  EXPECT_TRUE(has("d2o model     supported"));
+  EXPECT_TRUE(has("d2o layers    30 global attention layers, every one compressed"));
+  EXPECT_TRUE(has("Q4_1: integer kernels (packed)"));
 }
 
 std::string write_temp(const std::vector<uint8_t>& bytes, const std::string& name) {

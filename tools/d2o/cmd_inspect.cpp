@@ -1,5 +1,6 @@
 // d2o inspect MODEL.gguf: what a GGUF file holds (architecture, hyper-parameters, tokenizer,
-// tensors), without loading the weights.
+// tensors), without loading the weights, and what of it d2o runs: the model, the tokenizer, how
+// each weight type is computed, which layers a KV policy compresses.
 #include <cstdio>
 #include <map>
 
@@ -7,6 +8,9 @@
 #include "core/mem.h"
 #include "gguf/gguf.h"
 #include "model/hparams.h"
+#include "model/layer_desc.h"
+#include "ops/matmul_pack.h"
+#include "ops/quant.h"
 #include "runtime/tokenizer.h"
 
 namespace d2o::cli {
@@ -18,6 +22,35 @@ struct InspectOptions {
   bool all_metadata = false;
   bool no_tensors = false;
 };
+
+// How d2o computes with weights of `type`.
+const char* weight_path(GgmlType type) {
+  if (mm::pack_kind_for(type) != mm::PackKind::kRaw) return "integer kernels (packed)";
+  if (type == GgmlType::kF32) return "F32";
+  if (dequantize_supported(type)) return "rows dequantised to F32 (no packed kernel: slower)";
+  return "not supported";
+}
+
+// Which layers a KV policy compresses (global attention layers) and which keep their window.
+void print_layers(const ModelHParams& hp) {
+  auto desc = describe_model(hp, nullptr);
+  if (!desc.ok()) {
+    std::printf("%-13s %s\n", "d2o layers", desc.status().message().c_str());
+    return;
+  }
+  int global = 0;
+  for (const LayerDesc& d : desc->layers) global += d.kind == LayerKind::kGlobal;
+  const int n = static_cast<int>(desc->layers.size());
+  if (global == n) {
+    std::printf("%-13s %d global attention layers, every one compressed by a KV policy\n",
+                "d2o layers", n);
+  } else {
+    std::printf(
+        "%-13s %d global attention layers compressed by a KV policy; %d sliding-window "
+        "layers keep their window of %d\n",
+        "d2o layers", global, n - global, hp.sliding_window);
+  }
+}
 
 std::string value_string(const GgufValue& v) {
   switch (v.type) {
@@ -94,6 +127,7 @@ int run_inspect(const InspectOptions& o) {
   // What d2o can do with the file: the hyper-parameters its model code reads, and the tokenizer.
   if (auto hp = ModelHParams::from_gguf(f); hp.ok()) {
     std::printf("%-13s %s\n", "d2o model", "supported");
+    print_layers(*hp);
   } else {
     std::printf("%-13s not supported by this build: %s\n", "d2o model",
                 hp.status().message().c_str());
@@ -134,6 +168,13 @@ int run_inspect(const InspectOptions& o) {
   for (const auto& [name, e] : by_type) {
     std::printf("  %s x%d (%s)", name.c_str(), e.first, format_bytes(static_cast<double>(e.second)).c_str());
   }
+  // How d2o computes with each type its matrices come in (vectors are read as F32).
+  std::map<std::string, GgmlType> matrix_types;
+  for (const auto& t : f.tensors())
+    if (t.dims.size() >= 2) matrix_types.emplace(ggml_type_name(t.type), t.type);
+  std::printf("\nd2o weights:");
+  for (const auto& [name, type] : matrix_types)
+    std::printf("  %s: %s", name.c_str(), weight_path(type));
   std::printf("\ntotal         %lld parameters, %s of tensor data\n",
               static_cast<long long>(total_elems), format_bytes(static_cast<double>(total_bytes)).c_str());
   return 0;
