@@ -393,15 +393,15 @@ Status KvCache::shrink_to_fit(int slack) {
 }
 
 Status KvCache::trim(int slack) {
+  for (int il = 0; il < cfg_.n_layer; ++il) D2O_RETURN_IF_ERROR(trim_layer(il, slack));
+  return {};
+}
+
+Status KvCache::trim_layer(int il, int slack) {
   constexpr int kHysteresis = 16;
-  for (int il = 0; il < cfg_.n_layer; ++il) {
-    const KvLayer& L = layers_[static_cast<size_t>(il)];
-    if (cfg_.window(il) > 0) {
-      D2O_RETURN_IF_ERROR(shrink_sliding(il));
-    } else if (L.capacity_ > L.n_slot_ + slack + kHysteresis) {
-      D2O_RETURN_IF_ERROR(reallocate(il, L.n_slot_ + slack));
-    }
-  }
+  const KvLayer& L = layers_[static_cast<size_t>(il)];
+  if (cfg_.window(il) > 0) return shrink_sliding(il);
+  if (L.capacity_ > L.n_slot_ + slack + kHysteresis) return reallocate(il, L.n_slot_ + slack);
   return {};
 }
 

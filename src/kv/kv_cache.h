@@ -374,6 +374,8 @@ class KvCache {
   // After a compaction: hands back memory of layers holding more than n_slot + slack + a small
   // hysteresis (so a steady decode step, which adds one slot and evicts one, never reallocates).
   Status trim(int slack);
+  // trim() for layer il alone (a layer compacted inside a pass, while the others still hold it).
+  Status trim_layer(int il, int slack);
   // Slots in use, summed over layers (one KV head's count per layer; with per-head counts, the
   // layer's held_slots() / n_head_kv, rounded down).
   int64_t total_slots() const;
@@ -491,6 +493,8 @@ class KvCache {
   // or cleared (measured after each allocation; the cold tier not counted): what a prompt's
   // passes needed at their peak.
   size_t peak_bytes_allocated() const { return peak_bytes_; }
+  // Starts the peak over from what is allocated now (the peak of the passes that follow).
+  void reset_peak() { peak_bytes_ = kv_bytes_allocated() + meta_bytes_allocated(); }
   // Bytes a cache of configuration `cfg` allocates when every layer has a capacity of `slots`
   // per KV head: keys, values and slot metadata (what kv_bytes_allocated() +
   // meta_bytes_allocated() report for that capacity). A sliding-window layer, which no policy

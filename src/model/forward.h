@@ -48,7 +48,8 @@ struct SeqRows {
   KvCache* cache = nullptr;  // the sequence's cache: each layer's keys/values are appended to it
   int r0 = 0, r1 = 0;        // its rows [r0, r1) of the micro-batch (consecutive positions)
   AttnStatsRequest stats;    // the attention statistics its KV policy reads
-  // ForwardHooks::after_attention may be called for this sequence (a decode row).
+  // ForwardHooks::after_attention may be called for this sequence (a decode row, or the rows of
+  // a turn that recalls from the cold tier).
   bool layer_hook = false;
   // The rows end a new turn of a sequence whose cache has a cold tier: before each layer's
   // attention, the last `window` rows' queries recall cold slots (kv/cold_tier.h).

@@ -196,7 +196,7 @@ Status KvAttention::run(int il, const LayerDesc& d, const UbatchInput& in, const
     D2O_RETURN_IF_ERROR(append(il, in, seqs[i], k, v));
     attend(il, d, seqs[i], q, out, pool_, scratch_);
     unrotate_output(seqs[i], out);
-    if (seqs[i].layer_hook)  // a decode row alone: the whole pool attended, nothing else runs
+    if (seqs[i].layer_hook)  // alone: the whole pool attended, nothing else runs
       D2O_RETURN_IF_ERROR(hooks.after_attention(static_cast<int>(i), il, d, -1));
   }
   if (across_.empty()) return {};

@@ -227,10 +227,14 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, const LogitsSink& s
     }
     sr.recall = turn_recalls &&
                 rows_[static_cast<size_t>(r1 - 1)].token == static_cast<int>(be.tokens.size()) - 1;
-    // A one-token pass may be compacted layer by layer (after_attention).
-    sr.layer_hook = be.tokens.size() == 1 && be.prompt_rest == 0 && !reconstructing_;
-    if (sr.layer_hook && !pol.is_full())
-      sr.stats.probe = pol.attention_probe(be.seq->policy_state());
+    // A one-token pass may be compacted layer by layer (after_attention). So is the micro-batch
+    // of a turn that recalls from the cold tier: each layer, holding its recalled slots, goes
+    // back to its budget right after its attention rather than every layer at the pass's end.
+    // The plans are the same (a layer's cache is not read again in the pass); the pass holds one
+    // layer's recall at a time instead of all of them.
+    const bool one_token = be.tokens.size() == 1 && be.prompt_rest == 0 && !reconstructing_;
+    sr.layer_hook = one_token || (sr.recall && pol.compacts_per_layer(be.seq->policy_state()));
+    if (one_token && !pol.is_full()) sr.stats.probe = pol.attention_probe(be.seq->policy_state());
     seqs_.push_back(sr);
     seq_entry_.push_back(entry);
     r0 = r1;
@@ -286,13 +290,19 @@ Status Engine::after_attention(int s, int il, const LayerDesc& /*layer*/, int th
   if (!pol.compacts_per_layer(state)) return {};
   Stopwatch sw;
   PassInfo pass;
-  pass.n_tokens = 1;
-  pass.n_past = be.seq->n_past() + 1;
+  // A decode step, or a turn's recalling micro-batch (its last: the whole turn is in the cache).
+  pass.n_tokens = static_cast<int>(be.tokens.size());
+  pass.n_past = be.seq->n_past() + static_cast<int64_t>(be.tokens.size());
   pass.prompt_rest = 0;
+  pass.recalled = be.tokens.size() > 1;
   pass.rope = &rope();
   // Alone (thread < 0: no pool task runs), the layer's heads are compacted on the whole pool.
   pass.pool = thread < 0 ? &pool_ : nullptr;
   Status st = pol.compact_layer(be.seq->cache(), state, pass, il);
+  // A turn's recall: the layer hands its recalled slots' memory back before the next layer
+  // recalls (slack for the decode steps after the turn).
+  if (st.ok() && pass.recalled)
+    st = be.seq->cache().trim_layer(il, slack_after_compaction(1, false));
   (thread < 0 ? alone_policy_s_ : thread_policy_s_[static_cast<size_t>(thread)]) += sw.seconds();
   return st;
 }

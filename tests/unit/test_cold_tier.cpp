@@ -484,6 +484,57 @@ TEST(ColdTierEngine, ATurnThatRecallsEverythingKeepsWhatTheQuestionBeforeKeeps) 
   EXPECT_EQ(same, total);
 }
 
+// A turn that recalls is compacted layer by layer, right after each layer's attention, and each
+// layer hands its recalled slots' memory back before the next one recalls: the turn's peak holds
+// one layer's recall, not every layer's at once (the plans are those of a compaction after the
+// pass: ATurnThatRecallsEverythingKeepsWhatTheQuestionBeforeKeeps).
+TEST(ColdTierEngine, ATurnHoldsOneLayersRecallAtATime) {
+  test::RandomModelConfig cfg;
+  cfg.n_layer = 4;
+  cfg.n_embd = 64;
+  cfg.n_head = 4;
+  cfg.n_head_kv = 2;
+  cfg.seed = 25;
+  auto model = test::load_random_model(cfg, "cold_tier_peak.gguf");
+  ASSERT_NE(model, nullptr);
+  ThreadPool pool(2);
+  Engine engine(*model, pool, EngineOptions{});
+  std::shared_ptr<const KvPolicy> pol(
+      parse_kv_policy("d2o:budget=24,window=8,kernel=3,cold=memory,cold_type=f16,recall=1000")
+          .value());
+  Sequence s(model->hparams(), KvType::kF16, pol);
+  auto feed = [&](std::span<const TokenId> tokens) {
+    BatchEntry be;
+    be.seq = &s;
+    be.tokens = tokens;
+    return engine.forward({&be, 1}, [](int, int, const float*) {});
+  };
+  const std::vector<TokenId> prompt = random_tokens(192, 9), turn = random_tokens(20, 10);
+  // Turns of 16 (each compacted back to the budget, each recalling what its window wants).
+  for (size_t i = 0; i < prompt.size(); i += 16)
+    ASSERT_TRUE(feed(std::span<const TokenId>(prompt).subspan(i, 16)).ok());
+  const KvCache& c = s.cache();
+  const int64_t cold = c.cold()->n_slots(0, 0), turns = c.cold()->recall_turns();
+  ASSERT_GT(cold, 150);
+  s.cache().reset_peak();
+  const size_t before = c.peak_bytes_allocated();  // the hot slots' allocation
+  ASSERT_TRUE(feed(turn).ok());
+  ASSERT_EQ(c.cold()->recall_turns(), turns + 1);
+  // Every layer holding its budget, the turn and every recalled slot at once, against one layer
+  // at a time (each layer's allocation may grow geometrically, to twice what it holds):
+  const size_t L = static_cast<size_t>(cfg.n_layer);
+  const size_t all_at_once = KvCache::bytes_for_slots(c.config(), 24 + 20 + cold);
+  const size_t one_at_a_time =
+      before + 2 * (KvCache::bytes_for_slots(c.config(), 20) +
+                    KvCache::bytes_for_slots(c.config(), 24 + 20 + cold) / L);
+  std::printf(
+      "turn peak %zu bytes (hot before %zu); every layer's recall at once %zu; one layer's "
+      "at a time at most %zu\n",
+      c.peak_bytes_allocated(), before, all_at_once, one_at_a_time);
+  EXPECT_LE(c.peak_bytes_allocated(), one_at_a_time);
+  EXPECT_LT(c.peak_bytes_allocated(), all_at_once);
+}
+
 // The tier's place changes where its slots are, not which: the same conversation gives the same
 // logits in memory and on disk.
 TEST(ColdTierPlaces, MemoryAndDiskGiveTheSameLogits) {
