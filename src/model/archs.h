@@ -11,6 +11,9 @@ namespace d2o {
 // llama, mistral, qwen2, qwen3, phi3 (arch_llama.cpp).
 std::unique_ptr<ModelForward> make_llama_forward(const Model& model, ThreadPool& pool,
                                                  const ForwardOptions& opts);
+// qwen3moe (arch_qwen3moe.cpp).
+std::unique_ptr<ModelForward> make_qwen3moe_forward(const Model& model, ThreadPool& pool,
+                                                    const ForwardOptions& opts);
 // gemma3 (arch_gemma3.cpp).
 std::unique_ptr<ModelForward> make_gemma3_forward(const Model& model, ThreadPool& pool,
                                                   const ForwardOptions& opts);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/assert.h"
 #include "core/timer.h"
 #include "ops/ops.h"
 
@@ -19,8 +20,9 @@ void Activations::ensure(const ModelHParams& h, int n_rows) {
   k.resize(n * kv_dim);
   v.resize(n * kv_dim);
   attn_out.resize(n * q_dim);
-  gate.resize(n * h.n_ff);
-  up.resize(n * h.n_ff);
+  const size_t n_ff = h.n_expert > 0 ? 0 : static_cast<size_t>(h.n_ff);
+  gate.resize(n * n_ff);
+  up.resize(n * n_ff);
   rows_cap = n_rows;
 }
 
@@ -135,6 +137,7 @@ void BlockPass::attn_output(const QMatrix& wo) {
 }
 
 void BlockPass::ffn(const LayerWeights& L, FfnKind kind) {
+  D2O_ASSERT(kind == FfnKind::kSwiGlu || kind == FfnKind::kGeGluTanh);
   const int n_ff = h_.n_ff;
   mm_many({{&L.w_gate, a_.xn.data(), a_.gate.data()}, {&L.w_up, a_.xn.data(), a_.up.data()}});
   float* gate = a_.gate.data();
@@ -144,6 +147,11 @@ void BlockPass::ffn(const LayerWeights& L, FfnKind kind) {
     for (int64_t r = b; r < end; ++r) act(gate + r * n_ff, up + r * n_ff, n_ff, gate + r * n_ff);
   });
   mm(L.w_down, a_.gate.data(), a_.xn.data());
+  residual_pending_ = true;
+}
+
+void BlockPass::moe_ffn(const MoeWeights& w, MoeFfn& moe) {
+  moe.run(h_, w, a_.xn.data(), n_, pool_, t_);
   residual_pending_ = true;
 }
 

@@ -1,7 +1,7 @@
 // The pieces decoder layers are built from, shared by the architecture files
 // (src/model/arch_*.cpp): embedding, RMSNorm with the residual add folded in, Q/K/V projection with
 // biases and RoPE, attention over the sequences' caches (KvAttention, kv_attention.h), the output
-// projection and the feed-forward kinds.
+// projection and the feed-forward kinds (the mixture of experts in moe.h).
 //
 // Every piece works on all n rows of a micro-batch and keeps the work layout the engine has always
 // had: per-row work in pool.parallel_for chunks of 16 rows, products that share an input as one
@@ -27,6 +27,7 @@
 #include "model/kv_attention.h"
 #include "model/layer_desc.h"
 #include "model/model.h"
+#include "model/moe.h"
 #include "ops/matmul.h"
 
 namespace d2o {
@@ -39,7 +40,7 @@ struct Activations {
   AlignedBuffer<float> q;         // [n, n_head * head_dim]
   AlignedBuffer<float> k, v;      // [n, n_head_kv * head_dim]
   AlignedBuffer<float> attn_out;  // [n, n_head * head_dim]
-  AlignedBuffer<float> gate, up;  // [n, n_ff]
+  AlignedBuffer<float> gate, up;  // [n, n_ff] (empty for a mixture of experts: MoeFfn's own)
   AlignedBuffer<float> logits;    // [ForwardHooks::kLogitRows, n_vocab], allocated on first use
   int rows_cap = 0;
   void ensure(const ModelHParams& h, int n_rows);
@@ -70,6 +71,9 @@ class BlockPass {
   // xn = Wdown (act(Wgate xn) * Wup xn), act = silu (kSwiGlu) or tanh GELU (kGeGluTanh); the
   // residual is pending.
   void ffn(const LayerWeights& L, FfnKind kind);
+  // xn = the mixture of experts' output for each row (FfnKind::kMoeSwiGlu, moe.h), computed with
+  // `moe`'s buffers; the residual is pending.
+  void moe_ffn(const MoeWeights& w, MoeFfn& moe);
   // For the rows, kLogitRows at a time: rmsnorm(x) * norm_w, times `output` (soft-capped when
   // softcap > 0), to hooks.logits.
   void logits(const std::vector<float>& norm_w, const QMatrix& output, std::span<const int> rows,

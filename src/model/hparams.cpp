@@ -13,6 +13,8 @@ const char* model_arch_name(ModelArch arch) {
     case ModelArch::kGemma3: return "gemma3";
     case ModelArch::kPhi3:
       return "phi3";
+    case ModelArch::kQwen3Moe:
+      return "qwen3moe";
   }
   return "unknown";
 }
@@ -57,6 +59,35 @@ Status read_rope_scaling(const GgufFile& f, const std::string& p, ModelHParams* 
   return {};
 }
 
+// The mixture of experts (qwen3moe), keys as llama.cpp reads them: expert_count experts, of which
+// expert_used_count run per token, each of width expert_feed_forward_length (absent or 0:
+// feed_forward_length / expert_used_count). Per-layer arrays of these keys are refused (d2o reads
+// the scalar form). llama.cpp allows at most 1024 experts.
+Status read_experts(const GgufFile& f, const std::string& p, int64_t n_ff, ModelHParams* hp) {
+  for (const char* key : {"expert_count", "expert_used_count"}) {
+    if (!f.find(p + key)) {
+      return format_error(std::string(key) + " is missing: a " + hp->arch_name +
+                          " model routes each token to some of its experts");
+    }
+  }
+  D2O_ASSIGN_OR_RETURN(int64_t n_expert, f.get_int(p + "expert_count"));
+  D2O_ASSIGN_OR_RETURN(int64_t n_used, f.get_int(p + "expert_used_count"));
+  D2O_ASSIGN_OR_RETURN(int64_t n_ff_exp, f.get_int_or(p + "expert_feed_forward_length", 0));
+  D2O_RETURN_IF_ERROR(require_positive("expert_count", n_expert, 1024));
+  D2O_RETURN_IF_ERROR(require_positive("expert_used_count", n_used, 1024));
+  if (n_used > n_expert) {
+    return format_error("expert_used_count = " + std::to_string(n_used) +
+                        " is more than expert_count = " + std::to_string(n_expert) +
+                        ": a token cannot use more experts than the layer has");
+  }
+  if (n_ff_exp == 0) n_ff_exp = n_ff / n_used;
+  D2O_RETURN_IF_ERROR(require_positive("expert_feed_forward_length", n_ff_exp, 1 << 18));
+  hp->n_expert = static_cast<int>(n_expert);
+  hp->n_expert_used = static_cast<int>(n_used);
+  hp->n_ff_exp = static_cast<int>(n_ff_exp);
+  return {};
+}
+
 }  // namespace
 
 Result<ModelHParams> ModelHParams::from_gguf(const GgufFile& f) {
@@ -78,10 +109,13 @@ Result<ModelHParams> ModelHParams::from_gguf(const GgufFile& f) {
   } else if (hp.arch_name == "phi3") {
     hp.arch = ModelArch::kPhi3;
     hp.rope_type = RopeType::kNeox;
+  } else if (hp.arch_name == "qwen3moe") {
+    hp.arch = ModelArch::kQwen3Moe;
+    hp.rope_type = RopeType::kNeox;
   } else {
     return unsupported(
         "model architecture '" + hp.arch_name +
-        "' is not supported (supported: llama, mistral, qwen2, qwen3, gemma3, phi3)");
+        "' is not supported (supported: llama, mistral, qwen2, qwen3, qwen3moe, gemma3, phi3)");
   }
   const std::string p = hp.arch_name + ".";
   D2O_ASSIGN_OR_RETURN(int64_t n_layer, f.get_int(p + "block_count"));
@@ -156,6 +190,8 @@ Result<ModelHParams> ModelHParams::from_gguf(const GgufFile& f) {
     hp.rope_freq_base_swa = static_cast<float>(base_swa);
     hp.final_logit_softcap = static_cast<float>(softcap);
   }
+
+  if (hp.arch == ModelArch::kQwen3Moe) D2O_RETURN_IF_ERROR(read_experts(f, p, n_ff, &hp));
 
   hp.n_layer = static_cast<int>(n_layer);
   hp.n_embd = static_cast<int>(n_embd);

@@ -12,11 +12,12 @@ namespace d2o {
 
 // Architecture families d2o runs. Adding one: see docs/ADDING_A_MODEL.md.
 enum class ModelArch {
-  kLlama,   // llama, mistral (SmolLM2, Llama 2/3, Mistral): RMSNorm, SwiGLU, RoPE norm
-  kQwen2,   // like llama with biases on Q, K, V and NeoX RoPE
-  kQwen3,   // like llama with per-head RMSNorm of Q and K (QK-norm) and NeoX RoPE
-  kGemma3,  // Gemma 3: sliding-window and global layers, QK-norm, sandwich norms, GeGLU
-  kPhi3,    // Phi-3: llama's layer with NeoX RoPE, Q/K/V fused in one tensor, gate and up in one
+  kLlama,     // llama, mistral (SmolLM2, Llama 2/3, Mistral): RMSNorm, SwiGLU, RoPE norm
+  kQwen2,     // like llama with biases on Q, K, V and NeoX RoPE
+  kQwen3,     // like llama with per-head RMSNorm of Q and K (QK-norm) and NeoX RoPE
+  kGemma3,    // Gemma 3: sliding-window and global layers, QK-norm, sandwich norms, GeGLU
+  kPhi3,      // Phi-3: llama's layer with NeoX RoPE, Q/K/V fused in one tensor, gate and up in one
+  kQwen3Moe,  // Qwen 3 MoE: qwen3's attention, a routed mixture of SwiGLU experts as feed-forward
 };
 const char* model_arch_name(ModelArch arch);
 
@@ -44,6 +45,11 @@ struct ModelHParams {
   int swa_pattern = 0;
   float rope_freq_base_swa = 10000.0f;
   float final_logit_softcap = 0.0f;  // > 0: logits = cap * tanh(logits / cap)
+  // Mixture of experts (qwen3moe; 0 elsewhere): each layer's feed-forward is n_expert_used of
+  // n_expert SwiGLU experts of width n_ff_exp, chosen per token by a router.
+  int n_expert = 0;
+  int n_expert_used = 0;
+  int n_ff_exp = 0;
 
   int n_group() const { return n_head / n_head_kv; }  // query heads per KV head
   bool is_sliding(int il) const {

@@ -20,6 +20,8 @@ const char* ffn_kind_name(FfnKind k) {
       return "swiglu";
     case FfnKind::kGeGluTanh:
       return "geglu-tanh";
+    case FfnKind::kMoeSwiGlu:
+      return "moe-swiglu";
   }
   return "?";
 }
@@ -44,13 +46,16 @@ Result<ModelDesc> describe_model(const ModelHParams& hp, const float* rope_freq_
     case ModelArch::kQwen2:
     case ModelArch::kQwen3:
     case ModelArch::kPhi3:
+    case ModelArch::kQwen3Moe:
       // Pre-norm layers, all alike: attn_norm, Q/K/V (qwen2: with biases; qwen3: each head of Q
       // and K RMS-normalised), RoPE, attention, O, residual; ffn_norm, SwiGLU, residual. Phi-3
       // differs only in how its file stores Q/K/V and gate/up (fused; model.cpp splits them).
+      // Qwen 3 MoE is qwen3's layer with a mixture of experts in place of the one SwiGLU; its
+      // attention layers are ordinary global layers, so KV policies treat it as any other.
       d.norms = LayerNorms{};
-      d.norms.qk = hp.arch == ModelArch::kQwen3;
+      d.norms.qk = hp.arch == ModelArch::kQwen3 || hp.arch == ModelArch::kQwen3Moe;
       d.qkv_bias = hp.qkv_bias;
-      d.ffn = FfnKind::kSwiGlu;
+      d.ffn = hp.arch == ModelArch::kQwen3Moe ? FfnKind::kMoeSwiGlu : FfnKind::kSwiGlu;
       md.layers.assign(static_cast<size_t>(hp.n_layer), d);
       return md;
     case ModelArch::kGemma3: {

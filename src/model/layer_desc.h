@@ -4,7 +4,8 @@
 // post-attention norm, which RoPE base, which attention window" of a struct rather than of the
 // architecture's name. For the llama family every layer is the same; the fields exist for models
 // whose layers differ (Gemma 3: sliding-window attention on five layers of six, each kind with its
-// own RoPE base, sandwich norms, QK-norm, GeGLU) or that add one piece (Qwen 3: QK-norm).
+// own RoPE base, sandwich norms, QK-norm, GeGLU) or that add one piece (Qwen 3: QK-norm; Qwen 3
+// MoE: QK-norm and a mixture of experts as feed-forward).
 // Adding an architecture: docs/ADDING_A_MODEL.md.
 #pragma once
 
@@ -28,6 +29,10 @@ const char* layer_kind_name(LayerKind k);
 enum class FfnKind {
   kSwiGlu,     // act = silu (llama, mistral, qwen2, qwen3)
   kGeGluTanh,  // act = GELU, tanh approximation (gemma)
+  // A routed mixture of SwiGLU experts (qwen3moe): softmax over the router's logits, the
+  // n_expert_used most probable experts, their probabilities renormalised to sum 1 as weights,
+  // the weighted sum of those experts' SwiGLU outputs.
+  kMoeSwiGlu,
 };
 const char* ffn_kind_name(FfnKind k);
 

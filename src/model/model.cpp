@@ -30,41 +30,23 @@ class TensorLoader {
       return format_error("tensor '" + name + "' has shape " + t->shape_string() + ", expected [" +
                           std::to_string(n_cols) + ", " + std::to_string(total_rows) + "]");
     }
-    // Whole rows of blocks: the file's bytes divide evenly by its rows (checked below).
-    const uint64_t row_bytes = total_rows > 0 ? t->n_bytes / static_cast<uint64_t>(total_rows) : 0;
-    const uint64_t first = static_cast<uint64_t>(row0) * row_bytes;
-    Result<QMatrix> m = QMatrix();
-    if (to_f32_ && t->type != GgmlType::kF32) {
-      if (!dequantize_supported(t->type)) {
-        return unsupported("tensor '" + name + "' has type " + ggml_type_name(t->type) + ", which d2o cannot compute with");
-      }
-      D2O_ASSIGN_OR_RETURN(const uint8_t* src, read(*t));
-      std::vector<float> rows(static_cast<size_t>(n_rows * n_cols));
-      for (int64_t r = 0; r < n_rows; ++r) {
-        dequantize_row(t->type, src + first + static_cast<size_t>(r) * row_bytes,
-                       rows.data() + r * n_cols, n_cols);
-      }
-      m = QMatrix::from_gguf_bytes(GgmlType::kF32, n_rows, n_cols,
-                                   reinterpret_cast<const uint8_t*>(rows.data()), rows.size() * sizeof(float));
-    } else {
-      // Read a slice of rows at a time (about kKeepScratch bytes): the repacked matrix never sits
-      // beside a whole copy of its file bytes.
-      const int64_t slice =
-          std::max<int64_t>(1, row_bytes > 0 ? static_cast<int64_t>(kKeepScratch / row_bytes) : 1);
-      m = QMatrix::from_gguf_rows(t->type, n_rows, n_cols, slice,
-                                  [&](uint64_t offset, uint64_t n, uint8_t* dst) {
-                                    return f_.read_tensor_bytes(*t, first + offset, n, dst);
-                                  });
-      if (m.ok() && static_cast<uint64_t>(m->raw_row_bytes() * total_rows) != t->n_bytes) {
-        m = invalid_argument("expected " + std::to_string(m->raw_row_bytes() * total_rows) +
-                             " bytes of data, got " + std::to_string(t->n_bytes));
-      }
+    return read_rows(*t, name, row0, n_rows, total_rows, out);
+  }
+
+  // Expert `e` of a stack of n_expert matrices [n_rows, n_cols] (GGUF dims {n_cols, n_rows,
+  // n_expert}, a mixture of experts' ffn_*_exps): rows [e * n_rows, (e + 1) * n_rows) of the
+  // tensor seen as one matrix, read as a matrix of its own.
+  Status expert_matrix(const std::string& name, int64_t e, int64_t n_rows, int64_t n_cols,
+                       int64_t n_expert, QMatrix* out) {
+    const GgufTensorInfo* t = f_.find_tensor(name);
+    if (!t) return not_found("tensor '" + name + "' is missing");
+    if (t->dims.size() != 3 || t->dims[0] != n_cols || t->dims[1] != n_rows ||
+        t->dims[2] != n_expert) {
+      return format_error("tensor '" + name + "' has shape " + t->shape_string() + ", expected [" +
+                          std::to_string(n_cols) + ", " + std::to_string(n_rows) + ", " +
+                          std::to_string(n_expert) + "] (columns, rows, experts)");
     }
-    if (!m.ok()) return m.status().with_context("tensor '" + name + "'");
-    *out = std::move(m).value();
-    trim_scratch();
-    bytes_ += out->bytes();
-    return {};
+    return read_rows(*t, name, e * n_rows, n_rows, n_rows * n_expert, out);
   }
 
   // A vector of n floats (stored as F32, F16 or BF16).
@@ -90,6 +72,58 @@ class TensorLoader {
   bool has(const std::string& name) const { return f_.find_tensor(name) != nullptr; }
 
  private:
+  // Rows [row0, row0 + n_rows) of `t`, whose shape the caller checked: total_rows rows of n_cols
+  // (the row width of *out).
+  Status read_rows(const GgufTensorInfo& t, const std::string& name, int64_t row0, int64_t n_rows,
+                   int64_t total_rows, QMatrix* out) {
+    const int64_t n_cols = t.dims[0];
+    // Whole rows of blocks: the file's bytes divide evenly by its rows (checked below).
+    const uint64_t row_bytes = total_rows > 0 ? t.n_bytes / static_cast<uint64_t>(total_rows) : 0;
+    const uint64_t first = static_cast<uint64_t>(row0) * row_bytes;
+    Result<QMatrix> m = QMatrix();
+    if (to_f32_ && t.type != GgmlType::kF32) {
+      if (!dequantize_supported(t.type)) {
+        return unsupported("tensor '" + name + "' has type " + ggml_type_name(t.type) +
+                           ", which d2o cannot compute with");
+      }
+      if (n_cols % ggml_block_size(t.type) != 0 ||
+          static_cast<uint64_t>(ggml_row_bytes(t.type, n_cols)) != row_bytes) {
+        return format_error("tensor '" + name + "' has " + std::to_string(t.n_bytes) +
+                            " bytes of data, not whole rows of " + std::to_string(n_cols));
+      }
+      // Only the rows asked for (an expert's share of a stacked tensor, not the whole stack).
+      const uint64_t n_read = static_cast<uint64_t>(n_rows) * row_bytes;
+      if (scratch_.size() < n_read) scratch_.resize(static_cast<size_t>(n_read));
+      D2O_RETURN_IF_ERROR(f_.read_tensor_bytes(t, first, n_read, scratch_.data()));
+      std::vector<float> rows(static_cast<size_t>(n_rows * n_cols));
+      for (int64_t r = 0; r < n_rows; ++r) {
+        dequantize_row(t.type, scratch_.data() + static_cast<size_t>(r) * row_bytes,
+                       rows.data() + r * n_cols, n_cols);
+      }
+      m = QMatrix::from_gguf_bytes(GgmlType::kF32, n_rows, n_cols,
+                                   reinterpret_cast<const uint8_t*>(rows.data()),
+                                   rows.size() * sizeof(float));
+    } else {
+      // Read a slice of rows at a time (about kKeepScratch bytes): the repacked matrix never sits
+      // beside a whole copy of its file bytes.
+      const int64_t slice =
+          std::max<int64_t>(1, row_bytes > 0 ? static_cast<int64_t>(kKeepScratch / row_bytes) : 1);
+      m = QMatrix::from_gguf_rows(t.type, n_rows, n_cols, slice,
+                                  [&](uint64_t offset, uint64_t n, uint8_t* dst) {
+                                    return f_.read_tensor_bytes(t, first + offset, n, dst);
+                                  });
+      if (m.ok() && static_cast<uint64_t>(m->raw_row_bytes() * total_rows) != t.n_bytes) {
+        m = invalid_argument("expected " + std::to_string(m->raw_row_bytes() * total_rows) +
+                             " bytes of data, got " + std::to_string(t.n_bytes));
+      }
+    }
+    if (!m.ok()) return m.status().with_context("tensor '" + name + "'");
+    *out = std::move(m).value();
+    trim_scratch();
+    bytes_ += out->bytes();
+    return {};
+  }
+
   // A tensor's bytes, read from the file into scratch_.
   Result<const uint8_t*> read(const GgufTensorInfo& t) {
     if (scratch_.size() < t.n_bytes) scratch_.resize(static_cast<size_t>(t.n_bytes));
@@ -172,6 +206,23 @@ Status load_gate_up(TensorLoader& ld, const ModelHParams& h, const std::string& 
   return ld.matrix(b + "ffn_up.weight", h.n_ff, h.n_embd, &L->w_up);
 }
 
+// A mixture of experts (qwen3moe): the router ffn_gate_inp (one row per expert) and the experts'
+// gate, up and down projections, stacked in 3-D tensors that are split into one matrix per expert.
+Status load_moe(TensorLoader& ld, const ModelHParams& h, const std::string& b, MoeWeights* moe) {
+  D2O_RETURN_IF_ERROR(ld.matrix(b + "ffn_gate_inp.weight", h.n_expert, h.n_embd, &moe->router));
+  moe->experts.resize(static_cast<size_t>(h.n_expert));
+  for (int e = 0; e < h.n_expert; ++e) {
+    ExpertWeights& x = moe->experts[static_cast<size_t>(e)];
+    D2O_RETURN_IF_ERROR(
+        ld.expert_matrix(b + "ffn_gate_exps.weight", e, h.n_ff_exp, h.n_embd, h.n_expert, &x.gate));
+    D2O_RETURN_IF_ERROR(
+        ld.expert_matrix(b + "ffn_up_exps.weight", e, h.n_ff_exp, h.n_embd, h.n_expert, &x.up));
+    D2O_RETURN_IF_ERROR(
+        ld.expert_matrix(b + "ffn_down_exps.weight", e, h.n_embd, h.n_ff_exp, h.n_expert, &x.down));
+  }
+  return {};
+}
+
 // Phi-3's LongRoPE (the 128K models, Phi-3.5): per-pair factors chosen by the context length,
 // with a magnitude factor on the rotation that a re-rotated key would receive twice. Refused
 // rather than run with other positions.
@@ -221,7 +272,8 @@ Result<std::unique_ptr<Model>> Model::load(const GgufFile& f, const ModelLoadOpt
     m->layers_.resize(static_cast<size_t>(h.n_layer));
     for (int il = 0; il < h.n_layer; ++il) {
       LayerWeights& L = m->layers_[static_cast<size_t>(il)];
-      const LayerNorms& nd = m->desc_.layers[static_cast<size_t>(il)].norms;
+      const LayerDesc& layer_desc = m->desc_.layers[static_cast<size_t>(il)];
+      const LayerNorms& nd = layer_desc.norms;
       const std::string b = "blk." + std::to_string(il) + ".";
       D2O_RETURN_IF_ERROR(ld.vector(b + "attn_norm.weight", h.n_embd, &L.attn_norm));
       if (nd.qk) {
@@ -243,6 +295,10 @@ Result<std::unique_ptr<Model>> Model::load(const GgufFile& f, const ModelLoadOpt
         D2O_RETURN_IF_ERROR(ld.vector(b + "attn_v.bias", kv_dim, &L.bv));
       }
       D2O_RETURN_IF_ERROR(ld.vector(b + "ffn_norm.weight", h.n_embd, &L.ffn_norm));
+      if (layer_desc.ffn == FfnKind::kMoeSwiGlu) {
+        D2O_RETURN_IF_ERROR(load_moe(ld, h, b, &L.moe));
+        continue;
+      }
       D2O_RETURN_IF_ERROR(load_gate_up(ld, h, b, &L));
       D2O_RETURN_IF_ERROR(ld.matrix(b + "ffn_down.weight", h.n_embd, h.n_ff, &L.w_down));
     }

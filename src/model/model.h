@@ -19,6 +19,21 @@
 
 namespace d2o {
 
+// One expert of a mixture-of-experts layer: a SwiGLU feed-forward of width n_ff_exp.
+struct ExpertWeights {
+  QMatrix gate;  // [n_ff_exp, n_embd]
+  QMatrix up;    // [n_ff_exp, n_embd]
+  QMatrix down;  // [n_embd, n_ff_exp]
+};
+
+// A mixture-of-experts feed-forward (FfnKind::kMoeSwiGlu). The file stacks the experts in 3-D
+// tensors (ffn_gate_exps, ffn_up_exps, ffn_down_exps); each expert is loaded as matrices of its
+// own, so a pass reads only the experts its tokens chose.
+struct MoeWeights {
+  QMatrix router;                      // ffn_gate_inp [n_expert, n_embd]
+  std::vector<ExpertWeights> experts;  // [n_expert]
+};
+
 struct LayerWeights {
   std::vector<float> attn_norm;  // [n_embd]
   QMatrix wq;                    // [n_head * head_dim, n_embd]
@@ -33,6 +48,7 @@ struct LayerWeights {
   QMatrix w_gate;                // [n_ff, n_embd]
   QMatrix w_up;                  // [n_ff, n_embd]
   QMatrix w_down;                // [n_embd, n_ff]
+  MoeWeights moe;                // FfnKind::kMoeSwiGlu layers (then w_gate, w_up, w_down are empty)
 };
 
 struct ModelLoadOptions {

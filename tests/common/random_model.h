@@ -16,7 +16,7 @@
 namespace d2o::test {
 
 struct RandomModelConfig {
-  std::string arch = "llama";  // "llama", "qwen2", "qwen3", "gemma3" or "phi3"
+  std::string arch = "llama";  // "llama", "qwen2", "qwen3", "qwen3moe", "gemma3" or "phi3"
   int n_layer = 2;
   int n_embd = 64;
   int n_head = 4;
@@ -31,6 +31,14 @@ struct RandomModelConfig {
   int sliding_window = 0;  // gemma3: attention.sliding_window (0: not written)
   // Written as rope_freqs.weight (n_rot / 2 values) when not empty: Llama 3.1's RoPE scaling.
   std::vector<float> rope_freqs;
+  // qwen3moe: n_expert experts of width n_ff_exp, n_expert_used per token (expert_count,
+  // expert_used_count, expert_feed_forward_length). The router's rows come in groups of
+  // n_expert_used nearly equal rows scaled by router_scale (see make_random_model), so that a token
+  // picks a whole group and the group it picks leads the next by a clear margin.
+  int n_expert = 0;
+  int n_expert_used = 0;
+  int n_ff_exp = 0;
+  float router_scale = 0.0f;
   std::string omit_tensor;  // a tensor left out (malformed files for load tests)
   bool synthetic_tokenizer = true;  // false: no tokenizer.* keys (the test writes its own)
 };
@@ -133,6 +141,28 @@ inline RandomModelConfig random_phi3_config() {
   c.seed = 7;
   return c;
 }
+// Qwen 3 MoE: Qwen 3's attention (QK-norm, NeoX RoPE, head size 32, GQA) with 8 SwiGLU experts
+// of width 48, 2 per token, untied output. The router's rows are four pairs; within a pair the
+// rows differ by a small random part (the two chosen experts get distinct weights), between pairs
+// by a large one (router_scale), so the second and third most probable experts of every token are
+// far apart and rounding cannot flip the choice (ModelForward.Qwen3MoeParityFixtureRoutesWith-
+// ClearMargins checks the gap on the 64 test tokens).
+inline RandomModelConfig random_qwen3moe_config() {
+  RandomModelConfig c;
+  c.arch = "qwen3moe";
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  c.head_dim = 32;
+  c.n_ff = 96;
+  c.n_expert = 8;
+  c.n_expert_used = 2;
+  c.n_ff_exp = 48;
+  c.router_scale = 32.0f;
+  c.tied = false;
+  c.seed = 3;  // the smallest gap over the 64 test tokens and both layers is 3.5
+  return c;
+}
 inline RandomModelConfig random_llama_mha_config() {
   RandomModelConfig c;
   c.arch = "llama";
@@ -198,6 +228,35 @@ inline void write_random_model_vocab(const RandomModelConfig& c, GgufWriter& w) 
   w.add_bool("tokenizer.ggml.add_bos_token", false);
 }
 
+// A mixture of experts' tensors for the layer prefix b: the router ffn_gate_inp [n_expert rows]
+// and the stacked experts ffn_gate_exps, ffn_up_exps ({n_embd, n_ff_exp, n_expert}) and
+// ffn_down_exps ({n_ff_exp, n_embd, n_expert}), F32. The router's rows come in groups of
+// n_expert_used: a shared row times router_scale plus a small row of each expert's own.
+template <class AddTensor>
+void add_random_experts(const RandomModelConfig& c, const std::string& b, Xorshift& rng,
+                        AddTensor& add_tensor) {
+  const size_t E = static_cast<size_t>(c.n_embd), F = static_cast<size_t>(c.n_ff_exp);
+  const size_t X = static_cast<size_t>(c.n_expert), K = static_cast<size_t>(c.n_expert_used);
+  std::vector<float> router(X * E), shared(E);
+  for (size_t e = 0; e < X; ++e) {
+    if (e % K == 0)
+      for (float& v : shared) v = rng.uniform(c.router_scale);
+    for (size_t i = 0; i < E; ++i) router[e * E + i] = shared[i] + rng.uniform(0.05f);
+  }
+  add_tensor(b + "ffn_gate_inp.weight", GgmlType::kF32, {c.n_embd, c.n_expert}, f32_bytes(router));
+  auto stack = [&](size_t n, float scale) {
+    std::vector<float> v(n);
+    for (float& x : v) x = rng.uniform(scale);
+    return f32_bytes(v);
+  };
+  add_tensor(b + "ffn_gate_exps.weight", GgmlType::kF32, {c.n_embd, c.n_ff_exp, c.n_expert},
+             stack(E * F * X, 0.3f));
+  add_tensor(b + "ffn_up_exps.weight", GgmlType::kF32, {c.n_embd, c.n_ff_exp, c.n_expert},
+             stack(E * F * X, 0.3f));
+  add_tensor(b + "ffn_down_exps.weight", GgmlType::kF32, {c.n_ff_exp, c.n_embd, c.n_expert},
+             stack(E * F * X, 0.2f));
+}
+
 inline GgufWriter make_random_model(const RandomModelConfig& c) {
   GgufWriter w;
   // Every tensor goes through here, so that c.omit_tensor can leave one out.
@@ -208,7 +267,7 @@ inline GgufWriter make_random_model(const RandomModelConfig& c) {
   const std::string a = c.arch;
   const int hd = c.head_dim > 0 ? c.head_dim : c.n_embd / c.n_head;
   const bool gemma = a == "gemma3";
-  const bool qk_norm = gemma || a == "qwen3";
+  const bool qk_norm = gemma || a == "qwen3" || a == "qwen3moe";
   const bool phi3 = a == "phi3";
   w.add_string("general.architecture", a);
   // llama.cpp sets Phi-3 token attributes when the name says "phi3", looking up tokens this
@@ -228,6 +287,11 @@ inline GgufWriter make_random_model(const RandomModelConfig& c) {
     w.add_u32(a + ".attention.value_length", static_cast<uint32_t>(hd));
   }
   if (c.sliding_window > 0) w.add_u32(a + ".attention.sliding_window", static_cast<uint32_t>(c.sliding_window));
+  if (c.n_expert > 0) {
+    w.add_u32(a + ".expert_count", static_cast<uint32_t>(c.n_expert));
+    w.add_u32(a + ".expert_used_count", static_cast<uint32_t>(c.n_expert_used));
+    w.add_u32(a + ".expert_feed_forward_length", static_cast<uint32_t>(c.n_ff_exp));
+  }
   w.add_u32("general.file_type", c.f16_matrices ? 1 : 0);
   if (c.synthetic_tokenizer) write_random_model_vocab(c, w);
 
@@ -284,6 +348,10 @@ inline GgufWriter make_random_model(const RandomModelConfig& c) {
       add_tensor(b + "post_ffw_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
     }
     add_tensor(b + "ffn_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
+    if (c.n_expert > 0) {
+      add_random_experts(c, b, rng, add_tensor);
+      continue;
+    }
     if (phi3) {
       matrix(b + "ffn_up.weight", 2 * c.n_ff, c.n_embd, 0.3f);  // gate rows, then up rows
     } else {

@@ -1,5 +1,6 @@
 // Exact inference: d2o's logits on the real SmolLM2-135M-Instruct against llama.cpp's, and on
-// random-weight qwen2, qwen3, gemma3, phi3, MHA llama and RoPE-scaled (Llama 3.1) llama models.
+// random-weight qwen2, qwen3, qwen3moe, gemma3, phi3, MHA llama and RoPE-scaled (Llama 3.1) llama
+// models.
 // llama.cpp is built from the llama-cpp-python source archive by scripts/setup.sh --test-data,
 // which also stores its real-model outputs in <cache>/test-data/reference ($D2O_REFERENCE_DIR);
 // the random models' logits are asked of it here, through scripts/gen_reference_fixtures.py.
@@ -172,6 +173,14 @@ TEST(LlamaParity, RandomGemma3MatchesLlamaCpp) {
 // pass, in passes of 5 and token by token.
 TEST(LlamaParity, RandomQwen3MatchesLlamaCpp) {
   check_random_model(test::random_qwen3_config(), "random_qwen3", {5, 1});
+}
+
+// Qwen 3 MoE: Qwen 3's attention with a mixture of 8 experts, 2 per token, whose router leaves a
+// clear gap between chosen and left-out experts on every token and layer
+// (ModelForward.Qwen3MoeParityFixtureRoutesWithClearMargins), in one pass (the rows grouped by
+// expert), in passes of 5 and token by token (each step reads only its tokens' experts).
+TEST(LlamaParity, RandomQwen3MoeMatchesLlamaCpp) {
+  check_random_model(test::random_qwen3moe_config(), "random_qwen3moe", {5, 1});
 }
 
 // Llama 3.1's RoPE scaling: the rope_freqs.weight factors (1, two blends, then 8) over 64 tokens,

@@ -2,12 +2,14 @@
 // ModelForward::run against a naive forward pass written here (plain loops in double, full causal
 // attention per sequence, RoPE from its formula, no code shared with src/model or src/ops), with
 // several sequences in one micro-batch, decode steps, every attention split (llama with GQA,
-// qwen2's biases, qwen3's QK-norm, Llama 3.1's RoPE frequency factors), and the
+// qwen2's biases, qwen3's QK-norm, Llama 3.1's RoPE frequency factors, qwen3moe's experts), and the
 // ForwardHooks contract (which sequences and layers are called back, logits in ascending blocks of
 // at most kLogitRows rows, a hook's error failing the pass).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -143,6 +145,10 @@ struct Naive {
   const GgufFile& f;
   test::RandomModelConfig c;
   bool qk_norm = true;  // false: a wrong variant that skips QK-norm (tests the comparison)
+  bool renormalise = true;  // false: a mixture of experts whose weights are not renormalised
+  // A mixture of experts: the smallest gap seen between the router logits of the last chosen
+  // expert and the first one left out (a small gap: rounding could flip the choice).
+  mutable double min_margin = 1e300;
   int hd() const { return c.head_dim > 0 ? c.head_dim : c.n_embd / c.n_head; }
 
   Vec tensor(const std::string& name) const {
@@ -183,7 +189,7 @@ struct Naive {
   // qwen3), angle p * 10000^(-2i/d) divided by the config's frequency factor i (Llama 3.1).
   void rope(Vec& x, int p) const {
     const int d = hd();
-    const bool neox = c.arch == "qwen2" || c.arch == "qwen3";
+    const bool neox = c.arch == "qwen2" || c.arch == "qwen3" || c.arch == "qwen3moe";
     for (size_t h = 0; h < x.size() / static_cast<size_t>(d); ++h) {
       double* v = x.data() + h * static_cast<size_t>(d);
       for (int i = 0; i < d / 2; ++i) {
@@ -197,6 +203,56 @@ struct Naive {
     }
   }
 
+  // down(silu(gate h) * up h) for matrices stored from offset o of their tensors (an expert of
+  // a stack, or the whole tensor).
+  static Vec swiglu_ffn(const Vec& wg, const Vec& wu, const Vec& wd, const Vec& h, int n_ff,
+                        size_t o_gu, size_t o_d) {
+    const size_t E = h.size();
+    Vec a(static_cast<size_t>(n_ff), 0.0);
+    for (size_t r = 0; r < a.size(); ++r) {
+      double g = 0, u = 0;
+      for (size_t i = 0; i < E; ++i) {
+        g += wg[o_gu + r * E + i] * h[i];
+        u += wu[o_gu + r * E + i] * h[i];
+      }
+      a[r] = g / (1.0 + std::exp(-g)) * u;
+    }
+    Vec y(E, 0.0);
+    for (size_t r = 0; r < E; ++r)
+      for (size_t i = 0; i < a.size(); ++i) y[r] += wd[o_d + r * a.size() + i] * a[i];
+    return y;
+  }
+
+  // The feed-forward block of layer prefix b on h: one SwiGLU, or a mixture of experts (softmax
+  // over the router's logits, the n_expert_used most probable, their probabilities renormalised).
+  Vec ffn(const std::string& b, const Vec& h) const {
+    if (!has(b + "ffn_gate_inp.weight")) {
+      return swiglu_ffn(tensor(b + "ffn_gate.weight"), tensor(b + "ffn_up.weight"),
+                        tensor(b + "ffn_down.weight"), h, c.n_ff, 0, 0);
+    }
+    const Vec logit = matvec(tensor(b + "ffn_gate_inp.weight"), h, c.n_expert);
+    std::vector<int> order(logit.size());
+    for (size_t e = 0; e < order.size(); ++e) order[e] = static_cast<int>(e);
+    std::sort(order.begin(), order.end(), [&](int x, int y) { return logit[x] > logit[y]; });
+    const size_t k = static_cast<size_t>(c.n_expert_used);
+    if (k < order.size()) min_margin = std::min(min_margin, logit[order[k - 1]] - logit[order[k]]);
+    double total = 0, chosen = 0;
+    for (double l : logit) total += std::exp(l - logit[order[0]]);
+    for (size_t j = 0; j < k; ++j) chosen += std::exp(logit[order[j]] - logit[order[0]]) / total;
+    const Vec wg = tensor(b + "ffn_gate_exps.weight"), wu = tensor(b + "ffn_up_exps.weight"),
+              wd = tensor(b + "ffn_down_exps.weight");
+    const size_t per = h.size() * static_cast<size_t>(c.n_ff_exp);  // one expert's matrix
+    Vec y(h.size(), 0.0);
+    for (size_t j = 0; j < k; ++j) {
+      const size_t e = static_cast<size_t>(order[j]);
+      const double p = std::exp(logit[e] - logit[order[0]]) / total;
+      const double w = renormalise ? p / chosen : p;
+      const Vec ye = swiglu_ffn(wg, wu, wd, h, c.n_ff_exp, e * per, e * per);
+      for (size_t i = 0; i < y.size(); ++i) y[i] += w * ye[i];
+    }
+    return y;
+  }
+
   // Logits [n, n_vocab] of the tokens as one sequence from position 0.
   std::vector<Vec> logits(const std::vector<int32_t>& toks) const {
     const int E = c.n_embd, d = hd(), G = c.n_head / c.n_head_kv;
@@ -208,9 +264,7 @@ struct Naive {
       const std::string b = "blk." + std::to_string(il) + ".";
       const Vec an = tensor(b + "attn_norm.weight"), wq = tensor(b + "attn_q.weight"),
                 wk = tensor(b + "attn_k.weight"), wv = tensor(b + "attn_v.weight"),
-                wo = tensor(b + "attn_output.weight"), fn = tensor(b + "ffn_norm.weight"),
-                wg = tensor(b + "ffn_gate.weight"), wu = tensor(b + "ffn_up.weight"),
-                wd = tensor(b + "ffn_down.weight");
+                wo = tensor(b + "attn_output.weight"), fn = tensor(b + "ffn_norm.weight");
       std::vector<Vec> q(toks.size()), k(toks.size()), v(toks.size());
       for (size_t t = 0; t < toks.size(); ++t) {
         const Vec h = rmsnorm(x[t], an);
@@ -248,11 +302,7 @@ struct Naive {
         }
         const Vec o = matvec(wo, att, E);
         for (int i = 0; i < E; ++i) x[t][i] += o[i];
-        const Vec h = rmsnorm(x[t], fn);
-        const Vec g = matvec(wg, h, c.n_ff), u = matvec(wu, h, c.n_ff);
-        Vec a(g.size());
-        for (size_t i = 0; i < g.size(); ++i) a[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
-        const Vec down = matvec(wd, a, E);
+        const Vec down = ffn(b, rmsnorm(x[t], fn));
         for (int i = 0; i < E; ++i) x[t][i] += down[i];
       }
     }
@@ -366,9 +416,94 @@ TEST(ModelDesc, Gemma3AlternatesSlidingAndGlobalLayers) {
   EXPECT_EQ(kc.n_compressible(), 1);
 }
 
+// Qwen 3 MoE: Qwen 3's layer (QK-norm, NeoX RoPE, global attention, so KV policies see an
+// ordinary model) with a mixture of experts as its feed-forward, each expert's matrices split out
+// of the stacked tensors.
+TEST(ModelDesc, Qwen3MoeIsTheQwen3LayerWithExperts) {
+  const test::RandomModelConfig c = test::random_qwen3moe_config();
+  auto l = load(c);
+  ASSERT_TRUE(l);
+  const Model& m = *l->model;
+  EXPECT_EQ(m.hparams().arch, ModelArch::kQwen3Moe);
+  EXPECT_EQ(m.hparams().n_expert, c.n_expert);
+  EXPECT_EQ(m.hparams().n_expert_used, c.n_expert_used);
+  EXPECT_EQ(m.hparams().n_ff_exp, c.n_ff_exp);
+  const KvCacheConfig kc = kv_cache_config(m.hparams(), KvType::kF16);
+  EXPECT_EQ(kc.n_compressible(), c.n_layer);
+  for (int il = 0; il < c.n_layer; ++il) {
+    const LayerDesc& d = m.desc().layers[static_cast<size_t>(il)];
+    EXPECT_EQ(d.kind, LayerKind::kGlobal);
+    EXPECT_EQ(d.rope.type, RopeType::kNeox);
+    EXPECT_TRUE(d.norms.qk && d.norms.attn_pre && d.norms.ffn_pre);
+    EXPECT_FALSE(d.norms.attn_post || d.norms.ffn_post || d.qkv_bias);
+    EXPECT_EQ(d.ffn, FfnKind::kMoeSwiGlu);
+    const MoeWeights& moe = m.layer(il).moe;
+    EXPECT_EQ(moe.router.n_rows(), c.n_expert);
+    ASSERT_EQ(moe.experts.size(), static_cast<size_t>(c.n_expert));
+    for (const ExpertWeights& x : moe.experts) {
+      EXPECT_EQ(x.gate.n_rows(), c.n_ff_exp);
+      EXPECT_EQ(x.up.n_cols(), c.n_embd);
+      EXPECT_EQ(x.down.n_rows(), c.n_embd);
+      EXPECT_EQ(x.down.n_cols(), c.n_ff_exp);
+    }
+    EXPECT_EQ(m.layer(il).w_gate.n_rows(), 0);  // no dense feed-forward
+  }
+  // Expert 5's up matrix is rows [5 * n_ff_exp, 6 * n_ff_exp) of the stack.
+  const GgufTensorInfo* t = l->file->find_tensor("blk.1.ffn_up_exps.weight");
+  ASSERT_TRUE(t);
+  std::vector<float> stack(static_cast<size_t>(t->n_elements())), row(c.n_embd);
+  ASSERT_TRUE(l->file->read_tensor(*t, reinterpret_cast<uint8_t*>(stack.data())).ok());
+  m.layer(1).moe.experts[5].up.get_row(3, row.data());
+  const size_t at = (5 * static_cast<size_t>(c.n_ff_exp) + 3) * c.n_embd;
+  EXPECT_TRUE(std::equal(row.begin(), row.end(), stack.begin() + static_cast<ptrdiff_t>(at)));
+}
+
+// The random MoE with a router of small weights: no clear winners, so the experts left out hold
+// much of the probability and every pair of experts gets chosen somewhere (the fixture of the
+// parity tests leaves little to the experts left out: see below).
+test::RandomModelConfig qwen3moe_soft_router_config() {
+  test::RandomModelConfig c = test::random_qwen3moe_config();
+  c.router_scale = 0.1f;
+  return c;
+}
+
+// The parity fixture's router leaves a clear gap between the last chosen expert and the first
+// one left out on every test token and layer, so rounding, here or in llama.cpp, cannot change
+// the choice (LlamaParity.RandomQwen3MoeMatchesLlamaCpp relies on it).
+TEST(ModelForward, Qwen3MoeParityFixtureRoutesWithClearMargins) {
+  const test::RandomModelConfig c = test::random_qwen3moe_config();
+  auto l = load(c);
+  ASSERT_TRUE(l);
+  const Naive naive{*l->file, c};
+  naive.logits(test::random_model_tokens(64, c.n_vocab));
+  std::printf("smallest router logit gap, chosen vs not: %.3f\n", naive.min_margin);
+  EXPECT_GT(naive.min_margin, 0.5);
+}
+
+// The comparison with the naive pass can fail: without renormalising the chosen experts' weights
+// it is far from the right one.
+TEST(ModelForward, NaiveMoeWithoutRenormalisedWeightsDiffers) {
+  const test::RandomModelConfig c = qwen3moe_soft_router_config();
+  auto l = load(c);
+  ASSERT_TRUE(l);
+  const auto toks = test::random_model_tokens(48, c.n_vocab);
+  const std::vector<Vec> want = Naive{*l->file, c}.logits(toks);
+  Naive plain{*l->file, c};
+  plain.renormalise = false;
+  const std::vector<Vec> got = plain.logits(toks);
+  double err = 0, ref = 0;
+  for (size_t t = 0; t < want.size(); ++t)
+    for (size_t i = 0; i < want[t].size(); ++i) {
+      err = std::max(err, std::fabs(want[t][i] - got[t][i]));
+      ref = std::max(ref, std::fabs(want[t][i]));
+    }
+  EXPECT_GT(err / ref, 1e-2);
+}
+
 TEST(ModelForward, MicroBatchesOfSeveralSequencesMatchANaiveForwardPass) {
   for (const auto& c : {gqa_llama_config(), test::random_qwen2_config(),
-                        test::random_qwen3_config(), test::random_llama31_config()}) {
+                        test::random_qwen3_config(), test::random_llama31_config(),
+                        test::random_qwen3moe_config(), qwen3moe_soft_router_config()}) {
     SCOPED_TRACE(c.arch + (c.rope_freqs.empty() ? "" : " with RoPE frequency factors"));
     auto l = load(c);
     ASSERT_TRUE(l);

@@ -1,7 +1,8 @@
-// Model::load on writer-made files of the llama family's variants: Qwen 3's QK-norm tensors and
-// Llama 3.1's RoPE frequency factors load, and files that get them wrong (missing or misshapen
-// norms, a rope_freqs tensor of the wrong shape or with unusable values, or in an architecture
-// that has none) are refused with a message naming the tensor; the RoPE scaling keys are read as
+// Model::load on writer-made files of the llama family's variants: Qwen 3's QK-norm tensors,
+// Qwen 3 MoE's experts and Llama 3.1's RoPE frequency factors load, and files that get them wrong
+// (missing or misshapen norms or expert tensors, more experts per token than experts, a
+// rope_freqs tensor of the wrong shape or with unusable values, or in an architecture that has
+// none) are refused with a message naming what is wrong; the RoPE scaling keys are read as
 // llama.cpp reads them, and those d2o cannot honour are refused.
 #include <gtest/gtest.h>
 
@@ -86,6 +87,44 @@ TEST(ModelLoad, Phi3FusedTensorsLoadAndLongRopeIsRefused) {
     GgufWriter w = test::make_random_model(c);
     w.add_tensor(name, GgmlType::kF32, {hd / 2}, f32_bytes(static_cast<size_t>(hd / 2), 1.0f));
     expect_refused(w, StatusCode::kUnsupported, {name, "LongRoPE"});
+  }
+}
+
+// Qwen 3 MoE: the expert keys are read and checked, and a missing or misshapen expert tensor is
+// refused with a message naming it.
+TEST(ModelLoad, Qwen3MoeKeysAndExpertTensorsAreChecked) {
+  auto m = load(test::make_random_model(test::random_qwen3moe_config()));
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ((*m)->hparams().arch, ModelArch::kQwen3Moe);
+  for (const char* name :
+       {"blk.0.ffn_gate_inp.weight", "blk.1.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight",
+        "blk.1.ffn_down_exps.weight", "blk.1.attn_k_norm.weight"}) {
+    test::RandomModelConfig c = test::random_qwen3moe_config();
+    c.omit_tensor = name;
+    expect_refused(test::make_random_model(c), StatusCode::kNotFound,
+                   {"test.gguf", std::string("tensor '") + name + "' is missing"});
+  }
+  {  // A stack of 7 experts where the keys say 8.
+    test::RandomModelConfig c = test::random_qwen3moe_config();
+    c.omit_tensor = "blk.0.ffn_down_exps.weight";
+    GgufWriter w = test::make_random_model(c);
+    const size_t n = static_cast<size_t>(c.n_ff_exp) * c.n_embd * 7;
+    w.add_tensor(c.omit_tensor, GgmlType::kF32, {c.n_ff_exp, c.n_embd, 7}, f32_bytes(n, 0.1f));
+    expect_refused(w, StatusCode::kFormatError,
+                   {"tensor 'blk.0.ffn_down_exps.weight' has shape [48, 64, 7]",
+                    "expected [48, 64, 8] (columns, rows, experts)"});
+  }
+  {  // More experts per token than the layer has.
+    test::RandomModelConfig c = test::random_qwen3moe_config();
+    c.n_expert_used = 9;
+    expect_refused(test::make_random_model(c), StatusCode::kFormatError,
+                   {"expert_used_count = 9 is more than expert_count = 8"});
+  }
+  {  // No expert keys at all.
+    test::RandomModelConfig c = test::random_qwen3moe_config();
+    c.n_expert = 0;
+    expect_refused(test::make_random_model(c), StatusCode::kFormatError,
+                   {"expert_count is missing"});
   }
 }
 
