@@ -349,7 +349,7 @@ if [ "$want_test_data" -eq 1 ]; then
 
   quant_dir="$cache/test-data/quant"
   gen="$repo/scripts/gen_quant_fixtures.py"
-  if refs_stale "$quant_dir" "$gen" 15; then
+  if refs_stale "$quant_dir" "$gen" 17; then
     ensure_pylib
     refs_make "$quant_dir" "$gen" dequantisation "PYTHONPATH=$pylib"
   fi
