@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "ops/matmul_kernels.h"
+#include "ops/quant.h"
 
 // Small fixed-count loops over tokens, rows and groups must be unrolled completely so that the
 // accumulator arrays live in registers (GCC -O2 would otherwise keep them on the stack).
@@ -226,7 +227,41 @@ void quantize_avx2(const ActLayout& l, const float* x, uint8_t* rec) {
   }
 }
 
-// ---- Q4_0, Q4_1, Q5_0, Q8_0 ------------------------------------------------------------------
+// ---- Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL ----------------------------------------------------------
+
+// kIq4Values (signed) in both 128-bit lanes, for vpshufb.
+inline __m256i iq4_lut_s8() {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values));
+  return _mm256_broadcastsi128_si256(v);
+}
+
+// IQ4_NL block b, rows 8h..8h+7: the table values are signed (|v| <= 127), so like Q8_0 they
+// enter vpmaddubsw as |w| x sign(x, w); a pair of such products already needs most of int16,
+// so every group is widened to int32 at once.
+template <int NT>
+void iq4_nl_block(const uint8_t* q, const uint8_t* const* rec, int64_t b, __m256i* is) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i lut = iq4_lut_s8();
+  D2O_UNROLL
+  for (int t = 0; t < NT; ++t) is[t] = _mm256_setzero_si256();
+  D2O_UNROLL
+  for (int v = 0; v < 4; ++v) {
+    const __m256i raw = load32(q + 64 * v);
+    const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, m4));
+    const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+    const __m256i alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);
+    D2O_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* xb = act_qs(rec[t]) + 32 * b;
+      const __m256i plo = _mm256_maddubs_epi16(alo, _mm256_sign_epi8(bcast4(xb + 4 * v), lo));
+      const __m256i phi = _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(bcast4(xb + 16 + 4 * v), hi));
+      is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(plo, ones));
+      is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(phi, ones));
+      pin(is[t]);
+    }
+  }
+}
 
 template <PackKind kKind, int NT>
 void tile_32(const TileJob& job) {
@@ -250,7 +285,9 @@ void tile_32(const TileJob& job) {
     for (int64_t b = 0; b < w.n_blocks; ++b) {
       if (NT == 1 && h == 0) prefetch_ahead(w, job.tile, b);
       __m256i is[NT];
-      if (kKind == PackKind::kQ8_0) {
+      if (kKind == PackKind::kIQ4_NL) {
+        iq4_nl_block<NT>(qsec + 256 * b + 32 * h, rec, b, is);
+      } else if (kKind == PackKind::kQ8_0) {
         D2O_UNROLL
         for (int t = 0; t < NT; ++t) is[t] = _mm256_setzero_si256();
         const uint8_t* q = qsec + 512 * b + 32 * h;
@@ -409,6 +446,68 @@ void tile_q45_k(const TileJob& job) {
         const __m256 dx = _mm256_set1_ps(act_d(al, rec[t])[b]);
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[t]), _mm256_mul_ps(dw, dx), acc[t]);
         acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[t]), _mm256_mul_ps(dmin, dx), acc[t]);
+      }
+    }
+    D2O_UNROLL
+    for (int t = 0; t < NT; ++t) store_half(job, t, h, acc[t]);
+  }
+}
+
+// ---- IQ4_XS ----------------------------------------------------------------------------------
+
+// Sub-block j of block b, rows 8h..8h+7 (qs already offset by the half): signed table values as
+// |w| x sign(x, w), each pair of products widened at once with the sub-block scale (s_j, s_j).
+template <int NT>
+inline void iq4_xs_sub(const uint8_t* qs, const uint8_t* const* rec, int64_t b, int j,
+                       __m256i scale, __m256i* total) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i lut = iq4_lut_s8();
+  D2O_UNROLL
+  for (int c = 0; c < 4; ++c) {
+    const __m256i raw = load32(qs + 256 * j + 64 * c);
+    const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, m4));
+    const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+    const __m256i alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);
+    D2O_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* xs = act_qs(rec[t]) + 256 * b + 32 * j;
+      const __m256i plo = _mm256_maddubs_epi16(alo, _mm256_sign_epi8(bcast4(xs + 4 * c), lo));
+      const __m256i phi = _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(bcast4(xs + 16 + 4 * c), hi));
+      total[t] = _mm256_add_epi32(total[t], _mm256_madd_epi16(plo, scale));
+      total[t] = _mm256_add_epi32(total[t], _mm256_madd_epi16(phi, scale));
+      pin(total[t]);
+    }
+  }
+}
+
+template <int NT>
+void tile_iq4_xs(const TileJob& job) {
+  const PackedLayout& w = *job.w;
+  const ActLayout& al = *job.acts;
+  const uint8_t* rec[NT];
+  D2O_UNROLL
+  for (int t = 0; t < NT; ++t) rec[t] = job.act + t * al.stride;
+  const int halves = job.rows > 8 ? 2 : 1;
+  for (int h = 0; h < halves; ++h) {
+    __m256 acc[NT];
+    D2O_UNROLL
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < w.n_blocks; ++b) {
+      if (NT == 1 && h == 0) prefetch_ahead(w, job.tile, b);
+      const uint8_t* sc = section(w, job.tile, 1, b) + 16 * h;
+      const uint8_t* qs = section(w, job.tile, 2, b) + 32 * h;
+      __m256i total[NT];
+      D2O_UNROLL
+      for (int t = 0; t < NT; ++t) total[t] = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(load16(sc + 32 * (j / 2)));  // signed pairs
+        iq4_xs_sub<NT>(qs, rec, b, j, dup_pair(sc16, j % 2), total);
+      }
+      const __m256 dw = half8(section(w, job.tile, 0, b) + 16 * h);
+      D2O_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        const __m256 dwdx = _mm256_mul_ps(dw, _mm256_set1_ps(act_d(al, rec[t])[b]));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[t]), dwdx, acc[t]);
       }
     }
     D2O_UNROLL

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "ops/matmul_kernels.h"
+#include "ops/quant.h"
 #include "ops/vmath_avx512.h"
 
 // Small fixed-count loops over tokens, rows and groups must be unrolled completely so that the
@@ -178,7 +179,15 @@ void quantize_avx512(const ActLayout& l, const float* x, uint8_t* rec) {
   }
 }
 
-// ---- Q4_0, Q4_1, Q5_0, Q8_0 ------------------------------------------------------------------
+// ---- Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL ----------------------------------------------------------
+
+// kIq4Values + 128 (1..241) in every 128-bit lane: vpshufb turns IQ4 nibbles into the unsigned
+// bytes vpdpbusd takes; the excess 128 * sum(x) is removed with the block's bias.
+inline __m512i iq4_lut_u8() {
+  alignas(16) uint8_t v[16];
+  for (int i = 0; i < 16; ++i) v[i] = static_cast<uint8_t>(kIq4Values[i] + 128);
+  return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(v)));
+}
 
 template <PackKind kKind, int NT>
 void tile_32(const TileJob& job) {
@@ -194,6 +203,7 @@ void tile_32(const TileJob& job) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i m10 = _mm512_set1_epi8(0x10);
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i lut = kKind == PackKind::kIQ4_NL ? iq4_lut_u8() : _mm512_setzero_si512();
   __m512 acc[NT];
   D2O_UNROLL
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
@@ -232,6 +242,10 @@ void tile_32(const TileJob& job) {
           lo = or_and(lo, _mm512_slli_epi16(h, 4 - v), m10);
           hi = or_and(hi, _mm512_srli_epi16(h, v), m10);
         }
+        if (kKind == PackKind::kIQ4_NL) {
+          lo = _mm512_shuffle_epi8(lut, lo);
+          hi = _mm512_shuffle_epi8(lut, hi);
+        }
         D2O_UNROLL
         for (int t = 0; t < NT; ++t) {
           const int8_t* xb = act_qs(rec[t]) + 32 * b;
@@ -248,6 +262,7 @@ void tile_32(const TileJob& job) {
     for (int t = 0; t < NT; ++t) {
       __m512i isum = is[t];
       if (kKind != PackKind::kQ4_1) {
+        // The weights' offset: 8 (Q4_0), 16 (Q5_0), 128 (Q8_0 and IQ4_NL, made unsigned above).
         const int32_t scale = kKind == PackKind::kQ4_0 ? 8 : (kKind == PackKind::kQ5_0 ? 16 : 128);
         const int32_t bias = scale * act_a<int32_t>(al, rec[t])[b];
         isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(bias));
@@ -398,6 +413,79 @@ void tile_q6_k(const TileJob& job) {
     D2O_UNROLL
     for (int t = 0; t < NT; ++t) {
       const __m512i tot = _mm512_sub_epi32(total[t], _mm512_slli_epi32(offs[t], 5));
+      const __m512 dwdx = _mm512_mul_ps(dw, _mm512_set1_ps(act_d(al, rec[t])[b]));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), dwdx, acc[t]);
+    }
+  }
+  D2O_UNROLL
+  for (int t = 0; t < NT; ++t) store_rows(job, t, acc[t]);
+}
+
+// ---- IQ4_XS ----------------------------------------------------------------------------------
+
+// Sub-block j of block b: the unsigned table bytes (value + 128) times the token's quants.
+template <int NT>
+inline void iq4_xs_sub(const uint8_t* qs, const uint8_t* const* rec, int64_t b, int j, __m512i lut,
+                       __m512i* is) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  D2O_UNROLL
+  for (int t = 0; t < NT; ++t) is[t] = _mm512_setzero_si512();
+  D2O_UNROLL
+  for (int c = 0; c < 4; ++c) {
+    const __m512i raw = load64(qs + 256 * j + 64 * c);
+    const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(raw, m4));
+    const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4));
+    D2O_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* xs = act_qs(rec[t]) + 256 * b + 32 * j;
+      is[t] = _mm512_dpbusd_epi32(is[t], lo, bcast4(xs + 4 * c));
+      is[t] = _mm512_dpbusd_epi32(is[t], hi, bcast4(xs + 16 + 4 * c));
+    }
+  }
+}
+
+// The excess 128 * sum(x) of the unsigned bytes is removed once per block, as
+// 128 * sum_j sc_j * qsum32_j (vpdpwssd on the scale pairs, like the K formats' mins).
+template <int NT>
+void tile_iq4_xs(const TileJob& job) {
+  const PackedLayout& w = *job.w;
+  const ActLayout& al = *job.acts;
+  const uint8_t* rec[NT];
+  D2O_UNROLL
+  for (int t = 0; t < NT; ++t) rec[t] = job.act + t * al.stride;
+  const __m512i lut = iq4_lut_u8();
+  __m512 acc[NT];
+  D2O_UNROLL
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+
+  for (int64_t b = 0; b < w.n_blocks; ++b) {
+    if (NT == 1) prefetch_ahead(w, job.tile, b);
+    const uint8_t* sc = section(w, job.tile, 1, b);
+    const uint8_t* qs = section(w, job.tile, 2, b);
+    __m512i total[NT], offs[NT];
+    D2O_UNROLL
+    for (int t = 0; t < NT; ++t) total[t] = offs[t] = _mm512_setzero_si512();
+    for (int p = 0; p < 4; ++p) {
+      const __m512i sc16 = _mm512_cvtepi8_epi16(load32(sc + 32 * p));  // signed pairs
+      D2O_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        offs[t] =
+            _mm512_dpwssd_epi32(offs[t], sc16, bcast4(act_a<int16_t>(al, rec[t]) + 8 * b + 2 * p));
+      }
+      for (int s = 0; s < 2; ++s) {
+        const __m512i scale = s == 0 ? _mm512_srai_epi32(_mm512_slli_epi32(sc16, 16), 16)
+                                     : _mm512_srai_epi32(sc16, 16);
+        __m512i is[NT];
+        iq4_xs_sub<NT>(qs, rec, b, 2 * p + s, lut, is);
+        D2O_UNROLL
+        for (int t = 0; t < NT; ++t)
+          total[t] = _mm512_add_epi32(total[t], _mm512_mullo_epi32(is[t], scale));
+      }
+    }
+    const __m512 dw = half16(section(w, job.tile, 0, b));
+    D2O_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      const __m512i tot = _mm512_sub_epi32(total[t], _mm512_slli_epi32(offs[t], 7));
       const __m512 dwdx = _mm512_mul_ps(dw, _mm512_set1_ps(act_d(al, rec[t])[b]));
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), dwdx, acc[t]);
     }

@@ -3,12 +3,12 @@
 //
 // Activation quantisation reproduces llama.cpp's (ggml-cpu on x86) bit for bit, so that d2o's
 // products carry the same rounding as llama.cpp's and logits stay close to its logits:
-//   Q4_0, Q4_1, Q5_0, Q8_0 weights: per 32 elements (block_q8_0 / block_q8_1):
+//   Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL weights: per 32 elements (block_q8_0 / block_q8_1):
 //     amax = max |x|, q = round-to-nearest-even(x * (127 / amax)) (0 when amax = 0),
 //     dx = fp16(amax / 127); for Q4_1 also s = fp16(amax / 127 * sum(q))
-//   Q4_K, Q5_K, Q6_K weights: per 256 elements (block_q8_K): m = the first element of largest
-//     |x|, iscale = -127 / m, q = min(127, round-to-nearest-even(iscale * x)), dx = 1 / iscale
-//     (q = 0, dx = 0 when all are 0), with sums of q per 16 and per 32 elements.
+//   Q4_K, Q5_K, Q6_K, IQ4_XS weights: per 256 elements (block_q8_K): m = the first element of
+//     largest |x|, iscale = -127 / m, q = min(127, round-to-nearest-even(iscale * x)),
+//     dx = 1 / iscale (q = 0, dx = 0 when all are 0), with sums of q per 16 and per 32 elements.
 // (fp16(v) = v rounded to half precision and back, unless it would overflow; q is also clamped at
 // -127, which only ever changes NaN inputs.)
 //
@@ -18,10 +18,13 @@
 //   Q4_1  acc = fma(float(isum_u4), dw * dx, acc); acc = fma(mw, s, acc)
 //   Q5_0  acc = fma(float(isum_u5 - 16 * qsum), dw * dx, acc)        (isum over 0..31 values)
 //   Q8_0  acc = fma(float(isum_s8), dw * dx, acc)
+//   IQ4_NL acc = fma(float(isum_nl), dw * dx, acc)         (isum over the values kIq4Values[q])
 //   Q4_K, Q5_K (per 256): I = sum_j sc_j * isum_j, M = sum_j mn_j * qsum32_j,
 //         acc = fma(float(I), dw * dx, acc); acc = fma(-float(M), dmin * dx, acc)
 //   Q6_K  (per 256): I = sum_j sc_j * isum_u6_j, M = sum_j sc_j * qsum16_j,
 //         acc = fma(float(I - 32 * M), dw * dx, acc)
+//   IQ4_XS (per 256): I = sum_j sc_j * isum_nl_j (sc_j = scale - 32, isum_nl_j over the values
+//         kIq4Values[q] of sub-block j), acc = fma(float(I), dw * dx, acc)
 // Every level does exactly this per (row, token), so all levels agree bit for bit.
 #pragma once
 
@@ -106,7 +109,7 @@ using F32Fn = void (*)(const F32Job& job);
 
 struct KernelTable {
   QuantizeFn quantize[2] = {};  // by ActFormat
-  TileFn tile[8] = {};          // by PackKind (kRaw unused)
+  TileFn tile[kPackKinds] = {};  // by PackKind (kRaw unused)
   F32Fn f32 = nullptr;
 };
 

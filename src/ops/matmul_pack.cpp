@@ -207,6 +207,32 @@ void unpack_k(const PackedLayout& l, const uint8_t* tile_base, int r, int64_t b,
   }
 }
 
+// IQ4_XS: d, the 8 sub-block scales (unbiased, int8 pairs as Q6_K's) and each sub-block's 16
+// bytes of nibbles as an IQ4_NL block's.
+void pack_iq4_xs(const uint8_t* src, uint8_t* const* s, int r) {
+  BlockIQ4_XS x;
+  std::memcpy(&x, src, sizeof x);
+  std::memcpy(s[0] + 2 * r, &x.d, 2);
+  for (int j = 0; j < 8; ++j) {
+    s[1][32 * (j / 2) + 2 * r + j % 2] = static_cast<uint8_t>(iq4_xs_scale(x, j));
+    for (int v = 0; v < 4; ++v)
+      std::memcpy(s[2] + 256 * j + lane(v, r, 0), x.qs + 16 * j + 4 * v, 4);
+  }
+}
+
+void unpack_iq4_xs(const uint8_t* const* s, int r, uint8_t* dst) {
+  BlockIQ4_XS x{};
+  std::memcpy(&x.d, s[0] + 2 * r, 2);
+  for (int j = 0; j < 8; ++j) {
+    const int ls = static_cast<int8_t>(s[1][32 * (j / 2) + 2 * r + j % 2]) + 32;
+    x.scales_l[j / 2] = static_cast<uint8_t>(x.scales_l[j / 2] | ((ls & 0x0F) << (4 * (j % 2))));
+    x.scales_h = static_cast<uint16_t>(x.scales_h | ((ls >> 4) << (2 * j)));
+    for (int v = 0; v < 4; ++v)
+      std::memcpy(x.qs + 16 * j + 4 * v, s[2] + 256 * j + lane(v, r, 0), 4);
+  }
+  std::memcpy(dst, &x, sizeof x);
+}
+
 }  // namespace
 
 PackKind pack_kind_for(GgmlType type) {
@@ -225,6 +251,10 @@ PackKind pack_kind_for(GgmlType type) {
       return PackKind::kQ5_K;
     case GgmlType::kQ6_K:
       return PackKind::kQ6_K;
+    case GgmlType::kIQ4_NL:
+      return PackKind::kIQ4_NL;
+    case GgmlType::kIQ4_XS:
+      return PackKind::kIQ4_XS;
     default:
       return PackKind::kRaw;
   }
@@ -244,6 +274,7 @@ PackedLayout make_packed_layout(GgmlType type, int64_t n_rows, int64_t n_cols) {
     case PackKind::kRaw:
       return l;
     case PackKind::kQ4_0:
+    case PackKind::kIQ4_NL:
       set({32, 256});
       break;
     case PackKind::kQ4_1:
@@ -264,6 +295,9 @@ PackedLayout make_packed_layout(GgmlType type, int64_t n_rows, int64_t n_cols) {
     case PackKind::kQ6_K:
       set({32, 256, 2048, 1024});
       break;
+    case PackKind::kIQ4_XS:
+      set({32, 128, 2048});
+      break;
   }
   int64_t off = 0;
   for (int s = 0; s < l.n_sections; ++s) {
@@ -280,6 +314,7 @@ void pack_block(const PackedLayout& l, const uint8_t* src, uint8_t* tile_base, i
   section_ptrs(l, tile_base, b, s);
   switch (l.kind) {
     case PackKind::kQ4_0:  // d, qs[16]: chunk v = bytes 4v..4v+3 of qs
+    case PackKind::kIQ4_NL:
       std::memcpy(s[0] + 2 * r, src, 2);
       for (int v = 0; v < 4; ++v) std::memcpy(s[1] + lane(v, r, 0), src + 2 + 4 * v, 4);
       return;
@@ -318,6 +353,8 @@ void pack_block(const PackedLayout& l, const uint8_t* src, uint8_t* tile_base, i
       pack_k(l, v, tile_base, r, b);
       return;
     }
+    case PackKind::kIQ4_XS:
+      return pack_iq4_xs(src, s, r);
     case PackKind::kRaw:
       D2O_ASSERT(false);
   }
@@ -329,6 +366,7 @@ void unpack_block(const PackedLayout& l, const uint8_t* tile_base, int r, int64_
   section_ptrs(l, tile_base, b, s);
   switch (l.kind) {
     case PackKind::kQ4_0:
+    case PackKind::kIQ4_NL:
       std::memcpy(dst, s[0] + 2 * r, 2);
       for (int v = 0; v < 4; ++v) std::memcpy(dst + 2 + 4 * v, s[1] + lane(v, r, 0), 4);
       return;
@@ -365,6 +403,8 @@ void unpack_block(const PackedLayout& l, const uint8_t* tile_base, int r, int64_
       write_q6_k(v, dst);
       return;
     }
+    case PackKind::kIQ4_XS:
+      return unpack_iq4_xs(s, r, dst);
     case PackKind::kRaw:
       D2O_ASSERT(false);
   }

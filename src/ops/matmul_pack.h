@@ -21,6 +21,9 @@
 //   Q6_K  d[16] | sc[8 pairs][16 rows][2] int8 | ql: sub-block j (0..15), chunk a (0..1):
 //         low nibble = element 16j+8a+i, high = 16j+8a+4+i (low 4 bits) | qh: sub-block j:
 //         bits 2u..2u+1 of row r byte i = high 2 bits of element 16j+4u+i
+//   IQ4_NL as Q4_0 (the nibbles index kIq4Values of ops/quant.h)
+//   IQ4_XS d[16] | sc[4 pairs][16 rows][2] int8 (scale - 32) | qs: sub-block j (0..7), chunk
+//         v: low nibble = element 32j+4v+i, high nibble = element 32j+16+4v+i (as IQ4_NL)
 // Every other type is stored as its GGUF rows unchanged ("raw") and multiplied through fp32.
 #pragma once
 
@@ -33,7 +36,8 @@ namespace d2o::mm {
 inline constexpr int kTileRows = 16;
 inline constexpr int kMaxSections = 6;
 
-enum class PackKind { kRaw, kQ4_0, kQ4_1, kQ5_0, kQ8_0, kQ4_K, kQ5_K, kQ6_K };
+enum class PackKind { kRaw, kQ4_0, kQ4_1, kQ5_0, kQ8_0, kQ4_K, kQ5_K, kQ6_K, kIQ4_NL, kIQ4_XS };
+inline constexpr int kPackKinds = static_cast<int>(PackKind::kIQ4_XS) + 1;
 
 struct PackedLayout {
   PackKind kind = PackKind::kRaw;

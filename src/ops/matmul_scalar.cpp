@@ -6,6 +6,7 @@
 
 #include "core/fp16.h"
 #include "ops/matmul_kernels.h"
+#include "ops/quant.h"
 
 namespace d2o::mm {
 
@@ -102,6 +103,10 @@ void tile_32(const TileJob& job) {
                 const uint8_t bits = at(qh, 0, r, i);
                 lo |= ((bits >> v) & 1) << 4;
                 hi |= ((bits >> (v + 4)) & 1) << 4;
+              }
+              if (kKind == PackKind::kIQ4_NL) {
+                lo = kIq4Values[lo];
+                hi = kIq4Values[hi];
               }
               isum += lo * xb[4 * v + i] + hi * xb[16 + 4 * v + i];
             }
@@ -203,6 +208,39 @@ void tile_q6_k(const TileJob& job) {
   }
 }
 
+void tile_iq4_xs(const TileJob& job) {
+  const PackedLayout& w = *job.w;
+  const ActLayout& al = *job.acts;
+  for (int t = 0; t < job.nt; ++t) {
+    const uint8_t* rec = job.act + t * al.stride;
+    const int8_t* xq = act_qs(rec);
+    const float* dx = act_d(al, rec);
+    for (int r = 0; r < job.rows; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < w.n_blocks; ++b) {
+        const auto* sc = reinterpret_cast<const int8_t*>(section(w, job.tile, 1, b));
+        const uint8_t* qs = section(w, job.tile, 2, b);
+        int32_t total = 0;
+        for (int j = 0; j < 8; ++j) {
+          const int8_t* xs = xq + 256 * b + 32 * j;
+          int32_t isum = 0;
+          for (int v = 0; v < 4; ++v) {
+            for (int i = 0; i < 4; ++i) {
+              const uint8_t byte = at(qs + 256 * j, v, r, i);
+              isum += kIq4Values[byte & 0x0F] * xs[4 * v + i] +
+                      kIq4Values[byte >> 4] * xs[16 + 4 * v + i];
+            }
+          }
+          total += sc[32 * (j / 2) + 2 * r + j % 2] * isum;
+        }
+        const float dw = half_at(section(w, job.tile, 0, b), r);
+        acc = std::fma(static_cast<float>(total), dw * dx[b], acc);
+      }
+      job.y[t * job.y_stride + r] = acc;
+    }
+  }
+}
+
 void f32_scalar(const F32Job& job) {
   for (int t = 0; t < job.nt; ++t) {
     const float* x = job.x + t * job.x_stride;
@@ -226,9 +264,11 @@ const KernelTable& kernels_scalar() {
     t.tile[static_cast<int>(PackKind::kQ4_1)] = tile_32<PackKind::kQ4_1>;
     t.tile[static_cast<int>(PackKind::kQ5_0)] = tile_32<PackKind::kQ5_0>;
     t.tile[static_cast<int>(PackKind::kQ8_0)] = tile_32<PackKind::kQ8_0>;
+    t.tile[static_cast<int>(PackKind::kIQ4_NL)] = tile_32<PackKind::kIQ4_NL>;
     t.tile[static_cast<int>(PackKind::kQ4_K)] = tile_q45_k<PackKind::kQ4_K>;
     t.tile[static_cast<int>(PackKind::kQ5_K)] = tile_q45_k<PackKind::kQ5_K>;
     t.tile[static_cast<int>(PackKind::kQ6_K)] = tile_q6_k;
+    t.tile[static_cast<int>(PackKind::kIQ4_XS)] = tile_iq4_xs;
     t.f32 = f32_scalar;
     return t;
   }();

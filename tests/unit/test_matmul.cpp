@@ -28,6 +28,8 @@ std::vector<int> half_fields(GgmlType type) {
     case GgmlType::kQ4_0:
     case GgmlType::kQ5_0:
     case GgmlType::kQ8_0:
+    case GgmlType::kIQ4_NL:
+    case GgmlType::kIQ4_XS:
       return {0};
     case GgmlType::kQ4_1:
     case GgmlType::kQ5_1:
@@ -111,6 +113,17 @@ std::vector<uint8_t> random_weights(GgmlType type, int64_t n_rows, int64_t n_col
         for (int j = 0; j < 16; ++j)
           blk[192 + j] = static_cast<uint8_t>(static_cast<int8_t>(rng() % 9 - 4));
         break;
+      case GgmlType::kIQ4_XS: {  // sub-block scales -2..2 (stored biased by 32)
+        uint16_t high = 0;
+        for (int j = 0; j < 8; ++j) {
+          const int ls = 30 + static_cast<int>(rng() % 5);
+          blk[4 + j / 2] = static_cast<uint8_t>((blk[4 + j / 2] & (0xF0 >> (4 * (j % 2)))) |
+                                                ((ls & 0x0F) << (4 * (j % 2))));
+          high = static_cast<uint16_t>(high | ((ls >> 4) << (2 * j)));
+        }
+        std::memcpy(blk + 2, &high, 2);
+        break;
+      }
       default:
         break;
     }
@@ -204,10 +217,12 @@ Reference reference(GgmlType type, const std::vector<uint8_t>& bytes, int64_t n_
 bool is_packed_type(GgmlType t) {
   return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ5_0 ||
          t == GgmlType::kQ8_0 || t == GgmlType::kQ4_K || t == GgmlType::kQ5_K ||
-         t == GgmlType::kQ6_K;
+         t == GgmlType::kQ6_K || t == GgmlType::kIQ4_NL || t == GgmlType::kIQ4_XS;
 }
 int64_t act_block_of(GgmlType t) {
-  if (t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K) return 256;
+  if (t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K ||
+      t == GgmlType::kIQ4_XS)
+    return 256;
   return 32;
 }
 
@@ -410,7 +425,7 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulType,
                                            GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
                                            GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K,
                                            GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
-                                           GgmlType::kQ6_K),
+                                           GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS),
                          [](const ::testing::TestParamInfo<GgmlType>& p) {
                            return ggml_type_name(p.param);
                          });
@@ -421,7 +436,8 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulType,
 TEST(Matmul, ActivationEdgeCases) {
   std::mt19937 rng(31);
   ThreadPool pool(2);
-  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ8_0, GgmlType::kQ6_K}) {
+  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ8_0, GgmlType::kQ6_K,
+                        GgmlType::kIQ4_NL, GgmlType::kIQ4_XS}) {
     const int64_t n_rows = 19, n_cols = 512, n_tok = 4;
     const auto bytes = random_weights(type, n_rows, n_cols, Fill::kRealistic, rng);
     const QMatrix w = make_matrix(type, n_rows, n_cols, bytes);
@@ -455,7 +471,7 @@ TEST(Matmul, ActivationEdgeCases) {
 // keep partial sums of these in int16; any overflow there would show as a wrong result.
 TEST(Matmul, ExtremeQuantsAreExact) {
   ThreadPool pool(2);
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ5_0}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kIQ4_NL}) {
     const int64_t n_rows = 21, n_cols = 256, n_tok = 4;
     const int64_t block_bytes = ggml_row_bytes(type, 32);
     for (uint8_t fill : {uint8_t{0xFF}, uint8_t{0x00}}) {
