@@ -259,6 +259,8 @@ ActFormat act_format_for(PackKind kind) {
     case PackKind::kQ6_K:
     case PackKind::kIQ4_XS:
       return ActFormat::kQ8x256;
+    case PackKind::kBF16:
+      return ActFormat::kBf16;
     default:
       return ActFormat::kQ8x32;
   }
@@ -268,6 +270,11 @@ ActLayout make_act_layout(ActFormat format, int64_t n_cols) {
   ActLayout l;
   l.format = format;
   l.n_cols = n_cols;
+  if (format == ActFormat::kBf16) {
+    l.block = 2;
+    l.stride = align64(4 * n_cols);
+    return l;
+  }
   l.block = format == ActFormat::kQ8x32 ? 32 : 256;
   D2O_ASSERT(n_cols % l.block == 0);
   l.off_d = align64(n_cols);

@@ -515,6 +515,49 @@ void tile_iq4_xs(const TileJob& job) {
   }
 }
 
+// ---- BF16 ------------------------------------------------------------------------------------
+
+// As the AVX-512 kernel, on rows 8h..8h+7 (the second 32 bytes of each block).
+template <int NT>
+void tile_bf16(const TileJob& job) {
+  const PackedLayout& w = *job.w;
+  const float* x[NT];
+  D2O_UNROLL
+  for (int t = 0; t < NT; ++t)
+    x[t] = reinterpret_cast<const float*>(job.act + t * job.acts->stride);
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const int halves = job.rows > 8 ? 2 : 1;
+  for (int h = 0; h < halves; ++h) {
+    const uint8_t* sec = job.tile + w.section_offset[0] + 32 * h;
+    __m256 a[NT][4];
+    D2O_UNROLL
+    for (int t = 0; t < NT; ++t) D2O_UNROLL
+    for (int c = 0; c < 4; ++c) a[t][c] = _mm256_setzero_ps();
+    auto step = [&](int64_t b, int c) {
+      if (NT == 1 && h == 0) prefetch_ahead(w, job.tile, b);
+      const __m256i v = load32(sec + 64 * b);
+      const __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      const __m256 w1 = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+      D2O_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        a[t][c] = _mm256_fmadd_ps(w0, _mm256_set1_ps(x[t][2 * b]), a[t][c]);
+        a[t][c + 1] = _mm256_fmadd_ps(w1, _mm256_set1_ps(x[t][2 * b + 1]), a[t][c + 1]);
+      }
+    };
+    int64_t b = 0;
+    for (; b + 2 <= w.n_blocks; b += 2) {
+      step(b, 0);
+      step(b + 1, 2);
+    }
+    if (b < w.n_blocks) step(b, 0);
+    D2O_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      store_half(job, t, h,
+                 _mm256_add_ps(_mm256_add_ps(a[t][0], a[t][1]), _mm256_add_ps(a[t][2], a[t][3])));
+    }
+  }
+}
+
 // ---- Q6_K ------------------------------------------------------------------------------------
 
 template <int NT>

@@ -494,6 +494,47 @@ void tile_iq4_xs(const TileJob& job) {
   for (int t = 0; t < NT; ++t) store_rows(job, t, acc[t]);
 }
 
+// ---- BF16 ------------------------------------------------------------------------------------
+
+// One 64-byte load holds a pair of elements of each of the 16 rows; a shift (element 2b) and a
+// mask (element 2b + 1) make them fp32. Blocks alternate between two pairs of accumulators.
+template <int NT>
+void tile_bf16(const TileJob& job) {
+  const PackedLayout& w = *job.w;
+  const uint8_t* sec = job.tile + w.section_offset[0];
+  const float* x[NT];
+  D2O_UNROLL
+  for (int t = 0; t < NT; ++t)
+    x[t] = reinterpret_cast<const float*>(job.act + t * job.acts->stride);
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  __m512 a[NT][4];
+  D2O_UNROLL
+  for (int t = 0; t < NT; ++t) D2O_UNROLL
+  for (int c = 0; c < 4; ++c) a[t][c] = _mm512_setzero_ps();
+  auto step = [&](int64_t b, int c) {
+    if (NT == 1) prefetch_ahead(w, job.tile, b);
+    const __m512i v = load64(sec + 64 * b);
+    const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    const __m512 w1 = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+    D2O_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      a[t][c] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x[t][2 * b]), a[t][c]);
+      a[t][c + 1] = _mm512_fmadd_ps(w1, _mm512_set1_ps(x[t][2 * b + 1]), a[t][c + 1]);
+    }
+  };
+  int64_t b = 0;
+  for (; b + 2 <= w.n_blocks; b += 2) {
+    step(b, 0);
+    step(b + 1, 2);
+  }
+  if (b < w.n_blocks) step(b, 0);
+  D2O_UNROLL
+  for (int t = 0; t < NT; ++t) {
+    store_rows(job, t,
+               _mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])));
+  }
+}
+
 // ---- fp32 path -------------------------------------------------------------------------------
 
 template <int NR, int NT>

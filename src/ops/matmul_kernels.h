@@ -9,6 +9,8 @@
 //   Q4_K, Q5_K, Q6_K, IQ4_XS weights: per 256 elements (block_q8_K): m = the first element of
 //     largest |x|, iscale = -127 / m, q = min(127, round-to-nearest-even(iscale * x)),
 //     dx = 1 / iscale (q = 0, dx = 0 when all are 0), with sums of q per 16 and per 32 elements.
+//   BF16 weights: each activation rounded to bf16 (nearest-even, as llama.cpp's BF16 dot
+//     product takes them), kept as float.
 // (fp16(v) = v rounded to half precision and back, unless it would overflow; q is also clamped at
 // -127, which only ever changes NaN inputs.)
 //
@@ -25,6 +27,8 @@
 //         acc = fma(float(I - 32 * M), dw * dx, acc)
 //   IQ4_XS (per 256): I = sum_j sc_j * isum_nl_j (sc_j = scale - 32, isum_nl_j over the values
 //         kIq4Values[q] of sub-block j), acc = fma(float(I), dw * dx, acc)
+//   BF16  four accumulators per row: element 2b + e (pair b, e = 0 or 1) goes to
+//         a[2 * (b % 2) + e] = fma(w, x, a[...]); y = (a0 + a1) + (a2 + a3)
 // Every level does exactly this per (row, token), so all levels agree bit for bit.
 #pragma once
 
@@ -37,7 +41,7 @@ namespace d2o::mm {
 
 inline constexpr int kMaxTokens = 4;  // tokens per micro-tile
 
-enum class ActFormat { kQ8x32 = 0, kQ8x256 = 1 };
+enum class ActFormat { kQ8x32 = 0, kQ8x256 = 1, kBf16 = 2 };
 
 // Per-block quantisation parameters (computed in scalar code by every level, so they agree).
 struct Q8Scale {
@@ -69,6 +73,7 @@ inline Q8Scale q8x256_scale(float m) {
 //   qs int8[n_cols] at 0, d float[n_cols / block] at off_d,
 //   kQ8x32:  qsum int32[n_cols / 32] at off_a, dsum float[n_cols / 32] (Q8_1's s) at off_b
 //   kQ8x256: qsum32 int16[n_cols / 32] at off_a, qsum16 int16[n_cols / 16] at off_b
+//   kBf16:   float[n_cols] (bf16 values) at 0, nothing else
 struct ActLayout {
   ActFormat format = ActFormat::kQ8x32;
   int64_t n_cols = 0;
@@ -108,10 +113,13 @@ using TileFn = void (*)(const TileJob& job);
 using F32Fn = void (*)(const F32Job& job);
 
 struct KernelTable {
-  QuantizeFn quantize[2] = {};  // by ActFormat
+  QuantizeFn quantize[3] = {};   // by ActFormat
   TileFn tile[kPackKinds] = {};  // by PackKind (kRaw unused)
   F32Fn f32 = nullptr;
 };
+
+// The kBf16 records, for every level (matmul_scalar.cpp): rounding is exact integer work.
+void quantize_bf16(const ActLayout& l, const float* x, uint8_t* record);
 
 const KernelTable& kernels_scalar();
 const KernelTable& kernels_avx2();

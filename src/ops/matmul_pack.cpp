@@ -255,6 +255,8 @@ PackKind pack_kind_for(GgmlType type) {
       return PackKind::kIQ4_NL;
     case GgmlType::kIQ4_XS:
       return PackKind::kIQ4_XS;
+    case GgmlType::kBF16:
+      return PackKind::kBF16;
     default:
       return PackKind::kRaw;
   }
@@ -264,6 +266,13 @@ PackedLayout make_packed_layout(GgmlType type, int64_t n_rows, int64_t n_cols) {
   PackedLayout l;
   l.kind = pack_kind_for(type);
   l.block_elems = ggml_block_size(type);
+  if (l.kind == PackKind::kBF16) {  // packed in pairs of elements
+    if (n_cols % 2 == 0) {
+      l.block_elems = 2;
+    } else {
+      l.kind = PackKind::kRaw;
+    }
+  }
   D2O_ASSERT(n_cols % l.block_elems == 0);
   l.n_blocks = n_cols / l.block_elems;
   l.n_tiles = (n_rows + kTileRows - 1) / kTileRows;
@@ -297,6 +306,9 @@ PackedLayout make_packed_layout(GgmlType type, int64_t n_rows, int64_t n_cols) {
       break;
     case PackKind::kIQ4_XS:
       set({32, 128, 2048});
+      break;
+    case PackKind::kBF16:
+      set({64});
       break;
   }
   int64_t off = 0;
@@ -355,6 +367,9 @@ void pack_block(const PackedLayout& l, const uint8_t* src, uint8_t* tile_base, i
     }
     case PackKind::kIQ4_XS:
       return pack_iq4_xs(src, s, r);
+    case PackKind::kBF16:
+      std::memcpy(s[0] + 4 * r, src, 4);
+      return;
     case PackKind::kRaw:
       D2O_ASSERT(false);
   }
@@ -405,6 +420,9 @@ void unpack_block(const PackedLayout& l, const uint8_t* tile_base, int r, int64_
     }
     case PackKind::kIQ4_XS:
       return unpack_iq4_xs(s, r, dst);
+    case PackKind::kBF16:
+      std::memcpy(dst, s[0] + 4 * r, 4);
+      return;
     case PackKind::kRaw:
       D2O_ASSERT(false);
   }

@@ -24,6 +24,8 @@
 //   IQ4_NL as Q4_0 (the nibbles index kIq4Values of ops/quant.h)
 //   IQ4_XS d[16] | sc[4 pairs][16 rows][2] int8 (scale - 32) | qs: sub-block j (0..7), chunk
 //         v: low nibble = element 32j+4v+i, high nibble = element 32j+16+4v+i (as IQ4_NL)
+//   BF16  blocks of 2 elements (rows of odd length stay raw): bytes 4r..4r+3 of the block's 64
+//         = row r's elements 2b, 2b+1 as raw bf16
 // Every other type is stored as its GGUF rows unchanged ("raw") and multiplied through fp32.
 #pragma once
 
@@ -36,12 +38,24 @@ namespace d2o::mm {
 inline constexpr int kTileRows = 16;
 inline constexpr int kMaxSections = 6;
 
-enum class PackKind { kRaw, kQ4_0, kQ4_1, kQ5_0, kQ8_0, kQ4_K, kQ5_K, kQ6_K, kIQ4_NL, kIQ4_XS };
-inline constexpr int kPackKinds = static_cast<int>(PackKind::kIQ4_XS) + 1;
+enum class PackKind {
+  kRaw,
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ8_0,
+  kQ4_K,
+  kQ5_K,
+  kQ6_K,
+  kIQ4_NL,
+  kIQ4_XS,
+  kBF16
+};
+inline constexpr int kPackKinds = static_cast<int>(PackKind::kBF16) + 1;
 
 struct PackedLayout {
   PackKind kind = PackKind::kRaw;
-  int64_t block_elems = 1;  // elements per block (32 or 256; 1 for raw F32/F16/BF16)
+  int64_t block_elems = 1;  // elements per block (32 or 256; 2 for BF16; 1 for raw types)
   int64_t n_blocks = 0;     // blocks per row
   int n_sections = 0;
   int64_t section_bytes[kMaxSections] = {};   // bytes of one block of one tile

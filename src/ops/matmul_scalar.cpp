@@ -241,6 +241,26 @@ void tile_iq4_xs(const TileJob& job) {
   }
 }
 
+void tile_bf16(const TileJob& job) {
+  const PackedLayout& w = *job.w;
+  const uint8_t* sec = job.tile + w.section_offset[0];
+  for (int t = 0; t < job.nt; ++t) {
+    const auto* x = reinterpret_cast<const float*>(job.act + t * job.acts->stride);
+    for (int r = 0; r < job.rows; ++r) {
+      float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int64_t b = 0; b < w.n_blocks; ++b) {
+        for (int e = 0; e < 2; ++e) {
+          uint16_t h;
+          std::memcpy(&h, sec + 64 * b + 4 * r + 2 * e, 2);
+          float& acc = a[2 * (b % 2) + e];
+          acc = std::fma(bf16_to_fp32(h), x[2 * b + e], acc);
+        }
+      }
+      job.y[t * job.y_stride + r] = (a[0] + a[1]) + (a[2] + a[3]);
+    }
+  }
+}
+
 void f32_scalar(const F32Job& job) {
   for (int t = 0; t < job.nt; ++t) {
     const float* x = job.x + t * job.x_stride;
@@ -255,11 +275,17 @@ void f32_scalar(const F32Job& job) {
 
 }  // namespace
 
+void quantize_bf16(const ActLayout& l, const float* x, uint8_t* record) {
+  auto* out = reinterpret_cast<float*>(record);
+  for (int64_t i = 0; i < l.n_cols; ++i) out[i] = bf16_to_fp32(fp32_to_bf16(x[i]));
+}
+
 const KernelTable& kernels_scalar() {
   static const KernelTable table = [] {
     KernelTable t;
     t.quantize[0] = quantize_scalar;
     t.quantize[1] = quantize_scalar;
+    t.quantize[2] = quantize_bf16;
     t.tile[static_cast<int>(PackKind::kQ4_0)] = tile_32<PackKind::kQ4_0>;
     t.tile[static_cast<int>(PackKind::kQ4_1)] = tile_32<PackKind::kQ4_1>;
     t.tile[static_cast<int>(PackKind::kQ5_0)] = tile_32<PackKind::kQ5_0>;
@@ -269,6 +295,7 @@ const KernelTable& kernels_scalar() {
     t.tile[static_cast<int>(PackKind::kQ5_K)] = tile_q45_k<PackKind::kQ5_K>;
     t.tile[static_cast<int>(PackKind::kQ6_K)] = tile_q6_k;
     t.tile[static_cast<int>(PackKind::kIQ4_XS)] = tile_iq4_xs;
+    t.tile[static_cast<int>(PackKind::kBF16)] = tile_bf16;
     t.f32 = f32_scalar;
     return t;
   }();
