@@ -1,7 +1,9 @@
 // matmul throughput on the SmolLM2-135M shapes: matvec (decode) and 512-token products (prompt
 // processing) for Q4_1 [576 x 1536] (ffn_down), Q4_1 [1536 x 576] (ffn_gate/up) and Q8_0
 // [49152 x 576] (tied output matrix), at 1 and 2 threads and every kernel level; and, at one
-// thread, Q4_K and Q6_K [576 x 1536] and Q5_0 [2048 x 640] (Gemma 3 270M's ffn_gate/up).
+// thread, Q4_K and Q6_K [576 x 1536] and Q5_0 [2048 x 640] (Gemma 3 270M's ffn_gate/up), and the
+// other packed types at [576 x 1536] next to a neighbour: IQ4_NL by Q4_0, IQ4_XS by Q4_K, BF16
+// by BF16 [576 x 1535], whose odd rows stay raw and go through the fp32 path.
 //
 // Counters: GB/s = weight bytes read per second, GFLOP/s = 2 * rows * cols * tokens per second.
 // "hot" runs reuse one matrix (it stays in L2/L3); "cold" runs rotate over enough copies
@@ -36,7 +38,13 @@ constexpr Case kCases[] = {
     {GgmlType::kQ6_K, 576, 1536},
     // Q5_0 at the ffn_gate/up shape of Gemma 3 270M.
     {GgmlType::kQ5_0, 2048, 640},
+    {GgmlType::kQ4_0, 576, 1536},
+    {GgmlType::kIQ4_NL, 576, 1536},
+    {GgmlType::kIQ4_XS, 576, 1536},
+    {GgmlType::kBF16, 576, 1536},
+    {GgmlType::kBF16, 576, 1535},
 };
+constexpr int64_t kNumCases = sizeof(kCases) / sizeof(kCases[0]);
 
 QMatrix random_matrix(const Case& c, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -115,7 +123,7 @@ void args(benchmark::internal::Benchmark* b) {
       }
     }
   }
-  for (int64_t c = 3; c < 6; ++c) {
+  for (int64_t c = 3; c < kNumCases; ++c) {
     for (int64_t isa : {1, 2}) {
       b->Args({c, 1, 1, isa, 0});
       b->Args({c, 512, 1, isa, 0});
