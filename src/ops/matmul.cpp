@@ -258,6 +258,8 @@ ActFormat act_format_for(PackKind kind) {
     case PackKind::kQ5_K:
     case PackKind::kQ6_K:
     case PackKind::kIQ4_XS:
+    case PackKind::kQ3_K:
+    case PackKind::kQ2_K:
       return ActFormat::kQ8x256;
     case PackKind::kBF16:
       return ActFormat::kBf16;

@@ -515,6 +515,99 @@ void tile_iq4_xs(const TileJob& job) {
   }
 }
 
+// ---- Q3_K, Q2_K ------------------------------------------------------------------------------
+
+// As the AVX-512 kernel: the 4 weight vectors of sub-block 2p + s.
+template <bool kThree>
+inline void q23_weights(__m256i wl, __m256i h, int s, __m256i* wv) {
+  const __m256i m3 = _mm256_set1_epi8(3), m04 = _mm256_set1_epi8(4);
+  D2O_UNROLL
+  for (int u = 0; u < 4; ++u) {
+    wv[u] = _mm256_and_si256(_mm256_srli_epi16(wl, 2 * u), m3);
+    if (kThree) {
+      const int shift = 4 * s + u - 2;
+      const __m256i hv = shift >= 0 ? _mm256_srli_epi16(h, shift) : _mm256_slli_epi16(h, -shift);
+      wv[u] = _mm256_or_si256(wv[u], _mm256_and_si256(hv, m04));
+    }
+  }
+}
+
+// Rows 8h..8h+7 of one block: adds sum_j sc_j * isum_j to total and sum_j mn_j * qsum16_j to
+// offs (Q3_K: mn = sc). 3-bit weights: all 8 products of a sub-block fit one int16 accumulator.
+template <bool kThree, int NT>
+inline void q23_block(const TileJob& job, const uint8_t* const* rec, int64_t b, int h,
+                      __m256i* total, __m256i* offs) {
+  const PackedLayout& w = *job.w;
+  const ActLayout& al = *job.acts;
+  const uint8_t* sc = section(w, job.tile, kThree ? 1 : 2, b) + 16 * h;
+  const uint8_t* mn = section(w, job.tile, kThree ? 1 : 3, b) + 16 * h;
+  const uint8_t* ql = section(w, job.tile, kThree ? 2 : 4, b) + 32 * h;
+  for (int p = 0; p < 8; ++p) {
+    const __m256i sc16 = kThree ? _mm256_cvtepi8_epi16(load16(sc + 32 * p))
+                                : _mm256_cvtepu8_epi16(load16(sc + 32 * p));
+    const __m256i mn16 = kThree ? sc16 : _mm256_cvtepu8_epi16(load16(mn + 32 * p));
+    D2O_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      const __m256i xs = bcast4(act_b<int16_t>(al, rec[t]) + 16 * b + 2 * p);
+      offs[t] = _mm256_add_epi32(offs[t], _mm256_madd_epi16(mn16, xs));
+    }
+    const __m256i hb =
+        kThree ? load32(section(w, job.tile, 3, b) + 32 * h + 64 * p) : _mm256_setzero_si256();
+    for (int s = 0; s < 2; ++s) {
+      const int j = 2 * p + s;
+      const __m256i scale = dup_pair(sc16, s);
+      __m256i wv[4];
+      q23_weights<kThree>(load32(ql + 64 * j), hb, s, wv);
+      D2O_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* xs = act_qs(rec[t]) + 256 * b + 16 * j;
+        const __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(wv[0], bcast4(xs)),
+                                           _mm256_maddubs_epi16(wv[1], bcast4(xs + 4)));
+        const __m256i c = _mm256_add_epi16(_mm256_maddubs_epi16(wv[2], bcast4(xs + 8)),
+                                           _mm256_maddubs_epi16(wv[3], bcast4(xs + 12)));
+        total[t] = _mm256_add_epi32(total[t], _mm256_madd_epi16(_mm256_add_epi16(a, c), scale));
+      }
+    }
+  }
+}
+
+template <bool kThree, int NT>
+void tile_q23_k(const TileJob& job) {
+  const PackedLayout& w = *job.w;
+  const ActLayout& al = *job.acts;
+  const uint8_t* rec[NT];
+  D2O_UNROLL
+  for (int t = 0; t < NT; ++t) rec[t] = job.act + t * al.stride;
+  const int halves = job.rows > 8 ? 2 : 1;
+  for (int h = 0; h < halves; ++h) {
+    __m256 acc[NT];
+    D2O_UNROLL
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < w.n_blocks; ++b) {
+      if (NT == 1 && h == 0) prefetch_ahead(w, job.tile, b);
+      __m256i total[NT], offs[NT];
+      D2O_UNROLL
+      for (int t = 0; t < NT; ++t) total[t] = offs[t] = _mm256_setzero_si256();
+      q23_block<kThree, NT>(job, rec, b, h, total, offs);
+      const __m256 dw = half8(section(w, job.tile, 0, b) + 16 * h);
+      D2O_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        const __m256 dx = _mm256_set1_ps(act_d(al, rec[t])[b]);
+        if (kThree) {
+          const __m256i tot = _mm256_sub_epi32(total[t], _mm256_slli_epi32(offs[t], 2));
+          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(dw, dx), acc[t]);
+        } else {
+          const __m256 dmin = half8(section(w, job.tile, 1, b) + 16 * h);
+          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[t]), _mm256_mul_ps(dw, dx), acc[t]);
+          acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(offs[t]), _mm256_mul_ps(dmin, dx), acc[t]);
+        }
+      }
+    }
+    D2O_UNROLL
+    for (int t = 0; t < NT; ++t) store_half(job, t, h, acc[t]);
+  }
+}
+
 // ---- BF16 ------------------------------------------------------------------------------------
 
 // As the AVX-512 kernel, on rows 8h..8h+7 (the second 32 bytes of each block).

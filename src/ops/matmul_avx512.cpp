@@ -494,6 +494,89 @@ void tile_iq4_xs(const TileJob& job) {
   for (int t = 0; t < NT; ++t) store_rows(job, t, acc[t]);
 }
 
+// ---- Q3_K, Q2_K ------------------------------------------------------------------------------
+
+// The 4 weight vectors (groups u = 0..3) of sub-block 2p + s: 2 low bits from ql, Q3_K's bit 2
+// from bit 4s + u of its qh chunk h.
+template <bool kThree>
+inline void q23_weights(__m512i wl, __m512i h, int s, __m512i* wv) {
+  const __m512i m3 = _mm512_set1_epi8(3), m04 = _mm512_set1_epi8(4);
+  D2O_UNROLL
+  for (int u = 0; u < 4; ++u) {
+    wv[u] = _mm512_and_si512(_mm512_srli_epi16(wl, 2 * u), m3);
+    if (kThree) {
+      const int shift = 4 * s + u - 2;  // bit 4s + u to bit 2 (within the byte: shift <= 5)
+      const __m512i hv = shift >= 0 ? _mm512_srli_epi16(h, shift) : _mm512_slli_epi16(h, -shift);
+      wv[u] = or_and(wv[u], hv, m04);
+    }
+  }
+}
+
+template <bool kThree, int NT>
+void tile_q23_k(const TileJob& job) {
+  const PackedLayout& w = *job.w;
+  const ActLayout& al = *job.acts;
+  const uint8_t* rec[NT];
+  D2O_UNROLL
+  for (int t = 0; t < NT; ++t) rec[t] = job.act + t * al.stride;
+  __m512 acc[NT];
+  D2O_UNROLL
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < w.n_blocks; ++b) {
+    if (NT == 1) prefetch_ahead(w, job.tile, b);
+    const uint8_t* sc = section(w, job.tile, kThree ? 1 : 2, b);
+    const uint8_t* mn = section(w, job.tile, kThree ? 1 : 3, b);
+    const uint8_t* ql = section(w, job.tile, kThree ? 2 : 4, b);
+    __m512i total[NT], offs[NT];
+    D2O_UNROLL
+    for (int t = 0; t < NT; ++t) total[t] = offs[t] = _mm512_setzero_si512();
+    for (int p = 0; p < 8; ++p) {
+      // Lane r: (scale of sub-block 2p, of 2p + 1) as int16; the same for Q2_K's mins.
+      const __m512i sc16 = kThree ? _mm512_cvtepi8_epi16(load32(sc + 32 * p))
+                                  : _mm512_cvtepu8_epi16(load32(sc + 32 * p));
+      const __m512i mn16 = kThree ? sc16 : _mm512_cvtepu8_epi16(load32(mn + 32 * p));
+      D2O_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        offs[t] =
+            _mm512_dpwssd_epi32(offs[t], mn16, bcast4(act_b<int16_t>(al, rec[t]) + 16 * b + 2 * p));
+      }
+      const __m512i h =
+          kThree ? load64(section(w, job.tile, 3, b) + 64 * p) : _mm512_setzero_si512();
+      for (int s = 0; s < 2; ++s) {
+        const int j = 2 * p + s;
+        const __m512i scale = s == 0 ? _mm512_srai_epi32(_mm512_slli_epi32(sc16, 16), 16)
+                                     : _mm512_srai_epi32(sc16, 16);
+        __m512i wv[4];
+        q23_weights<kThree>(load64(ql + 64 * j), h, s, wv);
+        D2O_UNROLL
+        for (int t = 0; t < NT; ++t) {
+          const int8_t* xs = act_qs(rec[t]) + 256 * b + 16 * j;
+          __m512i is = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], bcast4(xs));
+          is = _mm512_dpbusd_epi32(is, wv[1], bcast4(xs + 4));
+          is = _mm512_dpbusd_epi32(is, wv[2], bcast4(xs + 8));
+          is = _mm512_dpbusd_epi32(is, wv[3], bcast4(xs + 12));
+          total[t] = _mm512_add_epi32(total[t], _mm512_mullo_epi32(is, scale));
+        }
+      }
+    }
+    const __m512 dw = half16(section(w, job.tile, 0, b));
+    const __m512 dmin = kThree ? _mm512_setzero_ps() : half16(section(w, job.tile, 1, b));
+    D2O_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      const __m512 dx = _mm512_set1_ps(act_d(al, rec[t])[b]);
+      if (kThree) {
+        const __m512i tot = _mm512_sub_epi32(total[t], _mm512_slli_epi32(offs[t], 2));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(dw, dx), acc[t]);
+      } else {
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[t]), _mm512_mul_ps(dw, dx), acc[t]);
+        acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(offs[t]), _mm512_mul_ps(dmin, dx), acc[t]);
+      }
+    }
+  }
+  D2O_UNROLL
+  for (int t = 0; t < NT; ++t) store_rows(job, t, acc[t]);
+}
+
 // ---- BF16 ------------------------------------------------------------------------------------
 
 // One 64-byte load holds a pair of elements of each of the 16 rows; a shift (element 2b) and a

@@ -6,7 +6,7 @@
 //   Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL weights: per 32 elements (block_q8_0 / block_q8_1):
 //     amax = max |x|, q = round-to-nearest-even(x * (127 / amax)) (0 when amax = 0),
 //     dx = fp16(amax / 127); for Q4_1 also s = fp16(amax / 127 * sum(q))
-//   Q4_K, Q5_K, Q6_K, IQ4_XS weights: per 256 elements (block_q8_K): m = the first element of
+//   Q2_K .. Q6_K, IQ4_XS weights: per 256 elements (block_q8_K): m = the first element of
 //     largest |x|, iscale = -127 / m, q = min(127, round-to-nearest-even(iscale * x)),
 //     dx = 1 / iscale (q = 0, dx = 0 when all are 0), with sums of q per 16 and per 32 elements.
 //   BF16 weights: each activation rounded to bf16 (nearest-even, as llama.cpp's BF16 dot
@@ -25,6 +25,9 @@
 //         acc = fma(float(I), dw * dx, acc); acc = fma(-float(M), dmin * dx, acc)
 //   Q6_K  (per 256): I = sum_j sc_j * isum_u6_j, M = sum_j sc_j * qsum16_j,
 //         acc = fma(float(I - 32 * M), dw * dx, acc)
+//   Q3_K  (per 256): as Q6_K with the stored values q + 4 (0..7): acc = fma(float(I - 4 * M), ...)
+//   Q2_K  (per 256): I = sum_j sc_j * isum_u2_j, M = sum_j mn_j * qsum16_j (16 sub-blocks),
+//         acc = fma(float(I), dw * dx, acc); acc = fma(-float(M), dmin * dx, acc)
 //   IQ4_XS (per 256): I = sum_j sc_j * isum_nl_j (sc_j = scale - 32, isum_nl_j over the values
 //         kIq4Values[q] of sub-block j), acc = fma(float(I), dw * dx, acc)
 //   BF16  four accumulators per row: element 2b + e (pair b, e = 0 or 1) goes to

@@ -39,7 +39,7 @@ void section_ptrs(const PackedLayout& l, Ptr tile_base, int64_t b, Ptr* out) {
 struct KValues {
   uint16_t d = 0, dmin = 0;
   uint8_t sc[16] = {};  // Q4_K/Q5_K: 8 scales, Q6_K: 16 int8 scales (as bytes)
-  uint8_t mn[8] = {};
+  uint8_t mn[16] = {};  // Q4_K/Q5_K: 8 mins, Q2_K: 16
   uint8_t q[kQKK] = {};  // element values: 4, 5 or 6 bits
 };
 
@@ -99,6 +99,95 @@ void write_q6_k(const KValues& v, uint8_t* blk) {
         static_cast<uint8_t>(x->ql[64 * g + r % 64] | ((v.q[e] & 0x0F) << (4 * (r / 64))));
     x->qh[32 * g + r % 32] =
         static_cast<uint8_t>(x->qh[32 * g + r % 32] | ((v.q[e] >> 4) << (2 * (r / 32))));
+  }
+}
+
+// Q3_K / Q2_K: element e = 128g + 32s + l has its low 2 bits at (qs[32g + l] >> 2s) & 3; Q3_K's
+// bit 2 (hmask bit e / 32 of byte e % 32) is set when the value is not lowered by 4, so q + 4 =
+// low | bit << 2.
+void read_q23_k(const uint8_t* blk, bool three, KValues* v) {
+  const uint8_t* qs = blk + (three ? 32 : 16);
+  for (int e = 0; e < kQKK; ++e) {
+    int q = (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+    if (three) q |= ((blk[e % 32] >> (e / 32)) & 1) << 2;
+    v->q[e] = static_cast<uint8_t>(q);
+  }
+  if (three) {
+    std::memcpy(&v->d, blk + offsetof(BlockQ3_K, d), 2);
+    unpack_scales_q3_k(blk + offsetof(BlockQ3_K, scales), reinterpret_cast<int8_t*>(v->sc));
+    return;
+  }
+  std::memcpy(&v->d, blk + offsetof(BlockQ2_K, d), 2);
+  std::memcpy(&v->dmin, blk + offsetof(BlockQ2_K, dmin), 2);
+  for (int j = 0; j < 16; ++j) {
+    v->sc[j] = blk[j] & 0x0F;
+    v->mn[j] = blk[j] >> 4;
+  }
+}
+
+void write_q23_k(const KValues& v, bool three, uint8_t* blk) {
+  std::memset(blk, 0, three ? sizeof(BlockQ3_K) : sizeof(BlockQ2_K));
+  uint8_t* qs = blk + (three ? 32 : 16);
+  for (int e = 0; e < kQKK; ++e) {
+    const int at = 32 * (e / 128) + e % 32;
+    qs[at] = static_cast<uint8_t>(qs[at] | ((v.q[e] & 3) << (2 * ((e % 128) / 32))));
+    if (three) blk[e % 32] = static_cast<uint8_t>(blk[e % 32] | ((v.q[e] >> 2) << (e / 32)));
+  }
+  if (three) {
+    std::memcpy(blk + offsetof(BlockQ3_K, d), &v.d, 2);
+    uint8_t* packed = blk + offsetof(BlockQ3_K, scales);
+    for (int j = 0; j < 16; ++j) {  // the inverse of unpack_scales_q3_k
+      const int biased = static_cast<int8_t>(v.sc[j]) + 32;
+      packed[j % 8] = static_cast<uint8_t>(packed[j % 8] | ((biased & 0x0F) << (4 * (j / 8))));
+      packed[8 + j % 4] =
+          static_cast<uint8_t>(packed[8 + j % 4] | ((biased >> 4) << (2 * (j / 4))));
+    }
+    return;
+  }
+  std::memcpy(blk + offsetof(BlockQ2_K, d), &v.d, 2);
+  std::memcpy(blk + offsetof(BlockQ2_K, dmin), &v.dmin, 2);
+  for (int j = 0; j < 16; ++j) blk[j] = static_cast<uint8_t>(v.sc[j] | (v.mn[j] << 4));
+}
+
+// Packed <-> plain values of Q3_K / Q2_K (sections as documented in matmul_pack.h).
+void pack_q23_k(const PackedLayout& l, const KValues& v, uint8_t* const* s, int r) {
+  const bool three = l.kind == PackKind::kQ3_K;
+  std::memcpy(s[0] + 2 * r, &v.d, 2);
+  if (!three) std::memcpy(s[1] + 2 * r, &v.dmin, 2);
+  uint8_t* sc = s[three ? 1 : 2];
+  uint8_t* ql = s[three ? 2 : 4];
+  for (int j = 0; j < 16; ++j) {
+    sc[32 * (j / 2) + 2 * r + j % 2] = v.sc[j];
+    if (!three) s[3][32 * (j / 2) + 2 * r + j % 2] = v.mn[j];
+    for (int i = 0; i < 4; ++i) {
+      uint8_t low = 0, high = 0;
+      for (int u = 0; u < 4; ++u) {
+        const uint8_t q = v.q[16 * j + 4 * u + i];
+        low = static_cast<uint8_t>(low | ((q & 3) << (2 * u)));
+        high = static_cast<uint8_t>(high | ((q >> 2) << (4 * (j % 2) + u)));
+      }
+      ql[lane(j, r, i)] = low;
+      if (three) s[3][lane(j / 2, r, i)] = static_cast<uint8_t>(s[3][lane(j / 2, r, i)] | high);
+    }
+  }
+}
+
+void unpack_q23_k(const PackedLayout& l, const uint8_t* const* s, int r, KValues* v) {
+  const bool three = l.kind == PackKind::kQ3_K;
+  std::memcpy(&v->d, s[0] + 2 * r, 2);
+  if (!three) std::memcpy(&v->dmin, s[1] + 2 * r, 2);
+  const uint8_t* sc = s[three ? 1 : 2];
+  const uint8_t* ql = s[three ? 2 : 4];
+  for (int j = 0; j < 16; ++j) {
+    v->sc[j] = sc[32 * (j / 2) + 2 * r + j % 2];
+    if (!three) v->mn[j] = s[3][32 * (j / 2) + 2 * r + j % 2];
+    for (int i = 0; i < 4; ++i) {
+      for (int u = 0; u < 4; ++u) {
+        int q = (ql[lane(j, r, i)] >> (2 * u)) & 3;
+        if (three) q |= ((s[3][lane(j / 2, r, i)] >> (4 * (j % 2) + u)) & 1) << 2;
+        v->q[16 * j + 4 * u + i] = static_cast<uint8_t>(q);
+      }
+    }
   }
 }
 
@@ -257,6 +346,10 @@ PackKind pack_kind_for(GgmlType type) {
       return PackKind::kIQ4_XS;
     case GgmlType::kBF16:
       return PackKind::kBF16;
+    case GgmlType::kQ3_K:
+      return PackKind::kQ3_K;
+    case GgmlType::kQ2_K:
+      return PackKind::kQ2_K;
     default:
       return PackKind::kRaw;
   }
@@ -309,6 +402,12 @@ PackedLayout make_packed_layout(GgmlType type, int64_t n_rows, int64_t n_cols) {
       break;
     case PackKind::kBF16:
       set({64});
+      break;
+    case PackKind::kQ3_K:
+      set({32, 256, 1024, 512});
+      break;
+    case PackKind::kQ2_K:
+      set({32, 32, 256, 256, 1024});
       break;
   }
   int64_t off = 0;
@@ -370,6 +469,13 @@ void pack_block(const PackedLayout& l, const uint8_t* src, uint8_t* tile_base, i
     case PackKind::kBF16:
       std::memcpy(s[0] + 4 * r, src, 4);
       return;
+    case PackKind::kQ3_K:
+    case PackKind::kQ2_K: {
+      KValues v;
+      read_q23_k(src, l.kind == PackKind::kQ3_K, &v);
+      pack_q23_k(l, v, s, r);
+      return;
+    }
     case PackKind::kRaw:
       D2O_ASSERT(false);
   }
@@ -423,6 +529,13 @@ void unpack_block(const PackedLayout& l, const uint8_t* tile_base, int r, int64_
     case PackKind::kBF16:
       std::memcpy(dst, s[0] + 4 * r, 4);
       return;
+    case PackKind::kQ3_K:
+    case PackKind::kQ2_K: {
+      KValues v;
+      unpack_q23_k(l, s, r, &v);
+      write_q23_k(v, l.kind == PackKind::kQ3_K, dst);
+      return;
+    }
     case PackKind::kRaw:
       D2O_ASSERT(false);
   }

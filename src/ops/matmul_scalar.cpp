@@ -241,6 +241,53 @@ void tile_iq4_xs(const TileJob& job) {
   }
 }
 
+// Q3_K (values q + 4) and Q2_K: 16 sub-blocks of 16 per block.
+template <PackKind kKind>
+void tile_q23_k(const TileJob& job) {
+  constexpr bool kThree = kKind == PackKind::kQ3_K;
+  const PackedLayout& w = *job.w;
+  const ActLayout& al = *job.acts;
+  for (int t = 0; t < job.nt; ++t) {
+    const uint8_t* rec = job.act + t * al.stride;
+    const float* dx = act_d(al, rec);
+    const int16_t* qsum16 = act_b<int16_t>(al, rec);
+    for (int r = 0; r < job.rows; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < w.n_blocks; ++b) {
+        const uint8_t* sc = section(w, job.tile, kThree ? 1 : 2, b);
+        const uint8_t* mn = section(w, job.tile, kThree ? 1 : 3, b);
+        const uint8_t* ql = section(w, job.tile, kThree ? 2 : 4, b);
+        const uint8_t* qh = section(w, job.tile, 3, b);  // Q3_K only
+        int32_t total = 0, offs = 0;
+        for (int j = 0; j < 16; ++j) {
+          const int8_t* xs = act_qs(rec) + 256 * b + 16 * j;
+          int32_t isum = 0;
+          for (int u = 0; u < 4; ++u) {
+            for (int i = 0; i < 4; ++i) {
+              int q = (at(ql, j, r, i) >> (2 * u)) & 3;
+              if (kThree) q |= ((at(qh, j / 2, r, i) >> (4 * (j % 2) + u)) & 1) << 2;
+              isum += q * xs[4 * u + i];
+            }
+          }
+          const int pair = 32 * (j / 2) + 2 * r + j % 2;
+          const int s = kThree ? static_cast<int8_t>(sc[pair]) : sc[pair];
+          total += s * isum;
+          offs += (kThree ? s : mn[pair]) * qsum16[16 * b + j];
+        }
+        const float dw = half_at(section(w, job.tile, 0, b), r);
+        if (kThree) {
+          acc = std::fma(static_cast<float>(total - 4 * offs), dw * dx[b], acc);
+        } else {
+          const float dmin = half_at(section(w, job.tile, 1, b), r);
+          acc = std::fma(static_cast<float>(total), dw * dx[b], acc);
+          acc = std::fma(-static_cast<float>(offs), dmin * dx[b], acc);
+        }
+      }
+      job.y[t * job.y_stride + r] = acc;
+    }
+  }
+}
+
 void tile_bf16(const TileJob& job) {
   const PackedLayout& w = *job.w;
   const uint8_t* sec = job.tile + w.section_offset[0];
@@ -296,6 +343,8 @@ const KernelTable& kernels_scalar() {
     t.tile[static_cast<int>(PackKind::kQ6_K)] = tile_q6_k;
     t.tile[static_cast<int>(PackKind::kIQ4_XS)] = tile_iq4_xs;
     t.tile[static_cast<int>(PackKind::kBF16)] = tile_bf16;
+    t.tile[static_cast<int>(PackKind::kQ3_K)] = tile_q23_k<PackKind::kQ3_K>;
+    t.tile[static_cast<int>(PackKind::kQ2_K)] = tile_q23_k<PackKind::kQ2_K>;
     t.f32 = f32_scalar;
     return t;
   }();

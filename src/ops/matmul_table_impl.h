@@ -3,7 +3,7 @@
 // (matmul_avx2.cpp, matmul_avx512.cpp) inside its anonymous namespace, after its kernels, which
 // it calls by name:
 //   tile_32<PackKind, NT>, tile_q45_k<bool five, NT>, tile_q6_k<NT>, tile_iq4_xs<NT>,
-//   tile_bf16<NT>, f32_tile<NR, NT>
+//   tile_bf16<NT>, tile_q23_k<bool three, NT>, f32_tile<NR, NT>
 // Everything here has internal linkage, so each level keeps its own copy, compiled for its own
 // instruction set (tests/check_isa_objects.cmake guards against shared weak symbols).
 //
@@ -68,6 +68,13 @@ template <int NT>
 struct TileQ6 {
   static void run(const TileJob& j) { tile_q6_k<NT>(j); }
 };
+template <bool kThree>
+struct TileQ23 {
+  template <int NT>
+  struct K {
+    static void run(const TileJob& j) { tile_q23_k<kThree, NT>(j); }
+  };
+};
 template <int NT>
 struct TileBf16 {
   static void run(const TileJob& j) { tile_bf16<NT>(j); }
@@ -92,6 +99,8 @@ KernelTable make_kernel_table(QuantizeFn quantize) {
   t.tile[static_cast<int>(PackKind::kQ6_K)] = by_nt<TileQ6>;
   t.tile[static_cast<int>(PackKind::kIQ4_XS)] = by_nt<TileIq4Xs>;
   t.tile[static_cast<int>(PackKind::kBF16)] = by_nt<TileBf16>;
+  t.tile[static_cast<int>(PackKind::kQ3_K)] = by_nt<TileQ23<true>::K>;
+  t.tile[static_cast<int>(PackKind::kQ2_K)] = by_nt<TileQ23<false>::K>;
   t.f32 = f32_by_rows;
   return t;
 }

@@ -219,12 +219,11 @@ bool is_packed_type(GgmlType t, int64_t n_cols) {
   if (t == GgmlType::kBF16) return n_cols % 2 == 0;
   return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ5_0 ||
          t == GgmlType::kQ8_0 || t == GgmlType::kQ4_K || t == GgmlType::kQ5_K ||
-         t == GgmlType::kQ6_K || t == GgmlType::kIQ4_NL || t == GgmlType::kIQ4_XS;
+         t == GgmlType::kQ6_K || t == GgmlType::kIQ4_NL || t == GgmlType::kIQ4_XS ||
+         t == GgmlType::kQ3_K || t == GgmlType::kQ2_K;
 }
 int64_t act_block_of(GgmlType t) {
-  if (t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K ||
-      t == GgmlType::kIQ4_XS)
-    return 256;
+  return ggml_block_size(t) == 256 ? 256 : 32;
   return 32;
 }
 
