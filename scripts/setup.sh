@@ -394,7 +394,7 @@ if [ "$want_test_data" -eq 1 ]; then
   # changes.
   matmul_dir="$cache/test-data/matmul"
   gen="$repo/scripts/gen_matmul_fixtures.py"
-  if refs_stale "$matmul_dir" "$gen" 7; then
+  if refs_stale "$matmul_dir" "$gen" 12; then
     ensure_pylib
     refs_make "$matmul_dir" "$gen" matmul "LLAMA_CPP_LIB_PATH=$llama_dir/build/bin" "PYTHONPATH=$pylib"
   fi

@@ -593,7 +593,8 @@ TEST_P(LlamaCppMatmul, ReproducesGgmlMulMat) {
 }
 
 INSTANTIATE_TEST_SUITE_P(PackedTypes, LlamaCppMatmul,
-                         ::testing::Values("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"),
+                         ::testing::Values("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
+                                           "IQ4_NL", "IQ4_XS", "BF16", "Q3_K", "Q2_K"),
                          [](const ::testing::TestParamInfo<const char*>& p) {
                            return std::string(p.param);
                          });
