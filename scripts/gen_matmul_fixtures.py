@@ -28,7 +28,8 @@ import numpy as np
 # New cases go at the end: the random draws of the earlier ones (and their files) stay the same.
 CASES = [("Q4_0", 2, 40, 576, 7), ("Q4_1", 3, 40, 576, 7), ("Q8_0", 8, 40, 576, 7),
          ("Q4_K", 12, 24, 512, 5), ("Q5_K", 13, 24, 512, 5), ("Q6_K", 14, 24, 512, 5),
-         ("Q5_0", 6, 40, 640, 7)]
+         ("Q5_0", 6, 40, 640, 7), ("IQ4_NL", 20, 40, 576, 7), ("IQ4_XS", 23, 24, 512, 5),
+         ("BF16", 30, 40, 576, 7), ("Q3_K", 11, 24, 512, 5), ("Q2_K", 10, 24, 512, 5)]
 
 
 class InitParams(C.Structure):

@@ -32,6 +32,7 @@ from gguf.quants import dequantize, quantize
 SCALE_FIELDS = {
     T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
     T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
+    T.IQ4_NL: [0], T.IQ4_XS: [0],
 }
 N_BLOCKS = {32: 5, 256: 3}  # a few blocks per type: small files, several blocks per row
 
@@ -61,7 +62,7 @@ def make(qtype, rng):
         raw = rng.integers(0, 256, size=(nb, size), dtype=np.uint32).astype(np.uint8)
         for off in SCALE_FIELDS[qtype]:
             raw[:, off:off + 2] = finite_halves(rng, nb).view(np.uint8).reshape(nb, 2)
-        if qtype in (T.Q4_0, T.Q5_0, T.Q8_0, T.Q4_K):
+        if qtype in (T.Q4_0, T.Q5_0, T.Q8_0, T.Q4_K, T.IQ4_NL):
             raw[0, 0:2] = 0  # one block with a zero scale
         raw = raw.reshape(-1)
     expected = np.asarray(dequantize(raw.copy(), qtype), dtype=np.float32).reshape(-1)
@@ -105,7 +106,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     rng = np.random.default_rng(20240611)
     types = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
-             T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+             T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS]
     for qtype in types:
         raw, expected = make(qtype, rng)
         path = os.path.join(out, f"dequant_{qtype.name}.bin")

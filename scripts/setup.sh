@@ -349,7 +349,7 @@ if [ "$want_test_data" -eq 1 ]; then
 
   quant_dir="$cache/test-data/quant"
   gen="$repo/scripts/gen_quant_fixtures.py"
-  if refs_stale "$quant_dir" "$gen" 15; then
+  if refs_stale "$quant_dir" "$gen" 17; then
     ensure_pylib
     refs_make "$quant_dir" "$gen" dequantisation "PYTHONPATH=$pylib"
   fi
@@ -394,7 +394,7 @@ if [ "$want_test_data" -eq 1 ]; then
   # changes.
   matmul_dir="$cache/test-data/matmul"
   gen="$repo/scripts/gen_matmul_fixtures.py"
-  if refs_stale "$matmul_dir" "$gen" 7; then
+  if refs_stale "$matmul_dir" "$gen" 12; then
     ensure_pylib
     refs_make "$matmul_dir" "$gen" matmul "LLAMA_CPP_LIB_PATH=$llama_dir/build/bin" "PYTHONPATH=$pylib"
   fi

@@ -257,7 +257,12 @@ ActFormat act_format_for(PackKind kind) {
     case PackKind::kQ4_K:
     case PackKind::kQ5_K:
     case PackKind::kQ6_K:
+    case PackKind::kIQ4_XS:
+    case PackKind::kQ3_K:
+    case PackKind::kQ2_K:
       return ActFormat::kQ8x256;
+    case PackKind::kBF16:
+      return ActFormat::kBf16;
     default:
       return ActFormat::kQ8x32;
   }
@@ -267,6 +272,11 @@ ActLayout make_act_layout(ActFormat format, int64_t n_cols) {
   ActLayout l;
   l.format = format;
   l.n_cols = n_cols;
+  if (format == ActFormat::kBf16) {
+    l.block = 2;
+    l.stride = align64(4 * n_cols);
+    return l;
+  }
   l.block = format == ActFormat::kQ8x32 ? 32 : 256;
   D2O_ASSERT(n_cols % l.block == 0);
   l.off_d = align64(n_cols);
@@ -292,7 +302,7 @@ Status check_matrix_shape(GgmlType type, int64_t n_rows, int64_t n_cols, const s
   if (!ggml_type_traits(static_cast<uint32_t>(type)) || !dequantize_supported(type)) {
     return unsupported(what + ": tensor type " + ggml_type_name(type) +
                        " is not supported for compute (supported: F32, F16, BF16, Q4_0, Q4_1, "
-                       "Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)");
+                       "Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)");
   }
   constexpr int64_t kMaxDim = int64_t{1} << 40;
   if (n_rows <= 0 || n_cols <= 0 || n_rows > kMaxDim || n_cols > kMaxDim) {

@@ -1,12 +1,14 @@
 // Weight matrices held for compute (QMatrix) and the product y = x W^T (matmul).
 //
-// Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K weights are repacked at load time
+// Q4_0, Q4_1, Q5_0, Q8_0, Q2_K .. Q6_K, IQ4_NL and IQ4_XS weights are repacked at load time
 // (src/ops/matmul_pack.h) and multiplied with integer dot products: each token's activations are
-// quantised to 8 bits exactly as llama.cpp does it (Q8_0 / Q8_1 blocks of 32 with fp16 scales,
-// Q8_K blocks of 256; see matmul_kernels.h), and the kernels use AVX-512 VNNI (vpdpbusd) or AVX2
-// (vpmaddubsw) on a 16-row x up-to-4-token micro-tile that reuses each weight block for several
-// tokens. Every other supported type (F32, F16, BF16, Q5_1, Q2_K, Q3_K) is kept as GGUF rows and
-// multiplied by dequantising 4 rows at a time to fp32 and using fp32 dot products.
+// quantised to 8 bits exactly as llama.cpp does it (Q8_0 / Q8_1 blocks of 32 with fp16 scales;
+// Q8_K blocks of 256 for the K formats and IQ4_XS; see matmul_kernels.h), and the kernels use
+// AVX-512 VNNI (vpdpbusd) or AVX2 (vpmaddubsw) on a 16-row x up-to-4-token micro-tile that
+// reuses each weight block for several tokens. BF16 weights (rows of even length) are repacked
+// too and multiplied by activations rounded to bf16, with fp32 multiply-adds in a fixed order.
+// Every other supported type (F32, F16, Q5_1) is kept as GGUF rows and multiplied by
+// dequantising 4 rows at a time to fp32 and using fp32 dot products.
 //
 // Numerics: the integer kernels of all levels (scalar, AVX2, AVX-512) perform the same integer
 // sums and the same float operations in the same order, so they agree bit for bit; results do

@@ -3,12 +3,14 @@
 //
 // Activation quantisation reproduces llama.cpp's (ggml-cpu on x86) bit for bit, so that d2o's
 // products carry the same rounding as llama.cpp's and logits stay close to its logits:
-//   Q4_0, Q4_1, Q5_0, Q8_0 weights: per 32 elements (block_q8_0 / block_q8_1):
+//   Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL weights: per 32 elements (block_q8_0 / block_q8_1):
 //     amax = max |x|, q = round-to-nearest-even(x * (127 / amax)) (0 when amax = 0),
 //     dx = fp16(amax / 127); for Q4_1 also s = fp16(amax / 127 * sum(q))
-//   Q4_K, Q5_K, Q6_K weights: per 256 elements (block_q8_K): m = the first element of largest
-//     |x|, iscale = -127 / m, q = min(127, round-to-nearest-even(iscale * x)), dx = 1 / iscale
-//     (q = 0, dx = 0 when all are 0), with sums of q per 16 and per 32 elements.
+//   Q2_K .. Q6_K, IQ4_XS weights: per 256 elements (block_q8_K): m = the first element of
+//     largest |x|, iscale = -127 / m, q = min(127, round-to-nearest-even(iscale * x)),
+//     dx = 1 / iscale (q = 0, dx = 0 when all are 0), with sums of q per 16 and per 32 elements.
+//   BF16 weights: each activation rounded to bf16 (nearest-even, as llama.cpp's BF16 dot
+//     product takes them), kept as float.
 // (fp16(v) = v rounded to half precision and back, unless it would overflow; q is also clamped at
 // -127, which only ever changes NaN inputs.)
 //
@@ -18,10 +20,18 @@
 //   Q4_1  acc = fma(float(isum_u4), dw * dx, acc); acc = fma(mw, s, acc)
 //   Q5_0  acc = fma(float(isum_u5 - 16 * qsum), dw * dx, acc)        (isum over 0..31 values)
 //   Q8_0  acc = fma(float(isum_s8), dw * dx, acc)
+//   IQ4_NL acc = fma(float(isum_nl), dw * dx, acc)         (isum over the values kIq4Values[q])
 //   Q4_K, Q5_K (per 256): I = sum_j sc_j * isum_j, M = sum_j mn_j * qsum32_j,
 //         acc = fma(float(I), dw * dx, acc); acc = fma(-float(M), dmin * dx, acc)
 //   Q6_K  (per 256): I = sum_j sc_j * isum_u6_j, M = sum_j sc_j * qsum16_j,
 //         acc = fma(float(I - 32 * M), dw * dx, acc)
+//   Q3_K  (per 256): as Q6_K with the stored values q + 4 (0..7): acc = fma(float(I - 4 * M), ...)
+//   Q2_K  (per 256): I = sum_j sc_j * isum_u2_j, M = sum_j mn_j * qsum16_j (16 sub-blocks),
+//         acc = fma(float(I), dw * dx, acc); acc = fma(-float(M), dmin * dx, acc)
+//   IQ4_XS (per 256): I = sum_j sc_j * isum_nl_j (sc_j = scale - 32, isum_nl_j over the values
+//         kIq4Values[q] of sub-block j), acc = fma(float(I), dw * dx, acc)
+//   BF16  four accumulators per row: element 2b + e (pair b, e = 0 or 1) goes to
+//         a[2 * (b % 2) + e] = fma(w, x, a[...]); y = (a0 + a1) + (a2 + a3)
 // Every level does exactly this per (row, token), so all levels agree bit for bit.
 #pragma once
 
@@ -34,7 +44,7 @@ namespace d2o::mm {
 
 inline constexpr int kMaxTokens = 4;  // tokens per micro-tile
 
-enum class ActFormat { kQ8x32 = 0, kQ8x256 = 1 };
+enum class ActFormat { kQ8x32 = 0, kQ8x256 = 1, kBf16 = 2 };
 
 // Per-block quantisation parameters (computed in scalar code by every level, so they agree).
 struct Q8Scale {
@@ -66,6 +76,7 @@ inline Q8Scale q8x256_scale(float m) {
 //   qs int8[n_cols] at 0, d float[n_cols / block] at off_d,
 //   kQ8x32:  qsum int32[n_cols / 32] at off_a, dsum float[n_cols / 32] (Q8_1's s) at off_b
 //   kQ8x256: qsum32 int16[n_cols / 32] at off_a, qsum16 int16[n_cols / 16] at off_b
+//   kBf16:   float[n_cols] (bf16 values) at 0, nothing else
 struct ActLayout {
   ActFormat format = ActFormat::kQ8x32;
   int64_t n_cols = 0;
@@ -105,10 +116,13 @@ using TileFn = void (*)(const TileJob& job);
 using F32Fn = void (*)(const F32Job& job);
 
 struct KernelTable {
-  QuantizeFn quantize[2] = {};  // by ActFormat
-  TileFn tile[8] = {};          // by PackKind (kRaw unused)
+  QuantizeFn quantize[3] = {};   // by ActFormat
+  TileFn tile[kPackKinds] = {};  // by PackKind (kRaw unused)
   F32Fn f32 = nullptr;
 };
+
+// The kBf16 records, for every level (matmul_scalar.cpp): rounding is exact integer work.
+void quantize_bf16(const ActLayout& l, const float* x, uint8_t* record);
 
 const KernelTable& kernels_scalar();
 const KernelTable& kernels_avx2();

@@ -39,7 +39,7 @@ void section_ptrs(const PackedLayout& l, Ptr tile_base, int64_t b, Ptr* out) {
 struct KValues {
   uint16_t d = 0, dmin = 0;
   uint8_t sc[16] = {};  // Q4_K/Q5_K: 8 scales, Q6_K: 16 int8 scales (as bytes)
-  uint8_t mn[8] = {};
+  uint8_t mn[16] = {};  // Q4_K/Q5_K: 8 mins, Q2_K: 16
   uint8_t q[kQKK] = {};  // element values: 4, 5 or 6 bits
 };
 
@@ -99,6 +99,95 @@ void write_q6_k(const KValues& v, uint8_t* blk) {
         static_cast<uint8_t>(x->ql[64 * g + r % 64] | ((v.q[e] & 0x0F) << (4 * (r / 64))));
     x->qh[32 * g + r % 32] =
         static_cast<uint8_t>(x->qh[32 * g + r % 32] | ((v.q[e] >> 4) << (2 * (r / 32))));
+  }
+}
+
+// Q3_K / Q2_K: element e = 128g + 32s + l has its low 2 bits at (qs[32g + l] >> 2s) & 3; Q3_K's
+// bit 2 (hmask bit e / 32 of byte e % 32) is set when the value is not lowered by 4, so q + 4 =
+// low | bit << 2.
+void read_q23_k(const uint8_t* blk, bool three, KValues* v) {
+  const uint8_t* qs = blk + (three ? 32 : 16);
+  for (int e = 0; e < kQKK; ++e) {
+    int q = (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+    if (three) q |= ((blk[e % 32] >> (e / 32)) & 1) << 2;
+    v->q[e] = static_cast<uint8_t>(q);
+  }
+  if (three) {
+    std::memcpy(&v->d, blk + offsetof(BlockQ3_K, d), 2);
+    unpack_scales_q3_k(blk + offsetof(BlockQ3_K, scales), reinterpret_cast<int8_t*>(v->sc));
+    return;
+  }
+  std::memcpy(&v->d, blk + offsetof(BlockQ2_K, d), 2);
+  std::memcpy(&v->dmin, blk + offsetof(BlockQ2_K, dmin), 2);
+  for (int j = 0; j < 16; ++j) {
+    v->sc[j] = blk[j] & 0x0F;
+    v->mn[j] = blk[j] >> 4;
+  }
+}
+
+void write_q23_k(const KValues& v, bool three, uint8_t* blk) {
+  std::memset(blk, 0, three ? sizeof(BlockQ3_K) : sizeof(BlockQ2_K));
+  uint8_t* qs = blk + (three ? 32 : 16);
+  for (int e = 0; e < kQKK; ++e) {
+    const int at = 32 * (e / 128) + e % 32;
+    qs[at] = static_cast<uint8_t>(qs[at] | ((v.q[e] & 3) << (2 * ((e % 128) / 32))));
+    if (three) blk[e % 32] = static_cast<uint8_t>(blk[e % 32] | ((v.q[e] >> 2) << (e / 32)));
+  }
+  if (three) {
+    std::memcpy(blk + offsetof(BlockQ3_K, d), &v.d, 2);
+    uint8_t* packed = blk + offsetof(BlockQ3_K, scales);
+    for (int j = 0; j < 16; ++j) {  // the inverse of unpack_scales_q3_k
+      const int biased = static_cast<int8_t>(v.sc[j]) + 32;
+      packed[j % 8] = static_cast<uint8_t>(packed[j % 8] | ((biased & 0x0F) << (4 * (j / 8))));
+      packed[8 + j % 4] =
+          static_cast<uint8_t>(packed[8 + j % 4] | ((biased >> 4) << (2 * (j / 4))));
+    }
+    return;
+  }
+  std::memcpy(blk + offsetof(BlockQ2_K, d), &v.d, 2);
+  std::memcpy(blk + offsetof(BlockQ2_K, dmin), &v.dmin, 2);
+  for (int j = 0; j < 16; ++j) blk[j] = static_cast<uint8_t>(v.sc[j] | (v.mn[j] << 4));
+}
+
+// Packed <-> plain values of Q3_K / Q2_K (sections as documented in matmul_pack.h).
+void pack_q23_k(const PackedLayout& l, const KValues& v, uint8_t* const* s, int r) {
+  const bool three = l.kind == PackKind::kQ3_K;
+  std::memcpy(s[0] + 2 * r, &v.d, 2);
+  if (!three) std::memcpy(s[1] + 2 * r, &v.dmin, 2);
+  uint8_t* sc = s[three ? 1 : 2];
+  uint8_t* ql = s[three ? 2 : 4];
+  for (int j = 0; j < 16; ++j) {
+    sc[32 * (j / 2) + 2 * r + j % 2] = v.sc[j];
+    if (!three) s[3][32 * (j / 2) + 2 * r + j % 2] = v.mn[j];
+    for (int i = 0; i < 4; ++i) {
+      uint8_t low = 0, high = 0;
+      for (int u = 0; u < 4; ++u) {
+        const uint8_t q = v.q[16 * j + 4 * u + i];
+        low = static_cast<uint8_t>(low | ((q & 3) << (2 * u)));
+        high = static_cast<uint8_t>(high | ((q >> 2) << (4 * (j % 2) + u)));
+      }
+      ql[lane(j, r, i)] = low;
+      if (three) s[3][lane(j / 2, r, i)] = static_cast<uint8_t>(s[3][lane(j / 2, r, i)] | high);
+    }
+  }
+}
+
+void unpack_q23_k(const PackedLayout& l, const uint8_t* const* s, int r, KValues* v) {
+  const bool three = l.kind == PackKind::kQ3_K;
+  std::memcpy(&v->d, s[0] + 2 * r, 2);
+  if (!three) std::memcpy(&v->dmin, s[1] + 2 * r, 2);
+  const uint8_t* sc = s[three ? 1 : 2];
+  const uint8_t* ql = s[three ? 2 : 4];
+  for (int j = 0; j < 16; ++j) {
+    v->sc[j] = sc[32 * (j / 2) + 2 * r + j % 2];
+    if (!three) v->mn[j] = s[3][32 * (j / 2) + 2 * r + j % 2];
+    for (int i = 0; i < 4; ++i) {
+      for (int u = 0; u < 4; ++u) {
+        int q = (ql[lane(j, r, i)] >> (2 * u)) & 3;
+        if (three) q |= ((s[3][lane(j / 2, r, i)] >> (4 * (j % 2) + u)) & 1) << 2;
+        v->q[16 * j + 4 * u + i] = static_cast<uint8_t>(q);
+      }
+    }
   }
 }
 
@@ -207,6 +296,32 @@ void unpack_k(const PackedLayout& l, const uint8_t* tile_base, int r, int64_t b,
   }
 }
 
+// IQ4_XS: d, the 8 sub-block scales (unbiased, int8 pairs as Q6_K's) and each sub-block's 16
+// bytes of nibbles as an IQ4_NL block's.
+void pack_iq4_xs(const uint8_t* src, uint8_t* const* s, int r) {
+  BlockIQ4_XS x;
+  std::memcpy(&x, src, sizeof x);
+  std::memcpy(s[0] + 2 * r, &x.d, 2);
+  for (int j = 0; j < 8; ++j) {
+    s[1][32 * (j / 2) + 2 * r + j % 2] = static_cast<uint8_t>(iq4_xs_scale(x, j));
+    for (int v = 0; v < 4; ++v)
+      std::memcpy(s[2] + 256 * j + lane(v, r, 0), x.qs + 16 * j + 4 * v, 4);
+  }
+}
+
+void unpack_iq4_xs(const uint8_t* const* s, int r, uint8_t* dst) {
+  BlockIQ4_XS x{};
+  std::memcpy(&x.d, s[0] + 2 * r, 2);
+  for (int j = 0; j < 8; ++j) {
+    const int ls = static_cast<int8_t>(s[1][32 * (j / 2) + 2 * r + j % 2]) + 32;
+    x.scales_l[j / 2] = static_cast<uint8_t>(x.scales_l[j / 2] | ((ls & 0x0F) << (4 * (j % 2))));
+    x.scales_h = static_cast<uint16_t>(x.scales_h | ((ls >> 4) << (2 * j)));
+    for (int v = 0; v < 4; ++v)
+      std::memcpy(x.qs + 16 * j + 4 * v, s[2] + 256 * j + lane(v, r, 0), 4);
+  }
+  std::memcpy(dst, &x, sizeof x);
+}
+
 }  // namespace
 
 PackKind pack_kind_for(GgmlType type) {
@@ -225,6 +340,16 @@ PackKind pack_kind_for(GgmlType type) {
       return PackKind::kQ5_K;
     case GgmlType::kQ6_K:
       return PackKind::kQ6_K;
+    case GgmlType::kIQ4_NL:
+      return PackKind::kIQ4_NL;
+    case GgmlType::kIQ4_XS:
+      return PackKind::kIQ4_XS;
+    case GgmlType::kBF16:
+      return PackKind::kBF16;
+    case GgmlType::kQ3_K:
+      return PackKind::kQ3_K;
+    case GgmlType::kQ2_K:
+      return PackKind::kQ2_K;
     default:
       return PackKind::kRaw;
   }
@@ -234,6 +359,13 @@ PackedLayout make_packed_layout(GgmlType type, int64_t n_rows, int64_t n_cols) {
   PackedLayout l;
   l.kind = pack_kind_for(type);
   l.block_elems = ggml_block_size(type);
+  if (l.kind == PackKind::kBF16) {  // packed in pairs of elements
+    if (n_cols % 2 == 0) {
+      l.block_elems = 2;
+    } else {
+      l.kind = PackKind::kRaw;
+    }
+  }
   D2O_ASSERT(n_cols % l.block_elems == 0);
   l.n_blocks = n_cols / l.block_elems;
   l.n_tiles = (n_rows + kTileRows - 1) / kTileRows;
@@ -244,6 +376,7 @@ PackedLayout make_packed_layout(GgmlType type, int64_t n_rows, int64_t n_cols) {
     case PackKind::kRaw:
       return l;
     case PackKind::kQ4_0:
+    case PackKind::kIQ4_NL:
       set({32, 256});
       break;
     case PackKind::kQ4_1:
@@ -264,6 +397,18 @@ PackedLayout make_packed_layout(GgmlType type, int64_t n_rows, int64_t n_cols) {
     case PackKind::kQ6_K:
       set({32, 256, 2048, 1024});
       break;
+    case PackKind::kIQ4_XS:
+      set({32, 128, 2048});
+      break;
+    case PackKind::kBF16:
+      set({64});
+      break;
+    case PackKind::kQ3_K:
+      set({32, 256, 1024, 512});
+      break;
+    case PackKind::kQ2_K:
+      set({32, 32, 256, 256, 1024});
+      break;
   }
   int64_t off = 0;
   for (int s = 0; s < l.n_sections; ++s) {
@@ -280,6 +425,7 @@ void pack_block(const PackedLayout& l, const uint8_t* src, uint8_t* tile_base, i
   section_ptrs(l, tile_base, b, s);
   switch (l.kind) {
     case PackKind::kQ4_0:  // d, qs[16]: chunk v = bytes 4v..4v+3 of qs
+    case PackKind::kIQ4_NL:
       std::memcpy(s[0] + 2 * r, src, 2);
       for (int v = 0; v < 4; ++v) std::memcpy(s[1] + lane(v, r, 0), src + 2 + 4 * v, 4);
       return;
@@ -318,6 +464,18 @@ void pack_block(const PackedLayout& l, const uint8_t* src, uint8_t* tile_base, i
       pack_k(l, v, tile_base, r, b);
       return;
     }
+    case PackKind::kIQ4_XS:
+      return pack_iq4_xs(src, s, r);
+    case PackKind::kBF16:
+      std::memcpy(s[0] + 4 * r, src, 4);
+      return;
+    case PackKind::kQ3_K:
+    case PackKind::kQ2_K: {
+      KValues v;
+      read_q23_k(src, l.kind == PackKind::kQ3_K, &v);
+      pack_q23_k(l, v, s, r);
+      return;
+    }
     case PackKind::kRaw:
       D2O_ASSERT(false);
   }
@@ -329,6 +487,7 @@ void unpack_block(const PackedLayout& l, const uint8_t* tile_base, int r, int64_
   section_ptrs(l, tile_base, b, s);
   switch (l.kind) {
     case PackKind::kQ4_0:
+    case PackKind::kIQ4_NL:
       std::memcpy(dst, s[0] + 2 * r, 2);
       for (int v = 0; v < 4; ++v) std::memcpy(dst + 2 + 4 * v, s[1] + lane(v, r, 0), 4);
       return;
@@ -363,6 +522,18 @@ void unpack_block(const PackedLayout& l, const uint8_t* tile_base, int r, int64_
       KValues v;
       unpack_k(l, tile_base, r, b, &v);
       write_q6_k(v, dst);
+      return;
+    }
+    case PackKind::kIQ4_XS:
+      return unpack_iq4_xs(s, r, dst);
+    case PackKind::kBF16:
+      std::memcpy(dst, s[0] + 4 * r, 4);
+      return;
+    case PackKind::kQ3_K:
+    case PackKind::kQ2_K: {
+      KValues v;
+      unpack_q23_k(l, s, r, &v);
+      write_q23_k(v, l.kind == PackKind::kQ3_K, dst);
       return;
     }
     case PackKind::kRaw:

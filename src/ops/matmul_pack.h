@@ -21,6 +21,15 @@
 //   Q6_K  d[16] | sc[8 pairs][16 rows][2] int8 | ql: sub-block j (0..15), chunk a (0..1):
 //         low nibble = element 16j+8a+i, high = 16j+8a+4+i (low 4 bits) | qh: sub-block j:
 //         bits 2u..2u+1 of row r byte i = high 2 bits of element 16j+4u+i
+//   IQ4_NL as Q4_0 (the nibbles index kIq4Values of ops/quant.h)
+//   IQ4_XS d[16] | sc[4 pairs][16 rows][2] int8 (scale - 32) | qs: sub-block j (0..7), chunk
+//         v: low nibble = element 32j+4v+i, high nibble = element 32j+16+4v+i (as IQ4_NL)
+//   Q3_K  d[16] | sc[8 pairs][16 rows][2] int8 | ql: sub-block j (0..15): bits 2u..2u+1 of row
+//         r byte i = low 2 bits of element 16j+4u+i | qh: sub-blocks 2p, 2p+1: bit 4s+u of row r
+//         byte i = bit 2 of element 16(2p+s)+4u+i, the stored value being q + 4 (0..7)
+//   Q2_K  d[16] | dmin[16] | sc[8 pairs][16 rows][2] u8 | mn (same) | ql as Q3_K (the values)
+//   BF16  blocks of 2 elements (rows of odd length stay raw): bytes 4r..4r+3 of the block's 64
+//         = row r's elements 2b, 2b+1 as raw bf16
 // Every other type is stored as its GGUF rows unchanged ("raw") and multiplied through fp32.
 #pragma once
 
@@ -33,11 +42,26 @@ namespace d2o::mm {
 inline constexpr int kTileRows = 16;
 inline constexpr int kMaxSections = 6;
 
-enum class PackKind { kRaw, kQ4_0, kQ4_1, kQ5_0, kQ8_0, kQ4_K, kQ5_K, kQ6_K };
+enum class PackKind {
+  kRaw,
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ8_0,
+  kQ4_K,
+  kQ5_K,
+  kQ6_K,
+  kIQ4_NL,
+  kIQ4_XS,
+  kBF16,
+  kQ3_K,
+  kQ2_K
+};
+inline constexpr int kPackKinds = static_cast<int>(PackKind::kQ2_K) + 1;
 
 struct PackedLayout {
   PackKind kind = PackKind::kRaw;
-  int64_t block_elems = 1;  // elements per block (32 or 256; 1 for raw F32/F16/BF16)
+  int64_t block_elems = 1;  // elements per block (32 or 256; 2 for BF16; 1 for raw types)
   int64_t n_blocks = 0;     // blocks per row
   int n_sections = 0;
   int64_t section_bytes[kMaxSections] = {};   // bytes of one block of one tile

@@ -6,6 +6,7 @@
 
 #include "core/fp16.h"
 #include "ops/matmul_kernels.h"
+#include "ops/quant.h"
 
 namespace d2o::mm {
 
@@ -102,6 +103,10 @@ void tile_32(const TileJob& job) {
                 const uint8_t bits = at(qh, 0, r, i);
                 lo |= ((bits >> v) & 1) << 4;
                 hi |= ((bits >> (v + 4)) & 1) << 4;
+              }
+              if (kKind == PackKind::kIQ4_NL) {
+                lo = kIq4Values[lo];
+                hi = kIq4Values[hi];
               }
               isum += lo * xb[4 * v + i] + hi * xb[16 + 4 * v + i];
             }
@@ -203,6 +208,106 @@ void tile_q6_k(const TileJob& job) {
   }
 }
 
+void tile_iq4_xs(const TileJob& job) {
+  const PackedLayout& w = *job.w;
+  const ActLayout& al = *job.acts;
+  for (int t = 0; t < job.nt; ++t) {
+    const uint8_t* rec = job.act + t * al.stride;
+    const int8_t* xq = act_qs(rec);
+    const float* dx = act_d(al, rec);
+    for (int r = 0; r < job.rows; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < w.n_blocks; ++b) {
+        const auto* sc = reinterpret_cast<const int8_t*>(section(w, job.tile, 1, b));
+        const uint8_t* qs = section(w, job.tile, 2, b);
+        int32_t total = 0;
+        for (int j = 0; j < 8; ++j) {
+          const int8_t* xs = xq + 256 * b + 32 * j;
+          int32_t isum = 0;
+          for (int v = 0; v < 4; ++v) {
+            for (int i = 0; i < 4; ++i) {
+              const uint8_t byte = at(qs + 256 * j, v, r, i);
+              isum += kIq4Values[byte & 0x0F] * xs[4 * v + i] +
+                      kIq4Values[byte >> 4] * xs[16 + 4 * v + i];
+            }
+          }
+          total += sc[32 * (j / 2) + 2 * r + j % 2] * isum;
+        }
+        const float dw = half_at(section(w, job.tile, 0, b), r);
+        acc = std::fma(static_cast<float>(total), dw * dx[b], acc);
+      }
+      job.y[t * job.y_stride + r] = acc;
+    }
+  }
+}
+
+// Q3_K (values q + 4) and Q2_K: 16 sub-blocks of 16 per block.
+template <PackKind kKind>
+void tile_q23_k(const TileJob& job) {
+  constexpr bool kThree = kKind == PackKind::kQ3_K;
+  const PackedLayout& w = *job.w;
+  const ActLayout& al = *job.acts;
+  for (int t = 0; t < job.nt; ++t) {
+    const uint8_t* rec = job.act + t * al.stride;
+    const float* dx = act_d(al, rec);
+    const int16_t* qsum16 = act_b<int16_t>(al, rec);
+    for (int r = 0; r < job.rows; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < w.n_blocks; ++b) {
+        const uint8_t* sc = section(w, job.tile, kThree ? 1 : 2, b);
+        const uint8_t* mn = section(w, job.tile, kThree ? 1 : 3, b);
+        const uint8_t* ql = section(w, job.tile, kThree ? 2 : 4, b);
+        const uint8_t* qh = section(w, job.tile, 3, b);  // Q3_K only
+        int32_t total = 0, offs = 0;
+        for (int j = 0; j < 16; ++j) {
+          const int8_t* xs = act_qs(rec) + 256 * b + 16 * j;
+          int32_t isum = 0;
+          for (int u = 0; u < 4; ++u) {
+            for (int i = 0; i < 4; ++i) {
+              int q = (at(ql, j, r, i) >> (2 * u)) & 3;
+              if (kThree) q |= ((at(qh, j / 2, r, i) >> (4 * (j % 2) + u)) & 1) << 2;
+              isum += q * xs[4 * u + i];
+            }
+          }
+          const int pair = 32 * (j / 2) + 2 * r + j % 2;
+          const int s = kThree ? static_cast<int8_t>(sc[pair]) : sc[pair];
+          total += s * isum;
+          offs += (kThree ? s : mn[pair]) * qsum16[16 * b + j];
+        }
+        const float dw = half_at(section(w, job.tile, 0, b), r);
+        if (kThree) {
+          acc = std::fma(static_cast<float>(total - 4 * offs), dw * dx[b], acc);
+        } else {
+          const float dmin = half_at(section(w, job.tile, 1, b), r);
+          acc = std::fma(static_cast<float>(total), dw * dx[b], acc);
+          acc = std::fma(-static_cast<float>(offs), dmin * dx[b], acc);
+        }
+      }
+      job.y[t * job.y_stride + r] = acc;
+    }
+  }
+}
+
+void tile_bf16(const TileJob& job) {
+  const PackedLayout& w = *job.w;
+  const uint8_t* sec = job.tile + w.section_offset[0];
+  for (int t = 0; t < job.nt; ++t) {
+    const auto* x = reinterpret_cast<const float*>(job.act + t * job.acts->stride);
+    for (int r = 0; r < job.rows; ++r) {
+      float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int64_t b = 0; b < w.n_blocks; ++b) {
+        for (int e = 0; e < 2; ++e) {
+          uint16_t h;
+          std::memcpy(&h, sec + 64 * b + 4 * r + 2 * e, 2);
+          float& acc = a[2 * (b % 2) + e];
+          acc = std::fma(bf16_to_fp32(h), x[2 * b + e], acc);
+        }
+      }
+      job.y[t * job.y_stride + r] = (a[0] + a[1]) + (a[2] + a[3]);
+    }
+  }
+}
+
 void f32_scalar(const F32Job& job) {
   for (int t = 0; t < job.nt; ++t) {
     const float* x = job.x + t * job.x_stride;
@@ -217,18 +322,29 @@ void f32_scalar(const F32Job& job) {
 
 }  // namespace
 
+void quantize_bf16(const ActLayout& l, const float* x, uint8_t* record) {
+  auto* out = reinterpret_cast<float*>(record);
+  for (int64_t i = 0; i < l.n_cols; ++i) out[i] = bf16_to_fp32(fp32_to_bf16(x[i]));
+}
+
 const KernelTable& kernels_scalar() {
   static const KernelTable table = [] {
     KernelTable t;
     t.quantize[0] = quantize_scalar;
     t.quantize[1] = quantize_scalar;
+    t.quantize[2] = quantize_bf16;
     t.tile[static_cast<int>(PackKind::kQ4_0)] = tile_32<PackKind::kQ4_0>;
     t.tile[static_cast<int>(PackKind::kQ4_1)] = tile_32<PackKind::kQ4_1>;
     t.tile[static_cast<int>(PackKind::kQ5_0)] = tile_32<PackKind::kQ5_0>;
     t.tile[static_cast<int>(PackKind::kQ8_0)] = tile_32<PackKind::kQ8_0>;
+    t.tile[static_cast<int>(PackKind::kIQ4_NL)] = tile_32<PackKind::kIQ4_NL>;
     t.tile[static_cast<int>(PackKind::kQ4_K)] = tile_q45_k<PackKind::kQ4_K>;
     t.tile[static_cast<int>(PackKind::kQ5_K)] = tile_q45_k<PackKind::kQ5_K>;
     t.tile[static_cast<int>(PackKind::kQ6_K)] = tile_q6_k;
+    t.tile[static_cast<int>(PackKind::kIQ4_XS)] = tile_iq4_xs;
+    t.tile[static_cast<int>(PackKind::kBF16)] = tile_bf16;
+    t.tile[static_cast<int>(PackKind::kQ3_K)] = tile_q23_k<PackKind::kQ3_K>;
+    t.tile[static_cast<int>(PackKind::kQ2_K)] = tile_q23_k<PackKind::kQ2_K>;
     t.f32 = f32_scalar;
     return t;
   }();

@@ -168,6 +168,33 @@ void dequant_q6_k(const void* src, float* y, int64_t nb) {
   }
 }
 
+// y = d * value for IQ4_NL; IQ4_XS first forms each sub-block's d * (scale - 32).
+void dequant_iq4_nl(const void* src, float* y, int64_t nb) {
+  const auto* x = blocks_of<BlockIQ4_NL>(src);
+  for (int64_t i = 0; i < nb; ++i, y += kQK) {
+    const float d = fp16_to_fp32(x[i].d);
+    for (int j = 0; j < kQK / 2; ++j) {
+      y[j] = d * static_cast<float>(kIq4Values[x[i].qs[j] & 0x0F]);
+      y[j + kQK / 2] = d * static_cast<float>(kIq4Values[x[i].qs[j] >> 4]);
+    }
+  }
+}
+
+void dequant_iq4_xs(const void* src, float* y, int64_t nb) {
+  const auto* x = blocks_of<BlockIQ4_XS>(src);
+  for (int64_t i = 0; i < nb; ++i, y += kQKK) {
+    const float d = fp16_to_fp32(x[i].d);
+    for (int j = 0; j < 8; ++j) {
+      const float dl = d * static_cast<float>(iq4_xs_scale(x[i], j));
+      const uint8_t* qs = x[i].qs + 16 * j;
+      for (int l = 0; l < 16; ++l) {
+        y[32 * j + l] = dl * static_cast<float>(kIq4Values[qs[l] & 0x0F]);
+        y[32 * j + 16 + l] = dl * static_cast<float>(kIq4Values[qs[l] >> 4]);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void pack_scale_min_k4(const uint8_t sc[8], const uint8_t m[8], uint8_t q[12]) {
@@ -203,6 +230,8 @@ bool dequantize_supported(GgmlType type) {
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
+    case GgmlType::kIQ4_NL:
+    case GgmlType::kIQ4_XS:
       return true;
     default:
       return false;
@@ -255,6 +284,10 @@ void dequantize_row_ref(GgmlType type, const void* src, float* dst, int64_t n) {
       return dequant_q5_k(src, dst, nb);
     case GgmlType::kQ6_K:
       return dequant_q6_k(src, dst, nb);
+    case GgmlType::kIQ4_NL:
+      return dequant_iq4_nl(src, dst, nb);
+    case GgmlType::kIQ4_XS:
+      return dequant_iq4_xs(src, dst, nb);
     default:
       D2O_ASSERT(false);
   }

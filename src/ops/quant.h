@@ -11,6 +11,9 @@
 //   Q5_K       low 4 bits as Q4_K; bit (e / 32) of qh[e % 32] = bit 4
 //   Q6_K       low 4 bits of e = 128g + 64s + l: (ql[64g + l] >> 4s) & 15; high 2 bits of
 //              e = 128g + 32s + l: (qh[32g + l] >> 2s) & 3; value - 32; sub-block = e / 16
+//   IQ4_NL     nibbles as Q4_0, each an index into the 16 non-linear values kIq4Values
+//   IQ4_XS     sub-block j (32 elements) = qs[16j..16j+15] laid out as an IQ4_NL block, with
+//              the 6-bit scale (scales_l nibble j | bits 2j..2j+1 of scales_h << 4) - 32
 // Dequantised values are computed with exactly the float32 operations (and operation order) of
 // the reference implementations, so that results match other GGUF tools bit for bit.
 #pragma once
@@ -49,6 +52,25 @@ struct BlockQ8_0 {
   uint16_t d;
   int8_t qs[kQK];
 };
+struct BlockIQ4_NL {
+  uint16_t d;  // fp16 scale
+  uint8_t qs[kQK / 2];
+};
+struct BlockIQ4_XS {
+  uint16_t d;                   // fp16 super-block scale
+  uint16_t scales_h;            // high 2 bits of the 8 sub-block scales
+  uint8_t scales_l[kQKK / 64];  // low 4 bits, two sub-blocks per byte
+  uint8_t qs[kQKK / 2];
+};
+// The 16 values an IQ4_NL / IQ4_XS nibble selects (a fact of the format), before scaling.
+inline constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                          1,    13,   25,  38,  53,  69,  89,  113};
+// The 6-bit scale of sub-block j (0..7) of an IQ4_XS block, unbiased (-32..31).
+inline int iq4_xs_scale(const BlockIQ4_XS& x, int j) {
+  const int low = (x.scales_l[j / 2] >> (4 * (j % 2))) & 0x0F;
+  const int high = (x.scales_h >> (2 * j)) & 3;
+  return (low | (high << 4)) - 32;
+}
 struct BlockQ2_K {
   uint8_t scales[kQKK / 16];  // low nibble: scale, high nibble: min, per 16 elements
   uint8_t qs[kQKK / 4];
@@ -86,6 +108,8 @@ static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ5_0) == 22);
 static_assert(sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockIQ4_NL) == 18);
+static_assert(sizeof(BlockIQ4_XS) == 136);
 static_assert(sizeof(BlockQ2_K) == 84);
 static_assert(sizeof(BlockQ3_K) == 110);
 static_assert(sizeof(BlockQ4_K) == 144);
@@ -109,7 +133,8 @@ void pack_scale_min_k4(const uint8_t sc[8], const uint8_t m[8], uint8_t q[12]);
 void unpack_scales_q3_k(const uint8_t packed[12], int8_t scales[16]);
 
 // Dequantises n elements (n a multiple of the type's block size) of `type` from src into dst.
-// Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
+// Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+// IQ4_NL, IQ4_XS.
 // Uses the fastest available path; results are bit-identical to dequantize_row_ref.
 void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
 void dequantize_row_ref(GgmlType type, const void* src, float* dst, int64_t n);  // scalar

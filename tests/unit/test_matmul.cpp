@@ -28,6 +28,8 @@ std::vector<int> half_fields(GgmlType type) {
     case GgmlType::kQ4_0:
     case GgmlType::kQ5_0:
     case GgmlType::kQ8_0:
+    case GgmlType::kIQ4_NL:
+    case GgmlType::kIQ4_XS:
       return {0};
     case GgmlType::kQ4_1:
     case GgmlType::kQ5_1:
@@ -111,6 +113,17 @@ std::vector<uint8_t> random_weights(GgmlType type, int64_t n_rows, int64_t n_col
         for (int j = 0; j < 16; ++j)
           blk[192 + j] = static_cast<uint8_t>(static_cast<int8_t>(rng() % 9 - 4));
         break;
+      case GgmlType::kIQ4_XS: {  // sub-block scales -2..2 (stored biased by 32)
+        uint16_t high = 0;
+        for (int j = 0; j < 8; ++j) {
+          const int ls = 30 + static_cast<int>(rng() % 5);
+          blk[4 + j / 2] = static_cast<uint8_t>((blk[4 + j / 2] & (0xF0 >> (4 * (j % 2)))) |
+                                                ((ls & 0x0F) << (4 * (j % 2))));
+          high = static_cast<uint16_t>(high | ((ls >> 4) << (2 * j)));
+        }
+        std::memcpy(blk + 2, &high, 2);
+        break;
+      }
       default:
         break;
     }
@@ -201,13 +214,16 @@ Reference reference(GgmlType type, const std::vector<uint8_t>& bytes, int64_t n_
   return ref;
 }
 
-bool is_packed_type(GgmlType t) {
+// Whether QMatrix repacks an [n, n_cols] matrix of type t (BF16 only for rows of even length).
+bool is_packed_type(GgmlType t, int64_t n_cols) {
+  if (t == GgmlType::kBF16) return n_cols % 2 == 0;
   return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ5_0 ||
          t == GgmlType::kQ8_0 || t == GgmlType::kQ4_K || t == GgmlType::kQ5_K ||
-         t == GgmlType::kQ6_K;
+         t == GgmlType::kQ6_K || t == GgmlType::kIQ4_NL || t == GgmlType::kIQ4_XS ||
+         t == GgmlType::kQ3_K || t == GgmlType::kQ2_K;
 }
 int64_t act_block_of(GgmlType t) {
-  if (t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K) return 256;
+  return ggml_block_size(t) == 256 ? 256 : 32;
   return 32;
 }
 
@@ -301,12 +317,13 @@ TEST_P(MatmulType, MatchesReferenceOnRandomMatrices) {
           // fp32 rounding of the accumulation (a generous n * 2^-23 of sum |w x|) plus, for the
           // integer kernels, the activation quantisation bound.
           double tol = 2.4e-7 * static_cast<double>(s.cols) * ref.abs_sum[i] + 1e-6;
-          if (is_packed_type(type)) tol += 1.001 * ref.quant_bound[i] + 1e-5 * ref.abs_sum[i];
+          if (is_packed_type(type, s.cols))
+            tol += 1.001 * ref.quant_bound[i] + 1e-5 * ref.abs_sum[i];
           ASSERT_NEAR(y[i], ref.y[i], tol)
               << ggml_type_name(type) << " " << kernel_isa_name(isa) << " shape [" << s.rows << ", "
               << s.cols << "] n_tok " << n_tok << " output " << i;
         }
-        if (!is_packed_type(type)) continue;
+        if (!is_packed_type(type, s.cols)) continue;
         if (first.empty()) {
           first = y;
         } else {
@@ -387,7 +404,7 @@ TEST_P(MatmulType, GetRowAndReference) {
   EXPECT_EQ(w.type(), type);
   EXPECT_EQ(w.n_rows(), s.rows);
   EXPECT_EQ(w.n_cols(), s.cols);
-  EXPECT_EQ(w.packed(), is_packed_type(type));
+  EXPECT_EQ(w.packed(), is_packed_type(type, s.cols));
   EXPECT_GE(w.bytes(), bytes.size());
   EXPECT_LE(w.bytes(), bytes.size() * 11 / 10 + 16 * 4096) << "packed layout overhead too large";
   const int64_t row_bytes = ggml_row_bytes(type, s.cols);
@@ -410,7 +427,7 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulType,
                                            GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
                                            GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K,
                                            GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
-                                           GgmlType::kQ6_K),
+                                           GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS),
                          [](const ::testing::TestParamInfo<GgmlType>& p) {
                            return ggml_type_name(p.param);
                          });
@@ -421,7 +438,8 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulType,
 TEST(Matmul, ActivationEdgeCases) {
   std::mt19937 rng(31);
   ThreadPool pool(2);
-  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ8_0, GgmlType::kQ6_K}) {
+  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ8_0, GgmlType::kQ6_K,
+                        GgmlType::kIQ4_NL, GgmlType::kIQ4_XS, GgmlType::kBF16}) {
     const int64_t n_rows = 19, n_cols = 512, n_tok = 4;
     const auto bytes = random_weights(type, n_rows, n_cols, Fill::kRealistic, rng);
     const QMatrix w = make_matrix(type, n_rows, n_cols, bytes);
@@ -455,7 +473,7 @@ TEST(Matmul, ActivationEdgeCases) {
 // keep partial sums of these in int16; any overflow there would show as a wrong result.
 TEST(Matmul, ExtremeQuantsAreExact) {
   ThreadPool pool(2);
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ5_0}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kIQ4_NL}) {
     const int64_t n_rows = 21, n_cols = 256, n_tok = 4;
     const int64_t block_bytes = ggml_row_bytes(type, 32);
     for (uint8_t fill : {uint8_t{0xFF}, uint8_t{0x00}}) {
@@ -575,7 +593,8 @@ TEST_P(LlamaCppMatmul, ReproducesGgmlMulMat) {
 }
 
 INSTANTIATE_TEST_SUITE_P(PackedTypes, LlamaCppMatmul,
-                         ::testing::Values("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"),
+                         ::testing::Values("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
+                                           "IQ4_NL", "IQ4_XS", "BF16", "Q3_K", "Q2_K"),
                          [](const ::testing::TestParamInfo<const char*>& p) {
                            return std::string(p.param);
                          });

@@ -114,7 +114,8 @@ TEST_P(DequantFixture, BitIdenticalToGgufPackage) {
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, DequantFixture,
                          ::testing::Values("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-                                           "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"),
+                                           "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
+                                           "IQ4_XS"),
                          [](const ::testing::TestParamInfo<const char*>& p) {
                            return std::string(p.param);
                          });
@@ -122,9 +123,10 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, DequantFixture,
 // Random blocks beyond the fixtures: every SIMD level equals the reference on many blocks.
 TEST(Dequant, SimdMatchesReferenceOnRandomBlocks) {
   std::mt19937 rng(7);
-  for (GgmlType type : {GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1,
-                        GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K,
-                        GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+  for (GgmlType type :
+       {GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
+        GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K,
+        GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS}) {
     const int64_t n = ggml_block_size(type) * 37 + (ggml_block_size(type) == 1 ? 5 : 0);
     std::vector<uint8_t> raw(static_cast<size_t>(ggml_row_bytes(type, n)));
     for (auto& b : raw) b = static_cast<uint8_t>(rng());
@@ -145,6 +147,8 @@ TEST(Dequant, SimdMatchesReferenceOnRandomBlocks) {
 
 TEST(Dequant, SupportedTypes) {
   EXPECT_TRUE(dequantize_supported(GgmlType::kQ6_K));
+  EXPECT_TRUE(dequantize_supported(GgmlType::kIQ4_NL));
+  EXPECT_TRUE(dequantize_supported(GgmlType::kIQ4_XS));
   EXPECT_FALSE(dequantize_supported(GgmlType::kQ8_K));
   EXPECT_FALSE(dequantize_supported(GgmlType::kIQ2_XXS));
   EXPECT_FALSE(dequantize_supported(GgmlType::kI32));
