@@ -29,7 +29,7 @@ TEST(CliInspect, RealModelSummary) {
   // What d2o runs of it.
   EXPECT_TRUE(has("d2o model     supported"));
   EXPECT_TRUE(has("d2o layers    30 global attention layers, every one compressed"));
-  EXPECT_TRUE(has("Q4_1: integer kernels (packed)"));
+  EXPECT_TRUE(has("Q4_1: packed kernels"));
 }
 
 std::string write_temp(const std::vector<uint8_t>& bytes, const std::string& name) {

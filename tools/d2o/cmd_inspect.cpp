@@ -25,7 +25,9 @@ struct InspectOptions {
 
 // How d2o computes with weights of `type`.
 const char* weight_path(GgmlType type) {
-  if (mm::pack_kind_for(type) != mm::PackKind::kRaw) return "integer kernels (packed)";
+  if (type == GgmlType::kBF16 && mm::pack_kind_for(type) != mm::PackKind::kRaw)
+    return "packed kernels (rows of odd length: dequantised to F32)";
+  if (mm::pack_kind_for(type) != mm::PackKind::kRaw) return "packed kernels";
   if (type == GgmlType::kF32) return "F32";
   if (dequantize_supported(type)) return "rows dequantised to F32 (no packed kernel: slower)";
   return "not supported";
