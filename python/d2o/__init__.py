@@ -360,6 +360,8 @@ class Session:
             raise TypeError(f"model must be a d2o.Model, got {type(model).__name__}")
         self._model = model
         self._s = _d2o._Session(model._m, _str(kv, "kv"), _str(kv_type, "kv_type"))
+        self._history: List[tuple] = []  # the conversation chat() has fed, replies included
+        self._pending: Optional[tuple] = None  # a streamed reply not yet in _history
 
     @property
     def spec(self) -> str:
@@ -389,13 +391,40 @@ class Session:
 
     def chat(self, messages: Sequence[Dict[str, str]], max_tokens: int = 128,
              **kw: Any) -> Union[GenerateResult, Stream]:
-        """The next turn: ``messages`` (the new ones only) in the chat template, then the
-        answer."""
-        text = self._model._m.chat_text(_messages(messages))
-        ids = self._model.tokenize(text, add_special=not self._s.tokens, parse_special=True)
+        """The next turn: ``messages`` (the new ones only) appended to the conversation, then the
+        answer. The whole conversation is rendered in the chat template and only its tokens after
+        those the session holds are fed (so a template's default system prompt comes once);
+        where the session holds other tokens (fed by other calls), the new messages are rendered
+        alone."""
+        new = _messages(messages)
+        self._settle_reply()
+        history = self._history + new
+        held = self._s.tokens
+        ids = self._model.tokenize(self._model._m.chat_text(history), add_special=True,
+                                   parse_special=True)
+        if held and ids[:len(held)] == list(held) and len(ids) > len(held):
+            ids = ids[len(held):]
+        elif held:
+            history = []
+            ids = self._model.tokenize(self._model._m.chat_text(new), add_special=False,
+                                       parse_special=True)
         stop = kw.pop("stop", None)
         stop = [stop] if isinstance(stop, str) else list(stop or [])
-        return self.generate(ids, max_tokens, stop=stop + self._model._m.chat_stops(), **kw)
+        out = self.generate(ids, max_tokens, stop=stop + self._model._m.chat_stops(), **kw)
+        if isinstance(out, Stream):
+            self._pending = (history, out)
+        else:
+            self._history = history + [("assistant", out.text)] if history else []
+        return out
+
+    def _settle_reply(self) -> None:
+        # A streamed reply joins the conversation once its stream has finished.
+        if self._pending is None:
+            return
+        history, stream = self._pending
+        self._pending = None
+        done = stream.result is not None and history
+        self._history = history + [("assistant", stream.result.text)] if done else []
 
     def logits(self, tokens: Sequence[int], *, context_end: Optional[int] = None,
                chunk: int = 256) -> "Any":

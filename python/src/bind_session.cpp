@@ -27,7 +27,7 @@ class PySession {
       return d;
     }
     unfed_.clear();
-    history_.insert(history_.end(), in.begin(), in.end());
+    history_.insert(history_.end(), ids.begin(), ids.end());  // (unfed_ is in it already)
     const auto toks = d["tokens"].cast<std::vector<TokenId>>();
     history_.insert(history_.end(), toks.begin(), toks.end());
     const std::string reason = d["stop_reason"].cast<std::string>();
@@ -42,7 +42,7 @@ class PySession {
     const int64_t ce = context_end > 0 ? context_end + static_cast<int64_t>(skip) : 0;
     pyb::array_t<float> all = run_logits(*model_, *seq_, in, ce, chunk);
     unfed_.clear();
-    history_.insert(history_.end(), in.begin(), in.end());
+    history_.insert(history_.end(), ids.begin(), ids.end());  // (unfed_ is in it already)
     if (skip == 0) return all;
     pyb::module_ np = pyb::module_::import("numpy");
     const pyb::slice rows(static_cast<pyb::ssize_t>(skip), static_cast<pyb::ssize_t>(in.size()), 1);
@@ -63,7 +63,7 @@ class PySession {
     }
     ok_or_raise(s);
     unfed_.clear();
-    history_.insert(history_.end(), in.begin(), in.end());
+    history_.insert(history_.end(), ids.begin(), ids.end());  // (unfed_ is in it already)
   }
 
   pyb::dict kv_report() const;

@@ -90,6 +90,34 @@ def test_session_keeps_its_cache(model):
     assert abs(a - one[:100]).max() < 1e-3 and abs(b - one[100:]).max() < 1e-3
 
 
+def test_session_tokens_after_generations(model):
+    # The last token a generation samples is fed with the next call's tokens, and listed once.
+    s = model.session()
+    a = s.generate("The capital of France is", 3)
+    b = s.generate(" And", 3)
+    assert s.tokens == model.tokenize("The capital of France is") + a.tokens + \
+        model.tokenize(" And", add_special=False) + b.tokens
+    assert s.n_past == len(s.tokens) - (1 if b.stop_reason != "eog" else 0)
+
+
+def test_session_chat_renders_the_whole_conversation(model):
+    # A session's second turn feeds what the whole conversation's rendering adds to what it
+    # holds: the template's default system prompt once, and the answer the one-call chat gives.
+    first = [{"role": "user", "content": "Name three colours."}]
+    second = [{"role": "user", "content": "And three animals?"}]
+    s = model.session()
+    r1 = s.chat(first, 12)
+    r2 = s.chat(second, 12)
+    text = model.detokenize(s.tokens)
+    assert text.count("You are a helpful AI assistant") == 1
+    whole = model.chat(first + [{"role": "assistant", "content": r1.text}] + second, 12)
+    assert r2.text == whole.text
+    # Streamed, the reply joins the conversation once the stream is done.
+    t = model.session()
+    "".join(t.chat(first, 12, stream=True))
+    assert t.chat(second, 12).text == r2.text
+
+
 def test_perplexity(model):
     text = kjv(1200)
     full = model.perplexity(text)
