@@ -449,8 +449,8 @@ class Session:
 
 
 def policies() -> Dict[str, List[Dict[str, Any]]]:
-    """The KV policy registry: {"presets": [{name, doc, spec, keys}], "keys": [{name, old_name,
-    values, doc}]}. ``spec`` is the preset's canonical spec with every default."""
+    """The KV policy registry: {"presets": [{name, doc, spec, keys, parts}], "keys": [{name,
+    old_name, values, doc}]}. ``spec`` is the preset's canonical spec with every default."""
     return {"presets": _d2o._presets(), "keys": _d2o._keys()}
 
 

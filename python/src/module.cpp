@@ -75,6 +75,7 @@ pyb::list policy_docs() {
     d["doc"] = p.doc;
     d["spec"] = p.spec;
     d["keys"] = p.keys;
+    d["parts"] = p.parts;
     out.append(d);
   }
   return out;

@@ -140,3 +140,5 @@ def test_policies_lists_the_registry():
     assert all(k["doc"] for k in p["keys"]), [k["name"] for k in p["keys"] if not k["doc"]]
     for x in p["presets"]:
         assert set(x["keys"]) <= set(keys), x["name"]
+        # A composed preset says what it is made of; full has no parts.
+        assert bool(x["parts"]) == (x["name"] != "full"), x["name"]

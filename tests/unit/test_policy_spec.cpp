@@ -12,6 +12,7 @@
 
 #include "kv/policy.h"
 #include "kv/policy/composed.h"
+#include "kv/policy/presets.h"
 #include "kv/policy/spec_keys.h"
 
 namespace d2o {
@@ -312,6 +313,40 @@ std::string old_spelling(const std::string& spec) {
     at = comma + 1;
   }
   return out;
+}
+
+// A preset is the list of its parts: the keys it takes are its parts' keys, each registered by
+// the part that owns it, each once, whatever order its canonical form prints them in; every part
+// says what it is.
+TEST(PolicySpec, EveryPresetTakesTheKeysOfItsParts) {
+  ASSERT_FALSE(spec_detail::presets().empty());
+  for (const spec_detail::PresetDef& p : spec_detail::presets()) {
+    const std::vector<const char*> from_parts = p.part_keys();
+    std::multiset<std::string> parts(from_parts.begin(), from_parts.end());
+    std::multiset<std::string> taken(p.keys.begin(), p.keys.end());
+    EXPECT_EQ(parts, taken) << p.name;
+    EXPECT_EQ(std::set<std::string>(taken.begin(), taken.end()).size(), taken.size()) << p.name;
+    for (const std::string& k : taken) {
+      EXPECT_NE(spec_detail::find_key(k), nullptr) << p.name << ": " << k;
+      EXPECT_TRUE(p.accepts(k)) << p.name << ": " << k;
+    }
+    EXPECT_FALSE(p.accepts("no_such_key")) << p.name;
+    for (const spec_detail::PresetPart& part : p.parts) EXPECT_FALSE(part.what.empty()) << p.name;
+    // Its parts' values are its defaults, and its canonical form parses back to them.
+    PolicyConfig c;
+    c.name = p.name;
+    p.defaults(c);
+    auto parsed = parse_kv_policy(p.name);
+    ASSERT_TRUE(parsed.ok()) << p.name;
+    const auto* composed = dynamic_cast<const ComposedPolicy*>(parsed->get());
+    ASSERT_NE(composed, nullptr) << p.name;
+    EXPECT_TRUE(composed->config() == c) << p.name;
+    auto again = parse_kv_policy((*parsed)->spec());
+    ASSERT_TRUE(again.ok()) << (*parsed)->spec();
+    EXPECT_EQ((*again)->spec(), (*parsed)->spec());
+  }
+  EXPECT_NE(spec_detail::find_preset("d2o"), nullptr);
+  EXPECT_EQ(spec_detail::find_preset("full"), nullptr);  // no parts: not a composed policy
 }
 
 // The old names are the registry's, every old value word among them.

@@ -17,6 +17,7 @@ namespace d2o::cli {
 using Action = std::function<int()>;
 
 Action add_inspect_command(CLI::App& app);
+Action add_policies_command(CLI::App& app);
 Action add_run_command(CLI::App& app);
 Action add_chat_command(CLI::App& app);
 Action add_perplexity_command(CLI::App& app);

@@ -81,6 +81,7 @@ int main(int argc, char** argv) {
     subs.push_back(app.get_subcommands({}).back());
   };
   add(d2o::cli::add_inspect_command(app));
+  add(d2o::cli::add_policies_command(app));
   add(d2o::cli::add_run_command(app));
   add(d2o::cli::add_chat_command(app));
   add(d2o::cli::add_perplexity_command(app));

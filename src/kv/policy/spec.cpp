@@ -1,14 +1,14 @@
 // Policy spec strings: "name" or "name:key=value,key=value". One grammar for the CLI, the server
-// and the bench. The registry below lists every preset (its defaults and the keys it accepts);
-// spec_keys.cpp lists every key (how it is parsed and printed). docs/ADDING_A_POLICY.md has the
-// reference table.
+// and the bench. presets.cpp lists every preset as the parts it is made of (its defaults and the
+// keys it accepts follow from them); spec_keys.cpp lists every key (how it is parsed and
+// printed). docs/ADDING_A_POLICY.md has the reference table.
 //
 // Canonical form (spec()): the name, then ratio=... or budget=..., then the keys the preset
 // accepts in registry order, prefill= (which every preset takes) first (a key with a `shown` rule
 // only where it says so or where it differs from the preset's default; a key with an `applies`
-// rule only where that holds), numbers in their shortest round-trip form. Parsing it gives back an identical PolicyConfig. Keys are
-// printed by their readable names; their old names (nm=, mrope=post, ...) parse to the same
-// config (spec_keys.cpp, kOldSpellings).
+// rule only where that holds), numbers in their shortest round-trip form. Parsing it gives back an
+// identical PolicyConfig. Keys are printed by their readable names; their old names (nm=,
+// mrope=post, ...) parse to the same config (spec_keys.cpp, kOldSpellings).
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -18,6 +18,7 @@
 #include "kv/policy.h"
 #include "kv/policy/composed.h"
 #include "kv/policy/config.h"
+#include "kv/policy/presets.h"
 #include "kv/policy/scorer.h"
 #include "kv/policy/spec_docs.h"
 #include "kv/policy/spec_keys.h"
@@ -40,150 +41,10 @@ using spec_detail::word_key;
 
 constexpr int kMaxInt = std::numeric_limits<int>::max();
 
-// ---- presets (the registration point of a new method) --------------------------------------
-
-struct PresetDef {
-  const char* name;
-  void (*defaults)(PolicyConfig& c);
-  std::vector<const char*> keys;  // accepted keys besides ratio/budget, in canonical order
-};
-
-// D2O as the paper states it (reading=paper): variance budgets, 3:1, weighted merges, the prompt
-// compacted by its accumulated attention, evicted slots merged or dropped (no cold tier).
-void paper_d2o(PolicyConfig& c) {
-  const PolicyConfig plain;
-  c.cold = plain.cold;
-  c.selector = Selector::kHeavyRecent;
-  c.exact_total = true;
-  c.layers = LayerRule::kVariance;
-  c.sinks = 4;
-  c.nm_n = 3;
-  c.nm_m = 1;
-  c.merger = Merger::kD2o;
-  c.merge = MergeRule::kWeighted;
-  c.sim = SimOn::kKey;
-  c.ema = EmaRule::kPaper;
-  c.beta = 0.7;
-  c.mass = plain.mass;
-  c.scorer = plain.scorer;
-  c.prompt = plain.prompt;
-  c.kernel = plain.kernel;
-  c.prompt_merge = plain.prompt_merge;
-  c.pscore = plain.pscore;
-}
-
-const std::vector<PresetDef>& presets() {
-  static const std::vector<PresetDef> defs = {
-      {"streaming",
-       [](PolicyConfig& c) {
-         c.selector = Selector::kSinkRecent;
-         c.sinks = 4;
-       },
-       {"prefill", "sinks", "positions"}},
-      {"h2o",
-       [](PolicyConfig& c) {
-         c.selector = Selector::kHeavyRecent;
-         c.sinks = 0;
-         c.nm_n = c.nm_m = 1;
-       },
-       {"prefill", "sinks", "heavy_recent", "agg", "scorer", "heads", "floor", "distinct_share",
-        "prompt_ranking", "window", "kernel", "pool", "prompt_scores", "future", "value_weight",
-        "cold", "cold_type", "cold_size", "recall"}},
-      {"snapkv",
-       [](PolicyConfig& c) { c.selector = Selector::kSnapWindow; },
-       {"prefill", "window", "kernel", "pool", "agg", "heads", "floor", "hold_budget", "cold",
-        "cold_type", "cold_size", "recall"}},
-      {"pyramidkv",
-       [](PolicyConfig& c) {
-         c.selector = Selector::kSnapWindow;
-         c.layers = LayerRule::kPyramid;
-       },
-       {"prefill", "window", "kernel", "pool", "pyramid_beta", "agg", "heads", "floor",
-        "hold_budget", "cold", "cold_type", "cold_size", "recall"}},
-      {"roco",
-       [](PolicyConfig& c) {
-         c.selector = Selector::kHeavyRecent;
-         c.sinks = 0;
-         c.nm_n = c.nm_m = 1;
-         c.scorer = "mean_attention";
-       },
-       {"prefill", "sinks", "heavy_recent", "agg", "heads", "floor", "prompt_ranking", "window",
-        "kernel", "pool", "prompt_scores", "future", "value_weight", "cold", "cold_type",
-        "cold_size", "recall"}},
-      {"cam",
-       [](PolicyConfig& c) {
-         c.selector = Selector::kSinkRecent;
-         c.sinks = 4;
-         c.merger = Merger::kCam;
-       },
-       {"prefill", "sinks", "merge_targets", "seed", "agg"}},
-      {"d2o",
-       [](PolicyConfig& c) {
-         paper_d2o(c);
-         // The best D2O measured with the question in the prompt (docs/results.md): uniform
-         // layer budgets, a 1:1 heavy/recent split, mean attention as the score, and the prompt
-         // compacted by its last queries' pooled attention (SnapKV's window, kernel 21, no
-         // merges there), whose ranking the decode steps start from; evicted slots are dropped.
-         // merge=sized (with proportional_attention=on: merges that carry their sources' attention
-         // mass into size-weighted keys) ties this default on six of eight measures over both
-         // models (it wins SmolLM2's perplexity at capacity 1024 and loses Gemma 3's
-         // RULER-style score) at 1.4-1.6 times its policy time. reading=paper gives the
-         // paper's keys.
-         c.layers = LayerRule::kUniform;
-         c.nm_n = c.nm_m = 1;
-         c.merge = MergeRule::kOff;
-         c.mass = true;
-         c.scorer = "mean_attention";
-         c.prompt = PromptScore::kWindow;
-         c.kernel = 21;
-         c.prompt_merge = false;
-         c.pscore = PromptScore::kWindow;
-         // What the compactions evict goes to a cold tier on disk (q4_0r, in an unlinked file
-         // under $TMPDIR), and each new turn recalls the slots its own queries attend to most:
-         // a later question can still find what the first compaction did not keep. Left out
-         // where the configuration cannot have one (tier_possible) unless cold= is given.
-         c.cold.place = ColdPlace::kDisk;
-       },
-       {"prefill",
-        "sinks",
-        "heavy_recent",
-        "beta",
-        "layers",
-        "merge",
-        "sim",
-        "ema",
-        "agg",
-        "scorer",
-        "merged_score",
-        "merge_keys",
-        "merge_decision",
-        "keep_edge_layers",
-        "proportional_attention",
-        "heads",
-        "floor",
-        "distinct_share",
-        "prompt_ranking",
-        "window",
-        "kernel",
-        "pool",
-        "prompt_merge",
-        "prompt_scores",
-        "future",
-        "value_weight",
-        "cold",
-        "cold_type",
-        "cold_size",
-        "recall"}},
-      {"keydiff",
-       [](PolicyConfig& c) {
-         c.selector = Selector::kKeyDiff;
-         c.sinks = 0;
-         c.recent = 0;
-       },
-       {"prefill", "sinks", "recent"}},
-  };
-  return defs;
-}
+using spec_detail::find_preset;
+using spec_detail::paper_d2o;
+using spec_detail::PresetDef;
+using spec_detail::presets;
 
 std::string preset_names() {
   std::string s = "full";
@@ -196,13 +57,6 @@ std::string allowed_keys(const PresetDef& p) {
   for (const char* k : p.keys) s += std::string(", ") + k;
   if (std::string_view(p.name) == "d2o") s += ", reading";
   return s;
-}
-
-bool accepts(const PresetDef& p, std::string_view key) {
-  for (const char* k : p.keys) {
-    if (key == k) return true;
-  }
-  return false;
 }
 
 // One key=value of a spec, in today's spelling: `key` is the registry's name of the key (the
@@ -399,12 +253,11 @@ std::string format_policy_spec(const PolicyConfig& c) {
   std::string s = c.name + ":";
   s += c.mode == BudgetMode::kRatio ? "ratio=" + fmt_f64(c.ratio)
                                     : "budget=" + std::to_string(c.budget);
-  for (const PresetDef& p : presets()) {
-    if (c.name != p.name) continue;
+  if (const PresetDef* p = find_preset(c.name)) {
     PolicyConfig dflt;
     dflt.name = c.name;
-    p.defaults(dflt);
-    for (const char* k : p.keys) {
+    p->defaults(dflt);
+    for (const char* k : p->keys) {
       const KeyDef* d = find_key(k);
       if (d->applies && !d->applies(c)) continue;
       if (!d->shown || d->shown(c) || d->print(c) != d->print(dflt))
@@ -443,7 +296,7 @@ Status apply_items(const PresetDef& preset, const std::vector<Item>& items, Poli
       given.budget = true;
       continue;
     }
-    if (!accepts(preset, it.key)) return not_taken(name, preset, it);
+    if (!preset.accepts(it.key)) return not_taken(name, preset, it);
     D2O_RETURN_IF_ERROR(find_key(it.key)->parse(it.given, it.value, c));
   }
   // A tier from the preset's defaults (d2o's) is left out where the configuration cannot have
@@ -511,12 +364,13 @@ void plain_where_unused(PolicyConfig& c) {
 
 std::vector<PolicyPresetDoc> policy_preset_docs() {
   std::vector<PolicyPresetDoc> out;
-  out.push_back({"full", spec_detail::preset_line("full"), "full", {}});
+  out.push_back({"full", spec_detail::preset_line("full"), "full", {}, {}});
   for (const PresetDef& p : presets()) {
     auto parsed = parse_kv_policy(p.name);
     D2O_ASSERT(parsed.ok());
-    PolicyPresetDoc d{p.name, spec_detail::preset_line(p.name), (*parsed)->spec(), {}};
+    PolicyPresetDoc d{p.name, spec_detail::preset_line(p.name), (*parsed)->spec(), {}, {}};
     for (const char* k : p.keys) d.keys.emplace_back(k);
+    for (const spec_detail::PresetPart& part : p.parts) d.parts.push_back(part.what);
     if (std::string_view(p.name) == "d2o") d.keys.emplace_back("reading");
     out.push_back(std::move(d));
   }
@@ -534,10 +388,7 @@ Result<std::unique_ptr<KvPolicy>> parse_kv_policy(std::string_view spec) {
       return invalid_argument("KV policy 'full' takes no keys (got '" + std::string(body) + "')");
     return std::unique_ptr<KvPolicy>(new FullPolicy());
   }
-  const PresetDef* preset = nullptr;
-  for (const PresetDef& p : presets()) {
-    if (name == p.name) preset = &p;
-  }
+  const PresetDef* preset = find_preset(name);
   if (!preset)
     return invalid_argument("unknown KV policy '" + name + "' (allowed: " + preset_names() + ")");
 

@@ -14,6 +14,7 @@ struct PolicyPresetDoc {
   std::string doc;                // what it keeps, one or two sentences
   std::string spec;               // its canonical spec with every default (ratio mode)
   std::vector<std::string> keys;  // accepted keys besides ratio and budget, in canonical order
+  std::vector<std::string> parts;  // what it is made of, one line per part
 };
 
 struct PolicyKeyDoc {

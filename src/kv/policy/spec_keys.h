@@ -58,8 +58,8 @@ struct KeyDef {
 const std::vector<KeyDef>& key_defs();
 
 // The keys each part of a policy owns, registered by the part's own file (one line each in
-// key_defs()). What a preset accepts, and in which order its canonical form prints them, is the
-// preset's key list (spec.cpp).
+// key_defs()). What a preset accepts, and in which order its canonical form prints them, follows
+// from the parts it is made of (presets.cpp).
 std::vector<KeyDef> budget_keys();      // budgets.cpp: prefill, layers, beta, pyramid_beta, ...
 std::vector<KeyDef> keeper_keys();      // keeper.cpp: sinks, heavy_recent, recent, positions
 std::vector<KeyDef> scorer_keys();      // scorers.cpp: scorer, agg, proportional_attention
