@@ -13,6 +13,7 @@
 
 #include "common/random_model.h"
 #include "common/test_util.h"
+#include "gguf/gguf.h"
 #include "kv/policy.h"
 #include "model/model.h"
 #include "runtime/engine.h"
@@ -195,6 +196,71 @@ TEST_F(Qwen35Test, SessionRestoreContinuesAsTheUninterruptedSequence) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("recurrent state"), std::string::npos)
       << bad.status().message();
+}
+
+// Sequences batched in one pass (prompts of different lengths, then decode steps together, one
+// with a compressing policy) get the logits each gets alone: each carries its own state.
+TEST_F(Qwen35Test, BatchedSequencesKeepTheirOwnStates) {
+  const int nv = model_->hparams().n_vocab;
+  const std::vector<TokenId> pa = test::random_model_tokens(30, nv);
+  std::vector<TokenId> pb = test::random_model_tokens(50, nv);
+  std::reverse(pb.begin(), pb.end());
+  const std::vector<std::string> specs = {"full", "d2o:budget=16"};
+  // Alone: prompt then 10 steps of token 7; the last row's logits of each pass.
+  std::vector<std::vector<float>> alone(2);
+  for (int i = 0; i < 2; ++i) {
+    Sequence s(model_->hparams(), KvType::kF32, policy(specs[static_cast<size_t>(i)]));
+    std::vector<float> all;
+    const std::vector<TokenId>& p = i == 0 ? pa : pb;
+    feed(s, p, &all);
+    alone[static_cast<size_t>(i)].assign(all.end() - nv, all.end());
+    const TokenId t = 7;
+    for (int k = 0; k < 10; ++k) {
+      all.clear();
+      feed(s, std::span<const TokenId>(&t, 1), &all);
+      alone[static_cast<size_t>(i)].insert(alone[static_cast<size_t>(i)].end(), all.begin(),
+                                           all.end());
+    }
+  }
+  Sequence a(model_->hparams(), KvType::kF32, policy(specs[0]));
+  Sequence b(model_->hparams(), KvType::kF32, policy(specs[1]));
+  std::vector<std::vector<float>> together(2);
+  const TokenId t = 7;
+  for (int k = 0; k <= 10; ++k) {
+    BatchEntry be[2];
+    be[0].seq = &a;
+    be[1].seq = &b;
+    be[0].tokens = k == 0 ? std::span<const TokenId>(pa) : std::span<const TokenId>(&t, 1);
+    be[1].tokens = k == 0 ? std::span<const TokenId>(pb) : std::span<const TokenId>(&t, 1);
+    const Status st = engine_->forward({be, 2}, [&](int e, int, const float* l) {
+      together[static_cast<size_t>(e)].insert(together[static_cast<size_t>(e)].end(), l, l + nv);
+    });
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  }
+  EXPECT_EQ(together[0], alone[0]);
+  EXPECT_EQ(together[1], alone[1]);
+}
+
+// A file without a linear-attention tensor, or whose value heads do not divide over the key
+// heads, is refused with a message naming what is wrong.
+TEST(Qwen35Load, MalformedFilesAreRefusedWithAReason) {
+  test::RandomModelConfig c = test::random_qwen35_config();
+  c.omit_tensor = "blk.2.ssm_a";
+  std::vector<uint8_t> bytes = test::make_random_model(c).to_bytes();
+  auto f = GgufFile::from_memory(bytes.data(), bytes.size(), "q35.gguf");
+  ASSERT_TRUE(f.ok());
+  auto m = Model::load(**f);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("blk.2.ssm_a"), std::string::npos) << m.status().message();
+  c = test::random_qwen35_config();
+  c.ssm_n_v_head = 3;  // not a multiple of the 2 key heads
+  bytes = test::make_random_model(c).to_bytes();
+  f = GgufFile::from_memory(bytes.data(), bytes.size(), "q35.gguf");
+  ASSERT_TRUE(f.ok());
+  m = Model::load(**f);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("ssm.time_step_rank"), std::string::npos)
+      << m.status().message();
 }
 
 // A recurrent state cannot be rewound: the sequence refuses to be cut back to a prefix, saying
