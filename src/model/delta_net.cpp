@@ -33,12 +33,6 @@ void l2_normalize(float* x, int n, float eps) {
   for (int i = 0; i < n; ++i) x[i] *= scale;
 }
 
-float dot(const float* a, const float* b, int n) {
-  float s = 0.0f;
-  for (int i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
 }  // namespace
 
 void DeltaNet::ensure(const ModelHParams& h, int max_rows) {
@@ -108,19 +102,14 @@ void DeltaNet::recur(const ModelHParams& h, const SeqRows& s, float* state, Thre
       const int hk = hv % nk;  // value heads are tiled over the key heads
       for (int r = s.r0; r < s.r1; ++r) {
         const float* c = conv_.data() + static_cast<size_t>(r) * cd;
-        const float* q = c + hk * S;
-        const float* k = c + key_dim + hk * S;
-        const float* v = c + 2 * key_dim + hv * S;
-        const float decay = std::exp(gate_.data()[static_cast<size_t>(r) * nv + hv]);
-        const float beta = beta_.data()[static_cast<size_t>(r) * nv + hv];
-        float* o = out_.data() + static_cast<size_t>(r) * vd + hv * S;
-        for (int i = 0; i < S * S; ++i) M[i] *= decay;
-        for (int j = 0; j < S; ++j) {
-          float* row = M + static_cast<size_t>(j) * S;
-          const float d = (v[j] - dot(row, k, S)) * beta;
-          for (int i = 0; i < S; ++i) row[i] += d * k[i];
-          o[j] = dot(row, q, S) * scale;
-        }
+        DeltaRuleToken tok;
+        tok.q = c + hk * S;
+        tok.k = c + key_dim + hk * S;
+        tok.v = c + 2 * key_dim + hv * S;
+        tok.decay = std::exp(gate_.data()[static_cast<size_t>(r) * nv + hv]);
+        tok.beta = beta_.data()[static_cast<size_t>(r) * nv + hv];
+        tok.scale = scale;
+        delta_rule_step(M, tok, S, out_.data() + static_cast<size_t>(r) * vd + hv * S);
       }
     }
   });
