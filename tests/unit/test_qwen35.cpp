@@ -7,9 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
+#include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
+#include <thread>
 
 #include "common/random_model.h"
 #include "common/test_util.h"
@@ -19,6 +24,7 @@
 #include "runtime/engine.h"
 #include "runtime/sequence.h"
 #include "serve/session_file.h"
+#include "serve_fixture.h"
 
 namespace d2o {
 namespace {
@@ -280,6 +286,93 @@ TEST_F(Qwen35Test, ASequenceWithRecurrentStateRefusesToBeCutBack) {
   EXPECT_EQ(s.cache().recurrent().n_tokens, 0);
   for (const auto& dl : s.cache().recurrent().delta)
     for (float v : dl) ASSERT_EQ(v, 0.0f);
+}
+
+// One greedy turn of `session` on the service: the answer's text, what was kept, the session info.
+struct Q35Turn {
+  std::string text;
+  int cached = 0;
+  std::optional<serve::SessionInfo> session;
+  bool failed = false;
+};
+Q35Turn q35_turn(serve::Service& s, const std::vector<TokenId>& prompt, const std::string& id) {
+  auto job = std::make_shared<serve::Job>();
+  job->prompt = prompt;
+  job->max_tokens = 6;
+  job->sampling.temperature = 0;
+  job->sampling.top_k = 0;
+  job->kv_spec = "full";
+  job->session = id;
+  job->completion.endpoint = serve::Endpoint::kCompletion;
+  Q35Turn t;
+  if (s.submit(job)) {
+    t.failed = true;
+    return t;
+  }
+  std::string piece;
+  while (!serve::Service::wait_events(*job, piece, 1000)) t.text += piece;
+  t.text += piece;
+  std::lock_guard<std::mutex> lock(job->mu);
+  t.failed = job->error.has_value();
+  t.cached = job->completion.usage.cached_tokens;
+  t.session = job->completion.session;
+  return t;
+}
+
+bool q35_wait_saved(const serve::Service& s, int64_t n) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (s.metrics().sessions_saved < n) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+// A server restarted between two turns reads the session's file (recurrent state included) and
+// answers the second turn as the server that kept the session in memory.
+TEST(Qwen35Serve, ASessionReadBackAfterARestartAnswersAsTheUninterruptedOne) {
+  const std::vector<TokenId> p1 = serve::test::random_prompt(20, 31);
+  std::vector<TokenId> extra = serve::test::random_prompt(5, 32);
+  std::string uninterrupted, restarted;
+  int64_t n_past_1 = 0;
+  for (const bool restart : {false, true}) {
+    const std::string dir = test::scratch_path(restart ? "q35_sessions_b" : "q35_sessions_a");
+    std::filesystem::remove_all(dir);
+    auto stack = std::make_unique<serve::test::ServeStack>();
+    stack->model_config = test::random_qwen35_config();
+    stack->session_dir = dir;
+    ASSERT_NO_FATAL_FAILURE(stack->start("serve_qwen35", size_t{4} << 20, 2, 8));
+    const Q35Turn one = q35_turn(*stack->service, p1, "r");
+    ASSERT_FALSE(one.failed);
+    ASSERT_TRUE(q35_wait_saved(*stack->service, 1));
+    n_past_1 = one.session->n_past;
+    std::vector<TokenId> p2 = p1;
+    for (size_t p = 0; (p = one.text.find('t', p)) != std::string::npos;) {
+      size_t end = p + 1;
+      while (end < one.text.size() && std::isdigit(static_cast<unsigned char>(one.text[end])))
+        ++end;
+      p2.push_back(std::stoi(one.text.substr(p + 1, end - p - 1)));
+      p = end;
+    }
+    p2.insert(p2.end(), extra.begin(), extra.end());
+    if (restart) {
+      stack->service.reset();
+      stack = std::make_unique<serve::test::ServeStack>();
+      stack->model_config = test::random_qwen35_config();
+      stack->session_dir = dir;
+      ASSERT_NO_FATAL_FAILURE(stack->start("serve_qwen35", size_t{4} << 20, 2, 8));
+    }
+    const Q35Turn two = q35_turn(*stack->service, p2, "r");
+    ASSERT_FALSE(two.failed);
+    ASSERT_TRUE(two.session);
+    EXPECT_FALSE(two.session->rebuilt) << restart;
+    EXPECT_EQ(two.cached, n_past_1) << restart;
+    (restart ? restarted : uninterrupted) = two.text;
+    stack->service.reset();
+    std::filesystem::remove_all(dir);
+  }
+  EXPECT_FALSE(uninterrupted.empty());
+  EXPECT_EQ(restarted, uninterrupted);
 }
 
 }  // namespace
