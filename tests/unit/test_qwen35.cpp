@@ -128,6 +128,20 @@ TEST_F(Qwen35Test, UnderAD2oBudgetTheAttentionLayersAreCompressed) {
   EXPECT_EQ(b.cache().recurrent().n_tokens, 64);
 }
 
+// A budget above the sequence's length reproduces the full cache bit for bit, prompt and steps.
+TEST_F(Qwen35Test, ABudgetAboveTheLengthIsTheFullCache) {
+  const std::vector<TokenId> toks = test::random_model_tokens(64, model_->hparams().n_vocab);
+  std::vector<std::vector<float>> out;
+  for (const char* spec : {"full", "d2o:budget=128", "h2o:budget=128", "snapkv:budget=128"}) {
+    Sequence s(model_->hparams(), KvType::kF16, policy(spec));
+    std::vector<float> l;
+    feed(s, std::span<const TokenId>(toks.data(), 24), &l);
+    for (size_t i = 24; i < toks.size(); ++i) feed(s, std::span<const TokenId>(&toks[i], 1), &l);
+    out.push_back(std::move(l));
+    EXPECT_EQ(out.back(), out.front()) << spec;
+  }
+}
+
 // Keys re-rotated by a position delta (positions=shift) and compared rotated back to position 0
 // (merge_keys=unrotated) go through the multi-section RoPE's frequency factors: both policies run
 // and give finite logits, and a rotation by -d after one to p is the one to p - d.
