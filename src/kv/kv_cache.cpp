@@ -266,6 +266,17 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
     L.type_ = cfg.type;
   }
   for (auto* v : {&tmp_k_, &tmp_v_, &acc_k_, &acc_v_}) v->resize((cfg.head_dim + 3) / 4 * 4);
+  D2O_ASSERT(cfg.layer_recurrent.empty() ||
+             cfg.layer_recurrent.size() == static_cast<size_t>(cfg.n_layer));
+  if (cfg.has_recurrent()) {
+    rec_.conv.resize(static_cast<size_t>(cfg.n_layer));
+    rec_.delta.resize(static_cast<size_t>(cfg.n_layer));
+    for (int il = 0; il < cfg.n_layer; ++il) {
+      if (!cfg.recurrent(il)) continue;
+      rec_.conv[static_cast<size_t>(il)].assign(static_cast<size_t>(cfg.recurrent_conv), 0.0f);
+      rec_.delta[static_cast<size_t>(il)].assign(static_cast<size_t>(cfg.recurrent_delta), 0.0f);
+    }
+  }
 }
 
 void KvCache::copy_layer_slots(const KvLayer& L, int capacity, KvLayer& N) {
@@ -333,6 +344,7 @@ void KvCache::note_peak() {
 
 Status KvCache::reserve(int il, int n_slots, bool exact) {
   KvLayer& L = layers_[static_cast<size_t>(il)];
+  if (cfg_.recurrent(il)) return {};  // a recurrent layer holds no slots
   if (n_slots <= L.capacity_ && !exact) return {};
   if (exact && n_slots == L.capacity_) return {};
   // Sliding-window layers bound themselves (drop_oldest); the limit is for the others.
@@ -443,6 +455,7 @@ void KvCache::clear() {
     empty.type_ = L.type_;
     L = std::move(empty);
   }
+  rec_.reset();
   peak_bytes_ = 0;
 }
 
@@ -457,13 +470,15 @@ void KvCache::copy_cold(const KvCache& o) {
 
 Status KvCache::copy_from(const KvCache& o) {
   if (o.cfg_.n_layer != cfg_.n_layer || o.cfg_.n_head_kv != cfg_.n_head_kv ||
-      o.cfg_.head_dim != cfg_.head_dim || o.cfg_.type != cfg_.type) {
+      o.cfg_.head_dim != cfg_.head_dim || o.cfg_.type != cfg_.type ||
+      o.cfg_.layer_recurrent != cfg_.layer_recurrent) {
     return invalid_argument("KV cache copy: the caches have different shapes or storage types");
   }
   if (&o == this) return {};
   try {
     copy_cold(o);
     queries_ = o.queries_;
+    rec_ = o.rec_;
     for (size_t il = 0; il < layers_.size(); ++il) {
       const KvLayer& S = o.layers_[il];
       KvLayer& D = layers_[il];
@@ -495,7 +510,8 @@ Status KvCache::copy_from(const KvCache& o) {
 
 Status KvCache::copy_slots_from(const KvCache& o) {
   if (o.cfg_.n_layer != cfg_.n_layer || o.cfg_.n_head_kv != cfg_.n_head_kv ||
-      o.cfg_.head_dim != cfg_.head_dim || o.cfg_.type != cfg_.type) {
+      o.cfg_.head_dim != cfg_.head_dim || o.cfg_.type != cfg_.type ||
+      o.cfg_.layer_recurrent != cfg_.layer_recurrent) {
     return invalid_argument("KV cache copy: the caches have different shapes or storage types");
   }
   if (&o == this) return {};
@@ -503,6 +519,7 @@ Status KvCache::copy_slots_from(const KvCache& o) {
   try {
     copy_cold(o);
     queries_ = o.queries_;
+    rec_ = o.rec_;
   } catch (const std::bad_alloc&) {
     return resource_exhausted("out of memory copying a KV cache's cold tier or recorded queries");
   }
@@ -538,7 +555,8 @@ size_t KvCache::meta_bytes_allocated() const {
 size_t KvCache::bytes_held() const {
   size_t q = 0;
   for (const QueryWindow& w : queries_) q += w.bytes();
-  return kv_bytes_allocated() + meta_bytes_allocated() + q + (cold_ ? cold_->bytes() : 0);
+  return kv_bytes_allocated() + meta_bytes_allocated() + q + (cold_ ? cold_->bytes() : 0) +
+         rec_.bytes();
 }
 
 void KvCache::drop_queries() {
@@ -551,6 +569,7 @@ size_t KvCache::full_kv_bytes(int64_t n_tokens) const {
   // A full cache keeps every token in a global layer and the last W in a sliding-window one.
   size_t slots = 0;
   for (int il = 0; il < cfg_.n_layer; ++il) {
+    if (cfg_.recurrent(il)) continue;
     const int w = cfg_.window(il);
     slots += static_cast<size_t>(w > 0 ? std::min<int64_t>(n_tokens, w) : n_tokens);
   }
@@ -566,13 +585,17 @@ size_t KvCache::bytes_for_slots(const KvCacheConfig& cfg, int64_t slots, int max
   const size_t per_slot = kv_row_bytes(cfg.type.k, cfg.head_dim) +
                           kv_row_bytes(cfg.type.v, cfg.head_dim) + 3 * sizeof(int32_t) +
                           2 * sizeof(float);
-  size_t n = 0;
+  size_t n = 0, recurrent = 0;
   for (int il = 0; il < cfg.n_layer; ++il) {
+    if (cfg.recurrent(il)) {  // no slots: its recurrent state, of a fixed size
+      recurrent += static_cast<size_t>(cfg.recurrent_conv + cfg.recurrent_delta) * sizeof(float);
+      continue;
+    }
     const int w = cfg.window(il);
     n += static_cast<size_t>(w > 0 ? std::min<int64_t>(n_tokens, sliding_capacity(w, max_chunk))
                                    : slots);
   }
-  return n * static_cast<size_t>(cfg.n_head_kv) * per_slot;
+  return n * static_cast<size_t>(cfg.n_head_kv) * per_slot + recurrent;
 }
 
 Status KvCache::settle_sliding() {

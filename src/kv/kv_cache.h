@@ -54,6 +54,7 @@
 #include "core/mem.h"
 #include "d2o/status.h"
 #include "kv/query_window.h"
+#include "kv/recurrent_state.h"
 #include "ops/ggml_type.h"
 
 namespace d2o {
@@ -333,10 +334,23 @@ struct KvCacheConfig {
   // Per layer: > 0 marks a sliding-window layer of that window; empty: every layer is global.
   std::vector<int> layer_window;
 
+  // Per layer: != 0 marks a recurrent layer (LayerKind::kRecurrent), which holds no slots but a
+  // state of recurrent_conv + recurrent_delta floats (KvCache::recurrent); empty: none.
+  std::vector<uint8_t> layer_recurrent;
+  int recurrent_conv = 0;
+  int recurrent_delta = 0;
+
   int window(int il) const {
     return layer_window.empty() ? 0 : layer_window[static_cast<size_t>(il)];
   }
-  bool layer_compressible(int il) const { return window(il) == 0; }
+  bool recurrent(int il) const {
+    return !layer_recurrent.empty() && layer_recurrent[static_cast<size_t>(il)] != 0;
+  }
+  bool has_recurrent() const {
+    return std::any_of(layer_recurrent.begin(), layer_recurrent.end(),
+                       [](uint8_t r) { return r != 0; });
+  }
+  bool layer_compressible(int il) const { return window(il) == 0 && !recurrent(il); }
   bool has_sliding() const;
   int n_compressible() const;
 };
@@ -450,9 +464,16 @@ class KvCache {
   void reset_score_stats(int il);
   void reset_window_stats(int il);
 
-  // Drops everything (a new conversation), the cold tier's slots and the recorded queries
-  // included.
+  // Drops everything (a new conversation), the cold tier's slots, the recorded queries and the
+  // recurrent state included.
   void clear();
+
+  // The recurrent layers' state (kv/recurrent_state.h; empty without recurrent layers). Copies of
+  // the cache copy it; no KV policy and no compaction touches it. While it holds tokens
+  // (n_tokens > 0), intact_prefix() vouches only for all of them: it cannot be taken back.
+  const RecurrentState& recurrent() const { return rec_; }
+  // The forward pass's door to it (model/delta_net.cpp), and a saved conversation's.
+  RecurrentState& recurrent_for_update() { return rec_; }
 
   // The cold tier (kv/cold_tier.h), where apply() puts the slots it evicts; null unless enabled.
   // Copies of the cache (copy_from, copy_slots_from) copy its contents into this cache's tier, if
@@ -519,6 +540,7 @@ class KvCache {
   std::vector<QueryWindow> queries_;  // [n_layer]
   std::vector<float> tmp_k_, tmp_v_, acc_k_, acc_v_;  // merge scratch [head_dim rounded up to 4]
   std::shared_ptr<ColdTier> cold_;  // never shared: copies of the cache copy the tier
+  RecurrentState rec_;
   // The cold tier's contents of `o` when both have the same kind of tier; else an empty tier.
   void copy_cold(const KvCache& o);
   // The slots `plan` evicts from layer il, into the cold tier.

@@ -43,6 +43,8 @@ void KvCache::drop_appended(int il, int count) {
 
 int64_t KvCache::intact_prefix(int64_t n) const {
   int64_t p = std::max<int64_t>(n, 0);
+  // A recurrent state cannot be taken back: it is the prefix of all its tokens or of none.
+  if (rec_.n_tokens > 0 && p < rec_.n_tokens) return 0;
   // Global layers: each head's first slots at positions 0, 1, ... as appended. A slot evicted
   // below p shows as a position skipped, a merge as a merge count; rows a compaction moved hold
   // the same bytes.

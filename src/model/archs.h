@@ -14,6 +14,9 @@ std::unique_ptr<ModelForward> make_llama_forward(const Model& model, ThreadPool&
 // qwen3moe (arch_qwen3moe.cpp).
 std::unique_ptr<ModelForward> make_qwen3moe_forward(const Model& model, ThreadPool& pool,
                                                     const ForwardOptions& opts);
+// qwen35 (arch_qwen35.cpp).
+std::unique_ptr<ModelForward> make_qwen35_forward(const Model& model, ThreadPool& pool,
+                                                  const ForwardOptions& opts);
 // gemma3 (arch_gemma3.cpp).
 std::unique_ptr<ModelForward> make_gemma3_forward(const Model& model, ThreadPool& pool,
                                                   const ForwardOptions& opts);

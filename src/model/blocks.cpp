@@ -23,6 +23,10 @@ void Activations::ensure(const ModelHParams& h, int n_rows) {
   const size_t n_ff = h.n_expert > 0 ? 0 : static_cast<size_t>(h.n_ff);
   gate.resize(n * n_ff);
   up.resize(n * n_ff);
+  if (h.arch == ModelArch::kQwen35) {
+    q_gate.resize(n * 2 * q_dim);
+    gate_attn.resize(n * q_dim);
+  }
   rows_cap = n_rows;
 }
 
@@ -93,11 +97,46 @@ void BlockPass::add_residual() {
 }
 
 void BlockPass::qkv_rope(const LayerWeights& L, const LayerDesc& d, std::span<const int32_t> pos) {
-  const int q_dim = h_.n_head * h_.head_dim;
-  const int kv_dim = h_.n_head_kv * h_.head_dim;
   mm_many({{&L.wq, a_.xn.data(), a_.q.data()},
            {&L.wk, a_.xn.data(), a_.k.data()},
            {&L.wv, a_.xn.data(), a_.v.data()}});
+  bias_norm_rope(L, d, pos);
+}
+
+void BlockPass::gated_qkv_rope(const LayerWeights& L, const LayerDesc& d,
+                               std::span<const int32_t> pos) {
+  D2O_ASSERT(d.attn_gate && !d.qkv_bias);
+  const int hd = h_.head_dim, q_dim = h_.n_head * hd;
+  mm_many({{&L.wq, a_.xn.data(), a_.q_gate.data()},
+           {&L.wk, a_.xn.data(), a_.k.data()},
+           {&L.wv, a_.xn.data(), a_.v.data()}});
+  pool_.parallel_for(n_, 16, [&](int64_t b, int64_t end, int) {
+    for (int64_t r = b; r < end; ++r) {
+      const float* qg = a_.q_gate.data() + r * 2 * q_dim;  // [n_head, 2, head_dim]
+      for (int h = 0; h < h_.n_head; ++h) {
+        std::copy_n(qg + 2 * h * hd, hd, a_.q.data() + r * q_dim + h * hd);
+        std::copy_n(qg + (2 * h + 1) * hd, hd, a_.gate_attn.data() + r * q_dim + h * hd);
+      }
+    }
+  });
+  bias_norm_rope(L, d, pos);
+}
+
+void BlockPass::gate_attention() {
+  const int q_dim = h_.n_head * h_.head_dim;
+  pool_.parallel_for(n_, 16, [&](int64_t b, int64_t end, int) {
+    for (int64_t r = b; r < end; ++r) {
+      float* o = a_.attn_out.data() + r * q_dim;
+      const float* g = a_.gate_attn.data() + r * q_dim;
+      for (int i = 0; i < q_dim; ++i) o[i] *= 1.0f / (1.0f + std::exp(-g[i]));
+    }
+  });
+}
+
+void BlockPass::bias_norm_rope(const LayerWeights& L, const LayerDesc& d,
+                               std::span<const int32_t> pos) {
+  const int q_dim = h_.n_head * h_.head_dim;
+  const int kv_dim = h_.n_head_kv * h_.head_dim;
   const RopeParams& rope = d.rope;
   pool_.parallel_for(n_, 16, [&](int64_t b, int64_t end, int) {
     for (int64_t r = b; r < end; ++r) {
@@ -152,6 +191,11 @@ void BlockPass::ffn(const LayerWeights& L, FfnKind kind) {
 
 void BlockPass::moe_ffn(const MoeWeights& w, MoeFfn& moe) {
   moe.run(h_, w, a_.xn.data(), n_, pool_, t_);
+  residual_pending_ = true;
+}
+
+void BlockPass::delta_net(const DeltaNetWeights& w, DeltaNet& dn, int il, const UbatchInput& in) {
+  dn.run(h_, w, il, in, a_.xn.data(), pool_, t_);
   residual_pending_ = true;
 }
 

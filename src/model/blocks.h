@@ -23,6 +23,7 @@
 
 #include "core/mem.h"
 #include "core/thread_pool.h"
+#include "model/delta_net.h"
 #include "model/forward.h"
 #include "model/kv_attention.h"
 #include "model/layer_desc.h"
@@ -42,6 +43,9 @@ struct Activations {
   AlignedBuffer<float> attn_out;  // [n, n_head * head_dim]
   AlignedBuffer<float> gate, up;  // [n, n_ff] (empty for a mixture of experts: MoeFfn's own)
   AlignedBuffer<float> logits;    // [ForwardHooks::kLogitRows, n_vocab], allocated on first use
+  // Gated attention (LayerDesc::attn_gate; empty otherwise): Q's projection, then the gates.
+  AlignedBuffer<float> q_gate;     // [n, 2 * n_head * head_dim]
+  AlignedBuffer<float> gate_attn;  // [n, n_head * head_dim]
   int rows_cap = 0;
   void ensure(const ModelHParams& h, int n_rows);
 };
@@ -63,6 +67,11 @@ class BlockPass {
   // k RMS-normalised (weights attn_q_norm, attn_k_norm); RoPE of d at the rows' positions on q
   // and k.
   void qkv_rope(const LayerWeights& L, const LayerDesc& d, std::span<const int32_t> pos);
+  // A gated attention layer (d.attn_gate): xn Wq holds each head's query and then its gate; q
+  // and the gates are split from it, k and v as above, then QK-norm and RoPE as above.
+  void gated_qkv_rope(const LayerWeights& L, const LayerDesc& d, std::span<const int32_t> pos);
+  // attn_out *= sigmoid(the gates of gated_qkv_rope), after attention().
+  void gate_attention();
   // Appends k, v to every sequence's cache and runs attention into attn_out.
   Status attention(KvAttention& attn, int il, const LayerDesc& d, const UbatchInput& in,
                    ForwardHooks& hooks);
@@ -74,6 +83,10 @@ class BlockPass {
   // xn = the mixture of experts' output for each row (FfnKind::kMoeSwiGlu, moe.h), computed with
   // `moe`'s buffers; the residual is pending.
   void moe_ffn(const MoeWeights& w, MoeFfn& moe);
+  // xn = the linear-attention block's output (LayerKind::kRecurrent, delta_net.h) for layer il,
+  // computed with `dn`'s buffers; each sequence's recurrent state moves past its rows; the
+  // residual is pending.
+  void delta_net(const DeltaNetWeights& w, DeltaNet& dn, int il, const UbatchInput& in);
   // For the rows, kLogitRows at a time: rmsnorm(x) * norm_w, times `output` (soft-capped when
   // softcap > 0), to hooks.logits.
   void logits(const std::vector<float>& norm_w, const QMatrix& output, std::span<const int> rows,
@@ -82,6 +95,8 @@ class BlockPass {
  private:
   void mm(const QMatrix& w, const float* in, float* out);
   void mm_many(std::initializer_list<MatmulCall> calls);
+  // Per row: the biases, QK-norm and RoPE of qkv_rope on q and k.
+  void bias_norm_rope(const LayerWeights& L, const LayerDesc& d, std::span<const int32_t> pos);
 
   const ModelHParams& h_;
   ThreadPool& pool_;

@@ -27,6 +27,8 @@ std::unique_ptr<ModelForward> ModelForward::create(const Model& model, ThreadPoo
       return make_llama_forward(model, pool, opts);
     case ModelArch::kQwen3Moe:
       return make_qwen3moe_forward(model, pool, opts);
+    case ModelArch::kQwen35:
+      return make_qwen35_forward(model, pool, opts);
     case ModelArch::kGemma3:
       return make_gemma3_forward(model, pool, opts);
   }

@@ -15,6 +15,8 @@ const char* model_arch_name(ModelArch arch) {
       return "phi3";
     case ModelArch::kQwen3Moe:
       return "qwen3moe";
+    case ModelArch::kQwen35:
+      return "qwen35";
   }
   return "unknown";
 }
@@ -88,6 +90,77 @@ Status read_experts(const GgufFile& f, const std::string& p, int64_t n_ff, Model
   return {};
 }
 
+// Which layers are linear-attention layers: attention.recurrent_layers (one flag per block, the
+// multi-token-prediction blocks after the trunk included) when written, else every layer but each
+// full_attention_interval-th (default 4), as llama.cpp decides.
+Status read_recurrent_layers(const GgufFile& f, const std::string& p, int64_t n_layer,
+                             int64_t n_block, ModelHParams* hp) {
+  hp->recurrent.assign(static_cast<size_t>(n_layer), 0);
+  if (const GgufValue* v = f.find(p + "attention.recurrent_layers")) {
+    if (v->type != GgufType::kArray || v->array_size != static_cast<uint64_t>(n_block) ||
+        (v->array_type != GgufType::kBool && v->array_type != GgufType::kUint8 &&
+         v->array_type != GgufType::kInt8)) {
+      return format_error("attention.recurrent_layers must be " + std::to_string(n_block) +
+                          " flags, one per block");
+    }
+    for (int64_t il = 0; il < n_layer; ++il)
+      hp->recurrent[static_cast<size_t>(il)] = v->array_data[il] != 0;
+    return {};
+  }
+  D2O_ASSIGN_OR_RETURN(int64_t every, f.get_int_or(p + "full_attention_interval", 4));
+  D2O_RETURN_IF_ERROR(require_positive("full_attention_interval", every, 1024));
+  for (int64_t il = 0; il < n_layer; ++il)
+    hp->recurrent[static_cast<size_t>(il)] = (il + 1) % every != 0;
+  return {};
+}
+
+// Qwen 3.5's linear-attention layers (keys as llama.cpp reads them): ssm.conv_kernel (the
+// convolution's width), ssm.state_size (the head width of keys and values), ssm.group_count
+// (key/query heads), ssm.time_step_rank (value heads, a multiple of the key heads),
+// ssm.inner_size (all value heads' width); and the RoPE sections.
+Status read_linear_attention(const GgufFile& f, const std::string& p, ModelHParams* hp) {
+  for (const char* key : {"ssm.conv_kernel", "ssm.state_size", "ssm.group_count",
+                          "ssm.time_step_rank", "ssm.inner_size"}) {
+    if (!f.find(p + key)) {
+      return format_error(std::string(key) + " is missing: a " + hp->arch_name +
+                          " model's linear-attention layers need it");
+    }
+  }
+  D2O_ASSIGN_OR_RETURN(int64_t d_conv, f.get_int(p + "ssm.conv_kernel"));
+  D2O_ASSIGN_OR_RETURN(int64_t d_state, f.get_int(p + "ssm.state_size"));
+  D2O_ASSIGN_OR_RETURN(int64_t n_k, f.get_int(p + "ssm.group_count"));
+  D2O_ASSIGN_OR_RETURN(int64_t n_v, f.get_int(p + "ssm.time_step_rank"));
+  D2O_ASSIGN_OR_RETURN(int64_t d_inner, f.get_int(p + "ssm.inner_size"));
+  D2O_RETURN_IF_ERROR(require_positive("ssm.conv_kernel", d_conv, 64));
+  D2O_RETURN_IF_ERROR(require_positive("ssm.state_size", d_state, 1024));
+  D2O_RETURN_IF_ERROR(require_positive("ssm.group_count", n_k, 1024));
+  D2O_RETURN_IF_ERROR(require_positive("ssm.time_step_rank", n_v, 1024));
+  if (n_v % n_k != 0 || d_inner != d_state * n_v) {
+    return unsupported("ssm.time_step_rank = " + std::to_string(n_v) +
+                       " must be a multiple of ssm.group_count = " + std::to_string(n_k) +
+                       " and ssm.inner_size = " + std::to_string(d_inner) +
+                       " equal to ssm.state_size x ssm.time_step_rank");
+  }
+  hp->ssm_d_conv = static_cast<int>(d_conv);
+  hp->ssm_head_dim = static_cast<int>(d_state);
+  hp->ssm_n_k_head = static_cast<int>(n_k);
+  hp->ssm_n_v_head = static_cast<int>(n_v);
+  D2O_ASSIGN_OR_RETURN(std::vector<int64_t> sections,
+                       f.get_int_array(p + "rope.dimension_sections"));
+  if (sections.empty() || sections.size() > 4) {
+    return format_error("rope.dimension_sections must hold 1 to 4 counts");
+  }
+  for (size_t i = 0; i < sections.size(); ++i) {
+    if (sections[i] < 0 || sections[i] > 512)
+      return format_error("rope.dimension_sections out of range");
+    hp->rope_sections[i] = static_cast<int>(sections[i]);
+  }
+  if (hp->rope_sections[0] + hp->rope_sections[1] + hp->rope_sections[2] + hp->rope_sections[3] ==
+      0)
+    return format_error("rope.dimension_sections are all 0");
+  return {};
+}
+
 }  // namespace
 
 Result<ModelHParams> ModelHParams::from_gguf(const GgufFile& f) {
@@ -112,10 +185,13 @@ Result<ModelHParams> ModelHParams::from_gguf(const GgufFile& f) {
   } else if (hp.arch_name == "qwen3moe") {
     hp.arch = ModelArch::kQwen3Moe;
     hp.rope_type = RopeType::kNeox;
+  } else if (hp.arch_name == "qwen35") {
+    hp.arch = ModelArch::kQwen35;
+    hp.rope_type = RopeType::kNeox;
   } else {
-    return unsupported(
-        "model architecture '" + hp.arch_name +
-        "' is not supported (supported: llama, mistral, qwen2, qwen3, qwen3moe, gemma3, phi3)");
+    return unsupported("model architecture '" + hp.arch_name +
+                       "' is not supported (supported: llama, mistral, qwen2, qwen3, qwen3moe, "
+                       "qwen35, gemma3, phi3)");
   }
   const std::string p = hp.arch_name + ".";
   D2O_ASSIGN_OR_RETURN(int64_t n_layer, f.get_int(p + "block_count"));
@@ -192,6 +268,17 @@ Result<ModelHParams> ModelHParams::from_gguf(const GgufFile& f) {
   }
 
   if (hp.arch == ModelArch::kQwen3Moe) D2O_RETURN_IF_ERROR(read_experts(f, p, n_ff, &hp));
+  if (hp.arch == ModelArch::kQwen35) {
+    // The blocks after the trunk (nextn_predict_layers) predict further tokens; d2o runs the trunk.
+    D2O_ASSIGN_OR_RETURN(int64_t n_next, f.get_int_or(p + "nextn_predict_layers", 0));
+    if (n_next < 0 || n_next >= n_layer) {
+      return format_error("nextn_predict_layers = " + std::to_string(n_next) +
+                          " leaves no trunk of the " + std::to_string(n_layer) + " blocks");
+    }
+    D2O_RETURN_IF_ERROR(read_linear_attention(f, p, &hp));
+    D2O_RETURN_IF_ERROR(read_recurrent_layers(f, p, n_layer - n_next, n_layer, &hp));
+    n_layer -= n_next;
+  }
 
   hp.n_layer = static_cast<int>(n_layer);
   hp.n_embd = static_cast<int>(n_embd);

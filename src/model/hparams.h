@@ -2,7 +2,9 @@
 // rely on them (positive sizes, heads dividing evenly, supported architecture).
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "d2o/status.h"
 #include "gguf/gguf.h"
@@ -18,6 +20,9 @@ enum class ModelArch {
   kGemma3,    // Gemma 3: sliding-window and global layers, QK-norm, sandwich norms, GeGLU
   kPhi3,      // Phi-3: llama's layer with NeoX RoPE, Q/K/V fused in one tensor, gate and up in one
   kQwen3Moe,  // Qwen 3 MoE: qwen3's attention, a routed mixture of SwiGLU experts as feed-forward
+  // Qwen 3.5 (dense, text): linear-attention layers (a gated delta rule over a per-sequence
+  // recurrent state) with a gated full-attention layer every few layers
+  kQwen35,
 };
 const char* model_arch_name(ModelArch arch);
 
@@ -50,8 +55,27 @@ struct ModelHParams {
   int n_expert = 0;
   int n_expert_used = 0;
   int n_ff_exp = 0;
+  // Linear-attention layers (qwen35; empty elsewhere): recurrent[il] != 0 marks layer il as a
+  // gated delta-rule layer, which keeps a recurrent state instead of keys and values. Its input
+  // projection feeds a causal convolution of width ssm_d_conv over 2 * ssm_n_k_head key/query
+  // heads and ssm_n_v_head value heads, all of width ssm_head_dim.
+  std::vector<uint8_t> recurrent;
+  int ssm_d_conv = 0;
+  int ssm_head_dim = 0;
+  int ssm_n_k_head = 0;
+  int ssm_n_v_head = 0;
+  // Multi-section RoPE (qwen35): rope pairs are dealt to the sections t, h, w, e (interleaved);
+  // a text token's t, h and w positions are its position, its e position 0.
+  int rope_sections[4] = {0, 0, 0, 0};
 
   int n_group() const { return n_head / n_head_kv; }  // query heads per KV head
+  bool is_recurrent(int il) const {
+    return !recurrent.empty() && recurrent[static_cast<size_t>(il)] != 0;
+  }
+  // Widths of a linear-attention layer's parts: keys (and queries), values, the convolved input.
+  int ssm_key_dim() const { return ssm_n_k_head * ssm_head_dim; }
+  int ssm_value_dim() const { return ssm_n_v_head * ssm_head_dim; }
+  int ssm_conv_dim() const { return 2 * ssm_key_dim() + ssm_value_dim(); }
   bool is_sliding(int il) const {
     return sliding_window > 0 && (swa_pattern == 0 || il % swa_pattern < swa_pattern - 1);
   }

@@ -1,6 +1,7 @@
 #include "model/layer_desc.h"
 
 #include <cmath>
+#include <limits>
 
 namespace d2o {
 
@@ -10,6 +11,8 @@ const char* layer_kind_name(LayerKind k) {
       return "global";
     case LayerKind::kSliding:
       return "sliding";
+    case LayerKind::kRecurrent:
+      return "recurrent";
   }
   return "?";
 }
@@ -58,6 +61,24 @@ Result<ModelDesc> describe_model(const ModelHParams& hp, const float* rope_freq_
       d.ffn = hp.arch == ModelArch::kQwen3Moe ? FfnKind::kMoeSwiGlu : FfnKind::kSwiGlu;
       md.layers.assign(static_cast<size_t>(hp.n_layer), d);
       return md;
+    case ModelArch::kQwen35:
+      // Pre-norm layers: attn_norm, then a linear-attention block (kRecurrent) or a full
+      // attention block with QK-norm, multi-section RoPE and a gated output; residual; the
+      // post-attention norm before the SwiGLU (the ffn_pre norm), residual. Only the attention
+      // layers hold keys, so only they are compressed.
+      d.norms = LayerNorms{};
+      d.norms.qk = true;
+      d.attn_gate = true;
+      for (int il = 0; il < hp.n_layer; ++il) {
+        LayerDesc l = d;
+        if (hp.is_recurrent(il)) {
+          l.kind = LayerKind::kRecurrent;
+          l.norms.qk = false;
+          l.attn_gate = false;
+        }
+        md.layers.push_back(l);
+      }
+      return md;
     case ModelArch::kGemma3: {
       // Sandwich norms around both blocks, QK-norm, GeGLU (tanh GELU); embeddings scaled by
       // sqrt(n_embd). Five sliding-window layers (RoPE base 10000, unscaled) to one global layer
@@ -86,9 +107,30 @@ Result<ModelDesc> describe_model(const ModelHParams& hp, const float* rope_freq_
                      model_arch_name(hp.arch));
 }
 
+std::vector<float> mrope_text_freq_factors(const ModelHParams& hp) {
+  const int* s = hp.rope_sections;
+  const int n_sect = s[0] + s[1] + s[2] + s[3];
+  if (n_sect == 0) return {};
+  std::vector<float> ff(static_cast<size_t>(hp.n_rot / 2), 1.0f);
+  // Interleaved sections (llama.cpp's IMROPE): pair i falls in sector i mod n_sect; sectors
+  // 0, 3, 6, ... below 3 s[0] are t, 1, 4, ... below 3 s[1] h, 2, 5, ... below 3 s[2] w; the
+  // rest e.
+  for (int i = 0; i < hp.n_rot / 2; ++i) {
+    const int sector = i % n_sect;
+    const int m = sector % 3;
+    if (!(sector < 3 * s[m])) ff[static_cast<size_t>(i)] = std::numeric_limits<float>::infinity();
+  }
+  return ff;
+}
+
 KvCacheConfig kv_cache_config(const ModelHParams& hp, KvType type) {
   KvCacheConfig c{hp.n_layer, hp.n_head_kv, hp.head_dim, type};
   c.n_head = hp.n_head;
+  if (!hp.recurrent.empty()) {
+    c.layer_recurrent = hp.recurrent;
+    c.recurrent_conv = (hp.ssm_d_conv - 1) * hp.ssm_conv_dim();
+    c.recurrent_delta = hp.ssm_n_v_head * hp.ssm_head_dim * hp.ssm_head_dim;
+  }
   if (hp.sliding_window > 0) {
     for (int il = 0; il < hp.n_layer; ++il)
       c.layer_window.push_back(hp.is_sliding(il) ? hp.sliding_window : 0);

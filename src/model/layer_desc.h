@@ -22,6 +22,9 @@ namespace d2o {
 enum class LayerKind {
   kGlobal,   // every slot the sequence's cache holds (as its KV policy left them)
   kSliding,  // only the last `window` positions, the query's own included (local attention)
+  // No keys or values: a linear-attention layer (a gated delta rule, qwen35) whose per-sequence
+  // recurrent state (KvCache::recurrent) carries the past; no KV policy touches it.
+  kRecurrent,
 };
 const char* layer_kind_name(LayerKind k);
 
@@ -52,6 +55,9 @@ struct LayerDesc {
   float attn_scale = 1.0f;  // multiplies q.k before the softmax
   LayerNorms norms;
   bool qkv_bias = false;  // biases added to Q, K and V after their matmuls
+  // The attention output is multiplied by sigmoid(gate) before Wo; Q's projection yields each
+  // head's query and then its gate (qwen35).
+  bool attn_gate = false;
   FfnKind ffn = FfnKind::kSwiGlu;
 };
 
@@ -71,6 +77,12 @@ struct ModelDesc {
 // Describes the model of `hp`. `rope_freq_factors` (the model's rope_freqs tensor, n_rot / 2
 // values, or null) must outlive the description: the RoPE parameters point into it.
 Result<ModelDesc> describe_model(const ModelHParams& hp, const float* rope_freq_factors);
+
+// Multi-section RoPE of a text token (qwen35): every section but e turns with the token's
+// position, e (position 0) not at all; as frequency factors (n_rot / 2 of them) for RopeParams:
+// 1 for a pair that turns, infinity for one that does not (its angle becomes 0, also when a KV
+// policy re-rotates keys). Empty for a model without sections.
+std::vector<float> mrope_text_freq_factors(const ModelHParams& hp);
 
 // The KV cache shape a sequence of this model needs (every layer: n_head_kv heads of head_dim;
 // sliding-window layers marked with their window).

@@ -223,6 +223,53 @@ Status load_moe(TensorLoader& ld, const ModelHParams& h, const std::string& b, M
   return {};
 }
 
+// A linear-attention layer's tensors (qwen35).
+Status load_delta_net(TensorLoader& ld, const ModelHParams& h, const std::string& b,
+                      DeltaNetWeights* w) {
+  const int64_t nv = h.ssm_n_v_head, vd = h.ssm_value_dim(), cd = h.ssm_conv_dim();
+  D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_qkv.weight", cd, h.n_embd, &w->qkv));
+  D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_gate.weight", vd, h.n_embd, &w->gate));
+  D2O_RETURN_IF_ERROR(ld.matrix(b + "ssm_beta.weight", nv, h.n_embd, &w->beta));
+  D2O_RETURN_IF_ERROR(ld.matrix(b + "ssm_alpha.weight", nv, h.n_embd, &w->alpha));
+  D2O_RETURN_IF_ERROR(ld.vector(b + "ssm_conv1d.weight", cd * h.ssm_d_conv, &w->conv));
+  D2O_RETURN_IF_ERROR(ld.vector(b + "ssm_dt.bias", nv, &w->dt_bias));
+  D2O_RETURN_IF_ERROR(ld.vector(b + "ssm_a", nv, &w->a));
+  D2O_RETURN_IF_ERROR(ld.vector(b + "ssm_norm.weight", h.ssm_head_dim, &w->norm));
+  return ld.matrix(b + "ssm_out.weight", h.n_embd, vd, &w->out);
+}
+
+// A Qwen 3.5 layer: attn_norm; a linear-attention block, or full attention whose Q projection
+// yields each head's query and gate (2 * q_dim rows), with QK-norm; post_attention_norm (the
+// norm before the SwiGLU, kept as ffn_norm); the SwiGLU.
+Status load_qwen35_layer(TensorLoader& ld, const ModelHParams& h, const LayerDesc& d,
+                         const std::string& b, LayerWeights* L) {
+  const int64_t q_dim = int64_t{h.n_head} * h.head_dim;
+  const int64_t kv_dim = int64_t{h.n_head_kv} * h.head_dim;
+  D2O_RETURN_IF_ERROR(ld.vector(b + "attn_norm.weight", h.n_embd, &L->attn_norm));
+  if (d.kind == LayerKind::kRecurrent) {
+    D2O_RETURN_IF_ERROR(load_delta_net(ld, h, b, &L->dn));
+  } else {
+    const std::string fused = b + "attn_qkv.weight";  // Q (with the gates), K, V in one tensor
+    if (ld.has(fused)) {
+      const int64_t total = 2 * q_dim + 2 * kv_dim;
+      D2O_RETURN_IF_ERROR(ld.matrix_rows(fused, 0, 2 * q_dim, total, h.n_embd, &L->wq));
+      D2O_RETURN_IF_ERROR(ld.matrix_rows(fused, 2 * q_dim, kv_dim, total, h.n_embd, &L->wk));
+      D2O_RETURN_IF_ERROR(
+          ld.matrix_rows(fused, 2 * q_dim + kv_dim, kv_dim, total, h.n_embd, &L->wv));
+    } else {
+      D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_q.weight", 2 * q_dim, h.n_embd, &L->wq));
+      D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_k.weight", kv_dim, h.n_embd, &L->wk));
+      D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_v.weight", kv_dim, h.n_embd, &L->wv));
+    }
+    D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_output.weight", h.n_embd, q_dim, &L->wo));
+    D2O_RETURN_IF_ERROR(ld.vector(b + "attn_q_norm.weight", h.head_dim, &L->attn_q_norm));
+    D2O_RETURN_IF_ERROR(ld.vector(b + "attn_k_norm.weight", h.head_dim, &L->attn_k_norm));
+  }
+  D2O_RETURN_IF_ERROR(ld.vector(b + "post_attention_norm.weight", h.n_embd, &L->ffn_norm));
+  D2O_RETURN_IF_ERROR(load_gate_up(ld, h, b, L));
+  return ld.matrix(b + "ffn_down.weight", h.n_embd, h.n_ff, &L->w_down);
+}
+
 // Phi-3's LongRoPE (the 128K models, Phi-3.5): per-pair factors chosen by the context length,
 // with a magnitude factor on the rotation that a re-rotated key would receive twice. Refused
 // rather than run with other positions.
@@ -264,6 +311,8 @@ Result<std::unique_ptr<Model>> Model::load(const GgufFile& f, const ModelLoadOpt
     }
     D2O_RETURN_IF_ERROR(load_rope_freqs(f, ld, h, &m->rope_freqs_));
     D2O_RETURN_IF_ERROR(refuse_long_rope(f));
+    // Multi-section RoPE (qwen35): which pairs a text token's position turns, as factors.
+    if (m->rope_freqs_.empty()) m->rope_freqs_ = mrope_text_freq_factors(h);
     // What each layer holds follows from its description (the RoPE tables point into the
     // model's own rope_freqs_, which no longer moves).
     auto desc = describe_model(h, m->rope_freqs_.empty() ? nullptr : m->rope_freqs_.data());
@@ -275,6 +324,10 @@ Result<std::unique_ptr<Model>> Model::load(const GgufFile& f, const ModelLoadOpt
       const LayerDesc& layer_desc = m->desc_.layers[static_cast<size_t>(il)];
       const LayerNorms& nd = layer_desc.norms;
       const std::string b = "blk." + std::to_string(il) + ".";
+      if (h.arch == ModelArch::kQwen35) {
+        D2O_RETURN_IF_ERROR(load_qwen35_layer(ld, h, layer_desc, b, &L));
+        continue;
+      }
       D2O_RETURN_IF_ERROR(ld.vector(b + "attn_norm.weight", h.n_embd, &L.attn_norm));
       if (nd.qk) {
         D2O_RETURN_IF_ERROR(ld.vector(b + "attn_q_norm.weight", h.head_dim, &L.attn_q_norm));

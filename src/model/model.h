@@ -34,9 +34,22 @@ struct MoeWeights {
   std::vector<ExpertWeights> experts;  // [n_expert]
 };
 
+// A linear-attention layer (LayerKind::kRecurrent, qwen35): a gated delta rule (model/delta_net.h).
+struct DeltaNetWeights {
+  QMatrix qkv;                 // attn_qkv [conv_dim, n_embd]: all query, key, then value heads
+  QMatrix gate;                // attn_gate [value_dim, n_embd]: the output gate z
+  QMatrix beta;                // ssm_beta [n_v_head, n_embd]: the write strength, before sigmoid
+  QMatrix alpha;               // ssm_alpha [n_v_head, n_embd]: the decay, before softplus
+  std::vector<float> conv;     // ssm_conv1d [conv_dim, d_conv]: per-channel causal kernels
+  std::vector<float> dt_bias;  // ssm_dt.bias [n_v_head]
+  std::vector<float> a;        // ssm_a [n_v_head]: -exp(A_log), the decay rate
+  std::vector<float> norm;     // ssm_norm [head_dim]: RMSNorm of each value head's output
+  QMatrix out;                 // ssm_out [n_embd, value_dim]
+};
+
 struct LayerWeights {
   std::vector<float> attn_norm;  // [n_embd]
-  QMatrix wq;                    // [n_head * head_dim, n_embd]
+  QMatrix wq;                    // [n_head * head_dim, n_embd] (attn_gate: [2 * n_head * head_dim])
   QMatrix wk;                    // [n_head_kv * head_dim, n_embd]
   QMatrix wv;                    // [n_head_kv * head_dim, n_embd]
   QMatrix wo;                    // [n_embd, n_head * head_dim]
@@ -49,6 +62,7 @@ struct LayerWeights {
   QMatrix w_up;                  // [n_ff, n_embd]
   QMatrix w_down;                // [n_embd, n_ff]
   MoeWeights moe;                // FfnKind::kMoeSwiGlu layers (then w_gate, w_up, w_down are empty)
+  DeltaNetWeights dn;            // LayerKind::kRecurrent layers (then wq, wk, wv, wo are empty)
 };
 
 struct ModelLoadOptions {

@@ -40,10 +40,29 @@ void add_scalar(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
+void delta_rule_scalar(float* m, const DeltaRuleToken& t, int64_t n, float* o) {
+  for (int64_t j = 0; j < n; ++j) {
+    float* row = m + j * n;
+    float mk = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+      row[i] *= t.decay;
+      mk += row[i] * t.k[i];
+    }
+    const float d = (t.v[j] - mk) * t.beta;
+    float mq = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+      row[i] += d * t.k[i];
+      mq += row[i] * t.q[i];
+    }
+    o[j] = mq * t.scale;
+  }
+}
+
 }  // namespace
 
 const Kernels& scalar_kernels() {
-  static const Kernels k{swiglu_scalar, geglu_tanh_scalar, sum_squares_scalar, scale_mul_scalar, add_scalar};
+  static const Kernels k{swiglu_scalar,    geglu_tanh_scalar, sum_squares_scalar,
+                         scale_mul_scalar, add_scalar,        delta_rule_scalar};
   return k;
 }
 
@@ -85,6 +104,14 @@ void rmsnorm_isa(KernelIsa isa, const float* x, const float* w, float eps, int64
 
 void rmsnorm(const float* x, const float* w, float eps, int64_t n, float* y) {
   rmsnorm_with(best_ops(), x, w, eps, n, y);
+}
+
+void delta_rule_step(float* m, const DeltaRuleToken& t, int64_t n, float* o) {
+  best_ops().delta_rule(m, t, n, o);
+}
+
+void delta_rule_step_isa(KernelIsa isa, float* m, const DeltaRuleToken& t, int64_t n, float* o) {
+  ops::kernels_for(isa).delta_rule(m, t, n, o);
 }
 
 void rope_tables(const RopeParams& p, float pos, float* cos_t, float* sin_t) {

@@ -53,6 +53,18 @@ void swiglu_isa(KernelIsa isa, const float* gate, const float* up, int64_t n, fl
 void geglu_tanh(const float* gate, const float* up, int64_t n, float* y);
 void geglu_tanh_isa(KernelIsa isa, const float* gate, const float* up, int64_t n, float* y);
 
+// One token of the gated delta rule (model/delta_net.h) on one head's state m [n, n] (row j for
+// value j, column i for key i): m *= decay; d_j = (v_j - m_j . k) * beta; m_j += d_j k;
+// o_j = (m_j . q) * scale. q, k, v: [n].
+struct DeltaRuleToken {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  float decay = 1.0f, beta = 0.0f, scale = 1.0f;
+};
+void delta_rule_step(float* m, const DeltaRuleToken& t, int64_t n, float* o);
+void delta_rule_step_isa(KernelIsa isa, float* m, const DeltaRuleToken& t, int64_t n, float* o);
+
 // In-place softmax over n values.
 void softmax_inplace(float* x, int64_t n);
 

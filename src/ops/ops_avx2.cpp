@@ -77,10 +77,49 @@ void add(float* y, const float* x, int64_t n) {
   for (; i < n; ++i) y[i] += x[i];
 }
 
+float hsum(__m256 a) {
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+void delta_rule(float* m, const DeltaRuleToken& t, int64_t n, float* o) {
+  const __m256 decay = _mm256_set1_ps(t.decay);
+  for (int64_t j = 0; j < n; ++j) {
+    float* row = m + j * n;
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 r = _mm256_mul_ps(_mm256_loadu_ps(row + i), decay);
+      _mm256_storeu_ps(row + i, r);
+      acc = _mm256_fmadd_ps(r, _mm256_loadu_ps(t.k + i), acc);
+    }
+    float mk = hsum(acc);
+    for (; i < n; ++i) {
+      row[i] *= t.decay;
+      mk += row[i] * t.k[i];
+    }
+    const float d = (t.v[j] - mk) * t.beta;
+    const __m256 dv = _mm256_set1_ps(d);
+    acc = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+      const __m256 r = _mm256_fmadd_ps(dv, _mm256_loadu_ps(t.k + i), _mm256_loadu_ps(row + i));
+      _mm256_storeu_ps(row + i, r);
+      acc = _mm256_fmadd_ps(r, _mm256_loadu_ps(t.q + i), acc);
+    }
+    float mq = hsum(acc);
+    for (; i < n; ++i) {
+      row[i] += d * t.k[i];
+      mq += row[i] * t.q[i];
+    }
+    o[j] = mq * t.scale;
+  }
+}
+
 }  // namespace
 
 const Kernels& avx2_kernels() {
-  static const Kernels k{swiglu, geglu_tanh, sum_squares, scale_mul, add};
+  static const Kernels k{swiglu, geglu_tanh, sum_squares, scale_mul, add, delta_rule};
   return k;
 }
 

@@ -82,10 +82,43 @@ void add(float* y, const float* x, int64_t n) {
   for (; i < n; ++i) y[i] += x[i];
 }
 
+void delta_rule(float* m, const DeltaRuleToken& t, int64_t n, float* o) {
+  const __m512 decay = _mm512_set1_ps(t.decay);
+  for (int64_t j = 0; j < n; ++j) {
+    float* row = m + j * n;
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m512 r = _mm512_mul_ps(_mm512_loadu_ps(row + i), decay);
+      _mm512_storeu_ps(row + i, r);
+      acc = _mm512_fmadd_ps(r, _mm512_loadu_ps(t.k + i), acc);
+    }
+    float mk = _mm512_reduce_add_ps(acc);
+    for (; i < n; ++i) {
+      row[i] *= t.decay;
+      mk += row[i] * t.k[i];
+    }
+    const float d = (t.v[j] - mk) * t.beta;
+    const __m512 dv = _mm512_set1_ps(d);
+    acc = _mm512_setzero_ps();
+    for (i = 0; i + 16 <= n; i += 16) {
+      const __m512 r = _mm512_fmadd_ps(dv, _mm512_loadu_ps(t.k + i), _mm512_loadu_ps(row + i));
+      _mm512_storeu_ps(row + i, r);
+      acc = _mm512_fmadd_ps(r, _mm512_loadu_ps(t.q + i), acc);
+    }
+    float mq = _mm512_reduce_add_ps(acc);
+    for (; i < n; ++i) {
+      row[i] += d * t.k[i];
+      mq += row[i] * t.q[i];
+    }
+    o[j] = mq * t.scale;
+  }
+}
+
 }  // namespace
 
 const Kernels& avx512_kernels() {
-  static const Kernels k{swiglu, geglu_tanh, sum_squares, scale_mul, add};
+  static const Kernels k{swiglu, geglu_tanh, sum_squares, scale_mul, add, delta_rule};
   return k;
 }
 

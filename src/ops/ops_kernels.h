@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "ops/kernel_isa.h"
+#include "ops/ops.h"
 
 namespace d2o::ops {
 
@@ -20,6 +21,9 @@ struct Kernels {
   void (*scale_mul)(const float* x, float s, const float* w, int64_t n, float* y);
   // y[i] += x[i]
   void (*add)(float* y, const float* x, int64_t n);
+  // delta_rule_step (ops.h): per row, the decay and m_j . k in one sweep, the write and m_j . q
+  // in a second (the SIMD levels with fused multiply-adds and lane-wise partial sums).
+  void (*delta_rule)(float* m, const DeltaRuleToken& t, int64_t n, float* o);
 };
 
 // -2 sqrt(2 / pi) and -2 sqrt(2 / pi) * 0.044715.

@@ -60,6 +60,9 @@ Status Engine::reconstruct(const BatchEntry& be) {
   rb.seq = &seq;
   rb.logits_from = BatchEntry::kNoLogits;
   const LogitsSink none;
+  // The repeated prompt moves the recurrent layers' state on; it is put back afterwards, as the
+  // attention layers' slots are dropped (a state cannot be rewound: it is copied).
+  const RecurrentState saved = cache.recurrent();
   reconstructing_ = true;
   Status st;
   for (size_t c0 = 0; c0 < prompt.size() && st.ok(); c0 += static_cast<size_t>(chunk)) {
@@ -83,6 +86,7 @@ Status Engine::reconstruct(const BatchEntry& be) {
     }
   }
   reconstructing_ = false;
+  cache.recurrent_for_update() = saved;
   D2O_RETURN_IF_ERROR(st);
   // The maxima as window statistics of the queries a window holds, as if each of them gave the
   // slot that much (the prompt's compaction reads them per window query: prompt_scores=).

@@ -58,7 +58,8 @@ class Sequence {
   // prompt is in progress, after positions were renumbered (PolicyState::pos_shift), or once a
   // cold tier has taken anything (a recalled slot comes back re-quantised); else the prefix
   // before the first slot a compaction evicted or merged, and for a sliding-window layer only
-  // while its window still holds what that prefix needs.
+  // while its window still holds what that prefix needs. A model with recurrent layers (qwen35)
+  // cannot be cut back at all: its state holds every token seen (cut_back_refusal says so).
   int64_t reusable_prefix(int64_t n) const {
     n = std::min(n, n_past_);
     if (n <= 0 || prompt_pending_ > 0 || state_.pos_shift != 0) return 0;
@@ -67,6 +68,14 @@ class Sequence {
       return 0;
     return cache_.intact_prefix(n);
   }
+  // Why this sequence cannot be cut back to a prefix whatever the policy did, or null: its model
+  // keeps a recurrent state (linear-attention layers), which cannot be rewound; it is rebuilt.
+  const char* cut_back_refusal() const {
+    return cache_.config().has_recurrent()
+               ? "the model's recurrent (linear-attention) state cannot be rewound to a prefix"
+               : nullptr;
+  }
+
   // Cuts the sequence back to its first n tokens (reusable_prefix(n) must be n): the cache drops
   // every slot at a later position, the position becomes n, and the policy state starts again as
   // a sequence's that was never compacted (budgets are decided at the next compaction, as for a
@@ -77,6 +86,9 @@ class Sequence {
       return invalid_argument("Sequence truncate: " + std::to_string(n) +
                               " tokens is outside [0, " + std::to_string(n_past_) + "]");
     if (n == n_past_) return {};
+    if (const char* why = cut_back_refusal(); why && n > 0)
+      return unsupported(std::string("Sequence truncate: ") + why +
+                         "; feed the sequence again from the start");
     if (n > 0 && reusable_prefix(n) != n)
       return invalid_argument("Sequence truncate: the cache does not hold its first " +
                               std::to_string(n) + " tokens intact");

@@ -65,10 +65,11 @@ struct Metrics {
 
 // Why a session is rebuilt: another policy than its cache's; no prefix in common with the new
 // prompt; a prefix in common that its cache no longer holds intact (compacted below its end, a
-// sliding window moved past it, a cold tier in use); its file refused, of another policy, or not
-// read for want of room; lost (it left memory while its file could not be written).
-inline constexpr const char* kSessionRebuildReasons[] = {"policy", "no_common_prefix",
-                                                         "prefix_not_held", "file", "lost"};
+// sliding window moved past it, a cold tier in use); a model whose recurrent state cannot be
+// rewound to the prefix (qwen35); its file refused, of another policy, or not read for want of
+// room; lost (it left memory while its file could not be written).
+inline constexpr const char* kSessionRebuildReasons[] = {
+    "policy", "no_common_prefix", "prefix_not_held", "recurrent_state", "file", "lost"};
 
 std::string prometheus_text(const Metrics& m);
 

@@ -217,6 +217,8 @@ void Service::start_job(const std::shared_ptr<Job>& job) {
         kept = static_cast<int64_t>(common);
       } else if (common == 0) {
         reason = "no_common_prefix";
+      } else if (s.seq->cut_back_refusal()) {
+        reason = "recurrent_state";  // a recurrent state cannot be rewound: built again
       } else if (const int64_t p = s.seq->reusable_prefix(static_cast<int64_t>(common));
                  p > 0 && s.seq->truncate(p).ok()) {
         kept = p;

@@ -22,8 +22,9 @@ constexpr char kMagic[8] = {'D', '2', 'O', 'S', 'E', 'S', 'S', '\0'};
 // (serve/api_keys.h); files of the default namespace hold the client's id alone.
 constexpr size_t kMaxIdBytes = 64 + 1 + 128;
 constexpr size_t kMaxSpecBytes = 4096;
-// Flags: a cold tier follows the layers.
+// Flags: a cold tier follows the layers; the recurrent state follows them (and the cold tier).
 constexpr uint32_t kColdFlag = 1;
+constexpr uint32_t kRecurrentFlag = 2;
 
 // Bytes of the fixed part before the id (magic .. rot_v).
 constexpr size_t kFixedHeader = 8 + 4 + 4 + 8 + 8 + 4 * 3 + 4;
@@ -307,6 +308,42 @@ Status decode_cold(Reader& r, const SessionFileContext& ctx, int64_t n_past, int
   return {};
 }
 
+// The recurrent layers' state (kv/recurrent_state.h), when the model has them: i64 tokens folded
+// in, then per recurrent layer its convolution state and its delta-rule state (f32).
+void encode_recurrent(Writer& w, const RecurrentState& rs, const KvCacheConfig& c) {
+  w.put(rs.n_tokens);
+  for (int il = 0; il < c.n_layer; ++il) {
+    if (!c.recurrent(il)) continue;
+    const auto& conv = rs.conv[static_cast<size_t>(il)];
+    const auto& delta = rs.delta[static_cast<size_t>(il)];
+    w.bytes(conv.data(), conv.size() * sizeof(float));
+    w.bytes(delta.data(), delta.size() * sizeof(float));
+  }
+}
+
+Status decode_recurrent(Reader& r, const KvCacheConfig& c, int64_t n_past, RecurrentState& rs) {
+  int64_t n_tokens = 0;
+  D2O_RETURN_IF_ERROR(r.get(n_tokens, "the recurrent state"));
+  // The state is the whole conversation's: it cannot stand for fewer tokens than were seen.
+  if (n_tokens != n_past)
+    return bad("the recurrent state holds " + std::to_string(n_tokens) + " tokens, the session " +
+               std::to_string(n_past));
+  std::vector<float> conv, delta;
+  for (int il = 0; il < c.n_layer; ++il) {
+    if (!c.recurrent(il)) continue;
+    D2O_RETURN_IF_ERROR(r.items(conv, static_cast<size_t>(c.recurrent_conv), "a recurrent state"));
+    D2O_RETURN_IF_ERROR(
+        r.items(delta, static_cast<size_t>(c.recurrent_delta), "a recurrent state"));
+    if (!all_finite(conv) || !all_finite(delta))
+      return bad("layer " + std::to_string(il) +
+                 ": a recurrent state value is not a finite number");
+    rs.conv[static_cast<size_t>(il)] = conv;
+    rs.delta[static_cast<size_t>(il)] = delta;
+  }
+  rs.n_tokens = n_tokens;
+  return {};
+}
+
 }  // namespace
 
 uint64_t fnv1a64(const uint8_t* data, size_t size, uint64_t h) {
@@ -342,8 +379,10 @@ size_t max_session_file_bytes(const SessionFileContext& ctx) {
   const size_t state = 64 + nl * (4 + 8 + 8) + nl * heads * 5 + nl * 8;
   // A cold tier holds at most every token of a head, in rows of at most F32.
   const size_t cold = nl * heads * (4 + np * (12 + 8 * static_cast<size_t>(c.head_dim)));
+  const size_t recurrent =
+      8 + nl * static_cast<size_t>(c.recurrent_conv + c.recurrent_delta) * sizeof(float);
   return kFixedHeader + 8 + kMaxIdBytes + kMaxSpecBytes + 8 + 4 + np * 4 + state +
-         nl * (4 + heads * np * row) + cold + 8;
+         nl * (4 + heads * np * row) + cold + recurrent + 8;
 }
 
 Status encode_session(const SessionFileContext& ctx, const std::string& id,
@@ -375,7 +414,7 @@ Status encode_session(const SessionFileContext& ctx, const std::string& id,
   Writer w(out);
   w.bytes(kMagic, sizeof kMagic);
   w.put(kSessionFileVersion);
-  w.put(cache.cold() ? kColdFlag : uint32_t{0});
+  w.put((cache.cold() ? kColdFlag : uint32_t{0}) | (c.has_recurrent() ? kRecurrentFlag : 0u));
   w.put(ctx.model.file_size);
   w.put(ctx.model.header_hash);
   w.put(static_cast<uint32_t>(c.n_layer));
@@ -425,6 +464,7 @@ Status encode_session(const SessionFileContext& ctx, const std::string& id,
     for (int h = 0; h < L.n_head_kv(); ++h) w.bytes(L.merged(h), n * 4);
   }
   if (const ColdTier* cold = cache.cold()) encode_cold(w, *cold, c);
+  if (c.has_recurrent()) encode_recurrent(w, cache.recurrent(), c);
   w.put(fnv1a64(reinterpret_cast<const uint8_t*>(out.data()), out.size()));
   return {};
 }
@@ -445,7 +485,11 @@ Result<SessionData> decode_session(const SessionFileContext& ctx, const uint8_t*
                std::to_string(kSessionFileVersion));
   }
   D2O_RETURN_IF_ERROR(r.get(flags, "the flags"));
-  if ((flags & ~kColdFlag) != 0) return bad("unknown flags " + std::to_string(flags));
+  if ((flags & ~(kColdFlag | kRecurrentFlag)) != 0)
+    return bad("unknown flags " + std::to_string(flags));
+  if (((flags & kRecurrentFlag) != 0) != ctx.cache.has_recurrent())
+    return bad((flags & kRecurrentFlag) ? "a recurrent state for a model without recurrent layers"
+                                        : "no recurrent state for a model with recurrent layers");
   // The checksum before anything else is believed.
   if (size < r.at() + 8) return bad("truncated (no checksum)");
   uint64_t sum = 0;
@@ -511,6 +555,9 @@ Result<SessionData> decode_session(const SessionFileContext& ctx, const uint8_t*
     if (!d.cache->cold()) return bad("a cold tier for a policy without one");
     D2O_RETURN_IF_ERROR(decode_cold(body, ctx, d.n_past, next_pos, *d.cache->cold()));
   }
+  if (flags & kRecurrentFlag)
+    D2O_RETURN_IF_ERROR(
+        decode_recurrent(body, ctx.cache, d.n_past, d.cache->recurrent_for_update()));
   if (body.left() != 0)
     return bad(std::to_string(body.left()) + " bytes after the last layer");
   return d;

@@ -3,7 +3,7 @@
 // given without one.
 //
 // Layout (little-endian, no padding):
-//   magic "D2OSESS\0", u32 version, u32 flags (0)
+//   magic "D2OSESS\0", u32 version, u32 flags (below)
 //   model: u64 GGUF file size, u64 hash of the GGUF bytes before the tensor data
 //   cache: u32 n_layer, n_head_kv, head_dim; u8 key type, value type, rot_k, rot_v
 //   u32 + bytes: session id as kept (scoped_session_id: `name@id`, or the id alone in the
@@ -14,6 +14,10 @@
 //     has_ext: u32 n + f32 tau[n] + u8 tau_ready[n]; u32 n + f64 layer_variance[n]
 //   per layer: u32 n_slot; key rows [n_head_kv][n_slot], value rows [n_head_kv][n_slot],
 //     i32 pos, f32 score, f32 window, i32 merged, each [n_head_kv][n_slot]
+//   flags & 1: the cold tier (per layer and KV head: u32 n, i32 pos[n], f32 score[n],
+//     i32 merged[n], key rows, value rows)
+//   flags & 2 (a model with recurrent layers): i64 tokens the state holds (== n_past); per
+//     recurrent layer f32 conv[(d_conv - 1) * conv_dim], f32 delta[n_v_head * head_dim^2]
 //   u64 checksum of every byte before it (fnv1a64 below)
 //
 // Reading is reading outside input: decode_session() checks every field (magic, version, model,

@@ -16,7 +16,8 @@
 namespace d2o::test {
 
 struct RandomModelConfig {
-  std::string arch = "llama";  // "llama", "qwen2", "qwen3", "qwen3moe", "gemma3" or "phi3"
+  std::string arch =
+      "llama";  // "llama", "qwen2", "qwen3", "qwen3moe", "qwen35", "gemma3" or "phi3"
   int n_layer = 2;
   int n_embd = 64;
   int n_head = 4;
@@ -39,6 +40,13 @@ struct RandomModelConfig {
   int n_expert_used = 0;
   int n_ff_exp = 0;
   float router_scale = 0.0f;
+  // qwen35: linear-attention layers (all but every full_attention_interval-th) of ssm_n_v_head
+  // value heads and ssm_n_k_head key heads of width ssm_head_dim, a convolution of width
+  // ssm_d_conv; RoPE over n_rot dims (0: the head) in rope_sections.
+  int full_attention_interval = 0;
+  int ssm_d_conv = 0, ssm_head_dim = 0, ssm_n_k_head = 0, ssm_n_v_head = 0;
+  int n_rot = 0;
+  std::vector<int32_t> rope_sections;
   std::string omit_tensor;  // a tensor left out (malformed files for load tests)
   bool synthetic_tokenizer = true;  // false: no tokenizer.* keys (the test writes its own)
 };
@@ -163,6 +171,29 @@ inline RandomModelConfig random_qwen3moe_config() {
   c.seed = 3;  // the smallest gap over the 64 test tokens and both layers is 3.5
   return c;
 }
+// Qwen 3.5: linear-attention (gated delta rule) and gated full-attention layers alternating
+// (full_attention_interval 2: layers 1 and 3 attend), QK-norm, RoPE on 16 of the 32 dims of a
+// head in sections {1, 1, 1, 1} (so pairs 3 and 7, the e section's, are not turned for text), GQA,
+// 4 value heads over 2 key heads of width 16, a convolution of width 4, untied output.
+inline RandomModelConfig random_qwen35_config() {
+  RandomModelConfig c;
+  c.arch = "qwen35";
+  c.n_layer = 4;
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  c.head_dim = 32;
+  c.n_ff = 96;
+  c.full_attention_interval = 2;
+  c.ssm_d_conv = 4;
+  c.ssm_head_dim = 16;
+  c.ssm_n_k_head = 2;
+  c.ssm_n_v_head = 4;
+  c.n_rot = 16;
+  c.rope_sections = {1, 1, 1, 1};
+  c.tied = false;
+  c.seed = 8;
+  return c;
+}
 inline RandomModelConfig random_llama_mha_config() {
   RandomModelConfig c;
   c.arch = "llama";
@@ -257,6 +288,57 @@ void add_random_experts(const RandomModelConfig& c, const std::string& b, Xorshi
              stack(E * F * X, 0.2f));
 }
 
+// A Qwen 3.5 layer: attn_norm; a linear-attention block (attn_qkv, attn_gate, ssm_conv1d,
+// ssm_dt.bias, ssm_a < 0, ssm_beta, ssm_alpha, ssm_norm, ssm_out) or gated full attention
+// (attn_q of 2 * q_dim rows: each head's query then its gate; QK-norm); post_attention_norm;
+// SwiGLU.
+template <class AddTensor>
+void add_random_qwen35_layer(const RandomModelConfig& c, int il, Xorshift& rng,
+                             AddTensor& add_tensor) {
+  const std::string b = "blk." + std::to_string(il) + ".";
+  const int hd = c.head_dim > 0 ? c.head_dim : c.n_embd / c.n_head;
+  auto vec = [&](size_t n, float scale, float offset) {
+    std::vector<float> v(n);
+    for (float& x : v) x = offset + rng.uniform(scale);
+    return v;
+  };
+  auto matrix = [&](const std::string& name, int rows, int cols, float scale) {
+    add_tensor(name, GgmlType::kF32, {cols, rows},
+               f32_bytes(vec(static_cast<size_t>(rows) * cols, scale, 0.0f)));
+  };
+  auto norm = [&](const std::string& name, int n) {
+    add_tensor(name, GgmlType::kF32, {n}, f32_bytes(vec(static_cast<size_t>(n), 0.25f, 1.0f)));
+  };
+  norm(b + "attn_norm.weight", c.n_embd);
+  if ((il + 1) % c.full_attention_interval != 0) {
+    const int S = c.ssm_head_dim, nv = c.ssm_n_v_head;
+    const int conv_dim = 2 * c.ssm_n_k_head * S + nv * S;
+    matrix(b + "attn_qkv.weight", conv_dim, c.n_embd, 0.3f);
+    matrix(b + "attn_gate.weight", nv * S, c.n_embd, 0.3f);
+    add_tensor(b + "ssm_conv1d.weight", GgmlType::kF32, {c.ssm_d_conv, conv_dim},
+               f32_bytes(vec(static_cast<size_t>(conv_dim) * c.ssm_d_conv, 0.5f, 0.0f)));
+    add_tensor(b + "ssm_dt.bias", GgmlType::kF32, {nv},
+               f32_bytes(vec(static_cast<size_t>(nv), 1.0f, 0.0f)));
+    add_tensor(b + "ssm_a", GgmlType::kF32, {nv},
+               f32_bytes(vec(static_cast<size_t>(nv), 0.4f, -0.6f)));
+    matrix(b + "ssm_beta.weight", nv, c.n_embd, 0.3f);
+    matrix(b + "ssm_alpha.weight", nv, c.n_embd, 0.3f);
+    norm(b + "ssm_norm.weight", S);
+    matrix(b + "ssm_out.weight", c.n_embd, nv * S, 0.2f);
+  } else {
+    matrix(b + "attn_q.weight", 2 * c.n_head * hd, c.n_embd, 0.3f);
+    matrix(b + "attn_k.weight", c.n_head_kv * hd, c.n_embd, 0.3f);
+    matrix(b + "attn_v.weight", c.n_head_kv * hd, c.n_embd, 0.3f);
+    matrix(b + "attn_output.weight", c.n_embd, c.n_head * hd, 0.2f);
+    norm(b + "attn_q_norm.weight", hd);
+    norm(b + "attn_k_norm.weight", hd);
+  }
+  norm(b + "post_attention_norm.weight", c.n_embd);
+  matrix(b + "ffn_gate.weight", c.n_ff, c.n_embd, 0.3f);
+  matrix(b + "ffn_up.weight", c.n_ff, c.n_embd, 0.3f);
+  matrix(b + "ffn_down.weight", c.n_embd, c.n_ff, 0.2f);
+}
+
 inline GgufWriter make_random_model(const RandomModelConfig& c) {
   GgufWriter w;
   // Every tensor goes through here, so that c.omit_tensor can leave one out.
@@ -281,7 +363,16 @@ inline GgufWriter make_random_model(const RandomModelConfig& c) {
   w.add_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(c.n_head_kv));
   w.add_f32(a + ".rope.freq_base", 10000.0f);
   w.add_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
-  w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(hd));
+  w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(c.n_rot > 0 ? c.n_rot : hd));
+  if (!c.rope_sections.empty()) w.add_i32_array(a + ".rope.dimension_sections", c.rope_sections);
+  if (c.full_attention_interval > 0) {
+    w.add_u32(a + ".full_attention_interval", static_cast<uint32_t>(c.full_attention_interval));
+    w.add_u32(a + ".ssm.conv_kernel", static_cast<uint32_t>(c.ssm_d_conv));
+    w.add_u32(a + ".ssm.state_size", static_cast<uint32_t>(c.ssm_head_dim));
+    w.add_u32(a + ".ssm.group_count", static_cast<uint32_t>(c.ssm_n_k_head));
+    w.add_u32(a + ".ssm.time_step_rank", static_cast<uint32_t>(c.ssm_n_v_head));
+    w.add_u32(a + ".ssm.inner_size", static_cast<uint32_t>(c.ssm_head_dim * c.ssm_n_v_head));
+  }
   if (c.head_dim > 0) {
     w.add_u32(a + ".attention.key_length", static_cast<uint32_t>(hd));
     w.add_u32(a + ".attention.value_length", static_cast<uint32_t>(hd));
@@ -325,6 +416,10 @@ inline GgufWriter make_random_model(const RandomModelConfig& c) {
   }
   for (int il = 0; il < c.n_layer; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
+    if (a == "qwen35") {
+      add_random_qwen35_layer(c, il, rng, add_tensor);
+      continue;
+    }
     add_tensor(b + "attn_norm.weight", GgmlType::kF32, {c.n_embd}, f32_bytes(norm_vec(static_cast<size_t>(c.n_embd))));
     if (phi3) {
       matrix(b + "attn_qkv.weight", q_dim + 2 * kv_dim, c.n_embd, 0.3f);

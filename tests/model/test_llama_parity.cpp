@@ -183,6 +183,31 @@ TEST(LlamaParity, RandomQwen3MoeMatchesLlamaCpp) {
   check_random_model(test::random_qwen3moe_config(), "random_qwen3moe", {5, 1});
 }
 
+// Qwen 3.5: linear-attention layers (a gated delta rule over a recurrent state carried from pass
+// to pass) between gated full-attention layers with multi-section RoPE on part of each head, in
+// one pass, in passes of 5 and token by token.
+// Then the same weights with sections {2, 1, 1, 0}, which turn every pair: d2o's logits must then
+// be far from llama.cpp's, or the fixture would not show that the unturned pair is left alone.
+TEST(LlamaParity, RandomQwen35MatchesLlamaCpp) {
+  const test::RandomModelConfig cfg = test::random_qwen35_config();
+  check_random_model(cfg, "random_qwen35", {5, 1});
+  if (HasFailure() || IsSkipped()) return;
+  test::ReferenceFullLogits ref;
+  ASSERT_TRUE(test::read_reference_full_logits(test::scratch_path("random_qwen35.logits"), &ref));
+  test::RandomModelConfig all_turn = cfg;
+  all_turn.rope_sections = {2, 1, 1, 0};
+  const std::string path = test::scratch_path("random_qwen35_all_turn.gguf");
+  ASSERT_TRUE(test::make_random_model(all_turn).write(path).ok());
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  ThreadPool pool(2);
+  Engine engine(**model, pool, EngineOptions{});
+  const LogitDiff d = diff_logits(all_logits(engine, ref.tokens), ref);
+  std::printf("every pair turned: max |logit diff| %.3g (max |logit| %.3g)\n", d.max_err,
+              d.max_ref);
+  EXPECT_GT(d.max_err, 50 * 2e-3 * d.max_ref);
+}
+
 // Llama 3.1's RoPE scaling: the rope_freqs.weight factors (1, two blends, then 8) over 64 tokens,
 // twice the "original context" the factors were computed for, in one pass, in passes of 5 and
 // token by token. Then the same weights without the factors: d2o's logits must then be far from

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,8 @@ struct ServeStack {
   std::vector<TokenId> eog;  // end-of-generation tokens of the service (none unless set)
   std::string session_dir;   // --session-dir (none unless set)
   bool save_every_turn = true;
+  // The model's configuration (none: a two-layer llama).
+  std::optional<::d2o::test::RandomModelConfig> model_config;
 
   // Loads the model (written once per name) and starts a service; `kv_mem` is the KV cap.
   void start(const std::string& name, size_t kv_mem, int max_running, size_t max_queue,
@@ -44,6 +47,7 @@ struct ServeStack {
     cfg.n_head_kv = 2;
     cfg.n_vocab = 300;
     cfg.seed = 23;
+    if (model_config) cfg = *model_config;
     const std::string path = ::d2o::test::scratch_path(name + ".gguf");
     ASSERT_TRUE(::d2o::test::make_random_model(cfg).write(path).ok());
     auto f = GgufFile::open(path);

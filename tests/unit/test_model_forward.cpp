@@ -78,7 +78,12 @@ TEST(ModelDesc, LlamaFamilyLayersAreUniformPreNormGlobalSwiGlu) {
       EXPECT_EQ(d.qkv_bias, qwen2);
       EXPECT_EQ(d.ffn, FfnKind::kSwiGlu);
     }
-    EXPECT_EQ(std::memcmp(&md.policy_rope, &md.layers[0].rope, sizeof(RopeParams)), 0);
+    // Field by field: a byte comparison would read the struct's padding, which copies need not
+    // keep.
+    const RopeParams &pr = md.policy_rope, &lr = md.layers[0].rope;
+    EXPECT_TRUE(pr.type == lr.type && pr.head_dim == lr.head_dim && pr.n_rot == lr.n_rot &&
+                pr.freq_base == lr.freq_base && pr.freq_scale == lr.freq_scale &&
+                pr.freq_factors == lr.freq_factors);
     const KvCacheConfig kc = kv_cache_config(h, KvType::kF16);
     EXPECT_EQ(kc.n_layer, c.n_layer);
     EXPECT_EQ(kc.n_head_kv, c.n_head_kv);

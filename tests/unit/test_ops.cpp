@@ -128,4 +128,37 @@ TEST(Ops, RmsnormEveryLevelNearDoubleReference) {
 }
 
 }  // namespace
+// The delta rule's step at every kernel level against the scalar reference, on odd sizes and
+// misaligned rows, several tokens in a row (the state carries rounding from one to the next).
+TEST(Ops, DeltaRuleStepEveryLevelNearScalar) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const int n : {1, 7, 16, 33, 128}) {
+    const size_t nn = static_cast<size_t>(n) * n;
+    std::vector<float> q(static_cast<size_t>(n) + 1), k(q.size()), v(q.size()), m0(nn + 1);
+    for (auto* x : {&q, &k, &v, &m0})
+      for (float& e : *x) e = nd(rng) * 0.3f;
+    std::vector<float> ref_o(static_cast<size_t>(n));
+    DeltaRuleToken t;
+    t.q = q.data() + 1;  // misaligned
+    t.k = k.data() + 1;
+    t.v = v.data() + 1;
+    t.beta = 0.7f;
+    t.scale = 1.0f / std::sqrt(static_cast<float>(n));
+    for (KernelIsa isa : test::available_isas()) {
+      std::vector<float> m = m0, o(static_cast<size_t>(n) + 1), want_m(m0.begin() + 1, m0.end());
+      for (int step = 0; step < 3; ++step) {
+        t.decay = 0.9f - 0.1f * static_cast<float>(step);
+        delta_rule_step_isa(KernelIsa::kScalar, want_m.data(), t, n, ref_o.data());
+        delta_rule_step_isa(isa, m.data() + 1, t, n, o.data() + 1);
+        for (int j = 0; j < n; ++j)
+          EXPECT_NEAR(o[static_cast<size_t>(j) + 1], ref_o[static_cast<size_t>(j)], 1e-5f)
+              << kernel_isa_name(isa) << " n=" << n << " j=" << j;
+      }
+      for (size_t i = 0; i < nn; ++i)
+        ASSERT_NEAR(m[i + 1], want_m[i], 1e-5f) << kernel_isa_name(isa) << " n=" << n;
+    }
+  }
+}
+
 }  // namespace d2o

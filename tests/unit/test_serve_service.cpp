@@ -380,6 +380,41 @@ TEST(ServeService, AnEditedTurnKeepsTheCommonPrefixAndAnswersAsAFreshRequest) {
   EXPECT_NE(text.find("d2o_session_truncations_total 2"), std::string::npos);
 }
 
+// A model with recurrent layers (qwen35): a turn that extends the conversation goes on from it;
+// an edited turn cannot cut the recurrent state back to the common prefix, so the session is
+// rebuilt (reason recurrent_state) and answers as a fresh request.
+TEST(ServeService, ARecurrentModelsEditedTurnRebuildsTheSession) {
+  ServeStack st;
+  st.model_config = ::d2o::test::random_qwen35_config();
+  ASSERT_NO_FATAL_FAILURE(st.start("serve_service_qwen35", size_t{4} << 20, 2, 8));
+  Service& s = *st.service;
+  std::vector<TokenId> conv = random_prompt(12, 510);
+  const Outcome one = run_one(s, conv, 6, "rec");
+  ASSERT_FALSE(one.error);
+  for (TokenId t : ids_of(one.text)) conv.push_back(t);
+  std::vector<TokenId> asked = conv, edited = conv;
+  for (TokenId t : random_prompt(5, 511)) asked.push_back(t);
+  for (TokenId t : random_prompt(7, 512)) edited.push_back(t);
+  const Outcome two = run_one(s, asked, 6, "rec");
+  ASSERT_FALSE(two.error);
+  ASSERT_TRUE(two.session);
+  EXPECT_FALSE(two.session->rebuilt);
+  EXPECT_EQ(two.cached_tokens, std::ssize(conv) - 1);
+  EXPECT_EQ(two.text, run_one(s, asked, 6).text);
+
+  const Outcome cut = run_one(s, edited, 6, "rec");
+  ASSERT_FALSE(cut.error) << cut.error->message;
+  ASSERT_TRUE(cut.session);
+  EXPECT_TRUE(cut.session->rebuilt);
+  EXPECT_FALSE(cut.session->truncated);
+  EXPECT_EQ(cut.cached_tokens, 0);
+  EXPECT_EQ(cut.text, run_one(s, edited, 6).text);
+  wait_for_count(s, "ok", 5);
+  const Metrics m = s.metrics();
+  EXPECT_EQ(m.session_rebuilds.at("recurrent_state"), 1);
+  EXPECT_EQ(m.session_truncations, 0);
+}
+
 // Sessions live in the namespace of the key a request came with. Bob naming the session id
 // Alice uses, with Alice's very conversation, gets what an id never used gets (nothing taken
 // from her cache, not "rebuilt", the same sizes and answer), and leaves her session as it was;

@@ -3,6 +3,7 @@
 // each weight type is computed, which layers a KV policy compresses.
 #include <cstdio>
 #include <map>
+#include <string>
 
 #include "commands.h"
 #include "core/mem.h"
@@ -40,10 +41,21 @@ void print_layers(const ModelHParams& hp) {
     std::printf("%-13s %s\n", "d2o layers", desc.status().message().c_str());
     return;
   }
-  int global = 0;
-  for (const LayerDesc& d : desc->layers) global += d.kind == LayerKind::kGlobal;
+  int global = 0, recurrent = 0;
+  std::string recurrent_list;
+  for (size_t il = 0; il < desc->layers.size(); ++il) {
+    const LayerKind k = desc->layers[il].kind;
+    global += k == LayerKind::kGlobal;
+    if (k != LayerKind::kRecurrent) continue;
+    recurrent_list += (recurrent++ ? "," : "") + std::to_string(il);
+  }
   const int n = static_cast<int>(desc->layers.size());
-  if (global == n) {
+  if (recurrent > 0) {
+    std::printf(
+        "%-13s %d global attention layers compressed by a KV policy; %d linear-attention "
+        "layers (%s) keep a recurrent state no policy touches\n",
+        "d2o layers", global, recurrent, recurrent_list.c_str());
+  } else if (global == n) {
     std::printf("%-13s %d global attention layers, every one compressed by a KV policy\n",
                 "d2o layers", n);
   } else {

@@ -170,7 +170,11 @@ std::string memory_summary(const Loaded& l, const Sequence& seq) {
                 format_bytes(b.full_f16).c_str(), static_cast<long long>(seq.n_past()),
                 format_bytes(static_cast<double>(c.meta_bytes_allocated())).c_str(),
                 format_bytes(static_cast<double>(peak_rss_bytes())).c_str());
-  return buf;
+  std::string out = buf;
+  // Linear-attention layers (qwen35): their recurrent state, of a fixed size whatever the length.
+  if (const size_t rb = c.recurrent().bytes(); rb > 0)
+    out += "; recurrent state " + format_bytes(static_cast<double>(rb));
+  return out;
 }
 
 }  // namespace d2o::cli
