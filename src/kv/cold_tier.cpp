@@ -11,6 +11,7 @@
 #include "kv/policy.h"
 #include "kv/policy/similarity.h"
 #include "ops/hadamard.h"
+#include "ops/ops.h"
 
 namespace d2o {
 
@@ -271,24 +272,39 @@ void ColdTier::drop_oldest(Head& hd, int64_t n) {
   cut(hd.v, vrb_);
 }
 
-void ColdTier::recall(int il, int h, const float* q, int n_q, float scale, int count,
-                      ColdRecall& out) {
-  out.clear();
-  Head& stored = head(il, h);
-  Head read;
-  bool read_ok = true;
-  Head& hd = whole(il, h, read, &read_ok);  // on disk: read whole, written back below
-  // Scratch of this call alone: heads are recalled in parallel, and a turn's scratch is not held
-  // between turns.
-  std::vector<float> qt, keys, logits, best, pooled;
-  std::vector<int32_t> order;
+namespace {
+
+// recall_ranking=max: each slot's most log-attention from any query, l - logsumexp(l) (the
+// ranking is that of the attention, and there is no exponential per slot to keep).
+void max_log_attention(const float* logits, int n_q, int64_t n, std::vector<float>& best) {
+  best.assign(static_cast<size_t>(n), -std::numeric_limits<float>::infinity());
+  for (int r = 0; r < n_q; ++r) {
+    const float* l = logits + static_cast<size_t>(r) * n;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, l[i]);
+    float z = 0;
+    for (int64_t i = 0; i < n; ++i) z += std::exp(l[i] - m);
+    const float lz = m + std::log(z);
+    for (int64_t i = 0; i < n; ++i) best[i] = std::max(best[i], l[i] - lz);
+  }
+}
+
+}  // namespace
+
+void ColdTier::rank(const Head& hd, const float* q, int n_q, float scale, int count,
+                    std::vector<int32_t>& order) const {
   const int64_t n = hd.n();
-  count = static_cast<int>(std::min<int64_t>(count, n));
-  if (count <= 0 || n_q <= 0) {
-    if (&hd != &stored && !read_ok) store_whole(stored, hd);  // what could be read
+  order.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[i] = static_cast<int32_t>(i);
+  const auto by_position = [&](int32_t a, int32_t b) { return hd.pos[a] < hd.pos[b]; };
+  if (count >= n) {  // every slot comes back: nothing to rank
+    std::sort(order.begin(), order.end(), by_position);
     return;
   }
   const int D = head_dim_;
+  // Scratch of this call alone: heads are recalled in parallel, and a turn's scratch is not held
+  // between turns.
+  std::vector<float> qt, keys, logits, attn, pooled;
   // The queries moved into the tier's key space instead of every cold key out of it (q.k is
   // unchanged by the rotation, which is orthonormal and its own inverse).
   qt.assign(q, q + static_cast<size_t>(n_q) * D);
@@ -298,8 +314,7 @@ void ColdTier::recall(int il, int h, const float* q, int n_q, float scale, int c
   // Logits [n_q, n] by the SIMD dot kernels, over the cold keys as floats a tile of kKeyTile
   // rows at a time: a tier that holds a long prompt's evictions would otherwise need
   // n x head_dim floats per head recalled in parallel (on Gemma 3, a 27K-token prompt's cold
-  // head is 27 MB of them), at the moment the prompt's last pass recalls. Each dot is formed
-  // alone, so tiles give the same bits as one pass.
+  // head is 27 MB of them), at the moment the prompt's last pass recalls.
   constexpr int64_t kKeyTile = 256;
   keys.resize(static_cast<size_t>(std::min(n, kKeyTile)) * D);
   logits.resize(static_cast<size_t>(n) * static_cast<size_t>(n_q));
@@ -321,30 +336,27 @@ void ColdTier::recall(int il, int h, const float* q, int n_q, float scale, int c
       for (int64_t i = 0; i < tn; ++i) rd.dot[i] *= scale;
     }
   }
-  // Each query's log-attention over the cold slots, l - logsumexp(l); a slot's score: the most
-  // any query gives it (in log space: the ranking is the same, and no exponential per slot).
-  best.assign(static_cast<size_t>(n), -std::numeric_limits<float>::infinity());
-  for (int r = 0; r < n_q; ++r) {
-    const float* l = logits.data() + static_cast<size_t>(r) * n;
-    float m = -std::numeric_limits<float>::infinity();
-    for (int64_t i = 0; i < n; ++i) m = std::max(m, l[i]);
-    float z = 0;
-    for (int64_t i = 0; i < n; ++i) z += std::exp(l[i] - m);
-    const float lz = m + std::log(z);
-    for (int64_t i = 0; i < n; ++i) best[i] = std::max(best[i], l[i] - lz);
+  // A slot's attention from the window: each query's softmax over the cold slots, summed over
+  // the queries (the sum the turn's compaction ranks hot and recalled slots by), then over its
+  // `kernel` neighbours in position order (slots arrive in eviction order), so that a passage
+  // comes back whole around the token its question found (recall_ranking=max: the most any
+  // query gives it, the best of its neighbours).
+  const bool sum = cfg_.ranking == RecallRanking::kSum;
+  if (sum) {
+    attn.assign(static_cast<size_t>(n), 0.0f);
+    for (int r = 0; r < n_q; ++r)
+      softmax_add(logits.data() + static_cast<size_t>(r) * n, n, attn.data());
+  } else {
+    max_log_attention(logits.data(), n_q, n, attn);
   }
-  order.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) order[i] = static_cast<int32_t>(i);
-  // Pooled over the neighbours in position order (slots arrive in eviction order).
-  std::sort(order.begin(), order.end(),
-            [&](int32_t a, int32_t b) { return hd.pos[a] < hd.pos[b]; });
+  std::sort(order.begin(), order.end(), by_position);
   pooled.resize(static_cast<size_t>(n));
   const int64_t half = std::max(0, cfg_.kernel / 2);
   for (int64_t x = 0; x < n; ++x) {
-    float m = -std::numeric_limits<float>::infinity();
+    float acc = sum ? 0.0f : -std::numeric_limits<float>::infinity();
     for (int64_t y = std::max<int64_t>(0, x - half); y <= std::min(n - 1, x + half); ++y)
-      m = std::max(m, best[order[y]]);
-    pooled[order[x]] = m;
+      acc = sum ? acc + attn[order[y]] : std::max(acc, attn[order[y]]);
+    pooled[order[x]] = acc;
   }
   // Best first; ties to the newer position (as the hot selectors break them).
   std::partial_sort(order.begin(), order.begin() + count, order.end(), [&](int32_t a, int32_t b) {
@@ -352,8 +364,25 @@ void ColdTier::recall(int il, int h, const float* q, int n_q, float scale, int c
     return hd.pos[a] > hd.pos[b];
   });
   order.resize(static_cast<size_t>(count));
-  std::sort(order.begin(), order.end(),
-            [&](int32_t a, int32_t b) { return hd.pos[a] < hd.pos[b]; });
+  std::sort(order.begin(), order.end(), by_position);
+}
+
+void ColdTier::recall(int il, int h, const float* q, int n_q, float scale, int count,
+                      ColdRecall& out) {
+  out.clear();
+  Head& stored = head(il, h);
+  Head read;
+  bool read_ok = true;
+  Head& hd = whole(il, h, read, &read_ok);  // on disk: read whole, written back below
+  const int64_t n = hd.n();
+  count = static_cast<int>(std::min<int64_t>(count, n));
+  if (count <= 0 || n_q <= 0) {
+    if (&hd != &stored && !read_ok) store_whole(stored, hd);  // what could be read
+    return;
+  }
+  std::vector<int32_t> order;
+  rank(hd, q, n_q, scale, count, order);
+  const int D = head_dim_;
   out.k.resize(static_cast<size_t>(count) * D);
   out.v.resize(static_cast<size_t>(count) * D);
   std::vector<char> gone(static_cast<size_t>(n), 0);

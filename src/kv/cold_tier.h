@@ -8,10 +8,13 @@
 //
 // When a new turn of several tokens is fed to a sequence whose tier holds slots, the turn's last
 // `window` queries score the cold slots of each layer's KV heads, inside the turn's pass, just
-// before the layer's attention (model/kv_attention.cpp): a slot's score is the most attention any
-// of those queries (over the query heads of the KV head) gives it among the cold slots, then the
-// best such score among its `kernel` neighbours in position order (so that a passage comes back
-// whole around the token its question found, as SnapKV's pooling keeps it). The best
+// before the layer's attention (model/kv_attention.cpp): a slot's score is the attention those
+// queries (and the query heads of the KV head) give it among the cold slots, summed over them
+// (as the compaction that ends the turn sums the window's attention over hot and recalled slots),
+// then summed over its `kernel` neighbours in position order (so that a passage comes back whole
+// around the token its question found, as SnapKV's pooling keeps it; recall_ranking=max: the
+// most any query gives it, the best of its neighbours). When `recall` covers every cold slot,
+// nothing is scored: all come back. The best
 // `recall` slots of each head go back into the hot cache at their place in position order
 // (KvCache::insert_recalled), so the turn, and the answer after it, attend to them; the
 // compaction that ends the turn then ranks hot and recalled slots alike by the turn's window
@@ -38,8 +41,17 @@ class ColdFile;
 // KV head in memory.
 enum class ColdPlace { kNone, kMemory, kDisk };
 
+// How a turn ranks the cold slots it may recall (recall_ranking=).
+enum class RecallRanking {
+  kMax,  // the most attention any of the window's queries gives a slot among the cold slots, in
+         // log space, then the best over its `kernel` neighbours (the first form of the tier)
+  kSum,  // the window's attention over the cold slots summed over its queries, then over the
+         // `kernel` neighbours: the sum the compaction that ends the turn ranks by
+};
+
 struct ColdTierConfig {
   ColdPlace place = ColdPlace::kNone;
+  RecallRanking ranking = RecallRanking::kMax;
   KvType type{KvElemType::kQ4_0, KvElemType::kQ4_0, true, true};  // q4_0r
   int64_t max_slots = 0;  // per layer and KV head (0: no bound)
   int recall = 64;        // slots per layer and KV head recalled per turn
@@ -161,6 +173,10 @@ class ColdTier {
   // Head (il, h) whole, in memory: the head itself, or `scratch` filled from its extents and
   // tail (false: a read failed; the head's disk part is lost then).
   Head& whole(int il, int h, Head& scratch, bool* ok);
+  // The `count` slots of hd that queries q recall, as indices into hd in position order (scratch
+  // of its own: heads are ranked in parallel).
+  void rank(const Head& hd, const float* q, int n_q, float scale, int count,
+            std::vector<int32_t>& order) const;
   // On disk: `all` (a head read whole and edited) becomes head hd's only extent.
   void store_whole(Head& hd, Head& all);
   void flush(Head& hd);

@@ -58,11 +58,22 @@ void delta_rule_scalar(float* m, const DeltaRuleToken& t, int64_t n, float* o) {
   }
 }
 
+void softmax_add_scalar(float* l, int64_t n, float* acc) {
+  const float m = *std::max_element(l, l + n);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    l[i] = std::exp(l[i] - m);
+    sum += l[i];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < n; ++i) acc[i] += l[i] * inv;
+}
+
 }  // namespace
 
 const Kernels& scalar_kernels() {
-  static const Kernels k{swiglu_scalar,    geglu_tanh_scalar, sum_squares_scalar,
-                         scale_mul_scalar, add_scalar,        delta_rule_scalar};
+  static const Kernels k{swiglu_scalar, geglu_tanh_scalar, sum_squares_scalar, scale_mul_scalar,
+                         add_scalar,    delta_rule_scalar, softmax_add_scalar};
   return k;
 }
 
@@ -189,6 +200,14 @@ void softmax_inplace(float* x, int64_t n) {
 
 void add_inplace(float* y, const float* x, int64_t n) {
   best_ops().add(y, x, n);
+}
+
+void softmax_add(float* l, int64_t n, float* acc) {
+  if (n > 0) best_ops().softmax_add(l, n, acc);
+}
+
+void softmax_add_isa(KernelIsa isa, float* l, int64_t n, float* acc) {
+  if (n > 0) ops::kernels_for(isa).softmax_add(l, n, acc);
 }
 
 }  // namespace d2o

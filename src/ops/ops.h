@@ -70,5 +70,10 @@ void softmax_inplace(float* x, int64_t n);
 
 // y += x
 void add_inplace(float* y, const float* x, int64_t n);
+// acc[i] += exp(l[i] - max l) / sum_j exp(l[j] - max l), for n > 0: one query's attention over n
+// keys added to their running sums. l is overwritten (with the exponentials). The SIMD levels use
+// their vector exp and lane-wise sums: results within float rounding of the scalar level's.
+void softmax_add(float* l, int64_t n, float* acc);
+void softmax_add_isa(KernelIsa isa, float* l, int64_t n, float* acc);
 
 }  // namespace d2o

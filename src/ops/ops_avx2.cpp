@@ -1,6 +1,7 @@
 // AVX2 variants of the element-wise operators (see ops_kernels.h).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/ops_kernels.h"
@@ -77,6 +78,12 @@ void add(float* y, const float* x, int64_t n) {
   for (; i < n; ++i) y[i] += x[i];
 }
 
+float hmax(__m256 a) {
+  const __m128 b = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 c = _mm_max_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_max_ss(c, _mm_movehdup_ps(c)));
+}
+
 float hsum(__m256 a) {
   const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
@@ -116,10 +123,36 @@ void delta_rule(float* m, const DeltaRuleToken& t, int64_t n, float* o) {
   }
 }
 
+void softmax_add(float* l, int64_t n, float* acc) {
+  __m256 mv = _mm256_set1_ps(l[0]);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(l + i));
+  float m = hmax(mv);
+  for (; i < n; ++i) m = std::max(m, l[i]);
+  const __m256 mb = _mm256_set1_ps(m);
+  __m256 sv = _mm256_setzero_ps();
+  for (i = 0; i + 8 <= n; i += 8) {
+    const __m256 e = simd::exp256(_mm256_sub_ps(_mm256_loadu_ps(l + i), mb));
+    _mm256_storeu_ps(l + i, e);
+    sv = _mm256_add_ps(sv, e);
+  }
+  float sum = hsum(sv);
+  for (; i < n; ++i) {
+    l[i] = std::exp(l[i] - m);
+    sum += l[i];
+  }
+  const float inv = 1.0f / sum;
+  const __m256 iv = _mm256_set1_ps(inv);
+  for (i = 0; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i),
+                                            _mm256_mul_ps(_mm256_loadu_ps(l + i), iv)));
+  for (; i < n; ++i) acc[i] += l[i] * inv;
+}
+
 }  // namespace
 
 const Kernels& avx2_kernels() {
-  static const Kernels k{swiglu, geglu_tanh, sum_squares, scale_mul, add, delta_rule};
+  static const Kernels k{swiglu, geglu_tanh, sum_squares, scale_mul, add, delta_rule, softmax_add};
   return k;
 }
 

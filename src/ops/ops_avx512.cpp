@@ -6,6 +6,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/ops_kernels.h"
@@ -115,10 +116,36 @@ void delta_rule(float* m, const DeltaRuleToken& t, int64_t n, float* o) {
   }
 }
 
+void softmax_add(float* l, int64_t n, float* acc) {
+  __m512 mv = _mm512_set1_ps(l[0]);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(l + i));
+  float m = _mm512_reduce_max_ps(mv);
+  for (; i < n; ++i) m = std::max(m, l[i]);
+  const __m512 mb = _mm512_set1_ps(m);
+  __m512 sv = _mm512_setzero_ps();
+  for (i = 0; i + 16 <= n; i += 16) {
+    const __m512 e = simd::exp512(_mm512_sub_ps(_mm512_loadu_ps(l + i), mb));
+    _mm512_storeu_ps(l + i, e);
+    sv = _mm512_add_ps(sv, e);
+  }
+  float sum = _mm512_reduce_add_ps(sv);
+  for (; i < n; ++i) {
+    l[i] = std::exp(l[i] - m);
+    sum += l[i];
+  }
+  const float inv = 1.0f / sum;
+  const __m512 iv = _mm512_set1_ps(inv);
+  for (i = 0; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i),
+                                            _mm512_mul_ps(_mm512_loadu_ps(l + i), iv)));
+  for (; i < n; ++i) acc[i] += l[i] * inv;
+}
+
 }  // namespace
 
 const Kernels& avx512_kernels() {
-  static const Kernels k{swiglu, geglu_tanh, sum_squares, scale_mul, add, delta_rule};
+  static const Kernels k{swiglu, geglu_tanh, sum_squares, scale_mul, add, delta_rule, softmax_add};
   return k;
 }
 

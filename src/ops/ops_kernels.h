@@ -24,6 +24,8 @@ struct Kernels {
   // delta_rule_step (ops.h): per row, the decay and m_j . k in one sweep, the write and m_j . q
   // in a second (the SIMD levels with fused multiply-adds and lane-wise partial sums).
   void (*delta_rule)(float* m, const DeltaRuleToken& t, int64_t n, float* o);
+  // softmax_add (ops.h): acc[i] += softmax(l)[i]; l is overwritten.
+  void (*softmax_add)(float* l, int64_t n, float* acc);
 };
 
 // -2 sqrt(2 / pi) and -2 sqrt(2 / pi) * 0.044715.

@@ -170,6 +170,73 @@ TEST(ColdTier, EvictedSlotsGoColdAndTheWantedComeBackAtTheirPlaces) {
   EXPECT_EQ(c.cold()->total_slots(), 8);
 }
 
+// recall_ranking=sum: a slot's score is the window's softmax share summed over its queries, then
+// over its neighbours (kernel 3) in position order; the best 4, newer on ties. A recall of every
+// slot ranks nothing and brings all back in position order.
+TEST(ColdTier, RankingBySumTakesWhatTheWindowAttendsToMostAndEverythingWhenAsked) {
+  test::Xorshift rng(11);
+  std::vector<float> k, v;
+  const int n = 40;
+  KvCache c = filled_cache(n, rng, k, v);
+  ColdTierConfig cc;
+  cc.place = ColdPlace::kMemory;
+  cc.type = KvType::kF32;
+  cc.kernel = 3;
+  cc.ranking = RecallRanking::kSum;
+  c.enable_cold(cc);
+  c.apply(0, keep_plan({0, 1, 2, 3, n - 1}));
+  ColdTier& cold = *c.cold();
+  std::vector<int> evicted;
+  for (int t = 4; t < n - 1; ++t) evicted.push_back(t);
+  const float scale = 0.125f;
+  const int n_q = 3;
+  std::vector<float> q(static_cast<size_t>(n_q) * kHd);
+  for (int r = 0; r < n_q; ++r) {
+    for (int d = 0; d < kHd; ++d)
+      q[static_cast<size_t>(r) * kHd + d] = 2.0f * row(k, 9 + 11 * r, 0)[d] + rng.uniform(0.3f);
+  }
+  std::vector<double> sum(evicted.size(), 0.0);
+  for (int r = 0; r < n_q; ++r) {
+    std::vector<double> l(evicted.size());
+    for (size_t i = 0; i < evicted.size(); ++i) {
+      double dot = 0;
+      for (int d = 0; d < kHd; ++d)
+        dot += q[static_cast<size_t>(r) * kHd + d] * row(k, evicted[i], 0)[d];
+      l[i] = scale * dot;
+    }
+    const double m = *std::max_element(l.begin(), l.end());
+    double z = 0;
+    for (double x : l) z += std::exp(x - m);
+    for (size_t i = 0; i < l.size(); ++i) sum[i] += std::exp(l[i] - m) / z;
+  }
+  std::vector<double> pooled(sum.size());
+  for (size_t i = 0; i < sum.size(); ++i) {
+    pooled[i] = sum[i] + (i > 0 ? sum[i - 1] : 0.0) + (i + 1 < sum.size() ? sum[i + 1] : 0.0);
+  }
+  std::vector<int> order(evicted.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    if (pooled[a] != pooled[b]) return pooled[a] > pooled[b];
+    return a > b;
+  });
+  // (no near-ties at the cut: float sums rank as the double ones)
+  ASSERT_GT(pooled[static_cast<size_t>(order[3])] - pooled[static_cast<size_t>(order[4])], 1e-4);
+  std::vector<int> want;
+  for (int i = 0; i < 4; ++i) want.push_back(evicted[static_cast<size_t>(order[i])]);
+  std::sort(want.begin(), want.end());
+  ColdRecall got;
+  cold.recall(0, 0, q.data(), n_q, scale, 4, got);
+  EXPECT_EQ(std::vector<int>(got.pos.begin(), got.pos.end()), want);
+  // Every slot of head 1, whatever the queries: all of them, in position order, rows intact.
+  cold.recall(0, 1, q.data(), n_q, scale, 1000, got);
+  EXPECT_EQ(std::vector<int>(got.pos.begin(), got.pos.end()), evicted);
+  EXPECT_EQ(cold.n_slots(0, 1), 0);
+  for (int j = 0; j < got.count(); ++j) {
+    EXPECT_TRUE(std::equal(got.k.begin() + j * kHd, got.k.begin() + (j + 1) * kHd,
+                           row(k, evicted[static_cast<size_t>(j)], 1)));
+  }
+}
+
 // A tier longer than the tile of keys a recall scores at once (256): the slots wanted in the
 // first, a middle and the last, partial tile come back, as the naive softmax over all of them
 // chooses.
@@ -315,6 +382,17 @@ TEST(ColdTierSpec, KeysParsePrintAndRefuseWhatCannotWork) {
       << (*dflt)->spec();
   EXPECT_EQ((*dflt)->cold_tier().place, ColdPlace::kDisk);
   EXPECT_EQ((*parse_kv_policy("d2o:recall=8"))->cold_tier().recall, 8);
+  // recall_ranking= (added later): max unless told, shown only where it is sum.
+  EXPECT_EQ((*dflt)->cold_tier().ranking, RecallRanking::kMax);
+  EXPECT_EQ((*dflt)->spec().find("recall_ranking"), std::string::npos) << (*dflt)->spec();
+  auto by_sum = parse_kv_policy("d2o:recall=512,recall_ranking=sum");
+  ASSERT_TRUE(by_sum.ok()) << by_sum.status().message();
+  EXPECT_EQ((*by_sum)->cold_tier().ranking, RecallRanking::kSum);
+  EXPECT_NE((*by_sum)->spec().find(",recall=512,recall_ranking=sum"), std::string::npos)
+      << (*by_sum)->spec();
+  EXPECT_EQ((*parse_kv_policy((*by_sum)->spec()))->spec(), (*by_sum)->spec());
+  EXPECT_FALSE(parse_kv_policy("d2o:recall_ranking=mean").ok());
+  EXPECT_FALSE(parse_kv_policy("d2o:cold=none,recall_ranking=sum").ok());
   auto none = parse_kv_policy("d2o:cold=none");
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE((*none)->cold_tier().enabled());

@@ -2,6 +2,7 @@
 // (vector tails), extreme gate values (exp overflow and underflow) and aliased outputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -51,6 +52,36 @@ TEST(Ops, SwigluEveryLevelNearDoubleReference) {
       std::vector<float> inplace = g;
       swiglu_isa(isa, inplace.data(), u.data(), n, inplace.data());
       EXPECT_EQ(inplace, y) << kernel_isa_name(isa);
+    }
+  }
+}
+
+// One query's softmax added to running sums, at every level: within float rounding of the
+// double-precision softmax, on odd lengths, with logits far below the maximum (exp underflow).
+TEST(Ops, SoftmaxAddEveryLevelNearDoubleReference) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (const int n : {1, 7, 8, 15, 16, 17, 33, 700}) {
+    std::vector<float> l(static_cast<size_t>(n)), base(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      l[static_cast<size_t>(i)] = nd(rng);
+      base[static_cast<size_t>(i)] = std::abs(nd(rng));
+    }
+    if (n > 2) l[1] = l[0] - 200.0f;  // exp underflows to 0
+    const double m = *std::max_element(l.begin(), l.end());
+    double z = 0;
+    for (float x : l) z += std::exp(x - m);
+    for (KernelIsa isa : test::available_isas()) {
+      std::vector<float> acc = base, work = l;
+      softmax_add_isa(isa, work.data(), n, acc.data());
+      double total = 0;
+      for (int i = 0; i < n; ++i) {
+        const double p = std::exp(l[static_cast<size_t>(i)] - m) / z;
+        const double got = acc[static_cast<size_t>(i)] - base[static_cast<size_t>(i)];
+        total += got;
+        EXPECT_NEAR(got, p, 1e-6 + 1e-5 * p) << kernel_isa_name(isa) << " n=" << n << " i=" << i;
+      }
+      EXPECT_NEAR(total, 1.0, 1e-4) << kernel_isa_name(isa) << " n=" << n;
     }
   }
 }

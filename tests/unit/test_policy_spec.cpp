@@ -685,7 +685,8 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
         "ratio, budget, prefill, sinks, heavy_recent, beta, layers, merge, sim, ema, agg, scorer, "
         "merged_score, merge_keys, merge_decision, keep_edge_layers, proportional_attention, "
         "heads, floor, distinct_share, prompt_ranking, window, kernel, pool, prompt_merge, "
-        "prompt_scores, future, value_weight, cold, cold_type, cold_size, recall, reading"}},
+        "prompt_scores, future, value_weight, cold, cold_type, cold_size, recall, recall_ranking, "
+        "reading"}},
       {"d2o:merged_score=median", {"merged_score=median", "sum, keep, mean, max"}},
       {"d2o:merge_keys=both", {"merge_keys=both", "rotated, unrotated"}},
       {"d2o:mrope=both", {"mrope=both", "rotated, unrotated"}},
@@ -728,7 +729,8 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"snapkv:prompt_scores=window", {"unknown key 'prompt_scores'"}},
       {"d2o:prompt_merge=no", {"prompt_merge=no", "off, on"}},
       {"h2o:proportional_attention=on", {"unknown key 'proportional_attention'"}},
-      {"h2o:beta=0.5", {"unknown key 'beta'", "ratio, budget, prefill, sinks, heavy_recent, agg, scorer"}},
+      {"h2o:beta=0.5",
+       {"unknown key 'beta'", "ratio, budget, prefill, sinks, heavy_recent, agg, scorer"}},
       {"streaming:window=8", {"unknown key 'window'", "sinks, positions"}},
       {"streaming:positions=shift2", {"positions=shift2", "original, shifted"}},
       {"d2o:ratio=0", {"ratio=0", "(0, 1]"}},
@@ -793,7 +795,8 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
       {"h2o:scorer=expected_attention,kernel=5",
        {"kernel= applies only with prompt_ranking=window, reconstruction or expected"}},
       {"h2o:window=8", {"window= applies only with", "or scorer=expected_attention"}},
-      {"h2o:prompt_ranking=guess", {"prompt_ranking=guess", "accumulated, window, reconstruction, expected"}},
+      {"h2o:prompt_ranking=guess",
+       {"prompt_ranking=guess", "accumulated, window, reconstruction, expected"}},
       {"d2o:prompt_ranking=expected,cold=memory", {"a cold tier needs", "prompt_ranking=window"}},
       {"h2o:heads=ada,prompt_ranking=expected",
        {"prompt_ranking=expected applies with heads=uniform"}},

@@ -9,6 +9,7 @@ namespace d2o::spec_detail {
 
 namespace {
 const std::vector<const char*> kColdWords = {"none", "memory", "disk"};
+const std::vector<const char*> kRankingWords = {"max", "sum"};
 
 bool cold_shown(const PolicyConfig& c) {
   return c.cold.enabled();
@@ -16,7 +17,8 @@ bool cold_shown(const PolicyConfig& c) {
 }  // namespace
 
 // Where evicted slots go (cold=), their storage type (cold_type=), how many the tier holds
-// (cold_size=, 0: no limit) and how many a turn recalls per KV head (recall=).
+// (cold_size=, 0: no limit), how many a turn recalls per KV head (recall=) and by what it ranks
+// them (recall_ranking=).
 std::vector<KeyDef> cold_tier_keys() {
   return {
       {"cold",
@@ -56,6 +58,18 @@ std::vector<KeyDef> cold_tier_keys() {
          return Status();
        },
        [](const PolicyConfig& c) { return std::to_string(c.cold.recall); }, nullptr, cold_shown},
+      {"recall_ranking",
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
+         int i = 0;
+         D2O_RETURN_IF_ERROR(word_key(c.name, key, v, kRankingWords, &i));
+         c.cold.ranking = static_cast<RecallRanking>(i);
+         return Status();
+       },
+       [](const PolicyConfig& c) {
+         return std::string(kRankingWords[static_cast<size_t>(c.cold.ranking)]);
+       },
+       // (added after specs with tiers were recorded: shown where it is not what they ranked by)
+       [](const PolicyConfig& c) { return c.cold.ranking != RecallRanking::kMax; }, cold_shown},
   };
 }
 

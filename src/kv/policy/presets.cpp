@@ -127,7 +127,7 @@ PresetPart cold_tier(ColdPlace place) {
               ? "cold tier: none unless cold= asks, evicted slots kept for later turns"
               : "cold tier: evicted slots kept on disk, recalled by each new turn (cold=)",
           [place](PolicyConfig& c) { c.cold.place = place; },
-          {"cold", "cold_type", "cold_size", "recall"}};
+          {"cold", "cold_type", "cold_size", "recall", "recall_ranking"}};
 }
 
 PresetPart cam_merger() {
@@ -262,7 +262,8 @@ const std::vector<PresetDef>& presets() {
             "cold",
             "cold_type",
             "cold_size",
-            "recall"}),
+            "recall",
+            "recall_ranking"}),
       make("keydiff", {prompt_feeding(), key_diversity()}),
   };
   return defs;

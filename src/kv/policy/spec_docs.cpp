@@ -80,6 +80,10 @@ const std::map<std::string_view, const char*>& key_lines() {
       {"cold_type", "KV storage type of the cold tier's rows"},
       {"cold_size", "most slots each KV head keeps cold (0: all)"},
       {"recall", "slots each KV head brings back from the cold tier per turn"},
+      {"recall_ranking",
+       "what ranks the cold slots a turn recalls: max (the most attention any of the turn's "
+       "window queries gives a slot, the best of its neighbours) or sum (the window's attention "
+       "summed over its queries and neighbouring slots, as the turn's compaction ranks)"},
       {"reading", "d2o: paper gives the paper's D2O, research its research code's (a shorthand)"},
   };
   return lines;
