@@ -48,6 +48,17 @@ void AdmissionQueue::admit(int max_admit, std::vector<uint64_t>& out) {
   }
 }
 
+bool AdmissionQueue::admit_first_fitting(std::vector<uint64_t>& out) {
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if (!pool_.try_reserve(it->bytes - it->held)) continue;
+    admitted_.push_back(*it);
+    out.push_back(it->id);
+    waiting_.erase(it);
+    return true;
+  }
+  return false;
+}
+
 void AdmissionQueue::release(uint64_t id) {
   auto it =
       std::find_if(admitted_.begin(), admitted_.end(), [&](const Entry& e) { return e.id == id; });
