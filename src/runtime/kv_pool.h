@@ -66,6 +66,11 @@ class AdmissionQueue {
   // behind it hold (conversations they continue, Request::resume_held): one of them runs, and
   // its conversation's bytes can then be given back while it is idle.
   bool admit_first_fitting(std::vector<uint64_t>& out);
+  // Waiting request `id` holds `bytes` less than it did (the conversation it continues was
+  // compressed): they go back to the pool. Asserts it waits with at least that many held.
+  void give_back(uint64_t id, size_t bytes);
+  // The waiting requests' ids, the head first.
+  std::vector<uint64_t> waiting_ids() const;
   // Returns the reservation of admitted request `id` (when it ends). Asserts it was admitted.
   void release(uint64_t id);
   // The reservation of an admitted request (0 if unknown).

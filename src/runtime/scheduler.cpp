@@ -129,6 +129,28 @@ Result<bool> Scheduler::compress_step(Sequence& seq) {
   return true;
 }
 
+Scheduler::Compressed Scheduler::compress_waiting(size_t bytes) {
+  Compressed c;
+  const std::vector<uint64_t> ids = queue_.waiting_ids();
+  for (size_t i = ids.size(); i-- > 1 && pool_.available() < bytes;) {
+    auto it = waiting_.find(ids[i]);
+    if (it == waiting_.end() || !it->second->defer || !it->second->req.resume) continue;
+    Active& a = *it->second;
+    while (pool_.available() < bytes) {
+      auto r = compress_step(*a.req.resume);
+      if (!r.ok() || !*r) break;
+      ++c.steps;
+      const size_t now = idle_bytes(*a.req.resume);
+      const size_t held = std::min(a.req.resume_held, a.fp.bytes);
+      if (now >= held) break;  // (a cold tier in memory that took as much as it gave)
+      queue_.give_back(a.id, held - now);
+      a.req.resume_held = now;
+      c.freed += held - now;
+    }
+  }
+  return c;
+}
+
 Result<std::shared_ptr<const KvPolicy>> Scheduler::policy_for(const std::string& spec) {
   auto it = policies_.find(spec);
   if (it != policies_.end()) return it->second;

@@ -168,6 +168,21 @@ class Scheduler {
   // deferred (KvPolicy::compress_step), its cache then shrunk to the slots it holds; false when
   // its policy allows no more.
   Result<bool> compress_step(Sequence& seq);
+  // Compression steps taken and the bytes they gave back.
+  struct Compressed {
+    int64_t steps = 0;
+    size_t freed = 0;
+  };
+  // Compresses the conversations that waiting requests continue (Request::resume, their bytes
+  // held in the pool), step by step, the request farthest from admission first, each down to
+  // its policy's budget before the next, until the pool has `bytes` available; the head of the
+  // queue is left alone (what it would give back it would need again). Only sequences whose
+  // compactions are deferred are compressed.
+  Compressed compress_waiting(size_t bytes);
+  // What a sequence kept idle holds in memory: its cache (cold tier included) and policy state.
+  static size_t idle_bytes(const Sequence& seq) {
+    return seq.cache().bytes_held() + seq.policy_state().held_bytes();
+  }
 
   // The policy object requests with this spec (as given) run with: a sequence built outside
   // (a conversation read back from a file) must use it to be a Request::resume.

@@ -477,8 +477,18 @@ void Service::loop() {
     for (const auto& [id, job] : active_) {
       if (job->cancel.load()) sched_->cancel(id);
     }
-    // Idle sessions give way to the request at the head of the queue.
-    if (const size_t need = sched_->head_needs(); need > 0) sessions_.make_room(need);
+    // Idle sessions give way to the request at the head of the queue. Under --compress
+    // when-needed so do the conversations that requests behind it continue, compressed (they
+    // wait holding their bytes; a client's next turn usually takes its session back before an
+    // idle moment).
+    if (const size_t need = sched_->head_needs(); need > 0) {
+      if (params_.compress == CompressWhen::kWhenNeeded) {
+        sessions_.compress_for(need);  // idle sessions first, least recently used first
+        if (sched_->pool().available() < need)
+          sessions_.count_steps(sched_->compress_waiting(need));
+      }
+      sessions_.make_room(need);
+    }
     if (!sched_->idle()) {
       (void)sched_->step();  // an engine error ends the batch's requests with it (below)
       ++counters_.steps;

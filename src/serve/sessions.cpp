@@ -183,7 +183,7 @@ void SessionStore::drop(const std::string& id) {
 }
 
 size_t SessionStore::bytes_of(const Sequence& seq) {
-  return seq.cache().bytes_held() + seq.policy_state().held_bytes();
+  return Scheduler::idle_bytes(seq);
 }
 
 bool SessionStore::compress_one(Session& s) {

@@ -11,7 +11,9 @@
 // with their compactions deferred and stay full; when room is needed, the least recently used
 // idle session is first compressed step by step (Scheduler::compress_step: each layer to half
 // what it holds, never below its policy's budgets; evicted slots to its cold tier), then the
-// next one, and only when none can give more are sessions written out and dropped.
+// next one; then the service has the scheduler compress the conversations that waiting requests
+// continue (Scheduler::compress_waiting), and only when none can give more are sessions written
+// out and dropped.
 // With a session directory (set_dir, `--session-dir`), a session leaving memory is written to
 // its file first (serve/session_dir.h), and every idle session not yet written is written by
 // save_all() at shutdown; with save_every_turn each session is also written after every request
@@ -114,7 +116,15 @@ class SessionStore {
   // session directory) until the pool has `bytes` available or none is left; returns how many
   // were dropped. kWhenNeeded: compresses them first (see the top of the file).
   int make_room(size_t bytes);
+  // Compresses least recently used idle sessions until the pool has `bytes` available or none
+  // can give more.
+  void compress_for(size_t bytes);
   SessionPressureStats pressure_stats() const;
+  // Counts compression steps taken outside the store (Scheduler::compress_waiting) with its own.
+  void count_steps(const Scheduler::Compressed& c) {
+    n_compress_steps_ += c.steps;
+    compress_freed_ += c.freed;
+  }
 
   size_t n_sessions() const { return sessions_.size(); }
   size_t n_idle() const { return lru_.size(); }
@@ -136,9 +146,6 @@ class SessionStore {
   // What an idle sequence holds in memory: its cache (cold tier in memory included) and its
   // policy state.
   static size_t bytes_of(const Sequence& seq);
-  // Compresses least recently used idle sessions until the pool has `bytes` available or none
-  // can give more.
-  void compress_for(size_t bytes);
   // One compression step of idle session `s`, its held bytes updated; false when it gave
   // nothing back (its policy allows no more; it is then marked at_floor).
   bool compress_one(Session& s);

@@ -205,5 +205,40 @@ TEST_F(SessionPressureTest, SchedulerDefersCompactionOfARequestThatAsks) {
   EXPECT_EQ(sched_->pool().reserved(), 0u);
 }
 
+// A request waiting behind the head holds the conversation it continues: compress_waiting
+// compresses that conversation for the head (the head's own is left alone), and both then run.
+TEST_F(SessionPressureTest, WaitingRequestsGiveTheirConversationsBytesToTheHead) {
+  std::shared_ptr<Sequence> seq = sequence(64, true);
+  ASSERT_TRUE(seq->cache().shrink_to_fit(0).ok());  // as a kept session is
+  const size_t held = Scheduler::idle_bytes(*seq);
+  ASSERT_TRUE(sched_->hold(held));
+  const size_t other = fill_pool(0);
+  auto request = [&](int n, std::shared_ptr<Sequence> resume) {
+    Request r;
+    for (int i = 0; i < n; ++i) r.prompt.push_back(5 + i);
+    r.max_new_tokens = 2;
+    r.kv_spec = kSpec;
+    r.defer_compaction = true;
+    r.resume_held = resume ? held : 0;
+    r.resume = std::move(resume);
+    return r;
+  };
+  ASSERT_TRUE(sched_->submit(request(40, nullptr)).ok());  // the head: no room
+  ASSERT_TRUE(sched_->submit(request(4, seq)).ok());
+  const size_t need = sched_->head_needs();
+  ASSERT_GT(need, sched_->pool().available());
+  const Scheduler::Compressed c = sched_->compress_waiting(need);
+  EXPECT_GE(c.steps, 1);
+  EXPECT_GT(c.freed, 0u);
+  EXPECT_LT(seq->cache().layer(0).n_slot(), 64);
+  EXPECT_GE(seq->cache().layer(0).n_slot(), 8);  // not below its budget
+  EXPECT_EQ(sched_->pool().reserved(), other + held - c.freed);
+  EXPECT_LE(sched_->pool().reserved(), sched_->pool().cap());
+  sched_->release_held(other);
+  ASSERT_TRUE(sched_->run().ok());
+  for (const RequestResult& r : sched_->take_finished()) EXPECT_TRUE(r.status.ok());
+  EXPECT_EQ(sched_->pool().reserved(), 0u);
+}
+
 }  // namespace
 }  // namespace d2o::serve
