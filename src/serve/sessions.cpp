@@ -141,6 +141,7 @@ bool SessionStore::take_lost(const std::string& id) {
 bool SessionStore::adopt(const std::string& id, std::shared_ptr<Sequence> seq,
                          std::vector<TokenId> tokens, std::string kv_spec) {
   if (!seq || sessions_.count(id) || !seq->cache().shrink_to_fit(0).ok()) return false;
+  const int steps = compress_in(*seq);
   const size_t bytes = bytes_of(*seq);
   if (!sched_.hold(bytes)) {
     // Idle sessions leave only when that makes enough room.
@@ -154,10 +155,27 @@ bool SessionStore::adopt(const std::string& id, std::shared_ptr<Sequence> seq,
   s.tokens = std::move(tokens);
   s.kv_spec = std::move(kv_spec);
   s.held = bytes;
-  s.saved = true;
+  s.saved = true;  // (its file may hold it fuller: the same conversation)
+  s.compress_steps = steps;
   held_ += bytes;
   lru_.push_back(id);
   return true;
+}
+
+int SessionStore::compress_in(Sequence& seq) {
+  if (compress_ != CompressWhen::kWhenNeeded) return 0;
+  int steps = 0;
+  size_t bytes = bytes_of(seq);
+  while (bytes > sched_.pool().available() + held_) {
+    auto r = sched_.compress_step(seq);
+    if (!r.ok() || !*r) break;
+    ++steps;
+    ++n_compress_steps_;
+    const size_t now = bytes_of(seq);
+    if (now >= bytes) break;
+    bytes = now;
+  }
+  return steps;
 }
 
 int SessionStore::save_all() {

@@ -104,7 +104,8 @@ class SessionStore {
   // state of the same conversation, which a later request may still continue.
   void drop(const std::string& id);
   // Keeps a session read from its file, idle, as end() keeps a finished one (making room as
-  // make_room() does); false (nothing kept) when the pool cannot hold it.
+  // make_room() does; kWhenNeeded: compressed itself first when that alone cannot make room);
+  // false (nothing kept) when the pool cannot hold it.
   bool adopt(const std::string& id, std::shared_ptr<Sequence> seq, std::vector<TokenId> tokens,
              std::string kv_spec);
   // Writes every idle session whose file is not current; returns how many were written.
@@ -149,6 +150,10 @@ class SessionStore {
   // One compression step of idle session `s`, its held bytes updated; false when it gave
   // nothing back (its policy allows no more; it is then marked at_floor).
   bool compress_one(Session& s);
+  // kWhenNeeded: a session read back from its file (adopt) that would not fit even if every idle
+  // session left is compressed first, step by step down to its policy's budget, rather than
+  // rebuilt; returns the steps taken.
+  int compress_in(Sequence& seq);
   // Writes an idle session to its file (errors are logged and counted, the session stays);
   // false when a write was tried and failed. `leaving`: it leaves memory after this (the log
   // line says what is lost).

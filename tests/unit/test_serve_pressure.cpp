@@ -205,6 +205,29 @@ TEST_F(SessionPressureTest, SchedulerDefersCompactionOfARequestThatAsks) {
   EXPECT_EQ(sched_->pool().reserved(), 0u);
 }
 
+// A session read back from its file that would not fit even if every idle session left is
+// compressed itself rather than rebuilt; under kAlways it is refused.
+TEST_F(SessionPressureTest, ASessionReadBackCompressesItselfToFit) {
+  std::shared_ptr<Sequence> full = sequence(64, true);
+  ASSERT_TRUE(full->cache().shrink_to_fit(0).ok());
+  const size_t bytes = Scheduler::idle_bytes(*full);
+  const size_t other = fill_pool(bytes / 2);  // room for half of it
+  {
+    SessionStore always(*sched_);
+    EXPECT_FALSE(always.adopt("a", sequence(64, true), std::vector<TokenId>(64, 1), kSpec));
+  }
+  SessionStore store(*sched_);
+  store.set_compress(CompressWhen::kWhenNeeded);
+  EXPECT_TRUE(store.adopt("a", full, std::vector<TokenId>(64, 1), kSpec));
+  EXPECT_LT(slots(store, "a"), 64);
+  EXPECT_GE(slots(store, "a"), 8);
+  EXPECT_GE(store.pressure_stats().compress_steps, 1);
+  EXPECT_EQ(store.pressure_stats().idle_compressed, 1);
+  EXPECT_LE(sched_->pool().reserved(), sched_->pool().cap());
+  store.drop("a");
+  sched_->release_held(other);
+}
+
 // A request waiting behind the head holds the conversation it continues: compress_waiting
 // compresses that conversation for the head (the head's own is left alone), and both then run.
 TEST_F(SessionPressureTest, WaitingRequestsGiveTheirConversationsBytesToTheHead) {
