@@ -98,6 +98,9 @@ if [ "$long" = 1 ]; then
   python3 tests/e2e/serve_keys_test.py build/d2o 100
   stage "a full session directory (16 conversations on a 6 MiB tmpfs)"
   python3 tests/e2e/serve_full_disk_test.py build/d2o 16 6m
+  stage "compression under pressure (32 conversations x 8 turns, a cap of 4 full caches)"
+  python3 tests/e2e/serve_pressure_test.py build/d2o 32 8 1100 \
+    --json build/long/serve_pressure.json
   stage "100 SIGKILLs among session saves"
   scripts/session_kills.py --d2o build/d2o -t "$jobs" --kills 100 \
     --json build/long/session_kills.json

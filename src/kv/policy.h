@@ -192,6 +192,20 @@ class KvPolicy {
   virtual bool is_full() const { return false; }
   // Compacts the cache after a forward pass (no-op when within budget).
   virtual Status compact(KvCache& cache, PolicyState& state, const PassInfo& pass) const = 0;
+  // Compression under memory pressure, for a sequence whose compactions were deferred while
+  // memory was free (Sequence::compaction_deferred): one step compacts every compressible layer
+  // to half the slots it holds, but never below the budgets the policy gives it (decided at the
+  // first step, as at a first compaction: its ratio of what the layers hold, or its budget).
+  // What is evicted goes to the cache's cold tier when it has one. `pass` describes the sequence
+  // as it stands (n_past, no tokens announced). Returns false when nothing was evicted: the
+  // policy allows no more (the full cache never compresses).
+  virtual Result<bool> compress_step(KvCache& cache, PolicyState& state,
+                                     const PassInfo& pass) const {
+    (void)cache;
+    (void)state;
+    (void)pass;
+    return false;
+  }
   // True when, in this state, the compaction after a one-token pass may be done layer by layer:
   // compact_layer(il) right after layer il's attention, for every layer, then compact() as
   // usual. Layer il's compaction must then depend only on layer il and per-layer state, so that

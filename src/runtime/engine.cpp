@@ -90,7 +90,9 @@ Status Engine::forward(std::span<const BatchEntry> batch, const LogitsSink& sink
 
   // A prompt the policy will reconstruct is kept until it is whole (KvPolicy::reconstruction_chunk).
   for (const BatchEntry& be : batch) {
-    if (be.seq->policy().reconstruction_chunk(be.seq->policy_state()) <= 0) continue;
+    if (be.seq->compaction_deferred() ||
+        be.seq->policy().reconstruction_chunk(be.seq->policy_state()) <= 0)
+      continue;
     std::vector<int32_t>& kept = be.seq->prompt_tokens();
     kept.insert(kept.end(), be.tokens.begin(), be.tokens.end());
   }
@@ -165,6 +167,7 @@ Status Engine::finish_pass(const BatchEntry& be, ThreadPool* layer_pool) const {
     cold->note_turn();
     pass.recalled = true;
   }
+  if (be.seq->compaction_deferred()) return settle(be, pass.n_tokens);
   const int64_t before = cache.total_slots();
   const bool layered = be.seq->policy_state().layer_compacted;  // compacted during the pass
   D2O_RETURN_IF_ERROR(be.seq->policy().compact(cache, be.seq->policy_state(), pass));
@@ -173,10 +176,15 @@ Status Engine::finish_pass(const BatchEntry& be, ThreadPool* layer_pool) const {
   if (layered || cache.total_slots() < before)
     D2O_RETURN_IF_ERROR(cache.trim(
         slack_after_compaction(pass.n_tokens, be.prompt_rest > 0 || be.logits_from >= 0)));
+  return settle(be, pass.n_tokens);
+}
+
+Status Engine::settle(const BatchEntry& be, int n_tokens) const {
   // A long pass that ends its prompt leaves sliding-window layers holding the whole pass until
   // the next one: hand that back now (a sequence may stay idle, as a kept session does).
-  if (be.prompt_rest == 0 && pass.n_tokens > kSlidingSlack && cache.config().has_sliding())
-    D2O_RETURN_IF_ERROR(cache.settle_sliding());
+  KvCache& cache = be.seq->cache();
+  if (be.prompt_rest == 0 && n_tokens > kSlidingSlack && cache.config().has_sliding())
+    return cache.settle_sliding();
   return {};
 }
 
@@ -203,6 +211,7 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, const LogitsSink& s
     // recalls from the cache's cold tier, if it holds anything: in its last micro-batch, and its
     // compaction then ranks by the turn's window, which every micro-batch of the pass collects.
     const ColdTier* cold = be.seq->cache().cold();
+    const bool deferred = be.seq->compaction_deferred();
     const bool turn_recalls = cold && !reconstructing_ && be.tokens.size() > 1 &&
                               be.prompt_rest == 0 && be.seq->started() && cold->total_slots() > 0;
     if (reconstructing_) {
@@ -234,7 +243,8 @@ Status Engine::run_ubatch(std::span<const BatchEntry> batch, const LogitsSink& s
     // layer's recall at a time instead of all of them.
     const bool one_token = be.tokens.size() == 1 && be.prompt_rest == 0 && !reconstructing_;
     sr.layer_hook = one_token || (sr.recall && pol.compacts_per_layer(be.seq->policy_state()));
-    if (one_token && !pol.is_full()) sr.stats.probe = pol.attention_probe(be.seq->policy_state());
+    if (one_token && !pol.is_full() && !deferred)
+      sr.stats.probe = pol.attention_probe(be.seq->policy_state());
     seqs_.push_back(sr);
     seq_entry_.push_back(entry);
     r0 = r1;
@@ -287,7 +297,7 @@ Status Engine::after_attention(int s, int il, const LayerDesc& /*layer*/, int th
   const BatchEntry& be = batch_[static_cast<size_t>(seq_entry_[static_cast<size_t>(s)])];
   const KvPolicy& pol = be.seq->policy();
   PolicyState& state = be.seq->policy_state();
-  if (!pol.compacts_per_layer(state)) return {};
+  if (be.seq->compaction_deferred() || !pol.compacts_per_layer(state)) return {};
   Stopwatch sw;
   PassInfo pass;
   // A decode step, or a turn's recalling micro-batch (its last: the whole turn is in the cache).

@@ -102,6 +102,9 @@ class Engine : private ForwardHooks {
   // sequence and finishes it here, so that the compaction after a prompt exists once.
   // layer_pool: a pool the policy may plan layers on (outside the pool's own tasks), or null.
   Status finish_pass(const BatchEntry& be, ThreadPool* layer_pool) const;
+  // The end of a pass of n_tokens, compacted or not: sliding-window layers give back a long
+  // prompt's slots.
+  Status settle(const BatchEntry& be, int n_tokens) const;
 
   // The prompt's reconstruction before its first compaction, when the entry's policy asks for
   // one (KvPolicy::reconstruction_chunk; engine_reconstruct.cpp): the prompt held in

@@ -48,6 +48,32 @@ void AdmissionQueue::admit(int max_admit, std::vector<uint64_t>& out) {
   }
 }
 
+bool AdmissionQueue::admit_first_fitting(std::vector<uint64_t>& out) {
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if (!pool_.try_reserve(it->bytes - it->held)) continue;
+    admitted_.push_back(*it);
+    out.push_back(it->id);
+    waiting_.erase(it);
+    return true;
+  }
+  return false;
+}
+
+void AdmissionQueue::give_back(uint64_t id, size_t bytes) {
+  auto it =
+      std::find_if(waiting_.begin(), waiting_.end(), [&](const Entry& e) { return e.id == id; });
+  D2O_ASSERT(it != waiting_.end() && bytes <= it->held);
+  it->held -= bytes;
+  pool_.release(bytes);
+}
+
+std::vector<uint64_t> AdmissionQueue::waiting_ids() const {
+  std::vector<uint64_t> ids;
+  ids.reserve(waiting_.size());
+  for (const Entry& e : waiting_) ids.push_back(e.id);
+  return ids;
+}
+
 void AdmissionQueue::release(uint64_t id) {
   auto it =
       std::find_if(admitted_.begin(), admitted_.end(), [&](const Entry& e) { return e.id == id; });

@@ -10,7 +10,9 @@
 // preempted). The reservation is returned when the sequence ends.
 //
 // Admission is strict FIFO: a request that does not fit yet blocks the ones behind it (none can
-// starve). A request whose own peak exceeds the cap could never run and is refused at once.
+// starve), unless nothing runs: then the first that fits goes (admit_first_fitting), since the
+// head may be waiting for bytes only requests behind it hold. A request whose own peak exceeds
+// the cap could never run and is refused at once.
 #pragma once
 
 #include <cstddef>
@@ -59,6 +61,16 @@ class AdmissionQueue {
   // Admits requests from the head of the queue while the head's reservation fits and fewer than
   // `max_admit` were admitted by this call; appends their ids to `out`. Never skips the head.
   void admit(int max_admit, std::vector<uint64_t>& out);
+  // Admits the first waiting request whose reservation fits, behind the head if need be; false
+  // when none fits. The way out when nothing runs and the head waits for bytes that requests
+  // behind it hold (conversations they continue, Request::resume_held): one of them runs, and
+  // its conversation's bytes can then be given back while it is idle.
+  bool admit_first_fitting(std::vector<uint64_t>& out);
+  // Waiting request `id` holds `bytes` less than it did (the conversation it continues was
+  // compressed): they go back to the pool. Asserts it waits with at least that many held.
+  void give_back(uint64_t id, size_t bytes);
+  // The waiting requests' ids, the head first.
+  std::vector<uint64_t> waiting_ids() const;
   // Returns the reservation of admitted request `id` (when it ends). Asserts it was admitted.
   void release(uint64_t id);
   // The reservation of an admitted request (0 if unknown).

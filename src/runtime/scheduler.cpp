@@ -25,6 +25,7 @@ struct Scheduler::Active {
   TokenId sample = -1;
   TokenLogprob sample_lp;  // Request::logprobs >= 0: the sampled token's
   bool done = false;
+  bool defer = false;  // compactions deferred (Request::defer_compaction, taken)
   RequestResult result;
 };
 
@@ -103,6 +104,51 @@ Scheduler::Footprint Scheduler::footprint(const KvCacheConfig& cfg, const KvPoli
   f.bytes = KvCache::bytes_for_slots(cfg, f.slots, plan.prompt_chunk, plan.n_total) +
             policy.state_bytes(cfg, f.slots) + policy.cold_bytes(cfg, plan.n_total);
   return f;
+}
+
+Scheduler::Footprint Scheduler::deferred_footprint(const KvCacheConfig& cfg, const KvPolicy& policy,
+                                                   int64_t held, int64_t n_new, int64_t n_total) {
+  Footprint f;
+  const ColdTierConfig cold = policy.cold_tier();
+  const int64_t recall = cold.enabled() ? cold.recall : 0;
+  f.slots = std::max<int64_t>(1, std::min(held + n_new + recall, n_total));
+  f.bytes = KvCache::bytes_for_slots(cfg, f.slots) + policy.state_bytes(cfg, f.slots) +
+            policy.cold_bytes(cfg, n_total);
+  return f;
+}
+
+Result<bool> Scheduler::compress_step(Sequence& seq) {
+  PassInfo pass;
+  pass.n_tokens = 1;
+  pass.n_past = seq.n_past();
+  pass.rope = &engine_.rope();
+  pass.pool = &engine_.pool();
+  auto r = seq.policy().compress_step(seq.cache(), seq.policy_state(), pass);
+  if (!r.ok() || !*r) return r;
+  D2O_RETURN_IF_ERROR(seq.cache().shrink_to_fit(0));
+  return true;
+}
+
+Scheduler::Compressed Scheduler::compress_waiting(size_t bytes) {
+  Compressed c;
+  const std::vector<uint64_t> ids = queue_.waiting_ids();
+  for (size_t i = ids.size(); i-- > 1 && pool_.available() < bytes;) {
+    auto it = waiting_.find(ids[i]);
+    if (it == waiting_.end() || !it->second->defer || !it->second->req.resume) continue;
+    Active& a = *it->second;
+    while (pool_.available() < bytes) {
+      auto r = compress_step(*a.req.resume);
+      if (!r.ok() || !*r) break;
+      ++c.steps;
+      const size_t now = idle_bytes(*a.req.resume);
+      const size_t held = std::min(a.req.resume_held, a.fp.bytes);
+      if (now >= held) break;  // (a cold tier in memory that took as much as it gave)
+      queue_.give_back(a.id, held - now);
+      a.req.resume_held = now;
+      c.freed += held - now;
+    }
+  }
+  return c;
 }
 
 Result<std::shared_ptr<const KvPolicy>> Scheduler::policy_for(const std::string& spec) {
@@ -185,6 +231,18 @@ Result<RequestId> Scheduler::submit(Request req) {
                     a->policy->cold_bytes(cache_cfg_, n_total);
     }
   }
+  if (req.defer_compaction && !a->policy->is_full()) {
+    // Full while it runs: its layers hold what they held and every new token.
+    int64_t held_slots = 0;
+    for (int il = 0; req.resume && il < cache_cfg_.n_layer; ++il)
+      held_slots = std::max<int64_t>(held_slots, req.resume->cache().layer(il).n_slot());
+    const Footprint full = deferred_footprint(cache_cfg_, *a->policy, held_slots,
+                                              n_prompt + req.max_new_tokens, n_total);
+    if (full.bytes <= pool_.cap() || a->fp.bytes > pool_.cap()) {
+      a->fp = full;
+      a->defer = true;
+    }
+  }
   const size_t held = std::min(req.resume_held, a->fp.bytes);
   if (a->fp.slots > std::numeric_limits<int>::max())
     return invalid_argument("the request is too long");
@@ -217,6 +275,9 @@ Status Scheduler::admit() {
   if (running_.size() >= static_cast<size_t>(params_.max_running)) return {};
   admitted_ids_.clear();
   queue_.admit(params_.max_running - static_cast<int>(running_.size()), admitted_ids_);
+  // Nothing runs and the head does not fit: the bytes it waits for are held by requests behind
+  // it (the conversations they continue), which nothing else would ever release.
+  if (running_.empty() && admitted_ids_.empty()) queue_.admit_first_fitting(admitted_ids_);
   for (RequestId id : admitted_ids_) {
     auto it = waiting_.find(id);
     D2O_ASSERT(it != waiting_.end());
@@ -235,6 +296,7 @@ Status Scheduler::admit() {
       } else {
         r.seq = std::make_shared<Sequence>(engine_.model().hparams(), params_.kv_type, r.policy);
       }
+      r.seq->set_compaction_deferred(r.defer);
       if (s.ok()) s = r.seq->cache().set_slot_limit(static_cast<int>(r.fp.slots));
       for (int il = 0; s.ok() && il < cache_cfg_.n_layer; ++il) {
         s = r.seq->cache().reserve(il, static_cast<int>(r.fp.slots), /*exact=*/true);

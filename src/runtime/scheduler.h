@@ -76,6 +76,11 @@ struct Request {
   // own (a ratio policy compresses them at their end, as at the end of a conversation's turn),
   // then the rest as the next one, on the compressed cache.
   int64_t context_end = 0;
+  // Compress only under memory pressure (`serve --compress when-needed`): the sequence runs with
+  // its compactions deferred (Sequence::compaction_deferred), its cache full, and is reserved a
+  // full cache's footprint. Ignored (the policy compacts as usual) for the full cache, and when
+  // that footprint exceeds the cap while the policy's own fits.
+  bool defer_compaction = false;
 };
 
 struct RequestResult {
@@ -159,6 +164,26 @@ class Scheduler {
   // none waits): what a caller holding memory would have to give back.
   size_t head_needs() const { return queue_.head_needs(); }
 
+  // One step of compression under memory pressure for an idle sequence whose compactions were
+  // deferred (KvPolicy::compress_step), its cache then shrunk to the slots it holds; false when
+  // its policy allows no more.
+  Result<bool> compress_step(Sequence& seq);
+  // Compression steps taken and the bytes they gave back.
+  struct Compressed {
+    int64_t steps = 0;
+    size_t freed = 0;
+  };
+  // Compresses the conversations that waiting requests continue (Request::resume, their bytes
+  // held in the pool), step by step, the request farthest from admission first, each down to
+  // its policy's budget before the next, until the pool has `bytes` available; the head of the
+  // queue is left alone (what it would give back it would need again). Only sequences whose
+  // compactions are deferred are compressed.
+  Compressed compress_waiting(size_t bytes);
+  // What a sequence kept idle holds in memory: its cache (cold tier included) and policy state.
+  static size_t idle_bytes(const Sequence& seq) {
+    return seq.cache().bytes_held() + seq.policy_state().held_bytes();
+  }
+
   // The policy object requests with this spec (as given) run with: a sequence built outside
   // (a conversation read back from a file) must use it to be a Request::resume.
   Result<std::shared_ptr<const KvPolicy>> policy(const std::string& spec) {
@@ -184,6 +209,11 @@ class Scheduler {
   };
   static Footprint footprint(const KvCacheConfig& cfg, const KvPolicy& policy, int64_t n_prompt,
                              int64_t n_new, int max_chunk);
+  // The same with compactions deferred (Request::defer_compaction): `held` slots a continued
+  // conversation's layers hold at most, plus every new token and what a turn may recall from a
+  // cold tier, up to n_total.
+  static Footprint deferred_footprint(const KvCacheConfig& cfg, const KvPolicy& policy,
+                                      int64_t held, int64_t n_new, int64_t n_total);
   // How a prompt of n tokens is cut into passes: chunks of `chunk` tokens, except that the last
   // holds at least min(min_last, n) tokens (taken from the one before it).
   static std::vector<int> split_prompt(int64_t n, int chunk, int min_last);

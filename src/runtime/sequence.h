@@ -38,6 +38,14 @@ class Sequence {
   int64_t prompt_pending() const { return prompt_pending_; }
   void set_prompt_pending(int64_t n) { prompt_pending_ = n; }
 
+  // Compactions deferred (a server that compresses only under memory pressure, `serve
+  // --compress when-needed`): the engine still collects the statistics the policy reads, but
+  // never compacts or reconstructs this sequence, whose cache stays full (what a turn recalls
+  // from a cold tier stays in it too); the server compresses it later, idle, with
+  // KvPolicy::compress_step. Set by the scheduler.
+  bool compaction_deferred() const { return compaction_deferred_; }
+  void set_compaction_deferred(bool on) { compaction_deferred_ = on; }
+
   // The prompt's tokens so far, kept only while the policy will reconstruct the prompt before
   // its first compaction (KvPolicy::reconstruction_chunk); set by the engine.
   const std::vector<int32_t>& prompt_tokens() const { return prompt_tokens_; }
@@ -118,6 +126,7 @@ class Sequence {
   PolicyState state_;
   int64_t n_past_ = 0;
   int64_t prompt_pending_ = 0;
+  bool compaction_deferred_ = false;
   std::vector<int32_t> prompt_tokens_;
 };
 

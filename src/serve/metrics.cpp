@@ -118,6 +118,17 @@ std::string prometheus_text(const Metrics& m) {
   value(o, "d2o_engine_steps_total", static_cast<double>(m.steps));
   metric(o, "d2o_sessions_evicted_total", "counter", "Idle sessions dropped to make room.");
   value(o, "d2o_sessions_evicted_total", static_cast<double>(m.sessions_evicted));
+  metric(
+      o, "d2o_sessions_written_out_total", "counter",
+      "Of the idle sessions dropped to make room, those whose file was written (--session-dir).");
+  value(o, "d2o_sessions_written_out_total", static_cast<double>(m.sessions_written_out));
+  metric(o, "d2o_session_compress_steps_total", "counter",
+         "Compression steps of idle sessions to make room (--compress when-needed): each halves "
+         "what a session's layers hold, down to its policy's budgets.");
+  value(o, "d2o_session_compress_steps_total", static_cast<double>(m.session_compress_steps));
+  metric(o, "d2o_session_compress_freed_bytes_total", "counter",
+         "KV bytes those compression steps gave back to the pool.");
+  value(o, "d2o_session_compress_freed_bytes_total", static_cast<double>(m.session_compress_freed));
   metric(o, "d2o_session_rebuilds_total", "counter",
          "Sessions built again from their messages (nothing kept used), by reason.");
   for (const char* k : kSessionRebuildReasons) {
@@ -164,6 +175,11 @@ std::string prometheus_text(const Metrics& m) {
   value(o, "d2o_sequences_queued", static_cast<double>(m.queued));
   metric(o, "d2o_sessions", "gauge", "Kept conversations.");
   value(o, "d2o_sessions", static_cast<double>(m.sessions));
+  metric(o, "d2o_sessions_idle", "gauge",
+         "Idle sessions in memory by stage: full (never compressed under pressure) or compressed.");
+  value(o, "d2o_sessions_idle{stage=\"full\"}", static_cast<double>(m.sessions_idle_full));
+  value(o, "d2o_sessions_idle{stage=\"compressed\"}",
+        static_cast<double>(m.sessions_idle_compressed));
   metric(o, "d2o_kv_cap_bytes", "gauge", "KV memory cap (--kv-mem).");
   value(o, "d2o_kv_cap_bytes", static_cast<double>(m.kv_cap));
   metric(o, "d2o_kv_reserved_bytes", "gauge",

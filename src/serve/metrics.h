@@ -28,6 +28,11 @@ struct Metrics {
   std::map<std::string, KeyMetrics> by_key;
   int64_t steps = 0;  // engine steps
   int64_t sessions_evicted = 0;
+  // --compress when-needed: compression steps of idle sessions under pressure and the bytes they
+  // gave back; sessions that left memory with their file written (of sessions_evicted).
+  int64_t session_compress_steps = 0;
+  size_t session_compress_freed = 0;
+  int64_t sessions_written_out = 0;
   // Requests whose kept session did not simply continue: rebuilt from the messages, by reason
   // (kSessionRebuildReasons), or cut back to the prefix the messages share with it (with the
   // tokens that kept and those it let go).
@@ -55,6 +60,8 @@ struct Metrics {
   int64_t running = 0;
   int64_t queued = 0;
   int64_t sessions = 0;        // kept conversations (idle or in use)
+  int64_t sessions_idle_full = 0;        // idle, in memory, never compressed under pressure
+  int64_t sessions_idle_compressed = 0;  // idle, in memory, compressed under pressure
   size_t kv_cap = 0;           // --kv-mem
   size_t kv_reserved = 0;      // pool reservations: running requests + idle sessions
   size_t kv_allocated = 0;     // bytes the running caches have allocated

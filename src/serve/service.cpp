@@ -67,6 +67,7 @@ Service::Service(Engine& engine, const Tokenizer& tok, const ServiceParams& para
       dir_(std::move(dir)),
       sessions_(*sched_) {
   if (dir_) sessions_.set_dir(&*dir_, params.save_every_turn);
+  sessions_.set_compress(params.compress);
   metrics_.kv_cap = params.scheduler.kv_mem_bytes;
   counters_.kv_cap = params.scheduler.kv_mem_bytes;
   for (const std::string& name : params.key_names) {
@@ -164,6 +165,8 @@ void Service::start_job(const std::shared_ptr<Job>& job) {
   req.logprobs = job->logprobs;
   req.prompt_logprobs = job->prompt_logprobs;
   req.context_end = job->context_end;
+  // context_end asks for the context to be compressed at its end: such a request never defers.
+  req.defer_compaction = params_.compress == CompressWhen::kWhenNeeded && job->context_end == 0;
   job->out.emplace(tok_, job->stops);
   job->completion.usage.prompt_tokens = static_cast<int>(job->prompt.size());
   if (!job->key_name.empty()) job->key_counts = &counters_.by_key[job->key_name];
@@ -396,6 +399,12 @@ void Service::publish_metrics() {
   counters_.queued = static_cast<int64_t>(sched_->n_waiting());
   counters_.sessions = static_cast<int64_t>(sessions_.n_sessions());
   counters_.sessions_evicted = sessions_.n_evicted();
+  const SessionPressureStats pressure = sessions_.pressure_stats();
+  counters_.session_compress_steps = pressure.compress_steps;
+  counters_.session_compress_freed = pressure.compress_freed;
+  counters_.sessions_written_out = pressure.written_out;
+  counters_.sessions_idle_full = pressure.idle_full;
+  counters_.sessions_idle_compressed = pressure.idle_compressed;
   const SessionFileStats& files = sessions_.file_stats();
   counters_.sessions_saved = files.saved;
   counters_.sessions_loaded = files.loaded;
@@ -470,8 +479,18 @@ void Service::loop() {
     for (const auto& [id, job] : active_) {
       if (job->cancel.load()) sched_->cancel(id);
     }
-    // Idle sessions give way to the request at the head of the queue.
-    if (const size_t need = sched_->head_needs(); need > 0) sessions_.make_room(need);
+    // Idle sessions give way to the request at the head of the queue. Under --compress
+    // when-needed so do the conversations that requests behind it continue, compressed (they
+    // wait holding their bytes; a client's next turn usually takes its session back before an
+    // idle moment).
+    if (const size_t need = sched_->head_needs(); need > 0) {
+      if (params_.compress == CompressWhen::kWhenNeeded) {
+        sessions_.compress_for(need);  // idle sessions first, least recently used first
+        if (sched_->pool().available() < need)
+          sessions_.count_steps(sched_->compress_waiting(need));
+      }
+      sessions_.make_room(need);
+    }
     if (!sched_->idle()) {
       (void)sched_->step();  // an engine error ends the batch's requests with it (below)
       ++counters_.steps;

@@ -84,6 +84,9 @@ struct ServiceParams {
   // Sessions written to files (serve/session_dir.h) in this directory; "": memory only.
   std::string session_dir;
   uint64_t session_dir_max = 0;  // --session-dir-max: the most its files hold (0: no bound)
+  // When sessions are compressed (serve/sessions.h): by their policy after every pass, or only
+  // under memory pressure (then requests run with their compactions deferred).
+  CompressWhen compress = CompressWhen::kAlways;
   bool save_every_turn = true;  // write a session when each request ends (else: on eviction
                                 // and at shutdown only)
   ModelIdentity model_identity;  // what session files are checked against

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include "kv/cold_tier.h"
+
 namespace d2o::serve {
 
 SessionStore::~SessionStore() {
@@ -64,7 +66,7 @@ void SessionStore::end(const std::string& id, std::shared_ptr<Sequence> seq,
   if (keep) {
     // Idle, the cache needs only the slots it uses; the next request sets its own limit.
     keep = seq->cache().shrink_to_fit(0).ok() && seq->cache().set_slot_limit(0).ok();
-    bytes = seq->cache().bytes_held();
+    bytes = bytes_of(*seq);
     keep = keep && sched_.hold(bytes);
   }
   if (seq) {
@@ -72,6 +74,8 @@ void SessionStore::end(const std::string& id, std::shared_ptr<Sequence> seq,
     s.tokens = std::move(tokens);
     s.kv_spec = std::move(kv_spec);
     s.saved = false;
+    s.compress_steps = 0;
+    s.at_floor = false;
   }
   if (!keep) {
     // No room in memory: only its file keeps it (when there is a directory).
@@ -137,7 +141,8 @@ bool SessionStore::take_lost(const std::string& id) {
 bool SessionStore::adopt(const std::string& id, std::shared_ptr<Sequence> seq,
                          std::vector<TokenId> tokens, std::string kv_spec) {
   if (!seq || sessions_.count(id) || !seq->cache().shrink_to_fit(0).ok()) return false;
-  const size_t bytes = seq->cache().bytes_held();
+  const int steps = compress_in(*seq);
+  const size_t bytes = bytes_of(*seq);
   if (!sched_.hold(bytes)) {
     // Idle sessions leave only when that makes enough room.
     if (bytes > sched_.pool().available() + held_) return false;
@@ -150,10 +155,27 @@ bool SessionStore::adopt(const std::string& id, std::shared_ptr<Sequence> seq,
   s.tokens = std::move(tokens);
   s.kv_spec = std::move(kv_spec);
   s.held = bytes;
-  s.saved = true;
+  s.saved = true;  // (its file may hold it fuller: the same conversation)
+  s.compress_steps = steps;
   held_ += bytes;
   lru_.push_back(id);
   return true;
+}
+
+int SessionStore::compress_in(Sequence& seq) {
+  if (compress_ != CompressWhen::kWhenNeeded) return 0;
+  int steps = 0;
+  size_t bytes = bytes_of(seq);
+  while (bytes > sched_.pool().available() + held_) {
+    auto r = sched_.compress_step(seq);
+    if (!r.ok() || !*r) break;
+    ++steps;
+    ++n_compress_steps_;
+    const size_t now = bytes_of(seq);
+    if (now >= bytes) break;
+    bytes = now;
+  }
+  return steps;
 }
 
 int SessionStore::save_all() {
@@ -178,11 +200,65 @@ void SessionStore::drop(const std::string& id) {
   sessions_.erase(it);
 }
 
+size_t SessionStore::bytes_of(const Sequence& seq) {
+  return Scheduler::idle_bytes(seq);
+}
+
+bool SessionStore::compress_one(Session& s) {
+  if (s.at_floor || !s.seq) return false;
+  auto r = sched_.compress_step(*s.seq);
+  if (!r.ok()) {
+    std::fprintf(stderr, "d2o serve: cannot compress session '%s': %s\n", s.id.c_str(),
+                 r.status().message().c_str());
+  }
+  if (r.ok() && *r) {
+    ++s.compress_steps;
+    ++n_compress_steps_;
+  }
+  const size_t now = bytes_of(*s.seq);
+  if (now > s.held && !sched_.hold(now - s.held)) {
+    // Its cold tier took more than its hot cache gave back, and the pool cannot hold the
+    // difference: it leaves memory (written out first when it can be).
+    if (!save(s, /*leaving=*/true)) mark_lost(s.id);
+    n_written_out_ += s.saved && dir_ ? 1 : 0;
+    ++n_evicted_;
+    drop(s.id);
+    return false;
+  }
+  if (now > s.held) {
+    held_ += now - s.held;
+    s.held = now;
+  }
+  const bool freed = now < s.held;
+  if (freed) {
+    sched_.release_held(s.held - now);
+    compress_freed_ += s.held - now;
+    held_ -= s.held - now;
+    s.held = now;
+  }
+  if (!r.ok() || !*r || !freed) s.at_floor = true;
+  return freed;
+}
+
+void SessionStore::compress_for(size_t bytes) {
+  // Least recently used first: each session down to its policy's floor before the next one.
+  const std::vector<std::string> order(lru_.begin(), lru_.end());
+  for (const std::string& id : order) {
+    while (sched_.pool().available() < bytes) {
+      Session* s = find(id);
+      if (!s || !compress_one(*s)) break;
+    }
+    if (sched_.pool().available() >= bytes) return;
+  }
+}
+
 int SessionStore::make_room(size_t bytes) {
+  if (compress_ == CompressWhen::kWhenNeeded) compress_for(bytes);
   int n = 0;
   while (sched_.pool().available() < bytes && !lru_.empty()) {
     const std::string id = lru_.front();
     if (!save(sessions_.at(id), /*leaving=*/true)) mark_lost(id);
+    n_written_out_ += sessions_.at(id).saved && dir_ ? 1 : 0;
     drop(id);
     ++n_evicted_;
     ++n;
@@ -208,5 +284,16 @@ size_t SessionStore::full_equivalent_bytes() const {
   return b;
 }
 
-}  // namespace d2o::serve#include "kv/cold_tier.h"
+SessionPressureStats SessionStore::pressure_stats() const {
+  SessionPressureStats p;
+  p.compress_steps = n_compress_steps_;
+  p.compress_freed = compress_freed_;
+  p.written_out = n_written_out_;
+  for (const std::string& id : lru_) {
+    const Session& s = sessions_.at(id);
+    (s.compress_steps > 0 ? p.idle_compressed : p.idle_full) += 1;
+  }
+  return p;
+}
 
+}  // namespace d2o::serve

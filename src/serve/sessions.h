@@ -2,10 +2,18 @@
 // finished request handed back, and the tokens it has seen, so that the next request of the same
 // conversation prefills only its new turn.
 //
-// Memory: an idle session's cache is shrunk to the slots it uses and those bytes are held in the
-// scheduler's pool (Scheduler::hold), so kept conversations and running requests share the one
-// --kv-mem cap. When a waiting request needs room, the least recently used idle sessions are
-// dropped. A session in use belongs to its request (its bytes are part of that reservation).
+// Memory: an idle session's cache is shrunk to the slots it uses and those bytes (its cold tier in
+// memory and its policy state included) are held in the scheduler's pool (Scheduler::hold), so
+// kept conversations and running requests share the one --kv-mem cap. When a waiting request
+// needs room, the least recently used idle sessions are dropped. A session in use belongs to its
+// request (its bytes are part of that reservation).
+// Compression under pressure (CompressWhen::kWhenNeeded, `--compress when-needed`): sessions run
+// with their compactions deferred and stay full; when room is needed, the least recently used
+// idle session is first compressed step by step (Scheduler::compress_step: each layer to half
+// what it holds, never below its policy's budgets; evicted slots to its cold tier), then the
+// next one; then the service has the scheduler compress the conversations that waiting requests
+// continue (Scheduler::compress_waiting), and only when none can give more are sessions written
+// out and dropped.
 // With a session directory (set_dir, `--session-dir`), a session leaving memory is written to
 // its file first (serve/session_dir.h), and every idle session not yet written is written by
 // save_all() at shutdown; with save_every_turn each session is also written after every request
@@ -30,6 +38,10 @@
 
 namespace d2o::serve {
 
+// When sessions are compressed: by their policy after every pass (kAlways), or only when the cap
+// needs room (kWhenNeeded, see the top of the file).
+enum class CompressWhen { kAlways, kWhenNeeded };
+
 struct Session {
   std::string id;
   std::string kv_spec;            // canonical spec of its policy
@@ -38,6 +50,17 @@ struct Session {
   size_t held = 0;                // bytes held in the pool while idle
   bool busy = false;              // a request is running with it
   bool saved = false;             // its file holds this state (--session-dir)
+  int compress_steps = 0;         // compression steps under pressure since it was last full
+  bool at_floor = false;          // its policy allows no further step (until its next request)
+};
+
+// Compression under pressure (CompressWhen::kWhenNeeded) and where idle sessions stand.
+struct SessionPressureStats {
+  int64_t compress_steps = 0;   // steps taken
+  size_t compress_freed = 0;    // bytes they gave back to the pool
+  int64_t written_out = 0;      // sessions that left memory with their file current
+  int64_t idle_full = 0;        // idle sessions in memory, never compressed under pressure
+  int64_t idle_compressed = 0;  // idle sessions in memory compressed by one step or more
 };
 
 // Session files written, read and refused, and the time spent writing and reading them.
@@ -62,6 +85,8 @@ class SessionStore {
     save_every_turn_ = save_every_turn;
   }
   const SessionDir* dir() const { return dir_; }
+  void set_compress(CompressWhen when) { compress_ = when; }
+  CompressWhen compress() const { return compress_; }
 
   Session* find(const std::string& id);
   // Starts a request with session `id` (created when absent): marks it busy. The caller then
@@ -79,7 +104,8 @@ class SessionStore {
   // state of the same conversation, which a later request may still continue.
   void drop(const std::string& id);
   // Keeps a session read from its file, idle, as end() keeps a finished one (making room as
-  // make_room() does); false (nothing kept) when the pool cannot hold it.
+  // make_room() does; kWhenNeeded: compressed itself first when that alone cannot make room);
+  // false (nothing kept) when the pool cannot hold it.
   bool adopt(const std::string& id, std::shared_ptr<Sequence> seq, std::vector<TokenId> tokens,
              std::string kv_spec);
   // Writes every idle session whose file is not current; returns how many were written.
@@ -89,8 +115,17 @@ class SessionStore {
   int save_pending();
   // Drops least recently used idle sessions (writing them to their files first when there is a
   // session directory) until the pool has `bytes` available or none is left; returns how many
-  // were dropped.
+  // were dropped. kWhenNeeded: compresses them first (see the top of the file).
   int make_room(size_t bytes);
+  // Compresses least recently used idle sessions until the pool has `bytes` available or none
+  // can give more.
+  void compress_for(size_t bytes);
+  SessionPressureStats pressure_stats() const;
+  // Counts compression steps taken outside the store (Scheduler::compress_waiting) with its own.
+  void count_steps(const Scheduler::Compressed& c) {
+    n_compress_steps_ += c.steps;
+    compress_freed_ += c.freed;
+  }
 
   size_t n_sessions() const { return sessions_.size(); }
   size_t n_idle() const { return lru_.size(); }
@@ -109,6 +144,16 @@ class SessionStore {
 
  private:
   void unlink_lru(const std::string& id);
+  // What an idle sequence holds in memory: its cache (cold tier in memory included) and its
+  // policy state.
+  static size_t bytes_of(const Sequence& seq);
+  // One compression step of idle session `s`, its held bytes updated; false when it gave
+  // nothing back (its policy allows no more; it is then marked at_floor).
+  bool compress_one(Session& s);
+  // kWhenNeeded: a session read back from its file (adopt) that would not fit even if every idle
+  // session left is compressed first, step by step down to its policy's budget, rather than
+  // rebuilt; returns the steps taken.
+  int compress_in(Sequence& seq);
   // Writes an idle session to its file (errors are logged and counted, the session stays);
   // false when a write was tried and failed. `leaving`: it leaves memory after this (the log
   // line says what is lost).
@@ -122,6 +167,10 @@ class SessionStore {
   std::list<std::string> lru_;  // idle sessions, least recently used first
   size_t held_ = 0;
   int64_t n_evicted_ = 0;
+  CompressWhen compress_ = CompressWhen::kAlways;
+  int64_t n_compress_steps_ = 0;
+  size_t compress_freed_ = 0;
+  int64_t n_written_out_ = 0;
   const SessionDir* dir_ = nullptr;
   bool save_every_turn_ = false;
   std::vector<std::string> pending_;  // ended since the last save_pending()

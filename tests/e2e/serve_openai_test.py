@@ -11,7 +11,8 @@ strings; seeds; errors surface as the package's exception types (400, 401, 413, 
 sessions prefill only the new turn and answer as a fresh request would, are cut back to the
 prefix they share with a diverging request (rebuilt under another policy), and keep their KV
 bytes flat under a budget policy; a client that goes away
-mid-stream frees its sequence; SIGTERM lets a request in flight finish.
+mid-stream frees its sequence; SIGTERM lets a request in flight finish. The server compresses
+as `d2o run` does (`--compress always`), so that their answers can be compared.
 """
 import concurrent.futures
 import json
@@ -55,7 +56,8 @@ class Server:
     def __init__(self, kv_mem="256M", parallel=16, *extra):
         self.proc, self.port, self.log, self.reader = start_server(
             [D2O, "serve", "-m", MODEL, "--port", "0", "-t", "2", "-c", str(CTX), "--kv-mem", kv_mem,
-             "--parallel", str(parallel), "--api-key", KEY, "--max-body", "64K", *extra])
+             "--parallel", str(parallel), "--api-key", KEY, "--max-body", "64K",
+             "--compress", "always", *extra])
         self.base = f"http://127.0.0.1:{self.port}"
         self.client = openai.OpenAI(base_url=self.base + "/v1", api_key=KEY, max_retries=0,
                                     timeout=120)

@@ -12,7 +12,9 @@ conversation without a session. The same holds for `d2o:budget=4096`, a compress
 cache has not been compacted yet. Under `d2o:ratio=0.2`, compacted after the first turn, the
 session keeps at most what that compaction left intact: rebuilt (`prefix_not_held`), or cut to
 fewer tokens than the first turn, and either way the response's counts add up. Each time also
-prints how long the edited turn took against the fresh request (a figure, not a check).
+prints how long the edited turn took against the fresh request (a figure, not a check). The
+server compresses from the first turn (`--compress always`): under `when-needed` with room to
+spare every session is still full and keeps all its tokens.
 """
 import json
 import sys
@@ -39,7 +41,7 @@ class Server:
     def __init__(self):
         self.proc, self.port, self.log, self.reader = start_server(
             [D2O, "serve", "-m", MODEL, "--port", "0", "-t", "2", "-c", "4096", "--kv-mem",
-             "512M", "--parallel", "2"])
+             "512M", "--parallel", "2", "--compress", "always"])
         self.base = f"http://127.0.0.1:{self.port}"
 
     def chat(self, messages, session=None, kv="full"):

@@ -62,6 +62,31 @@ TEST(AdmissionQueue, FifoWithHeadOfLineBlockingAndRefusal) {
   EXPECT_EQ(q.n_admitted(), 0u);
 }
 
+// The head waits for bytes that requests behind it hold (the conversations they continue): the
+// first of those that fits goes ahead of it, and its bytes come back when it ends.
+TEST(AdmissionQueue, FirstFittingGoesAheadOfABlockedHead) {
+  KvMemoryPool pool(100);
+  AdmissionQueue q(pool);
+  ASSERT_TRUE(pool.try_reserve(30));
+  ASSERT_TRUE(q.push(1, 90).ok());  // needs 90, 70 free
+  ASSERT_TRUE(pool.try_reserve(30));
+  ASSERT_TRUE(q.push(2, 80, 30).ok());  // holds 30, needs 50 more: 40 free
+  ASSERT_TRUE(q.push(3, 45, 30).ok());  // (its 30 are the first reservation)
+  std::vector<uint64_t> ids;
+  q.admit(10, ids);
+  EXPECT_TRUE(ids.empty());
+  EXPECT_TRUE(q.admit_first_fitting(ids));
+  EXPECT_EQ(ids, (std::vector<uint64_t>{3}));  // 2 does not fit
+  EXPECT_EQ(pool.reserved(), 75u);
+  EXPECT_FALSE(q.admit_first_fitting(ids));
+  q.release(3);
+  EXPECT_EQ(pool.reserved(), 30u);
+  EXPECT_EQ(q.n_waiting(), 2u);
+  EXPECT_TRUE(q.remove(1));
+  EXPECT_TRUE(q.remove(2));
+  EXPECT_EQ(pool.reserved(), 0u);
+}
+
 // Random costs and lifetimes against a plain simulation of the same rule: admission in push
 // order, never above the cap, everything admitted eventually.
 TEST(AdmissionQueue, RandomWorkloadMatchesSimulation) {

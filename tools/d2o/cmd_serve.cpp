@@ -43,6 +43,7 @@ struct ServeOptions {
   std::string session_dir;
   std::string session_dir_max = "0";
   std::string session_save = "turn";
+  std::string compress = "when-needed";
 };
 
 // --max-conn, or its default, within what the open-file limit (raised to its hard limit first)
@@ -129,6 +130,8 @@ int run_serve(ServeOptions& o) {
   sp.scheduler.eog_tokens = l.tokenizer->eog_tokens();
   sp.max_queue = static_cast<size_t>(o.queue);
   sp.default_kv = l.policy->spec();
+  sp.compress =
+      o.compress == "always" ? serve::CompressWhen::kAlways : serve::CompressWhen::kWhenNeeded;
   // Sessions' shrunk caches and the requests' small buffers live below the mmap threshold, in
   // malloc's arenas: when they are freed (a session dropped to make room, a request done) glibc
   // keeps the pages, and after a load RSS stayed about 70 MiB above where it started with no
@@ -269,6 +272,13 @@ Action add_serve_command(CLI::App& app) {
       ->check(CLI::Range(1.0, 1e6));
   sub->add_option("--drain", o->drain_s, "Seconds requests in flight may take after SIGTERM")
       ->check(CLI::Range(0.0, 3600.0));
+  sub->add_option("--compress", o->compress,
+                  "When KV caches are compressed: 'when-needed' (default: caches stay full while "
+                  "--kv-mem allows; idle sessions are compressed step by step, least recently "
+                  "used first, down to their policy's budget when room is needed, and only then "
+                  "written out or dropped) or 'always' (every sequence to its policy's budget "
+                  "from its first pass)")
+      ->check(CLI::IsMember({"when-needed", "always"}));
   CLI::Option* dir =
       sub->add_option("--session-dir", o->session_dir,
                       "Write kept sessions to this directory and read them back (also after a "

@@ -46,11 +46,13 @@ std::unique_ptr<PolicyExtState> ComposedPolicyState::clone() const {
   c->layer_variance = layer_variance;
   c->keep_merges = keep_merges;
   c->prompt_end = prompt_end;
+  c->pressure_floor = pressure_floor;
   return c;
 }
 
 size_t ComposedPolicyState::bytes() const {
-  return layer_variance.capacity() * sizeof(double) + (merger ? merger->bytes() : 0);
+  return layer_variance.capacity() * sizeof(double) + pressure_floor.capacity() * sizeof(int) +
+         (merger ? merger->bytes() : 0);
 }
 
 ComposedPolicy::ComposedPolicy(PolicyConfig cfg) : cfg_(std::move(cfg)) {
@@ -175,6 +177,12 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
     if (layered) ++state.n_compactions;
     return {};
   }
+  return compact_todo(cache, state, own, pass);
+}
+
+Status ComposedPolicy::compact_todo(KvCache& cache, PolicyState& state, ComposedPolicyState& own,
+                                    const PassInfo& pass) const {
+  const size_t nl = static_cast<size_t>(cache.n_layer());
   if (state.plans.size() != nl) state.plans.resize(nl);
   const int threads = pass.pool && state.todo.size() > 1 ? pass.pool->n_threads() : 1;
   if (own.scratch.size() < static_cast<size_t>(threads))
@@ -194,6 +202,37 @@ Status ComposedPolicy::compact(KvCache& cache, PolicyState& state, const PassInf
   // their last reader (the attention pass records no more of them, pass_needs).
   if (cfg_.prompt == PromptScore::kExpected && !base_scorer_->reads_queries()) cache.drop_queries();
   return {};
+}
+
+Result<bool> ComposedPolicy::compress_step(KvCache& cache, PolicyState& state,
+                                           const PassInfo& pass) const {
+  D2O_RETURN_IF_ERROR(check(cache, state, pass));
+  const size_t nl = static_cast<size_t>(cache.n_layer());
+  if (state.evicted.size() != nl) state.evicted.assign(nl, 0);
+  if (state.merged.size() != nl) state.merged.assign(nl, 0);
+  ComposedPolicyState& own = own_state(cache, state);
+  if (!state.budgets_set) {
+    bool decided = false;
+    D2O_RETURN_IF_ERROR(decide_layer_budgets(cache, state, own, pass, &decided));
+    if (!decided) return false;  // within the policy's budget already
+    own.pressure_floor = state.budgets;
+  }
+  if (own.pressure_floor.size() != nl) own.pressure_floor = state.budgets;
+  state.todo.clear();
+  for (size_t il = 0; il < nl; ++il) {
+    const int floor = own.pressure_floor[il];
+    if (floor == PolicyState::kNoBudget) continue;
+    const KvLayer& layer = cache.layer(static_cast<int>(il));
+    // Slots per KV head (heads=ada: on average over the layer's heads).
+    const int64_t per_head = layer.uniform() ? layer.n_slot()
+                                             : (layer.held_slots() + layer.n_head_kv() - 1) /
+                                                   std::max(1, layer.n_head_kv());
+    state.budgets[il] = static_cast<int>(std::max<int64_t>(floor, (per_head + 1) / 2));
+    if (over_budget(layer, state.budgets[il])) state.todo.push_back(static_cast<int32_t>(il));
+  }
+  if (state.todo.empty()) return false;
+  D2O_RETURN_IF_ERROR(compact_todo(cache, state, own, pass));
+  return true;
 }
 
 Status ComposedPolicy::decide_layer_budgets(const KvCache& cache, PolicyState& state,

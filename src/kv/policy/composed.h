@@ -68,6 +68,9 @@ class ComposedPolicyState final : public PolicyExtState {
   // n_past plus the tokens it announced): prefill=bounded compacts a SnapKV-style policy, which
   // otherwise evicts at its first compaction only, until then.
   int64_t prompt_end = 0;
+  // [n_layer] the budgets compression under memory pressure stops at (compress_step): the
+  // policy's own, decided at its first step; empty before it.
+  std::vector<int> pressure_floor;
 
   // The state without the scratch (scratch, head_merges, head_counts).
   std::unique_ptr<PolicyExtState> clone() const override;
@@ -95,6 +98,11 @@ class ComposedPolicy final : public KvPolicy {
   StatsNeeds needs() const override;
   StatsNeeds pass_needs(const PolicyState& state, bool recalls = false) const override;
   Status compact(KvCache& cache, PolicyState& state, const PassInfo& pass) const override;
+  // Halves every compressible layer down to the budgets decided at the first step (kept in
+  // ComposedPolicyState::pressure_floor; a state that decided its budgets otherwise, as a
+  // sequence compacted by compact() did, stops at those).
+  Result<bool> compress_step(KvCache& cache, PolicyState& state,
+                             const PassInfo& pass) const override;
   // After the first compaction (budgets decided), every layer is compacted on its own, unless
   // positions are shifted (one shift per pass for all layers).
   bool compacts_per_layer(const PolicyState& state) const override;
@@ -147,6 +155,9 @@ class ComposedPolicy final : public KvPolicy {
   // prompt (ratio mode) or more than the budget (budget mode); *decided false: not yet.
   Status decide_layer_budgets(const KvCache& cache, PolicyState& state, ComposedPolicyState& own,
                               const PassInfo& pass, bool* decided) const;
+  // Plans the layers in state.todo (in parallel on pass.pool) and applies the plans.
+  Status compact_todo(KvCache& cache, PolicyState& state, ComposedPolicyState& own,
+                      const PassInfo& pass) const;
   // Applies the plans of the layers in state.todo in layer order, counts the pass and releases
   // what a long pass left (merge lists, search scratch).
   Status apply_plans(KvCache& cache, PolicyState& state, ComposedPolicyState& own) const;
