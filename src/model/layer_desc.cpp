@@ -29,6 +29,26 @@ const char* ffn_kind_name(FfnKind k) {
   return "?";
 }
 
+namespace {
+
+// What of a gemma4 file this build cannot run, named.
+std::string gemma4_refusal(const ModelHParams& hp) {
+  std::string what;
+  auto add = [&](const std::string& part) { what += (what.empty() ? "" : "; ") + part; };
+  if (hp.n_embd_per_layer > 0)
+    add("per-layer token embeddings (" + std::to_string(hp.n_embd_per_layer) + " wide)");
+  if (hp.head_dim_swa != hp.head_dim) {
+    add("head widths that differ between sliding (" + std::to_string(hp.head_dim_swa) +
+        ") and global (" + std::to_string(hp.head_dim) + ") layers");
+  }
+  if (hp.n_kv_shared > 0)
+    add("keys and values shared by the last " + std::to_string(hp.n_kv_shared) + " layers");
+  if (what.empty()) what = "its layer";
+  return "the gemma4 forward pass is not implemented in this build (" + what + ")";
+}
+
+}  // namespace
+
 Result<ModelDesc> describe_model(const ModelHParams& hp, const float* rope_freq_factors) {
   ModelDesc md;
   RopeParams rope;
@@ -102,6 +122,8 @@ Result<ModelDesc> describe_model(const ModelHParams& hp, const float* rope_freq_
       }
       return md;
     }
+    case ModelArch::kGemma4:
+      return unsupported(gemma4_refusal(hp));
   }
   return unsupported(std::string("no layer description for architecture ") +
                      model_arch_name(hp.arch));

@@ -145,15 +145,16 @@ class TensorLoader {
 
 // rope_freqs.weight: Llama 3's long-context RoPE scaling, one factor per rotated pair (n_rot / 2)
 // that divides the pair's angle (the converter computes them from rope_scaling type llama3).
-// Optional, and only in the llama architecture, as in llama.cpp, whose other architectures would
-// ignore or refuse the tensor: a file that carries it elsewhere is refused rather than run with
-// different positions.
+// Optional, and only in the llama architecture (and gemma4, whose global layers turn their pairs
+// by these factors: llama.cpp's proportional RoPE), as in llama.cpp, whose other architectures
+// would ignore or refuse the tensor: a file that carries it elsewhere is refused rather than run
+// with different positions.
 Status load_rope_freqs(const GgufFile& f, TensorLoader& ld, const ModelHParams& h,
                        std::vector<float>* out) {
   const char* name = "rope_freqs.weight";
   const GgufTensorInfo* t = f.find_tensor(name);
   if (!t) return {};
-  if (h.arch != ModelArch::kLlama) {
+  if (h.arch != ModelArch::kLlama && h.arch != ModelArch::kGemma4) {
     return unsupported(std::string("tensor '") + name +
                        "' (RoPE frequency factors) is not part of the " + model_arch_name(h.arch) +
                        " architecture");
