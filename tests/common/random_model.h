@@ -432,7 +432,11 @@ void add_random_gemma4_layer(const RandomModelConfig& c, int il, Xorshift& rng,
     matrix(b + "attn_v.weight", c.n_head_kv * hd, c.n_embd, 0.3f);
     norm(b + "attn_k_norm.weight", hd);
   }
-  norm(b + "attn_q_norm.weight", hd);
+  // Gemma 4 attends with scale 1: the query norm's weights carry 1 / sqrt(head_dim), as trained
+  // ones do, so that the softmax is not near one-hot (and rounding does not flip it).
+  const float qs = 1.0f / std::sqrt(static_cast<float>(hd));
+  add_tensor(b + "attn_q_norm.weight", GgmlType::kF32, {hd},
+             f32_bytes(vec(static_cast<size_t>(hd), 0.25f * qs, qs)));
   matrix(b + "attn_output.weight", c.n_embd, c.n_head * hd, 0.2f);
   norm(b + "post_attention_norm.weight", c.n_embd);
   norm(b + "ffn_norm.weight", c.n_embd);

@@ -50,7 +50,13 @@ void print_layers(const ModelHParams& hp) {
     recurrent_list += (recurrent++ ? "," : "") + std::to_string(il);
   }
   const int n = static_cast<int>(desc->layers.size());
-  if (recurrent > 0) {
+  if (hp.n_kv_shared > 0) {
+    std::printf(
+        "%-13s %d global and %d sliding-window attention layers (window %d), the last %d "
+        "reading earlier layers' keys and values: full cache only (compressing KV "
+        "policies are refused)\n",
+        "d2o layers", global, n - global, hp.sliding_window, hp.n_kv_shared);
+  } else if (recurrent > 0) {
     std::printf(
         "%-13s %d global attention layers compressed by a KV policy; %d linear-attention "
         "layers (%s) keep a recurrent state no policy touches\n",
