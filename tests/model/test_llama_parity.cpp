@@ -1,10 +1,9 @@
 // Exact inference: d2o's logits on the real SmolLM2-135M-Instruct against llama.cpp's, and on
-// random-weight qwen2, qwen3, qwen3moe, gemma3, phi3, MHA llama and RoPE-scaled (Llama 3.1) llama
-// models.
-// llama.cpp is built from the llama-cpp-python source archive by scripts/setup.sh --test-data,
-// which also stores its real-model outputs in <cache>/test-data/reference ($D2O_REFERENCE_DIR);
-// the random models' logits are asked of it here, through scripts/gen_reference_fixtures.py.
-// Without that build the tests skip with a message.
+// random-weight qwen2, qwen3, qwen3moe, qwen35, gemma3, gemma4, phi3, MHA llama and RoPE-scaled
+// (Llama 3.1) llama models. llama.cpp is built from the llama-cpp-python source archive by
+// scripts/setup.sh --test-data, which also stores its real-model outputs in
+// <cache>/test-data/reference ($D2O_REFERENCE_DIR); the random models' logits are asked of it here,
+// through scripts/gen_reference_fixtures.py. Without that build the tests skip with a message.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -206,6 +205,14 @@ TEST(LlamaParity, RandomQwen35MatchesLlamaCpp) {
   std::printf("every pair turned: max |logit diff| %.3g (max |logit| %.3g)\n", d.max_err,
               d.max_ref);
   EXPECT_GT(d.max_err, 50 * 2e-3 * d.max_ref);
+}
+
+// Gemma 4 (dense): per-layer embeddings, sliding layers of head size 32 (window 8, shorter than
+// the sequence) and global ones of 64 with proportional RoPE (half their pairs turned), the last
+// two layers attending over layers 3 and 4's keys and values, V RMS-normalised, each layer's
+// output scaled, soft-capped logits; in one pass, in passes of 5 and token by token.
+TEST(LlamaParity, RandomGemma4MatchesLlamaCpp) {
+  check_random_model(test::random_gemma4_config(), "random_gemma4", {5, 1});
 }
 
 // Llama 3.1's RoPE scaling: the rope_freqs.weight factors (1, two blends, then 8) over 64 tokens,
