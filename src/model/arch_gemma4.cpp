@@ -20,8 +20,8 @@
 // RoPE base; global layers heads of head_dim and the file's rope_freqs as frequency factors (their
 // proportional RoPE). The last n_kv_shared layers compute no keys or values: they attend over the
 // cache of the last earlier layer of their kind (ModelHParams::kv_source), which they leave as it
-// is. Only the global layers that hold their own keys are compressible; compressing policies are
-// refused on such a model for now (Engine::validate): only the full cache runs.
+// is. Only the global layers that hold their own keys are compressible: a KV policy decides once
+// for each such cache, and the layers that read it see what it kept.
 #include <algorithm>
 #include <cmath>
 #include <memory>

@@ -45,11 +45,6 @@ Status Engine::validate(std::span<const BatchEntry> batch) const {
         be.seq->cache().config().n_head_kv != h.n_head_kv) {
       return invalid_argument("sequence cache does not match the model's shape");
     }
-    if (!be.seq->cache().config().layer_kv_source.empty() && !be.seq->policy().is_full()) {
-      return unsupported("KV policy '" + be.seq->policy().spec() +
-                         "' is not supported on a model whose last layers share earlier layers' "
-                         "keys and values (gemma4): use the full cache");
-    }
     if (const ColdTier* cold = be.seq->cache().cold()) {
       if (!cold->ok()) return resource_exhausted("KV policy cold=disk: " + cold->error());
       if (Status st = check_kv_type(cold->config().type, h.head_dim); !st.ok())

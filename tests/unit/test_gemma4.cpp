@@ -3,6 +3,10 @@
 // per-layer embedding width), and files that get them wrong refused with a message naming what.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <memory>
+#include <span>
+
 #include "common/random_model.h"
 #include "gguf/gguf.h"
 #include "kv/policy.h"
@@ -113,29 +117,72 @@ TEST(Gemma4Load, MissingTensorIsRefusedNamingIt) {
   }
 }
 
-// The full cache runs; a compressing policy is refused with a message naming the policy and why
-// (the shared layers' slots belong to the layers they read), rather than compacting them.
-TEST(Gemma4Load, CompressingPolicyIsRefused) {
-  auto m = load(test::make_random_model(test::random_gemma4_config()).to_bytes());
-  ASSERT_TRUE(m.ok()) << m.status().to_string();
-  ThreadPool pool(1);
-  Engine engine(**m, pool, EngineOptions{});
-  const std::vector<TokenId> tokens = test::random_model_tokens(12, 300);
-  auto feed = [&](std::shared_ptr<const KvPolicy> pol) {
-    Sequence seq((*m)->hparams(), KvType::kF32, std::move(pol));
-    BatchEntry be;
-    be.seq = &seq;
-    be.tokens = tokens;
-    be.logits_from = static_cast<int>(tokens.size()) - 1;
-    return engine.forward({&be, 1}, [](int, int, const float*) {});
-  };
-  EXPECT_TRUE(feed(nullptr).ok());
-  auto pol = parse_kv_policy("h2o:ratio=0.5");
-  ASSERT_TRUE(pol.ok()) << pol.status().to_string();
-  const Status st = feed(std::shared_ptr<const KvPolicy>(std::move(pol).value()));
-  ASSERT_FALSE(st.ok());
-  EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.to_string();
-  EXPECT_NE(st.message().find("gemma4"), std::string::npos) << st.to_string();
+class Gemma4Test : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto m = load(test::make_random_model(test::random_gemma4_config()).to_bytes());
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    model_ = std::move(m).value();
+    pool_ = std::make_unique<ThreadPool>(2);
+    engine_ = std::make_unique<Engine>(*model_, *pool_, EngineOptions{});
+  }
+  std::shared_ptr<const KvPolicy> policy(const std::string& spec) {
+    auto p = parse_kv_policy(spec);
+    EXPECT_TRUE(p.ok()) << p.status().message();
+    return std::shared_ptr<const KvPolicy>(std::move(p).value());
+  }
+  // A 24-token prompt in one pass, then the rest of 64 tokens one at a time; every row's logits.
+  std::vector<float> run(Sequence& seq) {
+    const int nv = model_->hparams().n_vocab;
+    const std::vector<TokenId> toks = test::random_model_tokens(64, nv);
+    std::vector<float> out;
+    for (size_t t0 = 0; t0 < toks.size(); t0 += t0 == 0 ? 24 : 1) {
+      BatchEntry be;
+      be.seq = &seq;
+      be.tokens = std::span<const TokenId>(toks.data() + t0, t0 == 0 ? 24 : 1);
+      be.logits_from = 0;
+      const Status s = engine_->forward(
+          {&be, 1}, [&](int, int, const float* l) { out.insert(out.end(), l, l + nv); });
+      EXPECT_TRUE(s.ok()) << s.to_string();
+    }
+    return out;
+  }
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Engine> engine_;
+};
+
+// A policy decides once per shared cache: it compacts the global layers that hold their own keys
+// (2 and 4), and the layer that reads layer 4's (6) sees what it kept; the sliding layers keep
+// their window and the shared ones hold nothing. Before any eviction the logits are the full
+// cache's bit for bit; after, they stay finite.
+TEST_F(Gemma4Test, APolicyCompressesTheLayersThatHoldKeys) {
+  Sequence full(model_->hparams(), KvType::kF32, policy("full"));
+  Sequence d2o(model_->hparams(), KvType::kF32, policy("d2o:budget=16"));
+  const std::vector<float> a = run(full), b = run(d2o);
+  ASSERT_EQ(a.size(), b.size());
+  const size_t prompt = 24 * static_cast<size_t>(model_->hparams().n_vocab);
+  for (size_t i = 0; i < prompt; ++i) ASSERT_EQ(a[i], b[i]) << "prompt logit " << i;
+  for (float x : b) ASSERT_TRUE(std::isfinite(x));
+  EXPECT_NE(a, b);  // the evictions changed something
+  for (int il : {2, 4}) {
+    EXPECT_LE(d2o.cache().layer(il).n_slot(), 17) << il;
+    EXPECT_EQ(full.cache().layer(il).n_slot(), 64) << il;
+  }
+  for (int il : {5, 6}) {
+    EXPECT_EQ(d2o.cache().layer(il).n_slot(), 0) << il;
+    EXPECT_EQ(full.cache().layer(il).n_slot(), 0) << il;
+  }
+}
+
+// A budget above the sequence's length reproduces the full cache bit for bit, prompt and steps.
+TEST_F(Gemma4Test, ABudgetAboveTheLengthIsTheFullCache) {
+  std::vector<std::vector<float>> out;
+  for (const char* spec : {"full", "d2o:budget=128", "h2o:budget=128", "snapkv:budget=128"}) {
+    Sequence s(model_->hparams(), KvType::kF32, policy(spec));
+    out.push_back(run(s));
+    EXPECT_EQ(out.back(), out.front()) << spec;
+  }
 }
 
 }  // namespace

@@ -50,12 +50,16 @@ void print_layers(const ModelHParams& hp) {
     recurrent_list += (recurrent++ ? "," : "") + std::to_string(il);
   }
   const int n = static_cast<int>(desc->layers.size());
+  int n_shared_global = 0;
+  for (int il = hp.n_layer - hp.n_kv_shared; il < hp.n_layer; ++il)
+    n_shared_global += !hp.is_sliding(il);
   if (hp.n_kv_shared > 0) {
     std::printf(
-        "%-13s %d global and %d sliding-window attention layers (window %d), the last %d "
-        "reading earlier layers' keys and values: full cache only (compressing KV "
-        "policies are refused)\n",
-        "d2o layers", global, n - global, hp.sliding_window, hp.n_kv_shared);
+        "%-13s %d global and %d sliding-window attention layers (window %d); the last %d "
+        "read earlier layers' keys and values, so a KV policy compresses the %d global "
+        "layers that hold their own\n",
+        "d2o layers", global, n - global, hp.sliding_window, hp.n_kv_shared,
+        global - n_shared_global);
   } else if (recurrent > 0) {
     std::printf(
         "%-13s %d global attention layers compressed by a KV policy; %d linear-attention "
