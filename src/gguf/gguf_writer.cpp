@@ -65,6 +65,12 @@ void GgufWriter::add_i32_array(const std::string& key, const std::vector<int32_t
   put<uint64_t>(kv_bytes_, values.size());
   for (int32_t v : values) put(kv_bytes_, v);
 }
+void GgufWriter::add_bool_array(const std::string& key, const std::vector<bool>& values) {
+  put_key(key, GgufType::kArray);
+  put<uint32_t>(kv_bytes_, static_cast<uint32_t>(GgufType::kBool));
+  put<uint64_t>(kv_bytes_, values.size());
+  for (bool v : values) put<uint8_t>(kv_bytes_, v ? 1 : 0);
+}
 void GgufWriter::add_f32_array(const std::string& key, const std::vector<float>& values) {
   put_key(key, GgufType::kArray);
   put<uint32_t>(kv_bytes_, static_cast<uint32_t>(GgufType::kFloat32));

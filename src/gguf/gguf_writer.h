@@ -30,6 +30,7 @@ class GgufWriter {
   void add_string_array(const std::string& key, const std::vector<std::string>& values);
   void add_i32_array(const std::string& key, const std::vector<int32_t>& values);
   void add_f32_array(const std::string& key, const std::vector<float>& values);
+  void add_bool_array(const std::string& key, const std::vector<bool>& values);
 
   // Adds a tensor. `data` holds its bytes (for a well-formed file: exactly the size the type
   // and dims imply). `offset`, when given, is written instead of the next aligned offset.

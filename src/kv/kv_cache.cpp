@@ -145,6 +145,12 @@ bool KvCacheConfig::has_sliding() const {
   return false;
 }
 
+int KvCacheConfig::max_head_dim() const {
+  int m = head_dim;
+  for (int d : layer_head_dim) m = std::max(m, d);
+  return m;
+}
+
 int KvCacheConfig::n_compressible() const {
   int n = 0;
   for (int il = 0; il < n_layer; ++il) n += layer_compressible(il) ? 1 : 0;
@@ -256,16 +262,24 @@ int64_t KvLayer::held_slots() const {
 KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
   D2O_ASSERT(cfg.n_layer > 0 && cfg.n_head_kv > 0 && cfg.head_dim > 0);
   D2O_ASSERT(check_kv_type(cfg.type, cfg.head_dim).ok());
+  D2O_ASSERT(cfg.layer_head_dim.empty() ||
+             cfg.layer_head_dim.size() == static_cast<size_t>(cfg.n_layer));
+  D2O_ASSERT(cfg.layer_kv_source.empty() ||
+             cfg.layer_kv_source.size() == static_cast<size_t>(cfg.n_layer));
   D2O_ASSERT(cfg.layer_window.empty() ||
              cfg.layer_window.size() == static_cast<size_t>(cfg.n_layer));
   layers_.resize(static_cast<size_t>(cfg.n_layer));
   queries_.resize(static_cast<size_t>(cfg.n_layer));
-  for (KvLayer& L : layers_) {
+  for (int il = 0; il < cfg.n_layer; ++il) {
+    KvLayer& L = layers_[static_cast<size_t>(il)];
     L.n_head_kv_ = cfg.n_head_kv;
-    L.head_dim_ = cfg.head_dim;
+    L.head_dim_ = cfg.head_dim_of(il);
     L.type_ = cfg.type;
+    D2O_ASSERT(L.head_dim_ > 0 && check_kv_type(cfg.type, L.head_dim_).ok());
+    D2O_ASSERT(cfg.kv_source(il) >= 0 && cfg.kv_source(il) <= il &&
+               !cfg.shares_kv(cfg.kv_source(il)));
   }
-  for (auto* v : {&tmp_k_, &tmp_v_, &acc_k_, &acc_v_}) v->resize((cfg.head_dim + 3) / 4 * 4);
+  for (auto* v : {&tmp_k_, &tmp_v_, &acc_k_, &acc_v_}) v->resize((cfg.max_head_dim() + 3) / 4 * 4);
   D2O_ASSERT(cfg.layer_recurrent.empty() ||
              cfg.layer_recurrent.size() == static_cast<size_t>(cfg.n_layer));
   if (cfg.has_recurrent()) {
@@ -344,7 +358,8 @@ void KvCache::note_peak() {
 
 Status KvCache::reserve(int il, int n_slots, bool exact) {
   KvLayer& L = layers_[static_cast<size_t>(il)];
-  if (cfg_.recurrent(il)) return {};  // a recurrent layer holds no slots
+  // A recurrent layer holds no slots, nor does one that reads another layer's.
+  if (cfg_.recurrent(il) || cfg_.shares_kv(il)) return {};
   if (n_slots <= L.capacity_ && !exact) return {};
   if (exact && n_slots == L.capacity_) return {};
   // Sliding-window layers bound themselves (drop_oldest); the limit is for the others.
@@ -567,14 +582,14 @@ void KvCache::drop_queries() {
 
 size_t KvCache::full_kv_bytes(int64_t n_tokens) const {
   // A full cache keeps every token in a global layer and the last W in a sliding-window one.
-  size_t slots = 0;
+  size_t bytes = 0;
   for (int il = 0; il < cfg_.n_layer; ++il) {
-    if (cfg_.recurrent(il)) continue;
-    const int w = cfg_.window(il);
-    slots += static_cast<size_t>(w > 0 ? std::min<int64_t>(n_tokens, w) : n_tokens);
+    if (cfg_.recurrent(il) || cfg_.shares_kv(il)) continue;
+    const int w = cfg_.window(il), hd = cfg_.head_dim_of(il);
+    bytes += static_cast<size_t>(w > 0 ? std::min<int64_t>(n_tokens, w) : n_tokens) *
+             (kv_row_bytes(cfg_.type.k, hd) + kv_row_bytes(cfg_.type.v, hd));
   }
-  return slots * static_cast<size_t>(cfg_.n_head_kv) *
-         (kv_row_bytes(cfg_.type.k, cfg_.head_dim) + kv_row_bytes(cfg_.type.v, cfg_.head_dim));
+  return bytes * static_cast<size_t>(cfg_.n_head_kv);
 }
 
 size_t KvCache::bytes_for_slots(const KvCacheConfig& cfg, int64_t slots, int max_chunk,
@@ -582,20 +597,23 @@ size_t KvCache::bytes_for_slots(const KvCacheConfig& cfg, int64_t slots, int max
   if (n_tokens < 0) n_tokens = slots;
   // Per slot and KV head: a key and a value row, and pos, score, window, merged, row (4 bytes
   // each).
-  const size_t per_slot = kv_row_bytes(cfg.type.k, cfg.head_dim) +
-                          kv_row_bytes(cfg.type.v, cfg.head_dim) + 3 * sizeof(int32_t) +
-                          2 * sizeof(float);
+  auto per_slot = [&](int hd) {
+    return kv_row_bytes(cfg.type.k, hd) + kv_row_bytes(cfg.type.v, hd) + 3 * sizeof(int32_t) +
+           2 * sizeof(float);
+  };
   size_t n = 0, recurrent = 0;
   for (int il = 0; il < cfg.n_layer; ++il) {
     if (cfg.recurrent(il)) {  // no slots: its recurrent state, of a fixed size
       recurrent += static_cast<size_t>(cfg.recurrent_conv + cfg.recurrent_delta) * sizeof(float);
       continue;
     }
+    if (cfg.shares_kv(il)) continue;  // reads another layer's slots
     const int w = cfg.window(il);
     n += static_cast<size_t>(w > 0 ? std::min<int64_t>(n_tokens, sliding_capacity(w, max_chunk))
-                                   : slots);
+                                   : slots) *
+         per_slot(cfg.head_dim_of(il));
   }
-  return n * static_cast<size_t>(cfg.n_head_kv) * per_slot + recurrent;
+  return n * static_cast<size_t>(cfg.n_head_kv) + recurrent;
 }
 
 Status KvCache::settle_sliding() {

@@ -340,6 +340,13 @@ struct KvCacheConfig {
   int recurrent_conv = 0;
   int recurrent_delta = 0;
 
+  // Per layer: its head width (gemma4's sliding and global layers differ); empty: head_dim.
+  std::vector<int> layer_head_dim;
+  // Per layer: the layer whose slots its queries attend over (gemma4's last layers read an
+  // earlier layer's keys and values: such a layer holds no slots and no policy compresses it);
+  // empty: every layer its own.
+  std::vector<int> layer_kv_source;
+
   int window(int il) const {
     return layer_window.empty() ? 0 : layer_window[static_cast<size_t>(il)];
   }
@@ -350,7 +357,18 @@ struct KvCacheConfig {
     return std::any_of(layer_recurrent.begin(), layer_recurrent.end(),
                        [](uint8_t r) { return r != 0; });
   }
-  bool layer_compressible(int il) const { return window(il) == 0 && !recurrent(il); }
+  int head_dim_of(int il) const {
+    return layer_head_dim.empty() ? head_dim : layer_head_dim[static_cast<size_t>(il)];
+  }
+  int kv_source(int il) const {
+    return layer_kv_source.empty() ? il : layer_kv_source[static_cast<size_t>(il)];
+  }
+  bool shares_kv(int il) const { return kv_source(il) != il; }
+  // The widest head of any layer.
+  int max_head_dim() const;
+  bool layer_compressible(int il) const {
+    return window(il) == 0 && !recurrent(il) && !shares_kv(il);
+  }
   bool has_sliding() const;
   int n_compressible() const;
 };

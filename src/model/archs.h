@@ -17,6 +17,9 @@ std::unique_ptr<ModelForward> make_qwen3moe_forward(const Model& model, ThreadPo
 // qwen35 (arch_qwen35.cpp).
 std::unique_ptr<ModelForward> make_qwen35_forward(const Model& model, ThreadPool& pool,
                                                   const ForwardOptions& opts);
+// gemma4 (arch_gemma4.cpp).
+std::unique_ptr<ModelForward> make_gemma4_forward(const Model& model, ThreadPool& pool,
+                                                  const ForwardOptions& opts);
 // gemma3 (arch_gemma3.cpp).
 std::unique_ptr<ModelForward> make_gemma3_forward(const Model& model, ThreadPool& pool,
                                                   const ForwardOptions& opts);

@@ -12,8 +12,9 @@ namespace d2o {
 void Activations::ensure(const ModelHParams& h, int n_rows) {
   if (n_rows <= rows_cap) return;
   const size_t n = static_cast<size_t>(n_rows);
-  const size_t q_dim = static_cast<size_t>(h.n_head) * h.head_dim;
-  const size_t kv_dim = static_cast<size_t>(h.n_head_kv) * h.head_dim;
+  const size_t hd = static_cast<size_t>(std::max(h.head_dim, h.head_dim_swa));
+  const size_t q_dim = static_cast<size_t>(h.n_head) * hd;
+  const size_t kv_dim = static_cast<size_t>(h.n_head_kv) * hd;
   x.resize(n * h.n_embd);
   xn.resize(n * std::max<size_t>(h.n_embd, q_dim));
   q.resize(n * q_dim);

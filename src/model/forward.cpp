@@ -31,6 +31,8 @@ std::unique_ptr<ModelForward> ModelForward::create(const Model& model, ThreadPoo
       return make_qwen35_forward(model, pool, opts);
     case ModelArch::kGemma3:
       return make_gemma3_forward(model, pool, opts);
+    case ModelArch::kGemma4:
+      return make_gemma4_forward(model, pool, opts);
   }
   // ModelHParams::from_gguf accepts only the architectures above.
   D2O_ASSERT_MSG(false, "no forward pass for this architecture");

@@ -17,6 +17,8 @@ const char* model_arch_name(ModelArch arch) {
       return "qwen3moe";
     case ModelArch::kQwen35:
       return "qwen35";
+    case ModelArch::kGemma4:
+      return "gemma4";
   }
   return "unknown";
 }
@@ -161,7 +163,119 @@ Status read_linear_attention(const GgufFile& f, const std::string& p, ModelHPara
   return {};
 }
 
+// An integer llama.cpp reads as one value or one per layer (feed_forward_length,
+// attention.head_count_kv): a per-layer array is accepted when all its values are equal (d2o's
+// layers share one width); `fallback` when absent.
+Result<int64_t> get_layer_int(const GgufFile& f, const std::string& key, int64_t fallback) {
+  const GgufValue* v = f.find(key);
+  if (!v) return fallback;
+  if (v->type != GgufType::kArray) return f.get_int(key);
+  D2O_ASSIGN_OR_RETURN(std::vector<int64_t> a, f.get_int_array(key));
+  if (a.empty()) return format_error(key + " is an empty array");
+  for (int64_t x : a) {
+    if (x != a[0]) {
+      return unsupported(key + " differs between layers (" + std::to_string(a[0]) + " and " +
+                         std::to_string(x) + "): per-layer widths are not supported");
+    }
+  }
+  return a[0];
+}
+
+// A flag per layer (a GGUF array of bools or small integers), exactly n_layer of them.
+Result<std::vector<uint8_t>> get_layer_flags(const GgufFile& f, const std::string& key,
+                                             int64_t n_layer) {
+  const GgufValue* v = f.find(key);
+  if (!v) return format_error(key + " is missing");
+  if (v->type != GgufType::kArray || v->array_size != static_cast<uint64_t>(n_layer) ||
+      (v->array_type != GgufType::kBool && v->array_type != GgufType::kUint8 &&
+       v->array_type != GgufType::kInt8)) {
+    return format_error(key + " must be " + std::to_string(n_layer) + " flags, one per layer");
+  }
+  std::vector<uint8_t> out(static_cast<size_t>(n_layer));
+  for (int64_t il = 0; il < n_layer; ++il) out[static_cast<size_t>(il)] = v->array_data[il] != 0;
+  return out;
+}
+
+// Gemma 3 and 4's sliding-window keys: the window, the local RoPE base, the logit soft-cap.
+Status read_sliding_window(const GgufFile& f, const std::string& p, ModelHParams* hp) {
+  D2O_ASSIGN_OR_RETURN(int64_t window, f.get_int_or(p + "attention.sliding_window", 0));
+  if (window < 0 || window > (1 << 24)) {
+    return format_error("attention.sliding_window = " + std::to_string(window) +
+                        " is out of range (0.." + std::to_string(1 << 24) + ")");
+  }
+  D2O_ASSIGN_OR_RETURN(double base_swa, f.get_float_or(p + "rope.freq_base_swa", 10000.0));
+  D2O_ASSIGN_OR_RETURN(double softcap, f.get_float_or(p + "final_logit_softcapping", 0.0));
+  if (!(base_swa > 0.0) || !(softcap >= 0.0)) {
+    return format_error("rope.freq_base_swa must be positive and final_logit_softcapping >= 0");
+  }
+  hp->sliding_window = static_cast<int>(window);
+  hp->rope_freq_base_swa = static_cast<float>(base_swa);
+  hp->final_logit_softcap = static_cast<float>(softcap);
+  return {};
+}
+
+// Gemma 4's keys, as llama.cpp reads them: attention.sliding_window_pattern (one flag per layer),
+// attention.key_length_swa / value_length_swa (the sliding layers' head width),
+// rope.dimension_count_swa, attention.shared_kv_layers (how many last layers reuse earlier
+// layers' KV), embedding_length_per_layer_input. The mixture-of-experts variant is refused.
+Status read_gemma4(const GgufFile& f, const std::string& p, int64_t n_layer, ModelHParams* hp) {
+  if (f.find(p + "expert_count")) {
+    D2O_ASSIGN_OR_RETURN(int64_t n_expert, f.get_int(p + "expert_count"));
+    if (n_expert > 0) {
+      return unsupported("gemma4 with a mixture of experts (expert_count = " +
+                         std::to_string(n_expert) + ") is not supported: dense gemma4 only");
+    }
+  }
+  D2O_RETURN_IF_ERROR(read_sliding_window(f, p, hp));
+  if (hp->sliding_window <= 0) return format_error("attention.sliding_window is missing or 0");
+  D2O_ASSIGN_OR_RETURN(hp->swa_layers,
+                       get_layer_flags(f, p + "attention.sliding_window_pattern", n_layer));
+  D2O_ASSIGN_OR_RETURN(int64_t hd_swa, f.get_int_or(p + "attention.key_length_swa", 0));
+  D2O_ASSIGN_OR_RETURN(int64_t vd_swa, f.get_int_or(p + "attention.value_length_swa", hd_swa));
+  D2O_RETURN_IF_ERROR(require_positive("attention.key_length_swa", hd_swa, 1024));
+  if (vd_swa != hd_swa || hd_swa % 2 != 0) {
+    return unsupported("attention.value_length_swa must equal attention.key_length_swa (even)");
+  }
+  D2O_ASSIGN_OR_RETURN(int64_t rot_swa, f.get_int_or(p + "rope.dimension_count_swa", hd_swa));
+  if (rot_swa <= 0 || rot_swa > hd_swa || rot_swa % 2 != 0) {
+    return format_error("rope.dimension_count_swa = " + std::to_string(rot_swa) +
+                        " must be even and at most attention.key_length_swa");
+  }
+  D2O_ASSIGN_OR_RETURN(int64_t shared, f.get_int_or(p + "attention.shared_kv_layers", 0));
+  if (shared < 0 || shared >= n_layer) {
+    return format_error("attention.shared_kv_layers = " + std::to_string(shared) +
+                        " must leave at least one layer with its own keys and values");
+  }
+  D2O_ASSIGN_OR_RETURN(int64_t ple, f.get_int_or(p + "embedding_length_per_layer_input", 0));
+  if (ple < 0 || ple > (1 << 16)) {
+    return format_error("embedding_length_per_layer_input = " + std::to_string(ple) +
+                        " is out of range (0..65536)");
+  }
+  hp->head_dim_swa = static_cast<int>(hd_swa);
+  hp->n_rot_swa = static_cast<int>(rot_swa);
+  hp->n_kv_shared = static_cast<int>(shared);
+  hp->n_embd_per_layer = static_cast<int>(ple);
+  hp->n_layer = static_cast<int>(n_layer);  // kv_source reads it
+  for (int il = 0; il < n_layer; ++il) {
+    if (hp->kv_source(il) < 0) {
+      return format_error(std::string("layer ") + std::to_string(il) +
+                          " shares the keys and values of an earlier " +
+                          (hp->is_sliding(il) ? "sliding" : "global") +
+                          " layer, and none holds its own (attention.shared_kv_layers)");
+    }
+  }
+  return {};
+}
+
 }  // namespace
+
+int ModelHParams::kv_source(int il) const {
+  const int first_shared = n_layer - n_kv_shared;
+  if (n_kv_shared <= 0 || il < first_shared) return il;
+  for (int j = first_shared - 1; j >= 0; --j)
+    if (is_sliding(j) == is_sliding(il)) return j;
+  return -1;
+}
 
 Result<ModelHParams> ModelHParams::from_gguf(const GgufFile& f) {
   ModelHParams hp;
@@ -188,17 +302,22 @@ Result<ModelHParams> ModelHParams::from_gguf(const GgufFile& f) {
   } else if (hp.arch_name == "qwen35") {
     hp.arch = ModelArch::kQwen35;
     hp.rope_type = RopeType::kNeox;
+  } else if (hp.arch_name == "gemma4") {
+    hp.arch = ModelArch::kGemma4;
+    hp.rope_type = RopeType::kNeox;
   } else {
     return unsupported("model architecture '" + hp.arch_name +
                        "' is not supported (supported: llama, mistral, qwen2, qwen3, qwen3moe, "
-                       "qwen35, gemma3, phi3)");
+                       "qwen35, gemma3, gemma4, phi3)");
   }
   const std::string p = hp.arch_name + ".";
   D2O_ASSIGN_OR_RETURN(int64_t n_layer, f.get_int(p + "block_count"));
   D2O_ASSIGN_OR_RETURN(int64_t n_embd, f.get_int(p + "embedding_length"));
-  D2O_ASSIGN_OR_RETURN(int64_t n_ff, f.get_int(p + "feed_forward_length"));
+  const std::string ff_key = p + "feed_forward_length";
+  D2O_ASSIGN_OR_RETURN(int64_t n_ff,
+                       f.find(ff_key) ? get_layer_int(f, ff_key, 0) : f.get_int(ff_key));
   D2O_ASSIGN_OR_RETURN(int64_t n_head, f.get_int(p + "attention.head_count"));
-  D2O_ASSIGN_OR_RETURN(int64_t n_head_kv, f.get_int_or(p + "attention.head_count_kv", n_head));
+  D2O_ASSIGN_OR_RETURN(int64_t n_head_kv, get_layer_int(f, p + "attention.head_count_kv", n_head));
   D2O_ASSIGN_OR_RETURN(int64_t n_ctx, f.get_int_or(p + "context_length", 2048));
   D2O_RETURN_IF_ERROR(require_positive("block_count", n_layer, 1024));
   D2O_RETURN_IF_ERROR(require_positive("embedding_length", n_embd, 1 << 16));
@@ -246,26 +365,15 @@ Result<ModelHParams> ModelHParams::from_gguf(const GgufFile& f) {
     // Five sliding-window layers, then a global one (the pattern is not written in the file; it
     // is Gemma 3's design). The local layers' RoPE base is fixed at 10000, unscaled.
     // Without a window every layer is global. A pattern of 0 makes every layer local.
-    D2O_ASSIGN_OR_RETURN(int64_t window, f.get_int_or(p + "attention.sliding_window", 0));
-    if (window < 0 || window > (1 << 24)) {
-      return format_error("attention.sliding_window = " + std::to_string(window) +
-                          " is out of range (0.." + std::to_string(1 << 24) + ")");
-    }
+    D2O_RETURN_IF_ERROR(read_sliding_window(f, p, &hp));
     D2O_ASSIGN_OR_RETURN(int64_t pattern, f.get_int_or(p + "attention.sliding_window_pattern", 6));
     if (pattern < 0 || pattern > 1024) {
       return format_error("attention.sliding_window_pattern = " + std::to_string(pattern) +
                           " is out of range (0..1024)");
     }
-    D2O_ASSIGN_OR_RETURN(double base_swa, f.get_float_or(p + "rope.freq_base_swa", 10000.0));
-    D2O_ASSIGN_OR_RETURN(double softcap, f.get_float_or(p + "final_logit_softcapping", 0.0));
-    if (!(base_swa > 0.0) || !(softcap >= 0.0)) {
-      return format_error("rope.freq_base_swa must be positive and final_logit_softcapping >= 0");
-    }
-    hp.sliding_window = static_cast<int>(window);
     hp.swa_pattern = static_cast<int>(pattern);
-    hp.rope_freq_base_swa = static_cast<float>(base_swa);
-    hp.final_logit_softcap = static_cast<float>(softcap);
   }
+  if (hp.arch == ModelArch::kGemma4) D2O_RETURN_IF_ERROR(read_gemma4(f, p, n_layer, &hp));
 
   if (hp.arch == ModelArch::kQwen3Moe) D2O_RETURN_IF_ERROR(read_experts(f, p, n_ff, &hp));
   if (hp.arch == ModelArch::kQwen35) {

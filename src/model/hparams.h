@@ -23,6 +23,9 @@ enum class ModelArch {
   // Qwen 3.5 (dense, text): linear-attention layers (a gated delta rule over a per-sequence
   // recurrent state) with a gated full-attention layer every few layers
   kQwen35,
+  // Gemma 4 (dense, text): Gemma 3's sandwich layers with per-layer token embeddings, sliding and
+  // global layers of different head widths, and the last layers reading earlier layers' KV
+  kGemma4,
 };
 const char* model_arch_name(ModelArch arch);
 
@@ -67,6 +70,16 @@ struct ModelHParams {
   // Multi-section RoPE (qwen35): rope pairs are dealt to the sections t, h, w, e (interleaved);
   // a text token's t, h and w positions are its position, its e position 0.
   int rope_sections[4] = {0, 0, 0, 0};
+  // Gemma 4 (0 or empty elsewhere). swa_layers[il] != 0 marks a sliding-window layer (the file's
+  // per-layer pattern; empty: the swa_pattern rule). Sliding layers' heads are head_dim_swa wide
+  // and turn n_rot_swa dims; global ones use head_dim and n_rot. The last n_kv_shared layers hold
+  // no keys or values of their own: each reads those of the last earlier layer of its kind
+  // (kv_source). n_embd_per_layer > 0: every layer adds a per-layer token embedding that wide.
+  std::vector<uint8_t> swa_layers;
+  int head_dim_swa = 0;
+  int n_rot_swa = 0;
+  int n_kv_shared = 0;
+  int n_embd_per_layer = 0;
 
   int n_group() const { return n_head / n_head_kv; }  // query heads per KV head
   bool is_recurrent(int il) const {
@@ -77,8 +90,16 @@ struct ModelHParams {
   int ssm_value_dim() const { return ssm_n_v_head * ssm_head_dim; }
   int ssm_conv_dim() const { return 2 * ssm_key_dim() + ssm_value_dim(); }
   bool is_sliding(int il) const {
+    if (!swa_layers.empty()) return sliding_window > 0 && swa_layers[static_cast<size_t>(il)] != 0;
     return sliding_window > 0 && (swa_pattern == 0 || il % swa_pattern < swa_pattern - 1);
   }
+  // The head width of layer il (Gemma 4's sliding layers have their own).
+  int layer_head_dim(int il) const {
+    return head_dim_swa > 0 && is_sliding(il) ? head_dim_swa : head_dim;
+  }
+  // The layer whose keys and values layer il attends over: il itself, or for one of the last
+  // n_kv_shared layers the last earlier layer of the same kind that holds its own.
+  int kv_source(int il) const;
   // Reads and validates; errors name the missing or bad key.
   static Result<ModelHParams> from_gguf(const GgufFile& file);
 };

@@ -92,16 +92,18 @@ Status KvAttention::recall(int il, const LayerDesc& d, const SeqRows& sr, const 
 
 void KvAttention::attend(int il, const LayerDesc& d, const SeqRows& sr, const float* q, float* out,
                          ThreadPool& pool, AttnScratch& scratch) {
+  const int src = sr.cache->config().kv_source(il);
   AttnInput ai;
   ai.q = q + static_cast<size_t>(sr.r0) * q_dim_;
   ai.out = out + static_cast<size_t>(sr.r0) * q_dim_;
   ai.n_tok = sr.r1 - sr.r0;
   ai.n_head = n_head_;
   ai.scale = d.attn_scale;
-  if (d.kind == LayerKind::kSliding) {
-    // Never compacted: no KV policy reads its statistics (and no slot of it is merged).
-    ai.window = d.window;
-    attention_forward(ai, sr.cache->layer_for_attention(il), AttnStatsRequest{}, pool, scratch);
+  if (d.kind == LayerKind::kSliding || src != il) {
+    // Never compacted: no KV policy reads its statistics (and no slot of it is merged). A layer
+    // that reads an earlier layer's slots leaves them and their statistics as they are.
+    if (d.kind == LayerKind::kSliding) ai.window = d.window;
+    attention_forward(ai, sr.cache->layer_for_attention(src), AttnStatsRequest{}, pool, scratch);
     return;
   }
   AttnStatsRequest stats = sr.stats;
@@ -133,16 +135,18 @@ bool KvAttention::rotate_inputs(std::span<const SeqRows> seqs, const float* q, c
     float* rk = rot_k_.data() + okv;
     float* rv = rot_v_.data() + okv;
     std::memcpy(rq, q + oq, sizeof(float) * cnt * q_dim_);
-    std::memcpy(rk, k + okv, sizeof(float) * cnt * kv_dim_);
-    std::memcpy(rv, v + okv, sizeof(float) * cnt * kv_dim_);
+    if (k) {  // (a layer that reads another layer's slots has no keys or values of its own)
+      std::memcpy(rk, k + okv, sizeof(float) * cnt * kv_dim_);
+      std::memcpy(rv, v + okv, sizeof(float) * cnt * kv_dim_);
+    }
     // Blocks never straddle heads (the head size is a multiple of the block): rotating a whole
     // row in blocks rotates each head.
     if (t.rot_k) {
       const int b = kv_rot_block_k(head_dim_);
       hadamard_blocks(rq, static_cast<int64_t>(cnt * q_dim_), b);
-      hadamard_blocks(rk, static_cast<int64_t>(cnt * kv_dim_), b);
+      if (k) hadamard_blocks(rk, static_cast<int64_t>(cnt * kv_dim_), b);
     }
-    if (t.rot_v) {
+    if (t.rot_v && k) {
       hadamard_blocks(rv, static_cast<int64_t>(cnt * kv_dim_), kv_rot_block_v(head_dim_));
     }
   }
@@ -164,10 +168,11 @@ Status KvAttention::run(int il, const LayerDesc& d, const UbatchInput& in, const
                    "the KV cache's sliding windows do not match the model's layers");
   }
   for (const SeqRows& sr : seqs) record_queries(il, d, in, sr, q);
+  const bool own_kv = k != nullptr;  // else the layer reads kv_source(il)'s slots
   if (rotate_inputs(seqs, q, k, v)) {
     q = rot_q_.data();
-    k = rot_k_.data();
-    v = rot_v_.data();
+    k = own_kv ? rot_k_.data() : nullptr;
+    v = own_kv ? rot_v_.data() : nullptr;
   }
   // A new turn brings back the cold slots its queries want before it attends (once per turn).
   for (const SeqRows& sr : seqs) {
@@ -193,7 +198,7 @@ Status KvAttention::run(int il, const LayerDesc& d, const UbatchInput& in, const
       ++next_across;
       continue;
     }
-    D2O_RETURN_IF_ERROR(append(il, in, seqs[i], k, v));
+    if (own_kv) D2O_RETURN_IF_ERROR(append(il, in, seqs[i], k, v));
     attend(il, d, seqs[i], q, out, pool_, scratch_);
     unrotate_output(seqs[i], out);
     if (seqs[i].layer_hook)  // alone: the whole pool attended, nothing else runs
@@ -210,7 +215,7 @@ Status KvAttention::run(int il, const LayerDesc& d, const UbatchInput& in, const
   pool_.run(static_cast<int64_t>(across_.size()), [&](int64_t task, int thread) {
     const int s = across_[static_cast<size_t>(task)];
     const SeqRows& sr = seqs[static_cast<size_t>(s)];
-    Status st = append(il, in, sr, k, v);
+    Status st = own_kv ? append(il, in, sr, k, v) : Status();
     if (!st.ok()) {
       task_status_[static_cast<size_t>(task)] = std::move(st);
       return;

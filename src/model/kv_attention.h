@@ -36,7 +36,8 @@ class KvAttention {
  public:
   KvAttention(ThreadPool& pool, AttnSplit split, int n_head, int n_head_kv, int head_dim);
 
-  // q, out: [n, n_head * head_dim]; k, v: [n, n_head_kv * head_dim], rows as in `in`.
+  // q, out: [n, n_head * head_dim]; k, v: [n, n_head_kv * head_dim], rows as in `in`; null for
+  // a layer that reads an earlier layer's slots (KvCacheConfig::kv_source) and appends none.
   Status run(int il, const LayerDesc& d, const UbatchInput& in, const float* q, const float* k,
              const float* v, float* out, ForwardHooks& hooks);
 

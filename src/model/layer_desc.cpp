@@ -102,6 +102,33 @@ Result<ModelDesc> describe_model(const ModelHParams& hp, const float* rope_freq_
       }
       return md;
     }
+    case ModelArch::kGemma4: {
+      // Gemma 3's layer (sandwich norms, QK-norm, GeGLU, scaled embeddings, soft-capped logits)
+      // with an attention scale of 1 (the QK-norm's weights carry it). Sliding layers have their
+      // own head width, RoPE base and turned dims, and no frequency factors; global layers turn
+      // by the file's rope_freqs (proportional RoPE). Shared layers: ModelHParams::kv_source.
+      md.embd_scale = std::sqrt(static_cast<float>(hp.n_embd));
+      md.logit_softcap = hp.final_logit_softcap;
+      d.norms = LayerNorms{true, true, true, true, true};
+      d.ffn = FfnKind::kGeGluTanh;
+      d.attn_scale = 1.0f;
+      RopeParams local = rope;
+      local.head_dim = hp.head_dim_swa;
+      local.n_rot = hp.n_rot_swa;
+      local.freq_base = hp.rope_freq_base_swa;
+      local.freq_scale = 1.0f;
+      local.freq_factors = nullptr;
+      for (int il = 0; il < hp.n_layer; ++il) {
+        LayerDesc l = d;
+        if (hp.is_sliding(il)) {
+          l.kind = LayerKind::kSliding;
+          l.window = hp.sliding_window;
+          l.rope = local;
+        }
+        md.layers.push_back(l);
+      }
+      return md;
+    }
   }
   return unsupported(std::string("no layer description for architecture ") +
                      model_arch_name(hp.arch));
@@ -134,6 +161,12 @@ KvCacheConfig kv_cache_config(const ModelHParams& hp, KvType type) {
   if (hp.sliding_window > 0) {
     for (int il = 0; il < hp.n_layer; ++il)
       c.layer_window.push_back(hp.is_sliding(il) ? hp.sliding_window : 0);
+  }
+  if (hp.head_dim_swa > 0) {
+    for (int il = 0; il < hp.n_layer; ++il) c.layer_head_dim.push_back(hp.layer_head_dim(il));
+  }
+  if (hp.n_kv_shared > 0) {
+    for (int il = 0; il < hp.n_layer; ++il) c.layer_kv_source.push_back(hp.kv_source(il));
   }
   return c;
 }

@@ -84,8 +84,9 @@ Result<ModelDesc> describe_model(const ModelHParams& hp, const float* rope_freq_
 // policy re-rotates keys). Empty for a model without sections.
 std::vector<float> mrope_text_freq_factors(const ModelHParams& hp);
 
-// The KV cache shape a sequence of this model needs (every layer: n_head_kv heads of head_dim;
-// sliding-window layers marked with their window).
+// The KV cache shape a sequence of this model needs (every layer: n_head_kv heads of head_dim,
+// or gemma4's per-layer widths; sliding-window layers marked with their window; layers that read
+// an earlier layer's keys and values marked with it).
 KvCacheConfig kv_cache_config(const ModelHParams& hp, KvType type);
 
 }  // namespace d2o

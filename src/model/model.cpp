@@ -145,15 +145,16 @@ class TensorLoader {
 
 // rope_freqs.weight: Llama 3's long-context RoPE scaling, one factor per rotated pair (n_rot / 2)
 // that divides the pair's angle (the converter computes them from rope_scaling type llama3).
-// Optional, and only in the llama architecture, as in llama.cpp, whose other architectures would
-// ignore or refuse the tensor: a file that carries it elsewhere is refused rather than run with
-// different positions.
+// Optional, and only in the llama architecture (and gemma4, whose global layers turn their pairs
+// by these factors: llama.cpp's proportional RoPE), as in llama.cpp, whose other architectures
+// would ignore or refuse the tensor: a file that carries it elsewhere is refused rather than run
+// with different positions.
 Status load_rope_freqs(const GgufFile& f, TensorLoader& ld, const ModelHParams& h,
                        std::vector<float>* out) {
   const char* name = "rope_freqs.weight";
   const GgufTensorInfo* t = f.find_tensor(name);
   if (!t) return {};
-  if (h.arch != ModelArch::kLlama) {
+  if (h.arch != ModelArch::kLlama && h.arch != ModelArch::kGemma4) {
     return unsupported(std::string("tensor '") + name +
                        "' (RoPE frequency factors) is not part of the " + model_arch_name(h.arch) +
                        " architecture");
@@ -270,6 +271,58 @@ Status load_qwen35_layer(TensorLoader& ld, const ModelHParams& h, const LayerDes
   return ld.matrix(b + "ffn_down.weight", h.n_embd, h.n_ff, &L->w_down);
 }
 
+// A Gemma 4 layer: per-kind head width; Q (and, unless the layer reads an earlier layer's, K, V
+// and the K norm); sandwich norms; GeGLU; the per-layer embedding's gate, projection and norm;
+// the output scale when present.
+Status load_gemma4_layer(TensorLoader& ld, const ModelHParams& h, int il, const std::string& b,
+                         LayerWeights* L) {
+  const int64_t hd = h.layer_head_dim(il), E = h.n_embd, P = h.n_embd_per_layer;
+  const int64_t q_dim = h.n_head * hd, kv_dim = h.n_head_kv * hd;
+  D2O_RETURN_IF_ERROR(ld.vector(b + "attn_norm.weight", E, &L->attn_norm));
+  D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_q.weight", q_dim, E, &L->wq));
+  D2O_RETURN_IF_ERROR(ld.vector(b + "attn_q_norm.weight", hd, &L->attn_q_norm));
+  if (h.kv_source(il) == il) {
+    D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_k.weight", kv_dim, E, &L->wk));
+    if (!ld.has(b + "attn_v.weight")) {
+      return unsupported("tensor '" + b +
+                         "attn_v.weight' is missing: gemma4 with values equal "
+                         "to keys (no V projection) is not supported");
+    }
+    D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_v.weight", kv_dim, E, &L->wv));
+    D2O_RETURN_IF_ERROR(ld.vector(b + "attn_k_norm.weight", hd, &L->attn_k_norm));
+  }
+  D2O_RETURN_IF_ERROR(ld.matrix(b + "attn_output.weight", E, q_dim, &L->wo));
+  D2O_RETURN_IF_ERROR(ld.vector(b + "post_attention_norm.weight", E, &L->attn_post_norm));
+  D2O_RETURN_IF_ERROR(ld.vector(b + "ffn_norm.weight", E, &L->ffn_norm));
+  D2O_RETURN_IF_ERROR(load_gate_up(ld, h, b, L));
+  D2O_RETURN_IF_ERROR(ld.matrix(b + "ffn_down.weight", E, h.n_ff, &L->w_down));
+  D2O_RETURN_IF_ERROR(ld.vector(b + "post_ffw_norm.weight", E, &L->ffn_post_norm));
+  if (P > 0) {
+    D2O_RETURN_IF_ERROR(ld.matrix(b + "inp_gate.weight", P, E, &L->ple_gate));
+    D2O_RETURN_IF_ERROR(ld.matrix(b + "proj.weight", E, P, &L->ple_proj));
+    D2O_RETURN_IF_ERROR(ld.vector(b + "post_norm.weight", E, &L->ple_post_norm));
+  }
+  if (ld.has(b + "layer_output_scale.weight")) {
+    std::vector<float> s;
+    D2O_RETURN_IF_ERROR(ld.vector(b + "layer_output_scale.weight", 1, &s));
+    L->out_scale = s[0];
+  }
+  return {};
+}
+
+// Gemma 4's per-layer token embeddings (P = n_embd_per_layer > 0), as wide as the gate buffer.
+Status load_gemma4_ple(TensorLoader& ld, const ModelHParams& h, PerLayerEmbd* pe) {
+  const int64_t P = h.n_embd_per_layer, width = P * h.n_layer;
+  if (P == 0) return {};
+  if (P > h.n_ff) {
+    return unsupported("embedding_length_per_layer_input = " + std::to_string(P) +
+                       " above feed_forward_length is not supported");
+  }
+  D2O_RETURN_IF_ERROR(ld.matrix("per_layer_token_embd.weight", h.n_vocab, width, &pe->token));
+  D2O_RETURN_IF_ERROR(ld.matrix("per_layer_model_proj.weight", width, h.n_embd, &pe->proj));
+  return ld.vector("per_layer_proj_norm.weight", P, &pe->proj_norm);
+}
+
 // Phi-3's LongRoPE (the 128K models, Phi-3.5): per-pair factors chosen by the context length,
 // with a magnitude factor on the rotation that a re-rotated key would receive twice. Refused
 // rather than run with other positions.
@@ -318,6 +371,7 @@ Result<std::unique_ptr<Model>> Model::load(const GgufFile& f, const ModelLoadOpt
     auto desc = describe_model(h, m->rope_freqs_.empty() ? nullptr : m->rope_freqs_.data());
     if (!desc.ok()) return desc.status();
     m->desc_ = std::move(desc).value();
+    if (h.arch == ModelArch::kGemma4) D2O_RETURN_IF_ERROR(load_gemma4_ple(ld, h, &m->ple_));
     m->layers_.resize(static_cast<size_t>(h.n_layer));
     for (int il = 0; il < h.n_layer; ++il) {
       LayerWeights& L = m->layers_[static_cast<size_t>(il)];
@@ -326,6 +380,10 @@ Result<std::unique_ptr<Model>> Model::load(const GgufFile& f, const ModelLoadOpt
       const std::string b = "blk." + std::to_string(il) + ".";
       if (h.arch == ModelArch::kQwen35) {
         D2O_RETURN_IF_ERROR(load_qwen35_layer(ld, h, layer_desc, b, &L));
+        continue;
+      }
+      if (h.arch == ModelArch::kGemma4) {
+        D2O_RETURN_IF_ERROR(load_gemma4_layer(ld, h, il, b, &L));
         continue;
       }
       D2O_RETURN_IF_ERROR(ld.vector(b + "attn_norm.weight", h.n_embd, &L.attn_norm));

@@ -63,6 +63,20 @@ struct LayerWeights {
   QMatrix w_down;                // [n_embd, n_ff]
   MoeWeights moe;                // FfnKind::kMoeSwiGlu layers (then w_gate, w_up, w_down are empty)
   DeltaNetWeights dn;            // LayerKind::kRecurrent layers (then wq, wk, wv, wo are empty)
+  // Gemma 4: the per-layer embedding's gate [P, n_embd], projection [n_embd, P] and norm
+  // [n_embd] (ModelHParams::n_embd_per_layer = P > 0), and the factor the layer's output is
+  // scaled by (layer_output_scale; 1 when absent). A layer that reads an earlier layer's keys
+  // and values (kv_source) has no wk, wv or attn_k_norm.
+  QMatrix ple_gate, ple_proj;
+  std::vector<float> ple_post_norm;
+  float out_scale = 1.0f;
+};
+
+// Gemma 4's per-layer token embeddings (n_embd_per_layer = P > 0; empty otherwise).
+struct PerLayerEmbd {
+  QMatrix token;                 // per_layer_token_embd [n_vocab, n_layer * P]
+  QMatrix proj;                  // per_layer_model_proj [n_layer * P, n_embd]
+  std::vector<float> proj_norm;  // per_layer_proj_norm [P]
 };
 
 struct ModelLoadOptions {
@@ -92,6 +106,7 @@ class Model {
   const std::vector<float>& output_norm() const { return output_norm_; }
   const std::vector<float>& rope_freq_factors() const { return rope_freqs_; }  // may be empty
   const LayerWeights& layer(int il) const { return layers_[static_cast<size_t>(il)]; }
+  const PerLayerEmbd& per_layer_embd() const { return ple_; }
   // Bytes of weights held in memory.
   size_t weight_bytes() const { return weight_bytes_; }
   const std::string& path() const { return path_; }
@@ -106,6 +121,7 @@ class Model {
   std::vector<float> output_norm_;
   std::vector<float> rope_freqs_;
   std::vector<LayerWeights> layers_;
+  PerLayerEmbd ple_;
   size_t weight_bytes_ = 0;
 };
 

@@ -151,6 +151,11 @@ bool all_finite(const std::vector<T>& v) {
 Status check_cache_layout(const SessionFileContext& ctx, uint32_t n_layer, uint32_t n_head_kv,
                           uint32_t head_dim, KvType type) {
   const KvCacheConfig& c = ctx.cache;
+  if (!c.layer_head_dim.empty() || !c.layer_kv_source.empty()) {
+    return unsupported(
+        "sessions of a model whose layers differ in head width or share keys and "
+        "values (gemma4) cannot be saved or restored yet");
+  }
   if (n_layer != static_cast<uint32_t>(c.n_layer) ||
       n_head_kv != static_cast<uint32_t>(c.n_head_kv) ||
       head_dim != static_cast<uint32_t>(c.head_dim)) {

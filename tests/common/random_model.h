@@ -17,7 +17,7 @@ namespace d2o::test {
 
 struct RandomModelConfig {
   std::string arch =
-      "llama";  // "llama", "qwen2", "qwen3", "qwen3moe", "qwen35", "gemma3" or "phi3"
+      "llama";  // "llama", "qwen2", "qwen3", "qwen3moe", "qwen35", "gemma3", "gemma4" or "phi3"
   int n_layer = 2;
   int n_embd = 64;
   int n_head = 4;
@@ -47,6 +47,15 @@ struct RandomModelConfig {
   int ssm_d_conv = 0, ssm_head_dim = 0, ssm_n_k_head = 0, ssm_n_v_head = 0;
   int n_rot = 0;
   std::vector<int32_t> rope_sections;
+  // gemma4: swa_layers[il] marks a sliding layer (attention.sliding_window_pattern); sliding
+  // layers' heads are head_dim_swa wide (key_length_swa), global ones head_dim; the last
+  // n_kv_shared layers reuse earlier layers' KV; per-layer embeddings n_embd_per_layer wide; the
+  // global layers turn the first global_rot_pairs pairs (rope_freqs 1, the rest 1e30).
+  std::vector<bool> swa_layers;
+  int head_dim_swa = 0;
+  int n_kv_shared = 0;
+  int n_embd_per_layer = 0;
+  int global_rot_pairs = 0;
   std::string omit_tensor;  // a tensor left out (malformed files for load tests)
   bool synthetic_tokenizer = true;  // false: no tokenizer.* keys (the test writes its own)
 };
@@ -194,6 +203,28 @@ inline RandomModelConfig random_qwen35_config() {
   c.seed = 8;
   return c;
 }
+// Gemma 4 (dense): Gemma 3's sandwich layers and QK-norm, V RMS-normalised, sliding layers of
+// head size 32 (window 8) and global ones of 64 whose RoPE turns 16 of their 32 pairs
+// (proportional RoPE as rope_freqs), the last two layers reading layers 3 and 4's KV, per-layer
+// embeddings 16 wide, each layer's output scaled, GQA, tied output, logits soft-capped.
+inline RandomModelConfig random_gemma4_config() {
+  RandomModelConfig c;
+  c.arch = "gemma4";
+  c.n_layer = 7;
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  c.head_dim = 64;
+  c.head_dim_swa = 32;
+  c.n_ff = 96;
+  c.sliding_window = 8;
+  c.swa_layers = {true, true, false, true, false, true, false};
+  c.n_kv_shared = 2;
+  c.n_embd_per_layer = 16;
+  c.global_rot_pairs = 16;
+  c.tied = true;
+  c.seed = 9;
+  return c;
+}
 inline RandomModelConfig random_llama_mha_config() {
   RandomModelConfig c;
   c.arch = "llama";
@@ -339,6 +370,86 @@ void add_random_qwen35_layer(const RandomModelConfig& c, int il, Xorshift& rng,
   matrix(b + "ffn_down.weight", c.n_embd, c.n_ff, 0.2f);
 }
 
+// Gemma 4's keys beyond the common ones (key_length, the global head size, is written by the
+// caller).
+inline void write_gemma4_keys(const RandomModelConfig& c, GgufWriter& w) {
+  const std::string a = c.arch;
+  w.add_bool_array(a + ".attention.sliding_window_pattern", c.swa_layers);
+  w.add_u32(a + ".attention.key_length_swa", static_cast<uint32_t>(c.head_dim_swa));
+  w.add_u32(a + ".attention.value_length_swa", static_cast<uint32_t>(c.head_dim_swa));
+  w.add_u32(a + ".rope.dimension_count_swa", static_cast<uint32_t>(c.head_dim_swa));
+  w.add_f32(a + ".rope.freq_base_swa", 10000.0f);
+  w.add_u32(a + ".attention.shared_kv_layers", static_cast<uint32_t>(c.n_kv_shared));
+  w.add_u32(a + ".embedding_length_per_layer_input", static_cast<uint32_t>(c.n_embd_per_layer));
+  w.add_f32(a + ".final_logit_softcapping", 30.0f);
+}
+
+// Gemma 4's tensors outside the layers: the per-layer embeddings (token table, projection of the
+// scaled token embedding, its norm) and the global layers' RoPE frequency factors.
+template <class AddTensor>
+void add_random_gemma4_globals(const RandomModelConfig& c, Xorshift& rng, AddTensor& add_tensor) {
+  const int P = c.n_embd_per_layer * c.n_layer;
+  auto vec = [&](size_t n, float scale, float offset) {
+    std::vector<float> v(n);
+    for (float& x : v) x = offset + rng.uniform(scale);
+    return f32_bytes(v);
+  };
+  add_tensor("per_layer_token_embd.weight", GgmlType::kF32, {P, c.n_vocab},
+             vec(static_cast<size_t>(P) * c.n_vocab, 1.0f, 0.0f));
+  add_tensor("per_layer_model_proj.weight", GgmlType::kF32, {c.n_embd, P},
+             vec(static_cast<size_t>(P) * c.n_embd, 0.3f, 0.0f));
+  add_tensor("per_layer_proj_norm.weight", GgmlType::kF32, {c.n_embd_per_layer},
+             vec(static_cast<size_t>(c.n_embd_per_layer), 0.25f, 1.0f));
+  std::vector<float> ff(static_cast<size_t>(c.head_dim / 2), 1e30f);
+  for (int i = 0; i < c.global_rot_pairs; ++i) ff[static_cast<size_t>(i)] = 1.0f;
+  add_tensor("rope_freqs.weight", GgmlType::kF32, {c.head_dim / 2}, f32_bytes(ff));
+}
+
+// A Gemma 4 layer: sandwich norms, QK-norm, GeGLU, the per-layer embedding's gate, projection and
+// norm, the output scale; a layer of the last n_kv_shared has no K or V projection (nor K norm).
+template <class AddTensor>
+void add_random_gemma4_layer(const RandomModelConfig& c, int il, Xorshift& rng,
+                             AddTensor& add_tensor) {
+  const std::string b = "blk." + std::to_string(il) + ".";
+  const int hd = c.swa_layers[static_cast<size_t>(il)] ? c.head_dim_swa : c.head_dim;
+  const bool own_kv = il < c.n_layer - c.n_kv_shared;
+  auto vec = [&](size_t n, float scale, float offset) {
+    std::vector<float> v(n);
+    for (float& x : v) x = offset + rng.uniform(scale);
+    return v;
+  };
+  auto matrix = [&](const std::string& name, int rows, int cols, float scale) {
+    add_tensor(name, GgmlType::kF32, {cols, rows},
+               f32_bytes(vec(static_cast<size_t>(rows) * cols, scale, 0.0f)));
+  };
+  auto norm = [&](const std::string& name, int n) {
+    add_tensor(name, GgmlType::kF32, {n}, f32_bytes(vec(static_cast<size_t>(n), 0.25f, 1.0f)));
+  };
+  norm(b + "attn_norm.weight", c.n_embd);
+  matrix(b + "attn_q.weight", c.n_head * hd, c.n_embd, 0.3f);
+  if (own_kv) {
+    matrix(b + "attn_k.weight", c.n_head_kv * hd, c.n_embd, 0.3f);
+    matrix(b + "attn_v.weight", c.n_head_kv * hd, c.n_embd, 0.3f);
+    norm(b + "attn_k_norm.weight", hd);
+  }
+  // Gemma 4 attends with scale 1: the query norm's weights carry 1 / sqrt(head_dim), as trained
+  // ones do, so that the softmax is not near one-hot (and rounding does not flip it).
+  const float qs = 1.0f / std::sqrt(static_cast<float>(hd));
+  add_tensor(b + "attn_q_norm.weight", GgmlType::kF32, {hd},
+             f32_bytes(vec(static_cast<size_t>(hd), 0.25f * qs, qs)));
+  matrix(b + "attn_output.weight", c.n_embd, c.n_head * hd, 0.2f);
+  norm(b + "post_attention_norm.weight", c.n_embd);
+  norm(b + "ffn_norm.weight", c.n_embd);
+  matrix(b + "ffn_gate.weight", c.n_ff, c.n_embd, 0.3f);
+  matrix(b + "ffn_up.weight", c.n_ff, c.n_embd, 0.3f);
+  matrix(b + "ffn_down.weight", c.n_embd, c.n_ff, 0.2f);
+  norm(b + "post_ffw_norm.weight", c.n_embd);
+  matrix(b + "inp_gate.weight", c.n_embd_per_layer, c.n_embd, 0.3f);
+  matrix(b + "proj.weight", c.n_embd, c.n_embd_per_layer, 0.3f);
+  norm(b + "post_norm.weight", c.n_embd);
+  add_tensor(b + "layer_output_scale.weight", GgmlType::kF32, {1}, f32_bytes(vec(1, 0.25f, 0.75f)));
+}
+
 inline GgufWriter make_random_model(const RandomModelConfig& c) {
   GgufWriter w;
   // Every tensor goes through here, so that c.omit_tensor can leave one out.
@@ -378,6 +489,7 @@ inline GgufWriter make_random_model(const RandomModelConfig& c) {
     w.add_u32(a + ".attention.value_length", static_cast<uint32_t>(hd));
   }
   if (c.sliding_window > 0) w.add_u32(a + ".attention.sliding_window", static_cast<uint32_t>(c.sliding_window));
+  if (a == "gemma4") write_gemma4_keys(c, w);
   if (c.n_expert > 0) {
     w.add_u32(a + ".expert_count", static_cast<uint32_t>(c.n_expert));
     w.add_u32(a + ".expert_used_count", static_cast<uint32_t>(c.n_expert_used));
@@ -414,8 +526,13 @@ inline GgufWriter make_random_model(const RandomModelConfig& c) {
     add_tensor("rope_freqs.weight", GgmlType::kF32, {static_cast<int64_t>(c.rope_freqs.size())},
                f32_bytes(c.rope_freqs));
   }
+  if (a == "gemma4") add_random_gemma4_globals(c, rng, add_tensor);
   for (int il = 0; il < c.n_layer; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
+    if (a == "gemma4") {
+      add_random_gemma4_layer(c, il, rng, add_tensor);
+      continue;
+    }
     if (a == "qwen35") {
       add_random_qwen35_layer(c, il, rng, add_tensor);
       continue;

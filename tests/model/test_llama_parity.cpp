@@ -1,10 +1,9 @@
 // Exact inference: d2o's logits on the real SmolLM2-135M-Instruct against llama.cpp's, and on
-// random-weight qwen2, qwen3, qwen3moe, gemma3, phi3, MHA llama and RoPE-scaled (Llama 3.1) llama
-// models.
-// llama.cpp is built from the llama-cpp-python source archive by scripts/setup.sh --test-data,
-// which also stores its real-model outputs in <cache>/test-data/reference ($D2O_REFERENCE_DIR);
-// the random models' logits are asked of it here, through scripts/gen_reference_fixtures.py.
-// Without that build the tests skip with a message.
+// random-weight qwen2, qwen3, qwen3moe, qwen35, gemma3, gemma4, phi3, MHA llama and RoPE-scaled
+// (Llama 3.1) llama models. llama.cpp is built from the llama-cpp-python source archive by
+// scripts/setup.sh --test-data, which also stores its real-model outputs in
+// <cache>/test-data/reference ($D2O_REFERENCE_DIR); the random models' logits are asked of it here,
+// through scripts/gen_reference_fixtures.py. Without that build the tests skip with a message.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +14,7 @@
 #include "common/reference.h"
 #include "common/test_util.h"
 #include "eval/perplexity.h"
+#include "kv/policy.h"
 #include "model/model.h"
 #include "runtime/engine.h"
 
@@ -206,6 +206,46 @@ TEST(LlamaParity, RandomQwen35MatchesLlamaCpp) {
   std::printf("every pair turned: max |logit diff| %.3g (max |logit| %.3g)\n", d.max_err,
               d.max_ref);
   EXPECT_GT(d.max_err, 50 * 2e-3 * d.max_ref);
+}
+
+// Gemma 4 (dense): per-layer embeddings, sliding layers of head size 32 (window 8, shorter than
+// the sequence) and global ones of 64 with proportional RoPE (half their pairs turned), the last
+// two layers attending over layers 3 and 4's keys and values, V RMS-normalised, each layer's
+// output scaled, soft-capped logits; in one pass, in passes of 5 and token by token.
+// Then under a compressing policy (d2o) whose budget the 64 tokens do not reach, prompt of 24 and
+// steps of one: the policy runs on the layers that hold keys and the logits stay llama.cpp's.
+TEST(LlamaParity, RandomGemma4MatchesLlamaCpp) {
+  check_random_model(test::random_gemma4_config(), "random_gemma4", {5, 1});
+  if (HasFailure() || IsSkipped()) return;
+  test::ReferenceFullLogits ref;
+  ASSERT_TRUE(test::read_reference_full_logits(test::scratch_path("random_gemma4.logits"), &ref));
+  auto model = Model::load(test::scratch_path("random_gemma4.gguf"));
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  auto pol = parse_kv_policy("d2o:budget=128");
+  ASSERT_TRUE(pol.ok()) << pol.status().to_string();
+  ThreadPool pool(2);
+  Engine engine(**model, pool, EngineOptions{});
+  Sequence seq((*model)->hparams(), KvType::kF32,
+               std::shared_ptr<const KvPolicy>(std::move(pol).value()));
+  const size_t nv = ref.n_vocab;
+  std::vector<float> logits(ref.tokens.size() * nv);
+  for (size_t t0 = 0; t0 < ref.tokens.size(); t0 += t0 == 0 ? 24 : 1) {
+    BatchEntry be;
+    be.seq = &seq;
+    be.tokens = std::span<const TokenId>(ref.tokens.data() + t0, t0 == 0 ? 24 : 1);
+    be.logits_from = 0;
+    ASSERT_TRUE(engine
+                    .forward({&be, 1},
+                             [&](int, int t, const float* l) {
+                               std::copy(l, l + nv, logits.begin() + (t0 + t) * nv);
+                             })
+                    .ok());
+  }
+  const LogitDiff d = diff_logits(logits, ref);
+  std::printf("under d2o:budget=128: max |logit diff| %.3g (max |logit| %.3g), argmax %d/%zu\n",
+              d.max_err, d.max_ref, d.agree, ref.tokens.size());
+  EXPECT_LE(d.max_err, 2e-3 * d.max_ref);
+  EXPECT_GE(d.agree, static_cast<int>(ref.tokens.size()) - 1);
 }
 
 // Llama 3.1's RoPE scaling: the rope_freqs.weight factors (1, two blends, then 8) over 64 tokens,

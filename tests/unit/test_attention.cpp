@@ -310,13 +310,15 @@ TEST(Attention, WindowStatisticsMoveWithTheirSlots) {
 // The score kernels have several register layouts (few rows with keys in registers, many rows over
 // F32 keys from memory, a one-key tail); they must give the same bits for a row whatever layout
 // computed it, or a query's output would depend on how many rows shared its call.
+// (Head size 512, Gemma 4's global layers, has no SIMD layout of its own: every level runs the
+// scalar kernels for it.)
 TEST(Attention, ScoreLayoutsAgreeBitForBit) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
     if (!kernel_isa_available(isa)) continue;
     const attn::Kernels& k = attn::kernels_for(isa);
-    for (int hd : {32, 64, 128, 256}) {
+    for (int hd : {32, 64, 128, 256, 512}) {
       SCOPED_TRACE(std::string(kernel_isa_name(isa)) + " hd=" + std::to_string(hd));
       const int n_keys = 83, n_rows = 13;  // odd sizes: every tail runs
       std::vector<float> keys(static_cast<size_t>(n_keys) * hd),
@@ -356,7 +358,7 @@ TEST(Attention, ValueLayoutsAgreeBitForBit) {
   for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
     if (!kernel_isa_available(isa)) continue;
     const attn::Kernels& k = attn::kernels_for(isa);
-    for (int hd : {32, 64, 128, 256}) {
+    for (int hd : {32, 64, 128, 256, 512}) {
       SCOPED_TRACE(std::string(kernel_isa_name(isa)) + " hd=" + std::to_string(hd));
       const int n_keys = 83, n_rows = 13;
       std::vector<float> vals(static_cast<size_t>(n_keys) * hd),
@@ -377,6 +379,44 @@ TEST(Attention, ValueLayoutsAgreeBitForBit) {
       for (int r = 0; r < n_rows; ++r) k.pv(&pp[r], 1, rows, n_keys, hd, &op[r]);
       EXPECT_EQ(all, one);
     }
+  }
+}
+
+// Head size 512 (Gemma 4's global layers) at every kernel level: the scores and the values
+// product equal the scalar kernels' bit for bit (the levels fall back to them for this size).
+TEST(Attention, HeadSize512RunsAtEveryLevel) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int hd = 512, n_keys = 37, n_rows = 5;
+  std::vector<float> kv(static_cast<size_t>(n_keys) * hd), q(static_cast<size_t>(n_rows) * hd),
+      p(static_cast<size_t>(n_rows) * n_keys);
+  for (auto& x : kv) x = nd(rng);
+  for (auto& x : q) x = nd(rng);
+  for (auto& x : p) x = std::abs(nd(rng));
+  attn::KvRows rows{reinterpret_cast<const uint8_t*>(kv.data()), sizeof(float) * hd,
+                    KvElemType::kF32};
+  auto run = [&](const attn::Kernels& k, std::vector<float>& s, std::vector<float>& o) {
+    s.assign(static_cast<size_t>(n_rows) * n_keys, 0.0f);
+    o.assign(static_cast<size_t>(n_rows) * hd, 0.0f);
+    std::vector<const float*> qp(n_rows), pp(n_rows);
+    std::vector<float*> sp(n_rows), op(n_rows);
+    for (int r = 0; r < n_rows; ++r) {
+      qp[r] = q.data() + static_cast<size_t>(r) * hd;
+      pp[r] = p.data() + static_cast<size_t>(r) * n_keys;
+      sp[r] = s.data() + static_cast<size_t>(r) * n_keys;
+      op[r] = o.data() + static_cast<size_t>(r) * hd;
+    }
+    k.scores(qp.data(), n_rows, rows, n_keys, hd, 0.3f, sp.data());
+    k.pv(pp.data(), n_rows, rows, n_keys, hd, op.data());
+  };
+  std::vector<float> s0, o0;
+  run(attn::kernels_for(KernelIsa::kScalar), s0, o0);
+  for (KernelIsa isa : {KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (!kernel_isa_available(isa)) continue;
+    std::vector<float> s, o;
+    run(attn::kernels_for(isa), s, o);
+    EXPECT_EQ(s, s0) << kernel_isa_name(isa);
+    EXPECT_EQ(o, o0) << kernel_isa_name(isa);
   }
 }
 

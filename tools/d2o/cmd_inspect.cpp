@@ -50,7 +50,17 @@ void print_layers(const ModelHParams& hp) {
     recurrent_list += (recurrent++ ? "," : "") + std::to_string(il);
   }
   const int n = static_cast<int>(desc->layers.size());
-  if (recurrent > 0) {
+  int n_shared_global = 0;
+  for (int il = hp.n_layer - hp.n_kv_shared; il < hp.n_layer; ++il)
+    n_shared_global += !hp.is_sliding(il);
+  if (hp.n_kv_shared > 0) {
+    std::printf(
+        "%-13s %d global and %d sliding-window attention layers (window %d); the last %d "
+        "read earlier layers' keys and values, so a KV policy compresses the %d global "
+        "layers that hold their own\n",
+        "d2o layers", global, n - global, hp.sliding_window, hp.n_kv_shared,
+        global - n_shared_global);
+  } else if (recurrent > 0) {
     std::printf(
         "%-13s %d global attention layers compressed by a KV policy; %d linear-attention "
         "layers (%s) keep a recurrent state no policy touches\n",
@@ -64,6 +74,27 @@ void print_layers(const ModelHParams& hp) {
         "layers keep their window of %d\n",
         "d2o layers", global, n - global, hp.sliding_window);
   }
+}
+
+// Gemma 4's layer shapes: which layers slide, each kind's head width, which layers share KV.
+void print_gemma4(const ModelHParams& hp) {
+  if (hp.arch != ModelArch::kGemma4) return;
+  int sliding = 0;
+  for (int il = 0; il < hp.n_layer; ++il) sliding += hp.is_sliding(il);
+  std::printf("%-13s %d sliding-window layers (window %d, head_dim %d), %d global (head_dim %d)\n",
+              "gemma4", sliding, hp.sliding_window, hp.head_dim_swa, hp.n_layer - sliding,
+              hp.head_dim);
+  if (hp.n_kv_shared > 0) {
+    // The shared layers read the last earlier layer of their kind that holds its own KV.
+    const int first = hp.n_layer - hp.n_kv_shared;
+    int src_sliding = -1, src_global = -1;
+    for (int il = first; il < hp.n_layer; ++il)
+      (hp.is_sliding(il) ? src_sliding : src_global) = hp.kv_source(il);
+    std::printf("%-13s layers %d..%d hold no KV: sliding ones read layer %d's, global ones %d's\n",
+                "kv shared", first, hp.n_layer - 1, src_sliding, src_global);
+  }
+  if (hp.n_embd_per_layer > 0)
+    std::printf("%-13s %d per layer\n", "layer embd", hp.n_embd_per_layer);
 }
 
 std::string value_string(const GgufValue& v) {
@@ -140,8 +171,14 @@ int run_inspect(const InspectOptions& o) {
   std::printf("chat template %s\n", f.find("tokenizer.chat_template") ? "yes" : "no");
   // What d2o can do with the file: the hyper-parameters its model code reads, and the tokenizer.
   if (auto hp = ModelHParams::from_gguf(f); hp.ok()) {
-    std::printf("%-13s %s\n", "d2o model", "supported");
-    print_layers(*hp);
+    print_gemma4(*hp);
+    if (auto desc = describe_model(*hp, nullptr); desc.ok()) {
+      std::printf("%-13s %s\n", "d2o model", "supported");
+      print_layers(*hp);
+    } else {
+      std::printf("%-13s not supported by this build: %s\n", "d2o model",
+                  desc.status().message().c_str());
+    }
   } else {
     std::printf("%-13s not supported by this build: %s\n", "d2o model",
                 hp.status().message().c_str());
