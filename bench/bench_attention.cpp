@@ -1,7 +1,9 @@
 // Attention throughput on the SmolLM2-135M shape (9 query heads, 3 KV heads, head_dim 64) and on
-// a Gemma 3 270M global layer (4 query heads, 1 KV head, head_dim 256) per context length: decode (1 query over n slots) and prefill (a chunk of 512 queries whose last
-// query sees n slots), for F16 and F32 caches, with and without statistics (the accumulated
-// column sums H2O/D2O need), at 1 and 2 threads and every kernel level.
+// a Gemma 3 270M global layer (4 query heads, 1 KV head, head_dim 256) and a head-size-512 global
+// layer (8 query heads, 1 KV head, as Gemma 4's) per context length: decode (1 query over n slots)
+// and prefill (a chunk of 512 queries whose last query sees n slots), for F16 and F32 caches, with
+// and without statistics (the accumulated column sums H2O/D2O need), at 1 and 2 threads and every
+// kernel level.
 //
 // Counters (wall-clock): KV_GB/s = key and value bytes of the visible slots per second (each read
 // once per call); us/call is the time of one call, i.e. one layer of one decode step.
@@ -23,7 +25,8 @@ namespace {
 struct Shape {
   int heads, heads_kv, head_dim;
 };
-constexpr Shape kShapes[] = {{9, 3, 64}, {4, 1, 256}};  // SmolLM2-135M, Gemma 3 270M
+// SmolLM2-135M, Gemma 3 270M, a global layer of head size 512 (as Gemma 4's)
+constexpr Shape kShapes[] = {{9, 3, 64}, {4, 1, 256}, {8, 1, 512}};
 
 struct Fixture {
   KvCache cache;
@@ -90,7 +93,10 @@ void BM_Attention(benchmark::State& state) {
   state.counters["us/call"] = benchmark::Counter(
       1e-6, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
   state.SetLabel(std::string(kv_type_name(type)) + (stats ? " stats" : "") + " " +
-                 kernel_isa_name(isa) + (state.range(6) ? " gemma3" : ""));
+                 kernel_isa_name(isa) +
+                 (state.range(6) == 1   ? " gemma3"
+                  : state.range(6) == 2 ? " hd512"
+                                        : ""));
 }
 
 void decode_args(benchmark::internal::Benchmark* b) {
@@ -123,6 +129,16 @@ void gemma_args(benchmark::internal::Benchmark* b) {
     }
 }
 
+// A global layer of head size 512 (8 query heads, 1 KV head): prefill of 512 queries after 4096
+// tokens and decode at 16384, at every kernel level (the scalar one is the reference).
+void hd512_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"slots", "tok", "type", "stats", "thr", "isa", "shape"});
+  for (const int isa : {2, 1, 0}) {
+    b->Args({4608, 512, 1, 0, 1, isa, 2});
+    b->Args({16384, 1, 1, 0, 1, isa, 2});
+  }
+}
+
 // Wall-clock time: with 2 threads the caller's CPU time leaves out the worker's share, and on a
 // loaded machine CPU time hides the waits that decoding really pays.
 BENCHMARK(BM_Attention)
@@ -138,6 +154,11 @@ BENCHMARK(BM_Attention)
 BENCHMARK(BM_Attention)
     ->Name("gemma3")
     ->Apply(gemma_args)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_Attention)
+    ->Name("hd512")
+    ->Apply(hd512_args)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -185,6 +185,8 @@ void scores(const float* const* q, int n_rows, KvRows k, int n_keys, int hd, flo
     case 128: return scores_nc<16>(q, n_rows, k, n_keys, scale, s);
     case 32: return scores_nc<4>(q, n_rows, k, n_keys, scale, s);
     case 256: return scores_nc<32>(q, n_rows, k, n_keys, scale, s);
+    case 512:
+      return scores_nc<64>(q, n_rows, k, n_keys, scale, s);
     default: return scalar_kernels().scores(q, n_rows, k, n_keys, hd, scale, s);
   }
 }
@@ -310,6 +312,8 @@ void pv(const float* const* p, int n_rows, KvRows v, int n_keys, int hd, float* 
     case 128: return pv_rows<16>(p, n_rows, v, n_keys, acc);
     case 32: return pv_rows<4>(p, n_rows, v, n_keys, acc);
     case 256: return pv_rows<32>(p, n_rows, v, n_keys, acc);
+    case 512:
+      return pv_rows<64>(p, n_rows, v, n_keys, acc);
     default: return scalar_kernels().pv(p, n_rows, v, n_keys, hd, acc);
   }
 }

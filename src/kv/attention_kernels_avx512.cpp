@@ -288,6 +288,8 @@ void scores(const float* const* q, int n_rows, KvRows k, int n_keys, int hd, flo
       return scores_nc<2>(q, n_rows, k, n_keys, scale, s);
     case 256:
       return scores_nc<16>(q, n_rows, k, n_keys, scale, s);
+    case 512:
+      return scores_nc<32>(q, n_rows, k, n_keys, scale, s);
     default:
       return scalar_kernels().scores(q, n_rows, k, n_keys, hd, scale, s);
   }
@@ -427,6 +429,8 @@ void pv(const float* const* p, int n_rows, KvRows v, int n_keys, int hd, float* 
       return pv_rows<2>(p, n_rows, v, n_keys, acc);
     case 256:
       return pv_rows<16>(p, n_rows, v, n_keys, acc);
+    case 512:
+      return pv_rows<32>(p, n_rows, v, n_keys, acc);
     default:
       return scalar_kernels().pv(p, n_rows, v, n_keys, hd, acc);
   }

@@ -310,8 +310,6 @@ TEST(Attention, WindowStatisticsMoveWithTheirSlots) {
 // The score kernels have several register layouts (few rows with keys in registers, many rows over
 // F32 keys from memory, a one-key tail); they must give the same bits for a row whatever layout
 // computed it, or a query's output would depend on how many rows shared its call.
-// (Head size 512, Gemma 4's global layers, has no SIMD layout of its own: every level runs the
-// scalar kernels for it.)
 TEST(Attention, ScoreLayoutsAgreeBitForBit) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -383,7 +381,7 @@ TEST(Attention, ValueLayoutsAgreeBitForBit) {
 }
 
 // Head size 512 (Gemma 4's global layers) at every kernel level: the scores and the values
-// product equal the scalar kernels' bit for bit (the levels fall back to them for this size).
+// product within float rounding of the scalar kernels' (the SIMD levels sum in lanes).
 TEST(Attention, HeadSize512RunsAtEveryLevel) {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -415,8 +413,12 @@ TEST(Attention, HeadSize512RunsAtEveryLevel) {
     if (!kernel_isa_available(isa)) continue;
     std::vector<float> s, o;
     run(attn::kernels_for(isa), s, o);
-    EXPECT_EQ(s, s0) << kernel_isa_name(isa);
-    EXPECT_EQ(o, o0) << kernel_isa_name(isa);
+    for (size_t i = 0; i < s.size(); ++i)
+      ASSERT_NEAR(s[i], s0[i], 1e-5f * (1.0f + std::abs(s0[i])))
+          << kernel_isa_name(isa) << " " << i;
+    for (size_t i = 0; i < o.size(); ++i)
+      ASSERT_NEAR(o[i], o0[i], 1e-5f * (1.0f + std::abs(o0[i])))
+          << kernel_isa_name(isa) << " " << i;
   }
 }
 
