@@ -52,7 +52,7 @@ class Server:
 
     def __init__(self, args):
         cmd = [args.d2o, "serve", "--port", "0", "-t", str(args.threads), "-c", str(args.ctx),
-               "--kv-mem", args.kv_mem, "--drain", "0"]
+               "--kv-mem", args.kv_mem, "--drain", "0", "--compress", args.compress]
         if args.model:
             cmd += ["-m", args.model]
         self.log, self.port, self.banner, found = [], None, "", threading.Event()
@@ -216,6 +216,10 @@ def main():
     ap.add_argument("-t", "--threads", type=int, default=1)
     ap.add_argument("-c", "--ctx", type=int, default=0, help="server context (default: --doc-tokens + 512)")
     ap.add_argument("--kv-mem", default="512M", help="the server's --kv-mem (sessions over it are dropped, LRU)")
+    ap.add_argument("--compress", default="always", choices=["always", "when-needed"],
+                    help="the server's --compress: always (default here: every session compressed "
+                         "at the end of its turn, what this measures) or when-needed (sessions "
+                         "stay full while --kv-mem allows)")
     ap.add_argument("--policies", default=DEFAULT_POLICIES, help="';'-separated KV policy specs")
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--seed", type=int, default=1, help="trial i uses seed*1000+i")
