@@ -39,8 +39,8 @@ const char* const kPaperD2o =
     "keep_edge_layers=off,proportional_attention=off,prompt_ranking=accumulated,prompt_merge=on,"
     "cold=none";
 
-// d2o's defaults (G: F with a cold tier on disk), canonical.
-const char* const kF =
+// d2o's defaults (the best measured, with a cold tier on disk), canonical.
+const char* const kDefaultD2o =
     "d2o:ratio=0.2,sinks=4,heavy_recent=1:1,beta=0.7,layers=uniform,merge=off,sim=key,ema=paper,"
     "agg=sum,scorer=mean_attention,merged_score=sum,merge_keys=rotated,merge_decision=per_head,"
     "keep_edge_layers=off,proportional_attention=on,prompt_ranking=window,window=32,kernel=21,"
@@ -50,14 +50,15 @@ const char* const kF =
 TEST(PolicySpec, DefaultsAreTheBestMeasuredAndThePapers) {
   // d2o's defaults: the best D2O measured, `d2o:merge=sized` without merging
   // (docs/research/results_notes.md, the `merge=off` section).
-  EXPECT_EQ(canonical("d2o"), kF);
+  EXPECT_EQ(canonical("d2o"), kDefaultD2o);
   EXPECT_EQ(canonical("d2o:proportional_attention=on,merge=off,layers=uniform,heavy_recent=1:1,"
                       "scorer=mean_attention,prompt_ranking=window,kernel=21,prompt_merge=off,"
                       "prompt_scores=window"),
             canonical("d2o"));
   // E, the default before it: d2o with merges.
   EXPECT_EQ(canonical("d2o:merge=sized"),
-            std::string(kF).replace(std::string(kF).find("merge=off"), 9, "merge=sized"));
+            std::string(kDefaultD2o)
+                .replace(std::string(kDefaultD2o).find("merge=off"), 9, "merge=sized"));
   EXPECT_EQ(canonical("d2o:reading=paper"), kPaperD2o);
   // The paper's keys, given one by one over d2o's defaults, are the paper's reading.
   EXPECT_EQ(
@@ -74,8 +75,9 @@ TEST(PolicySpec, DefaultsAreTheBestMeasuredAndThePapers) {
             "merge_decision=per_head,keep_edge_layers=off,proportional_attention=on,"
             "prompt_ranking=accumulated,prompt_merge=off,cold=none");
   EXPECT_EQ(canonical("d2o:prompt_scores=accumulated"),
-            std::string(kF).replace(std::string(kF).find("prompt_scores=window"), 20,
-                                    "prompt_scores=accumulated"));
+            std::string(kDefaultD2o)
+                .replace(std::string(kDefaultD2o).find("prompt_scores=window"), 20,
+                         "prompt_scores=accumulated"));
   EXPECT_TRUE(config_of(*parse_kv_policy("d2o:prompt_ranking=accumulated").value()) ==
               config_of(*parse_kv_policy(canonical("d2o:prompt_ranking=accumulated")).value()));
   EXPECT_EQ(canonical("h2o"),
@@ -405,13 +407,13 @@ TEST(PolicySpec, OldSpellingsParseToTheSameConfig) {
     }
   }
   // Whole canonical specs in the old spellings.
-  EXPECT_EQ(old_spelling(kF),
+  EXPECT_EQ(old_spelling(kDefaultD2o),
             "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=off,sim=key,ema=paper,"
             "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,"
             "prompt=window,window=32,kernel=21,pool=avg,pmerge=off,pscore=window,cold=disk,"
             "cold_type=q4_0r,cold_size=0,recall=64");
   for (const std::string& spec :
-       {std::string(kF), std::string(kPaperD2o), canonical("d2o:reading=research"),
+       {std::string(kDefaultD2o), std::string(kPaperD2o), canonical("d2o:reading=research"),
         canonical("streaming:positions=shifted"), canonical("cam:merge_targets=8"),
         canonical("pyramidkv:pyramid_beta=4,hold_budget=on"),
         canonical("h2o:prompt_ranking=window,prompt_scores=window"),
