@@ -51,10 +51,10 @@ enum class RecallRanking {
 
 struct ColdTierConfig {
   ColdPlace place = ColdPlace::kNone;
-  RecallRanking ranking = RecallRanking::kMax;
+  RecallRanking ranking = RecallRanking::kSum;
   KvType type{KvElemType::kQ4_0, KvElemType::kQ4_0, true, true};  // q4_0r
   int64_t max_slots = 0;  // per layer and KV head (0: no bound)
-  int recall = 64;        // slots per layer and KV head recalled per turn
+  int recall = 512;       // slots per layer and KV head recalled per turn
   int window = 32;        // the turn's last queries that score the cold slots
   int kernel = 21;        // a slot's score: the best of its `kernel` neighbours in position order
   bool enabled() const { return place != ColdPlace::kNone; }

@@ -94,6 +94,13 @@ Result<ElemSpec> parse_elem(const std::string& s, const std::string& whole) {
                           "rotated storage, e.g. q4_0r, or k:TYPE,v:TYPE)");
 }
 
+// Per slot and KV head of a layer of head size `hd`: a key and a value row, and pos, score,
+// window, merged, row (4 bytes each).
+size_t slot_bytes(const KvCacheConfig& cfg, int hd) {
+  return kv_row_bytes(cfg.type.k, hd) + kv_row_bytes(cfg.type.v, hd) + 3 * sizeof(int32_t) +
+         2 * sizeof(float);
+}
+
 }  // namespace
 
 Result<KvType> parse_kv_type(const std::string& s) {
@@ -364,18 +371,23 @@ Status KvCache::reserve(int il, int n_slots, bool exact) {
   if (exact && n_slots == L.capacity_) return {};
   // Sliding-window layers bound themselves (drop_oldest); the limit is for the others.
   const int limit = cfg_.window(il) > 0 ? 0 : slot_limit_;
-  if (limit > 0 && n_slots > limit) {
-    return resource_exhausted("KV cache layer " + std::to_string(il) + " needs " +
-                              std::to_string(n_slots) + " slots per head, above its limit of " +
-                              std::to_string(slot_limit_) +
-                              " (the memory reserved for this sequence)");
+  // Above the limit: one layer at a time, by at most slot_extra_ (a turn's recall).
+  const bool above = limit > 0 && n_slots > limit;
+  if (above && (n_slots > limit + slot_extra_ || other_layer_above_limit(il))) {
+    return resource_exhausted(
+        "KV cache layer " + std::to_string(il) + " needs " + std::to_string(n_slots) +
+        " slots per head, above its limit of " + std::to_string(slot_limit_) +
+        (slot_extra_ > 0 ? " (and " + std::to_string(slot_extra_) +
+                               " more for one layer at a time, a turn's recall)"
+                         : std::string()) +
+        " (the memory reserved for this sequence)");
   }
   int cap = n_slots;
   if (!exact) {
     // Grow by at least a quarter (and 256 slots) so that appending token by token copies each
-    // slot O(1) times overall; never past the limit.
+    // slot O(1) times overall; never past the limit (above it, exactly what is asked).
     cap = std::max(n_slots, L.capacity_ + std::max(256, L.capacity_ / 4));
-    if (limit > 0) cap = std::min(cap, limit);
+    if (limit > 0) cap = std::min(cap, above ? n_slots : limit);
     if (cfg_.window(il) > 0)
       cap = std::min(cap, std::max(n_slots, sliding_capacity(cfg_.window(il), 1)));
   }
@@ -391,8 +403,18 @@ Status KvCache::shrink_sliding(int il) {
   return {};
 }
 
-Status KvCache::set_slot_limit(int max_slots) {
+bool KvCache::other_layer_above_limit(int il) const {
+  for (int j = 0; j < cfg_.n_layer; ++j) {
+    if (j != il && cfg_.window(j) == 0 && layers_[static_cast<size_t>(j)].capacity_ > slot_limit_)
+      return true;
+  }
+  return false;
+}
+
+Status KvCache::set_slot_limit(int max_slots, int one_layer_extra) {
   if (max_slots < 0) return invalid_argument("KV slot limit must be >= 0 (0: none)");
+  if (one_layer_extra < 0 || (max_slots == 0 && one_layer_extra > 0))
+    return invalid_argument("KV slot limit: the one-layer extra must be >= 0, with a limit");
   if (max_slots > 0) {
     for (int il = 0; il < cfg_.n_layer; ++il) {
       if (cfg_.window(il) == 0 && layers_[static_cast<size_t>(il)].capacity_ > max_slots) {
@@ -404,6 +426,7 @@ Status KvCache::set_slot_limit(int max_slots) {
     }
   }
   slot_limit_ = max_slots;
+  slot_extra_ = one_layer_extra;
   return {};
 }
 
@@ -428,7 +451,11 @@ Status KvCache::trim_layer(int il, int slack) {
   constexpr int kHysteresis = 16;
   const KvLayer& L = layers_[static_cast<size_t>(il)];
   if (cfg_.window(il) > 0) return shrink_sliding(il);
-  if (L.capacity_ > L.n_slot_ + slack + kHysteresis) return reallocate(il, L.n_slot_ + slack);
+  // (A layer above the slot limit, by a turn's recall, goes back under it whatever the
+  // hysteresis, so that the next layer may recall.)
+  if (L.capacity_ > L.n_slot_ + slack + kHysteresis ||
+      (slot_limit_ > 0 && L.capacity_ > slot_limit_ && L.capacity_ > L.n_slot_ + slack))
+    return reallocate(il, L.n_slot_ + slack);
   return {};
 }
 
@@ -595,12 +622,7 @@ size_t KvCache::full_kv_bytes(int64_t n_tokens) const {
 size_t KvCache::bytes_for_slots(const KvCacheConfig& cfg, int64_t slots, int max_chunk,
                                 int64_t n_tokens) {
   if (n_tokens < 0) n_tokens = slots;
-  // Per slot and KV head: a key and a value row, and pos, score, window, merged, row (4 bytes
-  // each).
-  auto per_slot = [&](int hd) {
-    return kv_row_bytes(cfg.type.k, hd) + kv_row_bytes(cfg.type.v, hd) + 3 * sizeof(int32_t) +
-           2 * sizeof(float);
-  };
+  auto per_slot = [&](int hd) { return slot_bytes(cfg, hd); };
   size_t n = 0, recurrent = 0;
   for (int il = 0; il < cfg.n_layer; ++il) {
     if (cfg.recurrent(il)) {  // no slots: its recurrent state, of a fixed size
@@ -614,6 +636,16 @@ size_t KvCache::bytes_for_slots(const KvCacheConfig& cfg, int64_t slots, int max
          per_slot(cfg.head_dim_of(il));
   }
   return n * static_cast<size_t>(cfg.n_head_kv) + recurrent;
+}
+
+size_t KvCache::bytes_for_one_layer(const KvCacheConfig& cfg, int64_t slots) {
+  if (slots <= 0) return 0;
+  size_t widest = 0;
+  for (int il = 0; il < cfg.n_layer; ++il) {
+    if (cfg.recurrent(il) || cfg.shares_kv(il) || cfg.window(il) > 0) continue;
+    widest = std::max(widest, slot_bytes(cfg, cfg.head_dim_of(il)));
+  }
+  return static_cast<size_t>(slots) * widest * static_cast<size_t>(cfg.n_head_kv);
 }
 
 Status KvCache::settle_sliding() {

@@ -396,11 +396,15 @@ class KvCache {
   // exactly n_slots (used after compaction to hand memory back). Asking for more slots than the
   // limit is an error (resource_exhausted), never a silent overcommit.
   Status reserve(int il, int n_slots, bool exact);
-  // Caps every layer's capacity at `max_slots` per head (0: no limit), so the cache never
-  // allocates more than bytes_for_slots(config(), max_slots): a memory pool reserves that much
-  // for the sequence (runtime/kv_pool.h). Layers already above the limit are an error.
-  Status set_slot_limit(int max_slots);
+  // Caps every layer's capacity at `max_slots` per head (0: no limit), and lets one layer at a
+  // time hold up to `one_layer_extra` slots more (a turn's recall from a cold tier, which each
+  // layer hands back before the next recalls), so the cache never allocates more than
+  // bytes_for_slots(config(), max_slots) + bytes_for_one_layer(config(), one_layer_extra): a
+  // memory pool reserves that much for the sequence (runtime/kv_pool.h). Layers already above
+  // the limit are an error.
+  Status set_slot_limit(int max_slots, int one_layer_extra = 0);
   int slot_limit() const { return slot_limit_; }
+  int slot_limit_extra() const { return slot_extra_; }
   // Shrinks every layer's allocation to its n_slot + `slack` if it holds more than that.
   Status shrink_to_fit(int slack);
   // After a compaction: hands back memory of layers holding more than n_slot + slack + a small
@@ -541,6 +545,9 @@ class KvCache {
   // in passes of at most max_chunk (n_tokens < 0: `slots`).
   static size_t bytes_for_slots(const KvCacheConfig& cfg, int64_t slots, int max_chunk = 512,
                                 int64_t n_tokens = -1);
+  // Bytes `slots` more slots per KV head take in the widest layer a policy compacts (neither
+  // sliding nor reading another layer's slots): what set_slot_limit's one_layer_extra may add.
+  static size_t bytes_for_one_layer(const KvCacheConfig& cfg, int64_t slots);
 
  private:
   // N = L's slots in a fresh allocation of `capacity` slots per head (capacity >= L's n_slot).
@@ -548,11 +555,14 @@ class KvCache {
   // N's first slots = L's slots (N allocated for at least as many).
   static void copy_rows(const KvLayer& L, KvLayer& N);
   Status reallocate(int il, int new_capacity);
+  // Whether a layer other than il (not a sliding one) holds more than the slot limit.
+  bool other_layer_above_limit(int il) const;
   // Raises peak_bytes_ to what is allocated now.
   void note_peak();
   Status shrink_sliding(int il);
   KvCacheConfig cfg_;
   int slot_limit_ = 0;  // 0: none
+  int slot_extra_ = 0;  // what one layer at a time may hold above slot_limit_
   size_t peak_bytes_ = 0;  // peak_bytes_allocated()
   std::vector<KvLayer> layers_;
   std::vector<QueryWindow> queries_;  // [n_layer]

@@ -243,6 +243,10 @@ class KvPolicy {
   // plan.decode_chunk tokens (1 for plain decoding). Tighter than peak_slots() when decoding
   // token by token after a chunked prompt.
   virtual int64_t peak_slots_for(const FeedPlan& plan) const = 0;
+  // Slots per KV head that one layer at a time may hold beyond peak_slots_for(plan): a turn's
+  // recall from a cold tier where each layer hands its recalled slots back (compacts) before the
+  // next layer recalls (KvCache::set_slot_limit's one_layer_extra). 0: none.
+  virtual int64_t one_layer_extra_for(const FeedPlan& /*plan*/) const { return 0; }
   // Bytes of the policy's per-sequence state kept for a sequence's life that grow with the slots
   // it holds (at most `slots` per KV head and layer), beyond the cache's rows and slot metadata
   // (KvCache::bytes_for_slots): a memory pool reserves both. Also what the policy has the cache
@@ -282,8 +286,9 @@ std::string paper_era_d2o_spec(const std::string& spec);
 
 // Today's canonical form of a spec recorded as canonical at any time: as written, with the key
 // names of before they were made readable (nm=, mrope=post, ...; the same policy), or of the
-// time d2o's defaults were the paper's (paper_era_d2o_spec). "" for a spec that was never
-// canonical. Session files read their specs through it.
+// time d2o's defaults were the paper's (paper_era_d2o_spec), of d2o before its cold tier (read as
+// cold=none) or of a cold tier before recall_ranking= was printed (read as recall_ranking=max).
+// "" for a spec that was never canonical. Session files read their specs through it.
 std::string recorded_spec_today(const std::string& spec);
 
 }  // namespace d2o

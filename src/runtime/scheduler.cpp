@@ -101,8 +101,10 @@ Scheduler::Footprint Scheduler::footprint(const KvCacheConfig& cfg, const KvPoli
   plan.decode_chunk = 1;  // one token per step after the prompt
   plan.n_head_kv = cfg.n_head_kv;
   f.slots = std::max<int64_t>(1, policy.peak_slots_for(plan));
+  f.layer_extra = policy.one_layer_extra_for(plan);
   f.bytes = KvCache::bytes_for_slots(cfg, f.slots, plan.prompt_chunk, plan.n_total) +
-            policy.state_bytes(cfg, f.slots) + policy.cold_bytes(cfg, plan.n_total);
+            KvCache::bytes_for_one_layer(cfg, f.layer_extra) +
+            policy.state_bytes(cfg, f.slots + f.layer_extra) + policy.cold_bytes(cfg, plan.n_total);
   return f;
 }
 
@@ -227,7 +229,8 @@ Result<RequestId> Scheduler::submit(Request req) {
     if (held_slots > a->fp.slots) {
       a->fp.slots = held_slots;
       a->fp.bytes = KvCache::bytes_for_slots(cache_cfg_, held_slots) +
-                    a->policy->state_bytes(cache_cfg_, held_slots) +
+                    KvCache::bytes_for_one_layer(cache_cfg_, a->fp.layer_extra) +
+                    a->policy->state_bytes(cache_cfg_, held_slots + a->fp.layer_extra) +
                     a->policy->cold_bytes(cache_cfg_, n_total);
     }
   }
@@ -244,7 +247,7 @@ Result<RequestId> Scheduler::submit(Request req) {
     }
   }
   const size_t held = std::min(req.resume_held, a->fp.bytes);
-  if (a->fp.slots > std::numeric_limits<int>::max())
+  if (a->fp.slots + a->fp.layer_extra > std::numeric_limits<int>::max())
     return invalid_argument("the request is too long");
 
   a->id = next_id_++;
@@ -297,7 +300,9 @@ Status Scheduler::admit() {
         r.seq = std::make_shared<Sequence>(engine_.model().hparams(), params_.kv_type, r.policy);
       }
       r.seq->set_compaction_deferred(r.defer);
-      if (s.ok()) s = r.seq->cache().set_slot_limit(static_cast<int>(r.fp.slots));
+      if (s.ok())
+        s = r.seq->cache().set_slot_limit(static_cast<int>(r.fp.slots),
+                                          static_cast<int>(r.fp.layer_extra));
       for (int il = 0; s.ok() && il < cache_cfg_.n_layer; ++il) {
         s = r.seq->cache().reserve(il, static_cast<int>(r.fp.slots), /*exact=*/true);
       }

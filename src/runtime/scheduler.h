@@ -204,7 +204,8 @@ class Scheduler {
 
   // The peak KV footprint (bytes) and slot limit of a request with this policy and these sizes.
   struct Footprint {
-    int64_t slots = 0;  // per KV head and layer
+    int64_t slots = 0;        // per KV head and layer
+    int64_t layer_extra = 0;  // per KV head, one layer at a time (a turn's recall)
     size_t bytes = 0;
   };
   static Footprint footprint(const KvCacheConfig& cfg, const KvPolicy& policy, int64_t n_prompt,

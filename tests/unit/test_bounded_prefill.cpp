@@ -300,12 +300,13 @@ TEST_F(BoundedPrefillModel, AChunkedPrefillStaysWithinTheBudgetPlusOnePass) {
     // variance, a layer at most 400 x 0.25 x 3 (the clamp is the slots held, <= 100 + a pass).
     const PolicyConfig& cfg = bounded_config_of(*bounded);
     const int budget = cfg.layers == LayerRule::kUniform ? 101 : 100 + longest;
-    // A cold tier's recall (d2o's default) adds its slots to the last pass's.
+    // A cold tier's recall (d2o's default) adds its slots to the last pass's, in one layer at a
+    // time.
     const int recall = bounded->cold_tier().enabled() ? bounded->cold_tier().recall : 0;
-    const int limit = budget + longest + gp.n_predict + recall;
+    const int limit = budget + longest + gp.n_predict;
     Sequence b(model_->hparams(), KvType::kF16, bounded), e(model_->hparams(), KvType::kF16, exact);
-    ASSERT_TRUE(b.cache().set_slot_limit(limit).ok());
-    ASSERT_TRUE(e.cache().set_slot_limit(limit).ok());
+    ASSERT_TRUE(b.cache().set_slot_limit(limit, recall).ok());
+    ASSERT_TRUE(e.cache().set_slot_limit(limit, recall).ok());
     auto rb = generate(engine, **tok, b, prompt, gp, nullptr);
     EXPECT_TRUE(rb.ok()) << rb.status().to_string();
     EXPECT_FALSE(generate(engine, **tok, e, prompt, gp, nullptr).ok());

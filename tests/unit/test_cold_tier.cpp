@@ -377,20 +377,25 @@ TEST(ColdTierSpec, KeysParsePrintAndRefuseWhatCannotWork) {
   // d2o has a tier on disk by default, printed with its keys; cold=none prints alone.
   auto dflt = parse_kv_policy("d2o");
   ASSERT_TRUE(dflt.ok());
-  EXPECT_NE((*dflt)->spec().find(",cold=disk,cold_type=q4_0r,cold_size=0,recall=64"),
-            std::string::npos)
+  EXPECT_NE(
+      (*dflt)->spec().find(",cold=disk,cold_type=q4_0r,cold_size=0,recall=512,recall_ranking=sum"),
+      std::string::npos)
       << (*dflt)->spec();
   EXPECT_EQ((*dflt)->cold_tier().place, ColdPlace::kDisk);
   EXPECT_EQ((*parse_kv_policy("d2o:recall=8"))->cold_tier().recall, 8);
-  // recall_ranking= (added later): max unless told, shown only where it is sum.
-  EXPECT_EQ((*dflt)->cold_tier().ranking, RecallRanking::kMax);
-  EXPECT_EQ((*dflt)->spec().find("recall_ranking"), std::string::npos) << (*dflt)->spec();
-  auto by_sum = parse_kv_policy("d2o:recall=512,recall_ranking=sum");
-  ASSERT_TRUE(by_sum.ok()) << by_sum.status().message();
-  EXPECT_EQ((*by_sum)->cold_tier().ranking, RecallRanking::kSum);
-  EXPECT_NE((*by_sum)->spec().find(",recall=512,recall_ranking=sum"), std::string::npos)
-      << (*by_sum)->spec();
-  EXPECT_EQ((*parse_kv_policy((*by_sum)->spec()))->spec(), (*by_sum)->spec());
+  // recall_ranking=: sum unless told, always shown with a tier (specs recorded before it was
+  // shown ranked by max: recorded_spec_today).
+  EXPECT_EQ((*dflt)->cold_tier().ranking, RecallRanking::kSum);
+  auto by_max = parse_kv_policy("d2o:recall=64,recall_ranking=max");
+  ASSERT_TRUE(by_max.ok()) << by_max.status().message();
+  EXPECT_EQ((*by_max)->cold_tier().ranking, RecallRanking::kMax);
+  EXPECT_NE((*by_max)->spec().find(",recall=64,recall_ranking=max"), std::string::npos)
+      << (*by_max)->spec();
+  EXPECT_EQ((*parse_kv_policy((*by_max)->spec()))->spec(), (*by_max)->spec());
+  EXPECT_EQ(
+      recorded_spec_today(
+          std::string((*by_max)->spec()).substr(0, (*by_max)->spec().find(",recall_ranking=max"))),
+      (*by_max)->spec());
   EXPECT_FALSE(parse_kv_policy("d2o:recall_ranking=mean").ok());
   EXPECT_FALSE(parse_kv_policy("d2o:cold=none,recall_ranking=sum").ok());
   auto none = parse_kv_policy("d2o:cold=none");
@@ -611,6 +616,58 @@ TEST(ColdTierEngine, ATurnHoldsOneLayersRecallAtATime) {
       c.peak_bytes_allocated(), before, all_at_once, one_at_a_time);
   EXPECT_LE(c.peak_bytes_allocated(), one_at_a_time);
   EXPECT_LT(c.peak_bytes_allocated(), all_at_once);
+}
+
+// What a memory pool reserves for such a turn (Scheduler::footprint): every layer its budget and
+// a pass, one layer at a time the recall (KvCache::set_slot_limit's one_layer_extra). The turn
+// runs within it, and fails without the extra.
+TEST(ColdTierEngine, ASlotLimitWithOneLayersRecallHoldsTheTurn) {
+  test::RandomModelConfig cfg;
+  cfg.n_layer = 4;
+  cfg.n_embd = 64;
+  cfg.n_head = 4;
+  cfg.n_head_kv = 2;
+  cfg.seed = 25;
+  auto model = test::load_random_model(cfg, "cold_tier_peak.gguf");
+  ASSERT_NE(model, nullptr);
+  ThreadPool pool(2);
+  Engine engine(*model, pool, EngineOptions{});
+  std::shared_ptr<const KvPolicy> pol(
+      parse_kv_policy("d2o:budget=24,window=8,kernel=3,cold=memory,cold_type=f16,recall=100")
+          .value());
+  const std::vector<TokenId> prompt = random_tokens(192, 9), turn = random_tokens(20, 10);
+  FeedPlan plan;  // (as a prompt of 212 tokens in passes of at most 20)
+  plan.n_prompt = 212;
+  plan.n_total = 212;
+  plan.prompt_chunk = 20;
+  plan.decode_chunk = 1;
+  plan.n_head_kv = 2;
+  const int64_t limit = pol->peak_slots_for(plan), extra = pol->one_layer_extra_for(plan);
+  EXPECT_EQ(extra, 100);
+  for (const bool with_extra : {true, false}) {
+    SCOPED_TRACE(with_extra);
+    Sequence s(model->hparams(), KvType::kF16, pol);
+    ASSERT_TRUE(
+        s.cache()
+            .set_slot_limit(static_cast<int>(limit), with_extra ? static_cast<int>(extra) : 0)
+            .ok());
+    auto feed = [&](std::span<const TokenId> tokens) {
+      BatchEntry be;
+      be.seq = &s;
+      be.tokens = tokens;
+      return engine.forward({&be, 1}, [](int, int, const float*) {});
+    };
+    Status st;
+    for (size_t i = 0; st.ok() && i < prompt.size(); i += 16)
+      st = feed(std::span<const TokenId>(prompt).subspan(i, 16));
+    if (st.ok()) st = feed(turn);
+    EXPECT_EQ(st.ok(), with_extra) << st.to_string();
+    if (!with_extra) continue;
+    EXPECT_GT(s.cache().cold()->recalled_slots(), 0);
+    EXPECT_LE(s.cache().peak_bytes_allocated(),
+              KvCache::bytes_for_slots(s.cache().config(), limit) +
+                  KvCache::bytes_for_one_layer(s.cache().config(), extra));
+  }
 }
 
 // The tier's place changes where its slots are, not which: the same conversation gives the same

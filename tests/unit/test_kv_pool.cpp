@@ -201,6 +201,39 @@ TEST(KvCacheLimit, GrowthStopsAtTheLimitAndBytesMatchTheFormula) {
   }
 }
 
+// A turn's recall: one layer at a time may hold up to `one_layer_extra` slots above the limit,
+// and only once the layer before it is back under the limit.
+TEST(KvCacheLimit, OneLayerAtATimeMayHoldTheExtra) {
+  const KvCacheConfig cfg{3, 2, 8, KvType::kF16};
+  KvCache c(cfg);
+  EXPECT_FALSE(c.set_slot_limit(0, 8).ok());  // an extra needs a limit
+  EXPECT_FALSE(c.set_slot_limit(10, -1).ok());
+  ASSERT_TRUE(c.set_slot_limit(100, 50).ok());
+  EXPECT_EQ(c.slot_limit_extra(), 50);
+  for (int il = 0; il < 3; ++il) ASSERT_TRUE(c.reserve(il, 100, true).ok());
+  // Above the limit the growth is exact, never geometric.
+  ASSERT_TRUE(c.reserve(1, 120, false).ok());
+  EXPECT_EQ(c.layer(1).capacity(), 120);
+  ASSERT_TRUE(c.reserve(1, 150, false).ok());
+  const Status past = c.reserve(1, 151, false);
+  EXPECT_EQ(past.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(past.message().find("50 more for one layer at a time"), std::string::npos)
+      << past.message();
+  // Layer 1 is above the limit: no other layer may go there.
+  const Status second = c.reserve(0, 101, false);
+  EXPECT_EQ(second.code(), StatusCode::kResourceExhausted) << second.message();
+  // Trimmed back under the limit (whatever the hysteresis), the next layer may.
+  ASSERT_TRUE(c.trim_layer(1, 0).ok());
+  EXPECT_LE(c.layer(1).capacity(), 100);
+  ASSERT_TRUE(c.reserve(0, 140, false).ok());
+  // At most the limit in every layer and the extra in one: what bytes_for_one_layer adds.
+  EXPECT_LE(c.kv_bytes_allocated() + c.meta_bytes_allocated(),
+            KvCache::bytes_for_slots(cfg, 100) + KvCache::bytes_for_one_layer(cfg, 50));
+  // 2 heads x 50 slots x (2 rows x 8 halves + 20 bytes of metadata).
+  EXPECT_EQ(KvCache::bytes_for_one_layer(cfg, 50), 2u * 50 * (2 * 8 * 2 + 20));
+  EXPECT_EQ(KvCache::bytes_for_one_layer(cfg, 0), 0u);
+}
+
 TEST(SchedulerPlan, PromptChunksCoverThePromptAndRespectTheLastChunkMinimum) {
   for (int n = 1; n <= 300; ++n) {
     for (int chunk : {1, 7, 16, 64, 256}) {
@@ -236,6 +269,28 @@ TEST(SchedulerPlan, FullCacheFootprintIsPromptPlusGeneration) {
   EXPECT_EQ(f.slots, 2560);
   // 30 layers x 3 heads x 2560 slots x (2 x 64 x 2 bytes + 20 bytes of metadata).
   EXPECT_EQ(f.bytes, 30u * 3 * 2560 * (256 + 20));
+}
+
+// A cold tier's recall is reserved for one layer: each layer compacts its recalled slots away
+// before the next layer recalls (Engine::after_attention).
+TEST(SchedulerPlan, ARecallIsReservedForOneLayer) {
+  const KvCacheConfig cfg{30, 3, 64, KvType::kF16};
+  auto with = parse_kv_policy("d2o:budget=256,cold=disk,recall=512").value();
+  auto without = parse_kv_policy("d2o:budget=256,cold=none").value();
+  const Scheduler::Footprint a = Scheduler::footprint(cfg, *with, 4096, 256, 256);
+  const Scheduler::Footprint b = Scheduler::footprint(cfg, *without, 4096, 256, 256);
+  EXPECT_EQ(a.slots, b.slots);
+  EXPECT_EQ(b.layer_extra, 0);
+  EXPECT_EQ(a.layer_extra, 512);
+  // The extra's bytes for one layer, not thirty; the policy's state and the tier's metadata
+  // account for the rest of the difference.
+  const size_t one_layer = KvCache::bytes_for_one_layer(cfg, 512);
+  EXPECT_EQ(one_layer, 3u * 512 * (256 + 20));
+  EXPECT_GE(a.bytes, b.bytes + one_layer);
+  EXPECT_LT(a.bytes, b.bytes + 2 * one_layer + with->cold_bytes(cfg, 4096 + 256));
+  // A recall larger than the sequence: at most the sequence's slots.
+  const Scheduler::Footprint small = Scheduler::footprint(cfg, *with, 300, 10, 256);
+  EXPECT_LE(small.slots + small.layer_extra, 310);
 }
 
 }  // namespace

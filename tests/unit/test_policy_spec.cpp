@@ -45,7 +45,7 @@ const char* const kDefaultD2o =
     "agg=sum,scorer=mean_attention,merged_score=sum,merge_keys=rotated,merge_decision=per_head,"
     "keep_edge_layers=off,proportional_attention=on,prompt_ranking=window,window=32,kernel=21,"
     "pool=avg,prompt_merge=off,prompt_scores=window,cold=disk,cold_type=q4_0r,cold_size=0,"
-    "recall=64";
+    "recall=512,recall_ranking=sum";
 
 TEST(PolicySpec, DefaultsAreTheBestMeasuredAndThePapers) {
   // d2o's defaults: the best D2O measured, `d2o:merge=sized` without merging
@@ -411,7 +411,7 @@ TEST(PolicySpec, OldSpellingsParseToTheSameConfig) {
             "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=off,sim=key,ema=paper,"
             "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,"
             "prompt=window,window=32,kernel=21,pool=avg,pmerge=off,pscore=window,cold=disk,"
-            "cold_type=q4_0r,cold_size=0,recall=64");
+            "cold_type=q4_0r,cold_size=0,recall=512,recall_ranking=sum");
   for (const std::string& spec :
        {std::string(kDefaultD2o), std::string(kPaperD2o), canonical("d2o:reading=research"),
         canonical("streaming:positions=shifted"), canonical("cam:merge_targets=8"),
@@ -569,6 +569,16 @@ const std::vector<Recorded>& recorded_specs() {
        "prompt_ranking=window,window=32,kernel=21,pool=avg,prompt_merge=off,prompt_scores=window,"
        "cold=memory,cold_type=q4_0r,cold_size=0,recall=64",
        false},
+      // d2o's default with its tier on disk, before recall_ranking= was shown (it ranked by max).
+      {"d2o:ratio=0.2,sinks=4,heavy_recent=1:1,beta=0.7,layers=uniform,merge=off,sim=key,"
+       "ema=paper,agg=sum,scorer=mean_attention,merged_score=sum,merge_keys=rotated,"
+       "merge_decision=per_head,keep_edge_layers=off,proportional_attention=on,"
+       "prompt_ranking=window,window=32,kernel=21,pool=avg,prompt_merge=off,prompt_scores=window,"
+       "cold=disk,cold_type=q4_0r,cold_size=0,recall=64",
+       false},
+      {"snapkv:ratio=0.2,window=32,kernel=7,pool=avg,agg=sum,cold=memory,cold_type=q4_0r,"
+       "cold_size=0,recall=128",
+       false},
   };
   return specs;
 }
@@ -585,9 +595,14 @@ TEST(PolicySpec, RecordedSpecsParseAndReadAsTheirPolicyToday) {
     // The policy it ran: its own keys, over the paper's defaults where they were d2o's, and
     // without a cold tier where d2o's defaults had none (a d2o spec without cold=).
     const bool pre_tier = spec.rfind("d2o:", 0) == 0 && spec.find("cold=") == std::string::npos;
-    const std::string ran = r.paper_era ? "d2o:reading=paper," + spec.substr(4)
-                            : pre_tier  ? spec + ",cold=none"
-                                        : spec;
+    // and ranked by max where a tier was recorded without recall_ranking=.
+    const bool pre_ranking = (spec.find("cold=memory") != std::string::npos ||
+                              spec.find("cold=disk") != std::string::npos) &&
+                             spec.find("recall_ranking=") == std::string::npos;
+    const std::string ran = r.paper_era   ? "d2o:reading=paper," + spec.substr(4)
+                            : pre_tier    ? spec + ",cold=none"
+                            : pre_ranking ? spec + ",recall_ranking=max"
+                                          : spec;
     auto p = parse_kv_policy(ran);
     ASSERT_TRUE(p.ok()) << p.status().message();
     EXPECT_EQ((*p)->spec(), today);

@@ -119,10 +119,17 @@ class ComposedPolicy final : public KvPolicy {
   }
   int64_t peak_slots(int64_t n_prompt, int64_t n_total, int max_chunk) const override;
   int64_t peak_slots_for(const FeedPlan& plan) const override;
+  int64_t one_layer_extra_for(const FeedPlan& plan) const override;
   // The most slots one KV head of a layer holds right after a compaction to a budget of S per
   // head: S, or with per-head budgets (heads=ada) what the head may win from the other
   // n_head_kv - 1 heads on top of S (-1 when n_head_kv is unknown, 0).
   int64_t head_peak_after_compaction(int64_t S, int n_head_kv) const;
+  // peak_slots_for() with `recall` slots a layer may recall (every layer at once, or 0 where one
+  // layer at a time recalls: one_layer_extra_for()).
+  int64_t peak_with_recall(const FeedPlan& plan, int64_t recall) const;
+  // Whether a turn's recall is compacted layer by layer (Engine::after_attention: each layer
+  // hands its recalled slots back before the next layer recalls).
+  bool recalls_layer_by_layer() const;
   // Every composed policy: each compressible layer's plan, kept between passes (its list of kept
   // slots; with per-head budgets, the heads' counts). D2O also: a decode step's merge list per
   // layer, and with key similarity its key norms per slot of every compressible layer and the

@@ -83,7 +83,22 @@ int64_t ComposedPolicy::head_peak_after_compaction(int64_t S, int n_head_kv) con
   return S + int64_t{n_head_kv - 1} * (k - f);
 }
 
+bool ComposedPolicy::recalls_layer_by_layer() const {
+  // compacts_per_layer() once the budgets are set, which they are by the compaction that first
+  // fills the tier (a tier needs positions=original).
+  return cfg_.compacts_after_first() && cfg_.pos != PosMode::kShift;
+}
+
 int64_t ComposedPolicy::peak_slots_for(const FeedPlan& f) const {
+  return peak_with_recall(f, recalls_layer_by_layer() ? 0 : recall());
+}
+
+int64_t ComposedPolicy::one_layer_extra_for(const FeedPlan& f) const {
+  if (recall() == 0 || !recalls_layer_by_layer()) return 0;
+  return peak_with_recall(f, recall()) - peak_with_recall(f, 0);
+}
+
+int64_t ComposedPolicy::peak_with_recall(const FeedPlan& f, int64_t recall) const {
   // As peak_slots(), with the prompt's later chunks announced (PassInfo::prompt_rest) and passes
   // after the prompt of at most decode_chunk tokens.
   const int64_t n_prompt = f.n_prompt, n_total = std::max(f.n_total, f.n_prompt);
@@ -102,10 +117,10 @@ int64_t ComposedPolicy::peak_slots_for(const FeedPlan& f) const {
     const int64_t B = uniform_ratio_budget(cfg_, n_prompt);
     const int64_t n_first = std::min(n_prompt, B + pc);
     const int64_t s_max = variable ? n_first : B;
-    const int64_t in_prompt = std::max(n_first, std::min(n_prompt, s_max + pc + recall()));
+    const int64_t in_prompt = std::max(n_first, std::min(n_prompt, s_max + pc + recall));
     if (!cfg_.compacts_after_first())
-      return std::max(in_prompt, std::min(n_total, s_max + (n_total - n_prompt) + recall()));
-    return std::max(in_prompt, std::min(n_total, s_max + std::max(pc, dc) + recall()));
+      return std::max(in_prompt, std::min(n_total, s_max + (n_total - n_prompt) + recall));
+    return std::max(in_prompt, std::min(n_total, s_max + std::max(pc, dc) + recall));
   }
   if (cfg_.mode == BudgetMode::kRatio) {
     // The whole prompt is held, then compacted once to budgets decided from its n_prompt slots.
@@ -117,8 +132,8 @@ int64_t ComposedPolicy::peak_slots_for(const FeedPlan& f) const {
     // prompt_ranking=reconstruction: the prompt and one reconstruction pass, for a moment.
     const int64_t held = n_prompt + (reconstructs() ? kReconstructionChunk : 0);
     if (!cfg_.compacts_after_first())
-      return std::max(held, std::min(n_total, s_max + (n_total - n_prompt) + recall()));
-    return std::max(held, std::min(n_total, s_max + dc + recall()));
+      return std::max(held, std::min(n_total, s_max + (n_total - n_prompt) + recall));
+    return std::max(held, std::min(n_total, s_max + dc + recall));
   }
   // Budget mode: compaction whenever a layer holds more than B slots, prompt chunks included.
   if (n_total <= cfg_.budget) return n_total;
@@ -127,8 +142,8 @@ int64_t ComposedPolicy::peak_slots_for(const FeedPlan& f) const {
   const int64_t s_max = head(variable ? n_first : cfg_.budget);
   const int64_t pass = in_prompt ? std::max(pc, dc) : dc;  // passes after the first compaction
   if (!cfg_.compacts_after_first())
-    return std::max(n_first, std::min(n_total, s_max + (n_total - n_first) + recall()));
-  return std::max(n_first, std::min(n_total, s_max + pass + recall()));
+    return std::max(n_first, std::min(n_total, s_max + (n_total - n_first) + recall));
+  return std::max(n_first, std::min(n_total, s_max + pass + recall));
 }
 
 }  // namespace d2o

@@ -1,5 +1,6 @@
 // Policy specs as they were recorded: reports, session files and scripts hold canonical specs
-// of earlier releases (the old key names, d2o's paper-era defaults, d2o before its cold tier);
+// of earlier releases (the old key names, d2o's paper-era defaults, d2o before its cold tier,
+// cold tiers before recall_ranking= was printed);
 // each reads as the policy it ran, in today's canonical form (policy.h: recorded_spec_today).
 #include <string>
 #include <string_view>
@@ -55,6 +56,34 @@ std::string pre_tier_d2o_spec(const std::string& spec) {
   return then == spec ? now : "";
 }
 
+// Canonical specs with a cold tier written before recall_ranking= was printed carry no such key
+// and ranked by max: read with recall_ranking=max, the spec must print as it was written once
+// that key is left out (the recall= they printed keeps its value).
+std::string pre_ranking_spec(const std::string& spec) {
+  const size_t colon = spec.find(':');
+  if (colon == std::string::npos) return "";
+  const std::string body = spec.substr(colon + 1);  // (the items are views into it)
+  bool tier = false;
+  for (const std::string_view item : split_items(body)) {
+    if (item.rfind("recall_ranking=", 0) == 0) return "";
+    if (item == "cold=memory" || item == "cold=disk") tier = true;
+  }
+  if (!tier) return "";
+  auto p = parse_kv_policy(spec + ",recall_ranking=max");
+  if (!p.ok()) return "";
+  const std::string now = (*p)->spec();
+  const size_t at = now.find(':') + 1;
+  const std::string now_body = now.substr(at);  // (the items are views into it)
+  std::string then = now.substr(0, at);
+  bool first = true;
+  for (const std::string_view item : split_items(now_body)) {
+    if (item == "recall_ranking=max") continue;
+    then += (first ? "" : ",") + std::string(item);
+    first = false;
+  }
+  return then == spec ? now : "";
+}
+
 }  // namespace
 
 std::string paper_era_d2o_spec(const std::string& recorded) {
@@ -67,6 +96,7 @@ std::string paper_era_d2o_spec(const std::string& recorded) {
   auto today = parse_kv_policy(spec);
   if (today.ok() && (*today)->spec() == spec) return "";  // today's canonical form
   if (!pre_tier_d2o_spec(spec).empty()) return "";        // canonical before the cold tier
+  if (!pre_ranking_spec(spec).empty()) return "";         // canonical before recall_ranking=
   auto p = parse_kv_policy("d2o:reading=paper," + spec.substr(4));
   if (!p.ok()) return "";
   const std::string now = (*p)->spec();
@@ -84,6 +114,7 @@ std::string recorded_spec_today(const std::string& recorded) {
   auto p = parse_kv_policy(spec);
   if (p.ok() && (*p)->spec() == spec) return spec;
   if (std::string now = pre_tier_d2o_spec(spec); !now.empty()) return now;
+  if (std::string now = pre_ranking_spec(spec); !now.empty()) return now;
   return paper_era_d2o_spec(recorded);
 }
 
