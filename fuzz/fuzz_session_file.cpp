@@ -3,7 +3,8 @@
 //
 // The input is a file. It is decoded as is, and again with its trailing checksum recomputed so
 // that the checks behind the checksum are reached. A file that decodes must encode back to the
-// same bytes (a file written under d2o's earlier defaults: to bytes that do so from then on), and
+// same bytes (a file written under d2o's earlier defaults or in an older version of the format,
+// as the checked-in seeds of version 1 are: to bytes that do so from then on), and
 // its conversation must go on: one more token through its policy's compaction,
 // as the server's next turn would do (fuzz_session.h's model-free pass).
 #include <cstddef>
@@ -28,8 +29,9 @@ void check(const uint8_t* data, size_t size) {
   if (!s.ok()) std::abort();
   if (again.size() != size || std::memcmp(again.data(), data, size) != 0) {
     // A file written under the old key names, or while d2o's defaults were the paper's, is read
-    // with today's spelling of its spec (recorded_spec_today): it encodes to a file that decodes
-    // to the same session and encodes back to itself.
+    // with today's spelling of its spec (recorded_spec_today), and one of an older version is
+    // written in today's: it encodes to a file that decodes to the same session and encodes
+    // back to itself.
     auto d2 =
         serve::decode_session(ctx, reinterpret_cast<const uint8_t*>(again.data()), again.size());
     std::string third;

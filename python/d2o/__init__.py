@@ -7,9 +7,12 @@
     ...     print(piece, end="")
     >>> model.chat([{"role": "user", "content": "Hi"}]).text
     >>> model.logits(model.tokenize("The cat sat"), kv="h2o:ratio=0.5", context_end=2)
+    >>> model.generate("Once upon a time", kv="d2o", kv_mem_per_seq="4M").text
 
 Every KV policy spec (``kv=``) is the grammar of ``d2o run --kv`` and the server's ``"kv"``;
-:func:`policies` lists the presets and keys. The model runs with Python's GIL released; one call
+:func:`policies` lists the presets and keys. ``kv_mem_per_seq=`` ("4M", "64MiB" or a number of
+bytes) is ``d2o run --kv-mem-per-seq``: the policy's budget is the slots that fit in that memory,
+and a full cache is capped at them. The model runs with Python's GIL released; one call
 runs on a model at a time. Errors are exceptions: ``ValueError`` for bad arguments, specs, token
 ids and malformed model files, ``TypeError`` for wrong types, ``FileNotFoundError`` for a missing
 file.
@@ -194,6 +197,18 @@ def _options(max_tokens: int, temperature: float = 0.0, top_k: int = 40, top_p: 
     return o
 
 
+def _kv_mem(x: Union[None, str, int]) -> str:
+    # "" is "not given" to the extension, so an empty string is refused here.
+    if x is None:
+        return ""
+    if isinstance(x, bool) or not isinstance(x, (str, int)):
+        raise TypeError(f"kv_mem_per_seq must be a byte size (str or int), got {type(x).__name__}")
+    x = str(x)
+    if not x:
+        raise ValueError("kv_mem_per_seq: empty byte size (examples: 512M, 2G, 1048576)")
+    return x
+
+
 def _context_end(x: Optional[int]) -> int:
     if x is None:
         return 0
@@ -273,10 +288,14 @@ class Model:
         return ids
 
     def generate(self, prompt: Prompt, max_tokens: int = 128, *, kv: str = "full",
-                 kv_type: str = "f16", stream: bool = False,
-                 **sampling: Any) -> Union[GenerateResult, Stream]:
+                 kv_type: str = "f16", kv_mem_per_seq: Union[None, str, int] = None,
+                 stream: bool = False, **sampling: Any) -> Union[GenerateResult, Stream]:
         """Generates from ``prompt`` (text or token ids) with a fresh cache under policy ``kv``
         (e.g. "d2o:ratio=0.2") stored as ``kv_type`` ("f16", "q8_0", "q4_0r", "k:q8_0,v:q4_0").
+
+        ``kv_mem_per_seq`` ("4M", or bytes): the policy's budget is the slots per KV head and
+        layer that fit in it (``kv`` then sets no ratio=, budget= or prefill=); a full cache is
+        capped at them, and a prompt or generation that needs more raises MemoryError.
 
         Greedy by default, exactly what ``d2o run -p PROMPT -n MAX_TOKENS --kv KV`` prints.
         Sampling keywords: temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
@@ -285,8 +304,8 @@ class Model:
         """
         ids = self._prompt(prompt)
         opts = _options(max_tokens, **sampling)
-        kv, kv_type = _str(kv, "kv"), _str(kv_type, "kv_type")
-        run = lambda cb: self._m.generate(ids, kv, kv_type, opts, cb)
+        kv, kv_type, mem = _str(kv, "kv"), _str(kv_type, "kv_type"), _kv_mem(kv_mem_per_seq)
+        run = lambda cb: self._m.generate(ids, kv, kv_type, mem, opts, cb)
         if stream:
             return Stream(run)
         return GenerateResult._from(run(None))
@@ -314,7 +333,8 @@ class Model:
         return self.generate(ids, max_tokens, stop=stop + self._m.chat_stops(), **kw)
 
     def logits(self, tokens: Sequence[int], *, kv: str = "full", kv_type: str = "f16",
-               context_end: Optional[int] = None, chunk: int = 256) -> "Any":
+               kv_mem_per_seq: Union[None, str, int] = None, context_end: Optional[int] = None,
+               chunk: int = 256) -> "Any":
         """The logits of every token as a NumPy float32 array [len(tokens), n_vocab]: row i
         scores the token after tokens[i].
 
@@ -322,18 +342,21 @@ class Model:
         their own, which a ratio policy compresses at its end, and the rest are scored on the
         compressed cache: the server's ``context_end`` field. ``chunk``: tokens per pass, cut as
         the server cuts a prompt (its ``--chunk``, 256), so that the logits equal its echoed
-        ``logprobs`` (0: one pass).
+        ``logprobs`` (0: one pass). ``kv_mem_per_seq`` as :meth:`generate`.
         """
         return self._m.logits(_ids(tokens, "tokens"), _str(kv, "kv"), _str(kv_type, "kv_type"),
-                              _context_end(context_end), _int(chunk, "chunk", 0, 1 << 24))
+                              _kv_mem(kv_mem_per_seq), _context_end(context_end),
+                              _int(chunk, "chunk", 0, 1 << 24))
 
     def nll(self, tokens: Sequence[int], *, kv: str = "full", kv_type: str = "f16",
-            context_end: Optional[int] = None, chunk: int = 256) -> List[float]:
+            kv_mem_per_seq: Union[None, str, int] = None, context_end: Optional[int] = None,
+            chunk: int = 256) -> List[float]:
         """Negative log-likelihood (natural log) of every token from the second on given those
         before it (from context_end on, with context_end); as :meth:`logits` without holding the
         logits."""
         return self._m.nll(_ids(tokens, "tokens"), _str(kv, "kv"), _str(kv_type, "kv_type"),
-                           _context_end(context_end), _int(chunk, "chunk", 0, 1 << 24))
+                           _kv_mem(kv_mem_per_seq), _context_end(context_end),
+                           _int(chunk, "chunk", 0, 1 << 24))
 
     def perplexity(self, text: Union[str, Sequence[int]], **kw: Any) -> float:
         """exp(mean NLL) of ``text`` (or token ids) in one sequence under policy ``kv``; keywords
@@ -345,21 +368,27 @@ class Model:
         nll = self.nll(ids, **kw)
         return math.exp(sum(nll) / len(nll))
 
-    def session(self, kv: str = "full", kv_type: str = "f16") -> "Session":
+    def session(self, kv: str = "full", kv_type: str = "f16",
+                kv_mem_per_seq: Union[None, str, int] = None) -> "Session":
         """A :class:`Session`: a sequence whose compressed cache persists across calls."""
-        return Session(self, kv=kv, kv_type=kv_type)
+        return Session(self, kv=kv, kv_type=kv_type, kv_mem_per_seq=kv_mem_per_seq)
 
 
 class Session:
     """One sequence whose (compressed) KV cache is kept across calls, as a ``d2o serve``
     session's is between turns: each call feeds only its own tokens after everything before.
+    ``kv``, ``kv_type`` and ``kv_mem_per_seq`` as :meth:`Model.generate`; with a capped full
+    cache, a call whose tokens go past the cap raises MemoryError (before feeding any of them,
+    except when decoding reaches it, which leaves the session unusable).
     """
 
-    def __init__(self, model: Model, *, kv: str = "full", kv_type: str = "f16"):
+    def __init__(self, model: Model, *, kv: str = "full", kv_type: str = "f16",
+                 kv_mem_per_seq: Union[None, str, int] = None):
         if not isinstance(model, Model):
             raise TypeError(f"model must be a d2o.Model, got {type(model).__name__}")
         self._model = model
-        self._s = _d2o._Session(model._m, _str(kv, "kv"), _str(kv_type, "kv_type"))
+        self._s = _d2o._Session(model._m, _str(kv, "kv"), _str(kv_type, "kv_type"),
+                                _kv_mem(kv_mem_per_seq))
         self._history: List[tuple] = []  # the conversation chat() has fed, replies included
         self._pending: Optional[tuple] = None  # a streamed reply not yet in _history
 
@@ -442,9 +471,12 @@ class Session:
 
     def kv_report(self) -> Dict[str, Any]:
         """The cache as it stands: spec, kv_type, n_past, slots (per KV head over the layers),
-        kv_bytes (keys and values in the slots held), kv_bytes_allocated, full_kv_bytes and
-        full_f16_kv_bytes (a full cache of the same / F16 type for n_past tokens), and per layer
-        its slots, budget, evicted and merged counts."""
+        kv_bytes (keys and values in the slots held), kv_bytes_allocated, kv_bytes_peak (the most
+        key and value rows and slot metadata allocated at once), full_kv_bytes and
+        full_f16_kv_bytes (a full cache of the same / F16 type for n_past tokens), kv_mem_per_seq
+        (None without it, else {asked, bytes, slots, full_cap, note}: the slots per KV head and
+        layer that fit, the policy's budget or the full cache's cap, and the note ``d2o run
+        --kv-report`` prints), and per layer its slots, budget, evicted and merged counts."""
         return self._s.kv_report()
 
 

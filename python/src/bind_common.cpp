@@ -51,7 +51,7 @@ GenerateParams generate_params(const GenOptions& o) {
 }
 
 pyb::dict run_generate(PyModel& m, Sequence& seq, const std::vector<TokenId>& ids,
-                       const GenOptions& o, const pyb::object& on_text) {
+                       const GenOptions& o, const pyb::object& on_text, bool bounded) {
   if (o.chunk < 0) throw pyb::value_error("chunk must be >= 0 (0: one pass)");
   std::function<void(std::string_view)> cb;
   if (!on_text.is_none()) {
@@ -72,7 +72,11 @@ pyb::dict run_generate(PyModel& m, Sequence& seq, const std::vector<TokenId>& id
     pyb::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lock(m.mutex());
     try {
-      res = m.generate(seq, ids, generate_params(o), cb);
+      if (bounded) {
+        if (Status s = m.bound_growth(seq, std::ssize(ids), o.max_tokens, o.chunk); !s.ok())
+          res = s;
+      }
+      if (res.ok()) res = m.generate(seq, ids, generate_params(o), cb);
     } catch (const StopGeneration&) {
       stopped = true;
     }
@@ -94,7 +98,7 @@ pyb::dict run_generate(PyModel& m, Sequence& seq, const std::vector<TokenId>& id
 }
 
 pyb::array_t<float> run_logits(PyModel& m, Sequence& seq, const std::vector<TokenId>& ids,
-                               int64_t context_end, int chunk) {
+                               int64_t context_end, int chunk, bool bounded) {
   const size_t v = static_cast<size_t>(m.n_vocab());
   if (ids.empty()) throw pyb::value_error("no tokens to score");
   pyb::array_t<float> out({static_cast<pyb::ssize_t>(ids.size()), static_cast<pyb::ssize_t>(v)});
@@ -103,9 +107,11 @@ pyb::array_t<float> run_logits(PyModel& m, Sequence& seq, const std::vector<Toke
   {
     pyb::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lock(m.mutex());
-    s = m.score(seq, ids, context_end, chunk, [&](size_t row, const float* l) {
-      std::memcpy(data + row * v, l, v * sizeof(float));
-    });
+    if (bounded) s = m.bound_growth(seq, std::ssize(ids), 0, chunk);
+    if (s.ok())
+      s = m.score(seq, ids, context_end, chunk, [&](size_t row, const float* l) {
+        std::memcpy(data + row * v, l, v * sizeof(float));
+      });
   }
   ok_or_raise(s);
   return out;

@@ -52,13 +52,14 @@ GenerateParams generate_params(const GenOptions& o);
 // Runs PyModel::generate with the GIL released; `on_text` (None or a callable taking the new
 // text, returning False to stop) is called with the GIL held. A Python exception raised in it
 // ends the generation and is raised again. Returns {text, tokens, stop_reason, n_prompt,
-// prompt_seconds, decode_seconds}, the tokens also in *tokens when given.
+// prompt_seconds, decode_seconds}, the tokens also in *tokens when given. `bounded`: the
+// sequence's growth is bounded first (PyModel::bound_growth; a sequence of kv_mem_per_seq).
 pyb::dict run_generate(PyModel& m, Sequence& seq, const std::vector<TokenId>& ids,
-                       const GenOptions& o, const pyb::object& on_text);
+                       const GenOptions& o, const pyb::object& on_text, bool bounded);
 
 // The logits of every row as a float32 array [n, n_vocab] (PyModel::score, GIL released).
 pyb::array_t<float> run_logits(PyModel& m, Sequence& seq, const std::vector<TokenId>& ids,
-                               int64_t context_end, int chunk);
+                               int64_t context_end, int chunk, bool bounded);
 
 void bind_session(pyb::module_& mod);
 

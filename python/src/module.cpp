@@ -33,35 +33,38 @@ std::string detokenize(const PyModel& m, const std::vector<TokenId>& ids, bool r
 }
 
 pyb::dict one_shot_generate(PyModel& m, const std::vector<TokenId>& ids, const std::string& kv,
-                            const std::string& kv_type, const GenOptions& o,
-                            const pyb::object& on_text) {
-  std::unique_ptr<Sequence> seq = value_or_raise(m.new_sequence({kv, kv_type}));
-  return run_generate(m, *seq, ids, o, on_text);
+                            const std::string& kv_type, const std::string& kv_mem,
+                            const GenOptions& o, const pyb::object& on_text) {
+  std::unique_ptr<Sequence> seq = value_or_raise(m.new_sequence({kv, kv_type, kv_mem}));
+  return run_generate(m, *seq, ids, o, on_text, !kv_mem.empty());
 }
 
 pyb::array_t<float> one_shot_logits(PyModel& m, const std::vector<TokenId>& ids,
                                     const std::string& kv, const std::string& kv_type,
-                                    int64_t context_end, int chunk) {
-  std::unique_ptr<Sequence> seq = value_or_raise(m.new_sequence({kv, kv_type}));
-  return run_logits(m, *seq, ids, context_end, chunk);
+                                    const std::string& kv_mem, int64_t context_end, int chunk) {
+  std::unique_ptr<Sequence> seq = value_or_raise(m.new_sequence({kv, kv_type, kv_mem}));
+  return run_logits(m, *seq, ids, context_end, chunk, !kv_mem.empty());
 }
 
 // Negative log-likelihood (natural log) of every token from the second on given those before
 // it: [i] is token i + 1's; with context_end, those of the tokens from context_end on only.
 std::vector<double> one_shot_nll(PyModel& m, const std::vector<TokenId>& ids, const std::string& kv,
-                                 const std::string& kv_type, int64_t context_end, int chunk) {
+                                 const std::string& kv_type, const std::string& kv_mem,
+                                 int64_t context_end, int chunk) {
   if (ids.size() < 2) throw pyb::value_error("scoring needs at least 2 tokens");
-  std::unique_ptr<Sequence> seq = value_or_raise(m.new_sequence({kv, kv_type}));
+  std::unique_ptr<Sequence> seq = value_or_raise(m.new_sequence({kv, kv_type, kv_mem}));
   const size_t first = context_end > 0 ? static_cast<size_t>(context_end) - 1 : 0;
   std::vector<double> nll(ids.size() - 1 - std::min(first, ids.size() - 1));
   Status s;
   {
     pyb::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lock(m.mutex());
-    s = m.score(*seq, ids, context_end, chunk, [&](size_t row, const float* l) {
-      if (row < first || row + 1 >= ids.size()) return;
-      nll[row - first] = -log_prob(l, m.n_vocab(), ids[row + 1]);
-    });
+    if (!kv_mem.empty()) s = m.bound_growth(*seq, std::ssize(ids), 0, chunk);
+    if (s.ok())
+      s = m.score(*seq, ids, context_end, chunk, [&](size_t row, const float* l) {
+        if (row < first || row + 1 >= ids.size()) return;
+        nll[row - first] = -log_prob(l, m.n_vocab(), ids[row + 1]);
+      });
   }
   ok_or_raise(s);
   return nll;
@@ -141,11 +144,11 @@ void bind_model(pyb::module_& mod) {
            })
       .def("chat_stops", &PyModel::chat_stops)
       .def("generate", &one_shot_generate, pyb::arg("ids"), pyb::arg("kv"), pyb::arg("kv_type"),
-           pyb::arg("options"), pyb::arg("on_text"))
+           pyb::arg("kv_mem_per_seq"), pyb::arg("options"), pyb::arg("on_text"))
       .def("logits", &one_shot_logits, pyb::arg("ids"), pyb::arg("kv"), pyb::arg("kv_type"),
-           pyb::arg("context_end"), pyb::arg("chunk"))
+           pyb::arg("kv_mem_per_seq"), pyb::arg("context_end"), pyb::arg("chunk"))
       .def("nll", &one_shot_nll, pyb::arg("ids"), pyb::arg("kv"), pyb::arg("kv_type"),
-           pyb::arg("context_end"), pyb::arg("chunk"));
+           pyb::arg("kv_mem_per_seq"), pyb::arg("context_end"), pyb::arg("chunk"));
 }
 
 }  // namespace

@@ -172,8 +172,8 @@ Status check_cache_layout(const SessionFileContext& ctx, uint32_t n_layer, uint3
   return {};
 }
 
-Status decode_policy_state(Reader& r, const SessionFileContext& ctx, int64_t n_past,
-                           PolicyState& st) {
+Status decode_policy_state(Reader& r, const SessionFileContext& ctx, uint32_t version,
+                           int64_t n_past, PolicyState& st) {
   const size_t nl = static_cast<size_t>(ctx.cache.n_layer);
   uint8_t budgets_set = 0, has_ext = 0;
   D2O_RETURN_IF_ERROR(r.get(budgets_set, "the policy state"));
@@ -217,6 +217,22 @@ Status decode_policy_state(Reader& r, const SessionFileContext& ctx, int64_t n_p
   if (!own->layer_variance.empty() && own->layer_variance.size() != nl)
     return bad("the layer variances do not cover every layer");
   if (!all_finite(own->layer_variance)) return bad("a layer variance is not a finite number");
+  if (version >= 2) {
+    D2O_RETURN_IF_ERROR(r.array(own->pressure_floor, nl, "the pressure floor"));
+    if (!own->pressure_floor.empty() && (own->pressure_floor.size() != nl || !st.budgets_set))
+      return bad("the pressure floor does not cover every layer's budget");
+    for (size_t il = 0; il < own->pressure_floor.size(); ++il) {
+      // A layer's floor is the budget its first step found; the budget never went below it.
+      const int f = own->pressure_floor[il], b = st.budgets[il];
+      if ((f == PolicyState::kNoBudget) != (b == PolicyState::kNoBudget) ||
+          (f != PolicyState::kNoBudget && (f < 1 || f > b)))
+        return bad("layer " + std::to_string(il) + "'s pressure floor " + std::to_string(f) +
+                   " does not fit its budget " + std::to_string(b));
+    }
+    D2O_RETURN_IF_ERROR(r.get(own->prompt_end, "the prompt's end"));
+    if (own->prompt_end < 0 || own->prompt_end > ctx.max_positions)
+      return bad("the prompt's end is out of range");
+  }
   st.ext.reset(std::move(own));
   return {};
 }
@@ -381,7 +397,7 @@ size_t max_session_file_bytes(const SessionFileContext& ctx) {
   const size_t np = static_cast<size_t>(std::max<int64_t>(ctx.max_positions, 1));
   const size_t nl = static_cast<size_t>(c.n_layer), heads = static_cast<size_t>(c.n_head_kv);
   const size_t row = kv_row_bytes(c.type.k, c.head_dim) + kv_row_bytes(c.type.v, c.head_dim) + 16;
-  const size_t state = 64 + nl * (4 + 8 + 8) + nl * heads * 5 + nl * 8;
+  const size_t state = 64 + nl * (4 + 8 + 8) + nl * heads * 5 + nl * 8 + (4 + nl * 4 + 8);
   // A cold tier holds at most every token of a head, in rows of at most F32.
   const size_t cold = nl * heads * (4 + np * (12 + 8 * static_cast<size_t>(c.head_dim)));
   const size_t recurrent =
@@ -447,6 +463,8 @@ Status encode_session(const SessionFileContext& ctx, const std::string& id,
     w.array(d2o->tau);
     w.bytes(d2o->tau_ready.data(), d2o->tau_ready.size());
     w.array(own->layer_variance);
+    w.array(own->pressure_floor);
+    w.put(own->prompt_end);
   }
   for (int il = 0; il < cache.n_layer(); ++il) {
     const KvLayer& L = cache.layer(il);
@@ -485,8 +503,9 @@ Result<SessionData> decode_session(const SessionFileContext& ctx, const uint8_t*
   if (std::memcmp(magic, kMagic, sizeof magic) != 0) return bad("not a d2o session file");
   uint32_t version = 0, flags = 0;
   D2O_RETURN_IF_ERROR(r.get(version, "the version"));
-  if (version != kSessionFileVersion) {
-    return bad("version " + std::to_string(version) + ", this build reads version " +
+  if (version < kSessionFileOldestVersion || version > kSessionFileVersion) {
+    return bad("version " + std::to_string(version) + ", this build reads versions " +
+               std::to_string(kSessionFileOldestVersion) + " to " +
                std::to_string(kSessionFileVersion));
   }
   D2O_RETURN_IF_ERROR(r.get(flags, "the flags"));
@@ -548,7 +567,7 @@ Result<SessionData> decode_session(const SessionFileContext& ctx, const uint8_t*
   for (TokenId t : d.tokens) {
     if (t < 0 || t >= ctx.n_vocab) return bad("token id " + std::to_string(t) + " out of range");
   }
-  D2O_RETURN_IF_ERROR(decode_policy_state(body, ctx, d.n_past, d.state));
+  D2O_RETURN_IF_ERROR(decode_policy_state(body, ctx, version, d.n_past, d.state));
   if ((*policy)->is_full() && (d.state.budgets_set || d.state.ext.get() || d.state.pos_shift))
     return bad("a full cache with a compressing policy's state");
   d.cache.emplace(ctx.cache);

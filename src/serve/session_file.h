@@ -11,7 +11,10 @@
 //   i64 n_past; u32 n; i32 tokens[n] (the history, n == n_past)
 //   policy state: u8 budgets_set, u8 has_ext; u32 n + i32 budgets[n]; u32 n + i64 evicted[n];
 //     u32 n + i64 merged[n]; i64 n_compactions; i64 pos_shift;
-//     has_ext: u32 n + f32 tau[n] + u8 tau_ready[n]; u32 n + f64 layer_variance[n]
+//     has_ext: u32 n + f32 tau[n] + u8 tau_ready[n]; u32 n + f64 layer_variance[n];
+//       version 2 on: u32 n + i32 pressure_floor[n] (the budgets compression under memory
+//       pressure stops at, ComposedPolicyState::pressure_floor; n == 0 before its first step),
+//       i64 prompt_end (ComposedPolicyState::prompt_end)
 //   per layer: u32 n_slot; key rows [n_head_kv][n_slot], value rows [n_head_kv][n_slot],
 //     i32 pos, f32 score, f32 window, i32 merged, each [n_head_kv][n_slot]
 //   flags & 1: the cold tier (per layer and KV head: u32 n, i32 pos[n], f32 score[n],
@@ -19,6 +22,10 @@
 //   flags & 2 (a model with recurrent layers): i64 tokens the state holds (== n_past); per
 //     recurrent layer f32 conv[(d_conv - 1) * conv_dim], f32 delta[n_v_head * head_dim^2]
 //   u64 checksum of every byte before it (fnv1a64 below)
+//
+// Version 1 files (written before the pressure floor was kept) read as they always did: their
+// sequence has no floor yet, and its next compression step takes the budgets it holds as one
+// (a session compressed under pressure before it was written goes no lower than that).
 //
 // Reading is reading outside input: decode_session() checks every field (magic, version, model,
 // cache layout, counts against the context, token ids, positions ascending and in range, finite
@@ -39,7 +46,9 @@
 
 namespace d2o::serve {
 
-inline constexpr uint32_t kSessionFileVersion = 1;
+inline constexpr uint32_t kSessionFileVersion = 2;
+// The oldest version decode_session() reads.
+inline constexpr uint32_t kSessionFileOldestVersion = 1;
 inline constexpr char kSessionFileSuffix[] = ".d2os";
 
 // Which model a file was written for: a file of another model (or another quantisation of it)

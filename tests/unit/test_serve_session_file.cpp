@@ -182,6 +182,8 @@ TEST_P(SessionFileRoundTrip, SameBytesSameStateSameLogitsAfterward) {
       EXPECT_EQ(da->tau_ready, db->tau_ready);
     }
     EXPECT_EQ(oa->layer_variance, ob->layer_variance);
+    EXPECT_EQ(oa->pressure_floor, ob->pressure_floor);
+    EXPECT_EQ(oa->prompt_end, ob->prompt_end);
   }
   std::string again = "stale bytes the encoder replaces";
   ASSERT_TRUE(encode_session(ctx, "chat-1", spec, history, b->n_past(), b->cache(),
@@ -282,8 +284,10 @@ TEST_F(SessionFileTest, EveryKindOfDamageIsRefused) {
   b[0] = 'X';
   refused(b, "not a d2o session file", ctx);
   b = good;
-  b[8] = 2;  // version
-  refused(b, "version 2", ctx);
+  b[8] = 3;  // version
+  refused(b, "version 3", ctx);
+  b[8] = 0;
+  refused(b, "version 0", ctx);
   b = good;
   b[good.size() / 2] ^= 0x10;  // a flipped bit anywhere
   refused(b, "checksum", ctx);
@@ -342,6 +346,138 @@ TEST_F(SessionFileTest, EveryKindOfDamageIsRefused) {
   other = ctx;
   other.max_positions = 1;
   refused(good, "larger", other);
+}
+
+// Compression under memory pressure (Scheduler::compress_step) halves a deferred sequence's
+// layers step by step down to the budgets its policy decided at the first step (the pressure
+// floor). A session written after some steps and read back has that floor, takes the same
+// further steps to the same slots and state, and goes on with the same logits as the one that
+// stayed in memory; a version 1 file (written before the floor was kept) still reads, and its
+// sequence stops at the budgets it holds.
+TEST_F(SessionFileTest, ASessionCompressedUnderPressureKeepsItsFloorThroughItsFile) {
+  SchedulerParams sp;
+  sp.kv_mem_bytes = size_t{8} << 20;
+  auto sched = Scheduler::create(*engine_, sp);
+  ASSERT_TRUE(sched.ok());
+  const SessionFileContext ctx = context(KvType::kF16);
+  for (const std::string spec : {"h2o:budget=8", "d2o:budget=12,merge=sized,cold=none",
+                                 "d2o:budget=12,cold=memory,cold_type=f16"}) {
+    SCOPED_TRACE(spec);
+    auto policy = (*sched)->policy(spec).value();
+    // A session run with its compactions deferred (`--compress when-needed`): full, 102 slots.
+    auto a = std::make_shared<Sequence>(model_->hparams(), KvType::kF16, policy);
+    a->set_compaction_deferred(true);
+    std::vector<TokenId> history;
+    for (int i = 0; i < 90; ++i) history.push_back(3 + (i * 37) % 290);
+    feed(*a, history);
+    for (int i = 0; i < 12; ++i) {
+      history.push_back(5 + (i * 11) % 280);
+      feed(*a, {history.back()});
+    }
+    ASSERT_EQ(a->cache().layer(1).n_slot(), 102);
+    // One step under pressure (102 -> 51 slots a layer), then written out.
+    ASSERT_TRUE((*sched)->compress_step(*a).value());
+    ASSERT_EQ(a->cache().layer(1).n_slot(), 51);
+    const std::vector<int> floor = composed_state(a->policy_state())->pressure_floor;
+    ASSERT_EQ(floor.size(), 3u);
+    EXPECT_EQ(a->policy_state().budgets[1], 51);
+    EXPECT_LT(floor[1], 51);
+    std::string bytes;
+    ASSERT_TRUE(encode_session(ctx, "s", policy->spec(), history, a->n_past(), a->cache(),
+                               a->policy_state(), bytes)
+                    .ok());
+    auto restore = [&](const std::string& file) {
+      auto d = decode(ctx, file);
+      EXPECT_TRUE(d.ok()) << d.status().to_string();
+      auto b = std::make_shared<Sequence>(model_->hparams(), KvType::kF16, policy);
+      if (!d.ok()) return b;
+      b->cache() = std::move(*d->cache);
+      b->policy_state() = std::move(d->state);
+      b->advance(d->n_past);
+      b->set_compaction_deferred(true);
+      return b;
+    };
+    auto b = restore(bytes);
+    ASSERT_NE(composed_state(b->policy_state()), nullptr);
+    EXPECT_EQ(composed_state(b->policy_state())->pressure_floor, floor);
+
+    // The same further steps, down to the floor, then none.
+    int steps = 0;
+    for (;;) {
+      auto ra = (*sched)->compress_step(*a);
+      auto rb = (*sched)->compress_step(*b);
+      ASSERT_TRUE(ra.ok() && rb.ok());
+      ASSERT_EQ(*ra, *rb) << "step " << steps + 1;
+      for (int il = 0; il < a->cache().n_layer(); ++il)
+        ASSERT_EQ(a->cache().layer(il).n_slot(), b->cache().layer(il).n_slot()) << il;
+      EXPECT_EQ(a->policy_state().budgets, b->policy_state().budgets);
+      EXPECT_EQ(a->policy_state().evicted, b->policy_state().evicted);
+      EXPECT_EQ(a->policy_state().merged, b->policy_state().merged);
+      if (!*ra) break;
+      ++steps;
+      ASSERT_LT(steps, 10);
+    }
+    EXPECT_GE(steps, 2) << "the case takes too few steps to tell a floor from the budgets";
+    EXPECT_EQ(a->cache().layer(1).n_slot(), floor[1]);
+    if (a->cache().cold()) {
+      EXPECT_GT(a->cache().cold()->total_slots(), 0);
+      EXPECT_EQ(a->cache().cold()->total_slots(), b->cache().cold()->total_slots());
+    }
+    // And the same conversation afterwards: a new turn, then token by token.
+    {
+      const std::vector<TokenId> turn = {12, 44, 81, 9, 130, 66};
+      const std::vector<float> la = feed(*a, turn), lb = feed(*b, turn);
+      EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0) << "the turn";
+    }
+    for (TokenId t : {17, 42, 99}) {
+      const std::vector<float> la = feed(*a, {t}), lb = feed(*b, {t});
+      EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0) << t;
+    }
+    std::string ea, eb;
+    const std::vector<TokenId> ones(static_cast<size_t>(a->n_past()), 1);
+    ASSERT_TRUE(encode_session(ctx, "s", policy->spec(), ones, a->n_past(), a->cache(),
+                               a->policy_state(), ea)
+                    .ok());
+    ASSERT_TRUE(encode_session(ctx, "s", policy->spec(), ones, b->n_past(), b->cache(),
+                               b->policy_state(), eb)
+                    .ok());
+    EXPECT_EQ(ea, eb);
+
+    if (a->cache().cold()) continue;  // (the layer offsets below assume no cold tier)
+    // The file as version 1 wrote it: without the floor and the prompt's end, the last fields
+    // of the policy state, just before the layers.
+    size_t layers = 0;  // the file's layers, as they were when it was written
+    {
+      auto d = decode(ctx, bytes);
+      ASSERT_TRUE(d.ok());
+      for (int il = 0; il < d->cache->n_layer(); ++il) {
+        const KvLayer& L = d->cache->layer(il);
+        layers += 4 + static_cast<size_t>(L.n_head_kv()) * static_cast<size_t>(L.n_slot()) *
+                          (L.key_row_bytes() + L.value_row_bytes() + 16);
+      }
+    }
+    const size_t ext_end = bytes.size() - 8 - layers, added = 4 + 4 * floor.size() + 8;
+    std::string v1 = bytes.substr(0, ext_end - added) + bytes.substr(ext_end);
+    v1[8] = 1;
+    fix_checksum(v1);
+    auto old = restore(v1);
+    ASSERT_NE(composed_state(old->policy_state()), nullptr);
+    EXPECT_TRUE(composed_state(old->policy_state())->pressure_floor.empty());
+    EXPECT_EQ(composed_state(old->policy_state())->prompt_end, 0);
+    EXPECT_EQ(old->policy_state().budgets, decode(ctx, bytes)->state.budgets);
+    EXPECT_FALSE((*sched)->compress_step(*old).value());  // its budgets are its floor
+    EXPECT_EQ(old->cache().layer(1).n_slot(), 51);
+
+    // A floor above its layer's budget, or where the layer has none, is refused.
+    std::string bad_floor = bytes;
+    const int32_t above = 52;
+    std::memcpy(bad_floor.data() + ext_end - 8 - 4 * floor.size() + 4, &above, 4);
+    fix_checksum(bad_floor);
+    auto refused = decode(ctx, bad_floor);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("pressure floor"), std::string::npos)
+        << refused.status().message();
+  }
 }
 
 // `file` (a conversation's session file, id "s") with its policy spec `from` replaced by `to`,

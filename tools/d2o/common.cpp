@@ -64,48 +64,6 @@ Result<KvType> parse_kv_type(const std::string& s) {
   return *t;
 }
 
-Result<std::string> spec_for_kv_mem(const std::string& spec, const std::string& bytes,
-                                    const KvCacheConfig& cfg, int* slots) {
-  auto cap = parse_byte_size(bytes);
-  if (!cap.ok()) return cap.status().with_context("--kv-mem-per-seq");
-  auto policy = parse_kv_policy(spec);
-  if (!policy.ok()) return policy.status().with_context("--kv");
-  // What a sequence reserves for `n` slots: the cache's rows and slot metadata, and the policy's
-  // own per-slot state (D2O's key norms). It grows with n: the largest n that fits, by bisection.
-  auto reserved = [&](int64_t n) {
-    return KvCache::bytes_for_slots(cfg, n) + (*policy)->state_bytes(cfg, n);
-  };
-  int64_t lo = 0, hi = int64_t{1} << 30;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo + 1) / 2;
-    if (reserved(mid) <= *cap)
-      lo = mid;
-    else hi = mid - 1;
-  }
-  if (lo < 1) {
-    return invalid_argument("--kv-mem-per-seq " + bytes + " holds no slot: one takes " +
-                            std::to_string(reserved(1)) + " bytes with --kv-type " +
-                            kv_type_name(cfg.type));
-  }
-  *slots = static_cast<int>(lo);
-  const size_t colon = spec.find(':');
-  const std::string name = spec.substr(0, colon);
-  if (name == "full") return spec;
-  if (colon != std::string::npos) {
-    const std::string args = "," + spec.substr(colon + 1);
-    if (args.find(",ratio=") != std::string::npos || args.find(",budget=") != std::string::npos) {
-      return invalid_argument("--kv-mem-per-seq sets the budget of --kv '" + spec +
-                              "': leave out its ratio= / budget=");
-    }
-    if (args.find(",prefill=") != std::string::npos) {
-      return invalid_argument("--kv-mem-per-seq gives --kv '" + spec +
-                              "' a fixed budget, which compacts between a prompt's passes "
-                              "already: leave out its prefill=");
-    }
-  }
-  return spec + (colon == std::string::npos ? ":" : ",") + "budget=" + std::to_string(lo);
-}
-
 Result<Loaded> load_all(const ModelOptions& o) {
   Loaded l;
   Stopwatch sw;
@@ -130,11 +88,7 @@ Result<Loaded> load_all(const ModelOptions& o) {
     if (!p.ok()) return p.status().with_context("--kv");
     l.policy = std::shared_ptr<const KvPolicy>(std::move(p).value());
     if (l.policy->spec() == "full") l.kv_full_slots = slots;
-    l.kv_mem_note = "--kv-mem-per-seq " + o.kv_mem_per_seq + " in " + kv_type_name(l.kv_type) +
-                    ": " + std::to_string(slots) +
-                    " slots per KV head and layer fit (key and value rows, slot metadata and the "
-                    "policy's per-slot state)" +
-                    (l.kv_full_slots > 0 ? ", the full cache's cap" : ", the policy's budget=");
+    l.kv_mem_note = kv_mem_note(o.kv_mem_per_seq, l.kv_type, slots, l.kv_full_slots > 0);
   }
   auto tok = Tokenizer::from_gguf(*file);
   if (!tok.ok()) return tok.status().with_context(path);

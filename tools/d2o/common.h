@@ -11,6 +11,7 @@
 #include "model/model.h"
 #include "runtime/chat_template.h"
 #include "runtime/engine.h"
+#include "runtime/kv_mem_budget.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
 
@@ -60,14 +61,6 @@ struct Loaded {
 Result<Loaded> load_all(const ModelOptions& o);
 
 Result<KvType> parse_kv_type(const std::string& s);
-
-// --kv-mem-per-seq BYTES: the most slots per KV head and layer whose keys, values and slot
-// metadata, with the policy's per-slot state (KvPolicy::state_bytes: D2O's key norms), fit in
-// `bytes` for cache configuration `cfg` (KvCache::bytes_for_slots, so the storage type decides),
-// in *slots; returns `spec` with that budget (a spec that sets ratio= or budget=
-// is an error; "full" stays "full": the caller caps its slots instead).
-Result<std::string> spec_for_kv_mem(const std::string& spec, const std::string& bytes,
-                                    const KvCacheConfig& cfg, int* slots);
 
 // "1,2,3" -> ids, each checked against the vocabulary size.
 Result<std::vector<TokenId>> parse_token_list(const std::string& s, int n_vocab);
