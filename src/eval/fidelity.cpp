@@ -110,6 +110,9 @@ Result<FidelityResult> run_fidelity(Engine& engine, std::span<const TokenId> tok
       full_kv_bytes(f16_config(kv_cache_config(hp, p.kv_type)), res.context_end));
   const size_t n_seq = policies.size();
   std::vector<float> logits(n_seq * static_cast<size_t>(nv));
+  std::vector<float> all_logits(p.continue_in_one_pass ? static_cast<size_t>(p.n_continue) * n_seq *
+                                                             static_cast<size_t>(nv)
+                                                       : 0);
   std::vector<double> ref_logp;
   std::vector<double> kl(n_cases), nll(n_cases);
   std::vector<int> agree(n_cases);
@@ -134,13 +137,29 @@ Result<FidelityResult> run_fidelity(Engine& engine, std::span<const TokenId> tok
     std::vector<double> sum_kl(n_cases, 0), sum_top1(n_cases, 0), sum_nll(n_cases, 0);
     double sum_nll_full = 0;
     std::vector<BatchEntry> batch(n_seq);
+    if (p.continue_in_one_pass) {
+      // Every step's logits of every sequence at once: [n_continue][n_seq][n_vocab].
+      for (size_t q = 0; q < n_seq; ++q)
+        batch[q] =
+            BatchEntry{fork.seqs[q].get(), {cont.data(), static_cast<size_t>(p.n_continue)}, 0};
+      D2O_RETURN_IF_ERROR(engine.forward(batch, [&](int e, int i, const float* l) {
+        std::copy(l, l + nv,
+                  all_logits.begin() +
+                      (static_cast<ptrdiff_t>(i) * static_cast<ptrdiff_t>(n_seq) + e) * nv);
+      }));
+    }
     for (int t = 0; t < p.n_continue; ++t) {
       const size_t at = static_cast<size_t>(t);
-      for (size_t q = 0; q < n_seq; ++q)
-        batch[q] = BatchEntry{fork.seqs[q].get(), {&cont[at], 1}, -1};
-      D2O_RETURN_IF_ERROR(engine.forward(batch, [&](int e, int, const float* l) {
-        std::copy(l, l + nv, logits.begin() + static_cast<ptrdiff_t>(e) * nv);
-      }));
+      if (p.continue_in_one_pass) {
+        std::copy_n(all_logits.begin() + static_cast<ptrdiff_t>(at * n_seq) * nv,
+                    static_cast<ptrdiff_t>(n_seq) * nv, logits.begin());
+      } else {
+        for (size_t q = 0; q < n_seq; ++q)
+          batch[q] = BatchEntry{fork.seqs[q].get(), {&cont[at], 1}, -1};
+        D2O_RETURN_IF_ERROR(engine.forward(batch, [&](int e, int, const float* l) {
+          std::copy(l, l + nv, logits.begin() + static_cast<ptrdiff_t>(e) * nv);
+        }));
+      }
       const TokenId target = cont[at + 1];
       log_softmax(logits.data(), nv, ref_logp);
       const TokenId ref_top = argmax(logits.data(), nv);
@@ -221,9 +240,11 @@ Status write_fidelity_report(const FidelityResult& r, const FidelityParams& p, c
   nlohmann::json j;
   j["protocol"] = text.protocol;
   j["description"] =
-      "Prompt-then-compress: each sample's prompt runs in one pass and is compacted after it; the "
-      "true continuation "
-      "is then teacher-forced one token per pass. Per step: KL(full || policy) in nats, top-1 "
+      std::string(
+          "Prompt-then-compress: each sample's prompt runs in one pass and is compacted "
+          "after it; the true continuation is then teacher-forced ") +
+      (p.continue_in_one_pass ? "in one pass, logits at every position" : "one token per pass") +
+      ". Per step: KL(full || policy) in nats, top-1 "
       "agreement with the "
       "full cache, NLL of the true token. Per-sample means over the steps; mean ± standard error "
       "over samples.";
@@ -231,6 +252,7 @@ Status write_fidelity_report(const FidelityResult& r, const FidelityParams& p, c
   j["params"] = {
       {"prompt_len", p.prompt_len}, {"n_samples", p.n_samples}, {"n_continue", p.n_continue}};
   if (p.bos >= 0) j["params"]["bos"] = p.bos;
+  if (p.continue_in_one_pass) j["params"]["continue_in_one_pass"] = true;
   if (!p.turn_open.empty()) {
     j["params"]["continue_turn"] = {{"prefix_tokens", p.turn_prefix.size()},
                                     {"open_tokens", p.turn_open.size()},

@@ -69,6 +69,9 @@ struct FidelityParams {
   // goes on with the text's next tokens as the user's next message. The n_continue steps count
   // the turn_reply tokens; `bos` is not used (turn_prefix starts the prompt).
   std::vector<TokenId> turn_prefix, turn_open, turn_reply;
+  // The continuation teacher-forced in one pass, logits at every position, as a server feeds a
+  // session's next request (a cold tier recalls for it), instead of one token per pass.
+  bool continue_in_one_pass = false;
 };
 
 struct FidelityCaseResult {

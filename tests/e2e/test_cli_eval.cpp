@@ -461,6 +461,20 @@ TEST(CliEval, QuestionAfterCompressionRuns) {
   const nlohmann::json f = nlohmann::json::parse(test::read_file(fd + "/fidelity.json"));
   ASSERT_TRUE(f["params"].contains("continue_turn"));
   for (const auto& c : f["cases"]) EXPECT_EQ(c["kl"].get<double>(), 0.0) << c["row"];
+  // The next turn in one pass, as a server feeds it: a cold tier recalls for it (one token a pass
+  // recalls nothing), so the tier's d2o reads the turn closer to the full cache than without.
+  const std::string fo = out_dir("fidelity_turn_one_pass");
+  r = run_d2o("eval fidelity --quick -m " + model + " -t 1 --quiet -o " + fo +
+              " --continue-turn --continue-in-one-pass --samples 1 --ratios 0.2 --policies "
+              "'h2o:budget=100000;d2o:cold=none;d2o:cold=memory'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json g = nlohmann::json::parse(test::read_file(fo + "/fidelity.json"));
+  EXPECT_EQ(g["params"]["continue_in_one_pass"], true);
+  ASSERT_EQ(g["cases"].size(), 3u);
+  EXPECT_EQ(g["cases"][0]["kl"].get<double>(), 0.0);  // nothing evicted: the full cache's
+  const double none = g["cases"][1]["kl"], tier = g["cases"][2]["kl"];
+  EXPECT_GT(none, 0.0);
+  EXPECT_LT(tier, none);
 }
 
 TEST(CliEval, AblateQuickRuns) {

@@ -304,6 +304,7 @@ struct FidelityOptions {
   BytesAxisOptions bytes;
   TeacherForcedOptions tf;
   bool continue_turn = false;  // continuations begin with a new user turn
+  bool one_pass = false;       // the continuation teacher-forced in one pass
   std::string chat_format;     // the chat template's family when the model has none
   PrefillOptions prefill;      // --chunk
 };
@@ -414,6 +415,7 @@ int run_fidelity_cmd(FidelityOptions& o) {
   p.n_ctx_train = s.loaded.model->hparams().n_ctx_train;
   p.chunk = prefill_chunk_of(o.prefill);
   if (s.loaded.tokenizer->add_bos()) p.bos = s.loaded.tokenizer->bos();
+  p.continue_in_one_pass = o.one_pass;
   if (o.continue_turn) {
     if (Status st = set_continue_turn(s.loaded, o.chat_format, p); !st.ok()) return fail(st);
     // --quick's 16 steps would hold little more than the new turn's markers.
@@ -425,6 +427,7 @@ int run_fidelity_cmd(FidelityOptions& o) {
   s.meta.command += (by_bytes ? bytes_axis_args(o.bytes) : " --ratios " + o.ratios) +
                     teacher_forced_args(o.tf) + prefill_args(o.prefill) +
                     (o.continue_turn ? " --continue-turn" : "") +
+                    (o.one_pass ? " --continue-in-one-pass" : "") +
                     (o.chat_format.empty() ? "" : " --chat-format " + o.chat_format);
   Stopwatch sw;
   auto bar =
@@ -459,6 +462,11 @@ int run_fidelity_cmd(FidelityOptions& o) {
     text.intro += " Each policy is fed the prompt in passes of " + std::to_string(p.chunk) +
                   " tokens (a fixed budget and prefill=bounded compact between them; the others "
                   "compress the whole prompt after its last pass).";
+  }
+  if (o.one_pass) {
+    text.intro +=
+        " Each continuation is teacher-forced in one pass with logits at every position (as a "
+        "server feeds a session's next request; a cold tier recalls for it), not one token a pass.";
   }
   if (o.continue_turn) {
     text.intro +=
@@ -558,6 +566,10 @@ Action add_eval_fidelity(CLI::App* eval) {
                 "Continuations begin with a new user turn: each window is a user message "
                 "compressed when the assistant's turn opens, and the continuation is the "
                 "assistant's acknowledgement, then the user's next message (the text goes on)");
+  sub->add_flag(
+      "--continue-in-one-pass", o->one_pass,
+      "Feed each continuation in one pass with logits at every position (as a server "
+      "feeds a session's next request; a cold tier recalls for it), not one token a pass");
   sub->add_option(
       "--chat-format", o->chat_format,
       "With --continue-turn, for a model without a chat template: the template "
