@@ -358,12 +358,16 @@ if [ "$want_test_data" -eq 1 ]; then
   # cores): build/bin holds libllama and its ggml libraries, llama_ppl our perplexity driver over
   # libllama (scripts/ref/llama_ppl.cpp: llama-perplexity's protocol and defaults, without the
   # tool's shared libraries, which take longer to build than libllama and ggml together), py the
-  # archive's Python bindings. Built for this machine's CPU, as users build it. The real-model tests compare with
+  # archive's Python bindings. Built for this machine's CPU, as users build it, but without AMX
+  # (its tile kernels die with SIGILL on hosts whose CPU reports AMX, as in some VMs; on the
+  # others the flags change nothing). The real-model tests compare with
   # what it computes here (below); the random-model parity tests ask it at test time.
   llama_dir="$cache/llama.cpp"
+  no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
   llama_flags=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF
                -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-               -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF)
+               -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
+               "-DCMAKE_C_FLAGS=$no_amx" "-DCMAKE_CXX_FLAGS=$no_amx")
   llama_stamp="$sdist_sha ${llama_flags[*]} targets: llama"
   if [ "$(cat "$llama_dir/.built" 2>/dev/null || true)" != "$llama_stamp" ]; then
     get_sdist
