@@ -52,7 +52,9 @@ class Server:
 
     def __init__(self, args):
         cmd = [args.d2o, "serve", "--port", "0", "-t", str(args.threads), "-c", str(args.ctx),
-               "--kv-mem", args.kv_mem, "--drain", "0", "--compress", args.compress]
+               "--kv-mem", args.kv_mem, "--drain", "0", "--compress", args.compress,
+               # (one client sizing its documents with /tokenize: no per-address rate bound)
+               "--rate-per-addr", "0"]
         if args.model:
             cmd += ["-m", args.model]
         self.log, self.port, self.banner, found = [], None, "", threading.Event()
