@@ -17,6 +17,13 @@ and, with --json, as JSON:
     (d2o: kept sessions; llama-server: its slots, from GET /slots, each of which keeps the
     cache of the last conversation it served) and KV bytes in use, max and mean.
 
+--needle plants a fact in each conversation's document, as scripts/next_question.py does ("The
+special magic number for WORD is NNNNNNN." at a seeded random sentence boundary, a word and a
+number per conversation), and the last turn asks for it instead of a question about the passage
+(with one turn, the document's own turn asks). A hit is the 7 digits in the answer; printed as
+hits of conversations answered, and per conversation in the JSON (the answer, its prompt tokens
+and those taken from a kept cache, `session_rebuilt` where the server says).
+
 Standard library only. Example:
   scripts/serve_bench.py --url http://127.0.0.1:8080 --clients 32 --turns 4 \
       --kv full --kv d2o:budget=384 --sessions --json out.json
@@ -25,11 +32,17 @@ import argparse
 import http.client
 import json
 import os
+import random
+import re
 import statistics
 import sys
 import threading
 import time
 import urllib.parse
+
+# The needle, its question and what counts as a hit: scripts/next_question.py's (standard library
+# at import; it needs the openai package only when run).
+from next_question import NEEDLE, QUESTION, hit
 
 QUESTIONS = [
     "Summarise the passage above in two sentences.",
@@ -92,6 +105,21 @@ def read_passages(path, n, words):
     return [" ".join(toks[i * step:i * step + words]) for i in range(n)]
 
 
+def plant_needles(passages, seed):
+    """Each passage with one needle at a seeded random sentence boundary (conversation i uses
+    seed*1000+i): the passages and, per conversation, the word, number and depth."""
+    vocab = sorted({w for p in passages for w in re.findall(r"\b[a-z]{5,10}\b", p)})
+    out, needles = [], []
+    for i, p in enumerate(passages):
+        rng = random.Random(seed * 1000 + i)
+        word, number = rng.choice(vocab), str(rng.randint(1000000, 9999999))
+        sentences = re.split(r"(?<=[.?!])\s+", p)
+        at = rng.randint(0, len(sentences))
+        out.append(" ".join(sentences[:at] + [NEEDLE.format(word=word, number=number)] + sentences[at:]))
+        needles.append({"word": word, "number": number, "depth": round(at / len(sentences), 4)})
+    return out, needles
+
+
 def stream_chat(srv, body, result, headers=None):
     """One streamed chat request; fills result with text, usage, ttft and token gaps."""
     t0 = time.monotonic()
@@ -121,6 +149,8 @@ def stream_chat(srv, body, result, headers=None):
                 usage = ev["usage"]
             if "timings" in ev:
                 result["timings"] = ev["timings"]
+            if "session_rebuilt" in ev:
+                result["session_rebuilt"] = ev["session_rebuilt"]
             for ch in ev.get("choices") or []:
                 piece = (ch.get("delta") or {}).get("content")
                 if ch.get("finish_reason"):
@@ -142,12 +172,18 @@ def stream_chat(srv, body, result, headers=None):
         c.close()
 
 
-def client(srv, args, idx, passage, policy, tag, out, errors):
+def client(srv, args, idx, passage, policy, tag, out, errors, needle=None):
     sid = f"{tag}-{idx}"
-    messages = [{"role": "user", "content": passage + "\n\n" + QUESTIONS[0]}]
+
+    def question(turn):  # with a needle, the last turn asks for it
+        if needle and turn == args.turns - 1:
+            return QUESTION.format(word=needle["word"])
+        return QUESTIONS[turn % len(QUESTIONS)]
+
+    messages = [{"role": "user", "content": passage + "\n\n" + question(0)}]
     for turn in range(args.turns):
         if turn > 0:
-            messages.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
+            messages.append({"role": "user", "content": question(turn)})
         body = {"model": args.model, "messages": messages, "max_tokens": args.max_tokens,
                 "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
         if args.ignore_eos:
@@ -224,14 +260,15 @@ def poller(srv, args, stop, samples):
         stop.wait(args.poll)
 
 
-def run_policy(srv, args, policy, passages):
+def run_policy(srv, args, policy, passages, needles=None):
     tag = f"{args.tag}-{(policy or 'default').replace(':', '_').replace('=', '_').replace(',', '_')}"
     out, errors, samples = [], [], []
     stop = threading.Event()
     pt = threading.Thread(target=poller, args=(srv, args, stop, samples), daemon=True)
     pt.start()
     t0 = time.monotonic()
-    threads = [threading.Thread(target=client, args=(srv, args, i, passages[i], policy, tag, out, errors))
+    threads = [threading.Thread(target=client, args=(srv, args, i, passages[i], policy, tag, out, errors,
+                                                     needles[i] if needles else None))
                for i in range(args.clients)]
     for t in threads:
         t.start()
@@ -260,6 +297,19 @@ def run_policy(srv, args, policy, passages):
         xs = [s[key] for s in samples if key in s]
         return (max(xs), statistics.fmean(xs)) if xs else (None, None)
 
+    needle = None
+    if needles:
+        asked = sorted((r for r in ok if r["turn"] == args.turns - 1), key=lambda r: r["client"])
+        convs = []
+        for r in asked:
+            n = needles[r["client"]]
+            u = r.get("usage") or {}
+            convs.append(dict(client=r["client"], **n, answer=r.get("text"), hit=hit(r.get("text"), n["number"]),
+                              prompt_tokens=u.get("prompt_tokens"),
+                              cached_tokens=(u.get("prompt_tokens_details") or {}).get(
+                                  "cached_tokens", (r.get("timings") or {}).get("cache_n")),
+                              session_rebuilt=r.get("session_rebuilt")))
+        needle = {"asked": len(convs), "hits": sum(c["hit"] for c in convs), "conversations": convs}
     run_max, run_mean = stat("running")
     held_max, held_mean = stat("held")
     kv_max, kv_mean = stat("kv_bytes")
@@ -277,6 +327,7 @@ def run_policy(srv, args, policy, passages):
         "kv_bytes_max": kv_max, "kv_bytes_mean": kv_mean,
         "kv_cap": next((s["kv_cap"] for s in samples if "kv_cap" in s), None),
         "slots": next((s["slots"] for s in samples if "slots" in s), None),
+        "needle": needle,
         "errors": errors[:10],
     }
 
@@ -303,6 +354,9 @@ def main():
     ap.add_argument("--tag", default=f"bench{os.getpid()}", help="prefix of the session ids")
     ap.add_argument("--ignore-eos", action="store_true",
                     help="send ignore_eos (llama-server); d2o serve ignores the field")
+    ap.add_argument("--needle", action="store_true",
+                    help="plant a fact in each document and ask for it in the last turn (above)")
+    ap.add_argument("--needle-seed", type=int, default=1, help="conversation i's needle uses seed*1000+i")
     ap.add_argument("--stagger", type=float, default=0.0, help="seconds between client starts")
     ap.add_argument("--max-retries", type=int, default=600, help="503 answers retried per turn")
     ap.add_argument("--poll", type=float, default=0.25)
@@ -327,10 +381,15 @@ def main():
     if st != 200:
         raise SystemExit(f"serve_bench: GET /health answered {st}")
     passages = read_passages(text, args.clients, args.doc_words)
-    results = [run_policy(srv, args, p, passages) for p in (args.kv or [None])]
+    needles = None
+    if args.needle:
+        passages, needles = plant_needles(passages, args.needle_seed)
+    results = [run_policy(srv, args, p, passages, needles) for p in (args.kv or [None])]
 
     hdr = ["policy", "ok", "503", "failed", "wall s", "gen tok", "tok/s", "prompt tok", "cached",
            "TTFT p50/p95 ms", "ITL p50/p95 ms", "decoding at once max/mean", "held max/mean", "KV MiB max"]
+    if args.needle:
+        hdr.append("needle hits")
     rows = []
     for r in results:
         rows.append([r["policy"], str(r["ok"]), str(r["refused_503"]), str(r["failed"]), fmt(r["wall_s"]),
@@ -341,6 +400,8 @@ def main():
                      fmt(r["running_max"], "{:.0f}") + " / " + fmt(r["running_mean"]),
                      fmt(r["held_max"], "{:.0f}") + " / " + fmt(r["held_mean"]),
                      fmt(None if r["kv_bytes_max"] is None else r["kv_bytes_max"] / 2**20)])
+        if args.needle:
+            rows[-1].append(f"{r['needle']['hits']}/{r['needle']['asked']}")
     title = f"{args.label or args.url}: {args.clients} clients x {args.turns} turns, max_tokens {args.max_tokens}"
     print(title)
     print("| " + " | ".join(hdr) + " |")
