@@ -102,9 +102,9 @@ if [ "$long" = 1 ]; then
   python3 tests/e2e/serve_full_disk_test.py build/d2o 16 6m
   stage "compression under pressure (32 conversations x 8 turns, a cap of 4 full caches, a needle each)"
   # d2o:budget=256 under --compress when-needed; the last turn of every conversation asks for
-  # the fact its document carries. (Without --no-reference the full cache runs next under the
-  # same cap: it stalls, docs/results/pressure/README.md.)
-  python3 tests/e2e/serve_pressure_test.py build/d2o 32 8 1100 --needle --no-reference \
+  # the fact its document carries; then the full cache under the same cap, the reference
+  # (docs/results/pressure/README.md).
+  python3 tests/e2e/serve_pressure_test.py build/d2o 32 8 1100 --needle \
     --json build/long/serve_pressure.json
   stage "100 SIGKILLs among session saves"
   scripts/session_kills.py --d2o build/d2o -t "$jobs" --kills 100 \

@@ -131,6 +131,59 @@ Result<bool> Scheduler::compress_step(Sequence& seq) {
   return true;
 }
 
+void Scheduler::choose_defer(Active& a, int64_t held_slots, int64_t n_new, int64_t n_total) {
+  a.defer = false;
+  if (!a.req.defer_compaction || a.policy->is_full()) return;
+  // Full while it runs: its layers hold what they held and every new token.
+  const Footprint full = deferred_footprint(cache_cfg_, *a.policy, held_slots, n_new, n_total);
+  if (full.bytes <= pool_.cap() || a.fp.bytes > pool_.cap()) {
+    a.fp = full;
+    a.defer = true;
+  }
+}
+
+int Scheduler::give_up_waiting(size_t bytes) {
+  if (!running_.empty()) return 0;
+  int n = 0;
+  const std::vector<uint64_t> ids = queue_.waiting_ids();
+  for (size_t i = ids.size(); i-- > 1 && pool_.available() < bytes;) {
+    auto it = waiting_.find(ids[i]);
+    if (it == waiting_.end()) continue;
+    Active& a = *it->second;
+    Request& req = a.req;
+    if (!req.resume || req.rebuild_prompt.empty() || req.context_end > 0) continue;
+    const int64_t n_total =
+        static_cast<int64_t>(req.rebuild_prompt.size()) + int64_t{req.max_new_tokens};
+    const int window = a.policy->is_full() ? 0 : a.policy->needs().window;
+    std::vector<int> chunks = split_prompt(static_cast<int64_t>(req.rebuild_prompt.size()),
+                                           params_.prefill_chunk, window);
+    const int max_chunk = *std::max_element(chunks.begin(), chunks.end());
+    Active fresh_plan;
+    fresh_plan.req.defer_compaction = req.defer_compaction;
+    fresh_plan.policy = a.policy;
+    fresh_plan.fp =
+        footprint(cache_cfg_, *a.policy, static_cast<int64_t>(req.rebuild_prompt.size()),
+                  req.max_new_tokens, max_chunk);
+    choose_defer(fresh_plan, 0, n_total, n_total);
+    if (fresh_plan.fp.bytes > pool_.cap()) continue;  // it could never run again: keep it as is
+    queue_.remove(a.id);                              // its held bytes go back to the pool
+    req.resume.reset();
+    req.resume_held = 0;
+    req.prompt = std::move(req.rebuild_prompt);
+    req.rebuild_prompt.clear();
+    a.chunks = std::move(chunks);
+    a.fp = fresh_plan.fp;
+    a.defer = fresh_plan.defer;
+    a.result.n_prompt = static_cast<int>(req.prompt.size());
+    a.result.kv_slot_limit = a.fp.slots;
+    a.result.resume_given_up = true;
+    const Status pushed = queue_.push(a.id, a.fp.bytes, 0);
+    D2O_ASSERT(pushed.ok());  // (within the cap, checked above)
+    ++n;
+  }
+  return n;
+}
+
 Scheduler::Compressed Scheduler::compress_waiting(size_t bytes) {
   Compressed c;
   const std::vector<uint64_t> ids = queue_.waiting_ids();
@@ -234,18 +287,11 @@ Result<RequestId> Scheduler::submit(Request req) {
                     a->policy->cold_bytes(cache_cfg_, n_total);
     }
   }
-  if (req.defer_compaction && !a->policy->is_full()) {
-    // Full while it runs: its layers hold what they held and every new token.
-    int64_t held_slots = 0;
-    for (int il = 0; req.resume && il < cache_cfg_.n_layer; ++il)
-      held_slots = std::max<int64_t>(held_slots, req.resume->cache().layer(il).n_slot());
-    const Footprint full = deferred_footprint(cache_cfg_, *a->policy, held_slots,
-                                              n_prompt + req.max_new_tokens, n_total);
-    if (full.bytes <= pool_.cap() || a->fp.bytes > pool_.cap()) {
-      a->fp = full;
-      a->defer = true;
-    }
-  }
+  a->req.defer_compaction = req.defer_compaction;
+  int64_t held_slots = 0;
+  for (int il = 0; req.resume && il < cache_cfg_.n_layer; ++il)
+    held_slots = std::max<int64_t>(held_slots, req.resume->cache().layer(il).n_slot());
+  choose_defer(*a, held_slots, n_prompt + req.max_new_tokens, n_total);
   const size_t held = std::min(req.resume_held, a->fp.bytes);
   if (a->fp.slots + a->fp.layer_extra > std::numeric_limits<int>::max())
     return invalid_argument("the request is too long");

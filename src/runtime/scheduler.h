@@ -60,6 +60,10 @@ struct Request {
   // Bytes the caller holds in the pool for `resume` (hold()): part of the request's reservation
   // from submission on; returned to the caller's hold only if submit() fails.
   size_t resume_held = 0;
+  // With `resume`: the whole conversation's tokens (what `resume` holds, then `prompt`). While the
+  // request waits, it may give its conversation up to be fed again from these
+  // (Scheduler::give_up_waiting; RequestResult::resume_given_up). Empty: it never does.
+  std::vector<TokenId> rebuild_prompt;
   // Hand the sequence back in RequestResult::sequence when the request ends with its prompt fed
   // and no error, instead of freeing it (a conversation kept for its next turn).
   bool keep_sequence = false;
@@ -98,6 +102,9 @@ struct RequestResult {
   size_t kv_reserved = 0;        // bytes reserved for its cache while it ran
   size_t kv_peak_allocated = 0;  // largest allocation of its cache (KV + slot metadata)
   int64_t kv_slot_limit = 0;     // slots per KV head and layer its cache was capped at
+  // Its conversation (Request::resume) was given up while it waited and its whole conversation
+  // fed again (Request::rebuild_prompt).
+  bool resume_given_up = false;
   // Seconds on the scheduler's clock (from its creation): submitted, admitted, first generated
   // token, end. token_times[i]: when tokens[i] was produced (the end of its step).
   double t_submit = 0, t_admit = 0, t_first = 0, t_end = 0;
@@ -179,6 +186,13 @@ class Scheduler {
   // queue is left alone (what it would give back it would need again). Only sequences whose
   // compactions are deferred are compressed.
   Compressed compress_waiting(size_t bytes);
+  // When nothing runs and the head of the queue waits for `bytes` that the conversations of the
+  // requests behind it hold (nothing else would ever free them: a stall), those requests give
+  // their conversations up, the one farthest from admission first, until the pool has `bytes`
+  // available: each returns the bytes it held and waits again, at the back, as a request over
+  // its whole conversation (Request::rebuild_prompt; those without one keep theirs). Returns
+  // how many gave theirs up.
+  int give_up_waiting(size_t bytes);
   // What a sequence kept idle holds in memory: its cache (cold tier included) and policy state.
   static size_t idle_bytes(const Sequence& seq) {
     return seq.cache().bytes_held() + seq.policy_state().held_bytes();
@@ -224,6 +238,9 @@ class Scheduler {
   Scheduler(Engine& engine, const SchedulerParams& params);
   Result<std::shared_ptr<const KvPolicy>> policy_for(const std::string& spec);
   Status admit();
+  // Decides whether a request's compactions are deferred (Request::defer_compaction): a full
+  // cache while it runs when that fits the cap, its footprint then.
+  void choose_defer(Active& a, int64_t held_slots, int64_t n_new, int64_t n_total);
   void finish(size_t index, std::string reason, Status status);
   void on_logits(int entry, int token, const float* logits);
 

@@ -76,7 +76,7 @@ struct Metrics {
 // rewound to the prefix (qwen35); its file refused, of another policy, or not read for want of
 // room; lost (it left memory while its file could not be written).
 inline constexpr const char* kSessionRebuildReasons[] = {
-    "policy", "no_common_prefix", "prefix_not_held", "recurrent_state", "file", "lost"};
+    "policy", "no_common_prefix", "prefix_not_held", "recurrent_state", "file", "lost", "pressure"};
 
 std::string prometheus_text(const Metrics& m);
 

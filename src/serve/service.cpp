@@ -238,6 +238,8 @@ void Service::start_job(const std::shared_ptr<Job>& job) {
     if (kept >= 0) {
       skip = static_cast<size_t>(kept);
       req.resume = sessions_.take(s, req.resume_held);
+      // Should nothing else free the memory the queue waits for, it may be fed again whole.
+      req.rebuild_prompt = job->prompt;
     } else {
       info.rebuilt = s.seq != nullptr || refused || lost;
       info.dropped_tokens = std::ssize(s.tokens);
@@ -350,6 +352,10 @@ void Service::finish_job(Job& job, RequestResult& r) {
     error = engine_error(r.status);
   }
   if (!job.session.empty()) {
+    if (r.resume_given_up && session) {  // it gave its conversation up while it waited
+      session->rebuilt = true;
+      ++counters_.session_rebuilds["pressure"];
+    }
     if (r.sequence && !error) {
       if (ColdTier* cold = r.sequence->cache().cold()) {
         const ColdTier::Counts c = cold->take_unreported();
@@ -386,6 +392,10 @@ void Service::finish_job(Job& job, RequestResult& r) {
   job.text += tail;
   job.completion.finish_reason = std::move(finish_reason);
   job.completion.usage.completion_tokens = static_cast<int>(r.tokens.size());
+  if (r.resume_given_up) {
+    job.n_cached = 0;
+    job.completion.usage.cached_tokens = 0;
+  }
   job.completion.lps = std::move(r.logprobs);
   if (job.completion.endpoint == Endpoint::kChat && r.stop_reason == "eog" &&
       job.completion.lps.size() > r.tokens.size())
@@ -490,6 +500,9 @@ void Service::loop() {
           sessions_.count_steps(sched_->compress_waiting(need));
       }
       sessions_.make_room(need);
+      // Nothing runs and nothing else freed enough: the conversations of the requests behind
+      // the head hold what it waits for; they give them up and are fed again whole.
+      if (sched_->pool().available() < need) sched_->give_up_waiting(need);
     }
     if (!sched_->idle()) {
       (void)sched_->step();  // an engine error ends the batch's requests with it (below)

@@ -263,5 +263,71 @@ TEST_F(SessionPressureTest, WaitingRequestsGiveTheirConversationsBytesToTheHead)
   EXPECT_EQ(sched_->pool().reserved(), 0u);
 }
 
+// The stall of a full queue: nothing runs, the head waits for bytes the conversations of the
+// requests behind it hold, and none of them can be compressed (a full cache). The one behind it
+// gives its conversation up and is fed again whole; both then finish.
+TEST_F(SessionPressureTest, WaitingRequestsGiveTheirConversationsUpWhenNothingElseFrees) {
+  auto pol = sched_->policy("full");
+  ASSERT_TRUE(pol.ok());
+  std::vector<TokenId> history;
+  for (int i = 0; i < 48; ++i) history.push_back(3 + (i * 11) % 200);
+  auto seq = std::make_shared<Sequence>(model_->hparams(), KvType::kF16, *pol);
+  BatchEntry be;
+  be.seq = seq.get();
+  be.tokens = history;
+  be.logits_from = BatchEntry::kNoLogits;
+  ASSERT_TRUE(engine_->forward({&be, 1}, [](int, int, const float*) {}).ok());
+  ASSERT_TRUE(seq->cache().shrink_to_fit(0).ok());  // as a kept session is
+  const size_t held = Scheduler::idle_bytes(*seq);
+  ASSERT_TRUE(sched_->hold(held));
+  auto request = [&](int n, std::shared_ptr<Sequence> resume) {
+    Request r;
+    for (int i = 0; i < n; ++i) r.prompt.push_back(5 + i);
+    r.max_new_tokens = 2;
+    r.kv_spec = "full";
+    r.defer_compaction = true;
+    if (resume) {
+      r.rebuild_prompt = history;
+      r.rebuild_prompt.insert(r.rebuild_prompt.end(), r.prompt.begin(), r.prompt.end());
+      r.resume_held = held;
+      r.resume = std::move(resume);
+      r.keep_sequence = true;
+    }
+    return r;
+  };
+  // The head: a fresh request that fits only once the conversation's bytes are back.
+  Request head = request(200, nullptr);
+  const Scheduler::Footprint fp = Scheduler::footprint(seq->cache().config(), **pol, 200, 2, 16);
+  ASSERT_LT(held, fp.bytes);
+  const size_t other = fill_pool(fp.bytes - held / 2);
+  auto head_id = sched_->submit(std::move(head));
+  ASSERT_TRUE(head_id.ok());
+  auto cont_id = sched_->submit(request(4, seq));
+  ASSERT_TRUE(cont_id.ok());
+  seq.reset();
+  const size_t need = sched_->head_needs();
+  ASSERT_GT(need, sched_->pool().available());
+  EXPECT_EQ(sched_->compress_waiting(need).steps, 0);  // a full cache: nothing to compress
+  EXPECT_EQ(sched_->give_up_waiting(need), 1);
+  EXPECT_GE(sched_->pool().available(), need);
+  EXPECT_LE(sched_->pool().reserved(), sched_->pool().cap());
+  EXPECT_EQ(sched_->give_up_waiting(need), 0);  // enough now: nothing more given up
+  ASSERT_TRUE(sched_->run().ok());
+  int done = 0;
+  for (RequestResult& r : sched_->take_finished()) {
+    EXPECT_TRUE(r.status.ok()) << r.status.to_string();
+    EXPECT_EQ(r.resume_given_up, r.id == *cont_id);
+    if (r.id == *cont_id) {
+      ASSERT_NE(r.sequence, nullptr);
+      EXPECT_EQ(r.n_prompt, 52);  // the whole conversation, fed again
+      EXPECT_EQ(r.sequence->n_past(), 52 + 1);
+    }
+    ++done;
+  }
+  EXPECT_EQ(done, 2);
+  sched_->release_held(other);
+  EXPECT_EQ(sched_->pool().reserved(), 0u);
+}
+
 }  // namespace
 }  // namespace d2o::serve
