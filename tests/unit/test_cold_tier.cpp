@@ -567,31 +567,42 @@ TEST(ColdTierEngine, ATurnThatRecallsEverythingKeepsWhatTheQuestionBeforeKeeps) 
   EXPECT_EQ(same, total);
 }
 
+// The 4-layer random model of the recall-peak tests, an engine over it, and one pass of a
+// sequence.
+struct PeakModel {
+  PeakModel() {
+    test::RandomModelConfig cfg;
+    cfg.n_layer = 4;
+    cfg.n_embd = 64;
+    cfg.n_head = 4;
+    cfg.n_head_kv = 2;
+    cfg.seed = 25;
+    model = test::load_random_model(cfg, "cold_tier_peak.gguf");
+    if (model) engine = std::make_unique<Engine>(*model, pool, EngineOptions{});
+  }
+  Status feed(Sequence& s, std::span<const TokenId> tokens) {
+    BatchEntry be;
+    be.seq = &s;
+    be.tokens = tokens;
+    return engine->forward({&be, 1}, [](int, int, const float*) {});
+  }
+  std::unique_ptr<Model> model;
+  ThreadPool pool{2};
+  std::unique_ptr<Engine> engine;
+};
+
 // A turn that recalls is compacted layer by layer, right after each layer's attention, and each
 // layer hands its recalled slots' memory back before the next one recalls: the turn's peak holds
 // one layer's recall, not every layer's at once (the plans are those of a compaction after the
 // pass: ATurnThatRecallsEverythingKeepsWhatTheQuestionBeforeKeeps).
 TEST(ColdTierEngine, ATurnHoldsOneLayersRecallAtATime) {
-  test::RandomModelConfig cfg;
-  cfg.n_layer = 4;
-  cfg.n_embd = 64;
-  cfg.n_head = 4;
-  cfg.n_head_kv = 2;
-  cfg.seed = 25;
-  auto model = test::load_random_model(cfg, "cold_tier_peak.gguf");
-  ASSERT_NE(model, nullptr);
-  ThreadPool pool(2);
-  Engine engine(*model, pool, EngineOptions{});
+  PeakModel m;
+  ASSERT_NE(m.model, nullptr);
   std::shared_ptr<const KvPolicy> pol(
       parse_kv_policy("d2o:budget=24,window=8,kernel=3,cold=memory,cold_type=f16,recall=1000")
           .value());
-  Sequence s(model->hparams(), KvType::kF16, pol);
-  auto feed = [&](std::span<const TokenId> tokens) {
-    BatchEntry be;
-    be.seq = &s;
-    be.tokens = tokens;
-    return engine.forward({&be, 1}, [](int, int, const float*) {});
-  };
+  Sequence s(m.model->hparams(), KvType::kF16, pol);
+  auto feed = [&](std::span<const TokenId> tokens) { return m.feed(s, tokens); };
   const std::vector<TokenId> prompt = random_tokens(192, 9), turn = random_tokens(20, 10);
   // Turns of 16 (each compacted back to the budget, each recalling what its window wants).
   for (size_t i = 0; i < prompt.size(); i += 16)
@@ -605,7 +616,7 @@ TEST(ColdTierEngine, ATurnHoldsOneLayersRecallAtATime) {
   ASSERT_EQ(c.cold()->recall_turns(), turns + 1);
   // Every layer holding its budget, the turn and every recalled slot at once, against one layer
   // at a time (each layer's allocation may grow geometrically, to twice what it holds):
-  const size_t L = static_cast<size_t>(cfg.n_layer);
+  const size_t L = static_cast<size_t>(m.model->hparams().n_layer);
   const size_t all_at_once = KvCache::bytes_for_slots(c.config(), 24 + 20 + cold);
   const size_t one_at_a_time =
       before + 2 * (KvCache::bytes_for_slots(c.config(), 20) +
@@ -622,16 +633,8 @@ TEST(ColdTierEngine, ATurnHoldsOneLayersRecallAtATime) {
 // a pass, one layer at a time the recall (KvCache::set_slot_limit's one_layer_extra). The turn
 // runs within it, and fails without the extra.
 TEST(ColdTierEngine, ASlotLimitWithOneLayersRecallHoldsTheTurn) {
-  test::RandomModelConfig cfg;
-  cfg.n_layer = 4;
-  cfg.n_embd = 64;
-  cfg.n_head = 4;
-  cfg.n_head_kv = 2;
-  cfg.seed = 25;
-  auto model = test::load_random_model(cfg, "cold_tier_peak.gguf");
-  ASSERT_NE(model, nullptr);
-  ThreadPool pool(2);
-  Engine engine(*model, pool, EngineOptions{});
+  PeakModel m;
+  ASSERT_NE(m.model, nullptr);
   std::shared_ptr<const KvPolicy> pol(
       parse_kv_policy("d2o:budget=24,window=8,kernel=3,cold=memory,cold_type=f16,recall=100")
           .value());
@@ -646,17 +649,12 @@ TEST(ColdTierEngine, ASlotLimitWithOneLayersRecallHoldsTheTurn) {
   EXPECT_EQ(extra, 100);
   for (const bool with_extra : {true, false}) {
     SCOPED_TRACE(with_extra);
-    Sequence s(model->hparams(), KvType::kF16, pol);
+    Sequence s(m.model->hparams(), KvType::kF16, pol);
     ASSERT_TRUE(
         s.cache()
             .set_slot_limit(static_cast<int>(limit), with_extra ? static_cast<int>(extra) : 0)
             .ok());
-    auto feed = [&](std::span<const TokenId> tokens) {
-      BatchEntry be;
-      be.seq = &s;
-      be.tokens = tokens;
-      return engine.forward({&be, 1}, [](int, int, const float*) {});
-    };
+    auto feed = [&](std::span<const TokenId> tokens) { return m.feed(s, tokens); };
     Status st;
     for (size_t i = 0; st.ok() && i < prompt.size(); i += 16)
       st = feed(std::span<const TokenId>(prompt).subspan(i, 16));
