@@ -1,5 +1,7 @@
 // Internal: the interface between the matmul driver (matmul.cpp) and its kernels, one table per
-// instruction-set level (matmul_scalar.cpp, matmul_avx2.cpp, matmul_avx512.cpp).
+// instruction-set level (matmul_scalar.cpp, matmul_avx2.cpp, matmul_avx512.cpp; the SIMD levels'
+// tiles of the formats in 256-element blocks and of BF16 in matmul_kquant_avx2.cpp and
+// matmul_kquant_avx512.cpp).
 //
 // Activation quantisation reproduces llama.cpp's (ggml-cpu on x86) bit for bit, so that d2o's
 // products carry the same rounding as llama.cpp's and logits stay close to its logits:
