@@ -291,33 +291,39 @@ void max_log_attention(const float* logits, int n_q, int64_t n, std::vector<floa
 
 }  // namespace
 
-void ColdTier::rank(const Head& hd, const float* q, int n_q, float scale, int count,
-                    std::vector<int32_t>& order) const {
-  const int64_t n = hd.n();
-  order.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) order[i] = static_cast<int32_t>(i);
-  const auto by_position = [&](int32_t a, int32_t b) { return hd.pos[a] < hd.pos[b]; };
-  if (count >= n) {  // every slot comes back: nothing to rank
-    std::sort(order.begin(), order.end(), by_position);
-    return;
-  }
+void ColdTier::begin_recall(int il, int h, const float* q, int n_q, int count, RecallJob& job) {
+  job = RecallJob();
+  job.il = il;
+  job.h = h;
+  job.n_q = n_q;
+  job.hd = &whole(il, h, job.read, &job.read_ok);  // on disk: read whole, written back at the end
+  const int64_t n = job.hd->n();
+  job.count = static_cast<int>(std::min<int64_t>(count, n));
+  // Every slot coming back ranks nothing; nothing to score either.
+  job.scored = job.count > 0 && n_q > 0 && job.count < n;
+  if (!job.scored) return;
   const int D = head_dim_;
-  // Scratch of this call alone: heads are recalled in parallel, and a turn's scratch is not held
-  // between turns.
-  std::vector<float> qt, keys, logits, attn, pooled;
   // The queries moved into the tier's key space instead of every cold key out of it (q.k is
   // unchanged by the rotation, which is orthonormal and its own inverse).
-  qt.assign(q, q + static_cast<size_t>(n_q) * D);
+  job.qt.assign(q, q + static_cast<size_t>(n_q) * D);
   if (cfg_.type.rot_k != hot_type_.rot_k) {
-    for (int r = 0; r < n_q; ++r) convert(qt.data() + static_cast<size_t>(r) * D, false, true, true);
+    for (int r = 0; r < n_q; ++r)
+      convert(job.qt.data() + static_cast<size_t>(r) * D, false, true, true);
   }
+  job.logits.resize(static_cast<size_t>(n) * static_cast<size_t>(n_q));
+}
+
+void ColdTier::score_recall(RecallJob& job, float scale) const {
+  if (!job.scored) return;
+  const Head& hd = *job.hd;
+  const int64_t n = hd.n();
+  const int D = head_dim_;
   // Logits [n_q, n] by the SIMD dot kernels, over the cold keys as floats a tile of kKeyTile
   // rows at a time: a tier that holds a long prompt's evictions would otherwise need
   // n x head_dim floats per head recalled in parallel (on Gemma 3, a 27K-token prompt's cold
   // head is 27 MB of them), at the moment the prompt's last pass recalls.
   constexpr int64_t kKeyTile = 256;
-  keys.resize(static_cast<size_t>(std::min(n, kKeyTile)) * D);
-  logits.resize(static_cast<size_t>(n) * static_cast<size_t>(n_q));
+  std::vector<float> keys(static_cast<size_t>(std::min(n, kKeyTile)) * D);
   RowDots rd;
   rd.base = reinterpret_cast<const uint8_t*>(keys.data());
   rd.row_bytes = sizeof(float) * static_cast<size_t>(D);
@@ -329,26 +335,47 @@ void ColdTier::rank(const Head& hd, const float* q, int n_q, float scale, int co
                   keys.data() + static_cast<size_t>(i) * D);
     }
     rd.n = static_cast<int>(tn);
-    for (int r = 0; r < n_q; ++r) {
-      rd.q = qt.data() + static_cast<size_t>(r) * D;
-      rd.dot = logits.data() + static_cast<size_t>(r) * n + t0;
+    for (int r = 0; r < job.n_q; ++r) {
+      rd.q = job.qt.data() + static_cast<size_t>(r) * D;
+      rd.dot = job.logits.data() + static_cast<size_t>(r) * n + t0;
       row_dots(rd);
       for (int64_t i = 0; i < tn; ++i) rd.dot[i] *= scale;
     }
   }
+}
+
+void ColdTier::rank(RecallJob& job, const float* lse_hot, std::vector<int32_t>& order) const {
+  const Head& hd = *job.hd;
+  const int64_t n = hd.n();
+  const int n_q = job.n_q, count = job.count;
+  order.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[i] = static_cast<int32_t>(i);
+  const auto by_position = [&](int32_t a, int32_t b) { return hd.pos[a] < hd.pos[b]; };
+  if (!job.scored) {  // every slot comes back: nothing to rank
+    std::sort(order.begin(), order.end(), by_position);
+    return;
+  }
+  std::vector<float> attn, pooled;
   // A slot's attention from the window: each query's softmax over the cold slots, summed over
   // the queries (the sum the turn's compaction ranks hot and recalled slots by), then over its
   // `kernel` neighbours in position order (slots arrive in eviction order), so that a passage
   // comes back whole around the token its question found (recall_ranking=max: the most any
   // query gives it, the best of its neighbours).
-  const bool sum = cfg_.ranking == RecallRanking::kSum;
-  if (sum) {
+  std::vector<float>& logits = job.logits;
+  const bool sum = cfg_.ranking != RecallRanking::kMax;
+  if (cfg_.ranking == RecallRanking::kWhole) {
+    D2O_ASSERT(lse_hot != nullptr);
+    attn.assign(static_cast<size_t>(n), 0.0f);
+    for (int r = 0; r < n_q; ++r)
+      softmax_add_lse(logits.data() + static_cast<size_t>(r) * n, n, lse_hot[r], attn.data());
+  } else if (sum) {
     attn.assign(static_cast<size_t>(n), 0.0f);
     for (int r = 0; r < n_q; ++r)
       softmax_add(logits.data() + static_cast<size_t>(r) * n, n, attn.data());
   } else {
     max_log_attention(logits.data(), n_q, n, attn);
   }
+  std::vector<float>().swap(logits);  // (a long tier's logits are large)
   std::sort(order.begin(), order.end(), by_position);
   pooled.resize(static_cast<size_t>(n));
   const int64_t half = std::max(0, cfg_.kernel / 2);
@@ -368,20 +395,25 @@ void ColdTier::rank(const Head& hd, const float* q, int n_q, float scale, int co
 }
 
 void ColdTier::recall(int il, int h, const float* q, int n_q, float scale, int count,
-                      ColdRecall& out) {
+                      ColdRecall& out, const float* lse_hot) {
+  RecallJob job;
+  begin_recall(il, h, q, n_q, count, job);
+  score_recall(job, scale);
+  end_recall(job, out, lse_hot);
+}
+
+void ColdTier::end_recall(RecallJob& job, ColdRecall& out, const float* lse_hot) {
   out.clear();
-  Head& stored = head(il, h);
-  Head read;
-  bool read_ok = true;
-  Head& hd = whole(il, h, read, &read_ok);  // on disk: read whole, written back below
+  Head& stored = head(job.il, job.h);
+  Head& hd = *job.hd;
   const int64_t n = hd.n();
-  count = static_cast<int>(std::min<int64_t>(count, n));
-  if (count <= 0 || n_q <= 0) {
-    if (&hd != &stored && !read_ok) store_whole(stored, hd);  // what could be read
+  const int count = job.count;
+  if (count <= 0 || job.n_q <= 0) {
+    if (&hd != &stored && !job.read_ok) store_whole(stored, hd);  // what could be read
     return;
   }
   std::vector<int32_t> order;
-  rank(hd, q, n_q, scale, count, order);
+  rank(job, lse_hot, order);
   const int D = head_dim_;
   out.k.resize(static_cast<size_t>(count) * D);
   out.v.resize(static_cast<size_t>(count) * D);
@@ -411,6 +443,53 @@ int64_t ColdTier::total_slots() const {
   int64_t n = 0;
   for (const Head& hd : heads_) n += hd.n();
   return n;
+}
+
+void hot_log_sum_exp(const HotLse& a, const float* qs, int r0, int r1, float* lse) {
+  const KvLayer& L = *a.layer;
+  const int n = L.n_slot(a.g);
+  const int last_row = a.r_first + (r1 - 1) / a.group;  // the last query's row
+  const int n_turn = a.k ? last_row - a.r0 + 1 : 0;
+  std::vector<float> logits(static_cast<size_t>(n + std::max(0, n_turn)));
+  const KvType t = L.type();
+  RowDots hot;
+  hot.base = L.key_base(a.g);
+  hot.row_bytes = L.key_row_bytes();
+  hot.map = L.rows(a.g);
+  hot.f16 = t.k == KvElemType::kF16;
+  hot.quant = kv_quantized(t.k) ? kv_ggml_type(t.k) : GgmlType::kF32;
+  hot.dim = a.hd;
+  hot.n = n;
+  hot.dot = logits.data();
+  RowDots turn;
+  if (a.k) {
+    turn.base = reinterpret_cast<const uint8_t*>(a.k + static_cast<size_t>(a.r0) * a.kv_dim +
+                                                 static_cast<size_t>(a.g) * a.hd);
+    turn.row_bytes = sizeof(float) * static_cast<size_t>(a.kv_dim);
+    turn.dim = a.hd;
+    turn.dot = logits.data() + n;
+  }
+  const int32_t* merged = L.merged(a.g);
+  for (int r = r0; r < r1; ++r) {
+    const float* q = qs + static_cast<size_t>(r) * a.hd;
+    if (n > 0) {
+      hot.q = q;
+      row_dots(hot);
+    }
+    for (int x = 0; x < n; ++x) {
+      logits[static_cast<size_t>(x)] *= a.scale;
+      if (a.mass && merged[x] > 0) logits[static_cast<size_t>(x)] += std::log1p(float(merged[x]));
+    }
+    int m = n;
+    if (a.k) {
+      turn.q = q;
+      turn.n = a.r_first + r / a.group - a.r0 + 1;  // causal: the rows up to the query's own
+      row_dots(turn);
+      for (int x = 0; x < turn.n; ++x) logits[static_cast<size_t>(n + x)] *= a.scale;
+      m += turn.n;
+    }
+    lse[r] = softmax_add_lse(logits.data(), m, -std::numeric_limits<float>::infinity(), nullptr);
+  }
 }
 
 size_t ColdTier::rows_bytes() const {

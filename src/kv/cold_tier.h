@@ -43,10 +43,14 @@ enum class ColdPlace { kNone, kMemory, kDisk };
 
 // How a turn ranks the cold slots it may recall (recall_ranking=).
 enum class RecallRanking {
-  kMax,  // the most attention any of the window's queries gives a slot among the cold slots, in
-         // log space, then the best over its `kernel` neighbours (the first form of the tier)
-  kSum,  // the window's attention over the cold slots summed over its queries, then over the
-         // `kernel` neighbours: the sum the compaction that ends the turn ranks by
+  kMax,    // the most attention any of the window's queries gives a slot among the cold slots, in
+           // log space, then the best over its `kernel` neighbours (the first form of the tier)
+  kSum,    // the window's attention over the cold slots summed over its queries, then over the
+           // `kernel` neighbours: the sum the compaction that ends the turn ranks by
+  kWhole,  // as kSum, each query's attention taken over the whole context (the hot slots, the
+           // turn's own keys up to the query and every cold slot), not over the cold slots
+           // alone: the statistic the turn's compaction would rank the cold slots by had all of
+           // them been recalled, so a query that looks at the hot slots adds little
 };
 
 struct ColdTierConfig {
@@ -76,6 +80,22 @@ struct ColdRecall {
   }
 };
 
+// recall_ranking=whole: each of a KV head's window queries' log-sum-exp over what the turn
+// attends to outside the cold tier: head g's hot slots (a merged slot with log(1 + merged) added
+// under proportional attention, as the attention adds it) and the turn's own keys up to the
+// query's row (rows r0 .. of this pass; earlier passes of the turn are hot already). Query r is
+// qs[r * hd], of window row r_first + r / group; hot_log_sum_exp fills lse[r] for r in [r0, r1).
+struct HotLse {
+  const KvLayer* layer = nullptr;
+  int g = 0, hd = 0, kv_dim = 0, group = 0, r0 = 0, r_first = 0;
+  float scale = 1.0f;
+  bool mass = false;
+  const float* k = nullptr;  // the pass's keys [rows, kv_dim], or null (a layer that reads
+                             // another's slots appends none)
+};
+
+void hot_log_sum_exp(const HotLse& a, const float* qs, int r0, int r1, float* lse);
+
 class ColdTier {
  public:
   ColdTier(const ColdTierConfig& cfg, const KvCacheConfig& hot);
@@ -104,7 +124,10 @@ class ColdTier {
   // storage's space, `scale` the attention scale), takes the best `count` out of the tier and
   // returns them in position order. Different heads may be recalled in parallel; the caller
   // counts what came back (note_recalled).
-  void recall(int il, int h, const float* q, int n_q, float scale, int count, ColdRecall& out);
+  // recall_ranking=whole: lse_hot[r] is query r's log-sum-exp over the slots outside the tier
+  // (null for the other rankings).
+  void recall(int il, int h, const float* q, int n_q, float scale, int count, ColdRecall& out,
+              const float* lse_hot = nullptr);
 
   int64_t n_slots(int il, int h) const { return head(il, h).n(); }
   int64_t total_slots() const;
@@ -170,13 +193,26 @@ class ColdTier {
     int64_t n() const { return n_tail() + n_disk; }
   };
   bool on_disk() const { return cfg_.place == ColdPlace::kDisk; }
+
+  // recall() in steps: begin (reads the head), score (the queries' logits over the cold keys),
+  // end (ranks, takes the slots out). A job refers to itself: it must not move in between.
+  struct RecallJob {
+    int il = 0, h = 0, n_q = 0, count = 0;
+    bool scored = false, read_ok = true;
+    Head read;                  // on disk: the head read whole
+    Head* hd = nullptr;         // the head recalled from (itself, or `read`)
+    std::vector<float> qt;      // [n_q, head_dim] queries in the tier's key space
+    std::vector<float> logits;  // [n_q, n] scaled q . k
+  };
+  void begin_recall(int il, int h, const float* q, int n_q, int count, RecallJob& job);
+  void score_recall(RecallJob& job, float scale) const;
+  void end_recall(RecallJob& job, ColdRecall& out, const float* lse_hot);
   // Head (il, h) whole, in memory: the head itself, or `scratch` filled from its extents and
   // tail (false: a read failed; the head's disk part is lost then).
   Head& whole(int il, int h, Head& scratch, bool* ok);
-  // The `count` slots of hd that queries q recall, as indices into hd in position order (scratch
-  // of its own: heads are ranked in parallel).
-  void rank(const Head& hd, const float* q, int n_q, float scale, int count,
-            std::vector<int32_t>& order) const;
+  // The job's `count` slots that its scored queries recall, as indices into its head in position
+  // order (scratch of its own: heads are ranked in parallel); frees the job's logits.
+  void rank(RecallJob& job, const float* lse_hot, std::vector<int32_t>& order) const;
   // On disk: `all` (a head read whole and edited) becomes head hd's only extent.
   void store_whole(Head& hd, Head& all);
   void flush(Head& hd);

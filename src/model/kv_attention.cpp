@@ -55,7 +55,8 @@ void KvAttention::record_queries(int il, const LayerDesc& d, const UbatchInput& 
   }
 }
 
-Status KvAttention::recall(int il, const LayerDesc& d, const SeqRows& sr, const float* q) {
+Status KvAttention::recall(int il, const LayerDesc& d, const SeqRows& sr, const float* q,
+                           const float* k) {
   KvCache& cache = *sr.cache;
   ColdTier* cold = cache.cold();
   if (!cold || d.kind == LayerKind::kSliding || !cache.config().layer_compressible(il)) return {};
@@ -67,6 +68,9 @@ Status KvAttention::recall(int il, const LayerDesc& d, const SeqRows& sr, const 
   const size_t per_head = static_cast<size_t>(w) * group * hd;
   recall_q_.resize(per_head * static_cast<size_t>(G));
   recalled_.resize(static_cast<size_t>(G));
+  const bool whole = cc.ranking == RecallRanking::kWhole;
+  const int n_q = w * group;
+  if (whole) recall_lse_.resize(static_cast<size_t>(n_q) * G);
   // The window's queries of the query heads that read KV head g (g * group + j); the heads in
   // parallel.
   pool_.run(G, [&](int64_t gi, int) {
@@ -80,8 +84,24 @@ Status KvAttention::recall(int il, const LayerDesc& d, const SeqRows& sr, const 
         dst += hd;
       }
     }
-    cold->recall(il, g, first, w * group, d.attn_scale, cc.recall,
-                 recalled_[static_cast<size_t>(g)]);
+    float* lse = nullptr;
+    if (whole && cold->n_slots(il, g) > cc.recall) {  // (only a ranking reads them)
+      HotLse a;
+      a.layer = &cache.layer(il);
+      a.g = g;
+      a.hd = hd;
+      a.kv_dim = kv_dim_;
+      a.group = group;
+      a.r0 = sr.r0;
+      a.r_first = sr.r1 - w;
+      a.scale = d.attn_scale;
+      a.mass = sr.stats.mass;
+      a.k = k;
+      lse = recall_lse_.data() + static_cast<size_t>(n_q) * g;
+      hot_log_sum_exp(a, first, 0, n_q, lse);
+    }
+    cold->recall(il, g, first, n_q, d.attn_scale, cc.recall, recalled_[static_cast<size_t>(g)],
+                 lse);
   });
   for (const ColdRecall& r : recalled_) cold->note_recalled(r.count());
   D2O_RETURN_IF_ERROR(cache.insert_recalled(il, recalled_));
@@ -176,7 +196,7 @@ Status KvAttention::run(int il, const LayerDesc& d, const UbatchInput& in, const
   }
   // A new turn brings back the cold slots its queries want before it attends (once per turn).
   for (const SeqRows& sr : seqs) {
-    if (sr.recall) D2O_RETURN_IF_ERROR(recall(il, d, sr, q));
+    if (sr.recall) D2O_RETURN_IF_ERROR(recall(il, d, sr, q, k));
   }
 
   // Sequences run one per task (single-threaded attention, sequences in parallel): short chunks

@@ -48,8 +48,9 @@ class KvAttention {
   void record_queries(int il, const LayerDesc& d, const UbatchInput& in, const SeqRows& sr,
                       const float* q);
   // SeqRows::recall: the sequence's cold slots that the window's queries `q` want, back into
-  // layer il (kv/cold_tier.h).
-  Status recall(int il, const LayerDesc& d, const SeqRows& sr, const float* q);
+  // layer il (kv/cold_tier.h); `k`: the pass's keys (recall_ranking=whole counts the turn's own
+  // among what its queries attend to), or null.
+  Status recall(int il, const LayerDesc& d, const SeqRows& sr, const float* q, const float* k);
   void attend(int il, const LayerDesc& d, const SeqRows& sr, const float* q, float* out,
               ThreadPool& pool, AttnScratch& scratch);
   // Rotated storage: copies of q, k, v whose rows of sequences with rotated caches are rotated;
@@ -64,6 +65,7 @@ class KvAttention {
   int n_head_, head_dim_, kv_dim_, q_dim_;
   std::vector<float> rot_q_, rot_k_, rot_v_;  // rotate_inputs()
   std::vector<float> recall_q_;               // recall(): one KV head's window queries
+  std::vector<float> recall_lse_;             // recall(): their log-sum-exps outside the tier
   std::vector<float> query_row_;              // record_queries(): one token's queries
   std::vector<ColdRecall> recalled_;          // recall(): per KV head
   AttnScratch scratch_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/assert.h"
 #include "ops/ops_kernels.h"
@@ -58,22 +59,33 @@ void delta_rule_scalar(float* m, const DeltaRuleToken& t, int64_t n, float* o) {
   }
 }
 
-void softmax_add_scalar(float* l, int64_t n, float* acc) {
+float exp_shifted_scalar(float* l, int64_t n, float* m_out) {
   const float m = *std::max_element(l, l + n);
   float sum = 0.0f;
   for (int64_t i = 0; i < n; ++i) {
     l[i] = std::exp(l[i] - m);
     sum += l[i];
   }
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < n; ++i) acc[i] += l[i] * inv;
+  *m_out = m;
+  return sum;
+}
+
+void scaled_add_scalar(const float* l, int64_t n, float c, float* acc) {
+  for (int64_t i = 0; i < n; ++i) acc[i] += l[i] * c;
+}
+
+void softmax_add_scalar(float* l, int64_t n, float* acc) {
+  float m;
+  const float sum = exp_shifted_scalar(l, n, &m);
+  scaled_add_scalar(l, n, 1.0f / sum, acc);
 }
 
 }  // namespace
 
 const Kernels& scalar_kernels() {
-  static const Kernels k{swiglu_scalar, geglu_tanh_scalar, sum_squares_scalar, scale_mul_scalar,
-                         add_scalar,    delta_rule_scalar, softmax_add_scalar};
+  static const Kernels k{swiglu_scalar,      geglu_tanh_scalar,  sum_squares_scalar,
+                         scale_mul_scalar,   add_scalar,         delta_rule_scalar,
+                         softmax_add_scalar, exp_shifted_scalar, scaled_add_scalar};
   return k;
 }
 
@@ -208,6 +220,34 @@ void softmax_add(float* l, int64_t n, float* acc) {
 
 void softmax_add_isa(KernelIsa isa, float* l, int64_t n, float* acc) {
   if (n > 0) ops::kernels_for(isa).softmax_add(l, n, acc);
+}
+
+namespace {
+
+float softmax_add_lse_with(const ops::Kernels& k, float* l, int64_t n, float lse_other,
+                           float* acc) {
+  if (n <= 0) return -std::numeric_limits<float>::infinity();
+  float m;
+  const float sum = k.exp_shifted(l, n, &m);
+  const float lse = m + std::log(sum);
+  if (acc) {
+    // log(exp(lse) + exp(lse_other)), the larger one factored out.
+    const float hi = std::max(lse, lse_other), lo = std::min(lse, lse_other);
+    const float total =
+        lo == -std::numeric_limits<float>::infinity() ? hi : hi + std::log1p(std::exp(lo - hi));
+    k.scaled_add(l, n, std::exp(m - total), acc);
+  }
+  return lse;
+}
+
+}  // namespace
+
+float softmax_add_lse(float* l, int64_t n, float lse_other, float* acc) {
+  return softmax_add_lse_with(best_ops(), l, n, lse_other, acc);
+}
+
+float softmax_add_lse_isa(KernelIsa isa, float* l, int64_t n, float lse_other, float* acc) {
+  return softmax_add_lse_with(ops::kernels_for(isa), l, n, lse_other, acc);
 }
 
 }  // namespace d2o

@@ -75,5 +75,12 @@ void add_inplace(float* y, const float* x, int64_t n);
 // their vector exp and lane-wise sums: results within float rounding of the scalar level's.
 void softmax_add(float* l, int64_t n, float* acc);
 void softmax_add_isa(KernelIsa isa, float* l, int64_t n, float* acc);
+// One query's log-sum-exp over n keys, lse = log sum_j exp(l[j]) (returned; -inf for n = 0), and,
+// when acc is not null, its attention over these keys as part of a softmax that also spans other
+// keys whose log-sum-exp is lse_other (-inf: none): acc[i] += exp(l[i] - log(exp(lse) +
+// exp(lse_other))). l is overwritten (with exp(l[i] - max l)). Within float rounding of the
+// scalar level at every level.
+float softmax_add_lse(float* l, int64_t n, float lse_other, float* acc);
+float softmax_add_lse_isa(KernelIsa isa, float* l, int64_t n, float lse_other, float* acc);
 
 }  // namespace d2o

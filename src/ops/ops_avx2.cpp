@@ -123,7 +123,8 @@ void delta_rule(float* m, const DeltaRuleToken& t, int64_t n, float* o) {
   }
 }
 
-void softmax_add(float* l, int64_t n, float* acc) {
+// l[i] = exp(l[i] - m), m = max l (in *m); returns the sum of the exponentials.
+float exp_shifted(float* l, int64_t n, float* m_out) {
   __m256 mv = _mm256_set1_ps(l[0]);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(l + i));
@@ -141,18 +142,31 @@ void softmax_add(float* l, int64_t n, float* acc) {
     l[i] = std::exp(l[i] - m);
     sum += l[i];
   }
-  const float inv = 1.0f / sum;
-  const __m256 iv = _mm256_set1_ps(inv);
-  for (i = 0; i + 8 <= n; i += 8)
+  *m_out = m;
+  return sum;
+}
+
+// acc[i] += l[i] * c
+void scaled_add(const float* l, int64_t n, float c, float* acc) {
+  const __m256 cv = _mm256_set1_ps(c);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i),
-                                            _mm256_mul_ps(_mm256_loadu_ps(l + i), iv)));
-  for (; i < n; ++i) acc[i] += l[i] * inv;
+                                            _mm256_mul_ps(_mm256_loadu_ps(l + i), cv)));
+  for (; i < n; ++i) acc[i] += l[i] * c;
+}
+
+void softmax_add(float* l, int64_t n, float* acc) {
+  float m;
+  const float sum = exp_shifted(l, n, &m);
+  scaled_add(l, n, 1.0f / sum, acc);
 }
 
 }  // namespace
 
 const Kernels& avx2_kernels() {
-  static const Kernels k{swiglu, geglu_tanh, sum_squares, scale_mul, add, delta_rule, softmax_add};
+  static const Kernels k{swiglu,     geglu_tanh,  sum_squares, scale_mul, add,
+                         delta_rule, softmax_add, exp_shifted, scaled_add};
   return k;
 }
 

@@ -116,7 +116,8 @@ void delta_rule(float* m, const DeltaRuleToken& t, int64_t n, float* o) {
   }
 }
 
-void softmax_add(float* l, int64_t n, float* acc) {
+// l[i] = exp(l[i] - m), m = max l (in *m); returns the sum of the exponentials.
+float exp_shifted(float* l, int64_t n, float* m_out) {
   __m512 mv = _mm512_set1_ps(l[0]);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(l + i));
@@ -134,18 +135,31 @@ void softmax_add(float* l, int64_t n, float* acc) {
     l[i] = std::exp(l[i] - m);
     sum += l[i];
   }
-  const float inv = 1.0f / sum;
-  const __m512 iv = _mm512_set1_ps(inv);
-  for (i = 0; i + 16 <= n; i += 16)
+  *m_out = m;
+  return sum;
+}
+
+// acc[i] += l[i] * c
+void scaled_add(const float* l, int64_t n, float c, float* acc) {
+  const __m512 cv = _mm512_set1_ps(c);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
     _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i),
-                                            _mm512_mul_ps(_mm512_loadu_ps(l + i), iv)));
-  for (; i < n; ++i) acc[i] += l[i] * inv;
+                                            _mm512_mul_ps(_mm512_loadu_ps(l + i), cv)));
+  for (; i < n; ++i) acc[i] += l[i] * c;
+}
+
+void softmax_add(float* l, int64_t n, float* acc) {
+  float m;
+  const float sum = exp_shifted(l, n, &m);
+  scaled_add(l, n, 1.0f / sum, acc);
 }
 
 }  // namespace
 
 const Kernels& avx512_kernels() {
-  static const Kernels k{swiglu, geglu_tanh, sum_squares, scale_mul, add, delta_rule, softmax_add};
+  static const Kernels k{swiglu,     geglu_tanh,  sum_squares, scale_mul, add,
+                         delta_rule, softmax_add, exp_shifted, scaled_add};
   return k;
 }
 

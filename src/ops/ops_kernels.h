@@ -26,6 +26,10 @@ struct Kernels {
   void (*delta_rule)(float* m, const DeltaRuleToken& t, int64_t n, float* o);
   // softmax_add (ops.h): acc[i] += softmax(l)[i]; l is overwritten.
   void (*softmax_add)(float* l, int64_t n, float* acc);
+  // l[i] = exp(l[i] - m), m = max l, stored in *m; returns the sum of the exponentials (n > 0).
+  float (*exp_shifted)(float* l, int64_t n, float* m);
+  // acc[i] += l[i] * c
+  void (*scaled_add)(const float* l, int64_t n, float c, float* acc);
 };
 
 // -2 sqrt(2 / pi) and -2 sqrt(2 / pi) * 0.044715.

@@ -13,6 +13,7 @@
 
 #include "common/random_model.h"
 #include "common/test_util.h"
+#include "core/fp16.h"
 #include "kv/cold_tier.h"
 #include "kv/kv_cache.h"
 #include "kv/policy.h"
@@ -234,6 +235,129 @@ TEST(ColdTier, RankingBySumTakesWhatTheWindowAttendsToMostAndEverythingWhenAsked
   for (int j = 0; j < got.count(); ++j) {
     EXPECT_TRUE(std::equal(got.k.begin() + j * kHd, got.k.begin() + (j + 1) * kHd,
                            row(k, evicted[static_cast<size_t>(j)], 1)));
+  }
+}
+
+// recall_ranking=whole: each query's attention over the cold slots is its share of a softmax
+// over the whole context (given as its log-sum-exp outside the tier), so a query that looks at
+// the hot slots adds little and one that looks into the tier decides; then summed and pooled as
+// by sum. The naive double computation chooses the same 4, and not those sum chooses.
+TEST(ColdTier, RankingByTheWholeContextWeighsEachQueryByWhatItGivesTheTier) {
+  test::Xorshift rng(11);
+  std::vector<float> k, v;
+  const int n = 40;
+  KvCache c = filled_cache(n, rng, k, v);
+  ColdTierConfig cc;
+  cc.place = ColdPlace::kMemory;
+  cc.type = KvType::kF32;
+  cc.kernel = 3;
+  cc.ranking = RecallRanking::kWhole;
+  c.enable_cold(cc);
+  c.apply(0, keep_plan({0, 1, 2, 3, n - 1}));
+  std::vector<int> evicted;
+  for (int t = 4; t < n - 1; ++t) evicted.push_back(t);
+  const float scale = 0.125f;
+  const int n_q = 3;
+  std::vector<float> q(static_cast<size_t>(n_q) * kHd);
+  for (int r = 0; r < n_q; ++r) {
+    for (int d = 0; d < kHd; ++d)
+      q[static_cast<size_t>(r) * kHd + d] = 2.0f * row(k, 9 + 11 * r, 0)[d] + rng.uniform(0.3f);
+  }
+  // Query 0 gives almost all its attention to the hot slots, query 2 almost none.
+  const std::vector<float> lse_hot = {12.0f, 1.0f, -20.0f};
+  auto best4 = [&](bool whole) {
+    std::vector<double> sum(evicted.size(), 0.0);
+    for (int r = 0; r < n_q; ++r) {
+      std::vector<double> l(evicted.size());
+      for (size_t i = 0; i < evicted.size(); ++i) {
+        double dot = 0;
+        for (int d = 0; d < kHd; ++d)
+          dot += q[static_cast<size_t>(r) * kHd + d] * row(k, evicted[i], 0)[d];
+        l[i] = scale * dot;
+      }
+      double z = 0;
+      for (double x : l) z += std::exp(x);
+      if (whole) z += std::exp(double(lse_hot[static_cast<size_t>(r)]));
+      for (size_t i = 0; i < l.size(); ++i) sum[i] += std::exp(l[i]) / z;
+    }
+    std::vector<double> pooled(sum.size());
+    for (size_t i = 0; i < sum.size(); ++i) {
+      pooled[i] = sum[i] + (i > 0 ? sum[i - 1] : 0.0) + (i + 1 < sum.size() ? sum[i + 1] : 0.0);
+    }
+    std::vector<int> order(evicted.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      if (pooled[a] != pooled[b]) return pooled[a] > pooled[b];
+      return a > b;
+    });
+    EXPECT_GT((pooled[static_cast<size_t>(order[3])] - pooled[static_cast<size_t>(order[4])]) /
+                  pooled[static_cast<size_t>(order[3])],
+              1e-4);  // no near-ties at the cut
+    std::vector<int> want;
+    for (int i = 0; i < 4; ++i) want.push_back(evicted[static_cast<size_t>(order[i])]);
+    std::sort(want.begin(), want.end());
+    return want;
+  };
+  const std::vector<int> want = best4(true);
+  EXPECT_NE(want, best4(false));  // the weighing changes the choice here
+  ColdRecall got;
+  c.cold()->recall(0, 0, q.data(), n_q, scale, 4, got, lse_hot.data());
+  EXPECT_EQ(std::vector<int>(got.pos.begin(), got.pos.end()), want);
+}
+
+// The log-sum-exp recall_ranking=whole weighs queries by: each window query over the hot slots
+// of its KV head (F16 rows, through the layer's row map after a compaction) and over the pass's
+// own keys up to its row, as a naive double computation gives it.
+TEST(ColdTier, HotLogSumExpCountsTheHotSlotsAndTheTurnUpToEachQuery) {
+  test::Xorshift rng(13);
+  const int n = 30, rows = 9, w = 4, group = 2, G = 2;
+  KvCache c(KvCacheConfig(1, G, kHd, KvType::kF16));
+  std::vector<float> k(static_cast<size_t>(n) * G * kHd), v(k.size());
+  for (float& x : k) x = rng.uniform(1.0f);
+  for (float& x : v) x = rng.uniform(1.0f);
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  std::iota(pos.begin(), pos.end(), 0);
+  ASSERT_TRUE(c.reserve(0, n, true).ok());
+  c.append(0, k.data(), v.data(), pos.data(), n);
+  const std::vector<int32_t> keep = {0, 1, 5, 8, 13, 21, 29};
+  c.apply(0, keep_plan(keep));
+  // The pass: `rows` keys of its own, the window its last w rows.
+  std::vector<float> turn(static_cast<size_t>(rows) * G * kHd);
+  for (float& x : turn) x = rng.uniform(1.0f);
+  std::vector<float> qs(static_cast<size_t>(w) * group * kHd);
+  for (float& x : qs) x = rng.uniform(2.0f);
+  const float scale = 0.3f;
+  for (int g = 0; g < G; ++g) {
+    HotLse a;
+    a.layer = &c.layer(0);
+    a.g = g;
+    a.hd = kHd;
+    a.kv_dim = G * kHd;
+    a.group = group;
+    a.r0 = 0;
+    a.r_first = rows - w;
+    a.scale = scale;
+    a.k = turn.data();
+    std::vector<float> lse(static_cast<size_t>(w) * group);
+    hot_log_sum_exp(a, qs.data(), 0, 3, lse.data());  // any split gives the same
+    hot_log_sum_exp(a, qs.data(), 3, w * group, lse.data());
+    for (int i = 0; i < w; ++i) {
+      for (int j = 0; j < group; ++j) {
+        const float* q = qs.data() + static_cast<size_t>(i * group + j) * kHd;
+        double z = 0;
+        auto add = [&](const float* key, bool half) {
+          double dot = 0;
+          for (int d = 0; d < kHd; ++d)
+            dot += double(q[d]) * (half ? double(fp16_to_fp32(fp32_to_fp16(key[d]))) : key[d]);
+          z += std::exp(scale * dot);
+        };
+        for (int32_t t : keep) add(row(k, t, g), true);
+        for (int r = 0; r <= rows - w + i; ++r)
+          add(turn.data() + (static_cast<size_t>(r) * G + g) * kHd, false);
+        EXPECT_NEAR(lse[static_cast<size_t>(i * group + j)], std::log(z), 1e-4)
+            << "g=" << g << " i=" << i << " j=" << j;
+      }
+    }
   }
 }
 

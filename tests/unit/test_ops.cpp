@@ -86,6 +86,46 @@ TEST(Ops, SoftmaxAddEveryLevelNearDoubleReference) {
   }
 }
 
+// A query's log-sum-exp over some keys, and its attention over them as part of a softmax that
+// also spans keys whose log-sum-exp is given (none: -inf, the plain softmax), at every level:
+// within float rounding of double precision.
+TEST(Ops, SoftmaxAddLseEveryLevelNearDoubleReference) {
+  std::mt19937 rng(6);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const int n : {1, 7, 16, 17, 700}) {
+    std::vector<float> l(static_cast<size_t>(n)), base(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      l[static_cast<size_t>(i)] = nd(rng);
+      base[static_cast<size_t>(i)] = std::abs(nd(rng));
+    }
+    const double m = *std::max_element(l.begin(), l.end());
+    double z = 0;
+    for (float x : l) z += std::exp(x - m);
+    const double lse = m + std::log(z);
+    for (const float other : {-inf, -30.0f, 0.0f, static_cast<float>(lse) + 2.0f, 80.0f}) {
+      const double total = other == -inf ? lse : std::log(std::exp(lse) + std::exp(double(other)));
+      for (KernelIsa isa : test::available_isas()) {
+        std::vector<float> acc = base, work = l;
+        const float got_lse = softmax_add_lse_isa(isa, work.data(), n, other, acc.data());
+        EXPECT_NEAR(got_lse, lse, 1e-5 * (1 + std::abs(lse))) << kernel_isa_name(isa);
+        double share = 0;
+        for (int i = 0; i < n; ++i) {
+          const double p = std::exp(l[static_cast<size_t>(i)] - total);
+          const double got = acc[static_cast<size_t>(i)] - base[static_cast<size_t>(i)];
+          share += got;
+          EXPECT_NEAR(got, p, 1e-6 + 1e-5 * p)
+              << kernel_isa_name(isa) << " n=" << n << " other=" << other << " i=" << i;
+        }
+        EXPECT_NEAR(share, std::exp(lse - total), 1e-4) << kernel_isa_name(isa) << " n=" << n;
+        // Without running sums: the log-sum-exp alone.
+        work = l;
+        EXPECT_EQ(softmax_add_lse_isa(isa, work.data(), n, other, nullptr), got_lse);
+      }
+    }
+  }
+}
+
 TEST(Ops, GegluTanhEveryLevelNearDoubleReference) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 3.0f);

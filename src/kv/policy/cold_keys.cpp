@@ -9,7 +9,7 @@ namespace d2o::spec_detail {
 
 namespace {
 const std::vector<const char*> kColdWords = {"none", "memory", "disk"};
-const std::vector<const char*> kRankingWords = {"max", "sum"};
+const std::vector<const char*> kRankingWords = {"max", "sum", "whole"};
 
 bool cold_shown(const PolicyConfig& c) {
   return c.cold.enabled();

@@ -83,7 +83,9 @@ const std::map<std::string_view, const char*>& key_lines() {
       {"recall_ranking",
        "what ranks the cold slots a turn recalls: max (the most attention any of the turn's "
        "window queries gives a slot, the best of its neighbours) or sum (the window's attention "
-       "summed over its queries and neighbouring slots, as the turn's compaction ranks)"},
+       "summed over its queries and neighbouring slots, as the turn's compaction ranks) or whole "
+       "(that sum with each query's attention over the whole context, hot and cold: what the "
+       "compaction would rank by had every cold slot come back)"},
       {"reading", "d2o: paper gives the paper's D2O, research its research code's (a shorthand)"},
   };
   return lines;
