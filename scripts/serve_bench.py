@@ -172,11 +172,16 @@ def stream_chat(srv, body, result, headers=None):
         c.close()
 
 
+def needle_turn(args):
+    """The turn (0: the document's) whose question asks for the needle."""
+    return args.turns - 1 if args.needle_turn is None else args.needle_turn
+
+
 def client(srv, args, idx, passage, policy, tag, out, errors, needle=None):
     sid = f"{tag}-{idx}"
 
-    def question(turn):  # with a needle, the last turn asks for it
-        if needle and turn == args.turns - 1:
+    def question(turn):  # with a needle, its turn asks for it (the last unless --needle-turn)
+        if needle and turn == needle_turn(args):
             return QUESTION.format(word=needle["word"])
         return QUESTIONS[turn % len(QUESTIONS)]
 
@@ -299,7 +304,7 @@ def run_policy(srv, args, policy, passages, needles=None):
 
     needle = None
     if needles:
-        asked = sorted((r for r in ok if r["turn"] == args.turns - 1), key=lambda r: r["client"])
+        asked = sorted((r for r in ok if r["turn"] == needle_turn(args)), key=lambda r: r["client"])
         convs = []
         for r in asked:
             n = needles[r["client"]]
@@ -357,6 +362,9 @@ def main():
     ap.add_argument("--needle", action="store_true",
                     help="plant a fact in each document and ask for it in the last turn (above)")
     ap.add_argument("--needle-seed", type=int, default=1, help="conversation i's needle uses seed*1000+i")
+    ap.add_argument("--needle-turn", type=int, default=None,
+                    help="the turn that asks for the needle, 0 being the document's (default: the "
+                         "last; 1: right after the document, as scripts/next_question.py asks)")
     ap.add_argument("--stagger", type=float, default=0.0, help="seconds between client starts")
     ap.add_argument("--max-retries", type=int, default=600, help="503 answers retried per turn")
     ap.add_argument("--poll", type=float, default=0.25)
@@ -364,6 +372,8 @@ def main():
     ap.add_argument("--label", default="", help="name of this server in the output")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
+    if args.needle_turn is not None and not 0 <= args.needle_turn < args.turns:
+        ap.error(f"--needle-turn must be in [0, {args.turns - 1}] (--turns {args.turns})")
     for name in ("clients", "turns", "max_tokens", "doc_words"):
         if getattr(args, name) < 1:
             raise SystemExit(f"serve_bench: --{name.replace('_', '-')} must be at least 1")

@@ -2,7 +2,7 @@
 """`d2o serve --compress when-needed` under memory pressure, with a session directory.
 
 Usage: serve_pressure_test.py PATH_TO_D2O [CLIENTS TURNS DOC_WORDS] [--json OUT] [--always]
-                              [--kv SPEC] [--needle [--no-reference]]
+                              [--kv SPEC] [--needle [--needle-turn N] [--no-reference]]
 Needs $D2O_MODEL (SmolLM2-135M-Instruct); exits 77 (skipped) without it.
 
 The real SmolLM2 behind `d2o serve --kv d2o:budget=256 --compress when-needed --session-dir DIR`
@@ -19,8 +19,10 @@ GET /metrics every 100 ms. Checks:
     stopped and fails with the server's state (a stalled server).
 --always runs the same load with `--compress always` for comparison (no compression step is then
 expected). --kv SPEC serves another policy than d2o:budget=256 (e.g. `d2o`, the default).
---needle plants a fact in each conversation's document and asks for it in the last turn
-(serve_bench.py --needle: scripts/next_question.py's needle and question); the hits are printed
+--needle plants a fact in each conversation's document and asks for it in the last turn, or in
+turn N with --needle-turn N (0 being the document's; 1: the next question, as
+scripts/next_question.py asks it) (serve_bench.py --needle: scripts/next_question.py's needle and
+question); the hits are printed
 (not checked), and the same load then runs again on a fresh server with `--kv full` as the
 reference (sessions written out and read back instead of compressed; the same checks but the
 compression one), unless --no-reference. The default (ctest, label e2e) is a short form, 6 x 3
@@ -47,6 +49,7 @@ AP.add_argument("--json", default=None)
 AP.add_argument("--always", action="store_true")
 AP.add_argument("--kv", default="d2o:budget=256")
 AP.add_argument("--needle", action="store_true")
+AP.add_argument("--needle-turn", type=int, default=None)
 AP.add_argument("--no-reference", action="store_true")
 A = AP.parse_args()
 if len(A.load) not in (0, 3):
@@ -100,7 +103,8 @@ def run(kv):
                                    "--url", f"http://127.0.0.1:{port}", "--clients", str(CLIENTS),
                                    "--turns", str(TURNS), "--doc-words", str(WORDS), "--max-tokens", "32",
                                    "--sessions", "--poll", "0.1", "--tag", "pressure",
-                                   "--json", bench_json] + (["--needle"] if A.needle else []))
+                                   "--json", bench_json] + (["--needle"] if A.needle else [])
+                                  + (["--needle-turn", str(A.needle_turn)] if A.needle_turn is not None else []))
     # A stall: requests queued, none running and none answered for STALL_S seconds. The load is
     # then stopped and the run fails with the server's state, rather than waiting for the
     # clients' own timeouts.
