@@ -171,113 +171,49 @@ TEST(ColdTier, EvictedSlotsGoColdAndTheWantedComeBackAtTheirPlaces) {
   EXPECT_EQ(c.cold()->total_slots(), 8);
 }
 
-// recall_ranking=sum: a slot's score is the window's softmax share summed over its queries, then
-// over its neighbours (kernel 3) in position order; the best 4, newer on ties. A recall of every
-// slot ranks nothing and brings all back in position order.
-TEST(ColdTier, RankingBySumTakesWhatTheWindowAttendsToMostAndEverythingWhenAsked) {
-  test::Xorshift rng(11);
-  std::vector<float> k, v;
-  const int n = 40;
-  KvCache c = filled_cache(n, rng, k, v);
-  ColdTierConfig cc;
-  cc.place = ColdPlace::kMemory;
-  cc.type = KvType::kF32;
-  cc.kernel = 3;
-  cc.ranking = RecallRanking::kSum;
-  c.enable_cold(cc);
-  c.apply(0, keep_plan({0, 1, 2, 3, n - 1}));
-  ColdTier& cold = *c.cold();
+// A tier of 35 slots of one layer (40 slots, all but 4 sinks and the last evicted, F32, kernel 3)
+// and 3 queries near slots 9, 20 and 31, for the ranking tests: `best(k, lse_hot)` is what a
+// naive double computation recalls, the k best by the window's attention summed over queries and
+// pooled over 3 neighbours (newer on ties), each query's softmax over the cold slots (lse_hot
+// null: recall_ranking=sum) or over the whole context (lse_hot: each query's log-sum-exp outside
+// the tier, recall_ranking=whole).
+struct RankingCase {
+  static constexpr int kN = 40, kQ = 3;
+  static constexpr float kScale = 0.125f;
+  test::Xorshift rng{11};
+  std::vector<float> k, v, q;
   std::vector<int> evicted;
-  for (int t = 4; t < n - 1; ++t) evicted.push_back(t);
-  const float scale = 0.125f;
-  const int n_q = 3;
-  std::vector<float> q(static_cast<size_t>(n_q) * kHd);
-  for (int r = 0; r < n_q; ++r) {
-    for (int d = 0; d < kHd; ++d)
-      q[static_cast<size_t>(r) * kHd + d] = 2.0f * row(k, 9 + 11 * r, 0)[d] + rng.uniform(0.3f);
-  }
-  std::vector<double> sum(evicted.size(), 0.0);
-  for (int r = 0; r < n_q; ++r) {
-    std::vector<double> l(evicted.size());
-    for (size_t i = 0; i < evicted.size(); ++i) {
-      double dot = 0;
-      for (int d = 0; d < kHd; ++d)
-        dot += q[static_cast<size_t>(r) * kHd + d] * row(k, evicted[i], 0)[d];
-      l[i] = scale * dot;
-    }
-    const double m = *std::max_element(l.begin(), l.end());
-    double z = 0;
-    for (double x : l) z += std::exp(x - m);
-    for (size_t i = 0; i < l.size(); ++i) sum[i] += std::exp(l[i] - m) / z;
-  }
-  std::vector<double> pooled(sum.size());
-  for (size_t i = 0; i < sum.size(); ++i) {
-    pooled[i] = sum[i] + (i > 0 ? sum[i - 1] : 0.0) + (i + 1 < sum.size() ? sum[i + 1] : 0.0);
-  }
-  std::vector<int> order(evicted.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    if (pooled[a] != pooled[b]) return pooled[a] > pooled[b];
-    return a > b;
-  });
-  // (no near-ties at the cut: float sums rank as the double ones)
-  ASSERT_GT(pooled[static_cast<size_t>(order[3])] - pooled[static_cast<size_t>(order[4])], 1e-4);
-  std::vector<int> want;
-  for (int i = 0; i < 4; ++i) want.push_back(evicted[static_cast<size_t>(order[i])]);
-  std::sort(want.begin(), want.end());
-  ColdRecall got;
-  cold.recall(0, 0, q.data(), n_q, scale, 4, got);
-  EXPECT_EQ(std::vector<int>(got.pos.begin(), got.pos.end()), want);
-  // Every slot of head 1, whatever the queries: all of them, in position order, rows intact.
-  cold.recall(0, 1, q.data(), n_q, scale, 1000, got);
-  EXPECT_EQ(std::vector<int>(got.pos.begin(), got.pos.end()), evicted);
-  EXPECT_EQ(cold.n_slots(0, 1), 0);
-  for (int j = 0; j < got.count(); ++j) {
-    EXPECT_TRUE(std::equal(got.k.begin() + j * kHd, got.k.begin() + (j + 1) * kHd,
-                           row(k, evicted[static_cast<size_t>(j)], 1)));
-  }
-}
+  KvCache c;
 
-// recall_ranking=whole: each query's attention over the cold slots is its share of a softmax
-// over the whole context (given as its log-sum-exp outside the tier), so a query that looks at
-// the hot slots adds little and one that looks into the tier decides; then summed and pooled as
-// by sum. The naive double computation chooses the same 4, and not those sum chooses.
-TEST(ColdTier, RankingByTheWholeContextWeighsEachQueryByWhatItGivesTheTier) {
-  test::Xorshift rng(11);
-  std::vector<float> k, v;
-  const int n = 40;
-  KvCache c = filled_cache(n, rng, k, v);
-  ColdTierConfig cc;
-  cc.place = ColdPlace::kMemory;
-  cc.type = KvType::kF32;
-  cc.kernel = 3;
-  cc.ranking = RecallRanking::kWhole;
-  c.enable_cold(cc);
-  c.apply(0, keep_plan({0, 1, 2, 3, n - 1}));
-  std::vector<int> evicted;
-  for (int t = 4; t < n - 1; ++t) evicted.push_back(t);
-  const float scale = 0.125f;
-  const int n_q = 3;
-  std::vector<float> q(static_cast<size_t>(n_q) * kHd);
-  for (int r = 0; r < n_q; ++r) {
-    for (int d = 0; d < kHd; ++d)
-      q[static_cast<size_t>(r) * kHd + d] = 2.0f * row(k, 9 + 11 * r, 0)[d] + rng.uniform(0.3f);
+  explicit RankingCase(RecallRanking ranking) : c(filled_cache(kN, rng, k, v)) {
+    ColdTierConfig cc;
+    cc.place = ColdPlace::kMemory;
+    cc.type = KvType::kF32;
+    cc.kernel = 3;
+    cc.ranking = ranking;
+    c.enable_cold(cc);
+    c.apply(0, keep_plan({0, 1, 2, 3, kN - 1}));
+    for (int t = 4; t < kN - 1; ++t) evicted.push_back(t);
+    q.resize(static_cast<size_t>(kQ) * kHd);
+    for (int r = 0; r < kQ; ++r) {
+      for (int d = 0; d < kHd; ++d)
+        q[static_cast<size_t>(r) * kHd + d] = 2.0f * row(k, 9 + 11 * r, 0)[d] + rng.uniform(0.3f);
+    }
   }
-  // Query 0 gives almost all its attention to the hot slots, query 2 almost none.
-  const std::vector<float> lse_hot = {12.0f, 1.0f, -20.0f};
-  auto best4 = [&](bool whole) {
+
+  std::vector<int> best(int count, const float* lse_hot) const {
     std::vector<double> sum(evicted.size(), 0.0);
-    for (int r = 0; r < n_q; ++r) {
+    for (int r = 0; r < kQ; ++r) {
       std::vector<double> l(evicted.size());
       for (size_t i = 0; i < evicted.size(); ++i) {
         double dot = 0;
         for (int d = 0; d < kHd; ++d)
           dot += q[static_cast<size_t>(r) * kHd + d] * row(k, evicted[i], 0)[d];
-        l[i] = scale * dot;
+        l[i] = kScale * dot;
       }
       double z = 0;
       for (double x : l) z += std::exp(x);
-      if (whole) z += std::exp(double(lse_hot[static_cast<size_t>(r)]));
+      if (lse_hot) z += std::exp(double(lse_hot[r]));
       for (size_t i = 0; i < l.size(); ++i) sum[i] += std::exp(l[i]) / z;
     }
     std::vector<double> pooled(sum.size());
@@ -290,18 +226,49 @@ TEST(ColdTier, RankingByTheWholeContextWeighsEachQueryByWhatItGivesTheTier) {
       if (pooled[a] != pooled[b]) return pooled[a] > pooled[b];
       return a > b;
     });
-    EXPECT_GT((pooled[static_cast<size_t>(order[3])] - pooled[static_cast<size_t>(order[4])]) /
-                  pooled[static_cast<size_t>(order[3])],
-              1e-4);  // no near-ties at the cut
+    // (no near-ties at the cut: float sums rank as the double ones)
+    const double at_cut = pooled[static_cast<size_t>(order[static_cast<size_t>(count - 1)])];
+    EXPECT_GT((at_cut - pooled[static_cast<size_t>(order[static_cast<size_t>(count)])]) / at_cut,
+              1e-4);
     std::vector<int> want;
-    for (int i = 0; i < 4; ++i) want.push_back(evicted[static_cast<size_t>(order[i])]);
+    for (int i = 0; i < count; ++i) want.push_back(evicted[static_cast<size_t>(order[i])]);
     std::sort(want.begin(), want.end());
     return want;
-  };
-  const std::vector<int> want = best4(true);
-  EXPECT_NE(want, best4(false));  // the weighing changes the choice here
+  }
+};
+
+// recall_ranking=sum: a slot's score is the window's softmax share summed over its queries, then
+// over its neighbours (kernel 3) in position order; the best 4, newer on ties. A recall of every
+// slot ranks nothing and brings all back in position order.
+TEST(ColdTier, RankingBySumTakesWhatTheWindowAttendsToMostAndEverythingWhenAsked) {
+  RankingCase rc(RecallRanking::kSum);
+  ColdTier& cold = *rc.c.cold();
   ColdRecall got;
-  c.cold()->recall(0, 0, q.data(), n_q, scale, 4, got, lse_hot.data());
+  cold.recall(0, 0, rc.q.data(), RankingCase::kQ, RankingCase::kScale, 4, got);
+  EXPECT_EQ(std::vector<int>(got.pos.begin(), got.pos.end()), rc.best(4, nullptr));
+  // Every slot of head 1, whatever the queries: all of them, in position order, rows intact.
+  cold.recall(0, 1, rc.q.data(), RankingCase::kQ, RankingCase::kScale, 1000, got);
+  EXPECT_EQ(std::vector<int>(got.pos.begin(), got.pos.end()), rc.evicted);
+  EXPECT_EQ(cold.n_slots(0, 1), 0);
+  for (int j = 0; j < got.count(); ++j) {
+    EXPECT_TRUE(std::equal(got.k.begin() + j * kHd, got.k.begin() + (j + 1) * kHd,
+                           row(rc.k, rc.evicted[static_cast<size_t>(j)], 1)));
+  }
+}
+
+// recall_ranking=whole: each query's attention over the cold slots is its share of a softmax
+// over the whole context (given as its log-sum-exp outside the tier), so a query that looks at
+// the hot slots adds little and one that looks into the tier decides; then summed and pooled as
+// by sum. The naive double computation chooses the same 4, and not those sum chooses.
+TEST(ColdTier, RankingByTheWholeContextWeighsEachQueryByWhatItGivesTheTier) {
+  RankingCase rc(RecallRanking::kWhole);
+  // Query 0 gives almost all its attention to the hot slots, query 2 almost none.
+  const std::vector<float> lse_hot = {12.0f, 1.0f, -20.0f};
+  const std::vector<int> want = rc.best(4, lse_hot.data());
+  EXPECT_NE(want, rc.best(4, nullptr));  // the weighing changes the choice here
+  ColdRecall got;
+  rc.c.cold()->recall(0, 0, rc.q.data(), RankingCase::kQ, RankingCase::kScale, 4, got,
+                      lse_hot.data());
   EXPECT_EQ(std::vector<int>(got.pos.begin(), got.pos.end()), want);
 }
 
