@@ -13,9 +13,9 @@
 // (as the compaction that ends the turn sums the window's attention over hot and recalled slots),
 // then summed over its `kernel` neighbours in position order (so that a passage comes back whole
 // around the token its question found, as SnapKV's pooling keeps it; recall_ranking=max: the
-// most any query gives it, the best of its neighbours). When `recall` covers every cold slot,
-// nothing is scored: all come back. The best
-// `recall` slots of each head go back into the hot cache at their place in position order
+// most any query gives it, the best of its neighbours). While a head's tier holds at most
+// `recall_all_up_to` slots, or `recall` covers every one, nothing is scored: all come back. The
+// best `recall` slots of each head go back into the hot cache at their place in position order
 // (KvCache::insert_recalled), so the turn, and the answer after it, attend to them; the
 // compaction that ends the turn then ranks hot and recalled slots alike by the turn's window
 // attention (PassInfo::recalled), and what it evicts goes to the tier again.
@@ -24,6 +24,7 @@
 // renumbers positions (positions=shifted) cannot have a cold tier.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -58,10 +59,19 @@ struct ColdTierConfig {
   RecallRanking ranking = RecallRanking::kSum;
   KvType type{KvElemType::kQ4_0, KvElemType::kQ4_0, true, true};  // q4_0r
   int64_t max_slots = 0;  // per layer and KV head (0: no bound)
-  int recall = 512;       // slots per layer and KV head recalled per turn
+  int recall = 512;       // slots per layer and KV head recalled per turn, ranked
+  // While a head's tier holds at most this many slots, a turn recalls every one of them (nothing
+  // ranked, the turn attends to the whole context); beyond it, the best `recall` (0: never).
+  int recall_all_up_to = 2048;
   int window = 32;        // the turn's last queries that score the cold slots
   int kernel = 21;        // a slot's score: the best of its `kernel` neighbours in position order
   bool enabled() const { return place != ColdPlace::kNone; }
+  // Slots a turn recalls from a head whose tier holds `held`.
+  int64_t recall_count(int64_t held) const {
+    return held <= recall_all_up_to ? held : std::min<int64_t>(recall, held);
+  }
+  // The most slots a turn may recall from one head.
+  int64_t max_recall() const { return std::max<int64_t>(recall, recall_all_up_to); }
   bool operator==(const ColdTierConfig&) const = default;
 };
 

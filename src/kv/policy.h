@@ -287,7 +287,8 @@ std::string paper_era_d2o_spec(const std::string& spec);
 // Today's canonical form of a spec recorded as canonical at any time: as written, with the key
 // names of before they were made readable (nm=, mrope=post, ...; the same policy), or of the
 // time d2o's defaults were the paper's (paper_era_d2o_spec), of d2o before its cold tier (read as
-// cold=none) or of a cold tier before recall_ranking= was printed (read as recall_ranking=max).
+// cold=none) or of a cold tier before recall_ranking= was printed (read as recall_ranking=max)
+// or before recall_all_up_to= was (read as recall_all_up_to=0).
 // "" for a spec that was never canonical. Session files read their specs through it.
 std::string recorded_spec_today(const std::string& spec);
 

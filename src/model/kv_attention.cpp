@@ -84,8 +84,10 @@ Status KvAttention::recall(int il, const LayerDesc& d, const SeqRows& sr, const 
         dst += hd;
       }
     }
+    const int64_t held = cold->n_slots(il, g);
+    const int count = static_cast<int>(cc.recall_count(held));
     float* lse = nullptr;
-    if (whole && cold->n_slots(il, g) > cc.recall) {  // (only a ranking reads them)
+    if (whole && held > count) {  // (only a ranking reads them)
       HotLse a;
       a.layer = &cache.layer(il);
       a.g = g;
@@ -100,8 +102,7 @@ Status KvAttention::recall(int il, const LayerDesc& d, const SeqRows& sr, const 
       lse = recall_lse_.data() + static_cast<size_t>(n_q) * g;
       hot_log_sum_exp(a, first, 0, n_q, lse);
     }
-    cold->recall(il, g, first, n_q, d.attn_scale, cc.recall, recalled_[static_cast<size_t>(g)],
-                 lse);
+    cold->recall(il, g, first, n_q, d.attn_scale, count, recalled_[static_cast<size_t>(g)], lse);
   });
   for (const ColdRecall& r : recalled_) cold->note_recalled(r.count());
   D2O_RETURN_IF_ERROR(cache.insert_recalled(il, recalled_));

@@ -112,7 +112,7 @@ Scheduler::Footprint Scheduler::deferred_footprint(const KvCacheConfig& cfg, con
                                                    int64_t held, int64_t n_new, int64_t n_total) {
   Footprint f;
   const ColdTierConfig cold = policy.cold_tier();
-  const int64_t recall = cold.enabled() ? cold.recall : 0;
+  const int64_t recall = cold.enabled() ? cold.max_recall() : 0;
   f.slots = std::max<int64_t>(1, std::min(held + n_new + recall, n_total));
   f.bytes = KvCache::bytes_for_slots(cfg, f.slots) + policy.state_bytes(cfg, f.slots) +
             policy.cold_bytes(cfg, n_total);

@@ -302,7 +302,8 @@ TEST_F(BoundedPrefillModel, AChunkedPrefillStaysWithinTheBudgetPlusOnePass) {
     const int budget = cfg.layers == LayerRule::kUniform ? 101 : 100 + longest;
     // A cold tier's recall (d2o's default) adds its slots to the last pass's, in one layer at a
     // time.
-    const int recall = bounded->cold_tier().enabled() ? bounded->cold_tier().recall : 0;
+    const int recall =
+        bounded->cold_tier().enabled() ? static_cast<int>(bounded->cold_tier().max_recall()) : 0;
     const int limit = budget + longest + gp.n_predict;
     Sequence b(model_->hparams(), KvType::kF16, bounded), e(model_->hparams(), KvType::kF16, exact);
     ASSERT_TRUE(b.cache().set_slot_limit(limit, recall).ok());
@@ -323,7 +324,8 @@ TEST_F(BoundedPrefillModel, AChunkedPrefillStaysWithinTheBudgetPlusOnePass) {
 TEST_F(BoundedPrefillModel, ChunkEvictionsGoColdAndTheLastChunkRecalls) {
   ThreadPool pool(2);
   Engine engine(*model_, pool, EngineOptions{});
-  const std::string cold = ",window=8,kernel=3,cold=memory,cold_type=f16,recall=6";
+  const std::string cold =
+      ",window=8,kernel=3,cold=memory,cold_type=f16,recall=6,recall_all_up_to=0";
   std::shared_ptr<const KvPolicy> bounded(
       parse_kv_policy("d2o:ratio=0.25,prefill=bounded" + cold).value());
   std::shared_ptr<const KvPolicy> exact(parse_kv_policy("d2o:ratio=0.25" + cold).value());

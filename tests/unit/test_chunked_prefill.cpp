@@ -385,7 +385,8 @@ TEST_F(ChunkedPrefillModel, GenerateInChunksKeepsRatioResultsAndBoundsAFixedBudg
       Sequence seq(model_->hparams(), KvType::kF16, pol);
       // A cold tier's recall (d2o's default) adds its slots to the last chunk's, in one layer at
       // a time.
-      const int recall = pol->cold_tier().enabled() ? pol->cold_tier().recall : 0;
+      const int recall =
+          pol->cold_tier().enabled() ? static_cast<int>(pol->cold_tier().max_recall()) : 0;
       ASSERT_TRUE(seq.cache().set_slot_limit(40 + 2 * 48, recall).ok());
       gp.prefill_chunk = chunk;
       auto r = generate(engine, **tok, seq, long_prompt, gp, nullptr);

@@ -469,7 +469,9 @@ TEST(ColdTierSpec, KeysParsePrintAndRefuseWhatCannotWork) {
   auto dflt = parse_kv_policy("d2o");
   ASSERT_TRUE(dflt.ok());
   EXPECT_NE(
-      (*dflt)->spec().find(",cold=disk,cold_type=q4_0r,cold_size=0,recall=512,recall_ranking=sum"),
+      (*dflt)->spec().find(
+          ",cold=disk,cold_type=q4_0r,cold_size=0,recall=512,recall_ranking=sum,recall_all_up_to="
+          "2048"),
       std::string::npos)
       << (*dflt)->spec();
   EXPECT_EQ((*dflt)->cold_tier().place, ColdPlace::kDisk);
@@ -477,10 +479,11 @@ TEST(ColdTierSpec, KeysParsePrintAndRefuseWhatCannotWork) {
   // recall_ranking=: sum unless told, always shown with a tier (specs recorded before it was
   // shown ranked by max: recorded_spec_today).
   EXPECT_EQ((*dflt)->cold_tier().ranking, RecallRanking::kSum);
-  auto by_max = parse_kv_policy("d2o:recall=64,recall_ranking=max");
+  auto by_max = parse_kv_policy("d2o:recall=64,recall_ranking=max,recall_all_up_to=0");
   ASSERT_TRUE(by_max.ok()) << by_max.status().message();
   EXPECT_EQ((*by_max)->cold_tier().ranking, RecallRanking::kMax);
-  EXPECT_NE((*by_max)->spec().find(",recall=64,recall_ranking=max"), std::string::npos)
+  EXPECT_NE((*by_max)->spec().find(",recall=64,recall_ranking=max,recall_all_up_to=0"),
+            std::string::npos)
       << (*by_max)->spec();
   EXPECT_EQ((*parse_kv_policy((*by_max)->spec()))->spec(), (*by_max)->spec());
   EXPECT_EQ(
@@ -488,6 +491,12 @@ TEST(ColdTierSpec, KeysParsePrintAndRefuseWhatCannotWork) {
           std::string((*by_max)->spec()).substr(0, (*by_max)->spec().find(",recall_ranking=max"))),
       (*by_max)->spec());
   EXPECT_FALSE(parse_kv_policy("d2o:recall_ranking=mean").ok());
+  // recall_all_up_to=: 2048 unless told, 0 turns it off; not without a tier.
+  EXPECT_EQ((*dflt)->cold_tier().recall_all_up_to, 2048);
+  EXPECT_EQ((*parse_kv_policy("d2o:recall_all_up_to=0"))->cold_tier().recall_all_up_to, 0);
+  EXPECT_FALSE(parse_kv_policy("d2o:recall_all_up_to=-1").ok());
+  EXPECT_FALSE(parse_kv_policy("d2o:recall_all_up_to=many").ok());
+  EXPECT_FALSE(parse_kv_policy("d2o:cold=none,recall_all_up_to=8").ok());
   EXPECT_FALSE(parse_kv_policy("d2o:cold=none,recall_ranking=sum").ok());
   auto none = parse_kv_policy("d2o:cold=none");
   ASSERT_TRUE(none.ok());
@@ -552,7 +561,8 @@ TEST_P(ColdTierEngine, ATurnRecallsAndEveryTokenIsInOneTier) {
   ThreadPool pool(2);
   Engine engine(*model, pool, EngineOptions{});
   std::shared_ptr<const KvPolicy> pol(
-      parse_kv_policy("d2o:ratio=0.25,window=8,kernel=3,cold=" + place + ",cold_type=f16,recall=5")
+      parse_kv_policy("d2o:ratio=0.25,window=8,kernel=3,cold=" + place +
+                      ",cold_type=f16,recall=5,recall_all_up_to=0")
           .value());
   std::shared_ptr<const KvPolicy> hot(parse_kv_policy("d2o:ratio=0.25,window=8,kernel=3").value());
   Sequence s(model->hparams(), KvType::kF16, pol), t(model->hparams(), KvType::kF16, hot);
@@ -607,6 +617,69 @@ TEST_P(ColdTierEngine, ATurnRecallsAndEveryTokenIsInOneTier) {
   ASSERT_TRUE(feed(u, turn2, &lu).ok());
   EXPECT_EQ(ls, lu);
   EXPECT_EQ(u.cache().cold()->recall_turns(), 2);
+}
+
+// recall_all_up_to=: while a head's tier holds at most that many slots, a turn recalls all of
+// them, as a recall= covering the tier does (the same logits); one slot more, and it recalls
+// `recall` ranked ones.
+TEST(ColdTierEngine, ATurnRecallsTheWholeTierWhileItIsSmall) {
+  ColdTierConfig cc;
+  cc.recall = 5;
+  cc.recall_all_up_to = 72;
+  EXPECT_EQ(cc.recall_count(72), 72);
+  EXPECT_EQ(cc.recall_count(73), 5);
+  EXPECT_EQ(cc.recall_count(3), 3);
+  EXPECT_EQ(cc.max_recall(), 72);
+  cc.recall_all_up_to = 0;
+  EXPECT_EQ(cc.recall_count(4), 4);
+  EXPECT_EQ(cc.recall_count(6), 5);
+  EXPECT_EQ(cc.max_recall(), 5);
+  test::RandomModelConfig cfg;
+  cfg.n_layer = 3;
+  cfg.n_embd = 64;
+  cfg.n_head = 4;
+  cfg.n_head_kv = 2;
+  cfg.seed = 21;
+  auto model = test::load_random_model(cfg, "cold_tier_all.gguf");
+  ASSERT_NE(model, nullptr);
+  ThreadPool pool(2);
+  Engine engine(*model, pool, EngineOptions{});
+  const std::vector<TokenId> prompt = random_tokens(96, 3), turn = random_tokens(20, 4);
+  // After the prompt each head's tier holds 72 slots (96 at ratio 0.25 keep 24).
+  struct Run {
+    std::vector<float> logits;
+    int64_t recalled = 0;
+  };
+  auto run = [&](const std::string& keys) {
+    std::shared_ptr<const KvPolicy> pol(
+        parse_kv_policy("d2o:ratio=0.25,window=8,kernel=3,cold=memory,cold_type=f16," + keys)
+            .value());
+    Sequence s(model->hparams(), KvType::kF16, pol);
+    Run r;
+    for (const auto* tokens : {&prompt, &turn}) {
+      BatchEntry be;
+      be.seq = &s;
+      be.tokens = *tokens;
+      EXPECT_TRUE(engine
+                      .forward({&be, 1},
+                               [&](int, int, const float* l) {
+                                 r.logits.assign(l, l + model->hparams().n_vocab);
+                               })
+                      .ok());
+      if (tokens == &prompt) {
+        EXPECT_EQ(s.cache().cold()->n_slots(0, 0), 72);
+      }
+    }
+    r.recalled = s.cache().cold()->recalled_slots();
+    return r;
+  };
+  const int64_t heads = 3 * 2;
+  const Run all = run("recall=5,recall_all_up_to=72"), covering = run("recall=1000");
+  const Run bounded = run("recall=5,recall_all_up_to=71");
+  EXPECT_EQ(all.recalled, 72 * heads);
+  EXPECT_EQ(all.logits, covering.logits);
+  EXPECT_EQ(bounded.recalled, 5 * heads);
+  EXPECT_NE(bounded.logits, all.logits);
 }
 
 // A turn that recalls every cold slot ranks them, with the hot ones, by the turn's own window:
@@ -727,7 +800,8 @@ TEST(ColdTierEngine, ASlotLimitWithOneLayersRecallHoldsTheTurn) {
   PeakModel m;
   ASSERT_NE(m.model, nullptr);
   std::shared_ptr<const KvPolicy> pol(
-      parse_kv_policy("d2o:budget=24,window=8,kernel=3,cold=memory,cold_type=f16,recall=100")
+      parse_kv_policy("d2o:budget=24,window=8,kernel=3,cold=memory,cold_type=f16,recall=100,"
+                      "recall_all_up_to=0")
           .value());
   const std::vector<TokenId> prompt = random_tokens(192, 9), turn = random_tokens(20, 10);
   FeedPlan plan;  // (as a prompt of 212 tokens in passes of at most 20)

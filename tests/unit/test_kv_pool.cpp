@@ -275,7 +275,7 @@ TEST(SchedulerPlan, FullCacheFootprintIsPromptPlusGeneration) {
 // before the next layer recalls (Engine::after_attention).
 TEST(SchedulerPlan, ARecallIsReservedForOneLayer) {
   const KvCacheConfig cfg{30, 3, 64, KvType::kF16};
-  auto with = parse_kv_policy("d2o:budget=256,cold=disk,recall=512").value();
+  auto with = parse_kv_policy("d2o:budget=256,cold=disk,recall=512,recall_all_up_to=0").value();
   auto without = parse_kv_policy("d2o:budget=256,cold=none").value();
   const Scheduler::Footprint a = Scheduler::footprint(cfg, *with, 4096, 256, 256);
   const Scheduler::Footprint b = Scheduler::footprint(cfg, *without, 4096, 256, 256);
@@ -288,6 +288,10 @@ TEST(SchedulerPlan, ARecallIsReservedForOneLayer) {
   EXPECT_EQ(one_layer, 3u * 512 * (256 + 20));
   EXPECT_GE(a.bytes, b.bytes + one_layer);
   EXPECT_LT(a.bytes, b.bytes + 2 * one_layer + with->cold_bytes(cfg, 4096 + 256));
+  // A tier recalled whole while it is small (d2o's default, up to 2,048 slots a head): the
+  // larger of the two reserved for one layer.
+  auto whole = parse_kv_policy("d2o:budget=256,cold=disk,recall=512").value();
+  EXPECT_EQ(Scheduler::footprint(cfg, *whole, 4096, 256, 256).layer_extra, 2048);
   // A recall larger than the sequence: at most the sequence's slots.
   const Scheduler::Footprint small = Scheduler::footprint(cfg, *with, 300, 10, 256);
   EXPECT_LE(small.slots + small.layer_extra, 310);

@@ -45,7 +45,7 @@ const char* const kDefaultD2o =
     "agg=sum,scorer=mean_attention,merged_score=sum,merge_keys=rotated,merge_decision=per_head,"
     "keep_edge_layers=off,proportional_attention=on,prompt_ranking=window,window=32,kernel=21,"
     "pool=avg,prompt_merge=off,prompt_scores=window,cold=disk,cold_type=q4_0r,cold_size=0,"
-    "recall=512,recall_ranking=sum";
+    "recall=512,recall_ranking=sum,recall_all_up_to=2048";
 
 TEST(PolicySpec, DefaultsAreTheBestMeasuredAndThePapers) {
   // d2o's defaults: the best D2O measured, `d2o:merge=sized` without merging
@@ -411,7 +411,7 @@ TEST(PolicySpec, OldSpellingsParseToTheSameConfig) {
             "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=off,sim=key,ema=paper,"
             "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,"
             "prompt=window,window=32,kernel=21,pool=avg,pmerge=off,pscore=window,cold=disk,"
-            "cold_type=q4_0r,cold_size=0,recall=512,recall_ranking=sum");
+            "cold_type=q4_0r,cold_size=0,recall=512,recall_ranking=sum,recall_all_up_to=2048");
   for (const std::string& spec :
        {std::string(kDefaultD2o), std::string(kPaperD2o), canonical("d2o:reading=research"),
         canonical("streaming:positions=shifted"), canonical("cam:merge_targets=8"),
@@ -579,6 +579,16 @@ const std::vector<Recorded>& recorded_specs() {
       {"snapkv:ratio=0.2,window=32,kernel=7,pool=avg,agg=sum,cold=memory,cold_type=q4_0r,"
        "cold_size=0,recall=128",
        false},
+      // d2o's default before recall_all_up_to= was shown (no turn recalled a whole tier).
+      {"d2o:ratio=0.2,sinks=4,heavy_recent=1:1,beta=0.7,layers=uniform,merge=off,sim=key,"
+       "ema=paper,agg=sum,scorer=mean_attention,merged_score=sum,merge_keys=rotated,"
+       "merge_decision=per_head,keep_edge_layers=off,proportional_attention=on,"
+       "prompt_ranking=window,window=32,kernel=21,pool=avg,prompt_merge=off,prompt_scores=window,"
+       "cold=disk,cold_type=q4_0r,cold_size=0,recall=512,recall_ranking=sum",
+       false},
+      {"snapkv:ratio=0.2,window=32,kernel=7,pool=avg,agg=sum,cold=memory,cold_type=q4_0r,"
+       "cold_size=0,recall=128,recall_ranking=whole",
+       false},
   };
   return specs;
 }
@@ -595,14 +605,17 @@ TEST(PolicySpec, RecordedSpecsParseAndReadAsTheirPolicyToday) {
     // The policy it ran: its own keys, over the paper's defaults where they were d2o's, and
     // without a cold tier where d2o's defaults had none (a d2o spec without cold=).
     const bool pre_tier = spec.rfind("d2o:", 0) == 0 && spec.find("cold=") == std::string::npos;
-    // and ranked by max where a tier was recorded without recall_ranking=.
-    const bool pre_ranking = (spec.find("cold=memory") != std::string::npos ||
-                              spec.find("cold=disk") != std::string::npos) &&
-                             spec.find("recall_ranking=") == std::string::npos;
-    const std::string ran = r.paper_era   ? "d2o:reading=paper," + spec.substr(4)
-                            : pre_tier    ? spec + ",cold=none"
-                            : pre_ranking ? spec + ",recall_ranking=max"
-                                          : spec;
+    // and ranked by max where a tier was recorded without recall_ranking=, never recalling a
+    // whole tier where it was recorded without recall_all_up_to=.
+    const bool tier = spec.find("cold=memory") != std::string::npos ||
+                      spec.find("cold=disk") != std::string::npos;
+    const bool pre_ranking = tier && spec.find("recall_ranking=") == std::string::npos;
+    const bool pre_recall_all = tier && spec.find("recall_all_up_to=") == std::string::npos;
+    const std::string ran = r.paper_era      ? "d2o:reading=paper," + spec.substr(4)
+                            : pre_tier       ? spec + ",cold=none"
+                            : pre_ranking    ? spec + ",recall_ranking=max,recall_all_up_to=0"
+                            : pre_recall_all ? spec + ",recall_all_up_to=0"
+                                             : spec;
     auto p = parse_kv_policy(ran);
     ASSERT_TRUE(p.ok()) << p.status().message();
     EXPECT_EQ((*p)->spec(), today);
@@ -703,7 +716,7 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
         "merged_score, merge_keys, merge_decision, keep_edge_layers, proportional_attention, "
         "heads, floor, distinct_share, prompt_ranking, window, kernel, pool, prompt_merge, "
         "prompt_scores, future, value_weight, cold, cold_type, cold_size, recall, recall_ranking, "
-        "reading"}},
+        "recall_all_up_to, reading"}},
       {"d2o:merged_score=median", {"merged_score=median", "sum, keep, mean, max"}},
       {"d2o:merge_keys=both", {"merge_keys=both", "rotated, unrotated"}},
       {"d2o:mrope=both", {"mrope=both", "rotated, unrotated"}},

@@ -17,8 +17,9 @@ bool cold_shown(const PolicyConfig& c) {
 }  // namespace
 
 // Where evicted slots go (cold=), their storage type (cold_type=), how many the tier holds
-// (cold_size=, 0: no limit), how many a turn recalls per KV head (recall=) and by what it ranks
-// them (recall_ranking=).
+// (cold_size=, 0: no limit), how many a turn recalls per KV head (recall=), by what it ranks
+// them (recall_ranking=) and up to what size of a head's tier it recalls all of it instead
+// (recall_all_up_to=, 0: never).
 std::vector<KeyDef> cold_tier_keys() {
   return {
       {"cold",
@@ -69,6 +70,15 @@ std::vector<KeyDef> cold_tier_keys() {
          return std::string(kRankingWords[static_cast<size_t>(c.cold.ranking)]);
        },
        nullptr, cold_shown},
+      {"recall_all_up_to",
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
+         int64_t x = 0;
+         D2O_RETURN_IF_ERROR(int_key(c.name, key, v, 0, 1 << 20, &x));
+         c.cold.recall_all_up_to = static_cast<int>(x);
+         return Status();
+       },
+       [](const PolicyConfig& c) { return std::to_string(c.cold.recall_all_up_to); }, nullptr,
+       cold_shown},
   };
 }
 

@@ -112,7 +112,7 @@ class ComposedPolicy final : public KvPolicy {
   int reconstruction_chunk(const PolicyState& state) const override;
   ColdTierConfig cold_tier() const override;
   // Slots a turn may recall into a layer's head above its budget (0 without a cold tier).
-  int64_t recall() const { return cfg_.cold.enabled() ? cfg_.cold.recall : 0; }
+  int64_t recall() const { return cfg_.cold.enabled() ? cfg_.cold.max_recall() : 0; }
   static constexpr int kReconstructionChunk = 256;
   bool reconstructs() const {
     return cfg_.prompt == PromptScore::kReconstruction && cfg_.mode == BudgetMode::kRatio;

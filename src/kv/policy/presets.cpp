@@ -127,7 +127,7 @@ PresetPart cold_tier(ColdPlace place) {
               ? "cold tier: none unless cold= asks, evicted slots kept for later turns"
               : "cold tier: evicted slots kept on disk, recalled by each new turn (cold=)",
           [place](PolicyConfig& c) { c.cold.place = place; },
-          {"cold", "cold_type", "cold_size", "recall", "recall_ranking"}};
+          {"cold", "cold_type", "cold_size", "recall", "recall_ranking", "recall_all_up_to"}};
 }
 
 PresetPart cam_merger() {
@@ -263,7 +263,8 @@ const std::vector<PresetDef>& presets() {
             "cold_type",
             "cold_size",
             "recall",
-            "recall_ranking"}),
+            "recall_ranking",
+            "recall_all_up_to"}),
       make("keydiff", {prompt_feeding(), key_diversity()}),
   };
   return defs;

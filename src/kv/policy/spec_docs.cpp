@@ -79,7 +79,10 @@ const std::map<std::string_view, const char*>& key_lines() {
       {"cold", "where evicted slots go: none (dropped), memory, or disk; a new turn recalls them"},
       {"cold_type", "KV storage type of the cold tier's rows"},
       {"cold_size", "most slots each KV head keeps cold (0: all)"},
-      {"recall", "slots each KV head brings back from the cold tier per turn"},
+      {"recall", "slots each KV head brings back from the cold tier per turn, ranked"},
+      {"recall_all_up_to",
+       "while a KV head's cold tier holds at most this many slots, a turn brings all of them "
+       "back (nothing ranked); beyond it, the best recall= (0: never all)"},
       {"recall_ranking",
        "what ranks the cold slots a turn recalls: max (the most attention any of the turn's "
        "window queries gives a slot, the best of its neighbours) or sum (the window's attention "

@@ -1,7 +1,8 @@
 // Policy specs as they were recorded: reports, session files and scripts hold canonical specs
 // of earlier releases (the old key names, d2o's paper-era defaults, d2o before its cold tier,
-// cold tiers before recall_ranking= was printed);
+// cold tiers before recall_ranking= or recall_all_up_to= was printed);
 // each reads as the policy it ran, in today's canonical form (policy.h: recorded_spec_today).
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -56,20 +57,25 @@ std::string pre_tier_d2o_spec(const std::string& spec) {
   return then == spec ? now : "";
 }
 
-// Canonical specs with a cold tier written before recall_ranking= was printed carry no such key
-// and ranked by max: read with recall_ranking=max, the spec must print as it was written once
-// that key is left out (the recall= they printed keeps its value).
-std::string pre_ranking_spec(const std::string& spec) {
+// Canonical specs with a cold tier written before some of its keys were printed carry none of
+// them and meant `added` (key=value items, in the order they print): read with them, the spec
+// must print as it was written once they are left out again.
+std::string pre_tier_keys_spec(const std::string& spec,
+                               std::initializer_list<std::string_view> added) {
   const size_t colon = spec.find(':');
   if (colon == std::string::npos) return "";
   const std::string body = spec.substr(colon + 1);  // (the items are views into it)
   bool tier = false;
   for (const std::string_view item : split_items(body)) {
-    if (item.rfind("recall_ranking=", 0) == 0) return "";
+    for (const std::string_view a : added) {
+      if (item.substr(0, item.find('=')) == a.substr(0, a.find('='))) return "";
+    }
     if (item == "cold=memory" || item == "cold=disk") tier = true;
   }
   if (!tier) return "";
-  auto p = parse_kv_policy(spec + ",recall_ranking=max");
+  std::string with = spec;
+  for (const std::string_view a : added) with += "," + std::string(a);
+  auto p = parse_kv_policy(with);
   if (!p.ok()) return "";
   const std::string now = (*p)->spec();
   const size_t at = now.find(':') + 1;
@@ -77,11 +83,22 @@ std::string pre_ranking_spec(const std::string& spec) {
   std::string then = now.substr(0, at);
   bool first = true;
   for (const std::string_view item : split_items(now_body)) {
-    if (item == "recall_ranking=max") continue;
+    bool was_added = false;
+    for (const std::string_view a : added) was_added = was_added || item == a;
+    if (was_added) continue;
     then += (first ? "" : ",") + std::string(item);
     first = false;
   }
   return then == spec ? now : "";
+}
+
+// Cold tiers written before recall_ranking= was printed ranked by max (the recall= they printed
+// keeps its value); before recall_all_up_to= was printed, a turn never recalled a whole tier.
+std::string pre_ranking_spec(const std::string& spec) {
+  return pre_tier_keys_spec(spec, {"recall_ranking=max", "recall_all_up_to=0"});
+}
+std::string pre_recall_all_spec(const std::string& spec) {
+  return pre_tier_keys_spec(spec, {"recall_all_up_to=0"});
 }
 
 }  // namespace
@@ -97,6 +114,7 @@ std::string paper_era_d2o_spec(const std::string& recorded) {
   if (today.ok() && (*today)->spec() == spec) return "";  // today's canonical form
   if (!pre_tier_d2o_spec(spec).empty()) return "";        // canonical before the cold tier
   if (!pre_ranking_spec(spec).empty()) return "";         // canonical before recall_ranking=
+  if (!pre_recall_all_spec(spec).empty()) return "";      // canonical before recall_all_up_to=
   auto p = parse_kv_policy("d2o:reading=paper," + spec.substr(4));
   if (!p.ok()) return "";
   const std::string now = (*p)->spec();
@@ -115,6 +133,7 @@ std::string recorded_spec_today(const std::string& recorded) {
   if (p.ok() && (*p)->spec() == spec) return spec;
   if (std::string now = pre_tier_d2o_spec(spec); !now.empty()) return now;
   if (std::string now = pre_ranking_spec(spec); !now.empty()) return now;
+  if (std::string now = pre_recall_all_spec(spec); !now.empty()) return now;
   return paper_era_d2o_spec(recorded);
 }
 
