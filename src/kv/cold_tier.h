@@ -2,7 +2,7 @@
 // conversation can bring back what its question needs (policy key cold=memory).
 //
 // Each compaction (KvCache::apply) hands the tier the slots it evicts, as they were: key and value
-// rows re-stored in the tier's own storage type (q4_0r unless cold_type= says otherwise), with
+// rows re-stored in the tier's own storage type (cold_type=; q8_0 on disk, q4_0r in memory), with
 // their position, accumulated score and merge count. Per layer and KV head, in order of arrival;
 // cold_size= bounds the slots each head keeps (the oldest go first).
 //
@@ -57,7 +57,9 @@ enum class RecallRanking {
 struct ColdTierConfig {
   ColdPlace place = ColdPlace::kNone;
   RecallRanking ranking = RecallRanking::kSum;
-  KvType type{KvElemType::kQ4_0, KvElemType::kQ4_0, true, true};  // q4_0r
+  // The rows' storage type: q8_0 on disk, q4_0r in memory, unless cold_type= says otherwise
+  // (default_type; a bare config holds q4_0r).
+  KvType type{KvElemType::kQ4_0, KvElemType::kQ4_0, true, true};
   int64_t max_slots = 0;  // per layer and KV head (0: no bound)
   int recall = 512;       // slots per layer and KV head recalled per turn, ranked
   // While a head's tier holds at most this many slots, a turn recalls every one of them (nothing
@@ -66,6 +68,12 @@ struct ColdTierConfig {
   int window = 32;        // the turn's last queries that score the cold slots
   int kernel = 21;        // a slot's score: the best of its `kernel` neighbours in position order
   bool enabled() const { return place != ColdPlace::kNone; }
+  // The storage type a tier in `p` gets unless told: on disk, where bytes are cheap, q8_0 (the
+  // recalled rows close to what was evicted); in memory, where they count, q4_0r.
+  static KvType default_type(ColdPlace p) {
+    return p == ColdPlace::kDisk ? KvType{KvElemType::kQ8_0, KvElemType::kQ8_0, false, false}
+                                 : KvType{KvElemType::kQ4_0, KvElemType::kQ4_0, true, true};
+  }
   // Slots a turn recalls from a head whose tier holds `held`.
   int64_t recall_count(int64_t held) const {
     return held <= recall_all_up_to ? held : std::min<int64_t>(recall, held);

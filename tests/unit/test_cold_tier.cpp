@@ -470,7 +470,7 @@ TEST(ColdTierSpec, KeysParsePrintAndRefuseWhatCannotWork) {
   ASSERT_TRUE(dflt.ok());
   EXPECT_NE(
       (*dflt)->spec().find(
-          ",cold=disk,cold_type=q4_0r,cold_size=0,recall=512,recall_ranking=sum,recall_all_up_to="
+          ",cold=disk,cold_type=q8_0,cold_size=0,recall=512,recall_ranking=sum,recall_all_up_to="
           "2048"),
       std::string::npos)
       << (*dflt)->spec();
@@ -491,6 +491,16 @@ TEST(ColdTierSpec, KeysParsePrintAndRefuseWhatCannotWork) {
           std::string((*by_max)->spec()).substr(0, (*by_max)->spec().find(",recall_ranking=max"))),
       (*by_max)->spec());
   EXPECT_FALSE(parse_kv_policy("d2o:recall_ranking=mean").ok());
+  // cold_type=: q8_0 on disk, q4_0r in memory, unless told.
+  auto type_of = [](const std::string& spec) {
+    return std::string(kv_type_name((*parse_kv_policy(spec))->cold_tier().type));
+  };
+  EXPECT_EQ(type_of("d2o"), "q8_0");
+  EXPECT_EQ(type_of("d2o:cold=disk"), "q8_0");
+  EXPECT_EQ(type_of("snapkv:cold=disk"), "q8_0");
+  EXPECT_EQ(type_of("d2o:cold=memory"), "q4_0r");
+  EXPECT_EQ(type_of("d2o:cold=disk,cold_type=q4_0r"), "q4_0r");
+  EXPECT_EQ(type_of("d2o:cold=memory,cold_type=f16"), "f16");
   // recall_all_up_to=: 2048 unless told, 0 turns it off; not without a tier.
   EXPECT_EQ((*dflt)->cold_tier().recall_all_up_to, 2048);
   EXPECT_EQ((*parse_kv_policy("d2o:recall_all_up_to=0"))->cold_tier().recall_all_up_to, 0);

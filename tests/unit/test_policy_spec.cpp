@@ -44,7 +44,7 @@ const char* const kDefaultD2o =
     "d2o:ratio=0.2,sinks=4,heavy_recent=1:1,beta=0.7,layers=uniform,merge=off,sim=key,ema=paper,"
     "agg=sum,scorer=mean_attention,merged_score=sum,merge_keys=rotated,merge_decision=per_head,"
     "keep_edge_layers=off,proportional_attention=on,prompt_ranking=window,window=32,kernel=21,"
-    "pool=avg,prompt_merge=off,prompt_scores=window,cold=disk,cold_type=q4_0r,cold_size=0,"
+    "pool=avg,prompt_merge=off,prompt_scores=window,cold=disk,cold_type=q8_0,cold_size=0,"
     "recall=512,recall_ranking=sum,recall_all_up_to=2048";
 
 TEST(PolicySpec, DefaultsAreTheBestMeasuredAndThePapers) {
@@ -411,7 +411,7 @@ TEST(PolicySpec, OldSpellingsParseToTheSameConfig) {
             "d2o:ratio=0.2,sinks=4,nm=1:1,beta=0.7,layers=uniform,merge=off,sim=key,ema=paper,"
             "agg=sum,norm=queries,mscore=sum,mrope=post,decide=head,protect=none,mass=on,"
             "prompt=window,window=32,kernel=21,pool=avg,pmerge=off,pscore=window,cold=disk,"
-            "cold_type=q4_0r,cold_size=0,recall=512,recall_ranking=sum,recall_all_up_to=2048");
+            "cold_type=q8_0,cold_size=0,recall=512,recall_ranking=sum,recall_all_up_to=2048");
   for (const std::string& spec :
        {std::string(kDefaultD2o), std::string(kPaperD2o), canonical("d2o:reading=research"),
         canonical("streaming:positions=shifted"), canonical("cam:merge_targets=8"),

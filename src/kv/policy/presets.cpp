@@ -125,8 +125,12 @@ PresetPart expected_attention() {
 PresetPart cold_tier(ColdPlace place) {
   return {place == ColdPlace::kNone
               ? "cold tier: none unless cold= asks, evicted slots kept for later turns"
-              : "cold tier: evicted slots kept on disk, recalled by each new turn (cold=)",
-          [place](PolicyConfig& c) { c.cold.place = place; },
+              : "cold tier: evicted slots kept on disk (q8_0), recalled by each new turn (cold=)",
+          [place](PolicyConfig& c) {
+            c.cold.place = place;
+            c.cold.type =
+                c.cold.enabled() ? ColdTierConfig::default_type(place) : ColdTierConfig{}.type;
+          },
           {"cold", "cold_type", "cold_size", "recall", "recall_ranking", "recall_all_up_to"}};
 }
 

@@ -304,6 +304,12 @@ Status apply_items(const PresetDef& preset, const std::vector<Item>& items, Poli
   // one (heads=ada, prompt_ranking=accumulated, reading=paper, positions=shifted); cold= given
   // with such a configuration is refused with a reason (check_cold).
   if (!has_key(items, "cold") && c.cold.enabled() && !tier_possible(c)) c.cold = ColdTierConfig{};
+  // The tier's storage type follows its place unless cold_type= is given (without a tier, a
+  // bare config's).
+  if (!c.cold.enabled())
+    c.cold.type = ColdTierConfig{}.type;
+  else if (!has_key(items, "cold_type"))
+    c.cold.type = ColdTierConfig::default_type(c.cold.place);
   return {};
 }
 
