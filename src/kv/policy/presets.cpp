@@ -228,9 +228,10 @@ const std::vector<PresetDef>& presets() {
       // size-weighted keys) ties this default on six of eight measures over both models (it wins
       // SmolLM2's perplexity at capacity 1024 and loses Gemma 3's RULER-style score) at 1.4-1.6
       // times its policy time. reading=paper gives the paper's keys. What the compactions evict
-      // goes to a cold tier on disk (q4_0r, in an unlinked file under $TMPDIR), and each new turn
-      // recalls the slots its own queries attend to most: a later question can still find what
-      // the first compaction did not keep. The tier is left out where the configuration cannot
+      // goes to a cold tier on disk (q8_0, in an unlinked file under $TMPDIR), and each new turn
+      // recalls the whole tier while it is small (recall_all_up_to=2048 slots a head), else the
+      // slots its own queries attend to most: a later question can still find what the first
+      // compaction did not keep. The tier is left out where the configuration cannot
       // have one (spec.cpp, tier_possible) unless cold= is given.
       make("d2o",
            {prompt_feeding(), heavy_and_recent(4), exact_layer_budgets(), d2o_merger(),
