@@ -629,6 +629,32 @@ TEST_P(ColdTierEngine, ATurnRecallsAndEveryTokenIsInOneTier) {
   EXPECT_EQ(u.cache().cold()->recall_turns(), 2);
 }
 
+// A small random llama model and an engine over it; feed() runs one pass of a sequence, keeping
+// the last row's logits when asked.
+struct SmallModel {
+  SmallModel(int n_layer, uint64_t seed, const char* file) {
+    test::RandomModelConfig cfg;
+    cfg.n_layer = n_layer;
+    cfg.n_embd = 64;
+    cfg.n_head = 4;
+    cfg.n_head_kv = 2;
+    cfg.seed = seed;
+    model = test::load_random_model(cfg, file);
+    if (model) engine = std::make_unique<Engine>(*model, pool, EngineOptions{});
+  }
+  Status feed(Sequence& s, std::span<const TokenId> tokens, std::vector<float>* logits = nullptr) {
+    BatchEntry be;
+    be.seq = &s;
+    be.tokens = tokens;
+    return engine->forward({&be, 1}, [&](int, int, const float* l) {
+      if (logits) logits->assign(l, l + model->hparams().n_vocab);
+    });
+  }
+  std::unique_ptr<Model> model;
+  ThreadPool pool{2};
+  std::unique_ptr<Engine> engine;
+};
+
 // recall_all_up_to=: while a head's tier holds at most that many slots, a turn recalls all of
 // them, as a recall= covering the tier does (the same logits); one slot more, and it recalls
 // `recall` ranked ones.
@@ -644,16 +670,8 @@ TEST(ColdTierEngine, ATurnRecallsTheWholeTierWhileItIsSmall) {
   EXPECT_EQ(cc.recall_count(4), 4);
   EXPECT_EQ(cc.recall_count(6), 5);
   EXPECT_EQ(cc.max_recall(), 5);
-  test::RandomModelConfig cfg;
-  cfg.n_layer = 3;
-  cfg.n_embd = 64;
-  cfg.n_head = 4;
-  cfg.n_head_kv = 2;
-  cfg.seed = 21;
-  auto model = test::load_random_model(cfg, "cold_tier_all.gguf");
-  ASSERT_NE(model, nullptr);
-  ThreadPool pool(2);
-  Engine engine(*model, pool, EngineOptions{});
+  SmallModel m(3, 21, "cold_tier_all.gguf");
+  ASSERT_NE(m.model, nullptr);
   const std::vector<TokenId> prompt = random_tokens(96, 3), turn = random_tokens(20, 4);
   // After the prompt each head's tier holds 72 slots (96 at ratio 0.25 keep 24).
   struct Run {
@@ -664,22 +682,11 @@ TEST(ColdTierEngine, ATurnRecallsTheWholeTierWhileItIsSmall) {
     std::shared_ptr<const KvPolicy> pol(
         parse_kv_policy("d2o:ratio=0.25,window=8,kernel=3,cold=memory,cold_type=f16," + keys)
             .value());
-    Sequence s(model->hparams(), KvType::kF16, pol);
+    Sequence s(m.model->hparams(), KvType::kF16, pol);
     Run r;
-    for (const auto* tokens : {&prompt, &turn}) {
-      BatchEntry be;
-      be.seq = &s;
-      be.tokens = *tokens;
-      EXPECT_TRUE(engine
-                      .forward({&be, 1},
-                               [&](int, int, const float* l) {
-                                 r.logits.assign(l, l + model->hparams().n_vocab);
-                               })
-                      .ok());
-      if (tokens == &prompt) {
-        EXPECT_EQ(s.cache().cold()->n_slots(0, 0), 72);
-      }
-    }
+    EXPECT_TRUE(m.feed(s, prompt).ok());
+    EXPECT_EQ(s.cache().cold()->n_slots(0, 0), 72);
+    EXPECT_TRUE(m.feed(s, turn, &r.logits).ok());
     r.recalled = s.cache().cold()->recalled_slots();
     return r;
   };
@@ -696,27 +703,14 @@ TEST(ColdTierEngine, ATurnRecallsTheWholeTierWhileItIsSmall) {
 // what it keeps is what the same budget keeps when the context and the turn come as one prompt
 // (the question before), slot for slot.
 TEST(ColdTierEngine, ATurnThatRecallsEverythingKeepsWhatTheQuestionBeforeKeeps) {
-  test::RandomModelConfig cfg;
-  cfg.n_layer = 3;
-  cfg.n_embd = 64;
-  cfg.n_head = 4;
-  cfg.n_head_kv = 2;
-  cfg.seed = 23;
-  auto model = test::load_random_model(cfg, "cold_tier_rank.gguf");
-  ASSERT_NE(model, nullptr);
-  ThreadPool pool(2);
-  Engine engine(*model, pool, EngineOptions{});
+  SmallModel m(3, 23, "cold_tier_rank.gguf");
+  ASSERT_NE(m.model, nullptr);
   const std::string base = "d2o:budget=24,window=8,kernel=3";
   std::shared_ptr<const KvPolicy> pol(
       parse_kv_policy(base + ",cold=memory,cold_type=f16,recall=1000").value());
   std::shared_ptr<const KvPolicy> one(parse_kv_policy(base).value());
-  Sequence s(model->hparams(), KvType::kF16, pol), t(model->hparams(), KvType::kF16, one);
-  auto feed = [&](Sequence& seq, std::span<const TokenId> tokens) {
-    BatchEntry be;
-    be.seq = &seq;
-    be.tokens = tokens;
-    return engine.forward({&be, 1}, [](int, int, const float*) {});
-  };
+  Sequence s(m.model->hparams(), KvType::kF16, pol), t(m.model->hparams(), KvType::kF16, one);
+  auto feed = [&](Sequence& seq, std::span<const TokenId> tokens) { return m.feed(seq, tokens); };
   const std::vector<TokenId> prompt = random_tokens(96, 7), turn = random_tokens(20, 8);
   std::vector<TokenId> whole = prompt;
   whole.insert(whole.end(), turn.begin(), turn.end());
@@ -741,36 +735,12 @@ TEST(ColdTierEngine, ATurnThatRecallsEverythingKeepsWhatTheQuestionBeforeKeeps) 
   EXPECT_EQ(same, total);
 }
 
-// The 4-layer random model of the recall-peak tests, an engine over it, and one pass of a
-// sequence.
-struct PeakModel {
-  PeakModel() {
-    test::RandomModelConfig cfg;
-    cfg.n_layer = 4;
-    cfg.n_embd = 64;
-    cfg.n_head = 4;
-    cfg.n_head_kv = 2;
-    cfg.seed = 25;
-    model = test::load_random_model(cfg, "cold_tier_peak.gguf");
-    if (model) engine = std::make_unique<Engine>(*model, pool, EngineOptions{});
-  }
-  Status feed(Sequence& s, std::span<const TokenId> tokens) {
-    BatchEntry be;
-    be.seq = &s;
-    be.tokens = tokens;
-    return engine->forward({&be, 1}, [](int, int, const float*) {});
-  }
-  std::unique_ptr<Model> model;
-  ThreadPool pool{2};
-  std::unique_ptr<Engine> engine;
-};
-
 // A turn that recalls is compacted layer by layer, right after each layer's attention, and each
 // layer hands its recalled slots' memory back before the next one recalls: the turn's peak holds
 // one layer's recall, not every layer's at once (the plans are those of a compaction after the
 // pass: ATurnThatRecallsEverythingKeepsWhatTheQuestionBeforeKeeps).
 TEST(ColdTierEngine, ATurnHoldsOneLayersRecallAtATime) {
-  PeakModel m;
+  SmallModel m(4, 25, "cold_tier_peak.gguf");
   ASSERT_NE(m.model, nullptr);
   std::shared_ptr<const KvPolicy> pol(
       parse_kv_policy("d2o:budget=24,window=8,kernel=3,cold=memory,cold_type=f16,recall=1000")
@@ -807,7 +777,7 @@ TEST(ColdTierEngine, ATurnHoldsOneLayersRecallAtATime) {
 // a pass, one layer at a time the recall (KvCache::set_slot_limit's one_layer_extra). The turn
 // runs within it, and fails without the extra.
 TEST(ColdTierEngine, ASlotLimitWithOneLayersRecallHoldsTheTurn) {
-  PeakModel m;
+  SmallModel m(4, 25, "cold_tier_peak.gguf");
   ASSERT_NE(m.model, nullptr);
   std::shared_ptr<const KvPolicy> pol(
       parse_kv_policy("d2o:budget=24,window=8,kernel=3,cold=memory,cold_type=f16,recall=100,"
