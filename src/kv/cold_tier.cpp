@@ -319,10 +319,12 @@ void ColdTier::score_recall(RecallJob& job, float scale) const {
   const int64_t n = hd.n();
   const int D = head_dim_;
   // Logits [n_q, n] by the SIMD dot kernels, over the cold keys as floats a tile of kKeyTile
-  // rows at a time: a tier that holds a long prompt's evictions would otherwise need
-  // n x head_dim floats per head recalled in parallel (on Gemma 3, a 27K-token prompt's cold
-  // head is 27 MB of them), at the moment the prompt's last pass recalls.
-  constexpr int64_t kKeyTile = 256;
+  // rows at a time (16 KB: 64 rows at head_dim 64; the tile stays in the first-level cache while
+  // every query reads it, several queries a row load): a tier that holds a long prompt's evictions
+  // would otherwise need n x head_dim floats per head recalled in parallel (on Gemma 3, a 27K-token
+  // prompt's cold head is 27 MB of them), at the moment the prompt's last pass recalls.
+  const int64_t kKeyTile =
+      std::max<int64_t>(8, (16384 / (static_cast<int64_t>(sizeof(float)) * D)) & ~7);
   std::vector<float> keys(static_cast<size_t>(std::min(n, kKeyTile)) * D);
   RowDots rd;
   rd.base = reinterpret_cast<const uint8_t*>(keys.data());
@@ -335,12 +337,9 @@ void ColdTier::score_recall(RecallJob& job, float scale) const {
                   keys.data() + static_cast<size_t>(i) * D);
     }
     rd.n = static_cast<int>(tn);
-    for (int r = 0; r < job.n_q; ++r) {
-      rd.q = job.qt.data() + static_cast<size_t>(r) * D;
-      rd.dot = job.logits.data() + static_cast<size_t>(r) * n + t0;
-      row_dots(rd);
-      for (int64_t i = 0; i < tn; ++i) rd.dot[i] *= scale;
-    }
+    float* dot = job.logits.data() + t0;
+    row_dots_queries(rd, job.qt.data(), static_cast<size_t>(D), job.n_q, scale, dot,
+                     static_cast<size_t>(n));
   }
 }
 

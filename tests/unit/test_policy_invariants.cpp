@@ -451,6 +451,55 @@ TEST(PolicyInvariants, SimilarityKernelsMatchDoubleReference) {
   }
 }
 
+// Several queries a row load (row_dots_queries, the cold tier's scoring) give each dot the bits
+// row_dots gives it for its query alone, times the scale: the recall ranks the same slots either
+// way. Row counts around the blocks (fewer than four, not a multiple of four or eight), query
+// counts around them, head sizes the blocked loops take and ones they leave to row_dots.
+TEST(PolicyInvariants, SeveralQueriesGiveEachDotRowDotsBits) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (!kernel_isa_available(isa)) continue;
+    for (int dim : {8, 24, 64, 256}) {
+      for (int rows : {1, 3, 4, 13, 64}) {
+        for (int n_q : {1, 2, 5, 9}) {
+          SCOPED_TRACE(std::string(kernel_isa_name(isa)) + " dim " + std::to_string(dim) +
+                       " rows " + std::to_string(rows) + " queries " + std::to_string(n_q));
+          std::vector<float> keys(static_cast<size_t>(rows) * dim);
+          std::vector<float> qs(static_cast<size_t>(n_q) * dim);
+          for (float& x : keys) x = nd(rng);
+          for (float& x : qs) x = nd(rng);
+          const float scale = 0.125f * (1.0f + 0.01f * static_cast<float>(dim));
+          RowDots a;
+          a.base = reinterpret_cast<const uint8_t*>(keys.data());
+          a.row_bytes = sizeof(float) * static_cast<size_t>(dim);
+          a.dim = dim;
+          a.n = rows;
+          const size_t ld = static_cast<size_t>(rows) + 3;  // rows of the output apart
+          std::vector<float> got(static_cast<size_t>(n_q) * ld, -1.0f);
+          row_dots_queries_isa(isa, a, qs.data(), static_cast<size_t>(dim), n_q, scale, got.data(),
+                               ld);
+          std::vector<float> want(static_cast<size_t>(rows));
+          for (int j = 0; j < n_q; ++j) {
+            RowDots one = a;
+            one.q = qs.data() + static_cast<size_t>(j) * dim;
+            one.dot = want.data();
+            row_dots_isa(isa, one);
+            for (int r = 0; r < rows; ++r) {
+              const float w = want[static_cast<size_t>(r)] * scale;
+              const float g = got[static_cast<size_t>(j) * ld + r];
+              ASSERT_EQ(std::memcmp(&w, &g, sizeof w), 0)
+                  << "query " << j << " row " << r << ": " << g << " against " << w;
+            }
+            for (size_t r = static_cast<size_t>(rows); r < ld; ++r)
+              EXPECT_EQ(got[static_cast<size_t>(j) * ld + r], -1.0f);  // nothing beyond the rows
+          }
+        }
+      }
+    }
+  }
+}
+
 // Seconds of CPU time of this thread: unaffected by other processes taking the (shared) cores.
 double thread_seconds() {
   timespec ts;

@@ -257,6 +257,41 @@ void row_dots(const RowDots& a) {
   row_dots_at(best_kernel_isa(), a);
 }
 
+void row_dots_queries_isa(KernelIsa isa, const RowDots& a, const float* qs, size_t q_stride,
+                          int n_q, float scale, float* dot, size_t ld) {
+  D2O_ASSERT(kernel_isa_available(isa));
+  int done = 0;  // queries whose rows up to n4 the blocked loop did
+  const int n4 = a.n & ~3;
+  if (a.quant == GgmlType::kF32 && !a.f16 && !a.rows && !a.map && n4 > 0) {
+    if (isa == KernelIsa::kAvx512 && a.dim % 16 == 0)
+      done = simd::row_dots_queries_avx512(a, qs, q_stride, n_q, scale, dot, ld);
+    else if (isa == KernelIsa::kAvx2 && a.dim % 8 == 0)
+      done = simd::row_dots_queries_avx2(a, qs, q_stride, n_q, scale, dot, ld);
+  }
+  RowDots one = a;
+  one.inv_norm = nullptr;
+  for (int j = 0; j < n_q; ++j) {
+    one.q = qs + static_cast<size_t>(j) * q_stride;
+    if (j < done) {  // the last rows (fewer than four) as row_dots' one-row loop sums them
+      if (n4 == a.n) continue;
+      one.base = a.base + static_cast<size_t>(n4) * a.row_bytes;
+      one.n = a.n - n4;
+      one.dot = dot + static_cast<size_t>(j) * ld + n4;
+    } else {
+      one.base = a.base;
+      one.n = a.n;
+      one.dot = dot + static_cast<size_t>(j) * ld;
+    }
+    row_dots_at(isa, one);
+    for (int i = 0; i < one.n; ++i) one.dot[i] *= scale;
+  }
+}
+
+void row_dots_queries(const RowDots& a, const float* qs, size_t q_stride, int n_q, float scale,
+                      float* dot, size_t ld) {
+  row_dots_queries_isa(best_kernel_isa(), a, qs, q_stride, n_q, scale, dot, ld);
+}
+
 namespace {
 
 float row_inv_norm_at(KernelIsa isa, const RowDots& a, int r) {

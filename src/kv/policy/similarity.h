@@ -52,6 +52,16 @@ struct RowDots {
 void row_dots(const RowDots& a);                     // best available variant
 void row_dots_isa(KernelIsa isa, const RowDots& a);  // a given variant (must be available)
 
+// Several queries against the same rows: dot[j * ld + r] = (q_j . row r) * scale for j < n_q,
+// r < a.n, q_j = qs + j * q_stride, each dot with the bits row_dots gives it for q_j alone, then
+// multiplied by `scale` (a.q, a.dot and a.inv_norm unused). F32 rows read in order (no a.rows or
+// a.map) go a few queries and rows at a time, each row load serving several queries; any other
+// rows, query by query through row_dots.
+void row_dots_queries(const RowDots& a, const float* qs, size_t q_stride, int n_q, float scale,
+                      float* dot, size_t ld);
+void row_dots_queries_isa(KernelIsa isa, const RowDots& a, const float* qs, size_t q_stride,
+                          int n_q, float scale, float* dot, size_t ld);
+
 // Row r's inverse norm alone (a.q, a.dot and a.inv_norm unused), with the bits row_dots' loop of
 // four rows gives it at the same level: a norm formed for one new slot equals the one formed
 // with its neighbours. F32 and F16 rows only (not a.quant).
@@ -92,6 +102,12 @@ void mean_attention_avx2(const float* score, const int32_t* pos, int n, int32_t 
 void mean_attention_avx512(const float* score, const int32_t* pos, int n, int32_t next, float* out);
 void row_dots_avx2(const RowDots& a);
 void row_dots_avx512(const RowDots& a);
+// row_dots_queries over F32 rows read in order: the queries done (a multiple of the variant's
+// block; the rest is the caller's), their rows up to the last multiple of four (likewise).
+int row_dots_queries_avx2(const RowDots& a, const float* qs, size_t q_stride, int n_q, float scale,
+                          float* dot, size_t ld);
+int row_dots_queries_avx512(const RowDots& a, const float* qs, size_t q_stride, int n_q,
+                            float scale, float* dot, size_t ld);
 float row_inv_norm_avx2(const RowDots& a, int r);
 float row_inv_norm_avx512(const RowDots& a, int r);
 int scaled_argmax_avx2(const float* dot, const float* inv, int n, float f, float* best);
