@@ -1,6 +1,7 @@
 // Reference quantisation of rows into Q8_0 / Q4_0 blocks (see ops/quant.h): the KV cache stores
-// slots in these formats. Scalar only: a SIMD variant would have to reproduce the reference's
-// rounding bit for bit, and quantising a new slot is a small part of a decoding step.
+// slots in these formats. Plain loops, bit for bit the reference's rounding; Q8_0's rounding
+// without the library call, so that the compiler vectorises it (a cold tier quantises every slot
+// a turn's compaction evicts).
 #include <cmath>
 #include <algorithm>
 
@@ -10,6 +11,20 @@
 
 namespace d2o {
 
+namespace {
+
+// std::round (half away from zero) of v, |v| < 128, without the library call: the truncation
+// toward zero, then one step away from zero where the remainder (exact: v and the truncation are
+// within one of each other and below 2^7) is at least a half. The same integer for every such v;
+// a plain loop of it vectorises.
+inline int8_t round_q8(float v) {
+  const int t = static_cast<int>(v);
+  const float f = v - static_cast<float>(t);
+  return static_cast<int8_t>(t + (f >= 0.5f) - (f <= -0.5f));
+}
+
+}  // namespace
+
 void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
   D2O_ASSERT(n % kQK == 0);
   for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
@@ -18,7 +33,15 @@ void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[i].d = fp32_to_fp16(d);
-    for (int j = 0; j < kQK; ++j) y[i].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+    // |x * id| <= 127 (it rounds to at most amax * (1 / (amax / 127))) for finite rows; a row
+    // with a NaN or an infinity takes the library's rounding, as it always did.
+    bool finite = true;
+    for (int j = 0; j < kQK; ++j) finite &= std::fabs(x[j] * id) < 128.0f;
+    if (finite) {
+      for (int j = 0; j < kQK; ++j) y[i].qs[j] = round_q8(x[j] * id);
+    } else {
+      for (int j = 0; j < kQK; ++j) y[i].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+    }
   }
 }
 

@@ -11,12 +11,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "common/quant_fixture.h"
 #include "common/test_util.h"
+#include "core/fp16.h"
 #include "core/thread_pool.h"
 #include "kv/attention.h"
 #include "kv/kv_cache.h"
@@ -113,6 +115,62 @@ TEST(KvQuant, RoundTripWithinTheStep) {
       }
     }
     for (int j = 0; j < kQK; ++j) EXPECT_EQ(y[static_cast<size_t>(j)], 0.0f);
+  }
+}
+
+// Q8_0's rounding is std::round's (half away from zero) for every value it meets: halves of each
+// sign (blocks whose amax is 127 make x * id = x exactly), values a hair either side of them, and
+// random rows; a block holding a NaN or an infinity is quantised as the library rounds it.
+TEST(KvQuant, Q8RoundsHalvesAwayFromZeroAsTheLibrary) {
+  auto reference = [](const float* x, BlockQ8_0* y, int64_t n) {
+    for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
+      float amax = 0.0f;
+      for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[j]));
+      const float d = amax / 127.0f;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      y[i].d = fp32_to_fp16(d);
+      for (int j = 0; j < kQK; ++j) y[i].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+    }
+  };
+  std::vector<float> x;
+  for (int k = -127; k <= 126; ++k) {  // every half between the steps, and beside it
+    const float h = static_cast<float>(k) + 0.5f;
+    x.push_back(h);
+    x.push_back(std::nextafter(h, 0.0f));
+    x.push_back(std::nextafter(h, h > 0 ? 200.0f : -200.0f));
+  }
+  while (x.size() % kQK != kQK - 1) x.push_back(0.25f);
+  x.push_back(127.0f);  // the last block's amax too
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int i = 0; i < 64 * kQK; ++i) x.push_back(nd(rng) * (i % 3 == 0 ? 1e-3f : 4.0f));
+  for (size_t b = 0; b + kQK <= x.size(); b += kQK) x[b] = 127.0f;       // amax 127: id exactly 1
+  for (size_t b = kQK * 20; b + kQK <= x.size(); b += kQK) x[b] = 1.0f;  // then random amax
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<BlockQ8_0> got(static_cast<size_t>(n / kQK)), want(got.size());
+  quantize_row_q8_0(x.data(), got.data(), n);
+  reference(x.data(), want.data(), n);
+  for (size_t b = 0; b < got.size(); ++b) {
+    ASSERT_EQ(got[b].d, want[b].d) << "block " << b;
+    for (int j = 0; j < kQK; ++j)
+      ASSERT_EQ(got[b].qs[j], want[b].qs[j]) << "block " << b << " value " << x[b * kQK + j];
+  }
+  // The first block (amax 127, so x * id = x): -125.5 -> -126 (away from zero, not to the even
+  // neighbour), a hair inside it -> -125, a hair beyond -126.5 -> -127.
+  EXPECT_EQ(got[0].qs[3], -126);
+  EXPECT_EQ(got[0].qs[4], -125);
+  EXPECT_EQ(got[0].qs[2], -127);
+  // NaN and infinity take the library path (the same bytes as the reference).
+  std::vector<float> bad(kQK, 1.0f);
+  bad[3] = std::numeric_limits<float>::quiet_NaN();
+  BlockQ8_0 g{}, w{};
+  quantize_row_q8_0(bad.data(), &g, kQK);
+  reference(bad.data(), &w, kQK);
+  EXPECT_EQ(g.d, w.d);
+  for (int j = 0; j < kQK; ++j) {
+    if (j != 3) {
+      EXPECT_EQ(g.qs[j], w.qs[j]) << j;
+    }
   }
 }
 
