@@ -167,5 +167,8 @@ void dequantize_row_isa(KernelIsa isa, GgmlType type, const void* src, float* ds
 void fp32_to_fp16_row_isa(KernelIsa isa, const float* src, uint16_t* dst, int64_t n);
 void fp16_to_fp32_row_isa(KernelIsa isa, const uint16_t* src, float* dst, int64_t n);
 void fp16_axpy_row_isa(KernelIsa isa, float* acc, const void* x, float w, int64_t n);
+void quantize_row_q8_0_isa(KernelIsa isa, const float* x, BlockQ8_0* y, int64_t n);
+// quantize_row_q8_0's scalar loop (every level's blocks equal its bytes).
+void quantize_q8_0_blocks(const float* x, BlockQ8_0* y, int64_t n);
 
 }  // namespace d2o

@@ -5,6 +5,7 @@
 // multiply, then an add or subtract (never an fma), so the results are bit-identical.
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "core/fp16.h"
@@ -326,6 +327,52 @@ bool dequantize_row_avx2(GgmlType type, const void* src, float* dst, int64_t n) 
     default:
       return false;  // F32: the reference memcpy is as fast as it gets
   }
+}
+
+// Per block: max |x| (vector maxima of finite values: the same as the scalar running maximum),
+// the scale and its inverse in scalar, x * id as one rounded product per element, then round half
+// away from zero as the scalar round_q8 does it (the truncation, plus or minus one where the exact
+// remainder is at least a half), converted and packed in element order.
+int64_t quantize_row_q8_0_avx2(const float* x, BlockQ8_0* y, int64_t n) {
+  const int64_t nb = n / kQK;
+  const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
+  const __m256 half = _mm256_set1_ps(0.5f), mhalf = _mm256_set1_ps(-0.5f),
+               one = _mm256_set1_ps(1.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t b = 0; b < nb; ++b, x += kQK) {
+    __m256 v[4], a[4];
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(x + 8 * i);
+      a[i] = _mm256_andnot_ps(sign, v[i]);
+    }
+    // Finite: |x| < inf is false for infinities and NaN.
+    const __m256 fin = _mm256_and_ps(
+        _mm256_and_ps(_mm256_cmp_ps(a[0], inf, _CMP_LT_OQ), _mm256_cmp_ps(a[1], inf, _CMP_LT_OQ)),
+        _mm256_and_ps(_mm256_cmp_ps(a[2], inf, _CMP_LT_OQ), _mm256_cmp_ps(a[3], inf, _CMP_LT_OQ)));
+    if (_mm256_movemask_ps(fin) != 0xFF) return b;
+    __m256 m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = fp32_to_fp16(d);
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m256 p = _mm256_mul_ps(v[i], idv);
+      const __m256 t = _mm256_round_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      const __m256 f = _mm256_sub_ps(p, t);
+      const __m256 up = _mm256_and_ps(_mm256_cmp_ps(f, half, _CMP_GE_OQ), one);
+      const __m256 down = _mm256_and_ps(_mm256_cmp_ps(f, mhalf, _CMP_LE_OQ), one);
+      q[i] = _mm256_cvttps_epi32(_mm256_sub_ps(_mm256_add_ps(t, up), down));
+    }
+    const __m256i w01 = _mm256_packs_epi32(q[0], q[1]), w23 = _mm256_packs_epi32(q[2], q[3]);
+    const __m256i b8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), b8);
+  }
+  return nb;
 }
 
 }  // namespace d2o::simd

@@ -1,13 +1,14 @@
 // Reference quantisation of rows into Q8_0 / Q4_0 blocks (see ops/quant.h): the KV cache stores
-// slots in these formats. Plain loops, bit for bit the reference's rounding; Q8_0's rounding
-// without the library call, so that the compiler vectorises it (a cold tier quantises every slot
-// a turn's compaction evicts).
+// slots in these formats, bit for bit the reference's rounding. Q8_0 rounds without the library
+// call, and eight values at a time on AVX2 (a cold tier quantises every slot a turn's compaction
+// evicts).
 #include <cmath>
 #include <algorithm>
 
 #include "core/assert.h"
 #include "core/fp16.h"
 #include "ops/quant.h"
+#include "ops/quant_simd.h"
 
 namespace d2o {
 
@@ -15,8 +16,8 @@ namespace {
 
 // std::round (half away from zero) of v, |v| < 128, without the library call: the truncation
 // toward zero, then one step away from zero where the remainder (exact: v and the truncation are
-// within one of each other and below 2^7) is at least a half. The same integer for every such v;
-// a plain loop of it vectorises.
+// within one of each other and below 2^7) is at least a half. The same integer for every such v
+// (quant_avx2.cpp does the same eight at a time).
 inline int8_t round_q8(float v) {
   const int t = static_cast<int>(v);
   const float f = v - static_cast<float>(t);
@@ -25,7 +26,31 @@ inline int8_t round_q8(float v) {
 
 }  // namespace
 
+void quantize_row_q8_0_isa(KernelIsa isa, const float* x, BlockQ8_0* y, int64_t n) {
+  D2O_ASSERT(kernel_isa_available(isa));
+  D2O_ASSERT(n % kQK == 0);
+  if (isa < KernelIsa::kAvx2) {
+    quantize_q8_0_blocks(x, y, n);
+    return;
+  }
+  while (n > 0) {
+    const int64_t done = simd::quantize_row_q8_0_avx2(x, y, n);
+    x += done * kQK;
+    y += done;
+    n -= done * kQK;
+    if (n == 0) return;
+    quantize_q8_0_blocks(x, y, kQK);  // a block holding a NaN or an infinity
+    x += kQK;
+    y += 1;
+    n -= kQK;
+  }
+}
+
 void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
+  quantize_row_q8_0_isa(best_kernel_isa(), x, y, n);
+}
+
+void quantize_q8_0_blocks(const float* x, BlockQ8_0* y, int64_t n) {
   D2O_ASSERT(n % kQK == 0);
   for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
     float amax = 0.0f;

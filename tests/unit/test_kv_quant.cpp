@@ -22,6 +22,7 @@
 #include "core/thread_pool.h"
 #include "kv/attention.h"
 #include "kv/kv_cache.h"
+#include "ops/kernel_isa.h"
 #include "ops/quant.h"
 #include "unit/policy_sim.h"
 
@@ -118,9 +119,10 @@ TEST(KvQuant, RoundTripWithinTheStep) {
   }
 }
 
-// Q8_0's rounding is std::round's (half away from zero) for every value it meets: halves of each
-// sign (blocks whose amax is 127 make x * id = x exactly), values a hair either side of them, and
-// random rows; a block holding a NaN or an infinity is quantised as the library rounds it.
+// Q8_0's rounding is std::round's (half away from zero) for every value it meets, on every
+// instruction-set level: halves of each sign (blocks whose amax is 127 make x * id = x exactly),
+// values a hair either side of them, and random rows; a block holding a NaN or an infinity is
+// quantised as the library rounds it, and the blocks after it as before.
 TEST(KvQuant, Q8RoundsHalvesAwayFromZeroAsTheLibrary) {
   auto reference = [](const float* x, BlockQ8_0* y, int64_t n) {
     for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
@@ -148,28 +150,40 @@ TEST(KvQuant, Q8RoundsHalvesAwayFromZeroAsTheLibrary) {
   for (size_t b = kQK * 20; b + kQK <= x.size(); b += kQK) x[b] = 1.0f;  // then random amax
   const int64_t n = static_cast<int64_t>(x.size());
   std::vector<BlockQ8_0> got(static_cast<size_t>(n / kQK)), want(got.size());
-  quantize_row_q8_0(x.data(), got.data(), n);
   reference(x.data(), want.data(), n);
-  for (size_t b = 0; b < got.size(); ++b) {
-    ASSERT_EQ(got[b].d, want[b].d) << "block " << b;
-    for (int j = 0; j < kQK; ++j)
-      ASSERT_EQ(got[b].qs[j], want[b].qs[j]) << "block " << b << " value " << x[b * kQK + j];
+  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (!kernel_isa_available(isa)) continue;
+    SCOPED_TRACE(kernel_isa_name(isa));
+    quantize_row_q8_0_isa(isa, x.data(), got.data(), n);
+    for (size_t b = 0; b < got.size(); ++b) {
+      ASSERT_EQ(got[b].d, want[b].d) << "block " << b;
+      for (int j = 0; j < kQK; ++j)
+        ASSERT_EQ(got[b].qs[j], want[b].qs[j]) << "block " << b << " value " << x[b * kQK + j];
+    }
   }
+  quantize_row_q8_0(x.data(), got.data(), n);
   // The first block (amax 127, so x * id = x): -125.5 -> -126 (away from zero, not to the even
   // neighbour), a hair inside it -> -125, a hair beyond -126.5 -> -127.
   EXPECT_EQ(got[0].qs[3], -126);
   EXPECT_EQ(got[0].qs[4], -125);
   EXPECT_EQ(got[0].qs[2], -127);
-  // NaN and infinity take the library path (the same bytes as the reference).
-  std::vector<float> bad(kQK, 1.0f);
-  bad[3] = std::numeric_limits<float>::quiet_NaN();
-  BlockQ8_0 g{}, w{};
-  quantize_row_q8_0(bad.data(), &g, kQK);
-  reference(bad.data(), &w, kQK);
-  EXPECT_EQ(g.d, w.d);
-  for (int j = 0; j < kQK; ++j) {
-    if (j != 3) {
-      EXPECT_EQ(g.qs[j], w.qs[j]) << j;
+  // A block with a NaN, one with an infinity, between finite ones: those two take the library
+  // path (the same bytes as the reference), the blocks after them the row's own.
+  std::vector<float> bad(5 * kQK);
+  for (float& v : bad) v = nd(rng);
+  bad[kQK + 3] = std::numeric_limits<float>::quiet_NaN();
+  bad[3 * kQK + 7] = std::numeric_limits<float>::infinity();
+  std::vector<BlockQ8_0> w(5);
+  reference(bad.data(), w.data(), 5 * kQK);
+  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (!kernel_isa_available(isa)) continue;
+    SCOPED_TRACE(kernel_isa_name(isa));
+    std::vector<BlockQ8_0> g(5);
+    quantize_row_q8_0_isa(isa, bad.data(), g.data(), 5 * kQK);
+    for (int b = 0; b < 5; ++b) {
+      EXPECT_EQ(g[b].d, w[b].d) << b;
+      if (b == 1 || b == 3) continue;  // (a NaN's or infinity's int8 is the library's business)
+      for (int j = 0; j < kQK; ++j) EXPECT_EQ(g[b].qs[j], w[b].qs[j]) << b << "," << j;
     }
   }
 }
