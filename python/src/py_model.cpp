@@ -72,8 +72,9 @@ Result<std::unique_ptr<Sequence>> PyModel::new_sequence(const CacheConfig& c,
   KvMemChoice chosen;
   if (!c.kv_mem_per_seq.empty()) {
     // As `d2o run --kv-mem-per-seq` (tools/d2o/common.cpp, load_all).
-    D2O_ASSIGN_OR_RETURN(spec, spec_for_kv_mem(c.kv, c.kv_mem_per_seq,
-                                               kv_cache_config(hparams(), *type), &chosen.slots));
+    D2O_ASSIGN_OR_RETURN(spec,
+                         spec_for_kv_mem(c.kv, c.kv_mem_per_seq, kv_cache_config(hparams(), *type),
+                                         hparams().n_ctx_train, &chosen.slots));
     D2O_ASSIGN_OR_RETURN(chosen.bytes, parse_byte_size(c.kv_mem_per_seq));
     chosen.asked = c.kv_mem_per_seq;
   }

@@ -18,8 +18,16 @@ namespace d2o {
 // size that holds no slot, a spec that sets ratio=, budget= or prefill= (the messages name
 // --kv-mem-per-seq and --kv, as the command line gives them). "full" stays "full": the caller
 // caps its slots at *slots instead.
+// A policy with a cold tier (cold=) has the tier's bytes in memory counted before the slots
+// (KvPolicy::cold_bytes for a conversation of n_ctx tokens: on disk its staging tails and extent
+// lists, in memory what cold_size= lets it hold; a tier in memory without cold_size= is refused,
+// as it grows with the conversation), and one layer's recall (ColdTierConfig::max_recall slots
+// of every KV head, KvCache::bytes_for_one_layer), as the server's pool counts them. Under the cap
+// a turn recalls at most the budget: a larger recall= or recall_all_up_to= (d2o's 512 and 2,048)
+// is lowered to it in the returned spec, so that the peak is the budget in every layer and twice
+// it in one.
 Result<std::string> spec_for_kv_mem(const std::string& spec, const std::string& bytes,
-                                    const KvCacheConfig& cfg, int* slots);
+                                    const KvCacheConfig& cfg, int64_t n_ctx, int* slots);
 
 // How the budget was chosen, in words, for a KV report: "--kv-mem-per-seq 20M in f16: N slots
 // per KV head and layer fit (...), the policy's budget=" (or ", the full cache's cap").

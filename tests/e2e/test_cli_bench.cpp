@@ -223,22 +223,27 @@ TEST(CliBench, MemoryPerSequenceCountsTheKeysValuesMetadataAndThePolicysOwnLists
   D2O_REQUIRE_MODEL(model);
   const std::string json = ::d2o::test::scratch_path("bench_mem.json");
   auto r = run_d2o("bench throughput -m " + model +
-                   " --prompt 200 --gen 2 --requests 1 --kv-mem-per-seq 4M -t 1 --kv h2o --kv d2o "
+                   " --prompt 200 --gen 2 --requests 1 --kv-mem-per-seq 4M -t 1 --kv h2o --kv d2o:cold=none "
+                   "--kv d2o "
                    "--json " +
                    json);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto j = nlohmann::json::parse(test::read_file(json), nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << test::read_file(json);
-  ASSERT_EQ(j["runs"].size(), 2u);
+  ASSERT_EQ(j["runs"].size(), 3u);
   // 4 MiB = 4,194,304 bytes; SmolLM2 has 30 layers x 3 KV heads, a slot 256 bytes of F16 key and
   // value rows and 20 of metadata, and each layer's plan lists a head's kept slots (4 bytes a
   // slot). H2O: 166 slots (90 x 166 x 280 = 4,183,200; 167 would not fit). D2O also keeps a key
   // norm per slot of every layer and head (90 x (B + 1) x 4 bytes), the probe's dots and keys of
   // one layer (3 x (B + 1 + 64) x 4), a decode step's merge terms (90 x 2 x 16), its armed slots
   // and thresholds (90 x 9): 163 slots (4,048,920 + 58,680 + 65,466 = 4,173,066; 164 would take
-  // 4,198,638).
+  // 4,198,638). With its cold tier on disk (d2o's default), the tier's staging tails and extent
+  // lists (90 heads x (64 records of q8_0 rows and metadata, 148 bytes each, and 129 extents of
+  // 16 bytes) = 1,038,240 bytes) and one layer's recall, lowered to the budget, count first:
+  // 116 slots, recalling at most 116.
   EXPECT_EQ(j["runs"][0]["kv"], "h2o:budget=166");
-  EXPECT_EQ(j["runs"][1]["kv"], "d2o:budget=163");
+  EXPECT_EQ(j["runs"][1]["kv"], "d2o:cold=none,budget=163");
+  EXPECT_EQ(j["runs"][2]["kv"], "d2o:recall=116,recall_all_up_to=116,budget=116");
 }
 
 TEST(CliBench, RoundsAlternateTheOrderAndPairTheRatiosByRound) {

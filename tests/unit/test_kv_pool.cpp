@@ -8,6 +8,7 @@
 
 #include "kv/kv_cache.h"
 #include "kv/policy.h"
+#include "runtime/kv_mem_budget.h"
 #include "runtime/kv_pool.h"
 #include "runtime/scheduler.h"
 
@@ -295,6 +296,63 @@ TEST(SchedulerPlan, ARecallIsReservedForOneLayer) {
   // A recall larger than the sequence: at most the sequence's slots.
   const Scheduler::Footprint small = Scheduler::footprint(cfg, *with, 300, 10, 256);
   EXPECT_LE(small.slots + small.layer_extra, 310);
+}
+
+// --kv-mem-per-seq counts a cold tier's bytes in memory and a turn's recall (one layer, at most
+// the budget: a larger recall is lowered to it) before the budget's slots, as the server's pool
+// reserves them; a tier in memory must be bounded.
+TEST(KvMemPerSeq, AColdTierCountsBeforeTheBudget) {
+  const KvCacheConfig cfg{30, 3, 64, KvType::kF16};
+  const int64_t n_ctx = 8192;
+  auto bytes = [&](const KvPolicy& p, int64_t n) {
+    const int64_t extra =
+        std::min<int64_t>(p.cold_tier().enabled() ? p.cold_tier().max_recall() : 0, n);
+    return KvCache::bytes_for_slots(cfg, n) + p.state_bytes(cfg, n + extra) +
+           p.cold_bytes(cfg, n_ctx) + KvCache::bytes_for_one_layer(cfg, extra);
+  };
+  // The slots that fit, and not one more; the spec's budget is them.
+  auto fits = [&](const std::string& spec, const std::string& mem, size_t cap) {
+    int slots = 0;
+    auto s = spec_for_kv_mem(spec, mem, cfg, n_ctx, &slots);
+    EXPECT_TRUE(s.ok()) << s.status().message();
+    if (!s.ok()) return std::make_pair(0, std::string());
+    auto p = parse_kv_policy(spec).value();
+    EXPECT_LE(bytes(*p, slots), cap) << spec;
+    EXPECT_GT(bytes(*p, slots + 1), cap) << spec;
+    EXPECT_NE(s->find(",budget=" + std::to_string(slots)), std::string::npos) << *s;
+    return std::make_pair(slots, *s);
+  };
+  const size_t mib = size_t{1} << 20;
+  const auto none = fits("d2o:cold=none", "8M", 8 * mib);
+  const auto disk = fits("d2o:cold=disk", "8M", 8 * mib);
+  EXPECT_GT(parse_kv_policy(disk.second).value()->cold_bytes(cfg, n_ctx), size_t{0});
+  EXPECT_LT(disk.first, none.first);
+  // The recall is at most the budget (512 and 2,048 lowered), in the spec as run.
+  auto pd = parse_kv_policy(disk.second).value();
+  EXPECT_EQ(pd->cold_tier().recall, disk.first);
+  EXPECT_EQ(pd->cold_tier().recall_all_up_to, disk.first);
+  EXPECT_NE(disk.second.find("cold=disk,recall="), std::string::npos) << disk.second;
+  // A recall given below the budget stays; one above it is replaced.
+  const auto small = fits("d2o:recall=16,recall_all_up_to=0", "8M", 8 * mib);
+  EXPECT_EQ(small.second, "d2o:recall=16,recall_all_up_to=0,budget=" + std::to_string(small.first));
+  const auto large = fits("d2o:recall=100000,window=16", "64M", 64 * mib);
+  EXPECT_EQ(large.second, "d2o:window=16,recall=" + std::to_string(large.first) +
+                              ",recall_all_up_to=" + std::to_string(std::min(2048, large.first)) +
+                              ",budget=" + std::to_string(large.first));
+  // In memory: refused unbounded, counted whole when bounded.
+  int mem = 0;
+  auto unbounded = spec_for_kv_mem("d2o:cold=memory", "8M", cfg, n_ctx, &mem);
+  ASSERT_FALSE(unbounded.ok());
+  EXPECT_NE(unbounded.status().message().find("cold_size="), std::string::npos);
+  const auto bounded = fits("d2o:cold=memory,cold_size=256", "8M", 8 * mib);
+  EXPECT_GT(parse_kv_policy(bounded.second).value()->cold_bytes(cfg, n_ctx),
+            size_t{30} * 3 * 256 * 72);  // at least its rows in q4_0r
+  EXPECT_LT(bounded.first, disk.first);
+  // A size the tier alone fills holds no slot, and says why.
+  auto tiny = spec_for_kv_mem("d2o:cold=disk", "512K", cfg, n_ctx, &mem);
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_NE(tiny.status().message().find("for the cold tier"), std::string::npos)
+      << tiny.status().message();
 }
 
 }  // namespace

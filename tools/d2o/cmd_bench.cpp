@@ -141,8 +141,9 @@ int run_bench_cmd(BenchOptions& o) {
     std::string spec = s;
     if (!o.kv_mem_per_seq.empty()) {
       int slots = 0;
-      auto sp = spec_for_kv_mem(s, o.kv_mem_per_seq,
-                                kv_cache_config(l.model->hparams(), cfg.kv_type), &slots);
+      auto sp =
+          spec_for_kv_mem(s, o.kv_mem_per_seq, kv_cache_config(l.model->hparams(), cfg.kv_type),
+                          l.model->hparams().n_ctx_train, &slots);
       if (!sp.ok()) return fail(sp.status());
       spec = *sp;
       std::fprintf(stderr, "d2o bench: --kv-mem-per-seq %s: %s %s\n", o.kv_mem_per_seq.c_str(),

@@ -316,8 +316,9 @@ int run_throughput(ThroughputOptions& o) {
     std::string spec = given;
     if (!o.kv_mem_per_seq.empty()) {
       int slots = 0;
-      auto s = spec_for_kv_mem(given, o.kv_mem_per_seq,
-                               kv_cache_config(l.model->hparams(), l.kv_type), &slots);
+      auto s =
+          spec_for_kv_mem(given, o.kv_mem_per_seq, kv_cache_config(l.model->hparams(), l.kv_type),
+                          l.model->hparams().n_ctx_train, &slots);
       if (!s.ok()) return fail(s.status());
       spec = *s;
     }

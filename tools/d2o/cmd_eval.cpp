@@ -335,7 +335,8 @@ Result<std::vector<eval::PolicyUnderTest>> policies_with_compression(
       if (!o.kv_mem_per_seq.empty()) {
         int slots = 0;
         D2O_ASSIGN_OR_RETURN(
-            spec, spec_for_kv_mem(base, o.kv_mem_per_seq, kv_cache_config(hp, type), &slots));
+            spec, spec_for_kv_mem(base, o.kv_mem_per_seq, kv_cache_config(hp, type), hp.n_ctx_train,
+                                  &slots));
       } else if (!eval::spec_has_compression(base)) {
         D2O_ASSIGN_OR_RETURN(spec, eval::spec_with_compression(base, compression));
       }

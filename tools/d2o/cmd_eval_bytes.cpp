@@ -122,7 +122,8 @@ Result<std::vector<eval::FidelityCase>> fidelity_bytes_cases(
         int64_t slots = 0;
         if (mem) {
           int s = 0;
-          D2O_ASSIGN_OR_RETURN(std::string sp, spec_for_kv_mem(base, o.kv_mem_per_seq, cfg, &s));
+          D2O_ASSIGN_OR_RETURN(std::string sp,
+                               spec_for_kv_mem(base, o.kv_mem_per_seq, cfg, hp.n_ctx_train, &s));
           slots = s;
         } else {
           auto b = eval::budget_for_share(cfg, prompt_len, share);

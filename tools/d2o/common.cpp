@@ -81,9 +81,10 @@ Result<Loaded> load_all(const ModelOptions& o) {
   }
   if (!o.kv_mem_per_seq.empty()) {
     int slots = 0;
-    D2O_ASSIGN_OR_RETURN(const std::string spec,
-                         spec_for_kv_mem(o.kv_spec, o.kv_mem_per_seq,
-                                         kv_cache_config(l.model->hparams(), l.kv_type), &slots));
+    D2O_ASSIGN_OR_RETURN(
+        const std::string spec,
+        spec_for_kv_mem(o.kv_spec, o.kv_mem_per_seq, kv_cache_config(l.model->hparams(), l.kv_type),
+                        l.model->hparams().n_ctx_train, &slots));
     auto p = parse_kv_policy(spec);
     if (!p.ok()) return p.status().with_context("--kv");
     l.policy = std::shared_ptr<const KvPolicy>(std::move(p).value());
