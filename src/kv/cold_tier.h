@@ -54,9 +54,18 @@ enum class RecallRanking {
            // them been recalled, so a query that looks at the hot slots adds little
 };
 
+// Which rows of a turn attend to what it recalls (recall_reach=).
+enum class RecallReach {
+  kTurn,    // every row of the pass that recalls: the recall comes before the pass attends
+  kWindow,  // the window's rows only (the queries that scored the recall): the rows before the
+            // window attend to the hot slots first, then the window recalls and attends; a large
+            // recall then costs the window's attention to it, not the whole turn's
+};
+
 struct ColdTierConfig {
   ColdPlace place = ColdPlace::kNone;
   RecallRanking ranking = RecallRanking::kSum;
+  RecallReach reach = RecallReach::kTurn;
   // The rows' storage type: q8_0 on disk, q4_0r in memory, unless cold_type= says otherwise
   // (default_type; a bare config holds q4_0r).
   KvType type{KvElemType::kQ4_0, KvElemType::kQ4_0, true, true};

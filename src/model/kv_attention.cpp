@@ -111,6 +111,38 @@ Status KvAttention::recall(int il, const LayerDesc& d, const SeqRows& sr, const 
   return {};
 }
 
+int KvAttention::recall_split(int il, const LayerDesc& d, const SeqRows& sr) const {
+  const KvCache& cache = *sr.cache;
+  const ColdTier* cold = cache.cold();
+  if (!cold || cold->config().reach != RecallReach::kWindow || d.kind == LayerKind::kSliding ||
+      !cache.config().layer_compressible(il))
+    return 0;
+  // The recall's window: the pass's last `window` rows (KvAttention::recall).
+  return std::max(0, sr.r1 - sr.r0 - std::max(1, cold->config().window));
+}
+
+Status KvAttention::run_split(int il, const LayerDesc& d, const UbatchInput& in, const SeqRows& sr,
+                              int n_before, const float* q, const float* k, const float* v,
+                              float* out) {
+  // The rows before the window: appended, then attending to the hot slots and to themselves
+  // (causally, as their keys are the layer's last). They are outside the statistics' window
+  // (window_first counts from the pass's first row; the recall's window is its last rows).
+  SeqRows before = sr;
+  before.r1 = sr.r0 + n_before;
+  before.recall = false;
+  D2O_RETURN_IF_ERROR(append(il, in, before, k, v));
+  attend(il, d, before, q, out, pool_, scratch_);
+  // The window: it recalls (its queries and, for recall_ranking=whole, its own keys; the rows
+  // before it are hot now), then is appended and attends to everything.
+  SeqRows win = sr;
+  win.r0 = before.r1;
+  win.stats.window_first = std::max(0, sr.stats.window_first - n_before);
+  D2O_RETURN_IF_ERROR(recall(il, d, win, q, k));
+  D2O_RETURN_IF_ERROR(append(il, in, win, k, v));
+  attend(il, d, win, q, out, pool_, scratch_);
+  return {};
+}
+
 void KvAttention::attend(int il, const LayerDesc& d, const SeqRows& sr, const float* q, float* out,
                          ThreadPool& pool, AttnScratch& scratch) {
   const int src = sr.cache->config().kv_source(il);
@@ -195,9 +227,14 @@ Status KvAttention::run(int il, const LayerDesc& d, const UbatchInput& in, const
     k = own_kv ? rot_k_.data() : nullptr;
     v = own_kv ? rot_v_.data() : nullptr;
   }
-  // A new turn brings back the cold slots its queries want before it attends (once per turn).
-  for (const SeqRows& sr : seqs) {
-    if (sr.recall) D2O_RETURN_IF_ERROR(recall(il, d, sr, q, k));
+  // A new turn brings back the cold slots its queries want before it attends (once per turn);
+  // with recall_reach=window, only its window's rows attend to them: the rows before the window
+  // attend first, then the window recalls and attends (run_split).
+  split_rows_.assign(seqs.size(), 0);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (!seqs[i].recall) continue;
+    split_rows_[i] = own_kv ? recall_split(il, d, seqs[i]) : 0;
+    if (split_rows_[i] == 0) D2O_RETURN_IF_ERROR(recall(il, d, seqs[i], q, k));
   }
 
   // Sequences run one per task (single-threaded attention, sequences in parallel): short chunks
@@ -207,7 +244,7 @@ Status KvAttention::run(int il, const LayerDesc& d, const UbatchInput& in, const
   if (split_ != AttnSplit::kWithinSequence && pool_.n_threads() > 1) {
     for (size_t i = 0; i < seqs.size(); ++i) {
       const int cnt = seqs[i].r1 - seqs[i].r0;
-      if (split_ == AttnSplit::kAcrossSequences || cnt <= kAcrossMaxRows) {
+      if ((split_ == AttnSplit::kAcrossSequences || cnt <= kAcrossMaxRows) && split_rows_[i] == 0) {
         across_.push_back(static_cast<int>(i));
       }
     }
@@ -219,8 +256,12 @@ Status KvAttention::run(int il, const LayerDesc& d, const UbatchInput& in, const
       ++next_across;
       continue;
     }
-    if (own_kv) D2O_RETURN_IF_ERROR(append(il, in, seqs[i], k, v));
-    attend(il, d, seqs[i], q, out, pool_, scratch_);
+    if (split_rows_[i] > 0) {
+      D2O_RETURN_IF_ERROR(run_split(il, d, in, seqs[i], split_rows_[i], q, k, v, out));
+    } else {
+      if (own_kv) D2O_RETURN_IF_ERROR(append(il, in, seqs[i], k, v));
+      attend(il, d, seqs[i], q, out, pool_, scratch_);
+    }
     unrotate_output(seqs[i], out);
     if (seqs[i].layer_hook)  // alone: the whole pool attended, nothing else runs
       D2O_RETURN_IF_ERROR(hooks.after_attention(static_cast<int>(i), il, d, -1));

@@ -53,6 +53,13 @@ class KvAttention {
   Status recall(int il, const LayerDesc& d, const SeqRows& sr, const float* q, const float* k);
   void attend(int il, const LayerDesc& d, const SeqRows& sr, const float* q, float* out,
               ThreadPool& pool, AttnScratch& scratch);
+  // recall_reach=window: how many of a recalling pass's rows come before the recall's window
+  // (0: none, or the pass recalls as a whole).
+  int recall_split(int il, const LayerDesc& d, const SeqRows& sr) const;
+  // Such a pass in two steps: its first n_before rows appended and attending without the recall,
+  // then the recall by the window's queries, the window appended and attending to all of it.
+  Status run_split(int il, const LayerDesc& d, const UbatchInput& in, const SeqRows& sr,
+                   int n_before, const float* q, const float* k, const float* v, float* out);
   // Rotated storage: copies of q, k, v whose rows of sequences with rotated caches are rotated;
   // false (nothing copied) when no sequence's cache rotates.
   bool rotate_inputs(std::span<const SeqRows> seqs, const float* q, const float* k,
@@ -68,6 +75,7 @@ class KvAttention {
   std::vector<float> recall_lse_;             // recall(): their log-sum-exps outside the tier
   std::vector<float> query_row_;              // record_queries(): one token's queries
   std::vector<ColdRecall> recalled_;          // recall(): per KV head
+  std::vector<int> split_rows_;               // run(): recall_split() per sequence
   AttnScratch scratch_;
   // Sequences in parallel: one single-thread pool and one scratch per thread of pool_.
   std::vector<std::unique_ptr<ThreadPool>> solo_pools_;

@@ -699,6 +699,60 @@ TEST(ColdTierEngine, ATurnRecallsTheWholeTierWhileItIsSmall) {
   EXPECT_NE(bounded.logits, all.logits);
 }
 
+// recall_reach=window: the rows of a turn before its window attend without the recall, and the
+// window recalls after them. In one layer nothing else reads those rows, so the turn's last row,
+// the recall and what the turn's compaction keeps are those of recall_reach=turn, bit for bit;
+// over three layers the rows before the window feed the later layers' keys, and the turn's
+// logits move. A turn no longer than the window recalls as a whole either way.
+TEST(ColdTierEngine, ARecallThatReachesTheWindowOnlyLeavesTheRowsBeforeItAsTheyWere) {
+  struct Run {
+    std::vector<float> logits;
+    int64_t recalled = 0;
+    std::vector<std::vector<int32_t>> pos;
+  };
+  auto run = [](SmallModel& m, const std::string& keys, int n_turn) {
+    std::shared_ptr<const KvPolicy> pol(
+        parse_kv_policy("d2o:ratio=0.25,window=8,kernel=3,cold=memory,cold_type=f16,recall=6,"
+                        "recall_all_up_to=0" +
+                        keys)
+            .value());
+    Sequence s(m.model->hparams(), KvType::kF16, pol);
+    Run r;
+    EXPECT_TRUE(m.feed(s, random_tokens(96, 5)).ok());
+    EXPECT_TRUE(m.feed(s, random_tokens(n_turn, 6), &r.logits).ok());
+    r.recalled = s.cache().cold()->recalled_slots();
+    for (int il = 0; il < s.cache().n_layer(); ++il) {
+      const KvLayer& L = s.cache().layer(il);
+      for (int g = 0; g < L.n_head_kv(); ++g) r.pos.emplace_back(L.pos(g), L.pos(g) + L.n_slot(g));
+    }
+    return r;
+  };
+  EXPECT_EQ(parse_kv_policy("d2o:cold=memory,recall_reach=window")
+                    .value()
+                    ->spec()
+                    .find("recall_reach=window") == std::string::npos,
+            false);
+  EXPECT_EQ(
+      parse_kv_policy("d2o:cold=memory,recall_reach=turn").value()->spec().find("recall_reach"),
+      std::string::npos);
+  EXPECT_FALSE(parse_kv_policy("d2o:cold=none,recall_reach=window").ok());
+  EXPECT_FALSE(parse_kv_policy("d2o:cold=memory,recall_reach=some").ok());
+  SmallModel one(1, 31, "cold_tier_reach1.gguf");
+  ASSERT_NE(one.model, nullptr);
+  const Run t1 = run(one, "", 20), w1 = run(one, ",recall_reach=window", 20);
+  EXPECT_EQ(t1.recalled, 6 * 2);
+  EXPECT_EQ(w1.recalled, t1.recalled);
+  EXPECT_EQ(w1.logits, t1.logits);
+  EXPECT_EQ(w1.pos, t1.pos);
+  SmallModel three(3, 32, "cold_tier_reach3.gguf");
+  ASSERT_NE(three.model, nullptr);
+  const Run t3 = run(three, "", 20), w3 = run(three, ",recall_reach=window", 20);
+  EXPECT_EQ(w3.recalled, 3 * 6 * 2);
+  EXPECT_NE(w3.logits, t3.logits);
+  // A turn of the window's length has no rows before it.
+  EXPECT_EQ(run(three, ",recall_reach=window", 8).logits, run(three, "", 8).logits);
+}
+
 // A turn that recalls every cold slot ranks them, with the hot ones, by the turn's own window:
 // what it keeps is what the same budget keeps when the context and the turn come as one prompt
 // (the question before), slot for slot.

@@ -716,7 +716,7 @@ TEST(PolicySpec, ErrorsNameTheProblemAndWhatIsAllowed) {
         "merged_score, merge_keys, merge_decision, keep_edge_layers, proportional_attention, "
         "heads, floor, distinct_share, prompt_ranking, window, kernel, pool, prompt_merge, "
         "prompt_scores, future, value_weight, cold, cold_type, cold_size, recall, recall_ranking, "
-        "recall_all_up_to, reading"}},
+        "recall_all_up_to, recall_reach, reading"}},
       {"d2o:merged_score=median", {"merged_score=median", "sum, keep, mean, max"}},
       {"d2o:merge_keys=both", {"merge_keys=both", "rotated, unrotated"}},
       {"d2o:mrope=both", {"mrope=both", "rotated, unrotated"}},

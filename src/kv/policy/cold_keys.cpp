@@ -10,6 +10,7 @@ namespace d2o::spec_detail {
 namespace {
 const std::vector<const char*> kColdWords = {"none", "memory", "disk"};
 const std::vector<const char*> kRankingWords = {"max", "sum", "whole"};
+const std::vector<const char*> kReachWords = {"turn", "window"};
 
 bool cold_shown(const PolicyConfig& c) {
   return c.cold.enabled();
@@ -18,8 +19,9 @@ bool cold_shown(const PolicyConfig& c) {
 
 // Where evicted slots go (cold=), their storage type (cold_type=), how many the tier holds
 // (cold_size=, 0: no limit), how many a turn recalls per KV head (recall=), by what it ranks
-// them (recall_ranking=) and up to what size of a head's tier it recalls all of it instead
-// (recall_all_up_to=, 0: never).
+// them (recall_ranking=), up to what size of a head's tier it recalls all of it instead
+// (recall_all_up_to=, 0: never) and which of the turn's rows attend to the recall
+// (recall_reach=; printed when not `turn`, what specs recorded before it had).
 std::vector<KeyDef> cold_tier_keys() {
   return {
       {"cold",
@@ -79,6 +81,17 @@ std::vector<KeyDef> cold_tier_keys() {
        },
        [](const PolicyConfig& c) { return std::to_string(c.cold.recall_all_up_to); }, nullptr,
        cold_shown},
+      {"recall_reach",
+       [](std::string_view key, std::string_view v, PolicyConfig& c) {
+         int i = 0;
+         D2O_RETURN_IF_ERROR(word_key(c.name, key, v, kReachWords, &i));
+         c.cold.reach = static_cast<RecallReach>(i);
+         return Status();
+       },
+       [](const PolicyConfig& c) {
+         return std::string(kReachWords[static_cast<size_t>(c.cold.reach)]);
+       },
+       [](const PolicyConfig& c) { return c.cold.reach != RecallReach::kTurn; }, cold_shown},
   };
 }
 

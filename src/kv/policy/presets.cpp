@@ -131,7 +131,8 @@ PresetPart cold_tier(ColdPlace place) {
             c.cold.type =
                 c.cold.enabled() ? ColdTierConfig::default_type(place) : ColdTierConfig{}.type;
           },
-          {"cold", "cold_type", "cold_size", "recall", "recall_ranking", "recall_all_up_to"}};
+          {"cold", "cold_type", "cold_size", "recall", "recall_ranking", "recall_all_up_to",
+           "recall_reach"}};
 }
 
 PresetPart cam_merger() {
@@ -269,7 +270,8 @@ const std::vector<PresetDef>& presets() {
             "cold_size",
             "recall",
             "recall_ranking",
-            "recall_all_up_to"}),
+            "recall_all_up_to",
+            "recall_reach"}),
       make("keydiff", {prompt_feeding(), key_diversity()}),
   };
   return defs;

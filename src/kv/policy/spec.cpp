@@ -140,8 +140,8 @@ bool tier_possible(const PolicyConfig& c) {
 // a turn's slots by the turn's own queries and keeps positions.
 Status check_cold(const std::string& name, const std::vector<Item>& items, const PolicyConfig& c) {
   if (!c.cold.enabled()) {
-    for (const char* k :
-         {"cold_type", "cold_size", "recall", "recall_ranking", "recall_all_up_to"}) {
+    for (const char* k : {"cold_type", "cold_size", "recall", "recall_ranking", "recall_all_up_to",
+                          "recall_reach"}) {
       if (has_key(items, k))
         return invalid_argument("KV policy '" + name + "': " + k + "= applies only with cold=memory or cold=disk");
     }

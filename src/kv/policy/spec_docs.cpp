@@ -89,6 +89,10 @@ const std::map<std::string_view, const char*>& key_lines() {
        "summed over its queries and neighbouring slots, as the turn's compaction ranks) or whole "
        "(that sum with each query's attention over the whole context, hot and cold: what the "
        "compaction would rank by had every cold slot come back)"},
+      {"recall_reach",
+       "which rows of a turn attend to what it recalls: turn (all of them) or window (the "
+       "window's rows that ranked the recall; the rows before them attend to the hot slots "
+       "alone, so a large recall costs the window's attention to it, not the whole turn's)"},
       {"reading", "d2o: paper gives the paper's D2O, research its research code's (a shorthand)"},
   };
   return lines;
